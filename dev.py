@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Project tasks that need nothing but Python 3.11+: ``python3 dev.py <task> [args]``.
+
+  test [pytest args]   run the test suite (a private Redis is started when REDIS_URL is unset)
+  demo [args]          run the example shop demo (SQLite and an embedded Redis)
+  lint                 ruff check, ruff format --check, mypy, makemigrations --check
+  docs                 build the documentation site with warnings as errors
+  bench [args]         run bench/engine.py
+
+Each task first creates (or refreshes) a virtual environment for the running Python in
+``.venv/py3.X`` -- or in ``$DELAYJOBS_VENV`` -- and installs the project into it with its
+``dev`` and ``embedded`` extras. It is refreshed only when ``pyproject.toml`` changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+PY = f"py{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def venv_dir() -> Path:
+    return Path(os.environ.get("DELAYJOBS_VENV") or ROOT / ".venv" / PY)
+
+
+def ensure_venv() -> Path:
+    """Create the virtual environment and install the project; return its python."""
+    where = venv_dir()
+    python = where / "bin" / "python"
+    stamp = where / ".installed"
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == wanted and python.exists():
+        return python
+    if not python.exists():
+        print(f"dev.py: creating {where}", flush=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(where)
+    print("dev.py: installing django-delayjobs[dev,embedded] (first run takes a minute)", flush=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[dev,embedded]"], check=True, cwd=ROOT)
+    stamp.write_text(wanted)
+    return python
+
+
+def run(*args: str) -> int:
+    return subprocess.call(list(args), cwd=ROOT)
+
+
+def task_test(python: Path, args: list[str]) -> int:
+    return run(str(python), "-m", "pytest", *args)
+
+
+def task_demo(python: Path, args: list[str]) -> int:
+    return run(str(python), "example_project/manage.py", "demo", *args)
+
+
+def task_lint(python: Path, args: list[str]) -> int:
+    bindir = python.parent
+    steps = [
+        [str(bindir / "ruff"), "check", "."],
+        [str(bindir / "ruff"), "format", "--check", "."],
+        [str(bindir / "mypy")],
+        [str(python), "-m", "django", "makemigrations", "--check", "--dry-run",
+         "--settings", "tests.settings"],
+    ]  # fmt: skip
+    return max(run(*step) for step in steps)
+
+
+def task_docs(python: Path, args: list[str]) -> int:
+    return run(str(python.parent / "mkdocs"), "build", "--strict", "--site-dir", "site", *args)
+
+
+def task_bench(python: Path, args: list[str]) -> int:
+    return run(str(python), "bench/engine.py", *args)
+
+
+TASKS = {"test": task_test, "demo": task_demo, "lint": task_lint, "docs": task_docs,
+         "bench": task_bench}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in TASKS:
+        print(__doc__)
+        return 2
+    return TASKS[argv[0]](ensure_venv(), argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

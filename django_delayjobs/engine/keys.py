@@ -1,0 +1,45 @@
+"""The Redis key layout of one queue. Every key shares one hash tag, so one Cluster slot."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+# Letters, digits and ``_ . -``: nothing that could close the hash tag (``}``),
+# split a key (``:``) or need quoting in a log line.
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def validate_name(value: object, what: str) -> str:
+    """Return ``value`` if it can be part of a key, else raise ``TypeError``/``ValueError``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if not _NAME.fullmatch(value):
+        raise ValueError(
+            f"{what} {value!r} is not valid: use 1 to 64 letters, digits, '_', '.' or '-'"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Names of the keys that hold one queue."""
+
+    pending: str  # ZSET id -> due time (ms)
+    ready: str  # LIST ids due now, FIFO
+    unack: str  # ZSET id -> lease deadline (ms)
+    garbage: str  # ZSET id -> time it died (ms)
+    wake: str  # LIST of at most one token: wakes a sleeping promoter
+    notify: str  # LIST of tokens: wakes idle workers when ids enter ready
+    workers: str  # ZSET worker id -> heartbeat expiry (ms)
+    worker_info: str  # HASH worker id -> JSON description
+    counters: str  # HASH event -> count (acked, nacked, buried, recovered)
+
+    @classmethod
+    def for_queue(cls, prefix: str, queue: str) -> QueueKeys:
+        tag = "{%s:%s}" % (prefix, queue)
+        return cls(**{name: f"{tag}:{name}" for name in cls.__dataclass_fields__})
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(getattr(self, name) for name in self.__dataclass_fields__)

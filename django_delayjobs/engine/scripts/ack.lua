@@ -1,0 +1,7 @@
+-- Forget in-flight ids: their job is finished (or was found finished).
+-- KEYS[1] = unack ZSET, KEYS[2] = counters HASH
+-- ARGV = id1, id2, ...
+-- returns how many ids were in flight
+local n = redis.call('ZREM', KEYS[1], unpack(ARGV))
+if n > 0 then redis.call('HINCRBY', KEYS[2], 'acked', n) end
+return n

@@ -1,0 +1,16 @@
+-- Put in-flight ids whose lease ran out back at the head of ready (their worker
+-- died or stalled), at most ARGV[1] of them.
+-- KEYS[1] = unack ZSET, KEYS[2] = ready LIST, KEYS[3] = notify LIST, KEYS[4] = counters HASH
+-- ARGV[1] = batch size
+-- returns the recovered ids
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+if #ids > 0 then
+  redis.call('ZREM', KEYS[1], unpack(ids))
+  for i = #ids, 1, -1 do redis.call('LPUSH', KEYS[2], ids[i]) end
+  for _ = 1, math.min(#ids, 64) do redis.call('LPUSH', KEYS[3], 1) end
+  redis.call('LTRIM', KEYS[3], 0, 63)
+  redis.call('HINCRBY', KEYS[4], 'recovered', #ids)
+end
+return ids

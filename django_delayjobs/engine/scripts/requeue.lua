@@ -1,0 +1,29 @@
+-- Give buried ids another life: back to ready if due now, else to pending.
+-- KEYS[1] = garbage ZSET, KEYS[2] = pending ZSET, KEYS[3] = ready LIST,
+-- KEYS[4] = wake LIST, KEYS[5] = notify LIST
+-- ARGV[1] = due time (ms), ARGV[2..] = ids
+-- returns how many ids left garbage
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = tonumber(ARGV[1])
+local n = 0
+for i = 2, #ARGV do
+  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
+    if due <= now then
+      redis.call('RPUSH', KEYS[3], ARGV[i])
+    else
+      redis.call('ZADD', KEYS[2], due, ARGV[i])
+    end
+    n = n + 1
+  end
+end
+if n > 0 then
+  if due <= now then
+    for _ = 1, math.min(n, 64) do redis.call('LPUSH', KEYS[5], 1) end
+    redis.call('LTRIM', KEYS[5], 0, 63)
+  else
+    redis.call('LPUSH', KEYS[4], 1)
+    redis.call('LTRIM', KEYS[4], 0, 0)
+  end
+end
+return n

@@ -1,0 +1,87 @@
+"""Settings for the test suite: SQLite by default, PostgreSQL when DATABASE_URL is set.
+
+The Redis URL is filled in by ``conftest.py`` (REDIS_URL, or a private server it starts).
+"""
+
+import os
+import tempfile
+
+import dj_database_url
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_delayjobs",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+STATIC_URL = "/static/"
+
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
+else:
+    # A file, not :memory:, so worker processes started by tests share the database.
+    _db = os.environ.get("DELAYJOBS_TEST_SQLITE") or os.path.join(
+        tempfile.gettempdir(), f"delayjobs-tests-{os.getpid()}.sqlite3"
+    )
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _db,
+            "TEST": {"NAME": _db},
+            "OPTIONS": {
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+
+DELAYJOBS = {
+    "REDIS_URL": os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
+    "LEASE_SECONDS": float(os.environ.get("DELAYJOBS_LEASE_SECONDS", 300)),
+    "RETRY_BACKOFF_SECONDS": float(os.environ.get("DELAYJOBS_RETRY_BACKOFF_SECONDS", 10)),
+    "RECONCILE_SECONDS": float(os.environ.get("DELAYJOBS_RECONCILE_SECONDS", 60)),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_delayjobs": {"handlers": ["console"], "level": "INFO"}},
+}
