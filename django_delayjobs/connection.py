@@ -31,7 +31,6 @@ def redis_client() -> redis.Redis:
     return redis.Redis.from_url(
         delayjobs_settings.REDIS_URL,
         socket_connect_timeout=5,
-        socket_keepalive=True,
         health_check_interval=30,
         retry_on_timeout=False,
     )

@@ -1,0 +1,29 @@
+"""django-delayjobs: delayed one-shot actions. Redis is the clock, the database the judge.
+
+The public API is importable from here; models load only when a verb is first used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .registry import delayable
+
+if TYPE_CHECKING:
+    from .receivers import cancel_on
+    from .services import cancel_for, schedule, schedule_many
+
+__all__ = ["cancel_for", "cancel_on", "delayable", "schedule", "schedule_many"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that importing the package does not import models (apps may not be ready).
+    if name in ("schedule", "schedule_many", "cancel_for"):
+        from . import services
+
+        return getattr(services, name)
+    if name == "cancel_on":
+        from . import receivers
+
+        return receivers.cancel_on
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,135 @@
+"""The audit trail: ``Job`` (current state, the judge of every run) and ``JobEvent``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib.contenttypes.fields import GenericForeignKey
+from django.contrib.contenttypes.models import ContentType
+from django.db import models
+from django.utils import timezone
+
+
+class Status(models.TextChoices):
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    CANCELLED = "cancelled"
+    DEAD = "dead"
+    SKIPPED = "skipped"
+
+
+#: A job in one of these may still run; at most one per (queue, key).
+ACTIVE = (Status.SCHEDULED, Status.RUNNING, Status.RETRYING)
+#: A job in one of these has not started its current attempt: cancel and reschedule win.
+WAITING = (Status.SCHEDULED, Status.RETRYING)
+FINISHED = (Status.SUCCEEDED, Status.CANCELLED, Status.DEAD, Status.SKIPPED)
+
+
+class Job(models.Model):
+    """One delayed action: what to run, when, and what happened so far."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    queue = models.CharField(max_length=64)
+    action = models.CharField(max_length=255, help_text="Registered name of the action.")
+    target_type = models.ForeignKey(
+        ContentType, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    target_id = models.CharField(max_length=64, null=True, blank=True)
+    target = GenericForeignKey("target_type", "target_id")
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    key = models.CharField(max_length=255, null=True, blank=True)
+    run_at = models.DateTimeField(help_text="When the job is (next) due.")
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Never start after this.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.SCHEDULED)
+    # The attempt number doubles as the fencing token: an outcome is only written by the
+    # worker whose attempt is the row's current one.
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=5)
+    worker = models.CharField(max_length=128, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-run_at"]
+        indexes = [
+            # reconcile: active jobs due before a horizon; admin: filter by status
+            models.Index(fields=["status", "run_at"], name="delayjobs_status_run_at"),
+            # cancel_for(obj)
+            models.Index(fields=["target_type", "target_id"], name="delayjobs_target"),
+            models.Index(fields=["queue", "status"], name="delayjobs_queue_status"),
+            models.Index(fields=["run_at"], name="delayjobs_run_at"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "key"],
+                condition=models.Q(status__in=ACTIVE, key__isnull=False),
+                name="delayjobs_one_active_job_per_key",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_attempts__gte=1), name="delayjobs_max_attempts_gte_1"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} ({self.status}, {self.id})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE
+
+    def cancel(self, *, actor: str = "code") -> bool:
+        """Cancel the job if it has not started; True when this call won."""
+        from .services import cancel
+
+        return cancel(self, actor=actor)
+
+    def reschedule(self, *, in_: Any = None, at: Any = None, actor: str = "code") -> bool:
+        """Move the job to a new due time if it has not started; True when this call won."""
+        from .services import reschedule
+
+        return reschedule(self, in_=in_, at=at, actor=actor)
+
+    def requeue(self, *, actor: str = "code") -> bool:
+        """Give a dead job another set of attempts, due now; True when this call won."""
+        from .services import requeue
+
+        return requeue(self, actor=actor)
+
+
+class EventKind(models.TextChoices):
+    SCHEDULED = "scheduled"
+    RESCHEDULED = "rescheduled"
+    CANCELLED = "cancelled"
+    STARTED = "started"
+    FAILED = "failed"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    SKIPPED = "skipped"
+    REQUEUED = "requeued"
+
+
+class JobEvent(models.Model):
+    """One thing that happened to a job. Append-only; written with the change it records."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=16, choices=EventKind.choices)
+    at = models.DateTimeField(default=timezone.now)
+    attempt = models.PositiveIntegerField(default=0)
+    actor = models.CharField(
+        max_length=150, blank=True, default="",
+        help_text="Who caused it: code, signal:<name>, admin:<user>, api:<user>, worker:<id>.",
+    )  # fmt: skip
+    message = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["job", "at"], name="delayjobs_event_job_at")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -1,0 +1,35 @@
+"""Signals in: cancel an object's waiting jobs when one of your signals fires."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.dispatch import Signal
+
+from .services import cancel_for
+
+
+def cancel_on(
+    signal: Signal,
+    action: Any = None,
+    *,
+    sender: Any = None,
+    instance_kwarg: str = "instance",
+    name: str = "",
+) -> Any:
+    """Connect a receiver that cancels ``action``'s waiting jobs on the signal's instance.
+
+    The receiver runs inside the sender's transaction, so the cancel commits or rolls
+    back with it. Call this from an ``AppConfig.ready()``. Returns the receiver.
+    """
+    actor = f"signal:{name}" if name else "signal"
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        instance = kwargs.get(instance_kwarg)
+        if instance is None:
+            raise TypeError(f"cancel_on: the signal was sent without {instance_kwarg}=")
+        cancel_for(instance, action, actor=actor)
+
+    uid = f"django_delayjobs.cancel_on:{id(signal)}:{action!r}:{sender!r}:{instance_kwarg}"
+    signal.connect(receiver, sender=sender, weak=False, dispatch_uid=uid)
+    return receiver

@@ -1,0 +1,132 @@
+"""``@delayable``: the only way a callable becomes an action a worker may run.
+
+A module-level function is registered under ``"<module>.<qualname>"``. A model method is
+marked by a descriptor and stored as (model label, pk, method name); at run time the
+model comes from Django's app registry and the method must still carry the mark. Nothing
+read from Redis or the database is ever imported by path.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+
+from .exceptions import NotDelayable, UnknownAction
+
+if TYPE_CHECKING:
+    from django.db.models import Model
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_functions: dict[str, Callable[..., Any]] = {}
+
+
+class DelayableMethod(Generic[R]):
+    """A model method marked ``@delayable``; ``instance.method`` binds it."""
+
+    def __init__(self, func: Callable[..., R]) -> None:
+        self.func = func
+        self.name = func.__name__
+        functools.update_wrapper(self, func)  # type: ignore[arg-type]
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> DelayableMethod[R]: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> BoundAction[R]: ...
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return BoundAction(self, instance)
+
+    def __repr__(self) -> str:
+        return f"<delayable method {self.func.__qualname__}>"
+
+
+class BoundAction(Generic[R]):
+    """``order.cancel`` for a ``@delayable`` method: call it, or pass it to ``schedule``."""
+
+    def __init__(self, method: DelayableMethod[R], instance: Any) -> None:
+        self.method = method
+        self.instance = instance
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        return self.method.func(self.instance, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<delayable {self.method.name} of {self.instance!r}>"
+
+
+def delayable(func: Callable[P, R]) -> Any:
+    """Register a module-level function or a model method as an action."""
+    if not inspect.isfunction(func) or func.__name__ == "<lambda>":
+        raise NotDelayable(f"@delayable takes a def-function, not {func!r}")
+    qualname = func.__qualname__
+    if "<locals>" in qualname:
+        raise NotDelayable(f"{qualname} is defined inside a function; define it at module level")
+    if "." in qualname:  # defined in a class body: a method
+        return DelayableMethod(func)
+    name = f"{func.__module__}.{qualname}"
+    if _functions.get(name, func) is not func:
+        raise NotDelayable(f"an action named {name!r} is already registered")
+    _functions[name] = func
+    func.delayable_name = name  # type: ignore[attr-defined]
+    return func
+
+
+@dataclass(frozen=True)
+class ActionRef:
+    """What ``schedule`` stores about an action: its name and, for methods, the target."""
+
+    name: str
+    target: Model | None = None
+
+
+def describe(fn: object) -> ActionRef:
+    """Return how to store ``fn``, or raise ``NotDelayable``/``ValueError``."""
+    from django.db.models import Model
+
+    if isinstance(fn, BoundAction):
+        instance = fn.instance
+        if not isinstance(instance, Model):
+            raise NotDelayable(f"{fn!r}: @delayable methods must belong to a Django model")
+        if instance.pk is None or instance._state.adding:
+            raise ValueError(
+                f"{fn!r} is bound to an unsaved {type(instance).__name__}; save it first"
+            )
+        return ActionRef(f"{instance._meta.label}.{fn.method.name}", instance)
+    name = getattr(fn, "delayable_name", None)
+    if name is not None and _functions.get(name) is fn:
+        return ActionRef(name)
+    if isinstance(fn, DelayableMethod):
+        raise NotDelayable(f"{fn!r} is unbound: schedule instance.{fn.name}, not Model.{fn.name}")
+    if getattr(fn, "__name__", None) == "<lambda>":
+        raise NotDelayable("a lambda cannot be scheduled: it has no stable name to store")
+    raise NotDelayable(f"{fn!r} is not registered: decorate it with @delayable")
+
+
+def resolve(name: str, target: Model | None) -> Callable[..., Any]:
+    """Return the callable a stored job names, or raise ``UnknownAction``."""
+    if target is None:
+        try:
+            return _functions[name]
+        except KeyError:
+            raise UnknownAction(
+                f"no @delayable function named {name!r} is registered in this process "
+                "(is its module imported by the worker? put it in an app's models.py or "
+                "tasks.py)"
+            ) from None
+    attr = name.rpartition(".")[2]
+    for klass in type(target).__mro__:
+        if attr in vars(klass):
+            marked = vars(klass)[attr]
+            if isinstance(marked, DelayableMethod):
+                return BoundAction(marked, target)
+            break
+    raise UnknownAction(f"{type(target).__name__}.{attr} is not a @delayable method")

@@ -1,0 +1,313 @@
+"""The verbs: schedule, cancel, reschedule, requeue, purge. Admin, API and user code all
+call these; nothing else writes Job rows outside the worker.
+
+Every change is a conditional UPDATE (the database is the judge), recorded by a JobEvent in
+the same transaction; Redis follows on commit and is repaired by reconcile if it can't.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from django.contrib.contenttypes.models import ContentType
+from django.db import IntegrityError, models, router, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from . import serialization, signals, timing
+from .conf import delayjobs_settings
+from .connection import get_engine
+from .engine import MAX_BATCH, EngineUnavailable, validate_name
+from .exceptions import InvalidSchedule
+from .models import ACTIVE, WAITING, EventKind, Job, JobEvent, Status
+from .registry import BoundAction, DelayableMethod, describe
+
+logger = logging.getLogger("django_delayjobs")
+
+
+def _db() -> str:
+    return router.db_for_write(Job)
+
+
+def _after_commit(fn: Callable[[], Any]) -> None:
+    transaction.on_commit(fn, using=_db())
+
+
+def _send(signal: Any, job: Job, **kwargs: Any) -> None:
+    _after_commit(lambda: signal.send(sender=Job, job=job, **kwargs))
+
+
+def _event(job: Job, kind: str, actor: str, message: str = "") -> None:
+    JobEvent.objects.create(job=job, kind=kind, actor=actor, attempt=job.attempts, message=message)
+
+
+# -- Redis side, after commit ---------------------------------------------------------
+
+
+def push(jobs: Iterable[Job]) -> int:
+    """Hand jobs to the engine; on failure log and leave them to reconcile. Never raises."""
+    by_queue: dict[str, dict[str, int]] = defaultdict(dict)
+    for job in jobs:
+        by_queue[job.queue][str(job.pk)] = timing.to_ms(job.run_at)
+    added = 0
+    try:
+        engine = get_engine()
+        for queue, items in by_queue.items():
+            ids = list(items)
+            for start in range(0, len(ids), MAX_BATCH):
+                chunk = {i: items[i] for i in ids[start : start + MAX_BATCH]}
+                added += len(engine.add(queue, chunk))
+    except Exception:
+        # The rows are committed and scheduled: reconcile re-adds what Redis lacks.
+        logger.warning("could not hand jobs to Redis; reconcile will", exc_info=True)
+    return added
+
+
+def _redis(what: str, fn: Callable[[], Any]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            fn()
+        except EngineUnavailable:
+            logger.warning("Redis did not take %s; the database already did", what, exc_info=True)
+
+    return run
+
+
+# -- schedule ---------------------------------------------------------------------------
+
+
+def _check_arguments(fn: Any, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    if not isinstance(args, list | tuple):
+        raise TypeError(f"args must be a list or tuple, not {type(args).__name__}")
+    kwargs = {} if kwargs is None else kwargs
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict, not {type(kwargs).__name__}")
+    func = fn.method.func if isinstance(fn, BoundAction) else fn
+    try:
+        signature = inspect.signature(func)
+        if isinstance(fn, BoundAction):
+            signature.bind(fn.instance, *args, **kwargs)
+        else:
+            signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"the arguments do not fit {func.__qualname__}: {exc}") from None
+    return serialization.dump(list(args), "args"), serialization.dump(kwargs, "kwargs")
+
+
+def _positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise InvalidSchedule(f"{what} must be at least 1, got {value}")
+    return value
+
+
+def build_job(
+    fn: Callable[..., Any],
+    *,
+    in_: Any = None,
+    at: Any = None,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    queue: str | None = None,
+    key: str | None = None,
+    max_attempts: int | None = None,
+    expires: Any = None,
+) -> Job:
+    """Validate one ``schedule`` call and return its unsaved Job. Touches nothing."""
+    ref = describe(fn)
+    run_at = timing.due_time(in_, at)
+    stored_args, stored_kwargs = _check_arguments(fn, args, kwargs)
+    queue = validate_name(delayjobs_settings.DEFAULT_QUEUE if queue is None else queue, "queue")
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 255):
+        raise TypeError(f"key must be a str of 1 to 255 characters, not {key!r}")
+    attempts = delayjobs_settings.MAX_ATTEMPTS if max_attempts is None else max_attempts
+    job = Job(
+        queue=queue,
+        action=ref.name,
+        args=stored_args,
+        kwargs=stored_kwargs,
+        key=key,
+        run_at=run_at,
+        expires_at=timing.expiry(expires, run_at),
+        max_attempts=_positive_int(attempts, "max_attempts"),
+    )
+    if ref.target is not None:
+        job.target_type = ContentType.objects.get_for_model(ref.target, for_concrete_model=False)
+        job.target_id = str(ref.target.pk)
+    return job
+
+
+def _existing(job: Job) -> Job | None:
+    return Job.objects.filter(queue=job.queue, key=job.key, status__in=ACTIVE).first()
+
+
+def _insert(job: Job, replace: bool, actor: str) -> Job:
+    """Insert one job honouring its key; return the job now holding the key."""
+    if job.key is not None:
+        current = _existing(job)
+        if current is not None and not (replace and cancel(current, actor=actor)):
+            return current
+    try:
+        with transaction.atomic(using=_db()):
+            job.save(force_insert=True)
+    except IntegrityError:
+        # A concurrent schedule with the same key committed first: its job is the one.
+        current = _existing(job) if job.key is not None else None
+        if current is None:
+            raise
+        return current
+    _event(job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}")
+    _send(signals.job_scheduled, job)
+    return job
+
+
+def schedule(
+    fn: Callable[..., Any],
+    *,
+    in_: Any = None,
+    at: Any = None,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    queue: str | None = None,
+    key: str | None = None,
+    max_attempts: int | None = None,
+    expires: Any = None,
+    replace: bool = False,
+    actor: str = "code",
+) -> Job:
+    """Schedule ``fn`` (a ``@delayable`` function or model method) and return its Job."""
+    job = build_job(
+        fn, in_=in_, at=at, args=args, kwargs=kwargs, queue=queue, key=key,
+        max_attempts=max_attempts, expires=expires,
+    )  # fmt: skip
+    with transaction.atomic(using=_db()):
+        stored = _insert(job, replace, actor)
+    if stored is job:
+        _after_commit(lambda: push([job]))
+    return stored
+
+
+def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
+    """Insert jobs built by ``build_job`` in one transaction and one Redis round trip.
+
+    Keys are not allowed here (use ``schedule`` for deduplicated jobs).
+    """
+    batch = list(jobs)
+    if any(job.key is not None for job in batch):
+        raise InvalidSchedule("schedule_many does not take keyed jobs; use schedule(key=...)")
+    with transaction.atomic(using=_db()):
+        Job.objects.bulk_create(batch)
+        JobEvent.objects.bulk_create(
+            JobEvent(job=job, kind=EventKind.SCHEDULED, actor=actor,
+                     message=f"due {job.run_at.isoformat()}")
+            for job in batch
+        )  # fmt: skip
+        for job in batch:
+            _send(signals.job_scheduled, job)
+    _after_commit(lambda: push(batch))
+    return batch
+
+
+# -- cancel, reschedule, requeue, purge ---------------------------------------------------
+
+
+def _job(job: Job | Any) -> Job:
+    if isinstance(job, Job):
+        return job
+    return Job.objects.get(pk=job)
+
+
+def cancel(job: Job | Any, *, actor: str = "code") -> bool:
+    """Cancel a job that has not started; True when this call won."""
+    job = _job(job)
+    now = timezone.now()
+    with transaction.atomic(using=_db()):
+        won = Job.objects.filter(pk=job.pk, status__in=WAITING).update(
+            status=Status.CANCELLED, finished_at=now
+        )
+        if won:
+            job.status, job.finished_at = Status.CANCELLED, now
+            _event(job, EventKind.CANCELLED, actor)
+            _after_commit(_redis("a cancel", lambda: get_engine().remove(job.queue, [str(job.pk)])))
+            _send(signals.job_cancelled, job)
+    return bool(won)
+
+
+def cancel_for(obj: models.Model, action: Any = None, *, actor: str = "code") -> int:
+    """Cancel the waiting jobs bound to ``obj`` (only ``action``'s, if given); return how many."""
+    if obj.pk is None:
+        raise ValueError(f"{obj!r} is not saved, so no job can target it")
+    jobs = Job.objects.filter(
+        target_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
+        target_id=str(obj.pk),
+        status__in=WAITING,
+    )
+    if action is not None:
+        jobs = jobs.filter(action=_action_name(obj, action))
+    return sum(cancel(job, actor=actor) for job in jobs)
+
+
+def _action_name(obj: models.Model, action: Any) -> str:
+    if isinstance(action, str):
+        return action
+    if isinstance(action, DelayableMethod):
+        return f"{obj._meta.label}.{action.name}"
+    return describe(action).name
+
+
+def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = "code") -> bool:
+    """Move a job that has not started to a new due time; True when this call won."""
+    job = _job(job)
+    run_at = timing.due_time(in_, at)
+    if job.expires_at is not None and run_at > job.expires_at:
+        raise InvalidSchedule(f"the new due time {run_at} is after the job expires ({job.expires_at})")
+    with transaction.atomic(using=_db()):
+        won = Job.objects.filter(pk=job.pk, status__in=WAITING).update(run_at=run_at)
+        if won:
+            before, job.run_at = job.run_at, run_at
+            _event(job, EventKind.RESCHEDULED, actor, f"from {before.isoformat()} to {run_at.isoformat()}")
+            # add() moves a pending id; an id already promoted is handed back by the
+            # worker, which sees the new run_at when it claims the row.
+            _after_commit(lambda: push([job]))
+    return bool(won)
+
+
+def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None) -> bool:
+    """Give a dead job ``attempts`` more tries (default: MAX_ATTEMPTS), due now."""
+    job = _job(job)
+    extra = _positive_int(delayjobs_settings.MAX_ATTEMPTS if attempts is None else attempts, "attempts")
+    now = timezone.now()
+    with transaction.atomic(using=_db()):
+        won = Job.objects.filter(pk=job.pk, status=Status.DEAD).update(
+            status=Status.SCHEDULED, run_at=now, finished_at=None,
+            # Attempts only grow: the attempt number is the fencing token of outcomes.
+            max_attempts=F("attempts") + extra,
+        )  # fmt: skip
+        if won:
+            job.refresh_from_db()
+            _event(job, EventKind.REQUEUED, actor, f"{extra} more attempt(s)")
+            _after_commit(lambda: _requeue_in_redis(job))
+    return bool(won)
+
+
+def _requeue_in_redis(job: Job) -> None:
+    try:
+        if get_engine().requeue(job.queue, [str(job.pk)]) == 0:
+            push([job])  # not in garbage (Redis lost it): add it afresh
+    except EngineUnavailable:
+        logger.warning("Redis did not take a requeue; reconcile will", exc_info=True)
+
+
+def purge(job: Job | Any) -> bool:
+    """Delete a dead job and its history for good; True when it was dead and is gone."""
+    job = _job(job)
+    with transaction.atomic(using=_db()):
+        deleted, _ = Job.objects.filter(pk=job.pk, status=Status.DEAD).delete()
+        if deleted:
+            _after_commit(_redis("a purge", lambda: get_engine().purge(job.queue, [str(job.pk)])))
+    return bool(deleted)

@@ -1,0 +1,42 @@
+from django.db import models, transaction
+from django.dispatch import Signal
+
+from django_delayjobs import delayable
+
+thing_paid = Signal()
+
+
+class Thing(models.Model):
+    name = models.CharField(max_length=50, default="")
+    state = models.CharField(max_length=20, default="new")
+    touched = models.PositiveIntegerField(default=0)
+
+    @delayable
+    def expire(self, reason: str = "late") -> str:
+        with transaction.atomic():
+            row = Thing.objects.select_for_update().get(pk=self.pk)
+            if row.state != "new":
+                return "left alone"
+            row.state = f"expired:{reason}"
+            row.save(update_fields=["state"])
+        return "expired"
+
+    @delayable
+    def touch(self) -> None:
+        Thing.objects.filter(pk=self.pk).update(touched=models.F("touched") + 1)
+
+    def not_delayable(self) -> None:
+        pass
+
+    def pay(self) -> None:
+        with transaction.atomic():
+            Thing.objects.filter(pk=self.pk).update(state="paid")
+            self.state = "paid"
+            thing_paid.send(sender=Thing, instance=self)
+
+
+class Record(models.Model):
+    """Rows written by test actions: one per effect, to count runs."""
+
+    label = models.CharField(max_length=100)
+    created = models.DateTimeField(auto_now_add=True)

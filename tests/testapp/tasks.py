@@ -1,0 +1,34 @@
+"""Module-level actions for the tests."""
+
+import time
+
+from django_delayjobs import delayable
+
+from .models import Record
+
+
+@delayable
+def record(label: str, **extra: object) -> str:
+    Record.objects.create(label=label)
+    return label
+
+
+@delayable
+def echo(*args: object, **kwargs: object) -> None:
+    Record.objects.create(label=repr((args, kwargs)))
+
+
+@delayable
+def fail(label: str = "boom") -> None:
+    Record.objects.create(label=f"attempt:{label}")
+    raise RuntimeError(f"failing on purpose: {label}")
+
+
+@delayable
+def slow(label: str, seconds: float) -> None:
+    time.sleep(seconds)
+    Record.objects.create(label=label)
+
+
+def plain(label: str) -> None:
+    """Not registered: scheduling it must fail."""
