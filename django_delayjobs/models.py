@@ -54,6 +54,7 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
+    result = models.JSONField(null=True, blank=True, help_text="The action's return value, if JSON.")
 
     class Meta:
         ordering = ["-run_at"]

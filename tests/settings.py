@@ -54,6 +54,8 @@ STATIC_URL = "/static/"
 
 if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
+    if os.environ.get("DELAYJOBS_TEST_DB_NAME"):  # a worker process started by a test
+        DATABASES["default"]["NAME"] = os.environ["DELAYJOBS_TEST_DB_NAME"]
 else:
     # A file, not :memory:, so worker processes started by tests share the database.
     _db = os.environ.get("DELAYJOBS_TEST_SQLITE") or os.path.join(

@@ -305,6 +305,10 @@ class Engine:
             for w, s in alive
         ]
 
+    def info(self) -> dict[str, Any]:
+        """Return Redis's ``INFO`` (version, memory policy, ...)."""
+        return self._call(self.client.info)  # type: ignore[no-any-return]
+
     def server_time_ms(self) -> int:
         """Return Redis's clock in ms: the clock every due time is compared with."""
         seconds, micros = self._call(self.client.time)

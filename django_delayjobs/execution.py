@@ -1,0 +1,209 @@
+"""Running one claimed job: claim the row, run the action, record the outcome, ack.
+
+The database decides. The claim is a conditional UPDATE; the action runs inside
+``transaction.atomic()`` whose last statement is the ``succeeded`` UPDATE fenced by the
+attempt number, so a worker that was overtaken (its lease expired and another worker
+claimed the row) cannot commit a second outcome: its effects roll back.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from . import serialization, signals, timing
+from .conf import delayjobs_settings
+from .engine import Engine
+from .exceptions import UnknownAction
+from .models import ACTIVE, EventKind, Job, JobEvent, Status
+from .registry import resolve
+
+logger = logging.getLogger("django_delayjobs.worker")
+
+#: A job promoted this close to its due time (Redis and this host's clocks may differ by
+#: a little, and due times are whole ms) waits here instead of going back to Redis.
+EARLY_WAIT = timedelta(seconds=1)
+
+
+class LeaseLost(Exception):
+    """The row's attempt is no longer ours: another worker took the job over."""
+
+
+def backoff_seconds(attempt: int) -> float:
+    """Return the delay before retry number ``attempt``: exponential, capped, jittered."""
+    base = delayjobs_settings.RETRY_BACKOFF_SECONDS * 2 ** min(attempt - 1, 30)
+    capped = min(float(base), float(delayjobs_settings.RETRY_BACKOFF_MAX_SECONDS))
+    return capped * random.uniform(0.5, 1.0)
+
+
+class Execution:
+    """Everything that happens to one id a worker took from Redis."""
+
+    def __init__(self, engine: Engine, queue: str, job_id: str, worker_id: str) -> None:
+        self.engine = engine
+        self.queue = queue
+        self.job_id = job_id
+        self.worker_id = worker_id
+        self.actor = f"worker:{worker_id}"
+        self.job: Job | None = None
+
+    def run(self) -> str:
+        """Process the job; return what happened (an outcome name, for stats and logs)."""
+        job = self.claim()
+        if job is None:
+            return "dropped"
+        self.job = job
+        signals.job_started.send(sender=Job, job=job)
+        if job.expires_at is not None and timezone.now() > job.expires_at:
+            return self.finish(Status.SKIPPED, f"expired at {job.expires_at.isoformat()}")
+        try:
+            fn = self.resolve(job)
+        except UnknownAction as exc:
+            return self.finish(Status.DEAD, str(exc))
+        if fn is None:
+            return self.finish(Status.SKIPPED, "the target object no longer exists")
+        return self.execute(fn)
+
+    # -- steps -----------------------------------------------------------------
+
+    def claim(self) -> Job | None:
+        """Claim the row for a new attempt, or settle the id in Redis and return None."""
+        job = Job.objects.filter(pk=self.job_id).first()
+        if job is None or job.status not in ACTIVE:
+            self.engine.ack(self.queue, [self.job_id])  # cancelled, finished or deleted
+            return None
+        early = job.run_at - timezone.now()
+        if early > EARLY_WAIT:  # rescheduled after Redis promoted it
+            self.engine.nack(self.queue, {self.job_id: timing.to_ms(job.run_at)})
+            return None
+        if early.total_seconds() > 0:
+            time.sleep(early.total_seconds())  # never start before run_at on this clock
+        if job.attempts >= job.max_attempts:
+            return self.give_up(job)
+        now = timezone.now()
+        with transaction.atomic():
+            won = Job.objects.filter(pk=job.pk, status__in=ACTIVE, attempts=job.attempts).update(
+                status=Status.RUNNING, attempts=F("attempts") + 1, started_at=now,
+                worker=self.worker_id[:128],
+            )  # fmt: skip
+            if not won:  # cancelled or taken in the meantime: look again next delivery
+                job = None
+            else:
+                job = Job.objects.get(pk=self.job_id)
+                self.event(job, EventKind.STARTED, f"attempt {job.attempts} of {job.max_attempts}")
+        if job is None:
+            self.engine.nack(self.queue, {self.job_id: self.engine.server_time_ms()})
+        return job
+
+    def give_up(self, job: Job) -> None:
+        """The last attempt started and never recorded an outcome: its worker was lost."""
+        message = f"attempt {job.attempts} of {job.max_attempts} never finished (worker lost)"
+        with transaction.atomic():
+            won = Job.objects.filter(pk=job.pk, status__in=ACTIVE, attempts=job.attempts).update(
+                status=Status.DEAD, finished_at=timezone.now(), last_error=message
+            )
+            if won:
+                self.event(job, EventKind.DEAD, message)
+        if won:
+            self.engine.bury(self.queue, [self.job_id])
+            signals.job_dead.send(sender=Job, job=job, error=message)
+        return None
+
+    def resolve(self, job: Job) -> Callable[..., Any] | None:
+        """Return the callable to run; None if its target row is gone."""
+        target = None
+        if job.target_type_id is not None:
+            model = job.target_type.model_class()
+            if model is None:
+                raise UnknownAction(f"the model of {job.action!r} is not installed")
+            target = model._base_manager.filter(pk=job.target_id).first()
+            if target is None:
+                return None
+        return resolve(job.action, target)
+
+    def execute(self, fn: Callable[..., Any]) -> str:
+        job = self.job
+        assert job is not None
+        try:
+            args, kwargs = serialization.load(job.args), serialization.load(job.kwargs)
+            with transaction.atomic():
+                result = fn(*args, **kwargs)
+                try:
+                    stored = serialization.dump(result, "result")
+                except TypeError:
+                    stored = None  # a result that is not JSON is not kept
+                self.event(job, EventKind.SUCCEEDED)
+                # Last statement of the transaction: the outcome, fenced by our attempt.
+                if not self.fenced(job).update(
+                    status=Status.SUCCEEDED, finished_at=timezone.now(), result=stored
+                ):
+                    raise LeaseLost
+        except LeaseLost:
+            logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts)
+            return "overtaken"
+        except Exception as exc:  # the action failed: its effects are rolled back
+            return self.failed(exc)
+        job.status, job.result = Status.SUCCEEDED, stored
+        self.engine.ack(self.queue, [self.job_id])
+        signals.job_succeeded.send(sender=Job, job=job)
+        return Status.SUCCEEDED
+
+    def failed(self, exc: BaseException) -> str:
+        job = self.job
+        assert job is not None
+        error = "".join(traceback.format_exception(exc))
+        if job.attempts >= job.max_attempts:
+            return self.finish(Status.DEAD, error, failed=True)
+        run_at = timezone.now() + timedelta(seconds=backoff_seconds(job.attempts))
+        with transaction.atomic():
+            won = self.fenced(job).update(status=Status.RETRYING, run_at=run_at, last_error=error)
+            if won:
+                self.event(job, EventKind.FAILED, error)
+        if not won:
+            return "overtaken"
+        self.engine.nack(self.queue, {self.job_id: timing.to_ms(run_at)})
+        signals.job_failed.send(sender=Job, job=job, error=error)
+        return "retrying"
+
+    def finish(self, status: Status, message: str, failed: bool = False) -> str:
+        """Record a final outcome other than success (skipped or dead) and settle Redis."""
+        job = self.job
+        assert job is not None
+        with transaction.atomic():
+            won = self.fenced(job).update(
+                status=status, finished_at=timezone.now(), last_error=message
+            )
+            if won:
+                if failed:
+                    self.event(job, EventKind.FAILED, message)
+                self.event(job, EventKind(status.value), message if not failed else "")
+        if not won:
+            return "overtaken"
+        job.status = status
+        if status == Status.DEAD:
+            self.engine.bury(self.queue, [self.job_id])
+            if failed:
+                signals.job_failed.send(sender=Job, job=job, error=message)
+            signals.job_dead.send(sender=Job, job=job, error=message)
+        else:
+            self.engine.ack(self.queue, [self.job_id])
+        return status.value
+
+    # -- helpers ---------------------------------------------------------------
+
+    def fenced(self, job: Job) -> Any:
+        return Job.objects.filter(pk=job.pk, attempts=job.attempts, status=Status.RUNNING)
+
+    def event(self, job: Job, kind: str, message: str = "") -> None:
+        JobEvent.objects.create(
+            job_id=job.pk, kind=kind, actor=self.actor, attempt=job.attempts, message=message
+        )

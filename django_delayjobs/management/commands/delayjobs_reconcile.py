@@ -1,0 +1,24 @@
+"""``manage.py delayjobs_reconcile``: a full database -> Redis repair pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ...connection import get_engine
+from ...engine import DelayJobsError
+from ...reconcile import reconcile
+
+
+class Command(BaseCommand):
+    help = "Re-add every waiting job that Redis does not hold (after data loss in Redis)."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            repaired = reconcile(get_engine(), horizon=None)
+        except DelayJobsError as exc:
+            raise CommandError(str(exc)) from exc
+        for queue, count in sorted(repaired.items()):
+            self.stdout.write(f"{queue}: re-added {count} job(s)")
+        self.stdout.write(f"repaired {sum(repaired.values())} job(s)")

@@ -1,0 +1,44 @@
+"""Start-up checks of the Redis a worker is about to use."""
+
+from __future__ import annotations
+
+import logging
+
+from .conf import delayjobs_settings
+from .engine import Engine
+from .exceptions import ConfigurationError
+
+logger = logging.getLogger("django_delayjobs.worker")
+
+#: LPOP with a count (claim.lua) arrived in Redis 6.2.
+MIN_REDIS = (6, 2)
+
+
+def describe_redis(engine: Engine) -> str:
+    """Return where the engine connects, without a password."""
+    kwargs = engine.client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']} db {kwargs.get('db', 0)}"
+    return f"redis://{kwargs.get('host')}:{kwargs.get('port')}/{kwargs.get('db', 0)}"
+
+
+def check_redis(engine: Engine) -> list[str]:
+    """Raise ``EngineUnavailable``/``ConfigurationError`` if Redis cannot serve; return warnings."""
+    info = engine.info()
+    version = tuple(int(part) for part in str(info["redis_version"]).split(".")[:2])
+    if version < MIN_REDIS:
+        raise ConfigurationError(
+            f"Redis {info['redis_version']} is too old: django-delayjobs needs 6.2 or later"
+        )
+    warnings = []
+    policy = info.get("maxmemory_policy", "noeviction")
+    if policy != "noeviction":
+        message = (
+            f"Redis maxmemory-policy is {policy!r}: when memory runs out Redis may evict "
+            "queue keys and jobs will only run again after a reconcile sweep; set it to "
+            "'noeviction'"
+        )
+        if delayjobs_settings.REFUSE_EVICTING_REDIS:
+            raise ConfigurationError(message + " (REFUSE_EVICTING_REDIS is on)")
+        warnings.append(message)
+    return warnings

@@ -1,0 +1,82 @@
+"""The promoter: moves due ids to ready exactly when they are due, recovers expired
+leases, and runs the reconcile sweep. Any number may run at once (every move is one Lua
+script), so there is no leader to elect.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from .conf import delayjobs_settings
+from .engine import Engine
+from .reconcile import horizon, reconcile
+
+logger = logging.getLogger("django_delayjobs.promoter")
+
+#: Redis checks blocking timeouts about every 100 ms (hz 10), so the promoter blocks in
+#: Redis (where an earlier job can wake it) only until this long before the next due
+#: time, and sleeps the rest itself.
+PRECISE_STRETCH = 0.11
+RECOVER_EVERY = 1.0
+
+
+class Promoter:
+    def __init__(
+        self,
+        engine: Engine,
+        queues: Sequence[str],
+        *,
+        tick: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.engine = engine
+        self.queues = list(queues)
+        self.tick = tick or delayjobs_settings.TICK_SECONDS
+        self.batch = delayjobs_settings.BATCH_SIZE
+        self.stop = stop or threading.Event()
+        self.reconcile_every = delayjobs_settings.RECONCILE_SECONDS
+        self._last_recover = 0.0
+        self._last_reconcile = 0.0
+
+    def promote_due(self) -> tuple[int, float]:
+        """Promote everything due now; return (ids moved, seconds until the next due)."""
+        moved, wait = 0, self.tick
+        for queue in self.queues:
+            while True:
+                result = self.engine.promote(queue, self.batch)
+                moved += result.moved
+                if result.moved < self.batch:
+                    break
+            if result.next_due_ms is not None:
+                wait = min(wait, max(0.0, (result.next_due_ms - result.now_ms) / 1000))
+        return moved, wait
+
+    def housekeeping(self, now: float) -> None:
+        """Recover expired leases (each second) and reconcile (every RECONCILE_SECONDS)."""
+        if now - self._last_recover >= RECOVER_EVERY:
+            self._last_recover = now
+            for queue in self.queues:
+                while len(self.engine.recover_expired(queue, self.batch)) == self.batch:
+                    pass
+        if now - self._last_reconcile >= self.reconcile_every:
+            self._last_reconcile = now
+            reconcile(self.engine, horizon=horizon())
+
+    def step(self) -> float:
+        """One pass; return how long to sleep before the next."""
+        self.housekeeping(time.monotonic())
+        return self.promote_due()[1]
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, waking early if an earlier job is scheduled meanwhile."""
+        deadline = time.monotonic() + seconds
+        if seconds > PRECISE_STRETCH and self.engine.wait_for_wake(
+            self.queues, seconds - PRECISE_STRETCH
+        ):
+            return
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            self.stop.wait(remaining)

@@ -1,0 +1,118 @@
+"""The worker's execution path, driven in this process with --burst semantics."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+
+from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
+from django_delayjobs.models import Job, Status
+from tests.testapp import tasks
+from tests.testapp.models import Record, Thing
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    pass
+
+
+def burst(*args: str) -> None:
+    call_command("run_delayworker", "--burst", "-v", "0", *args)
+
+
+def test_due_job_runs_once_and_records_history():
+    thing = Thing.objects.create()
+    job = schedule(thing.expire, in_=0, kwargs={"reason": "unpaid"})
+    burst()
+    job.refresh_from_db()
+    thing.refresh_from_db()
+    assert thing.state == "expired:unpaid"
+    assert job.status == Status.SUCCEEDED and job.attempts == 1
+    assert job.result == "expired"
+    assert list(job.events.values_list("kind", flat=True)) == ["scheduled", "started", "succeeded"]
+    assert get_engine().stats("default").in_flight == 0
+    burst()  # nothing left: runs nothing twice
+    assert Job.objects.get(pk=job.pk).attempts == 1
+
+
+def test_future_job_is_not_run_by_burst():
+    job = schedule(tasks.record, in_=60, args=["later"])
+    burst()
+    assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
+    assert not Record.objects.exists()
+
+
+def test_cancelled_after_promotion_is_dropped():
+    job = schedule(tasks.record, in_=0, args=["x"])
+    Job.objects.filter(pk=job.pk).update(status=Status.CANCELLED)  # as if cancel lost Redis
+    burst()
+    assert not Record.objects.exists()
+    stats = get_engine().stats("default")
+    assert (stats.ready, stats.in_flight, stats.pending) == (0, 0, 0)
+
+
+def test_failing_action_retries_with_backoff_then_dies(settings):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "RETRY_BACKOFF_SECONDS": 0.01}
+    job = schedule(tasks.fail, in_=0, max_attempts=3)
+    for _ in range(20):
+        burst()
+        if Job.objects.get(pk=job.pk).status == Status.DEAD:
+            break
+    job.refresh_from_db()
+    assert job.status == Status.DEAD and job.attempts == 3
+    assert "failing on purpose" in job.last_error
+    # the action's own writes were rolled back with each failed attempt
+    assert not Record.objects.exists()
+    kinds = list(job.events.values_list("kind", flat=True))
+    assert kinds.count("failed") == 3 and kinds[-1] == "dead"
+    assert "Traceback" in job.events.filter(kind="failed").first().message
+    stats = get_engine().stats("default")
+    assert stats.garbage == 1 and stats.counters["buried"] == 1
+
+
+def test_deleted_target_is_skipped():
+    thing = Thing.objects.create()
+    job = schedule(thing.expire, in_=0)
+    thing.delete()
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.SKIPPED
+
+
+def test_expired_job_is_skipped():
+    job = schedule(tasks.record, in_=0, args=["x"], expires=0.001)
+    Job.objects.filter(pk=job.pk).update(expires_at=job.run_at)
+    burst()
+    assert Job.objects.get(pk=job.pk).status == Status.SKIPPED
+    assert not Record.objects.exists()
+
+
+def test_unknown_action_goes_dead():
+    job = schedule(tasks.record, in_=0, args=["x"])
+    Job.objects.filter(pk=job.pk).update(action="os.system")
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    assert "no @delayable function named 'os.system'" in job.last_error
+
+
+def test_rescheduled_after_promotion_waits_for_new_time():
+    job = schedule(tasks.record, in_=0, args=["x"])
+    with transaction.atomic():
+        assert job.reschedule(in_=3600)
+    burst()
+    assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
+    assert get_engine().stats("default").pending == 1
+
+
+def test_queue_priority_is_strict():
+    for n in range(3):
+        schedule(tasks.record, in_=0, args=[f"low{n}"], queue="low")
+        schedule(tasks.record, in_=0, args=[f"high{n}"], queue="high")
+    burst("--queues", "high,low")
+    labels = list(Record.objects.order_by("id").values_list("label", flat=True))
+    assert labels == ["high0", "high1", "high2", "low0", "low1", "low2"]
