@@ -43,9 +43,12 @@ def start_worker(redis_url: str, *args: str, env: dict[str, str] | None = None,
     """Start ``manage.py run_delayworker`` with the test settings."""
     cmd = [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
            "-v", "1", *args]  # fmt: skip
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
-    return subprocess.Popen(cmd, cwd=ROOT, env={**worker_env(redis_url), **(env or {})},
-                            stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    env = {**worker_env(redis_url), **(env or {})}
+    if log is None:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> int:

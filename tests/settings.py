@@ -67,7 +67,7 @@ else:
             "NAME": _db,
             "TEST": {"NAME": _db},
             "OPTIONS": {
-                "timeout": 30,
+                "timeout": float(os.environ.get("DELAYJOBS_SQLITE_TIMEOUT", 30)),
                 "transaction_mode": "IMMEDIATE",
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },

@@ -32,3 +32,10 @@ def slow(label: str, seconds: float) -> None:
 
 def plain(label: str) -> None:
     """Not registered: scheduling it must fail."""
+
+
+@delayable
+def write_then_sleep(label: str, seconds: float) -> None:
+    """Write first, then sleep: a kill during the sleep must roll the write back."""
+    Record.objects.create(label=label)
+    time.sleep(seconds)

@@ -1,0 +1,245 @@
+"""run_delayworker as real processes: timing, crashes, leases, outages, signals.
+
+Every test starts its own worker processes and stops them by pid; nothing here waits on a
+sleep being long enough: each wait polls with a deadline.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import time
+from datetime import timedelta
+
+import pytest
+import redis
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from django_delayjobs import schedule, schedule_many
+from django_delayjobs.connection import get_engine
+from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.models import Job, Status
+from django_delayjobs.services import build_job
+from tests.helpers import start_worker, stop, wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Record
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    pass
+
+
+def live_workers(n: int = 1, queue: str = "default") -> bool:
+    return get_engine().stats(queue).live_workers >= n
+
+
+def statuses() -> dict[str, int]:
+    from django.db.models import Count
+
+    return dict(Job.objects.values_list("status").annotate(n=Count("pk")))
+
+
+def test_job_starts_after_its_due_time_and_soon(redis_url, tmp_path):
+    worker = start_worker(redis_url, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        jobs = [schedule(tasks.record, in_=0.5, args=[f"r{n}"]) for n in range(5)]
+        wait_for(lambda: Record.objects.count() == 5, timeout=10)
+    finally:
+        assert stop(worker) == 0
+    for job in jobs:
+        job.refresh_from_db()
+        record = Record.objects.get(label=job.args[0])
+        lateness = (record.created - job.run_at).total_seconds()
+        assert 0 <= lateness < 0.5, lateness
+
+
+def test_kill_9_mid_action_reruns_after_lease_and_writes_once(redis_url, tmp_path):
+    env = {"DELAYJOBS_LEASE_SECONDS": "2"}
+    first = start_worker(redis_url, env=env, log=tmp_path / "a.log")
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.write_then_sleep, in_=0, args=["once", 3.0])
+        wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.RUNNING)
+        time.sleep(0.3)  # let the action write its (uncommitted) row
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert Job.objects.get(pk=job.pk).status == Status.RUNNING
+        assert not Record.objects.exists()  # the killed attempt's write rolled back
+        second = start_worker(redis_url, env=env, log=tmp_path / "b.log")
+        try:
+            wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.SUCCEEDED, timeout=30)
+        finally:
+            assert stop(second) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    job.refresh_from_db()
+    assert job.attempts == 2
+    assert Record.objects.filter(label="once").count() == 1
+
+
+def test_action_longer_than_the_lease_runs_once(redis_url, tmp_path):
+    env = {"DELAYJOBS_LEASE_SECONDS": "1"}
+    workers = [start_worker(redis_url, env=env, log=tmp_path / f"{n}.log") for n in range(2)]
+    try:
+        wait_for(lambda: live_workers(2))
+        job = schedule(tasks.slow, in_=0, args=["slow", 3.5])
+        wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.SUCCEEDED, timeout=30)
+        time.sleep(1.5)  # a lease-expiry redelivery would have happened by now
+    finally:
+        assert [stop(w) for w in workers] == [0, 0]
+    job.refresh_from_db()
+    assert job.attempts == 1
+    assert Record.objects.filter(label="slow").count() == 1
+    assert get_engine().stats("default").counters.get("recovered", 0) == 0
+
+
+def test_two_workers_and_two_promoters_run_5000_jobs_exactly_once(redis_url, tmp_path):
+    workers = [
+        start_worker(redis_url, "--concurrency", "2", log=tmp_path / f"{n}.log") for n in range(2)
+    ]
+    try:
+        wait_for(lambda: live_workers(2))
+        start = timezone.now() + timedelta(seconds=1)
+        jobs = [
+            build_job(tasks.record, at=start + timedelta(milliseconds=n % 2000), args=[str(n)])
+            for n in range(5000)
+        ]
+        schedule_many(jobs)
+        wait_for(lambda: Job.objects.filter(status=Status.SUCCEEDED).count() == 5000, timeout=180,
+                 every=0.5)  # fmt: skip
+    finally:
+        assert [stop(w) for w in workers] == [0, 0]
+    assert Record.objects.count() == 5000
+    assert Record.objects.values("label").distinct().count() == 5000
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+
+
+def test_flushall_loses_nothing_thanks_to_reconcile(redis_url, redis_client, tmp_path):
+    env = {"DELAYJOBS_RECONCILE_SECONDS": "1"}
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        jobs = [build_job(tasks.record, in_=2, args=[str(n)]) for n in range(200)]
+        schedule_many(jobs)
+        redis_client.flushall()
+        wait_for(lambda: Record.objects.count() == 200, timeout=30)
+    finally:
+        assert stop(worker) == 0
+    assert statuses() == {Status.SUCCEEDED: 200}
+    assert Record.objects.values("label").distinct().count() == 200
+
+
+def test_redis_down_for_10_seconds_loses_nothing(tmp_path, settings):
+    server = EmbeddedRedis(tmp_path / "redis")
+    url = server.start()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
+    env = {"DELAYJOBS_RECONCILE_SECONDS": "1"}
+    worker = start_worker(url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        before = [schedule(tasks.record, in_=n * 0.5, args=[f"before{n}"]) for n in range(20)]
+        server.stop()
+        during = [schedule(tasks.record, in_=1, args=[f"during{n}"]) for n in range(10)]
+        time.sleep(10)  # the outage itself, not a wait for a result
+        assert worker.poll() is None, "the worker must survive the outage"
+        server.start()  # empty: no persistence, reconcile must bring the jobs back
+        wait_for(lambda: Record.objects.count() == 30, timeout=30)
+    finally:
+        assert stop(worker) == 0
+        server.close()
+    assert len(before) + len(during) == Job.objects.filter(status=Status.SUCCEEDED).count()
+    log = (tmp_path / "w.log").read_text()
+    assert "Redis is unavailable" in log
+    assert "connection is back" in log
+
+
+def test_database_unavailable_for_a_few_seconds_loses_nothing(redis_url, tmp_path):
+    if connection.vendor != "sqlite":
+        pytest.skip("covered by test_postgres_connections_refused for PostgreSQL")
+    env = {"DELAYJOBS_SQLITE_TIMEOUT": "0.2"}
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        jobs = [schedule(tasks.record, in_=0.5, args=[str(n)]) for n in range(10)]
+        lock = sqlite3.connect(connection.settings_dict["NAME"], timeout=30)
+        lock.execute("BEGIN EXCLUSIVE")
+        time.sleep(3)  # the outage: every write of the worker fails with 'locked'
+        lock.rollback()
+        lock.close()
+        wait_for(lambda: Record.objects.count() == 10, timeout=30)
+    finally:
+        assert stop(worker) == 0
+    assert Job.objects.filter(status=Status.SUCCEEDED).count() == len(jobs)
+    assert "database is unavailable" in (tmp_path / "w.log").read_text()
+
+
+def test_sigterm_lets_the_running_action_finish_and_exits_0(redis_url, tmp_path):
+    worker = start_worker(redis_url, log=tmp_path / "w.log")
+    wait_for(live_workers)
+    job = schedule(tasks.slow, in_=0, args=["finished", 2.0])
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.RUNNING)
+    assert stop(worker) == 0
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    assert Record.objects.filter(label="finished").count() == 1
+    assert get_engine().stats("default").live_workers == 0
+
+
+def test_failing_action_retries_then_dies_and_stats_show_it(redis_url, tmp_path, capsys):
+    env = {"DELAYJOBS_RETRY_BACKOFF_SECONDS": "0.05"}
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.fail, in_=0, max_attempts=3)
+        wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.DEAD, timeout=30)
+    finally:
+        assert stop(worker) == 0
+    job.refresh_from_db()
+    assert job.attempts == 3
+    events = list(job.events.values_list("kind", flat=True))
+    assert events.count("failed") == 3 and events[-1] == "dead"
+    retries = list(job.events.filter(kind="started").values_list("at", flat=True))
+    assert all(b > a for a, b in zip(retries, retries[1:], strict=False))
+    call_command("delayjobs_stats")
+    out = capsys.readouterr().out.splitlines()
+    header, line = out[0].split(), out[1].split()
+    assert dict(zip(header, line, strict=False))["garbage"] == "1"
+
+
+def test_worker_refuses_unreachable_redis_with_a_clear_error(settings):
+    from django.core.management.base import CommandError
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": "redis://127.0.0.1:1/0"}
+    with pytest.raises(CommandError, match="cannot use Redis at redis://127.0.0.1:1/0"):
+        call_command("run_delayworker", "--burst", "-v", "0")
+
+
+def test_worker_warns_or_refuses_an_evicting_redis(tmp_path, settings, capsys):
+    from django.core.management.base import CommandError
+
+    with EmbeddedRedis(tmp_path / "r") as server:
+        redis.Redis.from_url(server.url).config_set("maxmemory-policy", "allkeys-lru")
+        settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": server.url}
+        call_command("run_delayworker", "--burst", "-v", "0")
+        assert "maxmemory-policy is 'allkeys-lru'" in capsys.readouterr().err
+        settings.DELAYJOBS = {**settings.DELAYJOBS, "REFUSE_EVICTING_REDIS": True}
+        with pytest.raises(CommandError, match="noeviction"):
+            call_command("run_delayworker", "--burst", "-v", "0")
+
+
+def test_reconcile_command_repairs_and_reports(redis_client, capsys):
+    jobs = [schedule(tasks.record, in_=3600 * 24, args=[str(n)], queue="q1") for n in range(3)]
+    redis_client.flushdb()
+    call_command("delayjobs_reconcile")
+    assert "q1: re-added 3 job(s)" in capsys.readouterr().out
+    assert get_engine().stats("q1").pending == len(jobs)
+    call_command("delayjobs_reconcile")
+    assert "repaired 0 job(s)" in capsys.readouterr().out
+
+
