@@ -34,13 +34,18 @@ def ensure_venv() -> Path:
     where = venv_dir()
     python = where / "bin" / "python"
     stamp = where / ".installed"
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    # The stamp covers ROOT too: the install is editable, so a venv kept outside the clone
+    # (CI caches one) must be reinstalled when the clone it points at moves.
+    identity = f"{ROOT}\n".encode() + (ROOT / "pyproject.toml").read_bytes()
+    wanted = hashlib.sha256(identity).hexdigest()
     if stamp.exists() and stamp.read_text() == wanted and python.exists():
         return python
     if not python.exists():
         print(f"dev.py: creating {where}", flush=True)
         venv.EnvBuilder(with_pip=True, clear=True).create(where)
-    print("dev.py: installing django-delayjobs[dev,embedded] (first run takes a minute)", flush=True)
+    print(
+        "dev.py: installing django-delayjobs[dev,embedded] (first run takes a minute)", flush=True
+    )
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
     subprocess.run([*pip, "-e", f"{ROOT}[dev,embedded]"], check=True, cwd=ROOT)

@@ -7,17 +7,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .registry import delayable
-
 if TYPE_CHECKING:
     from .receivers import cancel_on
+    from .registry import delayable
     from .services import cancel_for, schedule, schedule_many
 
 __all__ = ["cancel_for", "cancel_on", "delayable", "schedule", "schedule_many"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so that importing the package does not import models (apps may not be ready).
+    # Lazy, so that importing the package (or its Django-free engine) imports neither
+    # models (apps may not be ready) nor Django.
+    if name == "delayable":
+        from .registry import delayable
+
+        return delayable
     if name in ("schedule", "schedule_many", "cancel_for"):
         from . import services
 

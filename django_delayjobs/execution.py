@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -77,32 +78,39 @@ class Execution:
 
     def claim(self) -> Job | None:
         """Claim the row for a new attempt, or settle the id in Redis and return None."""
+        now = timezone.now()
+        with transaction.atomic():
+            won = Job.objects.filter(
+                pk=self.job_id, status__in=ACTIVE, run_at__lte=now, attempts__lt=F("max_attempts")
+            ).update(
+                status=Status.RUNNING, attempts=F("attempts") + 1, started_at=now,
+                worker=self.worker_id[:128],
+            )  # fmt: skip
+            if won:
+                job = Job.objects.get(pk=self.job_id)
+                self.event(job, EventKind.STARTED, f"attempt {job.attempts} of {job.max_attempts}")
+                return job
+        return self.settle()
+
+    def settle(self) -> Job | None:
+        """The claim found nothing to start: say why to Redis (and retry if just early)."""
         job = Job.objects.filter(pk=self.job_id).first()
         if job is None or job.status not in ACTIVE:
             self.engine.ack(self.queue, [self.job_id])  # cancelled, finished or deleted
             return None
-        early = job.run_at - timezone.now()
-        if early > EARLY_WAIT:  # rescheduled after Redis promoted it
+        early = (job.run_at - timezone.now()).total_seconds()
+        if early > EARLY_WAIT.total_seconds():  # rescheduled after Redis promoted it
             self.engine.nack(self.queue, {self.job_id: timing.to_ms(job.run_at)})
             return None
-        if early.total_seconds() > 0:
-            time.sleep(early.total_seconds())  # never start before run_at on this clock
+        if early > 0:  # this host's clock is behind Redis's: never start before run_at
+            time.sleep(early)
+            return self.claim()
         if job.attempts >= job.max_attempts:
-            return self.give_up(job)
-        now = timezone.now()
-        with transaction.atomic():
-            won = Job.objects.filter(pk=job.pk, status__in=ACTIVE, attempts=job.attempts).update(
-                status=Status.RUNNING, attempts=F("attempts") + 1, started_at=now,
-                worker=self.worker_id[:128],
-            )  # fmt: skip
-            if not won:  # cancelled or taken in the meantime: look again next delivery
-                job = None
-            else:
-                job = Job.objects.get(pk=self.job_id)
-                self.event(job, EventKind.STARTED, f"attempt {job.attempts} of {job.max_attempts}")
-        if job is None:
-            self.engine.nack(self.queue, {self.job_id: self.engine.server_time_ms()})
-        return job
+            self.give_up(job)
+            return None
+        # Changed between our UPDATE and SELECT (a cancel, say): look at it again shortly.
+        self.engine.nack(self.queue, {self.job_id: self.engine.server_time_ms()})
+        return None
 
     def give_up(self, job: Job) -> None:
         """The last attempt started and never recorded an outcome: its worker was lost."""
@@ -116,13 +124,12 @@ class Execution:
         if won:
             self.engine.bury(self.queue, [self.job_id])
             signals.job_dead.send(sender=Job, job=job, error=message)
-        return None
 
     def resolve(self, job: Job) -> Callable[..., Any] | None:
         """Return the callable to run; None if its target row is gone."""
         target = None
         if job.target_type_id is not None:
-            model = job.target_type.model_class()
+            model = ContentType.objects.get_for_id(job.target_type_id).model_class()
             if model is None:
                 raise UnknownAction(f"the model of {job.action!r} is not installed")
             target = model._base_manager.filter(pk=job.target_id).first()

@@ -37,11 +37,12 @@ class Job(models.Model):
     target_type = models.ForeignKey(
         ContentType, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    target_id = models.CharField(max_length=64, null=True, blank=True)
+    target_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     target = GenericForeignKey("target_type", "target_id")
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
-    key = models.CharField(max_length=255, null=True, blank=True)
+    # NULL, not "": the partial unique constraint below must ignore key-less jobs.
+    key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     run_at = models.DateTimeField(help_text="When the job is (next) due.")
     expires_at = models.DateTimeField(null=True, blank=True, help_text="Never start after this.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.SCHEDULED)
@@ -54,7 +55,9 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
-    result = models.JSONField(null=True, blank=True, help_text="The action's return value, if JSON.")
+    result = models.JSONField(
+        null=True, blank=True, help_text="The action's return value, if JSON."
+    )
 
     class Meta:
         ordering = ["-run_at"]

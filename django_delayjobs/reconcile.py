@@ -36,10 +36,10 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Counter[st
     if horizon is not None:
         due &= Q(run_at__lte=now + horizon)
     stuck = Q(status=Status.RUNNING, started_at__lt=now - lease)
-    rows = Job.objects.filter(due | stuck).values_list("pk", "queue", "run_at", "status")
+    rows = Job.objects.filter(due | stuck).values_list("pk", "queue", "run_at")
     repaired: Counter[str] = Counter()
     batch: dict[str, dict[str, int]] = defaultdict(dict)
-    for pk, queue, run_at, status in rows.order_by().iterator(chunk_size=CHUNK):
+    for pk, queue, run_at in rows.order_by().iterator(chunk_size=CHUNK):
         batch[queue][str(pk)] = timing.to_ms(run_at)
         if len(batch[queue]) >= CHUNK:
             repaired[queue] += _repair(engine, queue, batch.pop(queue))

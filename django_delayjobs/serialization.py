@@ -53,7 +53,7 @@ def load(value: Any) -> Any:
         return [load(item) for item in value]
     if isinstance(value, dict):
         if len(value) == 1:
-            (tag, raw), = value.items()
+            ((tag, raw),) = value.items()
             if tag == "$dt":
                 return datetime.datetime.fromisoformat(raw)
             if tag == "$d":

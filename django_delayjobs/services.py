@@ -265,12 +265,19 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
     job = _job(job)
     run_at = timing.due_time(in_, at)
     if job.expires_at is not None and run_at > job.expires_at:
-        raise InvalidSchedule(f"the new due time {run_at} is after the job expires ({job.expires_at})")
+        raise InvalidSchedule(
+            f"the new due time {run_at} is after the job expires ({job.expires_at})"
+        )
     with transaction.atomic(using=_db()):
         won = Job.objects.filter(pk=job.pk, status__in=WAITING).update(run_at=run_at)
         if won:
             before, job.run_at = job.run_at, run_at
-            _event(job, EventKind.RESCHEDULED, actor, f"from {before.isoformat()} to {run_at.isoformat()}")
+            _event(
+                job,
+                EventKind.RESCHEDULED,
+                actor,
+                f"from {before.isoformat()} to {run_at.isoformat()}",
+            )
             # add() moves a pending id; an id already promoted is handed back by the
             # worker, which sees the new run_at when it claims the row.
             _after_commit(lambda: push([job]))
@@ -280,7 +287,9 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
 def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None) -> bool:
     """Give a dead job ``attempts`` more tries (default: MAX_ATTEMPTS), due now."""
     job = _job(job)
-    extra = _positive_int(delayjobs_settings.MAX_ATTEMPTS if attempts is None else attempts, "attempts")
+    extra = _positive_int(
+        delayjobs_settings.MAX_ATTEMPTS if attempts is None else attempts, "attempts"
+    )
     now = timezone.now()
     with transaction.atomic(using=_db()):
         won = Job.objects.filter(pk=job.pk, status=Status.DEAD).update(

@@ -60,5 +60,6 @@ def expiry(expires: object, run_at: datetime.datetime) -> datetime.datetime | No
 
 
 def to_ms(value: datetime.datetime) -> int:
-    """Return an aware datetime as milliseconds since the epoch (the engine's unit)."""
-    return int(value.timestamp() * 1000)
+    """Return an aware datetime as whole ms since the epoch (the engine's unit), rounded
+    up so that Redis never promotes a job before its ``run_at``."""
+    return math.ceil(value.timestamp() * 1000)

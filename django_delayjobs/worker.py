@@ -7,6 +7,7 @@ claimed but not started; a second one exits at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -285,7 +286,5 @@ class WorkerProcess:
             self.engine.heartbeat(queue, self.id, ttl_ms, info)
 
     def unregister(self) -> None:
-        try:
+        with contextlib.suppress(EngineUnavailable):
             self.heartbeat(ttl_ms=0)
-        except EngineUnavailable:
-            pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -38,6 +39,14 @@ def worker_env(redis_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it if the test process dies first."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def start_worker(redis_url: str, *args: str, env: dict[str, str] | None = None,
                  log: Path | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
     """Start ``manage.py run_delayworker`` with the test settings."""
@@ -46,9 +55,10 @@ def start_worker(redis_url: str, *args: str, env: dict[str, str] | None = None,
     env = {**worker_env(redis_url), **(env or {})}
     if log is None:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)  # fmt: skip
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)  # fmt: skip
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
@@ -62,3 +72,72 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
             process.wait()
             raise
     return process.returncode
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to a server; ``down()`` refuses and cuts connections."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import socket
+
+        self.target = (host, port)
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self.listener: socket.socket | None = None
+        self.conns: list[socket.socket] = []
+
+    def up(self) -> None:
+        import socket
+        import threading
+
+        if self.listener:
+            return
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", self.port))
+        self.listener.listen(64)
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def down(self) -> None:
+        import socket
+
+        if self.listener:
+            self.listener.close()
+            self.listener = None
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        self.conns.clear()
+
+    def _accept(self, listener: object) -> None:
+        import socket
+        import threading
+
+        assert isinstance(listener, socket.socket)
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: object, dst: object) -> None:
+        import socket
+
+        assert isinstance(src, socket.socket) and isinstance(dst, socket.socket)
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)

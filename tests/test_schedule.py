@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import uuid
 from decimal import Decimal
 
@@ -56,7 +57,7 @@ def test_schedule_bound_method_writes_row_event_and_redis(thing):
     assert list(job.events.values_list("kind", "actor")) == [("scheduled", "code")]
     assert redis_state(job) == "pending"
     due = get_engine().client.zscore(get_engine().keys("default").pending, str(job.pk))
-    assert due == int(job.run_at.timestamp() * 1000)
+    assert due == math.ceil(job.run_at.timestamp() * 1000)
 
 
 def test_schedule_function_with_seconds_and_options(thing):
@@ -251,7 +252,7 @@ def test_reschedule_moves_due_time_in_db_and_redis(thing):
     assert job.reschedule(in_=600)
     job.refresh_from_db()
     due = get_engine().client.zscore(get_engine().keys("default").pending, str(job.pk))
-    assert due == int(job.run_at.timestamp() * 1000)
+    assert due == math.ceil(job.run_at.timestamp() * 1000)
     assert job.events.filter(kind=EventKind.RESCHEDULED).count() == 1
 
 

@@ -6,6 +6,7 @@ sleep being long enough: each wait polls with a deadline.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import sqlite3
 import time
@@ -22,7 +23,7 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
-from tests.helpers import start_worker, stop, wait_for
+from tests.helpers import TcpProxy, start_worker, stop, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -160,21 +161,51 @@ def test_redis_down_for_10_seconds_loses_nothing(tmp_path, settings):
     assert "connection is back" in log
 
 
+class DatabaseOutage:
+    """Make the database unreachable for the worker: PostgreSQL connections are refused
+    (through a proxy the test closes); SQLite is locked exclusively."""
+
+    def __init__(self) -> None:
+        self.proxy: TcpProxy | None = None
+        self.lock: sqlite3.Connection | None = None
+        if connection.vendor == "sqlite":
+            self.env = {"DELAYJOBS_SQLITE_TIMEOUT": "0.2"}
+        else:
+            s = connection.settings_dict
+            self.proxy = TcpProxy(s["HOST"] or "127.0.0.1", int(s["PORT"] or 5432))
+            self.proxy.up()
+            url = f"postgres://{s['USER']}@127.0.0.1:{self.proxy.port}/{s['NAME']}"
+            self.env = {"DATABASE_URL": url}
+
+    def start(self) -> None:
+        if self.proxy:
+            self.proxy.down()
+        else:
+            self.lock = sqlite3.connect(connection.settings_dict["NAME"], timeout=30)
+            self.lock.execute("BEGIN EXCLUSIVE")
+
+    def end(self) -> None:
+        if self.proxy:
+            self.proxy.up()
+        elif self.lock:
+            self.lock.rollback()
+            self.lock.close()
+            self.lock = None
+
+
 def test_database_unavailable_for_a_few_seconds_loses_nothing(redis_url, tmp_path):
-    if connection.vendor != "sqlite":
-        pytest.skip("covered by test_postgres_connections_refused for PostgreSQL")
-    env = {"DELAYJOBS_SQLITE_TIMEOUT": "0.2"}
-    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    outage = DatabaseOutage()
+    worker = start_worker(redis_url, env=outage.env, log=tmp_path / "w.log")
     try:
         wait_for(live_workers)
         jobs = [schedule(tasks.record, in_=0.5, args=[str(n)]) for n in range(10)]
-        lock = sqlite3.connect(connection.settings_dict["NAME"], timeout=30)
-        lock.execute("BEGIN EXCLUSIVE")
-        time.sleep(3)  # the outage: every write of the worker fails with 'locked'
-        lock.rollback()
-        lock.close()
+        outage.start()
+        time.sleep(3)  # the outage itself: every query of the worker fails
+        assert worker.poll() is None, "the worker must survive the outage"
+        outage.end()
         wait_for(lambda: Record.objects.count() == 10, timeout=30)
     finally:
+        outage.end()
         assert stop(worker) == 0
     assert Job.objects.filter(status=Status.SUCCEEDED).count() == len(jobs)
     assert "database is unavailable" in (tmp_path / "w.log").read_text()
@@ -205,7 +236,7 @@ def test_failing_action_retries_then_dies_and_stats_show_it(redis_url, tmp_path,
     events = list(job.events.values_list("kind", flat=True))
     assert events.count("failed") == 3 and events[-1] == "dead"
     retries = list(job.events.filter(kind="started").values_list("at", flat=True))
-    assert all(b > a for a, b in zip(retries, retries[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(retries))
     call_command("delayjobs_stats")
     out = capsys.readouterr().out.splitlines()
     header, line = out[0].split(), out[1].split()
@@ -216,7 +247,7 @@ def test_worker_refuses_unreachable_redis_with_a_clear_error(settings):
     from django.core.management.base import CommandError
 
     settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": "redis://127.0.0.1:1/0"}
-    with pytest.raises(CommandError, match="cannot use Redis at redis://127.0.0.1:1/0"):
+    with pytest.raises(CommandError, match=r"cannot use Redis at redis://127\.0\.0\.1:1/0"):
         call_command("run_delayworker", "--burst", "-v", "0")
 
 
@@ -241,5 +272,3 @@ def test_reconcile_command_repairs_and_reports(redis_client, capsys):
     assert get_engine().stats("q1").pending == len(jobs)
     call_command("delayjobs_reconcile")
     assert "repaired 0 job(s)" in capsys.readouterr().out
-
-

@@ -40,4 +40,6 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
         for r in rows:
-            self.stdout.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+            self.stdout.write(
+                "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+            )

@@ -41,8 +41,12 @@ class Command(BaseCommand):
         roles.add_argument("--worker-only", action="store_true", help="Only run jobs.")
         parser.add_argument("--burst", action="store_true",
                             help="Run everything due now, then exit 0.")  # fmt: skip
-        parser.add_argument("--tick", type=float, default=None,
-                            help="Longest promoter sleep in seconds (default: TICK_SECONDS).")
+        parser.add_argument(
+            "--tick",
+            type=float,
+            default=None,
+            help="Longest promoter sleep in seconds (default: TICK_SECONDS).",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if opts["concurrency"] < 1:
@@ -86,5 +90,7 @@ class Command(BaseCommand):
         logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
         if not logger.handlers and not logging.getLogger().handlers:
             handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            )
             logger.addHandler(handler)
