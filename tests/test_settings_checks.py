@@ -1,0 +1,68 @@
+"""DELAYJOBS is validated by system checks; CACHE_ALIAS reuses a django-redis connection."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from django_delayjobs import schedule
+from django_delayjobs.checks import check_settings
+from django_delayjobs.conf import delayjobs_settings
+from django_delayjobs.connection import get_engine
+from tests.testapp import tasks
+
+
+def ids(settings_dict, settings) -> list[str]:
+    settings.DELAYJOBS = settings_dict
+    return [error.id for error in check_settings()]
+
+
+def test_valid_settings_pass(settings):
+    assert ids({"REDIS_URL": "redis://x/0", "MAX_ATTEMPTS": 3}, settings) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"REDIS_ULR": "redis://x"}, "django_delayjobs.E002"),
+        ({"LEASE_SECONDS": 0}, "django_delayjobs.E003"),
+        ({"TICK_SECONDS": "1"}, "django_delayjobs.E003"),
+        ({"MAX_ATTEMPTS": 0}, "django_delayjobs.E004"),
+        ({"BATCH_SIZE": 10_000}, "django_delayjobs.E004"),
+        ({"PREFIX": "a:b"}, "django_delayjobs.E005"),
+        ({"DEFAULT_QUEUE": ""}, "django_delayjobs.E005"),
+        ({"REDIS_URL": 5}, "django_delayjobs.E006"),
+        ({"CACHE_ALIAS": "nope"}, "django_delayjobs.E007"),
+    ],
+)
+def test_bad_settings_are_reported(settings, value, expected):
+    assert expected in ids(value, settings)
+
+
+def test_unknown_setting_message_lists_known_names(settings):
+    settings.DELAYJOBS = {"REDIS_ULR": "redis://x"}
+    (error,) = check_settings()
+    assert "unknown setting 'REDIS_ULR'" in error.msg
+    assert "REDIS_URL" in error.hint
+    with pytest.raises(SystemCheckError):
+        call_command("check")
+
+
+def test_settings_object_rejects_unknown_names():
+    with pytest.raises(AttributeError, match="unknown DELAYJOBS setting"):
+        delayjobs_settings.NOPE  # noqa: B018
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cache_alias_reuses_the_django_redis_connection(settings, redis_url, redis_client):
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "jobs": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_url},
+    }
+    settings.DELAYJOBS = {"CACHE_ALIAS": "jobs", "PREFIX": "viacache"}
+    from django_redis import get_redis_connection
+
+    assert get_engine().client is get_redis_connection("jobs")
+    job = schedule(tasks.record, in_=60, args=["x"])
+    assert redis_client.zscore("{viacache:default}:pending", str(job.pk)) is not None
