@@ -1,0 +1,108 @@
+"""The state of every queue, as the admin, the API and ``delayjobs_stats`` show it.
+
+Counts come from Redis (each O(log N)); only the ``retrying`` count and the rows behind
+the listed ids come from the database, through indexes, so the page stays fast however
+many jobs the table holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .conf import delayjobs_settings
+from .connection import get_engine
+from .engine import Engine, QueueStats
+from .models import ACTIVE, Job, Status
+
+
+def _dt(ms: int | None) -> datetime.datetime | None:
+    if ms is None:
+        return None
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+
+
+@dataclass
+class QueueState:
+    name: str
+    stats: QueueStats
+    retrying: int
+    next_due: list[tuple[Job | None, str, datetime.datetime | None]] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def next_due_at(self) -> datetime.datetime | None:
+        return _dt(self.stats.next_due_ms)
+
+    @property
+    def oldest_lease_at(self) -> datetime.datetime | None:
+        return _dt(self.stats.oldest_lease_ms)
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "queue": self.name,
+            "pending": s.pending,
+            "overdue": s.overdue,
+            "ready": s.ready,
+            "in_flight": s.in_flight,
+            "expired_leases": s.expired_leases,
+            "retrying": self.retrying,
+            "garbage": s.garbage,
+            "next_due_at": self.next_due_at,
+            "oldest_lease_at": self.oldest_lease_at,
+            "live_workers": s.live_workers,
+            "counters": s.counters,
+            "next_due": [
+                {"id": job_id, "action": job.action if job else None, "run_at": due}
+                for job, job_id, due in self.next_due
+            ],
+            "workers": [{**w, "expires_at": _dt(w.get("expires_ms"))} for w in self.workers],
+        }
+
+
+def queue_names(engine: Engine | None = None) -> list[str]:
+    """Every queue Redis knows of, plus those of active jobs and the default queue."""
+    engine = engine or get_engine()
+    names = set(engine.known_queues()) | {delayjobs_settings.DEFAULT_QUEUE}
+    names |= set(Job.objects.filter(status__in=ACTIVE).values_list("queue", flat=True).distinct())
+    return sorted(names)
+
+
+def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) -> QueueState:
+    """Return the state of one queue. Raises ``EngineUnavailable`` if Redis is down."""
+    engine = engine or get_engine()
+    upcoming = engine.next_due(name, next_due)
+    return QueueState(
+        name=name,
+        stats=engine.stats(name),
+        retrying=Job.objects.filter(queue=name, status=Status.RETRYING).count(),
+        next_due=_with_rows(upcoming),
+        workers=engine.workers(name),
+    )
+
+
+def all_queue_states(*, next_due: int = 10) -> list[QueueState]:
+    """Return the state of every queue (see ``queue_names``)."""
+    engine = get_engine()
+    return [queue_state(name, next_due=next_due, engine=engine) for name in queue_names(engine)]
+
+
+def garbage(name: str, limit: int = 100) -> list[tuple[Job | None, str, datetime.datetime | None]]:
+    """Return the most recently buried jobs of a queue: (row or None, id, time of death)."""
+    return _with_rows(get_engine().garbage(name, limit))
+
+
+def _with_rows(
+    entries: list[tuple[str, int]],
+) -> list[tuple[Job | None, str, datetime.datetime | None]]:
+    """Pair (id, ms) entries from Redis with their Job rows (None if there is none)."""
+    pks: dict[str, uuid.UUID] = {}
+    for job_id, _ in entries:
+        with contextlib.suppress(ValueError):  # not one of ours: shown without a row
+            pks[job_id] = uuid.UUID(job_id)
+    rows = Job.objects.in_bulk(list(pks.values()))
+    return [(rows.get(pks.get(job_id)), job_id, _dt(ms)) for job_id, ms in entries]
