@@ -19,11 +19,16 @@ class UnknownAction(DelayJobsError):
     """A stored job names an action this process has not registered."""
 
 
+class AlreadyRunning(DelayJobsError):
+    """A job that ``cancel_for(..., fail_if_running=True)`` had to stop is already running."""
+
+
 class ConfigurationError(DelayJobsError, ImproperlyConfigured):
     """The ``DELAYJOBS`` settings cannot work."""
 
 
 __all__ = [
+    "AlreadyRunning",
     "ConfigurationError",
     "DelayJobsError",
     "EngineUnavailable",

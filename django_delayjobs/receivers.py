@@ -16,11 +16,14 @@ def cancel_on(
     sender: Any = None,
     instance_kwarg: str = "instance",
     name: str = "",
+    fail_if_running: bool = False,
 ) -> Any:
     """Connect a receiver that cancels ``action``'s waiting jobs on the signal's instance.
 
     The receiver runs inside the sender's transaction, so the cancel commits or rolls
-    back with it. Call this from an ``AppConfig.ready()``. Returns the receiver.
+    back with it. With ``fail_if_running``, the receiver raises ``AlreadyRunning`` when such a
+    job has already started, which rolls the sender's transaction back. Call this from an
+    ``AppConfig.ready()``. Returns the receiver.
     """
     actor = f"signal:{name}" if name else "signal"
 
@@ -28,7 +31,7 @@ def cancel_on(
         instance = kwargs.get(instance_kwarg)
         if instance is None:
             raise TypeError(f"cancel_on: the signal was sent without {instance_kwarg}=")
-        cancel_for(instance, action, actor=actor)
+        cancel_for(instance, action, actor=actor, fail_if_running=fail_if_running)
 
     uid = f"django_delayjobs.cancel_on:{id(signal)}:{action!r}:{sender!r}:{instance_kwarg}"
     signal.connect(receiver, sender=sender, weak=False, dispatch_uid=uid)

@@ -22,7 +22,7 @@ from . import serialization, signals, timing
 from .conf import delayjobs_settings
 from .connection import get_engine
 from .engine import MAX_BATCH, EngineUnavailable, validate_name
-from .exceptions import InvalidSchedule
+from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, JobEvent, Status
 from .registry import BoundAction, DelayableMethod, describe
 
@@ -238,18 +238,29 @@ def cancel(job: Job | Any, *, actor: str = "code") -> bool:
     return bool(won)
 
 
-def cancel_for(obj: models.Model, action: Any = None, *, actor: str = "code") -> int:
-    """Cancel the waiting jobs bound to ``obj`` (only ``action``'s, if given); return how many."""
+def cancel_for(
+    obj: models.Model, action: Any = None, *, actor: str = "code", fail_if_running: bool = False
+) -> int:
+    """Cancel the waiting jobs bound to ``obj`` (only ``action``'s, if given); return how many.
+
+    With ``fail_if_running``, raise ``AlreadyRunning`` if a matching job has already
+    started: inside the caller's transaction that rolls the caller back too (a payment that
+    arrives while the auto-cancel runs is refused, instead of racing it).
+    """
     if obj.pk is None:
         raise ValueError(f"{obj!r} is not saved, so no job can target it")
     jobs = Job.objects.filter(
         target_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
         target_id=str(obj.pk),
-        status__in=WAITING,
     )
     if action is not None:
         jobs = jobs.filter(action=_action_name(obj, action))
-    return sum(cancel(job, actor=actor) for job in jobs)
+    cancelled = sum(cancel(job, actor=actor) for job in jobs.filter(status__in=WAITING))
+    if fail_if_running:
+        running = jobs.filter(status=Status.RUNNING).first()
+        if running is not None:
+            raise AlreadyRunning(f"{running.action} for {obj!r} is already running ({running.pk})")
+    return cancelled
 
 
 def _action_name(obj: models.Model, action: Any) -> str:

@@ -28,7 +28,7 @@ def redis_state(job: Job) -> str | None:
     client = engine.client
     if client.zscore(keys.pending, jid) is not None:
         return "pending"
-    if client.lpos(keys.ready, jid) is not None:
+    if client.sismember(keys.ready_set, jid):
         return "ready"
     if client.zscore(keys.unack, jid) is not None:
         return "unack"
@@ -303,6 +303,19 @@ def test_cancel_on_signal_cancels_inside_the_senders_transaction(thing):
     job.refresh_from_db()
     assert job.status == Status.CANCELLED
     assert job.events.get(kind=EventKind.CANCELLED).actor == "signal:thing_paid"
+
+
+def test_cancel_for_can_refuse_when_the_job_already_runs(thing):
+    from django_delayjobs.exceptions import AlreadyRunning
+
+    waiting = schedule(thing.touch, in_=60)
+    running = schedule(thing.expire, in_=60)
+    Job.objects.filter(pk=running.pk).update(status=Status.RUNNING)
+    with pytest.raises(AlreadyRunning, match=r"testapp\.Thing\.expire"), transaction.atomic():
+        cancel_for(thing, fail_if_running=True)
+    # the exception rolled the whole transaction back, the waiting job's cancel included
+    assert Job.objects.get(pk=waiting.pk).status == Status.SCHEDULED
+    assert cancel_for(thing, Thing.touch, fail_if_running=True) == 1
 
 
 def test_signals_are_sent_after_commit(thing):

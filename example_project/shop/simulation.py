@@ -1,0 +1,351 @@
+"""What the ``demo`` and ``race`` commands share: a Redis, worker processes, timed payments
+and the verdict on each order.
+
+Everything is real: a real ``redis-server``, ``run_delayworker`` processes started with
+this project's settings, payments made by threads at chosen wall-clock moments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from django.conf import settings
+from django.core.management.base import CommandError
+from django.db import connection
+from django.db.models import Count
+from django.test.utils import override_settings
+
+from django_delayjobs.conf import delayjobs_settings
+from django_delayjobs.connection import get_engine
+from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.models import Job
+from django_delayjobs.models import Status as JobStatus
+
+from .models import Order, PaymentRefused
+
+MANAGE = Path(settings.BASE_DIR) / "manage.py"
+
+
+def redis_answers(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def redis_for_run() -> Iterator[tuple[str, str]]:
+    """Yield (url, description): ``REDIS_URL``, or a private server stopped (by pid) at exit."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url, f"REDIS_URL {url}"
+        return
+    server = EmbeddedRedis()  # a fresh temporary directory: never clashes with anything
+    try:
+        url = server.start()
+        with override_settings(DELAYJOBS={**settings.DELAYJOBS, "REDIS_URL": url}):
+            yield url, f"a private redis-server (pid {server.pid}, stopped at exit)"
+    finally:
+        server.close()
+
+
+def describe_database() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"SQLite {os.path.relpath(db['NAME'])}"
+    return f"{connection.vendor} {db.get('HOST') or 'localhost'}/{db['NAME']}"
+
+
+# -- worker processes ------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Linux: the worker gets SIGTERM if the demo dies without stopping it."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_workers(
+    count: int, redis_url: str, log: Path, concurrency: int
+) -> list[subprocess.Popen[bytes]]:
+    """Start ``count`` ``run_delayworker`` processes with this project's settings."""
+    env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+    if connection.vendor == "sqlite":
+        env["SHOP_SQLITE_PATH"] = str(connection.settings_dict["NAME"])
+    cmd = [
+        sys.executable,
+        str(MANAGE),
+        "run_delayworker",
+        "-v",
+        "1",
+        "--concurrency",
+        str(concurrency),
+    ]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    workers = []
+    with open(log, "wb") as out:  # each child keeps its own copy of the descriptor
+        for _ in range(count):
+            workers.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=preexec,
+                )
+            )
+    return workers
+
+
+def wait_until_ready(
+    workers: Sequence[subprocess.Popen[bytes]], log: Path, timeout: float = 60
+) -> None:
+    """Wait until every worker has sent its first heartbeat to Redis."""
+    engine = get_engine()
+    queue = delayjobs_settings.DEFAULT_QUEUE
+    deadline = time.monotonic() + timeout
+    wanted = {w.pid for w in workers}
+    while True:
+        for worker in workers:
+            if worker.poll() is not None:
+                raise CommandError(f"the worker exited with code {worker.returncode}:\n{tail(log)}")
+        if wanted <= {w.get("pid") for w in engine.workers(queue)}:
+            return
+        if time.monotonic() > deadline:
+            raise CommandError(f"the worker did not start within {timeout} s:\n{tail(log)}")
+        time.sleep(0.05)
+
+
+def stop_workers(workers: Sequence[subprocess.Popen[bytes]], timeout: float = 30) -> list[int]:
+    """SIGTERM every worker (by pid) and return their exit codes."""
+    for worker in workers:
+        if worker.poll() is None:
+            worker.terminate()
+    codes = []
+    for worker in workers:
+        try:
+            codes.append(worker.wait(timeout))
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            codes.append(worker.wait())
+    return codes
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# -- payments ------------------------------------------------------------------------------
+
+
+@dataclass
+class Payment:
+    order_id: int
+    at: float  # when to pay, seconds since the epoch
+    outcome: str = ""  # "paid", "refused" or "error"
+    detail: str = ""
+    paid_at: float = 0.0  # when pay() was called
+
+
+def _pay(payment: Payment) -> None:
+    try:
+        connection.ensure_connection()  # connect before the moment, not at it
+        delay = payment.at - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        payment.paid_at = time.time()
+        Order(pk=payment.order_id).pay()
+        payment.outcome = "paid"
+    except PaymentRefused as exc:
+        payment.outcome, payment.detail = "refused", str(exc)
+    except Exception as exc:  # anything else is a bug the report shows
+        payment.outcome, payment.detail = "error", f"{type(exc).__name__}: {exc}"
+    finally:
+        connection.close()
+
+
+def pay_in_background(payments: Sequence[Payment], threads: int = 16) -> threading.Thread:
+    """Pay each order at its moment, from a pool of threads; return the running thread."""
+    ordered = sorted(payments, key=lambda p: p.at)
+
+    def run() -> None:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pay") as pool:
+            list(pool.map(_pay, ordered))
+
+    thread = threading.Thread(target=run, name="payments", daemon=True)
+    thread.start()
+    return thread
+
+
+# -- what happened ------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    order: Order
+    job: Job | None
+    payment: Payment | None
+
+    @property
+    def lateness_ms(self) -> float | None:
+        """How late the cancel job started (started_at - run_at), if it ran."""
+        job = self.job
+        if job is None or job.started_at is None:
+            return None
+        return (job.started_at - job.run_at).total_seconds() * 1000
+
+    @property
+    def cancelled_after_ms(self) -> float | None:
+        """How long after its deadline the order was cancelled, if it was."""
+        if self.job is None or self.order.cancelled_at is None:
+            return None
+        return (self.order.cancelled_at - self.job.run_at).total_seconds() * 1000
+
+    def verdict(self) -> str:
+        """``paid``: paid, its job cancelled; ``cancelled``: cancelled by its job; else a fault."""
+        order, job, payment = self.order, self.job, self.payment
+        if order.paid_at is not None and order.cancelled_at is not None:
+            return "FAULT: paid and cancelled"
+        if payment is not None and payment.outcome == "error":
+            return f"FAULT: the payment failed: {payment.detail}"
+        if job is None:
+            return "FAULT: no auto-cancel job"
+        if order.status == Order.Status.PAID:
+            if payment is None or payment.outcome != "paid":
+                return "FAULT: paid, but not by this run"
+            if job.status != JobStatus.CANCELLED:
+                return f"FAULT: paid, but its job is {job.status} ({job.result!r})"
+            if not any(
+                e.kind == "cancelled" and e.actor == "signal:order_paid" for e in job.events.all()
+            ):
+                return "FAULT: paid, but its job was not cancelled by the order_paid signal"
+            return "paid"
+        if order.status == Order.Status.CANCELLED:
+            if job.status != JobStatus.SUCCEEDED or job.result != "cancelled":
+                return f"FAULT: cancelled, but its job is {job.status} ({job.result!r})"
+            if payment is not None and payment.outcome != "refused":
+                return f"FAULT: cancelled, yet the payment says {payment.outcome}"
+            return "cancelled"
+        return f"FAULT: still {order.status} (job {job.status})"
+
+
+def jobs_of(orders: Sequence[Order]) -> dict[int, Job]:
+    """The auto-cancel job of each order, by order id."""
+    keys = {order.auto_cancel_key: order.pk for order in orders}
+    jobs = Job.objects.filter(key__in=list(keys)).prefetch_related("events")
+    return {keys[job.key]: job for job in jobs}
+
+
+def results(order_ids: Sequence[int], payments: Sequence[Payment]) -> list[Result]:
+    orders = list(Order.objects.filter(pk__in=order_ids).order_by("pk"))
+    jobs = jobs_of(orders)
+    paying = {p.order_id: p for p in payments}
+    return [Result(o, jobs.get(o.pk), paying.get(o.pk)) for o in orders]
+
+
+def unfinished(order_ids: Sequence[int]) -> int:
+    """How many of these orders' jobs have not reached a final state."""
+    orders = list(Order.objects.filter(pk__in=order_ids).only("pk"))
+    keys = [order.auto_cancel_key for order in orders]
+    return (
+        Job.objects.filter(key__in=keys)
+        .exclude(
+            status__in=[JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.DEAD, JobStatus.SKIPPED]
+        )
+        .count()
+    )
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil(len * q / 100), at least 1
+    return ordered[int(rank) - 1]
+
+
+@dataclass
+class Progress:
+    elapsed: float
+    pending: int
+    paid: int
+    cancelled: int
+    jobs_left: int
+    payments_done: int
+    payments: int
+    deadlines_in: float  # seconds until the last deadline (0 once past)
+
+    @property
+    def done(self) -> bool:
+        return self.jobs_left == 0 and self.payments_done == self.payments
+
+    def line(self) -> str:
+        when = (
+            f"last deadline in {self.deadlines_in:4.1f} s"
+            if self.deadlines_in > 0
+            else ("all deadlines passed")
+        )
+        return (
+            f"{self.elapsed:5.1f} s  orders: {self.pending:3d} pending {self.paid:3d} paid "
+            f"{self.cancelled:3d} cancelled | jobs not finished: {self.jobs_left:3d} | "
+            f"payments {self.payments_done}/{self.payments} | {when}"
+        )
+
+
+def wait_for_outcomes(
+    order_ids: Sequence[int],
+    payments: Sequence[Payment],
+    workers: Sequence[subprocess.Popen[bytes]],
+    log: Path,
+    last_deadline: float,
+    report: Callable[[Progress], None],
+    grace: float = 60.0,
+) -> bool:
+    """Wait until every payment was made and every job finished; False on time-out.
+
+    ``report`` is called with the progress about five times a second.
+    """
+    start = time.time()
+    while True:
+        rows = Order.objects.filter(pk__in=order_ids).order_by().values("status")
+        counts = {row["status"]: row["n"] for row in rows.annotate(n=Count("pk"))}
+        progress = Progress(
+            elapsed=time.time() - start,
+            pending=counts.get(Order.Status.PENDING, 0),
+            paid=counts.get(Order.Status.PAID, 0),
+            cancelled=counts.get(Order.Status.CANCELLED, 0),
+            jobs_left=unfinished(order_ids),
+            payments_done=sum(1 for p in payments if p.outcome),
+            payments=len(payments),
+            deadlines_in=max(0.0, last_deadline - time.time()),
+        )
+        report(progress)
+        if progress.done:
+            return True
+        for worker in workers:
+            if worker.poll() is not None:
+                raise CommandError(
+                    f"a worker exited early with code {worker.returncode}:\n{tail(log)}"
+                )
+        if time.time() > last_deadline + grace:
+            return False
+        time.sleep(0.2)

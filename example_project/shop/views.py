@@ -1,0 +1,59 @@
+"""Three plain Django views: list orders, create one, pay one."""
+
+from decimal import Decimal, InvalidOperation
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from django_delayjobs.models import Job
+
+from .models import Order, PaymentRefused
+
+
+@require_GET
+def order_list(request: HttpRequest) -> HttpResponse:
+    orders = list(Order.objects.all()[:50])
+    deadlines = (
+        {
+            job.target_id: job
+            for job in Job.objects.filter(key__in=[o.auto_cancel_key for o in orders]).only(
+                "target_id", "run_at", "status"
+            )
+        }
+        if orders
+        else {}
+    )
+    rows = [(order, deadlines.get(str(order.pk))) for order in orders]
+    return render(request, "shop/order_list.html", {"rows": rows})
+
+
+@require_POST
+def create_order(request: HttpRequest) -> HttpResponse:
+    try:
+        amount = Decimal(request.POST.get("amount", "")).quantize(Decimal("0.01"))
+        if not amount.is_finite() or amount <= 0:
+            raise InvalidOperation
+    except InvalidOperation:
+        messages.error(request, "The amount must be a positive number, e.g. 19.90.")
+        return redirect("shop:order_list")
+    order = Order.place(amount)
+    job = order.auto_cancel_job
+    messages.success(
+        request,
+        f"Order {order.number} created; it is cancelled at {job.run_at:%H:%M:%S} UTC unless paid.",
+    )
+    return redirect("shop:order_list")
+
+
+@require_POST
+def pay_order(request: HttpRequest, pk: int) -> HttpResponse:
+    order = get_object_or_404(Order, pk=pk)
+    try:
+        order.pay()
+    except PaymentRefused as exc:
+        messages.error(request, f"Payment refused: {exc}.")
+    else:
+        messages.success(request, f"Order {order.number} paid; its auto-cancel is cancelled.")
+    return redirect("shop:order_list")
