@@ -63,7 +63,7 @@ class Execution:
         if job is None:
             return "dropped"
         self.job = job
-        signals.job_started.send(sender=Job, job=job)
+        signals.send(signals.job_started, job)
         if job.expires_at is not None and timezone.now() > job.expires_at:
             return self.finish(Status.SKIPPED, f"expired at {job.expires_at.isoformat()}")
         try:
@@ -123,7 +123,7 @@ class Execution:
                 self.event(job, EventKind.DEAD, message)
         if won:
             self.engine.bury(self.queue, [self.job_id])
-            signals.job_dead.send(sender=Job, job=job, error=message)
+            signals.send(signals.job_dead, job, error=message)
 
     def resolve(self, job: Job) -> Callable[..., Any] | None:
         """Return the callable to run; None if its target row is gone."""
@@ -161,7 +161,7 @@ class Execution:
             return self.failed(exc)
         job.status, job.result = Status.SUCCEEDED, stored
         self.engine.ack(self.queue, [self.job_id])
-        signals.job_succeeded.send(sender=Job, job=job)
+        signals.send(signals.job_succeeded, job)
         return Status.SUCCEEDED
 
     def failed(self, exc: BaseException) -> str:
@@ -178,7 +178,7 @@ class Execution:
         if not won:
             return "overtaken"
         self.engine.nack(self.queue, {self.job_id: timing.to_ms(run_at)})
-        signals.job_failed.send(sender=Job, job=job, error=error)
+        signals.send(signals.job_failed, job, error=error)
         return "retrying"
 
     def finish(self, status: Status, message: str, failed: bool = False) -> str:
@@ -199,8 +199,8 @@ class Execution:
         if status == Status.DEAD:
             self.engine.bury(self.queue, [self.job_id])
             if failed:
-                signals.job_failed.send(sender=Job, job=job, error=message)
-            signals.job_dead.send(sender=Job, job=job, error=message)
+                signals.send(signals.job_failed, job, error=message)
+            signals.send(signals.job_dead, job, error=message)
         else:
             self.engine.ack(self.queue, [self.job_id])
         return status.value

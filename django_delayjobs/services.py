@@ -38,7 +38,7 @@ def _after_commit(fn: Callable[[], Any]) -> None:
 
 
 def _send(signal: Any, job: Job, **kwargs: Any) -> None:
-    _after_commit(lambda: signal.send(sender=Job, job=job, **kwargs))
+    _after_commit(lambda: signals.send(signal, job, **kwargs))
 
 
 def _event(job: Job, kind: str, actor: str, message: str = "") -> None:

@@ -226,6 +226,9 @@ class WorkerProcess:
             # The outcome (if any) is committed; the lease will expire and the next
             # delivery finds the row finished and just acks it.
             backoff.failed(f"job {job_id}: Redis is unavailable", exc)
+        except Exception:  # a bug, here or below: keep the thread, retry the job later
+            logger.exception("job %s: unexpected error; handing it back", job_id)
+            self.hand_back(queue, job_id, delay_ms=5000)
         finally:
             with self.held_lock:
                 self.held.pop(job_id, None)

@@ -116,3 +116,22 @@ def test_queue_priority_is_strict():
     burst("--queues", "high,low")
     labels = list(Record.objects.order_by("id").values_list("label", flat=True))
     assert labels == ["high0", "high1", "high2", "low0", "low1", "low2"]
+
+
+def test_a_failing_signal_receiver_neither_breaks_the_job_nor_the_worker(caplog):
+    from django_delayjobs import signals
+
+    def broken(sender, job, **kwargs):
+        raise RuntimeError("receiver bug")
+
+    signals.job_started.connect(broken)
+    signals.job_scheduled.connect(broken)
+    try:
+        job = schedule(tasks.record, in_=0, args=["still runs"])
+        burst()
+    finally:
+        signals.job_started.disconnect(broken)
+        signals.job_scheduled.disconnect(broken)
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    assert Record.objects.filter(label="still runs").count() == 1
+    assert "receiver" in caplog.text and "receiver bug" in caplog.text
