@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
@@ -17,6 +18,7 @@ from .errors import EngineUnavailable
 from .keys import QueueKeys, validate_name
 
 T = TypeVar("T")
+Rows = list[tuple[bytes, float]]  # a WITHSCORES reply
 
 #: Largest number of ids one script call may move. Lua's ``unpack`` stops near 8,000
 #: values, and a bounded call keeps Redis responsive however large the backlog is.
@@ -70,19 +72,22 @@ class QueueStats:
 
 
 def _ids(ids: Iterable[object]) -> list[str]:
+    """Return the ids, each once, in the order given (a repeat would be counted twice)."""
     if isinstance(ids, str | bytes):
         raise TypeError("ids must be a collection of str, not a single string")
-    checked = list(ids)
-    if not checked:
+    given = list(ids)
+    if not given:
         raise ValueError("the batch of ids is empty")
-    if len(checked) > MAX_BATCH:
-        raise ValueError(f"at most {MAX_BATCH} ids per call, got {len(checked)}")
-    for id_ in checked:
+    if len(given) > MAX_BATCH:
+        raise ValueError(f"at most {MAX_BATCH} ids per call, got {len(given)}")
+    checked: dict[str, None] = {}
+    for id_ in given:
         if not isinstance(id_, str):
             raise TypeError(f"job ids must be str, not {type(id_).__name__}")
         if not id_ or len(id_) > 128 or not id_.isprintable() or " " in id_:
             raise ValueError(f"job id {id_!r} must be 1 to 128 printable, non-space characters")
-    return checked
+        checked[id_] = None
+    return list(checked)
 
 
 def _ms(value: object, what: str = "time") -> int:
@@ -110,6 +115,48 @@ def _pairs(items: Mapping[str, float]) -> list[str | int]:
     return flat
 
 
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"timeout must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"timeout must be a finite, non-negative number of s, got {value!r}")
+    return float(value)
+
+
+def _longest_block(client: redis.Redis) -> float | None:
+    """Return how long a blocking command may wait on ``client`` (None: no limit).
+
+    A reply that takes longer than the socket timeout raises ``TimeoutError``, so a wait
+    stops half a second short of it (at a quarter of a timeout under 2/3 s): Redis may
+    answer a blocking command up to one ``hz`` tick (100 ms by default) after its timeout.
+    """
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    if "socket_timeout" in kwargs:
+        timeout = kwargs["socket_timeout"]
+    else:
+        # from_url() without socket_timeout leaves it out of the kwargs: the connection
+        # class's own default applies (5 s from redis-py 8 on, none before).
+        timeout = _default_socket_timeout(getattr(pool, "connection_class", None))
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        return None
+    return timeout - min(0.5, 0.75 * timeout)
+
+
+def _default_socket_timeout(connection_class: object) -> object:
+    for klass in getattr(connection_class, "__mro__", ()):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            parameter = inspect.signature(init).parameters.get("socket_timeout")
+        except (TypeError, ValueError):
+            return None
+        if parameter is not None:
+            return parameter.default
+    return None
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -132,6 +179,7 @@ class Engine:
         self._scripts: dict[str, Script] = {
             name: client.register_script(script_source(name)) for name in _SCRIPTS
         }
+        self._longest_block = _longest_block(client)
 
     def keys(self, queue: str) -> QueueKeys:
         return QueueKeys.for_queue(self.prefix, validate_name(queue, "queue name"))
@@ -140,7 +188,7 @@ class Engine:
     def queues_key(self) -> str:
         # Outside every queue's hash tag on purpose: a directory, written beside the
         # scripts (not inside them) so each script still touches a single slot.
-        return "{%s}:queues" % self.prefix
+        return f"{{{self.prefix}}}:queues"
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
@@ -164,7 +212,7 @@ class Engine:
             pipe = self.client.pipeline(transaction=False)
             pipe.sadd(self.queues_key, queue)
             self._scripts["add"](
-                keys=[k.pending, k.ready, k.unack, k.garbage, k.wake, k.notify],
+                keys=[k.pending, k.ready, k.ready_set, k.unack, k.garbage, k.wake, k.notify],
                 args=args,
                 client=pipe,
             )
@@ -175,52 +223,65 @@ class Engine:
     def remove(self, queue: str, ids: Iterable[str]) -> int:
         """Remove ids not yet claimed (pending or ready); return how many were removed."""
         k = self.keys(queue)
-        return int(self._run("remove", [k.pending, k.ready], _ids(ids)))
+        return int(self._run("remove", [k.pending, k.ready_set], _ids(ids)))
 
     def reschedule(self, queue: str, id: str, due_ms: float) -> bool:
         """Move a still-pending id to a new due time; False if it already left pending."""
         k = self.keys(queue)
-        args = [*_ids([id]), _ms(due_ms, "due time")]
-        return bool(self._run("reschedule", [k.pending, k.ready, k.wake, k.notify], args))
+        args: list[str | int] = [*_ids([id]), _ms(due_ms, "due time")]
+        keys = [k.pending, k.ready, k.ready_set, k.wake, k.notify]
+        return bool(self._run("reschedule", keys, args))
 
     # -- the promoter --------------------------------------------------------------
 
     def promote(self, queue: str, batch: int = 1000) -> PromoteResult:
         """Move up to ``batch`` due ids into ready; report when the next one is due."""
         k = self.keys(queue)
-        moved, now, *rest = self._run("promote", [k.pending, k.ready, k.notify], [_batch(batch)])
+        keys = [k.pending, k.ready, k.ready_set, k.notify]
+        moved, now, *rest = self._run("promote", keys, [_batch(batch)])
         return PromoteResult(int(moved), int(now), int(float(rest[0])) if rest else None)
 
     def recover_expired(self, queue: str, batch: int = 1000) -> list[str]:
         """Put ids whose lease ran out back at the head of ready; return them."""
         k = self.keys(queue)
-        keys = [k.unack, k.ready, k.notify, k.counters]
+        keys = [k.unack, k.ready, k.ready_set, k.notify, k.counters]
         return [_text(i) for i in self._run("recover_expired", keys, [_batch(batch)])]
 
     def wait_for_wake(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until a job due earlier than the known earliest is added, or ``timeout``.
 
         Redis checks blocking timeouts about every 100 ms (``hz 10``), so a caller that
-        needs a precise wake-up time sleeps the last stretch itself.
+        needs a precise wake-up time sleeps the last stretch itself. The wait never
+        outlasts the client's socket timeout (see ``_blpop``): False may come early.
         """
-        return self._blpop([self.keys(q).wake for q in queues], timeout)
+        return self._blpop(queues, "wake", timeout)
 
     # -- the worker ----------------------------------------------------------------
 
     def claim(self, queue: str, count: int = 1, lease_ms: float = 300_000) -> list[str]:
-        """Move up to ``count`` ids from ready into flight with a lease; return them."""
+        """Move up to ``count`` ids from ready into flight with a lease; return them.
+
+        Entries left in ready by ``remove`` are skipped. One call skips at most 1000 of
+        them, so it may return fewer ids than ready holds; it then leaves a work token,
+        and ``wait_for_work`` returns at once.
+        """
         k = self.keys(queue)
         args = [_batch(count), _ms(lease_ms, "lease")]
-        return [_text(i) for i in self._run("claim", [k.ready, k.unack], args)]
+        keys = [k.ready, k.ready_set, k.unack, k.notify]
+        return [_text(i) for i in self._run("claim", keys, args)]
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
-        """Block until ids enter ready on one of ``queues``, or ``timeout`` seconds pass."""
-        return self._blpop([self.keys(q).notify for q in queues], timeout)
+        """Block until ids enter ready on one of ``queues``, or ``timeout`` seconds pass.
+
+        The wait never outlasts the client's socket timeout (see ``_blpop``): False may
+        come early.
+        """
+        return self._blpop(queues, "notify", timeout)
 
     def extend_lease(self, queue: str, ids: Iterable[str], lease_ms: float) -> list[str]:
         """Renew the lease of ids still in flight; return those (the rest were lost)."""
         k = self.keys(queue)
-        args = [_ms(lease_ms, "lease"), *_ids(ids)]
+        args: list[str | int] = [_ms(lease_ms, "lease"), *_ids(ids)]
         return [_text(i) for i in self._run("extend_lease", [k.unack], args)]
 
     def ack(self, queue: str, ids: Iterable[str]) -> int:
@@ -244,7 +305,7 @@ class Engine:
     def requeue(self, queue: str, ids: Iterable[str], due_ms: float = 0) -> int:
         """Move buried ids back to ready (or pending, if ``due_ms`` is later than now)."""
         k = self.keys(queue)
-        keys = [k.garbage, k.pending, k.ready, k.wake, k.notify]
+        keys = [k.garbage, k.pending, k.ready, k.ready_set, k.wake, k.notify]
         return int(self._run("requeue", keys, [_ms(due_ms, "due time"), *_ids(ids)]))
 
     def purge(self, queue: str, ids: Iterable[str]) -> int:
@@ -254,7 +315,8 @@ class Engine:
     def garbage(self, queue: str, limit: int = 100) -> list[tuple[str, int]]:
         """Return the most recently buried ids with their time of death (ms)."""
         key = self.keys(queue).garbage
-        rows = self._call(lambda: self.client.zrevrange(key, 0, _batch(limit) - 1, True))
+        last = _batch(limit) - 1
+        rows = cast(Rows, self._call(lambda: self.client.zrevrange(key, 0, last, True)))
         return [(_text(id_), int(score)) for id_, score in rows]
 
     # -- observing -----------------------------------------------------------------
@@ -262,7 +324,7 @@ class Engine:
     def stats(self, queue: str) -> QueueStats:
         """Return counts and times of one queue, read atomically."""
         k = self.keys(queue)
-        keys = [k.pending, k.ready, k.unack, k.garbage, k.workers, k.counters]
+        keys = [k.pending, k.ready_set, k.unack, k.garbage, k.workers, k.counters]
         now, pend, overdue, ready, flight, expired, garb, live, nxt, lease, flat = self._run(
             "stats", keys, []
         )
@@ -275,7 +337,8 @@ class Engine:
     def next_due(self, queue: str, limit: int = 10) -> list[tuple[str, int]]:
         """Return the ``limit`` pending ids due soonest, with their due times (ms)."""
         key = self.keys(queue).pending
-        rows = self._call(lambda: self.client.zrange(key, 0, _batch(limit) - 1, withscores=True))
+        last = _batch(limit) - 1
+        rows = cast(Rows, self._call(lambda: self.client.zrange(key, 0, last, withscores=True)))
         return [(_text(id_), int(score)) for id_, score in rows]
 
     def known_queues(self) -> list[str]:
@@ -287,17 +350,18 @@ class Engine:
     ) -> int:
         """Record a live worker for ``ttl_ms`` (0 removes it); return live workers."""
         k = self.keys(queue)
-        args = [*_ids([worker_id]), _ms(ttl_ms, "ttl"), json.dumps(dict(info or {}))]
+        args: list[str | int] = [*_ids([worker_id]), _ms(ttl_ms, "ttl")]
+        args.append(json.dumps(dict(info or {})))
         return int(self._run("heartbeat", [k.workers, k.worker_info], args))
 
     def workers(self, queue: str) -> list[dict[str, Any]]:
         """Return the live workers of a queue: their description and heartbeat expiry."""
         k = self.keys(queue)
 
-        def run() -> tuple[list[tuple[bytes, float]], dict[bytes, bytes]]:
+        def run() -> tuple[Rows, dict[bytes, bytes]]:
             now_ms = self.server_time_ms()
             alive = self.client.zrangebyscore(k.workers, now_ms + 1, "+inf", withscores=True)
-            return alive, self.client.hgetall(k.worker_info)
+            return cast(Rows, alive), cast(dict[bytes, bytes], self.client.hgetall(k.worker_info))
 
         alive, info = self._call(run)
         return [
@@ -307,7 +371,7 @@ class Engine:
 
     def info(self) -> dict[str, Any]:
         """Return Redis's ``INFO`` (version, memory policy, ...)."""
-        return self._call(self.client.info)  # type: ignore[no-any-return]
+        return self._call(self.client.info)
 
     def server_time_ms(self) -> int:
         """Return Redis's clock in ms: the clock every due time is compared with."""
@@ -316,8 +380,20 @@ class Engine:
 
     # -- helpers -------------------------------------------------------------------
 
-    def _blpop(self, keys: list[str], timeout: float) -> bool:
+    def _blpop(self, queues: Sequence[str], key: str, timeout: float) -> bool:
+        """Pop one token from the ``key`` list of the first of ``queues`` that has one.
+
+        Waits at most ``timeout`` seconds, and never as long as the client's socket
+        timeout (less half a second): a longer BLPOP would fail with a read timeout.
+        So this may return False before ``timeout``; callers wait in a loop anyway.
+        """
+        if isinstance(queues, str | bytes) or not isinstance(queues, Iterable):
+            raise TypeError(f"queues must be a list of queue names, not {type(queues).__name__}")
+        keys = [getattr(self.keys(q), key) for q in queues]
         if not keys:
             raise ValueError("no queues to wait on")
-        popped = self._call(lambda: self.client.blpop(keys, timeout=max(timeout, 0.001)))
+        seconds = _seconds(timeout)
+        if self._longest_block is not None:
+            seconds = min(seconds, self._longest_block)
+        popped = self._call(lambda: self.client.blpop(keys, timeout=max(seconds, 0.001)))
         return popped is not None

@@ -27,7 +27,10 @@ class QueueKeys:
     """Names of the keys that hold one queue."""
 
     pending: str  # ZSET id -> due time (ms)
-    ready: str  # LIST ids due now, FIFO
+    ready: str  # LIST ids due now, FIFO; may also hold stale entries (see ready_set)
+    # SET of the ids really in ready. An id removed while ready (a cancel) leaves only this
+    # set, in O(1); its entry in the list becomes a tombstone that claim pops and skips.
+    ready_set: str
     unack: str  # ZSET id -> lease deadline (ms)
     garbage: str  # ZSET id -> time it died (ms)
     wake: str  # LIST of at most one token: wakes a sleeping promoter
@@ -38,7 +41,7 @@ class QueueKeys:
 
     @classmethod
     def for_queue(cls, prefix: str, queue: str) -> QueueKeys:
-        tag = "{%s:%s}" % (prefix, queue)
+        tag = f"{{{prefix}:{queue}}}"
         return cls(**{name: f"{tag}:{name}" for name in cls.__dataclass_fields__})
 
     def __iter__(self) -> Iterator[str]:

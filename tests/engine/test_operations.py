@@ -1,7 +1,9 @@
 """The contract of every engine operation, against a real Redis.
 
-State is read straight from the keys (ZRANGE/LRANGE), not through the engine, so a test
-shows where an id really is. Times are either far from now (an hour) or created by the
+State is read straight from the keys (ZRANGE/LRANGE/SMEMBERS), not through the engine, so
+a test shows where an id really is. An id is in ready when it is in the ``ready_set`` SET;
+the ready LIST gives the order and may also hold tombstones, entries of ids removed while
+ready, which claim pops and skips. Times are either far from now (an hour) or created by the
 server itself (lease 0 expires at once), so nothing depends on a sleep being long enough;
 the two tests that must see real time pass use a polling helper with a deadline.
 """
@@ -32,12 +34,34 @@ def _zset(r: redis.Redis, key: str) -> dict[str, int]:
     return {m.decode(): int(s) for m, s in r.zrange(key, 0, -1, withscores=True)}
 
 
+def entries(r: redis.Redis, engine: Engine, queue: str = Q) -> list[str]:
+    """The ready LIST as stored: live ids and tombstones."""
+    return [m.decode() for m in r.lrange(engine.keys(queue).ready, 0, -1)]
+
+
+def ready_ids(r: redis.Redis, engine: Engine, queue: str = Q) -> list[str]:
+    """The ids in ready, in the order claim takes them.
+
+    ``ready_set`` says which ids are in ready; each is claimed at its first entry in the
+    LIST, and every other entry (a tombstone, or a later entry of the same id) is skipped.
+    """
+    k = engine.keys(queue)
+    pipe = r.pipeline(transaction=True)
+    pipe.lrange(k.ready, 0, -1)
+    pipe.smembers(k.ready_set)
+    raw, members = pipe.execute()
+    listed = [m.decode() for m in raw]
+    live = {m.decode() for m in members}
+    assert live <= set(listed), f"in ready_set without an entry in ready: {live - set(listed)}"
+    return list(dict.fromkeys(id_ for id_ in listed if id_ in live))
+
+
 def state(r: redis.Redis, engine: Engine, queue: str = Q) -> dict[str, Any]:
     """Where every id of ``queue`` is, read from the keys themselves."""
     k = engine.keys(queue)
     return {
         "pending": _zset(r, k.pending),
-        "ready": [m.decode() for m in r.lrange(k.ready, 0, -1)],
+        "ready": ready_ids(r, engine, queue),
         "unack": _zset(r, k.unack),
         "garbage": _zset(r, k.garbage),
     }
@@ -121,9 +145,7 @@ def test_operations_on_an_empty_queue_do_nothing_and_write_nothing(engine, redis
 # -- add --------------------------------------------------------------------------------
 
 
-def test_add_puts_later_ids_in_pending_and_due_ones_at_the_tail_of_ready(
-    engine, redis_client, now
-):
+def test_add_puts_later_ids_in_pending_and_due_ones_at_the_tail_of_ready(engine, redis_client, now):
     assert engine.add(Q, {"r1": 0, "f": now + HOUR, "r2": now - HOUR}) == ["r1", "f", "r2"]
     assert engine.add(Q, {"r3": now}) == ["r3"]
     s = state(redis_client, engine)
@@ -132,9 +154,7 @@ def test_add_puts_later_ids_in_pending_and_due_ones_at_the_tail_of_ready(
     assert engine.known_queues() == [Q]
 
 
-def test_add_of_a_pending_id_sets_its_new_due_time_without_a_duplicate(
-    engine, redis_client, now
-):
+def test_add_of_a_pending_id_sets_its_new_due_time_without_a_duplicate(engine, redis_client, now):
     assert engine.add(Q, {"a": now + HOUR}) == ["a"]
     assert engine.add(Q, {"a": now + 2 * HOUR, "b": now + HOUR}) == ["b"]
     assert state(redis_client, engine)["pending"] == {"a": now + 2 * HOUR, "b": now + HOUR}
@@ -181,6 +201,91 @@ def test_remove_takes_pending_and_ready_ids_and_counts_them(populated, redis_cli
     assert s["ready"] == []
     assert list(s["unack"]) == ["u"]
     assert list(s["garbage"]) == ["g"]
+    assert populated.stats(Q).ready == 0
+    assert populated.remove(Q, ["p", "r"]) == 0
+
+
+def test_remove_of_a_ready_id_leaves_a_tombstone_that_claim_skips(engine, redis_client):
+    engine.add(Q, dict.fromkeys(["a", "b", "c", "d", "e", "f"], 0))
+    assert engine.remove(Q, ["b", "d"]) == 2
+    # O(1): the id leaves ready_set; the LIST is not scanned, its entry stays behind.
+    assert entries(redis_client, engine) == ["a", "b", "c", "d", "e", "f"]
+    assert state(redis_client, engine)["ready"] == ["a", "c", "e", "f"]
+    assert engine.stats(Q).ready == 4
+    assert engine.claim(Q, 3) == ["a", "c", "e"]
+    assert entries(redis_client, engine) == ["f"]  # popped no further than needed
+    assert engine.remove(Q, ["f"]) == 1
+    assert engine.claim(Q, 3) == []
+    k = engine.keys(Q)
+    assert redis_client.exists(k.ready, k.ready_set) == 0
+    assert list(state(redis_client, engine)["unack"]) == ["a", "c", "e"]
+
+
+def test_claim_skips_a_run_of_tombstones_and_still_returns_live_ids(engine, redis_client):
+    engine.add(Q, {"gone1": 0, "live1": 0, "gone2": 0, "gone3": 0, "live2": 0, "live3": 0})
+    assert engine.remove(Q, ["gone1", "gone2", "gone3"]) == 3
+    assert engine.claim(Q, 2) == ["live1", "live2"]
+    assert entries(redis_client, engine) == ["live3"]
+    assert engine.claim(Q, 2) == ["live3"]
+    assert engine.stats(Q).ready == 0
+
+
+def test_claim_skips_at_most_1000_tombstones_per_call_and_leaves_a_work_token(engine, redis_client):
+    gone = [f"gone{i}" for i in range(1500)]
+    engine.add(Q, {**dict.fromkeys(gone, 0), "live": 0})
+    assert engine.remove(Q, gone) == 1500
+    drain(redis_client, engine.keys(Q).notify)
+    # count 1: at most 1 + 1000 entries are popped, all of them tombstones.
+    assert engine.claim(Q, 1) == []
+    assert len(entries(redis_client, engine)) == 1501 - 1001
+    assert engine.stats(Q).ready == 1
+    assert engine.wait_for_work([Q], 0.01) is True  # an idle worker tries again at once
+    assert engine.claim(Q, 1) == ["live"]
+    assert engine.wait_for_work([Q], 0.01) is False
+    assert entries(redis_client, engine) == []
+
+
+def test_an_id_removed_while_ready_and_added_again_is_claimed_once(engine, redis_client):
+    engine.add(Q, {"a": 0, "b": 0})
+    assert engine.remove(Q, ["a"]) == 1
+    assert engine.add(Q, {"a": 0}) == ["a"]  # Redis no longer held it
+    assert engine.add(Q, {"a": 0}) == []
+    assert entries(redis_client, engine) == ["a", "b", "a"]
+    # Claimed at its first entry (the old place), once; the later entry is skipped.
+    assert state(redis_client, engine)["ready"] == ["a", "b"]
+    assert engine.stats(Q).ready == 2
+    assert engine.claim(Q, 10) == ["a", "b"]
+    assert entries(redis_client, engine) == []
+    assert engine.ack(Q, ["a", "b"]) == 2
+    assert engine.claim(Q, 10) == []
+
+
+@pytest.mark.slow
+def test_add_and_remove_stay_correct_while_ready_holds_100k_ids(engine, redis_client, now):
+    # Correctness at a size where a scan of ready would block Redis for seconds; how
+    # fast each call is, bench/engine.py reports ("add 100 ids while ready holds ...").
+    n = 100_000
+    ids = [f"id{i:06d}" for i in range(n)]
+    for lo in range(0, n, MAX_BATCH):
+        assert engine.add(Q, dict.fromkeys(ids[lo : lo + MAX_BATCH], 0)) == ids[lo : lo + MAX_BATCH]
+    k = engine.keys(Q)
+    assert redis_client.llen(k.ready) == n
+    # Ids at the head, middle and tail of ready are seen as held: no duplicate entry.
+    assert engine.add(Q, {ids[0]: 0, ids[n // 2]: now + HOUR, ids[-1]: 0}) == []
+    assert engine.add(Q, {"new": 0, "later": now + HOUR}) == ["new", "later"]
+    assert redis_client.llen(k.ready) == n + 1
+    assert redis_client.lindex(k.ready, -1) == b"new"
+    assert engine.remove(Q, [ids[n // 2], ids[-1], "later"]) == 3
+    assert engine.remove(Q, [ids[n // 2]]) == 0
+    assert redis_client.llen(k.ready) == n + 1  # tombstones, no LREM
+    assert engine.stats(Q).ready == n - 1
+    assert engine.add(Q, {ids[-1]: 0}) == [ids[-1]]
+    claimed: list[str] = []
+    while batch := engine.claim(Q, MAX_BATCH, HOUR):
+        claimed += batch
+    expected = [i for i in ids if i != ids[n // 2]] + ["new"]
+    assert claimed == expected
+    assert redis_client.exists(k.ready, k.ready_set) == 0
 
 
 def test_remove_after_promote_removes_from_ready(engine, redis_client):
@@ -191,7 +296,9 @@ def test_remove_after_promote_removes_from_ready(engine, redis_client):
     s = state(redis_client, engine)
     assert s["ready"] == []
     assert list(s["pending"]) == ["b"]
+    assert engine.stats(Q).ready == 0
     assert engine.claim(Q, 10) == []
+    assert state(redis_client, engine)["unack"] == {}
 
 
 def test_remove_of_an_in_flight_id_returns_zero_and_keeps_it(engine, redis_client):
@@ -335,6 +442,17 @@ def test_extend_lease_returns_only_ids_still_held(engine, redis_client):
     assert list(s["garbage"]) == ["c"]
 
 
+def test_a_repeated_id_is_handled_and_counted_once(populated):
+    assert populated.extend_lease(Q, ["u", "u", "r", "u"], HOUR) == ["u"]
+    assert populated.remove(Q, ["r", "r", "p", "p"]) == 2
+    assert populated.requeue(Q, ["g", "g"]) == 1
+    assert populated.claim(Q, 5, HOUR) == ["g"]
+    assert populated.bury(Q, ["g", "g"]) == 1
+    assert populated.purge(Q, ["g", "g"]) == 1
+    assert populated.ack(Q, ["u", "u"]) == 1
+    assert populated.stats(Q).counters == {"acked": 1, "buried": 2}
+
+
 def test_extend_lease_after_recovery_does_not_put_the_id_back_in_flight(engine, redis_client):
     in_flight(engine, ["a"], lease_ms=0)
     assert engine.recover_expired(Q) == ["a"]
@@ -386,9 +504,7 @@ def test_a_nacked_id_with_a_past_retry_time_is_promoted(engine, redis_client):
     assert state(redis_client, engine)["ready"] == ["a"]
 
 
-def test_bury_moves_in_flight_ids_to_garbage_with_the_time_they_died(
-    populated, redis_client
-):
+def test_bury_moves_in_flight_ids_to_garbage_with_the_time_they_died(populated, redis_client):
     before = populated.server_time_ms()
     assert populated.bury(Q, ["u", "r", "p", "g"]) == 1
     after = populated.server_time_ms()
@@ -416,9 +532,7 @@ def test_requeue_gives_buried_ids_another_life_in_ready(populated, redis_client)
     assert populated.requeue(Q, ["g"]) == 0
 
 
-def test_requeue_with_a_later_due_time_puts_buried_ids_in_pending(
-    populated, redis_client, now
-):
+def test_requeue_with_a_later_due_time_puts_buried_ids_in_pending(populated, redis_client, now):
     drain(redis_client, populated.keys(Q).wake)
     assert populated.requeue(Q, ["g"], due_ms=now + HOUR // 2) == 1
     s = state(redis_client, populated)
@@ -444,7 +558,8 @@ def test_stats_reports_every_place_and_counter(engine, redis_client, now):
     engine.bury(Q, ["b"])
     engine.nack(Q, {"c": 7})  # overdue
     assert engine.extend_lease(Q, ["e"], 0) == ["e"]  # expired, not yet recovered
-    engine.add(Q, {"f": 0, "g": now + HOUR})
+    engine.add(Q, {"f": 0, "g": now + HOUR, "removed": 0})
+    engine.remove(Q, ["removed"])  # its tombstone in the ready LIST is not counted
     engine.heartbeat(Q, "w1", HOUR)
     before = engine.server_time_ms()
     stats = engine.stats(Q)
@@ -485,9 +600,7 @@ def test_heartbeat_records_live_workers_and_ttl_0_removes_one(engine, redis_clie
     assert engine.stats(Q).live_workers == 1
 
 
-def test_a_worker_whose_heartbeat_expired_is_not_listed_and_is_forgotten(
-    engine, redis_client
-):
+def test_a_worker_whose_heartbeat_expired_is_not_listed_and_is_forgotten(engine, redis_client):
     engine.heartbeat(Q, "w1", HOUR)
     engine.heartbeat(Q, "gone", 1)
     wait_until(lambda: [w["id"] for w in engine.workers(Q)] == ["w1"])
@@ -518,9 +631,7 @@ def test_wait_for_wake_times_out_when_nothing_earlier_was_added(engine, redis_cl
     assert time.monotonic() - start >= 0.04
 
 
-def test_adding_an_earlier_due_time_wakes_a_waiting_promoter_promptly(
-    engine, redis_client, now
-):
+def test_adding_an_earlier_due_time_wakes_a_waiting_promoter_promptly(engine, redis_client, now):
     engine.add(Q, {"a": now + HOUR})
     drain(redis_client, engine.keys(Q).wake)
     thread, out = _in_thread(lambda: engine.wait_for_wake(["other", Q], 10))
@@ -647,6 +758,17 @@ for _i, _queue in enumerate(_BAD_QUEUES):
         (f"wake-queue{_i}", lambda e, q=_queue: e.wait_for_wake([Q, q], 0.01), _exc),
         (f"work-queue{_i}", lambda e, q=_queue: e.wait_for_work([q], 0.01), _exc),
     ]
+for _wait in ("wait_for_wake", "wait_for_work"):
+    for _i, (_t, _exc) in enumerate(_BAD_TIMES):
+        BAD_CALLS.append(
+            (f"{_wait}-timeout{_i}", lambda e, w=_wait, t=_t: getattr(e, w)([Q], t), _exc)
+        )
+    for _i, (_queues, _exc) in enumerate(
+        [(Q, TypeError), (b"q", TypeError), (None, TypeError), (1, TypeError), ((), ValueError)]
+    ):
+        BAD_CALLS.append(
+            (f"{_wait}-queues{_i}", lambda e, w=_wait, q=_queues: getattr(e, w)(q, 0.01), _exc)
+        )
 BAD_CALLS += [
     ("add-not-a-mapping", lambda e: e.add(Q, [("a", 0)]), TypeError),
     ("add-bytes-id", lambda e: e.add(Q, {b"a": 0}), TypeError),
@@ -717,38 +839,50 @@ def test_the_longest_valid_names_are_accepted(redis_client):
     assert engine.claim(queue, MAX_BATCH) == ["i" * 128]
 
 
-# -- known gaps (strict xfail: they start failing, as a reminder, once the engine is fixed) --
+# -- waiting: bad arguments, and the socket timeout ----------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="engine.py wait_for_wake/wait_for_work iterate a str: 'orders' waits on o,r,d,e,r,s",
-)
 @pytest.mark.parametrize("method", ["wait_for_wake", "wait_for_work"])
 def test_waiting_on_a_single_string_instead_of_a_list_is_refused(unreachable, method):
-    wait = getattr(unreachable, method)
-    try:
-        wait("orders", 0.01)
-    except TypeError:
-        return
-    except EngineUnavailable:
-        pass
-    raise AssertionError(f"{method}('orders', ...) sent a command to Redis")
+    # A str is a sequence: "orders" would have waited on queues o, r, d, e, r, s.
+    with pytest.raises(TypeError, match="list of queue names"):
+        getattr(unreachable, method)("orders", 0.01)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="engine.py _blpop sends a NaN/inf timeout to Redis (EngineUnavailable, not ValueError)",
-)
-@pytest.mark.parametrize("timeout", [math.nan, math.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("timeout", [math.nan, math.inf, -math.inf, -0.5], ids=str)
 @pytest.mark.parametrize("method", ["wait_for_wake", "wait_for_work"])
-def test_a_non_finite_wait_timeout_is_refused(unreachable, method, timeout):
-    try:
+def test_a_non_finite_or_negative_wait_timeout_is_refused(unreachable, method, timeout):
+    with pytest.raises(ValueError, match="timeout"):
         getattr(unreachable, method)([Q], timeout)
-    except ValueError:
-        return
-    except EngineUnavailable:
-        pass
-    raise AssertionError(f"{method}([Q], {timeout}) sent a command to Redis")
+
+
+@pytest.mark.parametrize("method", ["wait_for_wake", "wait_for_work"])
+def test_a_wait_longer_than_the_client_socket_timeout_returns_false(
+    redis_client, redis_url, method
+):
+    client = redis.Redis.from_url(redis_url, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    try:
+        assert getattr(Engine(client, prefix="t"), method)([Q], 0.5) is False
+    finally:
+        client.close()
+
+
+def test_a_wait_under_a_short_socket_timeout_still_wakes(redis_client, redis_url):
+    client = redis.Redis.from_url(redis_url, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    try:
+        engine = Engine(client, prefix="t")
+        engine.add(Q, {"a": 0})
+        assert engine.wait_for_work([Q], 0.5) is True
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+def test_a_wait_longer_than_the_default_socket_timeout_returns_false(redis_client, redis_url):
+    # from_url() without socket_timeout: redis-py's default applies (5 s since redis-py 8),
+    # though it is missing from the pool's connection_kwargs.
+    client = redis.Redis.from_url(redis_url, retry=Retry(NoBackoff(), 0))
+    try:
+        assert Engine(client, prefix="t").wait_for_work([Q], 6) is False
+    finally:
+        client.close()

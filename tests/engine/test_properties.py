@@ -1,10 +1,12 @@
 """Random interleavings of every engine move, checked against a model after each step.
 
 The invariant: every id ever added is in exactly one of pending / ready / in flight /
-garbage, read from the keys themselves (ZSCORE / LPOS in one pipeline, plus full
-ZRANGE / LRANGE), or it is nowhere because it was acked, purged or removed; ready never
-holds an id twice. The model also predicts every return value and the exact order of
-ready.
+garbage, read from the keys themselves (ZSCORE / SISMEMBER in one pipeline, plus full
+ZRANGE / LRANGE / SMEMBERS), or it is nowhere because it was acked, purged or removed.
+"In ready" means in the ``ready_set`` SET; the ready LIST gives the order and may also
+hold tombstones (entries of ids removed while ready, which claim pops and skips), so an
+id may be listed twice. The model keeps the LIST entry for entry, tombstones included,
+and predicts every return value and the exact content of the LIST.
 
 Time is made exact rather than waited for: "past" due times lie days before the server's
 clock and "future" ones days after, a lease is either 0 (expired the moment it is taken,
@@ -51,7 +53,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.times = [0, now - 3 * DAY, now - 2 * DAY, now - DAY, now + DAY, now + 2 * DAY]
         self.times.append(now + 3 * DAY)
         self.pending: dict[str, int] = {}
-        self.ready: list[str] = []
+        self.entries: list[str] = []  # the ready LIST, tombstones included
+        self.ready: set[str] = set()  # ready_set: the ids really in ready
         self.unack: dict[str, bool] = {}  # id -> lease already expired
         self.garbage: set[str] = set()
         self.seen: set[str] = set()
@@ -76,6 +79,10 @@ class EngineMachine(RuleBasedStateMachine):
     def forget(self, id_: str, why: str) -> None:
         self.gone[id_] = why
 
+    def push_ready(self, id_: str) -> None:
+        self.entries.append(id_)
+        self.ready.add(id_)
+
     # -- rules --------------------------------------------------------------------------
 
     @rule(items=due_maps)
@@ -89,7 +96,7 @@ class EngineMachine(RuleBasedStateMachine):
                 expected.append(id_)
             if self.is_past(due):
                 self.pending.pop(id_, None)
-                self.ready.append(id_)
+                self.push_ready(id_)
             else:
                 self.pending[id_] = due
             self.seen.add(id_)
@@ -103,7 +110,7 @@ class EngineMachine(RuleBasedStateMachine):
             if id_ in self.pending:
                 del self.pending[id_]
             elif id_ in self.ready:
-                self.ready.remove(id_)
+                self.ready.discard(id_)  # its entry in the LIST becomes a tombstone
             else:
                 continue
             expected += 1
@@ -117,7 +124,7 @@ class EngineMachine(RuleBasedStateMachine):
         if expected:
             if self.is_past(due):
                 del self.pending[id_]
-                self.ready.append(id_)
+                self.push_ready(id_)
             else:
                 self.pending[id_] = due
         assert self.engine.reschedule(Q, id_, due) is expected
@@ -127,16 +134,26 @@ class EngineMachine(RuleBasedStateMachine):
         due = sorted((s, i) for i, s in self.pending.items() if self.is_past(s))[:batch]
         for _, id_ in due:
             del self.pending[id_]
-            self.ready.append(id_)
+            self.push_ready(id_)
         result = self.engine.promote(Q, batch)
         assert result.moved == len(due)
         assert result.next_due_ms == min(self.pending.values(), default=None)
 
     @rule(count=batches, lease=leases)
     def claim(self, count: int, lease: int) -> None:
-        expected, self.ready = self.ready[:count], self.ready[count:]
-        for id_ in expected:
-            self.unack[id_] = lease == 0
+        # Pop entries from the head, never more than the ids still wanted and at most
+        # count + 1000 in all; an entry whose id is not in ready is a tombstone.
+        expected: list[str] = []
+        budget = count + 1000
+        while len(expected) < count and budget > 0 and self.entries:
+            n = min(count - len(expected), budget)
+            popped, self.entries = self.entries[:n], self.entries[n:]
+            budget -= len(popped)
+            for id_ in popped:
+                if id_ in self.ready:
+                    self.ready.discard(id_)
+                    self.unack[id_] = lease == 0
+                    expected.append(id_)
         assert self.engine.claim(Q, count, lease) == expected
 
     @rule(ids=id_lists, lease=leases)
@@ -181,7 +198,7 @@ class EngineMachine(RuleBasedStateMachine):
         for id_ in back:
             self.garbage.discard(id_)
             if self.is_past(due):
-                self.ready.append(id_)
+                self.push_ready(id_)
             else:
                 self.pending[id_] = due
         assert self.engine.requeue(Q, ids, due) == len(back)
@@ -198,14 +215,13 @@ class EngineMachine(RuleBasedStateMachine):
     def recover_expired(self, batch: int) -> None:
         # Deadlines are set by the server's clock at claim time: read them to know the
         # order (oldest deadline first, ties by id); which ids expired the model knows.
-        deadlines = {
-            m.decode(): s for m, s in self.r.zrange(self.k.unack, 0, -1, withscores=True)
-        }
+        deadlines = {m.decode(): s for m, s in self.r.zrange(self.k.unack, 0, -1, withscores=True)}
         expired = sorted((deadlines[i], i) for i, gone in self.unack.items() if gone)
         expected = [id_ for _, id_ in expired[:batch]]
         for id_ in expected:
             del self.unack[id_]
-        self.ready = expected + self.ready
+        self.entries = expected + self.entries
+        self.ready.update(expected)
         self.count("recovered", len(expected))
         assert self.engine.recover_expired(Q, batch) == expected
 
@@ -230,19 +246,22 @@ class EngineMachine(RuleBasedStateMachine):
         pipe.time()
         pipe.zrange(k.pending, 0, -1, withscores=True)
         pipe.lrange(k.ready, 0, -1)
+        pipe.smembers(k.ready_set)
         pipe.zrange(k.unack, 0, -1, withscores=True)
         pipe.zrange(k.garbage, 0, -1)
         for id_ in IDS:
             pipe.zscore(k.pending, id_)
-            pipe.lpos(k.ready, id_)
+            pipe.sismember(k.ready_set, id_)
             pipe.zscore(k.unack, id_)
             pipe.zscore(k.garbage, id_)
-        (sec, usec), pending, ready_raw, unack, garbage, *places = pipe.execute()
+        (sec, usec), pending, listed, members, unack, garbage, *places = pipe.execute()
         now = int(sec) * 1000 + int(usec) // 1000
 
-        ready = [m.decode() for m in ready_raw]
-        assert len(ready) == len(set(ready)), f"ready holds an id twice: {ready}"
+        entries = [m.decode() for m in listed]
+        assert entries == self.entries
+        ready = {m.decode() for m in members}
         assert ready == self.ready
+        assert ready <= set(entries), f"in ready_set without an entry: {ready - set(entries)}"
         assert {m.decode(): int(s) for m, s in pending} == self.pending
         leases = {m.decode(): s for m, s in unack}
         assert set(leases) == set(self.unack)
@@ -251,7 +270,9 @@ class EngineMachine(RuleBasedStateMachine):
         assert {m.decode() for m in garbage} == self.garbage
 
         for n, id_ in enumerate(IDS):
-            where = [p is not None for p in places[4 * n : 4 * n + 4]]
+            in_pending, in_ready, in_unack, in_garbage = places[4 * n : 4 * n + 4]
+            where = [in_pending is not None, bool(in_ready), in_unack is not None]
+            where.append(in_garbage is not None)
             if id_ in self.seen and id_ not in self.gone:
                 assert sum(where) == 1, f"{id_} is in {sum(where)} places: {where}"
             else:

@@ -1,27 +1,27 @@
 -- Add ids with due times. An id due now goes straight to ready; a later one to pending.
 -- An id already pending gets the new due time; an id already ready, in flight or in
--- garbage is left alone, so add is safe to repeat (reconcile relies on this).
--- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = unack ZSET,
--- KEYS[4] = garbage ZSET, KEYS[5] = wake LIST, KEYS[6] = notify LIST
+-- garbage is left alone, so add is safe to repeat (reconcile relies on this). Every check
+-- is O(1) or O(log N): ready membership is read from ready_set, never by scanning ready.
+-- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = ready_set SET,
+-- KEYS[4] = unack ZSET, KEYS[5] = garbage ZSET, KEYS[6] = wake LIST, KEYS[7] = notify LIST
 -- ARGV = id1, due1_ms, id2, due2_ms, ...
 -- returns the ids that Redis did not hold before this call
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local earliest = tonumber(head[2])
-local check_ready = redis.call('LLEN', KEYS[2]) > 0
 local added, readied, wake = {}, 0, false
 for i = 1, #ARGV, 2 do
   local id, due = ARGV[i], tonumber(ARGV[i + 1])
-  local held = redis.call('ZSCORE', KEYS[3], id) or redis.call('ZSCORE', KEYS[4], id)
-    or (check_ready and redis.call('LPOS', KEYS[2], id))
+  local held = redis.call('SISMEMBER', KEYS[3], id) == 1
+    or redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEYS[5], id)
   if not held then
     local was_pending = redis.call('ZSCORE', KEYS[1], id)
     if due <= now then
       if was_pending then redis.call('ZREM', KEYS[1], id) end
       redis.call('RPUSH', KEYS[2], id)
+      redis.call('SADD', KEYS[3], id)
       readied = readied + 1
-      check_ready = true
     else
       redis.call('ZADD', KEYS[1], due, id)
       if earliest == nil or due < earliest then
@@ -33,11 +33,11 @@ for i = 1, #ARGV, 2 do
   end
 end
 if wake then
-  redis.call('LPUSH', KEYS[5], 1)
-  redis.call('LTRIM', KEYS[5], 0, 0)
+  redis.call('LPUSH', KEYS[6], 1)
+  redis.call('LTRIM', KEYS[6], 0, 0)
 end
 if readied > 0 then
-  for _ = 1, math.min(readied, 64) do redis.call('LPUSH', KEYS[6], 1) end
-  redis.call('LTRIM', KEYS[6], 0, 63)
+  for _ = 1, math.min(readied, 64) do redis.call('LPUSH', KEYS[7], 1) end
+  redis.call('LTRIM', KEYS[7], 0, 63)
 end
 return added

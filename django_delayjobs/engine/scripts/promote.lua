@@ -1,5 +1,6 @@
 -- Move due ids from pending to the tail of ready, at most ARGV[1] of them.
--- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = notify LIST
+-- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = ready_set SET,
+-- KEYS[4] = notify LIST
 -- ARGV[1] = batch size
 -- returns {moved, server now (ms), next due time (ms) or nothing when pending is empty}
 local t = redis.call('TIME')
@@ -8,8 +9,9 @@ local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumb
 if #ids > 0 then
   redis.call('ZREM', KEYS[1], unpack(ids))
   redis.call('RPUSH', KEYS[2], unpack(ids))
-  for _ = 1, math.min(#ids, 64) do redis.call('LPUSH', KEYS[3], 1) end
-  redis.call('LTRIM', KEYS[3], 0, 63)
+  redis.call('SADD', KEYS[3], unpack(ids))
+  for _ = 1, math.min(#ids, 64) do redis.call('LPUSH', KEYS[4], 1) end
+  redis.call('LTRIM', KEYS[4], 0, 63)
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {#ids, now, head[2]}

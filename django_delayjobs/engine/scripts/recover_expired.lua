@@ -1,6 +1,7 @@
 -- Put in-flight ids whose lease ran out back at the head of ready (their worker
 -- died or stalled), at most ARGV[1] of them.
--- KEYS[1] = unack ZSET, KEYS[2] = ready LIST, KEYS[3] = notify LIST, KEYS[4] = counters HASH
+-- KEYS[1] = unack ZSET, KEYS[2] = ready LIST, KEYS[3] = ready_set SET, KEYS[4] = notify LIST,
+-- KEYS[5] = counters HASH
 -- ARGV[1] = batch size
 -- returns the recovered ids
 local t = redis.call('TIME')
@@ -9,8 +10,9 @@ local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumb
 if #ids > 0 then
   redis.call('ZREM', KEYS[1], unpack(ids))
   for i = #ids, 1, -1 do redis.call('LPUSH', KEYS[2], ids[i]) end
-  for _ = 1, math.min(#ids, 64) do redis.call('LPUSH', KEYS[3], 1) end
-  redis.call('LTRIM', KEYS[3], 0, 63)
-  redis.call('HINCRBY', KEYS[4], 'recovered', #ids)
+  redis.call('SADD', KEYS[3], unpack(ids))
+  for _ = 1, math.min(#ids, 64) do redis.call('LPUSH', KEYS[4], 1) end
+  redis.call('LTRIM', KEYS[4], 0, 63)
+  redis.call('HINCRBY', KEYS[5], 'recovered', #ids)
 end
 return ids

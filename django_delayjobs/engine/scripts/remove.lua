@@ -1,5 +1,7 @@
 -- Remove ids that have not been claimed yet (cancel). In-flight and buried ids stay.
--- KEYS[1] = pending ZSET, KEYS[2] = ready LIST
+-- A ready id leaves ready_set only, in O(1): its entry in the ready LIST stays behind as
+-- a tombstone that claim pops and skips (LREM would scan the whole list).
+-- KEYS[1] = pending ZSET, KEYS[2] = ready_set SET
 -- ARGV = id1, id2, ...
 -- returns how many ids were removed
 local removed = 0
@@ -7,7 +9,7 @@ for i = 1, #ARGV do
   if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
     removed = removed + 1
   else
-    removed = removed + redis.call('LREM', KEYS[2], 1, ARGV[i])
+    removed = removed + redis.call('SREM', KEYS[2], ARGV[i])
   end
 end
 return removed

@@ -1,6 +1,6 @@
 -- Give buried ids another life: back to ready if due now, else to pending.
 -- KEYS[1] = garbage ZSET, KEYS[2] = pending ZSET, KEYS[3] = ready LIST,
--- KEYS[4] = wake LIST, KEYS[5] = notify LIST
+-- KEYS[4] = ready_set SET, KEYS[5] = wake LIST, KEYS[6] = notify LIST
 -- ARGV[1] = due time (ms), ARGV[2..] = ids
 -- returns how many ids left garbage
 local t = redis.call('TIME')
@@ -11,6 +11,7 @@ for i = 2, #ARGV do
   if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
     if due <= now then
       redis.call('RPUSH', KEYS[3], ARGV[i])
+      redis.call('SADD', KEYS[4], ARGV[i])
     else
       redis.call('ZADD', KEYS[2], due, ARGV[i])
     end
@@ -19,11 +20,11 @@ for i = 2, #ARGV do
 end
 if n > 0 then
   if due <= now then
-    for _ = 1, math.min(n, 64) do redis.call('LPUSH', KEYS[5], 1) end
-    redis.call('LTRIM', KEYS[5], 0, 63)
+    for _ = 1, math.min(n, 64) do redis.call('LPUSH', KEYS[6], 1) end
+    redis.call('LTRIM', KEYS[6], 0, 63)
   else
-    redis.call('LPUSH', KEYS[4], 1)
-    redis.call('LTRIM', KEYS[4], 0, 0)
+    redis.call('LPUSH', KEYS[5], 1)
+    redis.call('LTRIM', KEYS[5], 0, 0)
   end
 end
 return n

@@ -1,8 +1,9 @@
 -- Read the state of one queue in one consistent snapshot. Every call is O(log N).
--- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = unack ZSET,
+-- KEYS[1] = pending ZSET, KEYS[2] = ready_set SET, KEYS[3] = unack ZSET,
 -- KEYS[4] = garbage ZSET, KEYS[5] = workers ZSET, KEYS[6] = counters HASH
 -- returns {now, pending, overdue, ready, in_flight, expired_leases, garbage,
---          live_workers, next_due or -1, oldest_lease or -1, counters (flat HGETALL)}
+--          live_workers, next_due or -1, oldest_lease or -1, counters (flat HGETALL)};
+--          ready counts the live ids (ready_set), not the tombstones left in the LIST
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -11,7 +12,7 @@ return {
   now,
   redis.call('ZCARD', KEYS[1]),
   redis.call('ZCOUNT', KEYS[1], '-inf', now),
-  redis.call('LLEN', KEYS[2]),
+  redis.call('SCARD', KEYS[2]),
   redis.call('ZCARD', KEYS[3]),
   redis.call('ZCOUNT', KEYS[3], '-inf', now),
   redis.call('ZCARD', KEYS[4]),
