@@ -13,6 +13,7 @@ import random
 import time
 import traceback
 from collections.abc import Callable
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +30,9 @@ from .models import ACTIVE, EventKind, Job, JobEvent, Status
 from .registry import resolve
 
 logger = logging.getLogger("django_delayjobs.worker")
+
+#: The job whose action is running in this thread (for actions that want their attempt).
+current_job: ContextVar[Job | None] = ContextVar("current_job", default=None)
 
 #: A job promoted this close to its due time (Redis and this host's clocks may differ by
 #: a little, and due times are whole ms) waits here instead of going back to Redis.
@@ -143,7 +147,11 @@ class Execution:
         try:
             args, kwargs = serialization.load(job.args), serialization.load(job.kwargs)
             with transaction.atomic():
-                result = fn(*args, **kwargs)
+                token = current_job.set(job)
+                try:
+                    result = fn(*args, **kwargs)
+                finally:
+                    current_job.reset(token)
                 try:
                     stored = serialization.dump(result, "result")
                 except TypeError:

@@ -73,11 +73,16 @@ def delayable(func: Callable[P, R]) -> Any:
     if "." in qualname:  # defined in a class body: a method
         return DelayableMethod(func)
     name = f"{func.__module__}.{qualname}"
-    if _functions.get(name, func) is not func:
-        raise NotDelayable(f"an action named {name!r} is already registered")
-    _functions[name] = func
+    register(name, func)
     func.delayable_name = name  # type: ignore[attr-defined]
     return func
+
+
+def register(name: str, fn: Callable[..., Any]) -> None:
+    """Register ``fn`` as the action ``name`` (used by the django.tasks backend)."""
+    if _functions.get(name, fn) is not fn:
+        raise NotDelayable(f"an action named {name!r} is already registered")
+    _functions[name] = fn
 
 
 @dataclass(frozen=True)

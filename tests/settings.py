@@ -81,6 +81,13 @@ DELAYJOBS = {
     "RECONCILE_SECONDS": float(os.environ.get("DELAYJOBS_RECONCILE_SECONDS", 60)),
 }
 
+TASKS = {
+    "default": {
+        "BACKEND": "django_delayjobs.backends.DelayJobsBackend",
+        "QUEUES": ["default", "other"],
+    }
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

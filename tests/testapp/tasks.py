@@ -39,3 +39,6 @@ def write_then_sleep(label: str, seconds: float) -> None:
     """Write first, then sleep: a kill during the sleep must roll the write back."""
     Record.objects.create(label=label)
     time.sleep(seconds)
+
+
+from . import task_functions  # noqa: E402,F401  (the worker imports @task functions via tasks.py)

@@ -1,0 +1,153 @@
+"""The django.tasks backend, on Django 6 (native) and Django 5.2 (django-tasks backport)."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from django.utils import timezone
+
+from django_delayjobs.backends import InvalidTask, TaskResultDoesNotExist, TaskResultStatus
+from django_delayjobs.models import Job, Status
+from tests.testapp import task_functions as t
+from tests.testapp.models import Record
+
+try:
+    from django.tasks import default_task_backend, task
+    from django.tasks import signals as task_signals
+except ImportError:
+    from django_tasks import default_task_backend, task
+    from django_tasks import signals as task_signals
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    pass
+
+
+def burst() -> None:
+    call_command("run_delayworker", "--burst", "--queues", "default,other", "-v", "0")
+
+
+def test_backend_declares_its_capabilities():
+    backend = default_task_backend
+    assert (backend.supports_defer, backend.supports_get_result) == (True, True)
+    assert (backend.supports_async_task, backend.supports_priority) == (False, False)
+
+
+def test_enqueue_creates_a_job_and_runs_it():
+    result = t.add.enqueue(2, 3)
+    assert result.status == TaskResultStatus.READY
+    job = Job.objects.get(pk=result.id)
+    assert (job.action, job.queue, job.status) == ("task:tests.testapp.task_functions.add",
+                                                   "default", Status.SCHEDULED)  # fmt: skip
+    burst()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.attempts == 1 and len(result.worker_ids) == 1
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    assert t.add.get_result(result.id).return_value == 5
+
+
+def test_run_after_defers_the_task():
+    when = timezone.now() + datetime.timedelta(hours=1)
+    result = t.add.using(run_after=when).enqueue(1, 1)
+    assert Job.objects.get(pk=result.id).run_at == when
+    burst()
+    assert t.add.get_result(result.id).status == TaskResultStatus.READY
+    assert not Record.objects.exists()
+
+
+def test_running_task_sees_its_context():
+    result = t.introspect.enqueue("ctx")
+    burst()
+    assert t.introspect.get_result(result.id).return_value == {"attempt": 1, "status": "RUNNING"}
+
+
+def test_a_task_that_raises_is_failed_with_its_error():
+    result = t.explode.enqueue("bad input")
+    burst()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    (error,) = result.errors
+    assert error.exception_class is ValueError
+    assert "bad input" in error.traceback
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value  # noqa: B018
+
+
+def test_cancelled_job_reads_as_failed():
+    result = t.add.using(run_after=timezone.now() + datetime.timedelta(hours=1)).enqueue(1, 2)
+    assert Job.objects.get(pk=result.id).cancel()
+    assert t.add.get_result(result.id).status == TaskResultStatus.FAILED
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: t.add.using(run_after=datetime.datetime(2030, 1, 1)), "aware"),
+        (lambda: t.add.using(queue_name="nope"), "nope"),
+        (lambda: t.add.using(priority=5), "priority"),
+    ],
+)
+def test_invalid_tasks_are_refused(make, message):
+    with pytest.raises(InvalidTask, match=message):
+        make()
+
+
+def test_async_tasks_are_refused():
+    async def coroutine() -> None:
+        pass
+
+    coroutine.__qualname__ = "coroutine"  # pretend it is module level
+    with pytest.raises(InvalidTask, match="async"):
+        task(coroutine)
+
+
+def test_bad_arguments_are_refused_and_nothing_is_written():
+    with pytest.raises(InvalidTask):
+        t.add.enqueue(1)  # missing b
+    with pytest.raises((InvalidTask, TypeError)):
+        t.add.enqueue(1, object())
+    assert not Job.objects.exists()
+
+
+def test_enqueue_inside_a_rolled_back_transaction_leaves_nothing(redis_client):
+    with pytest.raises(ZeroDivisionError), transaction.atomic():
+        t.add.enqueue(1, 2)
+        1 / 0  # noqa: B018
+    assert not Job.objects.exists()
+    assert redis_client.dbsize() == 0
+
+
+def test_unknown_result_ids():
+    for bad in ("not-a-uuid", "00000000-0000-0000-0000-000000000000"):
+        with pytest.raises(TaskResultDoesNotExist):
+            default_task_backend.get_result(bad)
+
+
+def test_framework_signals_are_sent():
+    seen: list[tuple[str, str]] = []
+
+    def on(name):
+        def receiver(sender, task_result, **kwargs):
+            seen.append((name, str(task_result.status)))
+
+        return receiver
+
+    receivers = {name: on(name) for name in ("task_enqueued", "task_started", "task_finished")}
+    for name, receiver in receivers.items():
+        getattr(task_signals, name).connect(receiver)
+    try:
+        t.add.enqueue(4, 4)
+        burst()
+    finally:
+        for name, receiver in receivers.items():
+            getattr(task_signals, name).disconnect(receiver)
+    assert seen == [("task_enqueued", "READY"), ("task_started", "RUNNING"),
+                    ("task_finished", "SUCCESSFUL")]  # fmt: skip
