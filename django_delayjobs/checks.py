@@ -8,6 +8,7 @@ from typing import Any
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
 
 from .conf import DEFAULTS
 from .engine import validate_name
@@ -56,4 +57,11 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     if alias is not None and alias not in settings.CACHES:
         errors.append(_error(f"DELAYJOBS['CACHE_ALIAS'] = {alias!r} is not in CACHES.",
                              f"Known caches: {', '.join(settings.CACHES)}.", 7))  # fmt: skip
+    if "API_PERMISSION_CLASSES" in user:
+        from .rest.permissions import load_permissions
+
+        try:
+            load_permissions(user["API_PERMISSION_CLASSES"])
+        except ImproperlyConfigured as exc:
+            errors.append(_error(f"{exc}.", "List DRF permission classes by dotted path.", 8))
     return errors

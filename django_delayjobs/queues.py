@@ -68,7 +68,10 @@ def queue_names(engine: Engine | None = None) -> list[str]:
     """Every queue Redis knows of, plus those of active jobs and the default queue."""
     engine = engine or get_engine()
     names = set(engine.known_queues()) | {delayjobs_settings.DEFAULT_QUEUE}
-    names |= set(Job.objects.filter(status__in=ACTIVE).values_list("queue", flat=True).distinct())
+    # order_by(): with Meta.ordering's run_at, DISTINCT would be over (queue, run_at) and
+    # return a row per active job.
+    active = Job.objects.filter(status__in=ACTIVE).order_by().values_list("queue", flat=True)
+    names |= set(active.distinct())
     return sorted(names)
 
 

@@ -1,0 +1,65 @@
+"""Who may use the API: the configured classes for every request, model permissions to write."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.utils.module_loading import import_string
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from ..conf import delayjobs_settings
+from ..exceptions import ConfigurationError
+
+#: What the write actions need on top of ``API_PERMISSION_CLASSES``.
+CHANGE_PERMISSION = "django_delayjobs.change_job"
+
+
+def configured_permissions() -> list[Callable[[], Any]]:
+    """Return the classes named by ``DELAYJOBS['API_PERMISSION_CLASSES']``."""
+    return load_permissions(delayjobs_settings.API_PERMISSION_CLASSES)
+
+
+def load_permissions(entries: object) -> list[Callable[[], Any]]:
+    """Return the permission classes of a list of dotted paths (or classes); else raise
+    ``ConfigurationError`` saying what is wrong."""
+    setting = "DELAYJOBS['API_PERMISSION_CLASSES']"
+    if isinstance(entries, str) or not isinstance(entries, list | tuple):
+        raise ConfigurationError(
+            f"{setting} must be a list of dotted paths to DRF permission classes, not {entries!r}"
+        )
+    classes: list[Callable[[], Any]] = []
+    for entry in entries:
+        found: object = entry  # a class (or ``A & B``) put in the settings directly
+        if isinstance(entry, str):
+            try:
+                # The dotted paths come from the settings file only, never from Redis or
+                # the database, so importing them is no way in for stored data (DESIGN 6).
+                found = import_string(entry)
+            except ImportError as exc:
+                raise ConfigurationError(
+                    f"{setting} names {entry!r}, which cannot be imported: {exc}"
+                ) from exc
+        if not callable(found):
+            raise ConfigurationError(f"{setting}: {entry!r} is not a permission class")
+        classes.append(found)
+    return classes
+
+
+class CanChangeJobs(BasePermission):
+    """The user holds ``django_delayjobs.change_job``, whatever the configured classes say."""
+
+    message = f"Changing jobs needs the {CHANGE_PERMISSION} permission."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return bool(request.user and request.user.has_perm(CHANGE_PERMISSION))
+
+
+def permissions_for(write: bool) -> list[Any]:
+    """Instantiate the permissions of one request (``write``: it changes a job)."""
+    permissions = [make() for make in configured_permissions()]
+    if write:
+        permissions.append(CanChangeJobs())
+    return permissions

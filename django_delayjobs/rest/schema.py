@@ -1,0 +1,54 @@
+"""OpenAPI for the API through drf-spectacular, when it is installed (extra ``api-schema``).
+
+Without it the views work the same; only ``schema/`` is not served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def spectacular_installed() -> bool:
+    try:
+        import drf_spectacular  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def document(**kwargs: Any) -> Callable[[F], F]:
+    """``extend_schema(**kwargs)`` when drf-spectacular is installed, else nothing."""
+    if not spectacular_installed():
+        return lambda fn: fn
+    from drf_spectacular.openapi import AutoSchema
+    from drf_spectacular.utils import extend_schema
+
+    def decorate(fn: F) -> F:
+        # extend_schema builds on the schema class it finds here, else on the project's
+        # DEFAULT_SCHEMA_CLASS, which need not be drf-spectacular's.
+        fn.__dict__.setdefault("kwargs", {}).setdefault("schema", AutoSchema)
+        return extend_schema(**kwargs)(fn)
+
+    return decorate
+
+
+def auto_schema() -> Any:
+    """The schema inspector for our views: drf-spectacular's, so that the project need not
+    set ``DEFAULT_SCHEMA_CLASS`` for our endpoints; DRF's default otherwise."""
+    if not spectacular_installed():
+        from rest_framework.schemas import DefaultSchema
+
+        return DefaultSchema()
+    from drf_spectacular.openapi import AutoSchema
+
+    return AutoSchema()
+
+
+def only_delayjobs(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> list[tuple[Any, ...]]:
+    """drf-spectacular preprocessing hook: keep this API's endpoints, drop the project's."""
+    from .views import API_VIEWS
+
+    return [e for e in endpoints if getattr(e[3], "cls", None) in API_VIEWS]

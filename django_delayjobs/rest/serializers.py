@@ -1,0 +1,205 @@
+"""What the API reads and writes: jobs with their events, action bodies, queue state."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from django.contrib.contenttypes.models import ContentType
+from django.utils import timezone
+from rest_framework import ISO_8601, serializers
+
+from ..models import Job, JobEvent, Status
+
+
+def type_label(content_type_id: int | None) -> str | None:
+    """Return ``app_label.model`` of a content type id (cached by Django), or None."""
+    if content_type_id is None:
+        return None
+    ct = ContentType.objects.get_for_id(content_type_id)
+    return f"{ct.app_label}.{ct.model}"
+
+
+class AwareDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 datetime that must carry its offset: a naive one is ambiguous."""
+
+    default_error_messages = {
+        "naive": "Give a time zone offset (e.g. 2030-01-31T09:00:00Z or +01:00): "
+        "a datetime without one is ambiguous.",
+    }
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(input_formats=[ISO_8601], **kwargs)
+
+    def enforce_timezone(self, value: datetime.datetime) -> datetime.datetime:
+        if timezone.is_naive(value):
+            self.fail("naive")
+        return super().enforce_timezone(value)
+
+
+class SecondsField(serializers.FloatField):
+    """A number of seconds; ``true`` is not one, though Python would take it as 1."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+#: Sent by HTML forms (the browsable API's among them) along with the fields.
+NOT_FIELDS = frozenset({"csrfmiddlewaretoken"})
+
+
+class StrictSerializer(serializers.Serializer[Any]):
+    """A body serializer that answers unknown fields with 400 instead of ignoring them."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        given = set(data) - NOT_FIELDS if isinstance(data, Mapping) else set()
+        unknown = sorted(given - set(self.fields))
+        errors: dict[str, Any] = {}
+        value: Any = None
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if not isinstance(exc.detail, dict):
+                raise
+            errors.update(exc.detail)
+        for name in unknown:
+            errors[name] = ["Unknown field: this action does not take it."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
+
+
+# -- jobs -------------------------------------------------------------------------------
+
+
+class JobEventSerializer(serializers.ModelSerializer[JobEvent]):
+    class Meta:
+        model = JobEvent
+        fields = ["kind", "at", "attempt", "actor", "message"]
+        read_only_fields = fields
+
+
+class JobSerializer(serializers.ModelSerializer[Job]):
+    target_type = serializers.SerializerMethodField(
+        help_text="The target's model as app_label.model, or null for a plain function."
+    )
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "queue", "action", "status", "target_type", "target_id", "args", "kwargs",
+            "key", "run_at", "expires_at", "attempts", "max_attempts", "worker",
+            "created_at", "started_at", "finished_at", "last_error", "result",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+    def get_target_type(self, job: Job) -> str | None:
+        return type_label(job.target_type_id)
+
+
+class JobDetailSerializer(JobSerializer):
+    events = JobEventSerializer(many=True, read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "events"]
+        read_only_fields = fields
+
+
+# -- action bodies ------------------------------------------------------------------------
+
+
+class CancelSerializer(StrictSerializer):
+    """Cancel takes no fields; the body may be empty or ``{}``."""
+
+
+class RescheduleSerializer(StrictSerializer):
+    """Exactly one of ``in`` (seconds from now, at least 0) and ``at``; nothing else."""
+
+    at = AwareDateTimeField(required=False, help_text="The new due time (ISO 8601 with offset).")
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        # "in" is a Python keyword, so it cannot be a class attribute.
+        fields["in"] = SecondsField(
+            required=False, min_value=0, help_text="Seconds from now until the job is due."
+        )
+        return fields
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if len(attrs) != 1:
+            raise serializers.ValidationError(
+                "Give exactly one of 'in' (seconds from now) and 'at' (an ISO 8601 datetime)."
+            )
+        return attrs
+
+
+class RequeueSerializer(StrictSerializer):
+    """Optionally how many more attempts the dead job gets; nothing else."""
+
+    attempts = serializers.IntegerField(
+        required=False, min_value=1, max_value=5000,
+        help_text="How many more attempts the job gets (default: the MAX_ATTEMPTS setting).",
+    )  # fmt: skip
+
+
+class DetailSerializer(serializers.Serializer[Any]):
+    """An error: what went wrong."""
+
+    detail = serializers.CharField()
+
+
+class ConflictSerializer(DetailSerializer):
+    """Too late: the verb lost to a worker or an earlier change; the job's status now."""
+
+    status = serializers.ChoiceField(choices=Status.choices, help_text="The job's status now.")
+
+
+# -- queues --------------------------------------------------------------------------------
+
+
+class NextDueSerializer(serializers.Serializer[Any]):
+    id = serializers.CharField()
+    action = serializers.CharField(allow_null=True)
+    run_at = serializers.DateTimeField(allow_null=True)
+
+
+class WorkerSerializer(serializers.Serializer[Any]):
+    """A live worker: these fields, and whatever else its heartbeat carries, as it is."""
+
+    id = serializers.CharField()
+    expires_at = serializers.DateTimeField(allow_null=True)
+    host = serializers.CharField(required=False)
+    pid = serializers.IntegerField(required=False)
+    roles = serializers.ListField(child=serializers.CharField(), required=False)
+    concurrency = serializers.IntegerField(required=False)
+    queues = serializers.ListField(child=serializers.CharField(), required=False)
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        extra = {k: v for k, v in instance.items() if k != "expires_ms"}  # shown as expires_at
+        return {**extra, **super().to_representation(instance)}
+
+
+class QueueStateSerializer(serializers.Serializer[Any]):
+    """One queue as ``QueueState.as_dict()`` gives it (the admin's queue page)."""
+
+    queue = serializers.CharField()
+    pending = serializers.IntegerField()
+    overdue = serializers.IntegerField()
+    ready = serializers.IntegerField()
+    in_flight = serializers.IntegerField()
+    expired_leases = serializers.IntegerField()
+    retrying = serializers.IntegerField()
+    garbage = serializers.IntegerField()
+    next_due_at = serializers.DateTimeField(allow_null=True)
+    oldest_lease_at = serializers.DateTimeField(allow_null=True)
+    live_workers = serializers.IntegerField()
+    counters = serializers.DictField(child=serializers.IntegerField())
+    next_due = NextDueSerializer(many=True)
+    workers = WorkerSerializer(many=True)
+
+
+class QueuesSerializer(serializers.Serializer[Any]):
+    queues = QueueStateSerializer(many=True)

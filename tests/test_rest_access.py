@@ -1,0 +1,154 @@
+"""Who may do what: admin-only by default, API_PERMISSION_CLASSES for reads, and the
+django_delayjobs.change_job permission for writes whatever those classes say."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.permissions import IsAuthenticated
+
+from django_delayjobs import schedule
+from django_delayjobs.checks import check_settings
+from django_delayjobs.models import Job, Status
+from django_delayjobs.rest.permissions import configured_permissions
+from tests.testapp import tasks
+
+from .test_rest_helpers import client_for, make_user, snapshot, url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+READS = [("jobs",), ("jobs", "{pk}"), ("queues",)]
+WRITES = [("cancel", {}), ("reschedule", {"in": 60}), ("requeue", {})]
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    """Every test starts from an empty Redis database."""
+
+
+@pytest.fixture
+def job():
+    return schedule(tasks.record, in_=3600, args=["x"])
+
+
+def read_statuses(api, job) -> list[int]:
+    paths = [url(*(str(p).format(pk=job.pk) for p in parts)) for parts in READS]
+    return [api.get(path).status_code for path in paths]
+
+
+def write(api, job, verb, body):
+    return api.post(url("jobs", job.pk, verb), body, format="json")
+
+
+@pytest.fixture
+def relaxed(settings):
+    def relax(*classes: str) -> None:
+        settings.DELAYJOBS = {**settings.DELAYJOBS, "API_PERMISSION_CLASSES": list(classes)}
+
+    return relax
+
+
+# -- the default: staff only --------------------------------------------------------------
+
+
+def test_anonymous_gets_403_everywhere(job):
+    api = client_for(None)
+    assert read_statuses(api, job) == [403, 403, 403]
+    for verb, body in WRITES:
+        assert write(api, job, verb, body).status_code == 403
+
+
+def test_a_user_who_is_not_staff_gets_403_everywhere(job):
+    api = client_for(make_user(staff=False, perms=("change_job",)))
+    assert read_statuses(api, job) == [403, 403, 403]
+    for verb, body in WRITES:
+        assert write(api, job, verb, body).status_code == 403
+
+
+@pytest.mark.parametrize(("verb", "body"), WRITES)
+def test_staff_without_change_job_reads_but_cannot_write(job, verb, body):
+    api = client_for(make_user(perms=("view_job",)))
+    assert read_statuses(api, job) == [200, 200, 200]
+    before = snapshot(job)
+    response = write(api, job, verb, body)
+    assert response.status_code == 403
+    assert "django_delayjobs.change_job" in response.data["detail"]
+    assert snapshot(job) == before
+
+
+def test_staff_with_change_job_can_write(job):
+    api = client_for(make_user("bob", perms=("change_job",)))
+    assert write(api, job, "reschedule", {"in": 5}).status_code == 200
+    assert write(api, job, "cancel", {}).status_code == 200
+    assert list(job.events.values_list("actor", flat=True)) == ["code", "api:bob", "api:bob"]
+
+
+def test_a_superuser_holds_change_job_without_being_given_it(job):
+    api = client_for(make_user(superuser=True))
+    assert read_statuses(api, job) == [200, 200, 200]
+    assert write(api, job, "cancel", {}).status_code == 200
+
+
+def test_a_superuser_who_is_not_staff_is_refused_by_is_admin_user(job):
+    # IsAdminUser means is_staff, as in DRF; a project can list another class
+    assert read_statuses(client_for(make_user(staff=False, superuser=True)), job) == [403] * 3
+
+
+# -- relaxed or tightened classes ---------------------------------------------------------
+
+
+def test_relaxed_classes_open_reads_but_writes_still_need_change_job(job, relaxed):
+    relaxed("rest_framework.permissions.IsAuthenticated")
+    plain = client_for(make_user("carl", staff=False))
+    assert read_statuses(plain, job) == [200, 200, 200]
+    assert write(plain, job, "cancel", {}).status_code == 403
+    assert read_statuses(client_for(None), job) == [403, 403, 403]
+    allowed = client_for(make_user("dora", staff=False, perms=("change_job",)))
+    assert write(allowed, job, "cancel", {}).status_code == 200
+
+
+def test_allow_any_still_keeps_anonymous_writes_out(job, relaxed):
+    relaxed("rest_framework.permissions.AllowAny")
+    anonymous = client_for(None)
+    assert read_statuses(anonymous, job) == [200, 200, 200]
+    assert write(anonymous, job, "cancel", {}).status_code == 403
+    assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
+
+
+def test_an_empty_list_is_allow_any_for_reads(job, relaxed):
+    relaxed()
+    assert read_statuses(client_for(None), job) == [200, 200, 200]
+
+
+def test_classes_are_combined_with_and(job, relaxed):
+    relaxed("rest_framework.permissions.IsAdminUser", "rest_framework.permissions.IsAuthenticated")
+    assert read_statuses(client_for(make_user(staff=False)), job) == [403, 403, 403]
+    assert read_statuses(client_for(make_user("ed")), job) == [200, 200, 200]
+
+
+def test_classes_may_be_given_as_objects(settings):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "API_PERMISSION_CLASSES": [IsAuthenticated]}
+    assert configured_permissions() == [IsAuthenticated]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "rest_framework.permissions.IsAdminUser",
+        ["rest_framework.permissions.NoSuchClass"],
+        ["no_such_module.Permission"],
+        ["rest_framework.permissions.SAFE_METHODS"],
+    ],
+)
+def test_system_check_reports_bad_permission_classes(settings, value):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "API_PERMISSION_CLASSES": value}
+    errors = check_settings()
+    assert [e.id for e in errors] == ["django_delayjobs.E008"]
+    assert "API_PERMISSION_CLASSES" in errors[0].msg
+
+
+def test_system_check_accepts_good_permission_classes(settings):
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    }
+    assert check_settings() == []

@@ -1,0 +1,88 @@
+"""The OpenAPI document at schema/ (drf-spectacular, the ``api-schema`` extra)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from django_delayjobs.rest.filters import JobFilterSerializer
+from django_delayjobs.rest.serializers import JobDetailSerializer
+
+from .test_rest_helpers import client_for, make_user, url
+
+# Without the extra, schema/ is not served and these tests are skipped.
+GENERATOR_STATS = pytest.importorskip("drf_spectacular.drainage").GENERATOR_STATS
+validate_schema = pytest.importorskip("drf_spectacular.validation").validate_schema
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ENDPOINTS = {
+    ("get", "/api/delayjobs/jobs/"),
+    ("get", "/api/delayjobs/jobs/{id}/"),
+    ("post", "/api/delayjobs/jobs/{id}/cancel/"),
+    ("post", "/api/delayjobs/jobs/{id}/reschedule/"),
+    ("post", "/api/delayjobs/jobs/{id}/requeue/"),
+    ("get", "/api/delayjobs/queues/"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    """Every test starts from an empty Redis database."""
+
+
+@pytest.fixture
+def schema():
+    GENERATOR_STATS.reset()
+    response = client_for(make_user(superuser=True)).get(url("schema"), {"format": "json"})
+    assert response.status_code == 200
+    document = json.loads(response.content)
+    # drf-spectacular reports what it could not work out here instead of raising
+    assert not GENERATOR_STATS, (GENERATOR_STATS._warn_cache, GENERATOR_STATS._error_cache)
+    return document
+
+
+def test_schema_is_valid_openapi_with_exactly_our_endpoints(schema):
+    validate_schema(schema)
+    assert schema["openapi"].startswith("3.")
+    assert schema["info"]["title"] == "django-delayjobs API"
+    found = {(method, path) for path, ops in schema["paths"].items() for method in ops}
+    assert found == ENDPOINTS
+
+
+def ref(response: dict) -> str:
+    return response["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+
+
+def test_status_codes_and_bodies_are_documented(schema):
+    paths, components = schema["paths"], schema["components"]["schemas"]
+    for verb in ("cancel", "reschedule", "requeue"):
+        op = paths[f"/api/delayjobs/jobs/{{id}}/{verb}/"]["post"]
+        assert set(op["responses"]) == {"200", "400", "403", "404", "409"}
+        assert ref(op["responses"]["200"]) == "JobDetail"
+        assert ref(op["responses"]["409"]) == "Conflict"
+    assert set(components["Conflict"]["properties"]) == {"detail", "status"}
+    reschedule = paths["/api/delayjobs/jobs/{id}/reschedule/"]["post"]
+    body = components[ref(reschedule["requestBody"])]
+    assert set(body["properties"]) == {"in", "at"} and body["properties"]["in"]["minimum"] == 0
+    queues = paths["/api/delayjobs/queues/"]["get"]
+    assert set(queues["responses"]) == {"200", "403", "503"}
+    assert set(components["JobDetail"]["properties"]) == set(JobDetailSerializer().fields)
+
+
+def test_list_documents_every_filter_and_the_paging(schema):
+    op = schema["paths"]["/api/delayjobs/jobs/"]["get"]
+    names = {p["name"] for p in op["parameters"]}
+    assert names == set(JobFilterSerializer().fields) | {"cursor", "page_size"}
+    page = schema["components"]["schemas"][ref(op["responses"]["200"])]
+    assert set(page["properties"]) == {"next", "previous", "results"}
+
+
+def test_schema_is_yaml_by_default_and_as_private_as_the_api():
+    response = client_for(make_user(superuser=True)).get(url("schema"))
+    assert response["Content-Type"].startswith("application/vnd.oai.openapi")
+    assert yaml.safe_load(response.content)["info"]["title"] == "django-delayjobs API"
+    assert client_for(make_user("eve", staff=False)).get(url("schema")).status_code == 403
+    assert client_for(None).get(url("schema")).status_code == 403
