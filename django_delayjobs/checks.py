@@ -7,7 +7,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
 from .conf import DEFAULTS
@@ -24,14 +24,16 @@ def _error(msg: str, hint: str, n: int) -> Error:
 
 
 @register(Tags.compatibility)
-def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Error]:
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[Error | Warning]:
     """Report unknown names and bad values in ``settings.DELAYJOBS``."""
     user = getattr(settings, "DELAYJOBS", None)
     if user is None:
         return []
     if not isinstance(user, dict):
         return [_error("DELAYJOBS must be a dict.", "DELAYJOBS = {'REDIS_URL': ...}", 1)]
-    errors = [
+    errors: list[Error | Warning] = [
         _error(f"DELAYJOBS has an unknown setting {name!r}.",
                f"Known settings: {', '.join(sorted(DEFAULTS))}.", 2)
         for name in sorted(set(user) - set(DEFAULTS))
@@ -57,6 +59,16 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     if alias is not None and alias not in settings.CACHES:
         errors.append(_error(f"DELAYJOBS['CACHE_ALIAS'] = {alias!r} is not in CACHES.",
                              f"Known caches: {', '.join(settings.CACHES)}.", 7))  # fmt: skip
+    every = user.get("RECONCILE_SECONDS", DEFAULTS["RECONCILE_SECONDS"])
+    horizon = user.get("RECONCILE_HORIZON_SECONDS", DEFAULTS["RECONCILE_HORIZON_SECONDS"])
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (every, horizon))
+    if numbers and horizon < every:
+        errors.append(Warning(
+            "DELAYJOBS['RECONCILE_HORIZON_SECONDS'] is shorter than RECONCILE_SECONDS: a job "
+            "lost by Redis may then run up to RECONCILE_SECONDS late.",
+            hint="Make the horizon at least as long as the sweep interval.",
+            id="django_delayjobs.W001",
+        ))  # fmt: skip
     if "API_PERMISSION_CLASSES" in user:
         from .rest.permissions import load_permissions
 

@@ -34,6 +34,7 @@ def test_valid_settings_pass(settings):
         ({"DEFAULT_QUEUE": ""}, "django_delayjobs.E005"),
         ({"REDIS_URL": 5}, "django_delayjobs.E006"),
         ({"CACHE_ALIAS": "nope"}, "django_delayjobs.E007"),
+        ({"RECONCILE_SECONDS": 600, "RECONCILE_HORIZON_SECONDS": 60}, "django_delayjobs.W001"),
     ],
 )
 def test_bad_settings_are_reported(settings, value, expected):
