@@ -1,0 +1,131 @@
+"""How job values read in the admin: durations, targets, JSON and tracebacks."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.contenttypes.models import ContentType
+from django.http import HttpRequest
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import capfirst
+
+from ..models import Job
+
+EMPTY = "-"
+
+
+def actor(request: HttpRequest) -> str:
+    """The ``JobEvent.actor`` naming the admin user behind a change."""
+    return f"admin:{request.user.get_username()}"[:150]
+
+
+def duration(delta: datetime.timedelta) -> str:
+    """A short human reading of a duration: 85 ms, 4.2 s, 12 min, 3.5 h, 2.1 d."""
+    seconds = delta.total_seconds()
+    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
+    if seconds < 1:
+        text = f"{seconds * 1000:.0f} ms"
+    elif seconds < 60:
+        text = f"{seconds:.1f} s"
+    elif seconds < 3600:
+        text = f"{seconds / 60:.0f} min"
+    elif seconds < 86400:
+        text = f"{seconds / 3600:.1f} h"
+    else:
+        text = f"{seconds / 86400:.1f} d"
+    return sign + text
+
+
+def timestamp(at: datetime.datetime | None) -> str:
+    """``2026-11-22 03:25:20.833 UTC``: to the millisecond, in the current time zone."""
+    if at is None:
+        return EMPTY
+    if timezone.is_aware(at):
+        at = timezone.localtime(at)
+    return f"{at:%Y-%m-%d %H:%M:%S}.{at.microsecond // 1000:03d} {at.tzname() or ''}".rstrip()
+
+
+def relative(at: datetime.datetime | None, now: datetime.datetime) -> str:
+    """``in 4.2 s`` or ``3 min ago``."""
+    if at is None:
+        return EMPTY
+    delta = at - now
+    if delta >= datetime.timedelta(0):
+        return f"in {duration(delta)}"
+    return f"{duration(-delta)} ago"
+
+
+def lateness(job: Job) -> datetime.timedelta | None:
+    """How long after its due time the job's latest attempt started, if it did.
+
+    A start before ``run_at`` belongs to an earlier attempt (the row now holds the retry's
+    due time), so it says nothing about this one.
+    """
+    if job.started_at is None or job.started_at < job.run_at:
+        return None
+    return job.started_at - job.run_at
+
+
+def _content_type(job: Job) -> ContentType:
+    # Loaded with the row by the changelist (list_select_related); elsewhere from
+    # ContentType's per-process cache. Either way no query per job.
+    if Job.target_type.is_cached(job) and job.target_type is not None:
+        return job.target_type
+    assert job.target_type_id is not None
+    return ContentType.objects.get_for_id(job.target_type_id)
+
+
+def target_url(job: Job, site: admin.AdminSite) -> str | None:
+    """The target's admin change page, if its model is registered on ``site``."""
+    if job.target_type_id is None or not job.target_id:
+        return None
+    model = _content_type(job).model_class()
+    if model is None or not site.is_registered(model):
+        return None
+    name = f"{site.name}:{model._meta.app_label}_{model._meta.model_name}_change"
+    try:
+        return reverse(name, args=[job.target_id])
+    except NoReverseMatch:
+        return None
+
+
+def target_label(job: Job) -> str:
+    """``Thing 42``: the target's model and primary key, without loading the row."""
+    if job.target_type_id is None:
+        return EMPTY
+    model = _content_type(job).model_class()
+    name = capfirst(model._meta.verbose_name) if model is not None else "(unknown model)"
+    return f"{name} {job.target_id}"
+
+
+def link(url: str | None, text: str, title: str = "") -> SafeString | str:
+    if url is None:
+        return text
+    if title:
+        return format_html('<a href="{}" title="{}">{}</a>', url, title, text)
+    return format_html('<a href="{}">{}</a>', url, text)
+
+
+def pre(text: str) -> SafeString | str:
+    """Multi-line text (a traceback) as a preformatted block; one line stays inline."""
+    if not text:
+        return EMPTY
+    return format_html('<pre class="delayjobs-pre">{}</pre>', text)
+
+
+def as_json(value: Any) -> SafeString | str:
+    if value in (None, [], {}):
+        return EMPTY if value is None else json.dumps(value)
+    return pre(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str))
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a traceback: the exception and its message."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""

@@ -1,0 +1,299 @@
+"""The Job admin: a read-only list and detail with history; changes only through actions.
+
+Rows are never edited here. Saving a form would write a stale copy of a row a worker may
+be updating; every change is an action that calls the service functions user code calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.contrib.admin import helpers
+from django.contrib.auth import get_permission_codename
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from ..models import Job, JobEvent, Status
+from . import display, operations, queue_views
+from .changelist import ActionFilter, JobChangeList, QueueFilter
+from .pagination import EstimatedCountPaginator
+
+if TYPE_CHECKING:
+    JobModelAdmin = admin.ModelAdmin[Job]
+    EventInline = admin.TabularInline[JobEvent, Job]
+else:
+    JobModelAdmin = admin.ModelAdmin
+    EventInline = admin.TabularInline
+
+
+#: Jobs listed on the purge confirmation page (all selected ones are purged).
+PURGE_LISTED = 100
+
+
+def has_job_permission(request: HttpRequest, action: str) -> bool:
+    """``request.user`` holds ``django_delayjobs.<action>_job``."""
+    codename = get_permission_codename(action, Job._meta)
+    return request.user.has_perm(f"{Job._meta.app_label}.{codename}")
+
+
+class JobEventInline(EventInline):
+    """A job's history: append-only, so shown and never edited."""
+
+    model = JobEvent
+    template = "admin/django_delayjobs/job/history_inline.html"
+    extra = 0
+    can_delete = False
+    fields = ("at_display", "kind", "attempt", "actor", "message_display")
+    readonly_fields = fields
+    ordering = ("at", "id")
+    verbose_name_plural = _("History")
+
+    @admin.display(description=_("at"))
+    def at_display(self, event: JobEvent) -> str:
+        return display.timestamp(event.at)
+
+    @admin.display(description=_("message"))
+    def message_display(self, event: JobEvent) -> SafeString | str:
+        if "\n" in event.message:
+            return display.pre(event.message)
+        return event.message or display.EMPTY
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The history is part of the job: whoever may see the job sees how it got there.
+        return has_job_permission(request, "view") or has_job_permission(request, "change")
+
+
+class JobAdmin(JobModelAdmin):
+    list_display = (
+        "short_id", "status", "queue", "action", "target_link", "run_at_display",
+        "attempts_display", "lateness_display",
+    )  # fmt: skip
+    list_display_links = ("short_id",)
+    list_filter = ("status", ("queue", QueueFilter), ("action", ActionFilter))
+    list_select_related = ("target_type",)
+    # Only run_at has an index that serves ORDER BY ... LIMIT on a million rows.
+    sortable_by = ("run_at_display",)
+    date_hierarchy = "run_at"
+    search_fields = ("id", "key", "target_id")  # exact matches: see get_search_results
+    search_help_text = _("An exact job id, key or target id (at most 1,000 jobs are found).")
+    search_limit = 1000
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # facet counts would scan the whole table
+    paginator = EstimatedCountPaginator
+    list_per_page = 100
+    actions = ["cancel_jobs", "run_now", "requeue_dead", "purge_dead"]
+    inlines = [JobEventInline]
+    fieldsets = (
+        (None, {"fields": ("id", "status", "queue", "action", "target_link", "key")}),
+        (_("Timing"), {"fields": (
+            "run_at_exact", "expires_at_display", "created_at_display", "started_at_display",
+            "finished_at_display", "lateness_display",
+        )}),
+        (_("Attempts"), {"fields": ("attempts", "max_attempts", "worker")}),
+        (_("Arguments and result"), {"fields": ("args_display", "kwargs_display",
+                                                "result_display")}),
+        (_("Last error"), {"fields": ("last_error_display",)}),
+    )  # fmt: skip
+    readonly_fields = (
+        "target_link", "run_at_exact", "expires_at_display", "created_at_display",
+        "started_at_display", "finished_at_display", "lateness_display", "args_display",
+        "kwargs_display", "result_display", "last_error_display",
+    )  # fmt: skip
+
+    # -- permissions: the form is read-only, changes are actions -------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False  # dead jobs are purged (an action); others are never deleted here
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Cancel, run now, requeue: the model's change permission."""
+        return has_job_permission(request, "change")
+
+    def has_purge_permission(self, request: HttpRequest) -> bool:
+        return has_job_permission(request, "delete")
+
+    # -- list -------------------------------------------------------------------------
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[JobChangeList]:
+        return JobChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        """Exact matches of id, key or target id; at most ``search_limit`` jobs.
+
+        The matching ids are read once: the count, the page and the date hierarchy then
+        look them up by primary key instead of each searching the table again.
+        """
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        with contextlib.suppress(ValueError):  # not a UUID: no job has it as its id
+            # A job's own (random) id is not also some other job's key or target: done.
+            by_id = queryset.filter(pk=uuid.UUID(term))
+            if by_id.exists():
+                return by_id, False
+        match = Q(key=term) | Q(target_id=term)
+        found = list(queryset.filter(match).values_list("pk", flat=True)[: self.search_limit])
+        return queryset.filter(pk__in=found), False
+
+    @admin.display(description=_("id"), ordering="pk")
+    def short_id(self, job: Job) -> SafeString:
+        return format_html('<span title="{}">{}</span>', job.pk, str(job.pk)[:8])
+
+    @admin.display(description=_("target"))
+    def target_link(self, job: Job) -> SafeString | str:
+        return display.link(display.target_url(job, self.admin_site), display.target_label(job))
+
+    @admin.display(description=_("run at"), ordering="run_at")
+    def run_at_display(self, job: Job) -> SafeString:
+        # To the second in the list, to the millisecond on hover and on the detail page.
+        full = display.timestamp(job.run_at)
+        return format_html('<span title="{}">{}</span>', full, full[:19])
+
+    @admin.display(description=_("attempts"))
+    def attempts_display(self, job: Job) -> str:
+        return f"{job.attempts}/{job.max_attempts}"
+
+    @admin.display(description=_("lateness"))
+    def lateness_display(self, job: Job) -> str:
+        late = display.lateness(job)
+        return display.EMPTY if late is None else display.duration(late)
+
+    # -- detail -----------------------------------------------------------------------
+
+    @admin.display(description=_("run at"))
+    def run_at_exact(self, job: Job) -> str:
+        return display.timestamp(job.run_at)
+
+    @admin.display(description=_("expires at"))
+    def expires_at_display(self, job: Job) -> str:
+        return display.timestamp(job.expires_at)
+
+    @admin.display(description=_("created at"))
+    def created_at_display(self, job: Job) -> str:
+        return display.timestamp(job.created_at)
+
+    @admin.display(description=_("started at"))
+    def started_at_display(self, job: Job) -> str:
+        return display.timestamp(job.started_at)
+
+    @admin.display(description=_("finished at"))
+    def finished_at_display(self, job: Job) -> str:
+        return display.timestamp(job.finished_at)
+
+    @admin.display(description=_("args"))
+    def args_display(self, job: Job) -> SafeString | str:
+        return display.as_json(job.args)
+
+    @admin.display(description=_("kwargs"))
+    def kwargs_display(self, job: Job) -> SafeString | str:
+        return display.as_json(job.kwargs)
+
+    @admin.display(description=_("result"))
+    def result_display(self, job: Job) -> SafeString | str:
+        return display.as_json(job.result)
+
+    @admin.display(description=_("last error"))
+    def last_error_display(self, job: Job) -> SafeString | str:
+        return display.pre(job.last_error)
+
+    # -- actions ----------------------------------------------------------------------
+
+    @admin.action(description=_("Cancel selected jobs"), permissions=["operate"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        operations.cancel(request, queryset.iterator(), self.message_user)
+
+    @admin.action(description=_("Run selected jobs now"), permissions=["operate"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        operations.run_now(request, queryset.iterator(), self.message_user)
+
+    @admin.action(description=_("Requeue selected dead jobs"), permissions=["operate"])
+    def requeue_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        operations.requeue(request, queryset.iterator(), self.message_user)
+
+    @admin.action(description=_("Purge selected dead jobs"), permissions=["purge"])
+    def purge_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        if request.POST.get("post") != "yes":
+            keep = ["action", "index", "select_across", helpers.ACTION_CHECKBOX_NAME]
+            hidden = [(name, value) for name in keep for value in request.POST.getlist(name)]
+            return self.purge_confirmation(
+                request, queryset.iterator(), form_url="", hidden=hidden, cancel_url=""
+            )
+        operations.purge(request, queryset.iterator(), self.message_user)
+        return None
+
+    def purge_confirmation(
+        self,
+        request: HttpRequest,
+        jobs: Iterable[Job],
+        *,
+        form_url: str,
+        hidden: list[tuple[str, str]],
+        cancel_url: str,
+    ) -> TemplateResponse:
+        """Ask first: a purge deletes the jobs and their history for good."""
+        listed = list(itertools.islice(jobs, PURGE_LISTED + 1))
+        dead = [job for job in listed if job.status == Status.DEAD]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Purge dead jobs?"),
+            "subtitle": None,
+            "opts": self.opts,
+            "dead": dead,
+            "others": len(listed) - len(dead),
+            "more": len(listed) > PURGE_LISTED,
+            "form_url": form_url,
+            "hidden": hidden,
+            "cancel_url": cancel_url,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request, "admin/django_delayjobs/job/purge_confirmation.html", context
+        )
+
+    # -- the queue page ---------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        name = self.opts.app_label
+        wrap = self.admin_site.admin_view
+        return [
+            path("queues/", wrap(self.queues_view), name=f"{name}_queues"),
+            path("queues/requeue/", wrap(self.requeue_view), name=f"{name}_queues_requeue"),
+            path("queues/purge/", wrap(self.purge_view), name=f"{name}_queues_purge"),
+            *super().get_urls(),
+        ]
+
+    def queues_view(self, request: HttpRequest) -> HttpResponse:
+        return queue_views.queues_page(self, request)
+
+    def requeue_view(self, request: HttpRequest) -> HttpResponse:
+        return queue_views.requeue(self, request)
+
+    def purge_view(self, request: HttpRequest) -> HttpResponse:
+        return queue_views.purge(self, request)

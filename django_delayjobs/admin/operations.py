@@ -1,0 +1,133 @@
+"""Cancel, run now, requeue and purge many jobs: the service calls behind the admin's
+actions and the queue page's buttons, and the messages that report what they did.
+
+Every change goes through ``services``; the database decides who wins, so a job that
+started or finished meanwhile is counted as too late, not forced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from django.contrib import messages
+from django.contrib.admin.models import DELETION, LogEntry
+from django.db import router, transaction
+from django.http import HttpRequest
+from django.utils.translation import ngettext
+
+from .. import services
+from ..exceptions import InvalidSchedule
+from ..models import WAITING, Job, Status
+from .display import actor
+
+Report = Callable[[HttpRequest, str, int], None]
+
+
+@dataclass
+class Outcome:
+    won: int = 0
+    lost: int = 0
+
+
+def _each(
+    jobs: Iterable[Job], eligible: Callable[[Job], bool], verb: Callable[[Job], bool]
+) -> Outcome:
+    outcome = Outcome()
+    for job in jobs:
+        # The status read here only spares a call that cannot win; the service's
+        # conditional UPDATE is what decides.
+        if eligible(job) and verb(job):
+            outcome.won += 1
+        else:
+            outcome.lost += 1
+    return outcome
+
+
+def cancel(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
+    who = actor(request)
+    outcome = _each(jobs, lambda j: j.status in WAITING, lambda j: services.cancel(j, actor=who))
+    _report(
+        report, request, outcome,
+        ngettext("%d job cancelled.", "%d jobs cancelled.", outcome.won),
+        ngettext(
+            "%d job was not cancelled: it had already started or finished.",
+            "%d jobs were not cancelled: they had already started or finished.",
+            outcome.lost,
+        ),
+    )  # fmt: skip
+    return outcome
+
+
+def run_now(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
+    who = actor(request)
+
+    def now(job: Job) -> bool:
+        try:
+            return services.reschedule(job, in_=0, actor=who)
+        except InvalidSchedule:  # past its expiry: it may no longer start
+            return False
+
+    outcome = _each(jobs, lambda j: j.status in WAITING, now)
+    _report(
+        report, request, outcome,
+        ngettext("%d job is due now.", "%d jobs are due now.", outcome.won),
+        ngettext(
+            "%d job was not moved: it had already started, finished or expired.",
+            "%d jobs were not moved: they had already started, finished or expired.",
+            outcome.lost,
+        ),
+    )  # fmt: skip
+    return outcome
+
+
+def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
+    who = actor(request)
+    outcome = _each(
+        jobs, lambda j: j.status == Status.DEAD, lambda j: services.requeue(j, actor=who)
+    )
+    _report(
+        report, request, outcome,
+        ngettext("%d dead job requeued.", "%d dead jobs requeued.", outcome.won),
+        ngettext(
+            "%d job was not requeued: it was not dead.",
+            "%d jobs were not requeued: they were not dead.",
+            outcome.lost,
+        ),
+    )  # fmt: skip
+    return outcome
+
+
+def purge(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
+    user_id = request.user.pk
+    assert user_id is not None  # the admin only lets logged-in staff this far
+
+    def gone(job: Job) -> bool:
+        # The job's own history goes with it, so the admin log keeps who purged it.
+        with transaction.atomic(using=router.db_for_write(Job)):
+            if not services.purge(job):
+                return False
+            LogEntry.objects.log_actions(
+                user_id=user_id, queryset=[job], action_flag=DELETION,
+                change_message="Purged (dead job) from the admin.",
+            )  # fmt: skip
+            return True
+
+    outcome = _each(jobs, lambda j: j.status == Status.DEAD, gone)
+    _report(
+        report, request, outcome,
+        ngettext("%d dead job purged.", "%d dead jobs purged.", outcome.won),
+        ngettext(
+            "%d job was not purged: it was not dead.",
+            "%d jobs were not purged: they were not dead.",
+            outcome.lost,
+        ),
+    )  # fmt: skip
+    return outcome
+
+
+def _report(report: Report, request: HttpRequest, outcome: Outcome, won: str, lost: str) -> None:
+    if outcome.won or not outcome.lost:
+        report(request, won % outcome.won, messages.SUCCESS)
+    if outcome.lost:
+        report(request, lost % outcome.lost, messages.WARNING)

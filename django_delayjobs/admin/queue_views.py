@@ -1,0 +1,251 @@
+"""The queue-state page (``admin:django_delayjobs_queues``) and its requeue/purge POSTs.
+
+Counts come from Redis through ``queues.py``; with Redis unreachable the page says so
+(the database and the job list still work). Buttons post to views that check the
+model's permissions and call the services, like the changelist's actions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from .. import queues
+from ..conf import delayjobs_settings
+from ..engine import EngineUnavailable
+from ..models import Job, Status
+from . import display, operations
+
+if TYPE_CHECKING:
+    from .jobs import JobAdmin
+
+#: Dead jobs listed per queue; the job list (status = dead) has all of them.
+GARBAGE_SHOWN = 50
+NEXT_DUE_SHOWN = 10
+_PK = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass
+class Entry:
+    """One listed job id: its row (None when the database has none) and a time."""
+
+    id: str
+    job: Job | None
+    at: datetime.datetime | None
+    when: str = ""
+    url: str | None = None
+    target: str = ""
+    target_url: str | None = None
+    error: str = ""
+
+    @property
+    def error_summary(self) -> str:
+        return display.last_line(self.error)
+
+    @property
+    def is_dead(self) -> bool:
+        return self.job is not None and self.job.status == Status.DEAD
+
+
+@dataclass
+class Worker:
+    id: str
+    host: str
+    pid: Any
+    roles: str
+    concurrency: Any
+    last_beat_at: datetime.datetime | None
+    last_beat: str
+    expires_at: datetime.datetime | None
+
+
+@dataclass
+class Section:
+    state: queues.QueueState
+    next_due: list[Entry] = field(default_factory=list)
+    garbage: list[Entry] = field(default_factory=list)
+    workers: list[Worker] = field(default_factory=list)
+    list_url: str = ""
+    next_due_in: str = ""
+    oldest_lease: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    @property
+    def garbage_hidden(self) -> int:
+        return max(self.state.stats.garbage - len(self.garbage), 0)
+
+
+def _ms(ms: int | None) -> datetime.datetime | None:
+    return None if ms is None else datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+
+
+def _entries(
+    admin: JobAdmin,
+    rows: list[tuple[Job | None, str, datetime.datetime | None]],
+    now: datetime.datetime,
+) -> list[Entry]:
+    # One reverse() per page, not per row: they add up over a hundred rows.
+    change_url = reverse(f"{admin.admin_site.name}:django_delayjobs_job_change", args=[_PK])
+    entries = []
+    for job, job_id, at in rows:
+        entry = Entry(job_id, job, at, when=display.relative(at, now))
+        if job is not None:
+            entry.url = change_url.replace(_PK, str(job.pk))
+            entry.target = display.target_label(job)
+            entry.target_url = display.target_url(job, admin.admin_site)
+            entry.error = job.last_error
+        entries.append(entry)
+    return entries
+
+
+def _workers(state: queues.QueueState, now: datetime.datetime) -> list[Worker]:
+    # A worker's heartbeat lives three beats (worker.py), so it beat three beats before
+    # it expires, if it uses this process's HEARTBEAT_SECONDS.
+    ttl_ms = delayjobs_settings.HEARTBEAT_SECONDS * 3000
+    workers = []
+    for info in state.workers:
+        expires = info.get("expires_ms")
+        beat = _ms(int(expires - ttl_ms)) if expires is not None else None
+        workers.append(
+            Worker(
+                id=str(info.get("id", "")),
+                host=str(info.get("host", "")),
+                pid=info.get("pid", ""),
+                roles=", ".join(info.get("roles") or []),
+                concurrency=info.get("concurrency", ""),
+                last_beat_at=beat,
+                last_beat=display.relative(beat, now),
+                expires_at=_ms(expires),
+            )
+        )
+    return workers
+
+
+def _sections(admin: JobAdmin, now: datetime.datetime) -> list[Section]:
+    changelist = reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist")
+    sections = []
+    for state in queues.all_queue_states(next_due=NEXT_DUE_SHOWN):
+        sections.append(
+            Section(
+                state=state,
+                next_due=_entries(admin, state.next_due, now),
+                garbage=_entries(admin, queues.garbage(state.name, GARBAGE_SHOWN), now),
+                workers=_workers(state, now),
+                list_url=f"{changelist}?queue={state.name}",
+                next_due_in=display.relative(state.next_due_at, now),
+                oldest_lease=display.relative(state.oldest_lease_at, now),
+            )
+        )
+    return sections
+
+
+def _permissions(admin: JobAdmin, request: HttpRequest) -> dict[str, bool]:
+    return {
+        "can_requeue": admin.has_operate_permission(request),
+        "can_purge": admin.has_purge_permission(request),
+    }
+
+
+def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
+    """GET: every queue's counts, next due jobs, workers and garbage."""
+    if not admin.has_view_permission(request):
+        raise PermissionDenied
+    now = timezone.now()
+    sections: list[Section] = []
+    redis_error = ""
+    try:
+        sections = _sections(admin, now)
+    except EngineUnavailable as exc:
+        redis_error = str(exc)
+    context = {
+        **admin.admin_site.each_context(request),
+        "title": _("Queue state and garbage"),
+        "subtitle": None,
+        "opts": admin.opts,
+        "sections": sections,
+        "redis_error": redis_error,
+        "now": now,
+        "changelist_url": reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist"),
+        "requeue_url": reverse(f"{admin.admin_site.name}:django_delayjobs_queues_requeue"),
+        "purge_url": reverse(f"{admin.admin_site.name}:django_delayjobs_queues_purge"),
+        **_permissions(admin, request),
+    }
+    request.current_app = admin.admin_site.name
+    return TemplateResponse(request, "admin/django_delayjobs/queues.html", context)
+
+
+def _posted_ids(request: HttpRequest) -> list[uuid.UUID]:
+    """The job ids a form posted: one row's button (``one``) or the ticked boxes."""
+    values = request.POST.getlist("one") or request.POST.getlist("job")
+    ids = []
+    for value in values:
+        try:
+            ids.append(uuid.UUID(value))
+        except ValueError:
+            continue  # not a job of ours (an id Redis holds without a row)
+    return ids
+
+
+def _back(admin: JobAdmin) -> HttpResponseRedirect:
+    return HttpResponseRedirect(reverse(f"{admin.admin_site.name}:django_delayjobs_queues"))
+
+
+def _jobs(admin: JobAdmin, request: HttpRequest) -> tuple[list[uuid.UUID], list[Job]]:
+    ids = _posted_ids(request)
+    jobs = list(Job.objects.filter(pk__in=ids)) if ids else []
+    if not ids:
+        admin.message_user(request, _("No job was selected."), "warning")
+    elif len(jobs) < len(ids):
+        gone = len(ids) - len(jobs)
+        admin.message_user(
+            request,
+            ngettext("%d job no longer exists.", "%d jobs no longer exist.", gone) % gone,
+            "warning",
+        )
+    return ids, jobs
+
+
+def requeue(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
+    """POST: requeue the posted dead jobs (change permission), back to the page."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    if not admin.has_operate_permission(request):
+        raise PermissionDenied
+    _, jobs = _jobs(admin, request)
+    if jobs:
+        operations.requeue(request, jobs, admin.message_user)
+    return _back(admin)
+
+
+def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
+    """POST: ask, then purge the posted dead jobs (delete permission), back to the page."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    if not admin.has_purge_permission(request):
+        raise PermissionDenied
+    ids, jobs = _jobs(admin, request)
+    if not jobs:
+        return _back(admin)
+    if request.POST.get("post") != "yes":
+        return admin.purge_confirmation(
+            request,
+            jobs,
+            form_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues_purge"),
+            hidden=[("job", str(pk)) for pk in ids],
+            cancel_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues"),
+        )
+    operations.purge(request, jobs, admin.message_user)
+    return _back(admin)
