@@ -1,0 +1,64 @@
+"""delayjobs: ``schedule(at=...)`` / ``schedule_many`` in-process; ``manage.py run_delayworker``."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+
+import django
+
+from peers import common
+
+
+class Adapter(common.Adapter):
+    name = "delayjobs"
+    packages = ("django-delayjobs", "Django", "redis")
+    has_batch = True
+
+    def __init__(self) -> None:
+        os.environ["DJANGO_SETTINGS_MODULE"] = "peers.dj_settings"
+        django.setup()
+        from django.core.management import call_command
+        from django.db import connection
+
+        call_command("migrate", verbosity=0)
+        self.db = connection.vendor
+        self.settings = {
+            "client": "schedule(record, at=due, args=...); batch: schedule_many(build_job(...))"
+            " in chunks of 1000, one transaction each",
+            "audit rows": f"{self.db} ({'WAL' if self.db == 'sqlite' else 'BENCH_DATABASE_URL'})",
+            "worker": "python -m django run_delayworker (promoter + 1 worker thread)",
+            "DELAYJOBS": "defaults (TICK_SECONDS 1, BATCH_SIZE 1000)",
+        }
+
+    def worker_cmd(self) -> list[str]:
+        return [sys.executable, "-m", "django", "run_delayworker", "-v", "0"]
+
+    def _at(self, due: float) -> datetime.datetime:
+        return datetime.datetime.fromtimestamp(due, datetime.UTC)
+
+    def schedule(self, job_id: str, due: float) -> None:
+        from django_delayjobs import schedule
+        from peers.djapp.models import record
+
+        schedule(record, at=self._at(due), args=[job_id, due])
+
+    def schedule_batch(self, items: list[tuple[str, float]]) -> None:
+        from django_delayjobs.services import build_job, schedule_many
+        from peers.djapp.models import record
+
+        for start in range(0, len(items), 1000):
+            schedule_many(
+                build_job(record, at=self._at(due), args=[job_id, due])
+                for job_id, due in items[start : start + 1000]
+            )
+
+    def reset(self) -> None:
+        from django.db import connection
+
+        from django_delayjobs.models import Job, JobEvent
+
+        with connection.cursor() as cursor:
+            for model in (JobEvent, Job):
+                cursor.execute(f"DELETE FROM {model._meta.db_table}")

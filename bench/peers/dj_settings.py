@@ -1,0 +1,28 @@
+"""Django settings for the delayjobs side of ``bench/compare.py`` (env-driven)."""
+
+import os
+
+SECRET_KEY = "bench-only"
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "rest_framework",
+    "django_delayjobs",
+    "peers.djapp",
+]
+if os.environ.get("BENCH_DATABASE_URL"):
+    import dj_database_url
+
+    DATABASES = {"default": dj_database_url.parse(os.environ["BENCH_DATABASE_URL"])}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("BENCH_SQLITE_PATH", "bench.sqlite3"),
+            "OPTIONS": {"timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"},
+        }
+    }
+DELAYJOBS = {"REDIS_URL": os.environ.get("BENCH_REDIS_URL", "unix:///nonexistent")}
