@@ -79,6 +79,7 @@ DELAYJOBS = {
     "LEASE_SECONDS": float(os.environ.get("DELAYJOBS_LEASE_SECONDS", 300)),
     "RETRY_BACKOFF_SECONDS": float(os.environ.get("DELAYJOBS_RETRY_BACKOFF_SECONDS", 10)),
     "RECONCILE_SECONDS": float(os.environ.get("DELAYJOBS_RECONCILE_SECONDS", 60)),
+    "HEARTBEAT_SECONDS": float(os.environ.get("DELAYJOBS_HEARTBEAT_SECONDS", 10)),
 }
 
 TASKS = {

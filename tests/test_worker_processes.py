@@ -222,6 +222,33 @@ def test_sigterm_lets_the_running_action_finish_and_exits_0(redis_url, tmp_path)
     assert get_engine().stats("default").live_workers == 0
 
 
+def test_a_second_signal_exits_at_once(redis_url, tmp_path):
+    worker = start_worker(redis_url, log=tmp_path / "w.log")
+    wait_for(live_workers)
+    job = schedule(tasks.slow, in_=0, args=["interrupted", 30.0])
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.RUNNING)
+    worker.send_signal(signal.SIGTERM)
+    wait_for(lambda: "finishing running actions" in (tmp_path / "w.log").read_text())
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(5) == 1  # long before the 30 s action could have finished
+    assert "second signal: exiting now" in (tmp_path / "w.log").read_text()
+    # the action's transaction died with the process; the job is still there to retry
+    assert Job.objects.get(pk=job.pk).status == Status.RUNNING
+    assert not Record.objects.filter(label="interrupted").exists()
+
+
+def test_verbosity_2_logs_a_status_line(redis_url, tmp_path):
+    log = tmp_path / "w.log"
+    worker = start_worker(redis_url, "-v", "2", env={"DELAYJOBS_HEARTBEAT_SECONDS": "0.2"}, log=log)
+    try:
+        wait_for(live_workers)
+        schedule(tasks.record, in_=0, args=["counted"])
+        wait_for(lambda: "status: processed=1 failed=0" in log.read_text())
+    finally:
+        assert stop(worker) == 0
+    assert "queues default, roles promoter+worker, concurrency 1" in log.read_text()
+
+
 def test_failing_action_retries_then_dies_and_stats_show_it(redis_url, tmp_path, capsys):
     env = {"DELAYJOBS_RETRY_BACKOFF_SECONDS": "0.05"}
     worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")

@@ -63,7 +63,7 @@ class Command(BaseCommand):
             worker=not opts["promoter_only"],
             burst=opts["burst"],
             tick=opts["tick"],
-            status_every=10.0 if verbosity >= 2 else 0.0,
+            status_every=delayjobs_settings.HEARTBEAT_SECONDS if verbosity >= 2 else 0.0,
         )
         engine = get_engine()
         try:
