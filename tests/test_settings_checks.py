@@ -41,6 +41,7 @@ def test_bad_settings_are_reported(settings, value, expected):
     assert expected in ids(value, settings)
 
 
+@pytest.mark.django_db  # Django 6.1's `check` command reads the database
 def test_unknown_setting_message_lists_known_names(settings):
     settings.DELAYJOBS = {"REDIS_ULR": "redis://x"}
     (error,) = check_settings()
