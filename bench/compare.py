@@ -13,8 +13,10 @@ W1 schedule N jobs due in 1 h from this process (no worker running): jobs/s, and
 W2 N jobs due uniformly over T s: lateness (start - due) p50/p90/p99/max, early, missing,
    duplicated runs.
 W3 N jobs due at the same moment: jobs/s from the due time until the last one started.
-W4 with M jobs already pending 1 day out (scheduled before the worker starts): schedule
-   rate and lateness of K near-term jobs.
+W4 with M jobs already pending 1 day out (scheduled before the worker starts, with the
+   system's fastest way: its batch API, else one at a time): schedule rate and lateness of
+   K near-term jobs. A size whose prefill would take over PREFILL_BUDGET at the rate the
+   previous size's prefill ran, or that follows a failed size, is reported as not run.
 
 Writes ``compare-<stamp>.json`` and ``compare-<stamp>.md`` (and ``latest.*``) to --out.
 """
@@ -57,6 +59,7 @@ FULL = {
 }
 QUICK = {"w1": 2_000, "w2": 500, "w2_span": 5.0, "w3": 2_000, "w4": [1_000, 10_000], "w4_jobs": 500}
 W4_SPAN = 5.0
+PREFILL_BUDGET = 300.0  # seconds; a W4 size whose prefill would take longer is not run
 WARMUP_TIMEOUT = 120.0
 
 
@@ -87,6 +90,11 @@ class Run:
         else:
             for job_id, due in items:
                 self.adapter.schedule(job_id, due)
+        return time.perf_counter() - start
+
+    def prefill(self, items: list[tuple[str, float]]) -> float:
+        start = time.perf_counter()
+        self.adapter.prefill(items)
         return time.perf_counter() - start
 
     def lead(self, n: int) -> float:
@@ -223,12 +231,24 @@ def w3(run: Run, n: int) -> dict[str, Any]:
 
 def w4(run: Run, sizes: list[int], k: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    prefill_rate, failed_at = None, None
     for m in sizes:
+        if failed_at is not None:
+            out[str(m)] = {"skipped": f"not run: failed with {failed_at:,} pending"}
+            continue
+        if prefill_rate and m / prefill_rate > PREFILL_BUDGET:
+            out[str(m)] = {
+                "skipped": f"not run: prefilling {m:,} at the {prefill_rate:,.0f}/s measured "
+                f"would take {m / prefill_rate / 60:.0f} min (harness budget "
+                f"{PREFILL_BUDGET / 60:.0f} min)"
+            }
+            continue
         run.clean()
         try:
             far = time.time() + 86_400
-            seconds = run.schedule([(f"far-{i}", far) for i in range(m)], batch=True)
-            row: dict[str, Any] = {"prefill_jobs_per_s": m / seconds}
+            seconds = run.prefill([(f"far-{i}", far) for i in range(m)])
+            prefill_rate = m / seconds
+            row: dict[str, Any] = {"prefill_jobs_per_s": prefill_rate}
             with run.worker(f"w4-{m}"):
                 t0 = time.time() + run.lead(k)
                 items = [(f"w4-{i}", t0 + W4_SPAN * i / k) for i in range(k)]
@@ -236,7 +256,7 @@ def w4(run: Run, sizes: list[int], k: int) -> dict[str, Any]:
                 run.wait_for(k, items[-1][1] + grace(k))
                 row |= lateness(run.results(), {i for i, _ in items})
         except Failed as exc:
-            row = {"failed": str(exc)}
+            row, failed_at = {"failed": str(exc)}, m
         out[str(m)] = row
     return out
 
@@ -286,6 +306,20 @@ def run_system(name: str, args: argparse.Namespace, sizes: dict[str, Any]) -> di
     return result
 
 
+def postgres_w1(args: argparse.Namespace) -> dict[str, Any]:
+    """delayjobs W1 with the audit rows on PostgreSQL, in a process of its own (Django's
+    settings are fixed once set up)."""
+    print("delayjobs (PostgreSQL):", flush=True)
+    with tempfile.TemporaryDirectory() as out:
+        command = [
+            sys.executable, __file__, "--systems", "delayjobs", "--workloads", "W1",
+            "--database-url", args.also_postgres, "--out", out,
+        ]  # fmt: skip
+        subprocess.run(command + (["--quick"] if args.quick else []), check=True)
+        (result,) = json.loads((Path(out) / "latest.json").read_text())["systems"]
+    return result | {"system": "delayjobs (PostgreSQL)"}
+
+
 def machine() -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -308,6 +342,8 @@ def fmt(value: Any, digits: int = 0) -> str:
 
 
 def late_cells(d: dict[str, Any]) -> list[str]:
+    if "skipped" in d:
+        return [d["skipped"]] + [""] * 7
     if "failed" in d:
         failed = d["failed"].split("; log: ")[0][:120].replace("|", "/").replace("\n", " ")
         return ["failed: " + failed] + [""] * 7
@@ -412,6 +448,11 @@ def main() -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--workloads", default="W1,W2,W3,W4")
     parser.add_argument("--database-url", help="delayjobs audit rows there instead of SQLite")
+    parser.add_argument(
+        "--also-postgres",
+        metavar="URL",
+        help="add a 'delayjobs (PostgreSQL)' W1 row: audit rows in this (emptied) database",
+    )
     parser.add_argument("--out", default=str(BENCH / "results"))
     parser.add_argument("--render", metavar="JSON", help="only re-render a report as Markdown")
     args = parser.parse_args()
@@ -429,6 +470,8 @@ def main() -> None:
     for name in args.systems.split(","):
         print(f"{name}:", flush=True)
         report["systems"].append(run_system(name.strip(), args, sizes))
+        if name.strip() == "delayjobs" and args.also_postgres:
+            report["systems"].append(postgres_w1(args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")

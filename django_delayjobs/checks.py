@@ -43,7 +43,7 @@ def check_settings(
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             errors.append(_error(f"DELAYJOBS[{name!r}] must be a positive number.",
                                  f"Got {value!r}.", 3))  # fmt: skip
-    for name in ("MAX_ATTEMPTS", "BATCH_SIZE"):
+    for name in ("MAX_ATTEMPTS", "BATCH_SIZE", "PREFETCH"):
         value = user.get(name, DEFAULTS[name])
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5000:
             errors.append(_error(f"DELAYJOBS[{name!r}] must be an int from 1 to 5000.",

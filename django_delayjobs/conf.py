@@ -21,6 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_SECONDS": 10.0,
     "SHUTDOWN_GRACE_SECONDS": 30.0,
     "BATCH_SIZE": 1000,
+    "PREFETCH": 10,
     "REFUSE_EVICTING_REDIS": False,
     "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
 }

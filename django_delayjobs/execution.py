@@ -19,14 +19,13 @@ from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
-from . import serialization, signals, timing
+from . import serialization, signals, sql, timing
 from .conf import delayjobs_settings
 from .engine import Engine
 from .exceptions import UnknownAction
-from .models import ACTIVE, EventKind, Job, JobEvent, Status
+from .models import ACTIVE, EventKind, Job, Status
 from .registry import resolve
 
 logger = logging.getLogger("django_delayjobs.worker")
@@ -53,13 +52,23 @@ def backoff_seconds(attempt: int) -> float:
 class Execution:
     """Everything that happens to one id a worker took from Redis."""
 
-    def __init__(self, engine: Engine, queue: str, job_id: str, worker_id: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        queue: str,
+        job_id: str,
+        worker_id: str,
+        ack: Callable[[str], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.queue = queue
         self.job_id = job_id
         self.worker_id = worker_id
         self.actor = f"worker:{worker_id}"
         self.job: Job | None = None
+        # Acking late is safe (a redelivered id finds its row finished and is acked
+        # then), so a worker may collect acks and send them in one call.
+        self._ack = ack or (lambda job_id: self.engine.ack(self.queue, [job_id]))
 
     def run(self) -> str:
         """Process the job; return what happened (an outcome name, for stats and logs)."""
@@ -82,25 +91,19 @@ class Execution:
 
     def claim(self) -> Job | None:
         """Claim the row for a new attempt, or settle the id in Redis and return None."""
-        now = timezone.now()
-        with transaction.atomic():
-            won = Job.objects.filter(
-                pk=self.job_id, status__in=ACTIVE, run_at__lte=now, attempts__lt=F("max_attempts")
-            ).update(
-                status=Status.RUNNING, attempts=F("attempts") + 1, started_at=now,
-                worker=self.worker_id[:128],
-            )  # fmt: skip
-            if won:
-                job = Job.objects.get(pk=self.job_id)
+        with transaction.atomic(using=sql.db()):
+            if sql.claim(self.job_id, self.worker_id, timezone.now()):
+                job = sql.fetch(self.job_id)
+                assert job is not None  # we hold the row: the UPDATE just matched it
                 self.event(job, EventKind.STARTED, f"attempt {job.attempts} of {job.max_attempts}")
                 return job
         return self.settle()
 
     def settle(self) -> Job | None:
         """The claim found nothing to start: say why to Redis (and retry if just early)."""
-        job = Job.objects.filter(pk=self.job_id).first()
+        job = sql.fetch(self.job_id)
         if job is None or job.status not in ACTIVE:
-            self.engine.ack(self.queue, [self.job_id])  # cancelled, finished or deleted
+            self._ack(self.job_id)  # cancelled, finished or deleted
             return None
         early = (job.run_at - timezone.now()).total_seconds()
         if early > EARLY_WAIT.total_seconds():  # rescheduled after Redis promoted it
@@ -119,7 +122,7 @@ class Execution:
     def give_up(self, job: Job) -> None:
         """The last attempt started and never recorded an outcome: its worker was lost."""
         message = f"attempt {job.attempts} of {job.max_attempts} never finished (worker lost)"
-        with transaction.atomic():
+        with transaction.atomic(using=sql.db()):
             won = Job.objects.filter(pk=job.pk, status__in=ACTIVE, attempts=job.attempts).update(
                 status=Status.DEAD, finished_at=timezone.now(), last_error=message
             )
@@ -146,7 +149,7 @@ class Execution:
         assert job is not None
         try:
             args, kwargs = serialization.load(job.args), serialization.load(job.kwargs)
-            with transaction.atomic():
+            with transaction.atomic(using=sql.db()):
                 token = current_job.set(job)
                 try:
                     result = fn(*args, **kwargs)
@@ -158,9 +161,8 @@ class Execution:
                     stored = None  # a result that is not JSON is not kept
                 self.event(job, EventKind.SUCCEEDED)
                 # Last statement of the transaction: the outcome, fenced by our attempt.
-                if not self.fenced(job).update(
-                    status=Status.SUCCEEDED, finished_at=timezone.now(), result=stored
-                ):
+                done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
+                if not sql.update_fenced(job, done):
                     raise LeaseLost
         except LeaseLost:
             logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts)
@@ -168,7 +170,7 @@ class Execution:
         except Exception as exc:  # the action failed: its effects are rolled back
             return self.failed(exc)
         job.status, job.result = Status.SUCCEEDED, stored
-        self.engine.ack(self.queue, [self.job_id])
+        self._ack(self.job_id)
         signals.send(signals.job_succeeded, job)
         return Status.SUCCEEDED
 
@@ -179,8 +181,9 @@ class Execution:
         if job.attempts >= job.max_attempts:
             return self.finish(Status.DEAD, error, failed=True)
         run_at = timezone.now() + timedelta(seconds=backoff_seconds(job.attempts))
-        with transaction.atomic():
-            won = self.fenced(job).update(status=Status.RETRYING, run_at=run_at, last_error=error)
+        with transaction.atomic(using=sql.db()):
+            retry = {"status": Status.RETRYING, "run_at": run_at, "last_error": error}
+            won = sql.update_fenced(job, retry)
             if won:
                 self.event(job, EventKind.FAILED, error)
         if not won:
@@ -193,10 +196,9 @@ class Execution:
         """Record a final outcome other than success (skipped or dead) and settle Redis."""
         job = self.job
         assert job is not None
-        with transaction.atomic():
-            won = self.fenced(job).update(
-                status=status, finished_at=timezone.now(), last_error=message
-            )
+        with transaction.atomic(using=sql.db()):
+            final = {"status": status, "finished_at": timezone.now(), "last_error": message}
+            won = sql.update_fenced(job, final)
             if won:
                 if failed:
                     self.event(job, EventKind.FAILED, message)
@@ -210,15 +212,10 @@ class Execution:
                 signals.send(signals.job_failed, job, error=message)
             signals.send(signals.job_dead, job, error=message)
         else:
-            self.engine.ack(self.queue, [self.job_id])
+            self._ack(self.job_id)
         return status.value
 
     # -- helpers ---------------------------------------------------------------
 
-    def fenced(self, job: Job) -> Any:
-        return Job.objects.filter(pk=job.pk, attempts=job.attempts, status=Status.RUNNING)
-
     def event(self, job: Job, kind: str, message: str = "") -> None:
-        JobEvent.objects.create(
-            job_id=job.pk, kind=kind, actor=self.actor, attempt=job.attempts, message=message
-        )
+        sql.insert_event(job, kind, self.actor, message)

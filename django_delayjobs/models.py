@@ -121,7 +121,8 @@ class EventKind(models.TextChoices):
 class JobEvent(models.Model):
     """One thing that happened to a job. Append-only; written with the change it records."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: the (job, at) index below serves lookups by job.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)
     kind = models.CharField(max_length=16, choices=EventKind.choices)
     at = models.DateTimeField(default=timezone.now)
     attempt = models.PositiveIntegerField(default=0)

@@ -11,30 +11,27 @@ import inspect
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from functools import cache
 from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
-from django.db import IntegrityError, models, router, transaction
+from django.db import IntegrityError, models, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from . import serialization, signals, timing
+from . import serialization, signals, sql, timing
 from .conf import delayjobs_settings
 from .connection import get_engine
 from .engine import MAX_BATCH, EngineUnavailable, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
-from .models import ACTIVE, WAITING, EventKind, Job, JobEvent, Status
+from .models import ACTIVE, WAITING, EventKind, Job, Status
 from .registry import BoundAction, DelayableMethod, describe
 
 logger = logging.getLogger("django_delayjobs")
 
 
-def _db() -> str:
-    return router.db_for_write(Job)
-
-
 def _after_commit(fn: Callable[[], Any]) -> None:
-    transaction.on_commit(fn, using=_db())
+    transaction.on_commit(fn, using=sql.db())
 
 
 def _send(signal: Any, job: Job, **kwargs: Any) -> None:
@@ -42,7 +39,7 @@ def _send(signal: Any, job: Job, **kwargs: Any) -> None:
 
 
 def _event(job: Job, kind: str, actor: str, message: str = "") -> None:
-    JobEvent.objects.create(job=job, kind=kind, actor=actor, attempt=job.attempts, message=message)
+    sql.insert_event(job, kind, actor, message)
 
 
 # -- Redis side, after commit ---------------------------------------------------------
@@ -80,6 +77,9 @@ def _redis(what: str, fn: Callable[[], Any]) -> Callable[[], None]:
 # -- schedule ---------------------------------------------------------------------------
 
 
+_signature = cache(inspect.signature)  # actions are registered functions: a few, for good
+
+
 def _check_arguments(fn: Any, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     if not isinstance(args, list | tuple):
         raise TypeError(f"args must be a list or tuple, not {type(args).__name__}")
@@ -88,7 +88,7 @@ def _check_arguments(fn: Any, args: Any, kwargs: Any) -> tuple[list[Any], dict[s
         raise TypeError(f"kwargs must be a dict, not {type(kwargs).__name__}")
     func = fn.method.func if isinstance(fn, BoundAction) else fn
     try:
-        signature = inspect.signature(func)
+        signature = _signature(func)
         if isinstance(fn, BoundAction):
             signature.bind(fn.instance, *args, **kwargs)
         else:
@@ -148,19 +148,21 @@ def _existing(job: Job) -> Job | None:
 
 def _insert(job: Job, replace: bool, actor: str) -> Job:
     """Insert one job honouring its key; return the job now holding the key."""
-    if job.key is not None:
+    if job.key is None:
+        job.save(force_insert=True)
+    else:
         current = _existing(job)
         if current is not None and not (replace and cancel(current, actor=actor)):
             return current
-    try:
-        with transaction.atomic(using=_db()):
-            job.save(force_insert=True)
-    except IntegrityError:
-        # A concurrent schedule with the same key committed first: its job is the one.
-        current = _existing(job) if job.key is not None else None
-        if current is None:
-            raise
-        return current
+        try:
+            with transaction.atomic(using=sql.db()):
+                job.save(force_insert=True)
+        except IntegrityError:
+            # A concurrent schedule with the same key committed first: its job is the one.
+            current = _existing(job)
+            if current is None:
+                raise
+            return current
     _event(job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}")
     _send(signals.job_scheduled, job)
     return job
@@ -185,7 +187,7 @@ def schedule(
         fn, in_=in_, at=at, args=args, kwargs=kwargs, queue=queue, key=key,
         max_attempts=max_attempts, expires=expires,
     )  # fmt: skip
-    with transaction.atomic(using=_db()):
+    with transaction.atomic(using=sql.db()):
         stored = _insert(job, replace, actor)
     if stored is job:
         _after_commit(lambda: push([job]))
@@ -200,16 +202,18 @@ def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
     batch = list(jobs)
     if any(job.key is not None for job in batch):
         raise InvalidSchedule("schedule_many does not take keyed jobs; use schedule(key=...)")
-    with transaction.atomic(using=_db()):
+    with transaction.atomic(using=sql.db()):
         Job.objects.bulk_create(batch)
-        JobEvent.objects.bulk_create(
-            JobEvent(job=job, kind=EventKind.SCHEDULED, actor=actor,
-                     message=f"due {job.run_at.isoformat()}")
-            for job in batch
-        )  # fmt: skip
-        for job in batch:
-            _send(signals.job_scheduled, job)
-    _after_commit(lambda: push(batch))
+        sql.insert_events(
+            (job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}") for job in batch
+        )
+
+        def after() -> None:
+            push(batch)
+            for job in batch:
+                signals.send(signals.job_scheduled, job)
+
+        _after_commit(after)
     return batch
 
 
@@ -226,7 +230,7 @@ def cancel(job: Job | Any, *, actor: str = "code") -> bool:
     """Cancel a job that has not started; True when this call won."""
     job = _job(job)
     now = timezone.now()
-    with transaction.atomic(using=_db()):
+    with transaction.atomic(using=sql.db()):
         won = Job.objects.filter(pk=job.pk, status__in=WAITING).update(
             status=Status.CANCELLED, finished_at=now
         )
@@ -279,7 +283,7 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
         raise InvalidSchedule(
             f"the new due time {run_at} is after the job expires ({job.expires_at})"
         )
-    with transaction.atomic(using=_db()):
+    with transaction.atomic(using=sql.db()):
         won = Job.objects.filter(pk=job.pk, status__in=WAITING).update(run_at=run_at)
         if won:
             before, job.run_at = job.run_at, run_at
@@ -302,7 +306,7 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
         delayjobs_settings.MAX_ATTEMPTS if attempts is None else attempts, "attempts"
     )
     now = timezone.now()
-    with transaction.atomic(using=_db()):
+    with transaction.atomic(using=sql.db()):
         won = Job.objects.filter(pk=job.pk, status=Status.DEAD).update(
             status=Status.SCHEDULED, run_at=now, finished_at=None,
             # Attempts only grow: the attempt number is the fencing token of outcomes.
@@ -326,7 +330,7 @@ def _requeue_in_redis(job: Job) -> None:
 def purge(job: Job | Any) -> bool:
     """Delete a dead job and its history for good; True when it was dead and is gone."""
     job = _job(job)
-    with transaction.atomic(using=_db()):
+    with transaction.atomic(using=sql.db()):
         deleted, _ = Job.objects.filter(pk=job.pk, status=Status.DEAD).delete()
         if deleted:
             _after_commit(_redis("a purge", lambda: get_engine().purge(job.queue, [str(job.pk)])))

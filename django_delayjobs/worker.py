@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 from django.db import Error as DatabaseError
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable
@@ -30,6 +30,9 @@ from .execution import Execution
 from .promoter import Promoter
 
 logger = logging.getLogger("django_delayjobs.worker")
+
+#: ``--burst`` also runs jobs due this soon (seconds).
+BURST_SLACK = 0.01
 
 
 @dataclass
@@ -66,6 +69,19 @@ class Stats:
         return text
 
 
+def keep_connections() -> None:
+    """Between two jobs: keep the database connections for the next one.
+
+    ``CONN_MAX_AGE = 0`` means one connection per request; a busy worker's "request" is
+    the stretch between two waits for work (``close_old_connections()`` runs then), since
+    a new connection per job costs more than a short job. Broken connections, and ones
+    older than a non-zero ``CONN_MAX_AGE``, are closed here too.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.errors_occurred or conn.settings_dict["CONN_MAX_AGE"]:
+            conn.close_if_unusable_or_obsolete()
+
+
 class Backoff:
     """Sleep longer after each consecutive infrastructure error (Redis or database down)."""
 
@@ -97,6 +113,7 @@ class WorkerProcess:
         self.held: dict[str, str] = {}
         self.held_lock = threading.Lock()
         self.lease_ms = delayjobs_settings.LEASE_SECONDS * 1000
+        self.prefetch = delayjobs_settings.PREFETCH
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -178,37 +195,66 @@ class WorkerProcess:
                 backoff.failed("worker: Redis is unavailable", exc)
                 continue
             if claimed is None:
+                close_old_connections()  # idle: Django's own rules (CONN_MAX_AGE)
                 if self.options.burst:
-                    if self.promoter.promote_due()[0] == 0 and not self.engine_has_ready():
-                        return
+                    moved, wait = self.promoter.promote_due()
+                    if moved == 0 and not self.engine_has_ready():
+                        if wait > BURST_SLACK:
+                            return
+                        # Due times round up to the next ms: a job scheduled "now" may
+                        # still be pending for a moment; burst runs it too.
+                        self.stopping.wait(wait)
                     continue
                 try:
                     self.engine.wait_for_work(queues, self.promoter.tick)
                 except EngineUnavailable as exc:
                     backoff.failed("worker: Redis is unavailable", exc)
                 continue
-            queue, job_id = claimed
-            if self.stopping.is_set():  # claimed but not started: hand it back
-                self.hand_back(queue, job_id, delay_ms=0)
-                return
-            self.process(queue, job_id, backoff)
+            queue, ids = claimed
+            acks: list[str] = []
+            try:
+                for n, job_id in enumerate(ids):
+                    if self.stopping.is_set():  # claimed but not started: hand them back
+                        self.hand_back(queue, ids[n:], delay_ms=0)
+                        break
+                    self.process(queue, job_id, backoff, acks.append)
+            finally:
+                self.settle_batch(queue, ids, acks)
 
-    def claim(self, queues: Sequence[str]) -> tuple[str, str] | None:
-        """Claim one id from the first queue (strict priority) that has one."""
+    def claim(self, queues: Sequence[str]) -> tuple[str, list[str]] | None:
+        """Claim ids from the first queue (strict priority) that has any.
+
+        Up to ``PREFETCH`` from the first queue, one from the others, so that a job of a
+        higher queue waits behind at most the one running job of a lower queue.
+        """
         for queue in queues:
-            ids = self.engine.claim(queue, 1, self.lease_ms)
+            count = self.prefetch if queue == queues[0] else 1
+            ids = self.engine.claim(queue, count, self.lease_ms)
             if ids:
                 with self.held_lock:
-                    self.held[ids[0]] = queue
-                return queue, ids[0]
+                    self.held.update(dict.fromkeys(ids, queue))
+                return queue, ids
         return None
+
+    def settle_batch(self, queue: str, ids: list[str], acks: list[str]) -> None:
+        """Ack the finished ids in one call and stop extending the batch's leases."""
+        try:
+            if acks:
+                self.engine.ack(queue, acks)
+        except EngineUnavailable:
+            logger.warning("could not ack %d job(s); their leases will expire", len(acks))
+        finally:
+            with self.held_lock:
+                for job_id in ids:
+                    self.held.pop(job_id, None)
 
     def engine_has_ready(self) -> bool:
         return any(self.engine.stats(q).ready for q in self.options.queues)
 
-    def process(self, queue: str, job_id: str, backoff: Backoff) -> None:
-        close_old_connections()
-        execution = Execution(self.engine, queue, job_id, self.id)
+    def process(
+        self, queue: str, job_id: str, backoff: Backoff, ack: Callable[[str], None]
+    ) -> None:
+        execution = Execution(self.engine, queue, job_id, self.id, ack)
         try:
             outcome = execution.run()
             backoff.ok()
@@ -220,7 +266,7 @@ class WorkerProcess:
             logger.debug("job %s: %s", job_id, outcome)
         except DatabaseError as exc:
             close_old_connections()
-            self.hand_back(queue, job_id, delay_ms=1000)
+            self.hand_back(queue, [job_id], delay_ms=1000)
             backoff.failed(f"job {job_id}: the database is unavailable", exc)
         except EngineUnavailable as exc:
             # The outcome (if any) is committed; the lease will expire and the next
@@ -228,20 +274,20 @@ class WorkerProcess:
             backoff.failed(f"job {job_id}: Redis is unavailable", exc)
         except Exception:  # a bug, here or below: keep the thread, retry the job later
             logger.exception("job %s: unexpected error; handing it back", job_id)
-            self.hand_back(queue, job_id, delay_ms=5000)
+            self.hand_back(queue, [job_id], delay_ms=5000)
         finally:
-            with self.held_lock:
-                self.held.pop(job_id, None)
-            close_old_connections()
+            keep_connections()
 
-    def hand_back(self, queue: str, job_id: str, delay_ms: int) -> None:
-        """Return a claimed id to pending; if Redis is down its lease returns it later."""
+    def hand_back(self, queue: str, ids: Sequence[str], delay_ms: int) -> None:
+        """Return claimed ids to pending; if Redis is down their leases return them later."""
         try:
-            self.engine.nack(queue, {job_id: self.engine.server_time_ms() + delay_ms})
+            due = self.engine.server_time_ms() + delay_ms
+            self.engine.nack(queue, dict.fromkeys(ids, due))
         except EngineUnavailable:
-            logger.warning("could not hand back %s; its lease will expire", job_id)
+            logger.warning("could not hand back %s; the lease will expire", ", ".join(ids))
         with self.held_lock:
-            self.held.pop(job_id, None)
+            for job_id in ids:
+                self.held.pop(job_id, None)
 
     # -- housekeeping ------------------------------------------------------------
 

@@ -30,6 +30,7 @@ def test_valid_settings_pass(settings):
         ({"TICK_SECONDS": "1"}, "django_delayjobs.E003"),
         ({"MAX_ATTEMPTS": 0}, "django_delayjobs.E004"),
         ({"BATCH_SIZE": 10_000}, "django_delayjobs.E004"),
+        ({"PREFETCH": 0}, "django_delayjobs.E004"),
         ({"PREFIX": "a:b"}, "django_delayjobs.E005"),
         ({"DEFAULT_QUEUE": ""}, "django_delayjobs.E005"),
         ({"REDIS_URL": 5}, "django_delayjobs.E006"),

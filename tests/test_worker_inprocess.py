@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.core.management import call_command
 from django.db import transaction
+from django.utils import timezone
 
-from django_delayjobs import schedule
+from django_delayjobs import schedule, schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
+from django_delayjobs.services import build_job
 from tests.testapp import tasks
 from tests.testapp.models import Record, Thing
 
@@ -110,9 +114,10 @@ def test_rescheduled_after_promotion_waits_for_new_time():
 
 
 def test_queue_priority_is_strict():
+    past = timezone.now() - timedelta(seconds=1)  # all ready at once (in_=0 may wait 1 ms)
     for n in range(3):
-        schedule(tasks.record, in_=0, args=[f"low{n}"], queue="low")
-        schedule(tasks.record, in_=0, args=[f"high{n}"], queue="high")
+        schedule(tasks.record, at=past, args=[f"low{n}"], queue="low")
+        schedule(tasks.record, at=past, args=[f"high{n}"], queue="high")
     burst("--queues", "high,low")
     labels = list(Record.objects.order_by("id").values_list("label", flat=True))
     assert labels == ["high0", "high1", "high2", "low0", "low1", "low2"]
@@ -135,3 +140,25 @@ def test_a_failing_signal_receiver_neither_breaks_the_job_nor_the_worker(caplog)
     assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
     assert Record.objects.filter(label="still runs").count() == 1
     assert "receiver" in caplog.text and "receiver bug" in caplog.text
+
+
+def test_a_prefetched_job_is_claimed_only_when_it_starts_so_a_cancel_still_wins():
+    past = timezone.now() - timedelta(seconds=1)
+    victim = build_job(tasks.record, at=past, args=["victim ran"])
+    canceller = build_job(tasks.cancel_job, at=past, args=[str(victim.pk)])
+    schedule_many([canceller, victim])  # one add: the worker takes both ids at once
+    burst()
+    assert list(Record.objects.values_list("label", flat=True)) == ["cancelled:True"]
+    assert Job.objects.get(pk=victim.pk).status == Status.CANCELLED
+    stats = get_engine().stats("default")
+    assert (stats.ready, stats.in_flight, stats.pending) == (0, 0, 0)
+    assert stats.counters["acked"] == 2
+
+
+def test_a_busy_worker_keeps_its_database_connection_between_jobs():
+    tasks.seen_connections.clear()
+    past = timezone.now() - timedelta(seconds=1)
+    schedule_many(build_job(tasks.note_connection, at=past) for _ in range(25))
+    burst()  # more jobs than PREFETCH: several claims, one busy stretch
+    assert len(tasks.seen_connections) == 25
+    assert len({id(c) for c in tasks.seen_connections}) == 1

@@ -222,6 +222,23 @@ def test_sigterm_lets_the_running_action_finish_and_exits_0(redis_url, tmp_path)
     assert get_engine().stats("default").live_workers == 0
 
 
+def test_sigterm_hands_back_prefetched_jobs_that_had_not_started(redis_url, tmp_path):
+    worker = start_worker(redis_url, log=tmp_path / "w.log")
+    wait_for(live_workers)
+    past = timezone.now() - timedelta(seconds=1)
+    first = build_job(tasks.slow, at=past, args=["first", 2.0])
+    rest = [build_job(tasks.record, at=past, args=[f"rest{n}"]) for n in range(4)]
+    schedule_many([first, *rest])  # one add: the worker takes all five ids at once
+    wait_for(lambda: Job.objects.get(pk=first.pk).status == Status.RUNNING)
+    assert stop(worker) == 0
+    assert Job.objects.get(pk=first.pk).status == Status.SUCCEEDED
+    assert {Job.objects.get(pk=job.pk).status for job in rest} == {Status.SCHEDULED}
+    stats = get_engine().stats("default")
+    assert (stats.in_flight, stats.pending + stats.ready) == (0, 4)
+    call_command("run_delayworker", "--burst", "-v", "0")
+    assert {Job.objects.get(pk=job.pk).status for job in rest} == {Status.SUCCEEDED}
+
+
 def test_a_second_signal_exits_at_once(redis_url, tmp_path):
     worker = start_worker(redis_url, log=tmp_path / "w.log")
     wait_for(live_workers)

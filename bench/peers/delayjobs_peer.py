@@ -24,12 +24,21 @@ class Adapter(common.Adapter):
 
         call_command("migrate", verbosity=0)
         self.db = connection.vendor
+        if self.db == "sqlite":
+            audit = "SQLite, journal_mode=WAL, synchronous=NORMAL"
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW server_version")
+                (server,) = cursor.fetchone()
+                cursor.execute("SHOW synchronous_commit")
+                (sync,) = cursor.fetchone()
+            audit = f"{self.db} {server}, synchronous_commit={sync}"
         self.settings = {
             "client": "schedule(record, at=due, args=...); batch: schedule_many(build_job(...))"
             " in chunks of 1000, one transaction each",
-            "audit rows": f"{self.db} ({'WAL' if self.db == 'sqlite' else 'BENCH_DATABASE_URL'})",
+            "audit rows": audit + "; Django default CONN_MAX_AGE 0",
             "worker": "python -m django run_delayworker (promoter + 1 worker thread)",
-            "DELAYJOBS": "defaults (TICK_SECONDS 1, BATCH_SIZE 1000)",
+            "DELAYJOBS": "defaults (TICK_SECONDS 1, BATCH_SIZE 1000, PREFETCH 10)",
         }
 
     def worker_cmd(self) -> list[str]:

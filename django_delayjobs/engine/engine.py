@@ -206,19 +206,14 @@ class Engine:
     def add(self, queue: str, items: Mapping[str, float]) -> list[str]:
         """Add ids with due times (ms); return the ids Redis did not hold before."""
         k = self.keys(queue)
-        args = _pairs(items)
-
-        def run() -> Any:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.sadd(self.queues_key, queue)
-            self._scripts["add"](
-                keys=[k.pending, k.ready, k.ready_set, k.unack, k.garbage, k.wake, k.notify],
-                args=args,
-                client=pipe,
-            )
-            return pipe.execute()[1]
-
-        return [_text(id_) for id_ in self._call(run)]
+        keys = [k.pending, k.ready, k.ready_set, k.unack, k.garbage, k.wake, k.notify]
+        was_empty, added = self._run("add", keys, _pairs(items))
+        if was_empty:
+            # The directory lies outside the queue's hash tag, so the script cannot write
+            # it; a queue is listed from the first add that finds it empty (after a flush
+            # too), which keeps the common add at one round trip.
+            self._call(lambda: self.client.sadd(self.queues_key, queue))
+        return [_text(id_) for id_ in added]
 
     def remove(self, queue: str, ids: Iterable[str]) -> int:
         """Remove ids not yet claimed (pending or ready); return how many were removed."""

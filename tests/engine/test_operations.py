@@ -191,6 +191,14 @@ def test_add_registers_each_queue_once(engine, now):
     assert Engine(engine.client, prefix="other").known_queues() == []
 
 
+def test_a_queue_emptied_by_a_flush_is_listed_again_by_its_next_add(engine, redis_client, now):
+    engine.add("a", {"x": now + HOUR})
+    redis_client.flushdb()
+    assert engine.known_queues() == []
+    engine.add("a", {"y": now + HOUR})
+    assert engine.known_queues() == ["a"]
+
+
 # -- remove -----------------------------------------------------------------------------
 
 

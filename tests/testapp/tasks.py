@@ -2,7 +2,10 @@
 
 import time
 
+from django.db import connection
+
 from django_delayjobs import delayable
+from django_delayjobs.models import Job
 
 from .models import Record
 
@@ -39,6 +42,23 @@ def write_then_sleep(label: str, seconds: float) -> None:
     """Write first, then sleep: a kill during the sleep must roll the write back."""
     Record.objects.create(label=label)
     time.sleep(seconds)
+
+
+#: The database connections the actions of ``note_connection`` ran on (kept alive, so
+#: that distinct connections have distinct ids).
+seen_connections: list[object] = []
+
+
+@delayable
+def note_connection() -> None:
+    seen_connections.append(connection.connection)
+
+
+@delayable
+def cancel_job(job_id: str) -> None:
+    """Cancel another job from inside an action and record whether the cancel won."""
+    won = Job.objects.get(pk=job_id).cancel()
+    Record.objects.create(label=f"cancelled:{won}")
 
 
 from . import task_functions  # noqa: E402,F401  (the worker imports @task functions via tasks.py)

@@ -5,7 +5,10 @@
 -- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = ready_set SET,
 -- KEYS[4] = unack ZSET, KEYS[5] = garbage ZSET, KEYS[6] = wake LIST, KEYS[7] = notify LIST
 -- ARGV = id1, due1_ms, id2, due2_ms, ...
--- returns the ids that Redis did not hold before this call
+-- returns {1 if the queue held no ids before this call else 0, the ids it did not hold}
+local held_before = redis.call('ZCARD', KEYS[1]) + redis.call('LLEN', KEYS[2])
+  + redis.call('ZCARD', KEYS[4]) + redis.call('ZCARD', KEYS[5])
+local was_empty = held_before == 0 and 1 or 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -40,4 +43,4 @@ if readied > 0 then
   for _ = 1, math.min(readied, 64) do redis.call('LPUSH', KEYS[7], 1) end
   redis.call('LTRIM', KEYS[7], 0, 63)
 end
-return added
+return {was_empty, added}

@@ -1,0 +1,80 @@
+"""The hand-written statements of the worker's hot path mean what the ORM calls meant."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from django_delayjobs import schedule, sql
+from django_delayjobs.models import Job, Status
+from tests.testapp import tasks
+from tests.testapp.models import Thing
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    pass
+
+
+def fields(job: Job) -> dict[str, object]:
+    return {f.attname: getattr(job, f.attname) for f in Job._meta.concrete_fields}
+
+
+def test_fetch_reads_the_row_exactly_as_the_orm_does():
+    thing = Thing.objects.create()
+    job = schedule(thing.expire, in_=60, kwargs={"reason": Decimal("1.5")}, key="k", expires=3600)
+    Job.objects.filter(pk=job.pk).update(result={"nested": [1, None, "x"]}, last_error="e")
+    fetched = sql.fetch(str(job.pk))
+    assert fetched is not None
+    assert fields(fetched) == fields(Job.objects.get(pk=job.pk))
+    assert fetched._state.adding is False and fetched._state.db == "default"
+
+
+def test_fetch_of_an_unknown_id_is_none():
+    assert sql.fetch(str(uuid.uuid4())) is None
+
+
+def test_claim_starts_only_due_active_jobs_with_attempts_left():
+    now = timezone.now()
+    due = schedule(tasks.record, in_=0, args=["a"], max_attempts=1)
+    later = schedule(tasks.record, in_=60, args=["b"])
+    assert sql.claim(str(later.pk), "w", now + timedelta(seconds=1)) is False
+    assert sql.claim(str(due.pk), "w", now + timedelta(seconds=1)) is True
+    row = Job.objects.get(pk=due.pk)
+    assert (row.status, row.attempts, row.worker) == (Status.RUNNING, 1, "w")
+    assert row.started_at == now + timedelta(seconds=1)
+    # running, but no attempts left: a second claim loses
+    assert sql.claim(str(due.pk), "w2", now + timedelta(seconds=2)) is False
+    Job.objects.filter(pk=later.pk).update(status=Status.CANCELLED)
+    assert sql.claim(str(later.pk), "w", now + timedelta(minutes=2)) is False
+
+
+def test_update_fenced_writes_only_for_the_running_attempt():
+    job = schedule(tasks.record, in_=0, args=["a"])
+    assert sql.claim(str(job.pk), "w", timezone.now() + timedelta(seconds=1))
+    job.refresh_from_db()
+    stale = Job.objects.get(pk=job.pk)
+    stale.attempts -= 1
+    assert sql.update_fenced(stale, {"status": Status.SUCCEEDED}) is False
+    done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": {"ok": [1]}}
+    with transaction.atomic():
+        assert sql.update_fenced(job, done) is True
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.result) == (Status.SUCCEEDED, {"ok": [1]})
+    assert sql.update_fenced(job, {"status": Status.DEAD}) is False  # no longer running
+
+
+def test_insert_event_appends_to_the_history():
+    job = schedule(tasks.record, in_=60, args=["a"])
+    sql.insert_event(job, "started", "worker:x", "attempt 1 of 5")
+    event = job.events.last()
+    assert (event.kind, event.actor, event.message, event.attempt) == (
+        "started", "worker:x", "attempt 1 of 5", 0,
+    )  # fmt: skip
