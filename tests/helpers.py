@@ -122,6 +122,9 @@ class TcpProxy:
                 client, _ = listener.accept()
             except OSError:
                 return
+            if listener is not self.listener:  # an accept() that outlived down()
+                client.close()
+                return
             server = socket.create_connection(self.target)
             self.conns += [client, server]
             for a, b in ((client, server), (server, client)):

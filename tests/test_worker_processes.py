@@ -198,7 +198,9 @@ def test_database_unavailable_for_a_few_seconds_loses_nothing(redis_url, tmp_pat
     worker = start_worker(redis_url, env=outage.env, log=tmp_path / "w.log")
     try:
         wait_for(live_workers)
-        jobs = [schedule(tasks.record, in_=0.5, args=[str(n)]) for n in range(10)]
+        # One transaction, due after the outage has begun (SQLite's outage is a lock that
+        # this process could not schedule through).
+        jobs = schedule_many(build_job(tasks.record, in_=1.0, args=[str(n)]) for n in range(10))
         outage.start()
         time.sleep(3)  # the outage itself: every query of the worker fails
         assert worker.poll() is None, "the worker must survive the outage"
