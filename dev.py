@@ -6,10 +6,13 @@
   lint                 ruff check, ruff format --check, mypy, makemigrations --check
   docs                 build the documentation site with warnings as errors
   bench [args]         run bench/engine.py
+  compare [args]       run bench/compare.py (delayjobs against Celery, RQ, Huey, Dramatiq)
 
 Each task first creates (or refreshes) a virtual environment for the running Python in
 ``.venv/py3.X`` -- or in ``$DELAYJOBS_VENV`` -- and installs the project into it with its
 ``dev`` and ``embedded`` extras. It is refreshed only when ``pyproject.toml`` changes.
+``compare`` uses its own, ``.venv/bench-py3.X``, with ``bench/requirements.txt`` (the
+peers pin versions that the development tools need not share).
 """
 
 from __future__ import annotations
@@ -29,26 +32,32 @@ def venv_dir() -> Path:
     return Path(os.environ.get("DELAYJOBS_VENV") or ROOT / ".venv" / PY)
 
 
-def ensure_venv() -> Path:
-    """Create the virtual environment and install the project; return its python."""
-    where = venv_dir()
+def ensure_venv(where: Path | None = None, requirements: str | None = None) -> Path:
+    """Create a virtual environment and install the project; return its python.
+
+    The default is the development venv (``dev`` and ``embedded`` extras); with
+    ``requirements``, the project with ``embedded`` plus that requirements file.
+    """
+    where = where or venv_dir()
     python = where / "bin" / "python"
     stamp = where / ".installed"
     # The stamp covers ROOT too: the install is editable, so a venv kept outside the clone
     # (CI caches one) must be reinstalled when the clone it points at moves.
     identity = f"{ROOT}\n".encode() + (ROOT / "pyproject.toml").read_bytes()
+    if requirements:
+        identity += (ROOT / requirements).read_bytes()
     wanted = hashlib.sha256(identity).hexdigest()
     if stamp.exists() and stamp.read_text() == wanted and python.exists():
         return python
     if not python.exists():
         print(f"dev.py: creating {where}", flush=True)
         venv.EnvBuilder(with_pip=True, clear=True).create(where)
-    print(
-        "dev.py: installing django-delayjobs[dev,embedded] (first run takes a minute)", flush=True
-    )
+    install = ["-e", f"{ROOT}[embedded]", "-r", requirements] if requirements else [
+        "-e", f"{ROOT}[dev,embedded]"]  # fmt: skip
+    print(f"dev.py: installing {' '.join(install)} (first run takes a minute)", flush=True)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "-e", f"{ROOT}[dev,embedded]"], check=True, cwd=ROOT)
+    subprocess.run([*pip, *install], check=True, cwd=ROOT)
     stamp.write_text(wanted)
     return python
 
@@ -85,11 +94,18 @@ def task_bench(python: Path, args: list[str]) -> int:
     return run(str(python), "bench/engine.py", *args)
 
 
+def task_compare(args: list[str]) -> int:
+    python = ensure_venv(ROOT / ".venv" / f"bench-{PY}", "bench/requirements.txt")
+    return run(str(python), "bench/compare.py", *args)
+
+
 TASKS = {"test": task_test, "demo": task_demo, "lint": task_lint, "docs": task_docs,
          "bench": task_bench}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "compare":
+        return task_compare(argv[1:])
     if not argv or argv[0] not in TASKS:
         print(__doc__)
         return 2

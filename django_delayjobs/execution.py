@@ -92,9 +92,8 @@ class Execution:
     def claim(self) -> Job | None:
         """Claim the row for a new attempt, or settle the id in Redis and return None."""
         with transaction.atomic(using=sql.db()):
-            if sql.claim(self.job_id, self.worker_id, timezone.now()):
-                job = sql.fetch(self.job_id)
-                assert job is not None  # we hold the row: the UPDATE just matched it
+            job = sql.claim(self.job_id, self.worker_id, timezone.now())
+            if job is not None:
                 self.event(job, EventKind.STARTED, f"attempt {job.attempts} of {job.max_attempts}")
                 return job
         return self.settle()

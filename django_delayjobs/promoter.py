@@ -1,6 +1,6 @@
-"""The promoter: moves due ids to ready exactly when they are due, recovers expired
-leases, and runs the reconcile sweep. Any number may run at once (every move is one Lua
-script), so there is no leader to elect.
+"""The promoter: moves due ids to ready exactly when they are due and recovers expired
+leases. Any number may run at once (every move is one Lua script), so there is no leader
+to elect. (The reconcile sweep runs beside it, in a thread of its own: see worker.py.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 from .conf import delayjobs_settings
 from .engine import Engine
-from .reconcile import horizon, reconcile
 
 logger = logging.getLogger("django_delayjobs.promoter")
 
@@ -37,9 +36,7 @@ class Promoter:
         self.tick = tick or delayjobs_settings.TICK_SECONDS
         self.batch = delayjobs_settings.BATCH_SIZE
         self.stop = stop or threading.Event()
-        self.reconcile_every = delayjobs_settings.RECONCILE_SECONDS
         self._last_recover = 0.0
-        self._last_reconcile = 0.0
 
     def promote_due(self) -> tuple[int, float]:
         """Promote everything due now; return (ids moved, seconds until the next due)."""
@@ -55,15 +52,12 @@ class Promoter:
         return moved, wait
 
     def housekeeping(self, now: float) -> None:
-        """Recover expired leases (each second) and reconcile (every RECONCILE_SECONDS)."""
+        """Recover expired leases (each second)."""
         if now - self._last_recover >= RECOVER_EVERY:
             self._last_recover = now
             for queue in self.queues:
                 while len(self.engine.recover_expired(queue, self.batch)) == self.batch:
                     pass
-        if now - self._last_reconcile >= self.reconcile_every:
-            self._last_reconcile = now
-            reconcile(self.engine, horizon=horizon())
 
     def step(self) -> float:
         """One pass; return how long to sleep before the next."""

@@ -9,7 +9,7 @@ ORM call it replaces meant.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -54,8 +54,13 @@ def _claim_sql(alias: str) -> str:
     )
 
 
-def claim(job_id: str, worker: str, now: datetime) -> bool:
-    """Start a new attempt of an active job that is due and has attempts left."""
+def claim(job_id: str, worker: str, now: datetime) -> Job | None:
+    """Start a new attempt of an active job that is due and has attempts left; return the
+    row as it is now, or None if it did not qualify.
+
+    One statement where the database can return the updated row (PostgreSQL, SQLite from
+    3.35); an UPDATE and a SELECT elsewhere.
+    """
     alias = db()
     conn = connections[alias]
     stamp = _prep(conn, _JOB, "started_at", now)
@@ -63,9 +68,15 @@ def claim(job_id: str, worker: str, now: datetime) -> bool:
         Status.RUNNING.value, stamp, worker[:128], _prep(conn, _JOB, "id", job_id),
         *(s.value for s in ACTIVE), stamp,
     ]  # fmt: skip
+    plan = _row_plan(conn)
     with conn.cursor() as cursor:
+        if plan.returning:
+            cursor.execute(f"{_claim_sql(alias)} RETURNING {plan.columns}", params)
+            row = cursor.fetchone()
+            return None if row is None else plan.job(alias, conn, row)
         cursor.execute(_claim_sql(alias), params)
-        return bool(cursor.rowcount)
+        matched = cursor.rowcount
+    return fetch(job_id) if matched else None
 
 
 @cache
@@ -124,27 +135,42 @@ def insert_events(events: Iterable[tuple[Job, str, str, str]]) -> None:
         cursor.executemany(_event_sql(alias), rows)
 
 
-Plan = tuple[str, list[tuple[Any, list[Any]]]]
-#: Per connection object (converters may be bound to it, and each thread has its own).
-_fetch_plans: WeakKeyDictionary[BaseDatabaseWrapper, Plan] = WeakKeyDictionary()
+class _RowPlan:
+    """How to read whole Job rows on one connection: the column list, and per column the
+    converters the ORM would apply (they may be bound to the connection, and each thread
+    has its own connection, hence one plan per connection object)."""
 
-
-def _fetch_plan(conn: BaseDatabaseWrapper) -> Plan:
-    """The SELECT of one Job row, and per column the converters the ORM would apply."""
-    plan = _fetch_plans.get(conn)
-    if plan is None:
+    def __init__(self, conn: BaseDatabaseWrapper) -> None:
         fields = _JOB.concrete_fields
-        columns = ", ".join(_q(conn, _JOB, f.name) for f in fields)
-        query = (
-            f"SELECT {columns} FROM {conn.ops.quote_name(_JOB.db_table)}"
-            f" WHERE {_q(conn, _JOB, 'id')} = %s"
-        )
-        converters = []
+        self.columns = ", ".join(_q(conn, _JOB, f.name) for f in fields)
+        self.attnames = [f.attname for f in fields]
+        self.converters = []
         for field in fields:
             col = field.get_col(_JOB.db_table)
             functions = conn.ops.get_db_converters(col) + field.get_db_converters(conn)
-            converters.append((col, functions))
-        plan = _fetch_plans[conn] = (query, converters)
+            self.converters.append((col, functions))
+        # UPDATE ... RETURNING: PostgreSQL, and SQLite since 3.35, the release that also
+        # brought INSERT ... RETURNING (the feature Django checks). Not MariaDB's UPDATE.
+        self.returning = conn.vendor in ("postgresql", "sqlite") and bool(
+            conn.features.can_return_columns_from_insert
+        )
+
+    def job(self, alias: str, conn: BaseDatabaseWrapper, row: Sequence[Any]) -> Job:
+        values = []
+        for value, (col, functions) in zip(row, self.converters, strict=True):
+            for convert in functions:
+                value = convert(value, col, conn)
+            values.append(value)
+        return Job.from_db(alias, self.attnames, values)
+
+
+_row_plans: WeakKeyDictionary[BaseDatabaseWrapper, _RowPlan] = WeakKeyDictionary()
+
+
+def _row_plan(conn: BaseDatabaseWrapper) -> _RowPlan:
+    plan = _row_plans.get(conn)
+    if plan is None:
+        plan = _row_plans[conn] = _RowPlan(conn)
     return plan
 
 
@@ -152,15 +178,12 @@ def fetch(job_id: str) -> Job | None:
     """Return the Job row with this id, or None."""
     alias = db()
     conn = connections[alias]
-    query, converters = _fetch_plan(conn)
+    plan = _row_plan(conn)
+    query = (
+        f"SELECT {plan.columns} FROM {conn.ops.quote_name(_JOB.db_table)}"
+        f" WHERE {_q(conn, _JOB, 'id')} = %s"
+    )
     with conn.cursor() as cursor:
         cursor.execute(query, [_prep(conn, _JOB, "id", job_id)])
         row = cursor.fetchone()
-    if row is None:
-        return None
-    values = []
-    for value, (col, functions) in zip(row, converters, strict=True):
-        for convert in functions:
-            value = convert(value, col, conn)
-        values.append(value)
-    return Job.from_db(alias, [f.attname for f in _JOB.concrete_fields], values)
+    return None if row is None else plan.job(alias, conn, row)

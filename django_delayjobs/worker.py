@@ -28,6 +28,7 @@ from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable
 from .execution import Execution
 from .promoter import Promoter
+from .reconcile import horizon, reconcile
 
 logger = logging.getLogger("django_delayjobs.worker")
 
@@ -72,10 +73,10 @@ class Stats:
 def keep_connections() -> None:
     """Between two jobs: keep the database connections for the next one.
 
-    ``CONN_MAX_AGE = 0`` means one connection per request; a busy worker's "request" is
-    the stretch between two waits for work (``close_old_connections()`` runs then), since
-    a new connection per job costs more than a short job. Broken connections, and ones
-    older than a non-zero ``CONN_MAX_AGE``, are closed here too.
+    ``CONN_MAX_AGE = 0`` means one connection per request; a worker's "request" lasts
+    until it has had no work for a whole tick (``close_old_connections()`` runs then),
+    since a new connection per job costs more than a short job. Broken connections, and
+    ones older than a non-zero ``CONN_MAX_AGE``, are closed here too.
     """
     for conn in connections.all(initialized_only=True):
         if conn.errors_occurred or conn.settings_dict["CONN_MAX_AGE"]:
@@ -161,6 +162,7 @@ class WorkerProcess:
         targets: list[tuple[str, Callable[[], None]]] = [("delayjobs-housekeeping", self.housekeep)]
         if self.options.promoter and not self.options.burst:
             targets.append(("delayjobs-promoter", self.promote_loop))
+            targets.append(("delayjobs-reconcile", self.reconcile_loop))
         if self.options.worker:
             targets += [(f"delayjobs-worker-{n}", self.work_loop)
                         for n in range(self.options.concurrency)]  # fmt: skip
@@ -180,9 +182,24 @@ class WorkerProcess:
                 self.promoter.sleep(wait)
             except EngineUnavailable as exc:
                 backoff.failed("promoter: Redis is unavailable", exc)
-            except DatabaseError as exc:  # reconcile reads the database
+
+    def reconcile_loop(self) -> None:
+        """Repair Redis from the database every RECONCILE_SECONDS, beside the promoter: a
+        long sweep (many jobs due within the horizon) must not delay promotion."""
+        backoff = Backoff(self.stopping)
+        while not self.stopping.is_set():
+            try:
+                reconcile(self.engine, horizon=horizon())
+                backoff.ok()
+            except EngineUnavailable as exc:
+                backoff.failed("reconcile: Redis is unavailable", exc)
+                continue
+            except DatabaseError as exc:
                 close_old_connections()
-                backoff.failed("promoter: the database is unavailable", exc)
+                backoff.failed("reconcile: the database is unavailable", exc)
+                continue
+            close_old_connections()
+            self.stopping.wait(delayjobs_settings.RECONCILE_SECONDS)
 
     def work_loop(self) -> None:
         backoff = Backoff(self.stopping)
@@ -195,18 +212,19 @@ class WorkerProcess:
                 backoff.failed("worker: Redis is unavailable", exc)
                 continue
             if claimed is None:
-                close_old_connections()  # idle: Django's own rules (CONN_MAX_AGE)
                 if self.options.burst:
                     moved, wait = self.promoter.promote_due()
                     if moved == 0 and not self.engine_has_ready():
                         if wait > BURST_SLACK:
+                            close_old_connections()
                             return
                         # Due times round up to the next ms: a job scheduled "now" may
                         # still be pending for a moment; burst runs it too.
                         self.stopping.wait(wait)
                     continue
                 try:
-                    self.engine.wait_for_work(queues, self.promoter.tick)
+                    if not self.engine.wait_for_work(queues, self.promoter.tick):
+                        close_old_connections()  # idle for a tick: Django's rules apply
                 except EngineUnavailable as exc:
                     backoff.failed("worker: Redis is unavailable", exc)
                 continue

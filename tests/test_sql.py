@@ -7,7 +7,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from django_delayjobs import schedule, sql
@@ -41,25 +41,34 @@ def test_fetch_of_an_unknown_id_is_none():
     assert sql.fetch(str(uuid.uuid4())) is None
 
 
-def test_claim_starts_only_due_active_jobs_with_attempts_left():
+@pytest.fixture(params=["returning", "update then select"])
+def claim_path(request, monkeypatch):
+    """Both ways sql.claim reads the row back (PostgreSQL and SQLite use RETURNING)."""
+    plan = sql._row_plan(connections["default"])
+    monkeypatch.setattr(plan, "returning", request.param == "returning")
+
+
+def test_claim_starts_only_due_active_jobs_with_attempts_left(claim_path):
     now = timezone.now()
     due = schedule(tasks.record, in_=0, args=["a"], max_attempts=1)
     later = schedule(tasks.record, in_=60, args=["b"])
-    assert sql.claim(str(later.pk), "w", now + timedelta(seconds=1)) is False
-    assert sql.claim(str(due.pk), "w", now + timedelta(seconds=1)) is True
-    row = Job.objects.get(pk=due.pk)
-    assert (row.status, row.attempts, row.worker) == (Status.RUNNING, 1, "w")
-    assert row.started_at == now + timedelta(seconds=1)
+    assert sql.claim(str(later.pk), "w", now + timedelta(seconds=1)) is None
+    claimed = sql.claim(str(due.pk), "w", now + timedelta(seconds=1))
+    assert claimed is not None
+    assert fields(claimed) == fields(Job.objects.get(pk=due.pk))
+    assert (claimed.status, claimed.attempts, claimed.worker) == (Status.RUNNING, 1, "w")
+    assert claimed.started_at == now + timedelta(seconds=1)
     # running, but no attempts left: a second claim loses
-    assert sql.claim(str(due.pk), "w2", now + timedelta(seconds=2)) is False
+    assert sql.claim(str(due.pk), "w2", now + timedelta(seconds=2)) is None
     Job.objects.filter(pk=later.pk).update(status=Status.CANCELLED)
-    assert sql.claim(str(later.pk), "w", now + timedelta(minutes=2)) is False
+    assert sql.claim(str(later.pk), "w", now + timedelta(minutes=2)) is None
+    assert sql.claim(str(uuid.uuid4()), "w", now) is None
 
 
 def test_update_fenced_writes_only_for_the_running_attempt():
-    job = schedule(tasks.record, in_=0, args=["a"])
-    assert sql.claim(str(job.pk), "w", timezone.now() + timedelta(seconds=1))
-    job.refresh_from_db()
+    scheduled = schedule(tasks.record, in_=0, args=["a"])
+    job = sql.claim(str(scheduled.pk), "w", timezone.now() + timedelta(seconds=1))
+    assert job is not None
     stale = Job.objects.get(pk=job.pk)
     stale.attempts -= 1
     assert sql.update_fenced(stale, {"status": Status.SUCCEEDED}) is False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -13,6 +15,8 @@ from django_delayjobs import schedule, schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
+from django_delayjobs.worker import Options, WorkerProcess
+from tests.helpers import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record, Thing
 
@@ -162,3 +166,21 @@ def test_a_busy_worker_keeps_its_database_connection_between_jobs():
     burst()  # more jobs than PREFETCH: several claims, one busy stretch
     assert len(tasks.seen_connections) == 25
     assert len({id(c) for c in tasks.seen_connections}) == 1
+
+
+def test_an_idle_worker_lets_django_close_its_connection_after_a_tick():
+    tasks.seen_connections.clear()
+    process = WorkerProcess(get_engine(), Options(queues=["default"], tick=0.1))
+    thread = threading.Thread(target=process.run)
+    thread.start()
+    try:
+        schedule(tasks.note_connection, in_=0)
+        wait_for(lambda: len(tasks.seen_connections) == 1)
+        time.sleep(0.5)  # several ticks without work: CONN_MAX_AGE = 0 closes it
+        schedule(tasks.note_connection, in_=0)
+        wait_for(lambda: len(tasks.seen_connections) == 2)
+    finally:
+        process.stop()
+        thread.join(10)
+    first, second = tasks.seen_connections
+    assert first is not second
