@@ -1,0 +1,161 @@
+"""Where the time of one job goes: ``schedule()`` and the worker, step by step.
+
+    python bench/hotpath.py [--n 3000] [--database-url URL] [--profile]
+
+Runs in one process on a private ``redis-server`` and the bench's Django settings
+(``peers/dj_settings.py``: SQLite in WAL mode with synchronous=NORMAL, or the database
+given). It times each step by wrapping the functions that do it, so the figures include
+the wrappers' own small cost; steps indented under another are part of it. ``--profile``
+prints cProfile's top functions for each half instead.
+
+1. ``schedule()`` one at a time, N jobs due in an hour (no worker).
+2. N jobs due now, drained by one worker thread (``WorkerProcess.work_loop`` in burst
+   mode, as ``run_delayworker --burst``), the bench's job (an ``RPUSH`` to Redis) included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]
+
+from django_delayjobs.embedded import EmbeddedRedis  # noqa: E402
+
+spent: Counter[str] = Counter()
+
+
+@contextmanager
+def timed(target: Any, name: str, label: str) -> Iterator[None]:
+    """Add the time spent in ``target.name`` to ``spent[label]`` while inside."""
+    original = getattr(target, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[label] += time.perf_counter() - start
+
+    setattr(target, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(target, name, original)
+
+
+def measure(title: str, n: int, run: Callable[[], None], steps: list[tuple[Any, str, str]],
+            profile: bool) -> None:  # fmt: skip
+    spent.clear()
+    if profile:
+        profiler = cProfile.Profile()
+        profiler.runcall(run)
+        print(f"\n{title}: cProfile, top 25 by own time")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        return
+    with contextmanager_all(steps):
+        start = time.perf_counter()
+        run()
+        total = time.perf_counter() - start
+    print(f"\n{title}: {n / total:,.0f} jobs/s, {total / n * 1e6:,.0f} us per job")
+    for _, _, label in steps:
+        print(f"  {label:<38} {spent[label] / n * 1e6:8,.0f} us")
+
+
+@contextmanager
+def contextmanager_all(steps: list[tuple[Any, str, str]]) -> Iterator[None]:
+    if not steps:
+        yield
+        return
+    (target, name, label), *rest = steps
+    with timed(target, name, label), contextmanager_all(rest):
+        yield
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=3000)
+    parser.add_argument("--database-url", help="audit rows there instead of SQLite")
+    parser.add_argument("--profile", action="store_true", help="cProfile instead of timers")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="hotpath-"))
+    server = EmbeddedRedis(workdir / "redis")
+    try:
+        os.environ["BENCH_REDIS_URL"] = server.start()
+        os.environ["BENCH_SQLITE_PATH"] = str(workdir / "hotpath.sqlite3")
+        if args.database_url:
+            os.environ["BENCH_DATABASE_URL"] = args.database_url
+        run(args.n, args.profile)
+    finally:
+        server.close()
+
+
+def run(n: int, profile: bool) -> None:
+    from peers.delayjobs_peer import Adapter
+
+    adapter = Adapter()
+    adapter.reset()
+    import peers.common
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from django_delayjobs import execution, services, sql
+    from django_delayjobs.connection import get_engine
+    from django_delayjobs.engine.engine import Engine
+    from django_delayjobs.worker import Options, WorkerProcess
+
+    print(f"audit rows: {adapter.settings['audit rows']}; N = {n:,}")
+    due = time.time() + 3600
+    adapter.schedule("warm-up", due)
+
+    def schedule_one_at_a_time() -> None:
+        for i in range(n):
+            adapter.schedule(f"s{i}", due)
+
+    measure(
+        "schedule() one at a time",
+        n,
+        schedule_one_at_a_time,
+        [
+            (services, "build_job", "build_job (validate, build the row)"),
+            (services, "_insert", "insert the job and its event"),
+            (sql, "insert_events", "  the event"),
+            (BaseDatabaseWrapper, "commit", "commit"),
+            (Engine, "add", "engine.add (one Redis round trip)"),
+        ],
+        profile,
+    )
+    now = time.time()
+    adapter.schedule_batch([(f"d{i}", now) for i in range(n)])
+    worker = WorkerProcess(get_engine(), Options(queues=["default"], burst=True))
+    measure(
+        "worker, one thread draining due jobs",
+        n,
+        worker.work_loop,
+        [
+            (Engine, "claim", "Redis claim (PREFETCH ids per call)"),
+            (execution.Execution, "claim", "claim transaction"),
+            (sql, "claim", "  UPDATE ... RETURNING"),
+            (execution.Execution, "execute", "action transaction"),
+            (peers.common, "record", "  the job itself (RPUSH)"),
+            (sql, "update_fenced", "  fenced outcome UPDATE"),
+            (sql, "insert_events", "events (started, succeeded), in both"),
+            (BaseDatabaseWrapper, "commit", "commits (claim, outcome), in both"),
+            (Engine, "ack", "Redis ack (one call per batch)"),
+        ],
+        profile,
+    )
+
+
+if __name__ == "__main__":
+    main()
