@@ -47,8 +47,8 @@ class Promoter:
                 moved += result.moved
                 if result.moved < self.batch:
                     break
-            if result.next_due_ms is not None:
-                wait = min(wait, max(0.0, (result.next_due_ms - result.now_ms) / 1000))
+            if result.next_due_in_us is not None:
+                wait = min(wait, result.next_due_in_us / 1e6)
         return moved, wait
 
     def housekeeping(self, now: float) -> None:

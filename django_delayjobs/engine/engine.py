@@ -53,6 +53,7 @@ class PromoteResult:
     moved: int
     now_ms: int
     next_due_ms: int | None  # None when nothing is pending
+    next_due_in_us: int | None = None  # from the exact server time (now_ms is whole ms)
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,9 @@ class Engine:
         k = self.keys(queue)
         keys = [k.pending, k.ready, k.ready_set, k.notify]
         moved, now, *rest = self._run("promote", keys, [_batch(batch)])
-        return PromoteResult(int(moved), int(now), int(float(rest[0])) if rest else None)
+        if not rest:
+            return PromoteResult(int(moved), int(now), None)
+        return PromoteResult(int(moved), int(now), int(float(rest[0])), int(rest[1]))
 
     def recover_expired(self, queue: str, batch: int = 1000) -> list[str]:
         """Put ids whose lease ran out back at the head of ready; return them."""

@@ -116,7 +116,7 @@ def test_operations_on_an_empty_queue_do_nothing_and_write_nothing(engine, redis
     before = engine.server_time_ms()
     result = engine.promote(Q)
     assert result.moved == 0
-    assert result.next_due_ms is None
+    assert result.next_due_ms is None and result.next_due_in_us is None
     assert before <= result.now_ms <= engine.server_time_ms()
     assert engine.claim(Q, 10) == []
     assert engine.recover_expired(Q) == []
@@ -369,6 +369,9 @@ def test_promote_moves_due_ids_in_due_order_behind_ready_ones(engine, redis_clie
     assert result.moved == 3
     assert result.next_due_ms == now + HOUR
     assert before <= result.now_ms <= engine.server_time_ms()
+    # microseconds from the exact server time: within the whole ms now_ms truncates
+    until_ms = result.next_due_ms - result.now_ms
+    assert until_ms * 1000 - 1000 < result.next_due_in_us <= until_ms * 1000
     s = state(redis_client, engine)
     assert s["ready"] == ["r", "a", "b", "c"]
     assert s["pending"] == {"later": now + HOUR}

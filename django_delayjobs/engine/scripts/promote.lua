@@ -2,7 +2,9 @@
 -- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = ready_set SET,
 -- KEYS[4] = notify LIST
 -- ARGV[1] = batch size
--- returns {moved, server now (ms), next due time (ms) or nothing when pending is empty}
+-- returns {moved, server now (ms), and when pending is not empty: the next due time (ms)
+-- and how long until then (us, from the exact server time: a caller that sleeps that long
+-- wakes on time, not up to 1 ms late)}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
@@ -14,4 +16,6 @@ if #ids > 0 then
   redis.call('LTRIM', KEYS[4], 0, 63)
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {#ids, now, head[2]}
+if not head[2] then return {#ids, now} end
+local until_us = (tonumber(head[2]) - now) * 1000 - tonumber(t[2]) % 1000
+return {#ids, now, head[2], math.max(0, until_us)}
