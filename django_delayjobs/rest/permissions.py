@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.utils.module_loading import import_string
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
+from rest_framework.settings import perform_import
 from rest_framework.views import APIView
 
 from ..conf import delayjobs_settings
@@ -32,16 +32,15 @@ def load_permissions(entries: object) -> list[Callable[[], Any]]:
         )
     classes: list[Callable[[], Any]] = []
     for entry in entries:
-        found: object = entry  # a class (or ``A & B``) put in the settings directly
-        if isinstance(entry, str):
-            try:
-                # The dotted paths come from the settings file only, never from Redis or
-                # the database, so importing them is no way in for stored data (DESIGN 6).
-                found = import_string(entry)
-            except ImportError as exc:
-                raise ConfigurationError(
-                    f"{setting} names {entry!r}, which cannot be imported: {exc}"
-                ) from exc
+        try:
+            # DRF's own loader, as for its DEFAULT_PERMISSION_CLASSES: a class (or A & B)
+            # passes through, a dotted path is imported. The paths come from the settings
+            # file only, never from Redis or the database (DESIGN rule 6).
+            found = perform_import(entry, setting)
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"{setting} names {entry!r}, which cannot be imported: {exc}"
+            ) from exc
         if not callable(found):
             raise ConfigurationError(f"{setting}: {entry!r} is not a permission class")
         classes.append(found)

@@ -16,6 +16,8 @@ import multiprocessing
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -64,25 +66,15 @@ def _wait_until(predicate, timeout: float) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_each_id_is_claimed_exactly_once_by_competing_processes(redis_client, redis_url):
-    engine = Engine(redis_client, prefix="c")
+@contextmanager
+def _processes(redis_client: redis.Redis, *targets: tuple[Callable[..., None], tuple]):
+    """Run the given processes; on leaving, tell them to stop, and check they exited 0."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(redis_url, seed)) for seed in range(WORKERS)]
-    procs.append(ctx.Process(target=_promoter, args=(redis_url,)))
+    procs = [ctx.Process(target=fn, args=args) for fn, args in targets]
     for proc in procs:
         proc.start()
     try:
-        _wait_until(lambda: int(redis_client.get(STARTED) or 0) == len(procs), 60)
-
-        ids = [f"job-{i:05d}" for i in range(N)]
-        start = engine.server_time_ms() + 200
-        for lo in range(0, N, 1000):
-            # Spread over ~1.5 s; the order of due times is shuffled against the ids.
-            engine.add(Q, {id_: start + random.randrange(1500) for id_ in ids[lo : lo + 1000]})
-
-        _wait_until(lambda: redis_client.llen(CLAIMED) >= N, 45)
+        yield procs
         redis_client.set(STOP, 1)
         for proc in procs:
             proc.join(15)
@@ -94,10 +86,36 @@ def test_each_id_is_claimed_exactly_once_by_competing_processes(redis_client, re
                 proc.kill()
                 proc.join(5)
 
+
+def _claimed_once(redis_client: redis.Redis) -> set[str]:
+    """The ids the workers claimed, after checking that none was claimed twice."""
     claimed = Counter(m.decode() for m in redis_client.lrange(CLAIMED, 0, -1))
     twice = {id_: n for id_, n in claimed.items() if n > 1}
     assert not twice, f"claimed more than once: {dict(list(twice.items())[:10])}"
-    assert set(claimed) == set(ids)
+    return set(claimed)
+
+
+def _workers(redis_url: str) -> list[tuple[Callable[..., None], tuple]]:
+    return [(_worker, (redis_url, seed)) for seed in range(WORKERS)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_each_id_is_claimed_exactly_once_by_competing_processes(redis_client, redis_url):
+    engine = Engine(redis_client, prefix="c")
+    targets = [*_workers(redis_url), (_promoter, (redis_url,))]
+    with _processes(redis_client, *targets) as procs:
+        _wait_until(lambda: int(redis_client.get(STARTED) or 0) == len(procs), 60)
+
+        ids = [f"job-{i:05d}" for i in range(N)]
+        start = engine.server_time_ms() + 200
+        for lo in range(0, N, 1000):
+            # Spread over ~1.5 s; the order of due times is shuffled against the ids.
+            engine.add(Q, {id_: start + random.randrange(1500) for id_ in ids[lo : lo + 1000]})
+
+        _wait_until(lambda: redis_client.llen(CLAIMED) >= N, 45)
+
+    assert _claimed_once(redis_client) == set(ids)
     stats = engine.stats(Q)
     assert (stats.pending, stats.ready, stats.in_flight) == (0, 0, 0)
     assert stats.counters == {"acked": N}
@@ -110,12 +128,8 @@ def test_a_removed_ready_id_is_never_claimed_by_competing_processes(redis_client
     ids = [f"job-{i:05d}" for i in range(N)]
     for lo in range(0, N, 5000):
         engine.add(Q, dict.fromkeys(ids[lo : lo + 5000], 0))  # all straight to ready
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(redis_url, seed)) for seed in range(WORKERS)]
-    for proc in procs:
-        proc.start()
     removed: set[str] = set()
-    try:
+    with _processes(redis_client, *_workers(redis_url)) as procs:
         # Cancel every id, in an order shuffled against the list, starting while the
         # workers are still starting up: each remove wins (the id was still in ready,
         # its entry becomes a tombstone) or loses (a worker claimed it first).
@@ -124,22 +138,10 @@ def test_a_removed_ready_id_is_never_claimed_by_competing_processes(redis_client
                 removed.add(id_)
         _wait_until(lambda: int(redis_client.get(STARTED) or 0) == len(procs), 60)
         _wait_until(lambda: redis_client.llen(CLAIMED) + len(removed) >= N, 45)
-        redis_client.set(STOP, 1)
-        for proc in procs:
-            proc.join(15)
-        assert [proc.exitcode for proc in procs] == [0] * len(procs)
-    finally:
-        redis_client.set(STOP, 1)
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
 
-    claimed = Counter(m.decode() for m in redis_client.lrange(CLAIMED, 0, -1))
-    twice = {id_: n for id_, n in claimed.items() if n > 1}
-    assert not twice, f"claimed more than once: {dict(list(twice.items())[:10])}"
-    assert not set(claimed) & removed, "an id was claimed after its remove won"
-    assert set(claimed) | removed == set(ids)
+    claimed = _claimed_once(redis_client)
+    assert not claimed & removed, "an id was claimed after its remove won"
+    assert claimed | removed == set(ids)
     assert removed, "the first removes ran before any worker had started"
     stats = engine.stats(Q)
     assert (stats.pending, stats.ready, stats.in_flight) == (0, 0, 0)
