@@ -8,11 +8,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .exceptions import GiveUp, Retry
     from .receivers import cancel_on
     from .registry import delayable
     from .services import cancel_for, schedule, schedule_many
 
-__all__ = ["cancel_for", "cancel_on", "delayable", "schedule", "schedule_many"]
+__all__ = ["GiveUp", "Retry", "cancel_for", "cancel_on", "delayable", "schedule", "schedule_many"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,6 +27,10 @@ def __getattr__(name: str) -> Any:
         from . import services
 
         return getattr(services, name)
+    if name in ("Retry", "GiveUp"):
+        from . import exceptions
+
+        return getattr(exceptions, name)
     if name == "cancel_on":
         from . import receivers
 

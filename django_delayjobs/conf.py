@@ -1,60 +1,197 @@
-"""The ``DELAYJOBS`` settings dict, read lazily with defaults (after DRF's api_settings)."""
+"""The ``DELAYJOBS`` settings: one typed schema, read by the settings object and the checks.
+
+``Settings`` is a frozen dataclass: each field's type and bounds say what a value may be.
+``validate()`` checks a user's dict against it and returns every problem; the system
+checks report those, and ``delayjobs_settings`` (lazy, so ``override_settings`` works)
+refuses to hand out values from a dict that has any. A setting is added here, once.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, NamedTuple, Union, cast, get_args, get_origin, get_type_hints
 
 from django.conf import settings as django_settings
 
-DEFAULTS: dict[str, Any] = {
-    "REDIS_URL": "redis://localhost:6379/0",
-    "CACHE_ALIAS": None,
-    "PREFIX": "delayjobs",
-    "DEFAULT_QUEUE": "default",
-    "MAX_ATTEMPTS": 5,
-    "RETRY_BACKOFF_SECONDS": 10.0,
-    "RETRY_BACKOFF_MAX_SECONDS": 3600.0,
-    "LEASE_SECONDS": 300.0,
-    "TICK_SECONDS": 1.0,
-    "RECONCILE_SECONDS": 60.0,
-    "RECONCILE_HORIZON_SECONDS": 300.0,
-    "HEARTBEAT_SECONDS": 10.0,
-    "SHUTDOWN_GRACE_SECONDS": 30.0,
-    "BATCH_SIZE": 1000,
-    "PREFETCH": 10,
-    "REFUSE_EVICTING_REDIS": False,
-    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
-}
+from .engine.keys import validate_name
+from .exceptions import ConfigurationError
+
+Validator = Callable[[Any], object]
+
+
+def setting(
+    default: Any = MISSING,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    check: Validator | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A field of ``Settings``: a default, inclusive bounds, and an extra value check that
+    raises ``TypeError``/``ValueError`` with a message."""
+    metadata = {"low": low, "high": high, "check": check}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _name(what: str) -> Validator:
+    return lambda value: validate_name(value, what)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every ``DELAYJOBS`` setting with its type, default and bounds (docs/settings.md)."""
+
+    REDIS_URL: str = "redis://localhost:6379/0"
+    CACHE_ALIAS: str | None = None
+    PREFIX: str = setting("delayjobs", check=_name("prefix"))
+    DEFAULT_QUEUE: str = setting("default", check=_name("queue name"))
+    MAX_ATTEMPTS: int = setting(5, 1, 5000)
+    #: Deliveries of one attempt that never recorded an outcome (its worker was lost)
+    #: before the job is dead: the bound on a job that kills its worker every time.
+    MAX_DELIVERIES: int = setting(3, 1, 100)
+    RETRY_BACKOFF_SECONDS: float = setting(10.0, 0, 86_400)
+    RETRY_BACKOFF_MAX_SECONDS: float = setting(3600.0, 0, 30 * 86_400)
+    LEASE_SECONDS: float = setting(300.0, 1, 86_400)
+    TICK_SECONDS: float = setting(1.0, 0.05, 60)
+    RECONCILE_SECONDS: float = setting(60.0, 1, 86_400)
+    RECONCILE_HORIZON_SECONDS: float = setting(300.0, 1, 366 * 86_400)
+    HEARTBEAT_SECONDS: float = setting(10.0, 0.1, 3600)
+    SHUTDOWN_GRACE_SECONDS: float = setting(30.0, 0, 86_400)
+    BATCH_SIZE: int = setting(1000, 1, 5000)
+    PREFETCH: int = setting(10, 1, 5000)
+    REFUSE_EVICTING_REDIS: bool = False
+    API_PERMISSION_CLASSES: Sequence[Any] = setting(
+        factory=lambda: ["rest_framework.permissions.IsAdminUser"]
+    )
+
+
+NAMES = frozenset(f.name for f in fields(Settings))
+_HINTS = get_type_hints(Settings)
+#: Defaults by name, for messages and docs.
+DEFAULTS: dict[str, Any] = {name: getattr(Settings(), name) for name in NAMES}
+
+
+class Problem(NamedTuple):
+    """One thing wrong with ``DELAYJOBS``; ``kind`` picks the system check id."""
+
+    name: str | None
+    message: str
+    kind: str  # "dict", "unknown", "float", "int", "name", "type"
+
+
+def _type_error(value: Any, hint: Any) -> str | None:
+    """What is wrong with ``value``'s type for the annotation ``hint``, or None."""
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        errors = [_type_error(value, arg) for arg in get_args(hint)]
+        return None if None in errors else " or ".join(filter(None, errors))
+    if hint is type(None):
+        return None if value is None else "None"
+    if hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return None if ok and math.isfinite(value) else "a finite number"
+    if hint is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else "an int"
+    if hint is bool:
+        return None if isinstance(value, bool) else "True or False"
+    if hint is str:
+        return None if isinstance(value, str) else "a str"
+    if origin is Sequence:
+        ok = isinstance(value, list | tuple)
+        return None if ok else "a list"
+    return None if isinstance(value, origin or hint) else f"a {getattr(hint, '__name__', hint)}"
+
+
+def _kind(hint: Any, check: Validator | None) -> str:
+    if check is not None:
+        return "name"
+    return {float: "float", int: "int"}.get(hint, "type")
+
+
+def _field_problem(name: str, value: Any) -> Problem | None:
+    spec = Settings.__dataclass_fields__[name]
+    hint = _HINTS[name]
+    kind = _kind(hint, spec.metadata.get("check"))
+    wrong = _type_error(value, hint)
+    if wrong is not None:
+        return Problem(name, f"must be {wrong}, not {value!r}", kind)
+    low, high = spec.metadata.get("low"), spec.metadata.get("high")
+    if (low is not None and value < low) or (high is not None and value > high):
+        return Problem(name, f"must be from {low} to {high}, not {value!r}", kind)
+    check = spec.metadata.get("check")
+    if check is not None:
+        try:
+            check(value)
+        except (TypeError, ValueError) as exc:
+            return Problem(name, str(exc), kind)
+    return None
+
+
+def validate(user: object) -> tuple[Settings | None, list[Problem]]:
+    """Check a ``DELAYJOBS`` value; return the settings it gives (None if it has problems)
+    and every problem found."""
+    if user is None:
+        return Settings(), []
+    if not isinstance(user, dict):
+        return None, [Problem(None, f"must be a dict, not {type(user).__name__}", "dict")]
+    problems = [
+        Problem(name, f"is not a setting (known: {', '.join(sorted(NAMES))})", "unknown")
+        for name in sorted(set(user) - NAMES, key=str)
+    ]
+    for name in sorted(NAMES & set(user)):
+        problem = _field_problem(name, user[name])
+        if problem is not None:
+            problems.append(problem)
+    if problems:
+        return None, problems
+    return Settings(**user), []
+
+
+def describe(problem: Problem) -> str:
+    where = f"DELAYJOBS[{problem.name!r}]" if problem.name is not None else "DELAYJOBS"
+    return f"{where} {problem.message}"
 
 
 class DelayJobsSettings:
-    """Attribute access to ``settings.DELAYJOBS`` with defaults; unknown names raise."""
+    """``settings.DELAYJOBS`` as a validated ``Settings``, built on first use.
+
+    Unknown names raise ``AttributeError``; a dict with any problem raises
+    ``ConfigurationError`` naming all of them (``manage.py check`` lists them too).
+    """
 
     def __init__(self) -> None:
-        self._cache: dict[str, Any] = {}
+        self._current: Settings | None = None
 
-    @property
-    def user_settings(self) -> dict[str, Any]:
-        return dict(getattr(django_settings, "DELAYJOBS", None) or {})
+    def current(self) -> Settings:
+        if self._current is None:
+            loaded, problems = validate(getattr(django_settings, "DELAYJOBS", None))
+            if loaded is None:
+                raise ConfigurationError("; ".join(describe(p) for p in problems))
+            self._current = loaded
+        return self._current
 
     def __getattr__(self, name: str) -> Any:
-        if name not in DEFAULTS:
+        if name not in NAMES:
             raise AttributeError(f"unknown DELAYJOBS setting {name!r}")
-        if name not in self._cache:
-            self._cache[name] = self.user_settings.get(name, DEFAULTS[name])
-        return self._cache[name]
+        return getattr(self.current(), name)
 
     def reload(self) -> None:
-        self._cache.clear()
+        self._current = None
 
 
-delayjobs_settings = DelayJobsSettings()
+#: Typed as ``Settings`` so that every read is type-checked.
+delayjobs_settings = cast(Settings, DelayJobsSettings())
 
 
 def reload_on_change(*, setting: str, **kwargs: Any) -> None:
     """Receiver of ``setting_changed``: drop cached values and the engine."""
     if setting == "DELAYJOBS":
-        delayjobs_settings.reload()
+        cast(DelayJobsSettings, delayjobs_settings).reload()
         from .connection import reset_engine
 
         reset_engine()

@@ -1,6 +1,13 @@
-"""Errors django-delayjobs raises. All derive from ``DelayJobsError``."""
+"""Errors django-delayjobs raises, and the two an action may raise. All derive from
+``DelayJobsError``.
+
+Bad input to a public entry point raises ``TypeError`` or ``InvalidSchedule`` (a
+``ValueError``); nothing else escapes for a bad value.
+"""
 
 from __future__ import annotations
+
+import datetime
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -27,12 +34,30 @@ class ConfigurationError(DelayJobsError, ImproperlyConfigured):
     """The ``DELAYJOBS`` settings cannot work."""
 
 
+class Retry(DelayJobsError):
+    """Raised by an action: this attempt failed; try again after ``after`` (a timedelta or
+    seconds; default: the usual backoff). The job is still dead after ``max_attempts``."""
+
+    def __init__(self, message: str = "", *, after: datetime.timedelta | float | None = None):
+        super().__init__(message)
+        if isinstance(after, datetime.timedelta):
+            after = after.total_seconds()
+        self.after = after
+
+
+class GiveUp(DelayJobsError):
+    """Raised by an action: the job cannot succeed; it is dead now, whatever attempts are
+    left (a 404 from a callback's receiver, say)."""
+
+
 __all__ = [
     "AlreadyRunning",
     "ConfigurationError",
     "DelayJobsError",
     "EngineUnavailable",
+    "GiveUp",
     "InvalidSchedule",
     "NotDelayable",
+    "Retry",
     "UnknownAction",
 ]

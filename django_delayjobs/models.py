@@ -46,10 +46,20 @@ class Job(models.Model):
     run_at = models.DateTimeField(help_text="When the job is (next) due.")
     expires_at = models.DateTimeField(null=True, blank=True, help_text="Never start after this.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.SCHEDULED)
-    # The attempt number doubles as the fencing token: an outcome is only written by the
-    # worker whose attempt is the row's current one.
+    # (attempts, deliveries) is the fencing token: an outcome is only written by the worker
+    # holding the row's current delivery of its current attempt. Both only grow (deliveries
+    # restarts at 1 with each new attempt), so a pair is never reused.
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=5)
+    deliveries = models.PositiveIntegerField(
+        default=0,
+        help_text="Times the current attempt was handed to a worker. More than one: an "
+        "earlier delivery never recorded an outcome (its worker was lost), so the same "
+        "attempt ran again without being counted twice.",
+    )
+    priority = models.SmallIntegerField(
+        default=0, help_text="-100 to 100: among due jobs of a queue, higher starts first."
+    )
     worker = models.CharField(max_length=128, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -78,6 +88,10 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=models.Q(max_attempts__gte=1), name="delayjobs_max_attempts_gte_1"
             ),
+            models.CheckConstraint(
+                condition=models.Q(priority__gte=-100, priority__lte=100),
+                name="delayjobs_priority_range",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -104,6 +118,22 @@ class Job(models.Model):
         from .services import requeue
 
         return requeue(self, actor=actor)
+
+
+class Deployment(models.Model):
+    """The one row naming this database's deployment; Redis keeps a copy under ``PREFIX``.
+
+    Two deployments (two databases) whose workers share a Redis database and ``PREFIX``
+    would take each other's ids and find no row for them; a worker compares the two
+    names at start-up and refuses to run beside another deployment's jobs.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False)
+    uid = models.UUIDField(default=uuid.uuid4, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    def __str__(self) -> str:
+        return str(self.uid)
 
 
 class EventKind(models.TextChoices):
