@@ -12,12 +12,11 @@ from typing import Any
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
-from django.core.exceptions import ImproperlyConfigured
 
 from .conf import DEFAULTS, NAMES, Problem, describe, validate
 
 #: Check id of each kind of problem (ids are stable: users silence them by id).
-_IDS = {"dict": 1, "unknown": 2, "float": 3, "int": 4, "name": 5, "type": 6}
+_IDS = {"dict": 1, "unknown": 2, "float": 3, "int": 4, "name": 5, "type": 6, "permissions": 8}
 
 
 def _error(msg: str, hint: str, n: int) -> Error:
@@ -57,11 +56,4 @@ def check_settings(
             hint="Make the horizon at least as long as the sweep interval.",
             id="django_delayjobs.W001",
         ))  # fmt: skip
-    if "API_PERMISSION_CLASSES" in user:
-        from .rest.permissions import load_permissions
-
-        try:
-            load_permissions(user["API_PERMISSION_CLASSES"])
-        except ImproperlyConfigured as exc:
-            errors.append(_error(f"{exc}.", "List DRF permission classes by dotted path.", 8))
     return errors

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, NamedTuple, Union, cast, get_args, get_origin, get_type_hints
 
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
 
 from .engine.keys import validate_name
 from .exceptions import ConfigurationError
@@ -29,10 +30,12 @@ def setting(
     *,
     check: Validator | None = None,
     factory: Callable[[], Any] | None = None,
+    kind: str | None = None,
 ) -> Any:
     """A field of ``Settings``: a default, inclusive bounds, and an extra value check that
-    raises ``TypeError``/``ValueError`` with a message."""
-    metadata = {"low": low, "high": high, "check": check}
+    raises ``TypeError``/``ValueError``/``ImproperlyConfigured`` with a message. ``kind``
+    names the system check id family of its problems (default: from the type)."""
+    metadata = {"low": low, "high": high, "check": check, "kind": kind}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -40,6 +43,12 @@ def setting(
 
 def _name(what: str) -> Validator:
     return lambda value: validate_name(value, what)
+
+
+def _permission_classes(value: Any) -> object:
+    from .rest.permissions import load_permissions  # DRF only when there is a value
+
+    return load_permissions(value)
 
 
 @dataclass(frozen=True)
@@ -65,8 +74,11 @@ class Settings:
     BATCH_SIZE: int = setting(1000, 1, 5000)
     PREFETCH: int = setting(10, 1, 5000)
     REFUSE_EVICTING_REDIS: bool = False
-    API_PERMISSION_CLASSES: Sequence[Any] = setting(
-        factory=lambda: ["rest_framework.permissions.IsAdminUser"]
+    # Classes or dotted paths, checked by DRF's own loader (setting() returns a field()).
+    API_PERMISSION_CLASSES: Any = setting(  # noqa: RUF009
+        factory=lambda: ["rest_framework.permissions.IsAdminUser"],
+        check=_permission_classes,
+        kind="permissions",
     )
 
 
@@ -81,7 +93,7 @@ class Problem(NamedTuple):
 
     name: str | None
     message: str
-    kind: str  # "dict", "unknown", "float", "int", "name", "type"
+    kind: str  # "dict", "unknown", "float", "int", "name", "type", "permissions"
 
 
 def _type_error(value: Any, hint: Any) -> str | None:
@@ -90,6 +102,8 @@ def _type_error(value: Any, hint: Any) -> str | None:
     if origin in (Union, types.UnionType):
         errors = [_type_error(value, arg) for arg in get_args(hint)]
         return None if None in errors else " or ".join(filter(None, errors))
+    if hint is Any:
+        return None
     if hint is type(None):
         return None if value is None else "None"
     if hint is float:
@@ -101,14 +115,13 @@ def _type_error(value: Any, hint: Any) -> str | None:
         return None if isinstance(value, bool) else "True or False"
     if hint is str:
         return None if isinstance(value, str) else "a str"
-    if origin is Sequence:
-        ok = isinstance(value, list | tuple)
-        return None if ok else "a list"
     return None if isinstance(value, origin or hint) else f"a {getattr(hint, '__name__', hint)}"
 
 
-def _kind(hint: Any, check: Validator | None) -> str:
-    if check is not None:
+def _kind(hint: Any, metadata: Mapping[str, Any]) -> str:
+    if metadata.get("kind"):
+        return str(metadata["kind"])
+    if metadata.get("check") is not None:
         return "name"
     return {float: "float", int: "int"}.get(hint, "type")
 
@@ -116,7 +129,7 @@ def _kind(hint: Any, check: Validator | None) -> str:
 def _field_problem(name: str, value: Any) -> Problem | None:
     spec = Settings.__dataclass_fields__[name]
     hint = _HINTS[name]
-    kind = _kind(hint, spec.metadata.get("check"))
+    kind = _kind(hint, spec.metadata)
     wrong = _type_error(value, hint)
     if wrong is not None:
         return Problem(name, f"must be {wrong}, not {value!r}", kind)
@@ -127,7 +140,7 @@ def _field_problem(name: str, value: Any) -> Problem | None:
     if check is not None:
         try:
             check(value)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, ImproperlyConfigured) as exc:
             return Problem(name, str(exc), kind)
     return None
 
@@ -150,6 +163,12 @@ def validate(user: object) -> tuple[Settings | None, list[Problem]]:
     if problems:
         return None, problems
     return Settings(**user), []
+
+
+def bounds(name: str) -> tuple[float, float]:
+    """The inclusive range of a numeric setting (the same range for options that override it)."""
+    metadata = Settings.__dataclass_fields__[name].metadata
+    return metadata["low"], metadata["high"]
 
 
 def describe(problem: Problem) -> str:

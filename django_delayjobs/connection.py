@@ -6,9 +6,18 @@ import threading
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .conf import delayjobs_settings
 from .engine import Engine
+
+#: Every command is answered in well under a millisecond unless Redis is frozen or gone; a
+#: caller (``schedule()`` committing, say) must then not wait for long. Blocking waits are
+#: kept below the read timeout by the engine. No retries inside redis-py: each caller has
+#: its own answer to a failed call (reconcile, the lease, a loop's backoff).
+SOCKET_TIMEOUT = 1.0
+CONNECT_TIMEOUT = 1.0
 
 _lock = threading.Lock()
 _engine: Engine | None = None
@@ -30,9 +39,10 @@ def redis_client() -> redis.Redis:
             ) from exc
     return redis.Redis.from_url(
         delayjobs_settings.REDIS_URL,
-        socket_connect_timeout=5,
+        socket_timeout=SOCKET_TIMEOUT,
+        socket_connect_timeout=CONNECT_TIMEOUT,
         health_check_interval=30,
-        retry_on_timeout=False,
+        retry=Retry(NoBackoff(), 0),
     )
 
 

@@ -1,135 +1,181 @@
-"""Running one claimed job: claim the row, run the action, record the outcome, ack.
+"""One delivery of a job: claim the row, run the action, write the outcome. Returns a
+``Result``; Redis and signals are ``outcomes.settle``'s business.
 
 The database decides. The claim is a conditional UPDATE; the action runs inside
 ``transaction.atomic()`` whose last statement is the ``succeeded`` UPDATE fenced by the
-attempt number, so a worker that was overtaken (its lease expired and another worker
-claimed the row) cannot commit a second outcome: its effects roll back.
+row's (attempt, delivery), so a worker that was overtaken (its lease expired and another
+worker took the row) cannot commit a second outcome: its effects roll back.
+
+Who is to blame decides what a failure costs. Anything the action raises, ``SystemExit``
+and ``KeyboardInterrupt`` included, is the action's failure: an attempt is used. A lost
+database connection is not: the delivery is handed back and the same attempt runs again
+(at most ``MAX_DELIVERIES`` times). A row that cannot be read or run at all is dead at once.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
-import random
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.contrib.contenttypes.models import ContentType
-from django.db import transaction
+from django.db import DataError, InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
-from . import serialization, signals, sql, timing
+from . import serialization, signals, sql
 from .conf import delayjobs_settings
-from .engine import Engine
-from .exceptions import UnknownAction
+from .exceptions import GiveUp, Retry, UnknownAction
 from .models import ACTIVE, EventKind, Job, Status
+from .outcomes import Outcome, Result, after_failure
 from .registry import resolve
 
 logger = logging.getLogger("django_delayjobs.worker")
 
 #: The job whose action is running in this thread (for actions that want their attempt).
 current_job: ContextVar[Job | None] = ContextVar("current_job", default=None)
+_notes: ContextVar[list[str] | None] = ContextVar("delayjobs_notes", default=None)
 
 #: A job promoted this close to its due time (Redis and this host's clocks may differ by
 #: a little, and due times are whole ms) waits here instead of going back to Redis.
 EARLY_WAIT = timedelta(seconds=1)
+#: How long a delivery handed back for a lost database connection waits in Redis.
+HAND_BACK_DELAY = timedelta(seconds=1)
+#: Longest text one ``note()`` keeps.
+NOTE_LIMIT = 4096
 
 
-class LeaseLost(Exception):
-    """The row's attempt is no longer ours: another worker took the job over."""
+def note(text: str) -> None:
+    """Add a line to the history event of the attempt running in this thread (an HTTP
+    callback's status and latency, say). Only inside an action run by a worker."""
+    notes = _notes.get()
+    if notes is None:
+        raise RuntimeError("note() works only inside an action run by a worker")
+    notes.append(sql.clean_text(str(text), NOTE_LIMIT))
 
 
-def backoff_seconds(attempt: int) -> float:
-    """Return the delay before retry number ``attempt``: exponential, capped, jittered."""
-    base = delayjobs_settings.RETRY_BACKOFF_SECONDS * 2 ** min(attempt - 1, 30)
-    capped = min(float(base), float(delayjobs_settings.RETRY_BACKOFF_MAX_SECONDS))
-    return capped * random.uniform(0.5, 1.0)
+#: What reading a row whose values Python cannot hold raises (a timestamp past year 9999,
+#: JSON that does not parse, text that does not decode). Anything else is a bug here.
+UNREADABLE = (DataError, ValueError, OverflowError)
+
+
+class _Overtaken(Exception):
+    """The fenced outcome UPDATE matched no row: another delivery owns the job."""
+
+
+def lost_database(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database connection failing, not the job: an operational or
+    interface error after which the connection is gone or unusable."""
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    conn = connections[sql.db()]
+    return conn.connection is None or not conn.is_usable()
+
+
+def describe(exc: BaseException) -> str:
+    """The history's text for a failure: the message of a deliberate ``Retry``/``GiveUp``,
+    the traceback of anything else."""
+    if isinstance(exc, Retry | GiveUp):
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return "".join(traceback.format_exception(exc))
+
+
+async def _await(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 class Execution:
     """Everything that happens to one id a worker took from Redis."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        queue: str,
-        job_id: str,
-        worker_id: str,
-        ack: Callable[[str], None] | None = None,
-    ) -> None:
-        self.engine = engine
+    def __init__(self, queue: str, job_id: str, worker_id: str) -> None:
         self.queue = queue
         self.job_id = job_id
         self.worker_id = worker_id
         self.actor = f"worker:{worker_id}"
         self.job: Job | None = None
-        # Acking late is safe (a redelivered id finds its row finished and is acked
-        # then), so a worker may collect acks and send them in one call.
-        self._ack = ack or (lambda job_id: self.engine.ack(self.queue, [job_id]))
 
-    def run(self) -> str:
-        """Process the job; return what happened (an outcome name, for stats and logs)."""
-        job = self.claim()
-        if job is None:
-            return "dropped"
-        self.job = job
+    def run(self) -> Result:
+        """Process the job and return what became of it. Never raises for the job's sake."""
+        claimed = self.claim()
+        if isinstance(claimed, Result):
+            return claimed
+        job = self.job = claimed
         signals.send(signals.job_started, job)
         if job.expires_at is not None and timezone.now() > job.expires_at:
-            return self.finish(Status.SKIPPED, f"expired at {job.expires_at.isoformat()}")
+            return self.finish(Outcome.SKIPPED, f"expired at {job.expires_at.isoformat()}")
         try:
             fn = self.resolve(job)
-        except UnknownAction as exc:
-            return self.finish(Status.DEAD, str(exc))
+            args, kwargs = serialization.load(job.args), serialization.load(job.kwargs)
+        except Exception as exc:
+            if lost_database(exc):
+                return self.hand_back(exc)
+            return self.finish(Outcome.DEAD, f"cannot run this job: {exc}")
         if fn is None:
-            return self.finish(Status.SKIPPED, "the target object no longer exists")
-        return self.execute(fn)
+            return self.finish(Outcome.SKIPPED, "the target object no longer exists")
+        return self.execute(fn, args, kwargs)
 
-    # -- steps -----------------------------------------------------------------
+    # -- claim -------------------------------------------------------------------
 
-    def claim(self) -> Job | None:
-        """Claim the row for a new attempt, or settle the id in Redis and return None."""
-        with transaction.atomic(using=sql.db()):
-            job = sql.claim(self.job_id, self.worker_id, timezone.now())
-            if job is not None:
-                self.event(job, EventKind.STARTED, f"attempt {job.attempts} of {job.max_attempts}")
-                return job
-        return self.settle()
+    def claim(self) -> Job | Result:
+        """Claim the row for a delivery, or say why there is nothing to run."""
+        try:
+            with transaction.atomic(using=sql.db()):
+                job = sql.claim(self.job_id, self.worker_id, timezone.now(),
+                                delayjobs_settings.MAX_DELIVERIES)  # fmt: skip
+                if job is not None:
+                    self.event(job, EventKind.STARTED, self.started_message(job))
+                    return job
+            return self.not_claimed()
+        except (OperationalError, InterfaceError) as exc:
+            return self.hand_back(exc)  # nothing was written: no attempt, no delivery used
+        except UNREADABLE as exc:  # a value in the row cannot be converted: a poison row
+            return self.bury_unreadable(exc)
 
-    def settle(self) -> Job | None:
-        """The claim found nothing to start: say why to Redis (and retry if just early)."""
+    def started_message(self, job: Job) -> str:
+        text = f"attempt {job.attempts} of {job.max_attempts}"
+        if job.deliveries > 1:
+            text += (f", delivery {job.deliveries} of {delayjobs_settings.MAX_DELIVERIES}"
+                     " (an earlier delivery never recorded an outcome)")  # fmt: skip
+        return text
+
+    def not_claimed(self) -> Job | Result:
+        """The claim matched nothing: finished, not due yet, or out of deliveries."""
         job = sql.fetch(self.job_id)
         if job is None or job.status not in ACTIVE:
-            self._ack(self.job_id)  # cancelled, finished or deleted
-            return None
+            return Result(Outcome.DROPPED, job)  # cancelled, finished or deleted
         early = (job.run_at - timezone.now()).total_seconds()
         if early > EARLY_WAIT.total_seconds():  # rescheduled after Redis promoted it
-            self.engine.nack(self.queue, {self.job_id: timing.to_ms(job.run_at)})
-            return None
+            return Result(Outcome.DEFERRED, job, retry_at=job.run_at)
         if early > 0:  # this host's clock is behind Redis's: never start before run_at
             time.sleep(early)
             return self.claim()
+        self.job = job
+        if job.status == Status.RUNNING:
+            return self.finish(Outcome.DEAD, (
+                f"attempt {job.attempts} was delivered {job.deliveries} time(s) and never "
+                "recorded an outcome: its worker was lost each time (killed, out of memory, "
+                "or the action ends the process). Requeue it once the cause is fixed."
+            ))  # fmt: skip
         if job.attempts >= job.max_attempts:
-            self.give_up(job)
-            return None
+            return self.finish(Outcome.DEAD, "no attempts left", fence=False)
         # Changed between our UPDATE and SELECT (a cancel, say): look at it again shortly.
-        self.engine.nack(self.queue, {self.job_id: self.engine.server_time_ms()})
-        return None
+        return Result(Outcome.DEFERRED, job, retry_at=timezone.now())
 
-    def give_up(self, job: Job) -> None:
-        """The last attempt started and never recorded an outcome: its worker was lost."""
-        message = f"attempt {job.attempts} of {job.max_attempts} never finished (worker lost)"
-        with transaction.atomic(using=sql.db()):
-            won = Job.objects.filter(pk=job.pk, status__in=ACTIVE, attempts=job.attempts).update(
-                status=Status.DEAD, finished_at=timezone.now(), last_error=message
-            )
-            if won:
-                self.event(job, EventKind.DEAD, message)
-        if won:
-            self.engine.bury(self.queue, [self.job_id])
-            signals.send(signals.job_dead, job, error=message)
+    def bury_unreadable(self, exc: BaseException) -> Result:
+        error = f"this job's row cannot be read back, so it cannot run: {exc!r}"
+        logger.error("job %s: %s", self.job_id, error)
+        try:
+            with transaction.atomic(using=sql.db()):
+                buried = sql.bury_unreadable(self.job_id, error, self.actor, timezone.now())
+        except (OperationalError, InterfaceError) as db_exc:
+            return self.hand_back(db_exc)
+        job = Job.objects.only("id", "queue", "action", "status").filter(pk=self.job_id).first()
+        return Result(Outcome.DEAD if buried else Outcome.DROPPED, job, error=error)
 
     def resolve(self, job: Job) -> Callable[..., Any] | None:
         """Return the callable to run; None if its target row is gone."""
@@ -143,78 +189,113 @@ class Execution:
                 return None
         return resolve(job.action, target)
 
-    def execute(self, fn: Callable[..., Any]) -> str:
+    # -- run -----------------------------------------------------------------------
+
+    def execute(self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Result:
         job = self.job
         assert job is not None
+        started = time.perf_counter()
+        notes: list[str] = []
         try:
-            args, kwargs = serialization.load(job.args), serialization.load(job.kwargs)
             with transaction.atomic(using=sql.db()):
-                token = current_job.set(job)
-                try:
-                    result = fn(*args, **kwargs)
-                finally:
-                    current_job.reset(token)
-                try:
-                    stored = serialization.dump(result, "result")
-                except TypeError:
-                    stored = None  # a result that is not JSON is not kept
-                self.event(job, EventKind.SUCCEEDED)
-                # Last statement of the transaction: the outcome, fenced by our attempt.
+                value = self.call(fn, args, kwargs, notes)
+                stored = serialization.dump(value, "the action's return value")
+                self.event(job, EventKind.SUCCEEDED, "\n".join(notes))
+                # Last statement of the transaction: the outcome, fenced by our delivery.
                 done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
                 if not sql.update_fenced(job, done):
-                    raise LeaseLost
-        except LeaseLost:
+                    raise _Overtaken
+        except _Overtaken:
             logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts)
-            return "overtaken"
-        except Exception as exc:  # the action failed: its effects are rolled back
-            return self.failed(exc)
+            return Result(Outcome.OVERTAKEN, job)
+        except BaseException as exc:  # anything the action raised: its effects rolled back
+            duration = time.perf_counter() - started
+            if lost_database(exc):
+                return self.hand_back(exc)
+            return self.failed(exc, notes, duration)
         job.status, job.result = Status.SUCCEEDED, stored
-        self._ack(self.job_id)
-        signals.send(signals.job_succeeded, job)
-        return Status.SUCCEEDED
+        return Result(Outcome.SUCCEEDED, job, duration=time.perf_counter() - started)
 
-    def failed(self, exc: BaseException) -> str:
+    def call(
+        self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], notes: list[str]
+    ) -> Any:
+        job_token, notes_token = current_job.set(self.job), _notes.set(notes)
+        try:
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                # async_to_sync, not a private event loop: the coroutine's sync_to_async()
+                # ORM calls then run back in this thread, inside this transaction.
+                value = async_to_sync(_await)(value)
+            return value
+        finally:
+            current_job.reset(job_token)
+            _notes.reset(notes_token)
+
+    # -- outcomes ------------------------------------------------------------------
+
+    def failed(self, exc: BaseException, notes: list[str], duration: float) -> Result:
         job = self.job
         assert job is not None
-        error = "".join(traceback.format_exception(exc))
-        if job.attempts >= job.max_attempts:
-            return self.finish(Status.DEAD, error, failed=True)
-        run_at = timezone.now() + timedelta(seconds=backoff_seconds(job.attempts))
-        with transaction.atomic(using=sql.db()):
-            retry = {"status": Status.RETRYING, "run_at": run_at, "last_error": error}
-            won = sql.update_fenced(job, retry)
-            if won:
-                self.event(job, EventKind.FAILED, error)
-        if not won:
-            return "overtaken"
-        self.engine.nack(self.queue, {self.job_id: timing.to_ms(run_at)})
-        signals.send(signals.job_failed, job, error=error)
-        return "retrying"
+        error = "\n".join([*notes, describe(exc)])
+        outcome, retry_at = after_failure(job, exc)
+        if outcome == Outcome.DEAD:
+            return self.finish(Outcome.DEAD, error, failed=True, duration=duration)
+        retry = {"status": Status.RETRYING, "run_at": retry_at, "last_error": error}
+        result = Result(Outcome.RETRYING, job, error, True, retry_at, duration)
+        return self.write(job, retry, [(EventKind.FAILED, error)], result)
 
-    def finish(self, status: Status, message: str, failed: bool = False) -> str:
-        """Record a final outcome other than success (skipped or dead) and settle Redis."""
+    def finish(
+        self,
+        outcome: Outcome,
+        message: str,
+        *,
+        failed: bool = False,
+        duration: float | None = None,
+        fence: bool = True,
+    ) -> Result:
+        """Record a final outcome other than success (skipped or dead)."""
         job = self.job
         assert job is not None
-        with transaction.atomic(using=sql.db()):
-            final = {"status": status, "finished_at": timezone.now(), "last_error": message}
-            won = sql.update_fenced(job, final)
-            if won:
-                if failed:
-                    self.event(job, EventKind.FAILED, message)
-                self.event(job, EventKind(status.value), message if not failed else "")
-        if not won:
-            return "overtaken"
-        job.status = status
-        if status == Status.DEAD:
-            self.engine.bury(self.queue, [self.job_id])
-            if failed:
-                signals.send(signals.job_failed, job, error=message)
-            signals.send(signals.job_dead, job, error=message)
-        else:
-            self._ack(self.job_id)
-        return status.value
+        final = {"status": Status(outcome.value), "finished_at": timezone.now(),
+                 "last_error": message}  # fmt: skip
+        events: list[tuple[str, str]] = [(EventKind.FAILED, message)] if failed else []
+        events.append((EventKind(outcome.value), "" if failed else message))
+        result = Result(outcome, job, message, failed, None, duration)
+        return self.write(job, final, events, result, fence=fence)
 
-    # -- helpers ---------------------------------------------------------------
+    def write(
+        self,
+        job: Job,
+        values: dict[str, Any],
+        events: list[tuple[str, str]],
+        result: Result,
+        *,
+        fence: bool = True,
+    ) -> Result:
+        """Write an outcome and its events in one transaction; the fence decides."""
+        try:
+            with transaction.atomic(using=sql.db()):
+                if fence:
+                    won = sql.update_fenced(job, values)
+                else:  # a waiting row that cannot start (no attempts left)
+                    won = bool(Job.objects.filter(pk=job.pk, status__in=ACTIVE).update(**values))
+                if won:
+                    for kind, message in events:
+                        self.event(job, kind, message)
+        except Exception as exc:
+            if lost_database(exc):
+                return self.hand_back(exc)
+            raise
+        if not won:
+            return Result(Outcome.OVERTAKEN, job)
+        job.status = values["status"]
+        return result
+
+    def hand_back(self, exc: BaseException) -> Result:
+        """The database failed, not the job: the same attempt is delivered again later."""
+        logger.warning("job %s: the database is unavailable (%s); handed back", self.job_id,
+                       str(exc).strip().splitlines()[0] if str(exc).strip() else exc)  # fmt: skip
+        return Result(Outcome.HANDED_BACK, self.job, retry_at=timezone.now() + HAND_BACK_DELAY)
 
     def event(self, job: Job, kind: str, message: str = "") -> None:
         sql.insert_event(job, kind, self.actor, message)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from django.db import transaction
+
 from .conf import delayjobs_settings
 from .engine import Engine
 from .exceptions import ConfigurationError
@@ -42,3 +44,26 @@ def check_redis(engine: Engine) -> list[str]:
             raise ConfigurationError(message + " (REFUSE_EVICTING_REDIS is on)")
         warnings.append(message)
     return warnings
+
+
+def deployment_uid() -> str:
+    """This database's deployment id (created by the first worker that asks)."""
+    from .models import Deployment
+
+    with transaction.atomic(using=Deployment.objects.db):
+        deployment, _ = Deployment.objects.get_or_create(pk=1)
+    return str(deployment.uid)
+
+
+def check_owner(engine: Engine) -> None:
+    """Raise ``ConfigurationError`` if another deployment's workers use this Redis database
+    and ``PREFIX``: each would take the other's ids, find no row, and drop them."""
+    mine = deployment_uid()
+    recorded = engine.claim_owner(mine)
+    if recorded != mine:
+        raise ConfigurationError(
+            f"Redis {describe_redis(engine)} with DELAYJOBS['PREFIX'] = {engine.prefix!r} "
+            f"holds the jobs of another deployment (another database: deployment {recorded}; "
+            f"this one is {mine}). Give each deployment its own PREFIX or Redis database. If "
+            f"that other deployment is gone for good, delete the key {engine.owner_key!r}."
+        )

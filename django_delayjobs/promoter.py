@@ -38,9 +38,10 @@ class Promoter:
         self.stop = stop or threading.Event()
         self._last_recover = 0.0
 
-    def promote_due(self) -> tuple[int, float]:
-        """Promote everything due now; return (ids moved, seconds until the next due)."""
-        moved, wait = 0, self.tick
+    def promote_due(self) -> tuple[int, float | None]:
+        """Promote everything due now; return (ids moved, seconds until the next due id,
+        or None when nothing is pending)."""
+        moved, next_due = 0, None
         for queue in self.queues:
             while True:
                 result = self.engine.promote(queue, self.batch)
@@ -48,8 +49,9 @@ class Promoter:
                 if result.moved < self.batch:
                     break
             if result.next_due_in_us is not None:
-                wait = min(wait, result.next_due_in_us / 1e6)
-        return moved, wait
+                due = result.next_due_in_us / 1e6
+                next_due = due if next_due is None else min(next_due, due)
+        return moved, next_due
 
     def housekeeping(self, now: float) -> None:
         """Recover expired leases (each second)."""
@@ -62,7 +64,8 @@ class Promoter:
     def step(self) -> float:
         """One pass; return how long to sleep before the next."""
         self.housekeeping(time.monotonic())
-        return self.promote_due()[1]
+        next_due = self.promote_due()[1]
+        return self.tick if next_due is None else min(self.tick, next_due)
 
     def sleep(self, seconds: float) -> None:
         """Sleep ``seconds``, waking early if an earlier job is scheduled meanwhile."""

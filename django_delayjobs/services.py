@@ -25,9 +25,16 @@ from .connection import get_engine
 from .engine import MAX_BATCH, EngineUnavailable, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, Status
+from .outcomes import Outage
 from .registry import BoundAction, DelayableMethod, describe
 
 logger = logging.getLogger("django_delayjobs")
+
+#: One warning when Redis stops taking this process's changes, one when it takes them
+#: again: not a traceback per ``schedule()`` while it is down.
+_outage = Outage(
+    "django_delayjobs", "changes are committed to the database; reconcile hands them to Redis"
+)
 
 
 def _after_commit(fn: Callable[[], Any]) -> None:
@@ -58,18 +65,22 @@ def push(jobs: Iterable[Job]) -> int:
             for start in range(0, len(ids), MAX_BATCH):
                 chunk = {i: items[i] for i in ids[start : start + MAX_BATCH]}
                 added += len(engine.add(queue, chunk))
-    except Exception:
+        _outage.ok()
+    except EngineUnavailable as exc:
         # The rows are committed and scheduled: reconcile re-adds what Redis lacks.
-        logger.warning("could not hand jobs to Redis; reconcile will", exc_info=True)
+        _outage.failed(exc)
+    except Exception:  # a bug: still never the caller's problem, whose rows committed
+        logger.exception("could not hand jobs to Redis; reconcile will")
     return added
 
 
-def _redis(what: str, fn: Callable[[], Any]) -> Callable[[], None]:
+def _redis(fn: Callable[[], Any]) -> Callable[[], None]:
     def run() -> None:
         try:
             fn()
-        except EngineUnavailable:
-            logger.warning("Redis did not take %s; the database already did", what, exc_info=True)
+            _outage.ok()
+        except EngineUnavailable as exc:
+            _outage.failed(exc)
 
     return run
 
@@ -237,7 +248,7 @@ def cancel(job: Job | Any, *, actor: str = "code") -> bool:
         if won:
             job.status, job.finished_at = Status.CANCELLED, now
             _event(job, EventKind.CANCELLED, actor)
-            _after_commit(_redis("a cancel", lambda: get_engine().remove(job.queue, [str(job.pk)])))
+            _after_commit(_redis(lambda: get_engine().remove(job.queue, [str(job.pk)])))
             _send(signals.job_cancelled, job)
     return bool(won)
 
@@ -323,8 +334,9 @@ def _requeue_in_redis(job: Job) -> None:
     try:
         if get_engine().requeue(job.queue, [str(job.pk)]) == 0:
             push([job])  # not in garbage (Redis lost it): add it afresh
-    except EngineUnavailable:
-        logger.warning("Redis did not take a requeue; reconcile will", exc_info=True)
+        _outage.ok()
+    except EngineUnavailable as exc:
+        _outage.failed(exc)
 
 
 def purge(job: Job | Any) -> bool:
@@ -333,5 +345,5 @@ def purge(job: Job | Any) -> bool:
     with transaction.atomic(using=sql.db()):
         deleted, _ = Job.objects.filter(pk=job.pk, status=Status.DEAD).delete()
         if deleted:
-            _after_commit(_redis("a purge", lambda: get_engine().purge(job.queue, [str(job.pk)])))
+            _after_commit(_redis(lambda: get_engine().purge(job.queue, [str(job.pk)])))
     return bool(deleted)

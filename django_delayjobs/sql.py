@@ -45,18 +45,27 @@ def _claim_sql(alias: str) -> str:
     def c(name: str) -> str:
         return _q(conn, _JOB, name)
 
+    running = f"{c('status')} = %s"
+    # A running row is one whose delivery never recorded an outcome (its worker was lost,
+    # or lost its database): it is delivered again as the same attempt, at most
+    # MAX_DELIVERIES times. Any other active row starts its next attempt. SET and WHERE
+    # both read the row as it was before this UPDATE.
     return (
         f"UPDATE {conn.ops.quote_name(_JOB.db_table)}"
-        f" SET {c('status')} = %s, {c('attempts')} = {c('attempts')} + 1,"
-        f" {c('started_at')} = %s, {c('worker')} = %s"
+        f" SET {c('status')} = %s, {c('started_at')} = %s, {c('worker')} = %s,"
+        f" {c('attempts')} = CASE WHEN {running} THEN {c('attempts')}"
+        f" ELSE {c('attempts')} + 1 END,"
+        f" {c('deliveries')} = CASE WHEN {running} THEN {c('deliveries')} + 1 ELSE 1 END"
         f" WHERE {c('id')} = %s AND {c('status')} IN ({', '.join(['%s'] * len(ACTIVE))})"
-        f" AND {c('run_at')} <= %s AND {c('attempts')} < {c('max_attempts')}"
+        f" AND {c('run_at')} <= %s AND CASE WHEN {running} THEN {c('deliveries')} < %s"
+        f" ELSE {c('attempts')} < {c('max_attempts')} END"
     )
 
 
-def claim(job_id: str, worker: str, now: datetime) -> Job | None:
-    """Start a new attempt of an active job that is due and has attempts left; return the
-    row as it is now, or None if it did not qualify.
+def claim(job_id: str, worker: str, now: datetime, max_deliveries: int) -> Job | None:
+    """Start the next attempt of an active job that is due and has attempts left, or
+    deliver the current attempt again if it never recorded an outcome (fewer than
+    ``max_deliveries`` times); return the row as it is now, or None if it did not qualify.
 
     One statement where the database can return the updated row (PostgreSQL, SQLite from
     3.35); an UPDATE and a SELECT elsewhere.
@@ -64,9 +73,11 @@ def claim(job_id: str, worker: str, now: datetime) -> Job | None:
     alias = db()
     conn = connections[alias]
     stamp = _prep(conn, _JOB, "started_at", now)
+    running = Status.RUNNING.value
     params = [
-        Status.RUNNING.value, stamp, worker[:128], _prep(conn, _JOB, "id", job_id),
-        *(s.value for s in ACTIVE), stamp,
+        running, stamp, worker[:128], running, running,
+        _prep(conn, _JOB, "id", job_id), *(s.value for s in ACTIVE), stamp,
+        running, max_deliveries,
     ]  # fmt: skip
     plan = _row_plan(conn)
     with conn.cursor() as cursor:
@@ -89,20 +100,68 @@ def _fenced_sql(alias: str, fields: tuple[str, ...]) -> str:
     assignments = ", ".join(f"{c(name)} = %s" for name in fields)
     return (
         f"UPDATE {conn.ops.quote_name(_JOB.db_table)} SET {assignments}"
-        f" WHERE {c('id')} = %s AND {c('attempts')} = %s AND {c('status')} = %s"
+        f" WHERE {c('id')} = %s AND {c('attempts')} = %s AND {c('deliveries')} = %s"
+        f" AND {c('status')} = %s"
     )
 
 
 def update_fenced(job: Job, values: Mapping[str, Any]) -> bool:
-    """Write ``values`` only if the row is still running ``job``'s attempt."""
+    """Write ``values`` only if the row is still running ``job``'s delivery of its attempt:
+    the one fence every outcome passes."""
     alias = db()
     conn = connections[alias]
     fields = tuple(values)
     params = [_prep(conn, _JOB, name, values[name]) for name in fields]
-    params += [_prep(conn, _JOB, "id", job.pk), job.attempts, Status.RUNNING.value]
+    params += [_prep(conn, _JOB, "id", job.pk), job.attempts, job.deliveries]
+    params.append(Status.RUNNING.value)
     with conn.cursor() as cursor:
         cursor.execute(_fenced_sql(alias, fields), params)
         return bool(cursor.rowcount)
+
+
+def bury_unreadable(job_id: str, error: str, actor: str, now: datetime) -> bool:
+    """Settle an active row that cannot be read back (a poison row) as dead, touching
+    only columns that need no conversion; True if it was active."""
+    alias = db()
+    conn = connections[alias]
+    table, events = conn.ops.quote_name(_JOB.db_table), conn.ops.quote_name(_EVENT.db_table)
+
+    def c(name: str) -> str:
+        return _q(conn, _JOB, name)
+
+    def e(name: str) -> str:
+        return _q(conn, _EVENT, name)
+
+    pk = _prep(conn, _JOB, "id", job_id)
+    stamp = _prep(conn, _JOB, "finished_at", now)
+    active = [s.value for s in ACTIVE]
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET {c('status')} = %s, {c('finished_at')} = %s,"
+            f" {c('last_error')} = %s WHERE {c('id')} = %s"
+            f" AND {c('status')} IN ({', '.join(['%s'] * len(active))})",
+            [Status.DEAD.value, stamp, error, pk, *active],
+        )
+        if not cursor.rowcount:
+            return False
+        cursor.execute(
+            f"INSERT INTO {events} ({e('job')}, {e('kind')}, {e('at')}, {e('attempt')},"
+            f" {e('actor')}, {e('message')}) SELECT {c('id')}, %s, %s, {c('attempts')}, %s, %s"
+            f" FROM {table} WHERE {c('id')} = %s",
+            ["dead", _prep(conn, _EVENT, "at", now), actor, error, pk],
+        )
+    return True
+
+
+def clean_text(text: str, limit: int = 65_536) -> str:
+    """``text`` as any database can store it: no NUL, no lone surrogates, at most
+    ``limit`` characters (the head and the tail of a longer one)."""
+    text = text.replace("\x00", "\\x00")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > limit:
+        half = limit // 2
+        text = f"{text[:half]}\n[... {len(text) - limit} characters cut ...]\n{text[-half:]}"
+    return text
 
 
 _EVENT_FIELDS = ("job", "kind", "at", "attempt", "actor", "message")
@@ -128,7 +187,14 @@ def insert_events(events: Iterable[tuple[Job, str, str, str]]) -> None:
     at = _prep(conn, _EVENT, "at", timezone.now())
     job_field = _EVENT.get_field("job")
     rows = [
-        (job_field.get_db_prep_save(job.pk, conn), kind, at, job.attempts, actor, message)
+        (
+            job_field.get_db_prep_save(job.pk, conn),
+            kind,
+            at,
+            job.attempts,
+            clean_text(actor, 150),
+            clean_text(message),
+        )
         for job, kind, actor, message in events
     ]
     with conn.cursor() as cursor:

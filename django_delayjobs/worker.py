@@ -3,11 +3,17 @@
 Signal handlers only set flags (huey's consumer). The first SIGTERM/SIGINT stops claiming,
 lets running actions finish within ``SHUTDOWN_GRACE_SECONDS`` and hands back anything
 claimed but not started; a second one exits at once.
+
+A worker that heartbeats is a worker that works: if any of its threads dies, the process
+stops heartbeating at once, hands back what it can and exits non-zero, so that systemd,
+Kubernetes or supervisor restarts it (restarting a thread in place could hide a bug that
+kills it again and again).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
 import signal
@@ -23,10 +29,14 @@ from typing import Any
 
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections
+from django.utils import timezone
 
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable
+from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution
+from .outcomes import Outage, Outcome, Result, settle
+from .preflight import check_owner
 from .promoter import Promoter
 from .reconcile import horizon, reconcile
 
@@ -34,6 +44,12 @@ logger = logging.getLogger("django_delayjobs.worker")
 
 #: ``--burst`` also runs jobs due this soon (seconds).
 BURST_SLACK = 0.01
+#: How long a delivery that hit a bug in this package waits before it is tried again.
+BUG_DELAY = datetime.timedelta(seconds=5)
+
+
+class WorkerDied(DelayJobsError):
+    """A thread of the worker process died; the process exits non-zero."""
 
 
 @dataclass
@@ -55,11 +71,15 @@ class Stats:
     max_lag_ms: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, outcome: str, lag_ms: float | None) -> None:
+    def record(self, result: Result) -> None:
+        job = result.job
+        lag = None
+        if result.outcome == Outcome.SUCCEEDED and job is not None and job.started_at:
+            lag = (job.started_at - job.run_at).total_seconds() * 1000
         with self.lock:
-            self.outcomes[outcome] += 1
-            if lag_ms is not None:
-                self.max_lag_ms = max(self.max_lag_ms, lag_ms)
+            self.outcomes[result.outcome.value] += 1
+            if lag is not None and job is not None and job.attempts == 1:
+                self.max_lag_ms = max(self.max_lag_ms, lag)
 
     def line(self) -> str:
         with self.lock:
@@ -84,21 +104,27 @@ def keep_connections() -> None:
 
 
 class Backoff:
-    """Sleep longer after each consecutive infrastructure error (Redis or database down)."""
+    """Sleep longer after each consecutive infrastructure error (Redis or database down);
+    one log line when an outage starts and one when it ends, not one per failed call."""
 
-    def __init__(self, stop: threading.Event) -> None:
+    def __init__(self, stop: threading.Event, what: str) -> None:
         self.stop = stop
+        self.what = what
         self.delay = 0.0
+        self.failures = 0
 
-    def failed(self, what: str, exc: BaseException) -> None:
+    def failed(self, problem: str, exc: BaseException | str) -> None:
         self.delay = min(max(self.delay * 2, 0.2), 5.0)
-        logger.warning("%s (%s); retrying in %.1f s", what, exc, self.delay)
+        self.failures += 1
+        if self.failures == 1:
+            logger.warning("%s: %s (%s); retrying every %.1f-5 s until it is back", self.what,
+                           problem, exc, self.delay)  # fmt: skip
         self.stop.wait(self.delay)
 
     def ok(self) -> None:
-        if self.delay:
-            logger.warning("connection is back")
-        self.delay = 0.0
+        if self.failures:
+            logger.warning("%s: back after %d failed attempt(s)", self.what, self.failures)
+        self.delay, self.failures = 0.0, 0
 
 
 class WorkerProcess:
@@ -108,27 +134,37 @@ class WorkerProcess:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # everything is done
+        self.fatal: str | None = None  # why the process must exit non-zero
         self.stats = Stats()
         self.promoter = Promoter(engine, options.queues, tick=options.tick, stop=self.stopping)
+        self.threads: list[threading.Thread] = []
         # job id -> queue, for the ids this process holds a lease on
         self.held: dict[str, str] = {}
         self.held_lock = threading.Lock()
         self.lease_ms = delayjobs_settings.LEASE_SECONDS * 1000
         self.prefetch = delayjobs_settings.PREFETCH
+        self.outage = Outage(
+            "worker", "outcomes are in the database; ids come back with their lease"
+        )
+        self.beat_lock = threading.Lock()  # a last heartbeat never follows unregister()
 
     # -- lifecycle ---------------------------------------------------------------
 
     def run(self) -> None:
-        """Run until stopped (or, in burst mode, until nothing is due)."""
+        """Run until stopped (or, in burst mode, until nothing is due); raise
+        ``WorkerDied`` if a thread died."""
         previous = self.install_signal_handlers()
-        threads = self.start_threads()
+        self.threads = self.start_threads()
         try:
-            workers = [t for t in threads if t.name.startswith("delayjobs-worker")]
+            workers = [t for t in self.threads if t.name.startswith("delayjobs-worker")]
             while not self.stopping.is_set():
                 if self.options.burst and not any(t.is_alive() for t in workers):
                     break
+                self.supervise()
                 self.stopping.wait(0.2)
             self.stopping.set()
+            if self.fatal:
+                self.unregister()  # at once: a dying worker must not look alive
             grace = delayjobs_settings.SHUTDOWN_GRACE_SECONDS
             deadline = time.monotonic() + grace
             for thread in workers:
@@ -141,9 +177,26 @@ class WorkerProcess:
             self.unregister()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+        if self.fatal:
+            raise WorkerDied(self.fatal)
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def die(self, reason: str) -> None:
+        """Stop this process with a non-zero exit: something it needs is broken."""
+        if self.fatal is None:
+            self.fatal = reason
+            logger.critical("%s; stopping this worker so that its supervisor restarts it",
+                            reason)  # fmt: skip
+        self.stopping.set()
+
+    def supervise(self) -> None:
+        """Die if a thread that should still run has ended."""
+        for thread in self.threads:
+            ended_early = not thread.is_alive() and not self.stopping.is_set()
+            if ended_early and not (self.options.burst and thread.name != "delayjobs-housekeeping"):
+                self.die(f"thread {thread.name} ended unexpectedly")
 
     def install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -166,78 +219,92 @@ class WorkerProcess:
         if self.options.worker:
             targets += [(f"delayjobs-worker-{n}", self.work_loop)
                         for n in range(self.options.concurrency)]  # fmt: skip
-        threads = [threading.Thread(target=fn, name=name, daemon=True) for name, fn in targets]
+        threads = [threading.Thread(target=self.guarded(name, fn), name=name, daemon=True)
+                   for name, fn in targets]  # fmt: skip
         for thread in threads:
             thread.start()
         return threads
 
+    def guarded(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # a loop only ends like this through a bug
+                logger.critical("thread %s died", name, exc_info=True)
+                self.die(f"thread {name} died: {exc!r}")
+
+        return run
+
     # -- loops -------------------------------------------------------------------
 
     def promote_loop(self) -> None:
-        backoff = Backoff(self.stopping)
+        backoff = Backoff(self.stopping, "promoter")
         while not self.stopping.is_set():
             try:
                 wait = self.promoter.step()
                 backoff.ok()
                 self.promoter.sleep(wait)
             except EngineUnavailable as exc:
-                backoff.failed("promoter: Redis is unavailable", exc)
+                backoff.failed("Redis is unavailable", exc)
 
     def reconcile_loop(self) -> None:
         """Repair Redis from the database every RECONCILE_SECONDS, beside the promoter: a
         long sweep (many jobs due within the horizon) must not delay promotion."""
-        backoff = Backoff(self.stopping)
+        backoff = Backoff(self.stopping, "reconcile")
         while not self.stopping.is_set():
             try:
                 reconcile(self.engine, horizon=horizon())
                 backoff.ok()
             except EngineUnavailable as exc:
-                backoff.failed("reconcile: Redis is unavailable", exc)
+                backoff.failed("Redis is unavailable", exc)
                 continue
             except DatabaseError as exc:
                 close_old_connections()
-                backoff.failed("reconcile: the database is unavailable", exc)
+                backoff.failed("the database is unavailable", exc)
                 continue
             close_old_connections()
             self.stopping.wait(delayjobs_settings.RECONCILE_SECONDS)
 
     def work_loop(self) -> None:
-        backoff = Backoff(self.stopping)
+        backoff = Backoff(self.stopping, "worker")
         queues = list(self.options.queues)
         while not self.stopping.is_set():
             try:
                 claimed = self.claim(queues)
                 backoff.ok()
             except EngineUnavailable as exc:
-                backoff.failed("worker: Redis is unavailable", exc)
+                backoff.failed("Redis is unavailable", exc)
                 continue
             if claimed is None:
                 if self.options.burst:
-                    moved, wait = self.promoter.promote_due()
-                    if moved == 0 and not self.engine_has_ready():
-                        if wait > BURST_SLACK:
-                            close_old_connections()
-                            return
-                        # Due times round up to the next ms: a job scheduled "now" may
-                        # still be pending for a moment; burst runs it too.
-                        self.stopping.wait(wait)
+                    if self.burst_done(backoff):
+                        close_old_connections()
+                        return
                     continue
                 try:
                     if not self.engine.wait_for_work(queues, self.promoter.tick):
                         close_old_connections()  # idle for a tick: Django's rules apply
                 except EngineUnavailable as exc:
-                    backoff.failed("worker: Redis is unavailable", exc)
+                    backoff.failed("Redis is unavailable", exc)
                 continue
-            queue, ids = claimed
-            acks: list[str] = []
-            try:
-                for n, job_id in enumerate(ids):
-                    if self.stopping.is_set():  # claimed but not started: hand them back
-                        self.hand_back(queue, ids[n:], delay_ms=0)
-                        break
-                    self.process(queue, job_id, backoff, acks.append)
-            finally:
-                self.settle_batch(queue, ids, acks)
+            self.run_batch(*claimed, backoff)
+
+    def burst_done(self, backoff: Backoff) -> bool:
+        """In burst mode with nothing ready: promote what is due; True when nothing is
+        due within ``BURST_SLACK`` (so a burst always ends, whatever the tick)."""
+        try:
+            moved, next_due = self.promoter.promote_due()
+            if moved or self.engine_has_ready():
+                return False
+        except EngineUnavailable as exc:
+            backoff.failed("Redis is unavailable", exc)
+            return False
+        if next_due is None or next_due > BURST_SLACK:
+            return True
+        # Due times round up to the next ms: a job scheduled "now" may still be pending
+        # for a moment; burst runs it too.
+        self.stopping.wait(next_due)
+        return False
 
     def claim(self, queues: Sequence[str]) -> tuple[str, list[str]] | None:
         """Claim ids from the first queue (strict priority) that has any.
@@ -254,13 +321,49 @@ class WorkerProcess:
                 return queue, ids
         return None
 
+    def run_batch(self, queue: str, ids: list[str], backoff: Backoff) -> None:
+        acks: list[str] = []
+        try:
+            for n, job_id in enumerate(ids):
+                if self.stopping.is_set():  # claimed but not started: hand them back
+                    self.hand_back(queue, ids[n:])
+                    break
+                self.process(queue, job_id, backoff, acks.append)
+        finally:
+            self.settle_batch(queue, ids, acks)
+
+    def process(
+        self, queue: str, job_id: str, backoff: Backoff, ack: Callable[[str], None]
+    ) -> None:
+        try:
+            uuid.UUID(job_id)
+        except ValueError:  # not ours: removed from Redis once, never retried
+            logger.warning("queue %s: removed %r from Redis: it is not a job id", queue, job_id)
+            ack(job_id)
+            return
+        try:
+            result = Execution(queue, job_id, self.id).run()
+        except Exception:  # a bug in this package: keep the thread, try the job later
+            logger.exception("job %s: unexpected error; handing it back", job_id)
+            result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
+        finally:
+            keep_connections()
+        settle(self.engine, queue, job_id, result, ack, self.outage)
+        self.stats.record(result)
+        logger.debug("job %s: %s", job_id, result.outcome.value)
+        if result.outcome == Outcome.HANDED_BACK:
+            close_old_connections()
+            backoff.failed("the database is unavailable", f"job {job_id} handed back")
+        else:
+            backoff.ok()
+
     def settle_batch(self, queue: str, ids: list[str], acks: list[str]) -> None:
         """Ack the finished ids in one call and stop extending the batch's leases."""
         try:
             if acks:
                 self.engine.ack(queue, acks)
-        except EngineUnavailable:
-            logger.warning("could not ack %d job(s); their leases will expire", len(acks))
+        except EngineUnavailable as exc:
+            self.outage.failed(exc)
         finally:
             with self.held_lock:
                 for job_id in ids:
@@ -269,40 +372,12 @@ class WorkerProcess:
     def engine_has_ready(self) -> bool:
         return any(self.engine.stats(q).ready for q in self.options.queues)
 
-    def process(
-        self, queue: str, job_id: str, backoff: Backoff, ack: Callable[[str], None]
-    ) -> None:
-        execution = Execution(self.engine, queue, job_id, self.id, ack)
+    def hand_back(self, queue: str, ids: Sequence[str]) -> None:
+        """Return claimed ids to pending, due now; if Redis is down their leases do."""
         try:
-            outcome = execution.run()
-            backoff.ok()
-            job = execution.job
-            lag = None
-            if job is not None and job.started_at is not None and job.attempts == 1:
-                lag = (job.started_at - job.run_at).total_seconds() * 1000
-            self.stats.record(outcome, lag)
-            logger.debug("job %s: %s", job_id, outcome)
-        except DatabaseError as exc:
-            close_old_connections()
-            self.hand_back(queue, [job_id], delay_ms=1000)
-            backoff.failed(f"job {job_id}: the database is unavailable", exc)
+            self.engine.nack(queue, dict.fromkeys(ids, self.engine.server_time_ms()))
         except EngineUnavailable as exc:
-            # The outcome (if any) is committed; the lease will expire and the next
-            # delivery finds the row finished and just acks it.
-            backoff.failed(f"job {job_id}: Redis is unavailable", exc)
-        except Exception:  # a bug, here or below: keep the thread, retry the job later
-            logger.exception("job %s: unexpected error; handing it back", job_id)
-            self.hand_back(queue, [job_id], delay_ms=5000)
-        finally:
-            keep_connections()
-
-    def hand_back(self, queue: str, ids: Sequence[str], delay_ms: int) -> None:
-        """Return claimed ids to pending; if Redis is down their leases return them later."""
-        try:
-            due = self.engine.server_time_ms() + delay_ms
-            self.engine.nack(queue, dict.fromkeys(ids, due))
-        except EngineUnavailable:
-            logger.warning("could not hand back %s; the lease will expire", ", ".join(ids))
+            self.outage.failed(exc)
         with self.held_lock:
             for job_id in ids:
                 self.held.pop(job_id, None)
@@ -315,19 +390,31 @@ class WorkerProcess:
         beat_every = delayjobs_settings.HEARTBEAT_SECONDS
         status_every = self.options.status_every
         last_beat = last_status = 0.0
+        backoff = Backoff(self.stopped, "housekeeping")
         while not self.stopped.is_set():
             now = time.monotonic()
             try:
                 self.extend_leases()
-                if now - last_beat >= beat_every:
+                if now - last_beat >= beat_every and self.fatal is None:
                     last_beat = now
+                    self.check_owner()
                     self.heartbeat(ttl_ms=beat_every * 3000)
+                backoff.ok()
             except EngineUnavailable as exc:
-                logger.warning("housekeeping: Redis is unavailable (%s)", exc)
+                backoff.failed("Redis is unavailable", exc)
             if status_every and now - last_status >= status_every:
                 last_status = now
                 logger.info("status: %s", self.stats.line())
             self.stopped.wait(min(lease_every, beat_every))
+
+    def check_owner(self) -> None:
+        """After Redis lost its data another deployment may have claimed this PREFIX."""
+        try:
+            check_owner(self.engine)
+        except DatabaseError:
+            close_old_connections()  # checked again at the next beat
+        except ConfigurationError as exc:
+            self.die(str(exc))
 
     def extend_leases(self) -> None:
         with self.held_lock:
@@ -342,6 +429,8 @@ class WorkerProcess:
                 logger.warning("lost the lease of job %s; another worker may take it", job_id)
 
     def heartbeat(self, ttl_ms: float) -> None:
+        """Record this process as live for ``ttl_ms`` (0: remove it); a process that is
+        stopping because something broke is never recorded again."""
         info = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
@@ -349,8 +438,11 @@ class WorkerProcess:
             "concurrency": self.options.concurrency,
             "queues": list(self.options.queues),
         }
-        for queue in self.options.queues:
-            self.engine.heartbeat(queue, self.id, ttl_ms, info)
+        with self.beat_lock:
+            if ttl_ms and self.fatal is not None:
+                return
+            for queue in self.options.queues:
+                self.engine.heartbeat(queue, self.id, ttl_ms, info)
 
     def unregister(self) -> None:
         with contextlib.suppress(EngineUnavailable):

@@ -39,8 +39,10 @@ def _delayjobs_redis(redis_url: str) -> Iterator[None]:
         yield
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    """A client of the test Redis, emptied before every test: each test starts with no
+    queues, and with no deployment recorded (each test's database is a new deployment)."""
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
     yield client

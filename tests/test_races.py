@@ -18,6 +18,7 @@ from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.execution import Execution
 from django_delayjobs.models import Job, Status
+from django_delayjobs.outcomes import Outcome, settle
 from tests.helpers import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -64,7 +65,9 @@ def test_cancel_returns_true_exactly_when_the_job_never_runs():
         (job_id,) = wait_for(lambda: engine.promote("default") and engine.claim("default", 1))
 
         def work(job_id: str = job_id) -> str:
-            return Execution(engine, "default", job_id, "racer").run()
+            result = Execution("default", job_id, "racer").run()
+            settle(engine, "default", job_id, result)
+            return result.outcome
 
         def cancel(job: Job = job) -> bool:
             return Job.objects.get(pk=job.pk).cancel()
@@ -73,9 +76,9 @@ def test_cancel_returns_true_exactly_when_the_job_never_runs():
         job.refresh_from_db()
         runs = Record.objects.filter(label=f"run{n}").count()
         if cancelled:
-            assert (job.status, runs, ran) == (Status.CANCELLED, 0, "dropped")
+            assert (job.status, runs, ran) == (Status.CANCELLED, 0, Outcome.DROPPED)
         else:
-            assert (job.status, runs, ran) == (Status.SUCCEEDED, 1, Status.SUCCEEDED)
+            assert (job.status, runs, ran) == (Status.SUCCEEDED, 1, Outcome.SUCCEEDED)
         outcomes[cancelled] += 1
     assert sum(outcomes.values()) == 40
     assert engine.stats("default").in_flight == 0

@@ -52,25 +52,42 @@ def test_claim_starts_only_due_active_jobs_with_attempts_left(claim_path):
     now = timezone.now()
     due = schedule(tasks.record, in_=0, args=["a"], max_attempts=1)
     later = schedule(tasks.record, in_=60, args=["b"])
-    assert sql.claim(str(later.pk), "w", now + timedelta(seconds=1)) is None
-    claimed = sql.claim(str(due.pk), "w", now + timedelta(seconds=1))
+    assert sql.claim(str(later.pk), "w", now + timedelta(seconds=1), 2) is None
+    claimed = sql.claim(str(due.pk), "w", now + timedelta(seconds=1), 2)
     assert claimed is not None
     assert fields(claimed) == fields(Job.objects.get(pk=due.pk))
-    assert (claimed.status, claimed.attempts, claimed.worker) == (Status.RUNNING, 1, "w")
-    assert claimed.started_at == now + timedelta(seconds=1)
-    # running, but no attempts left: a second claim loses
-    assert sql.claim(str(due.pk), "w2", now + timedelta(seconds=2)) is None
+    assert (claimed.status, claimed.attempts, claimed.deliveries) == (Status.RUNNING, 1, 1)
+    assert claimed.worker == "w" and claimed.started_at == now + timedelta(seconds=1)
+    # Still running: that delivery never recorded an outcome (its worker was lost). The
+    # same attempt is delivered again, not counted twice, up to max_deliveries times.
+    again = sql.claim(str(due.pk), "w2", now + timedelta(seconds=2), 2)
+    assert again is not None
+    assert (again.attempts, again.deliveries, again.worker) == (1, 2, "w2")
+    assert sql.claim(str(due.pk), "w3", now + timedelta(seconds=3), 2) is None
+    # waiting, but no attempts left
+    Job.objects.filter(pk=due.pk).update(status=Status.RETRYING)
+    assert sql.claim(str(due.pk), "w4", now + timedelta(seconds=4), 2) is None
     Job.objects.filter(pk=later.pk).update(status=Status.CANCELLED)
-    assert sql.claim(str(later.pk), "w", now + timedelta(minutes=2)) is None
-    assert sql.claim(str(uuid.uuid4()), "w", now) is None
+    assert sql.claim(str(later.pk), "w", now + timedelta(minutes=2), 2) is None
+    assert sql.claim(str(uuid.uuid4()), "w", now, 2) is None
 
 
-def test_update_fenced_writes_only_for_the_running_attempt():
+def test_a_new_attempt_starts_its_deliveries_again():
+    job = schedule(tasks.record, in_=0, args=["a"])
+    first = sql.claim(str(job.pk), "w", timezone.now() + timedelta(seconds=1), 3)
+    assert first is not None and (first.attempts, first.deliveries) == (1, 1)
+    Job.objects.filter(pk=job.pk).update(status=Status.RETRYING)
+    second = sql.claim(str(job.pk), "w", timezone.now() + timedelta(seconds=1), 3)
+    assert second is not None and (second.attempts, second.deliveries) == (2, 1)
+
+
+@pytest.mark.parametrize("stale_part", ["attempts", "deliveries"])
+def test_update_fenced_writes_only_for_the_running_delivery(stale_part):
     scheduled = schedule(tasks.record, in_=0, args=["a"])
-    job = sql.claim(str(scheduled.pk), "w", timezone.now() + timedelta(seconds=1))
+    job = sql.claim(str(scheduled.pk), "w", timezone.now() + timedelta(seconds=1), 3)
     assert job is not None
     stale = Job.objects.get(pk=job.pk)
-    stale.attempts -= 1
+    setattr(stale, stale_part, getattr(stale, stale_part) - 1)
     assert sql.update_fenced(stale, {"status": Status.SUCCEEDED}) is False
     done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": {"ok": [1]}}
     with transaction.atomic():

@@ -81,7 +81,14 @@ def test_kill_9_mid_action_reruns_after_lease_and_writes_once(redis_url, tmp_pat
         if first.poll() is None:
             first.kill()
     job.refresh_from_db()
-    assert job.attempts == 2
+    # The killed delivery never recorded an outcome: the same attempt ran again, so the
+    # kill did not cost the job an attempt.
+    assert (job.attempts, job.deliveries) == (1, 2)
+    started = job.events.filter(kind="started").values_list("message", flat=True)
+    assert list(started) == [
+        "attempt 1 of 5",
+        "attempt 1 of 5, delivery 2 of 3 (an earlier delivery never recorded an outcome)",
+    ]
     assert Record.objects.filter(label="once").count() == 1
 
 
@@ -157,8 +164,10 @@ def test_redis_down_for_10_seconds_loses_nothing(tmp_path, settings):
         server.close()
     assert len(before) + len(during) == Job.objects.filter(status=Status.SUCCEEDED).count()
     log = (tmp_path / "w.log").read_text()
-    assert "Redis is unavailable" in log
-    assert "connection is back" in log
+    # One line per thread when the outage starts and one when it ends: no line per call.
+    assert 1 <= log.count("Redis is unavailable") <= 4
+    assert "back after" in log
+    assert "Traceback" not in log
 
 
 class DatabaseOutage:

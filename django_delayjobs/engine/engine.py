@@ -367,6 +367,22 @@ class Engine:
             for w, s in alive
         ]
 
+    @property
+    def owner_key(self) -> str:
+        # Beside the queue directory, outside every queue's hash tag.
+        return f"{{{self.prefix}}}:deployment"
+
+    def claim_owner(self, owner: str) -> str:
+        """Record ``owner`` as the one deployment using this prefix, unless one is recorded
+        already; return the recorded one (``owner`` if this call recorded it)."""
+
+        def run() -> Any:
+            self.client.set(self.owner_key, owner, nx=True)
+            return self.client.get(self.owner_key)
+
+        recorded = self._call(run)
+        return owner if recorded is None else _text(recorded)
+
     def info(self) -> dict[str, Any]:
         """Return Redis's ``INFO`` (version, memory policy, ...)."""
         return self._call(self.client.info)

@@ -7,14 +7,16 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import Error as DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
-from ...conf import delayjobs_settings
+from ...conf import bounds, delayjobs_settings
 from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
-from ...preflight import check_redis, describe_redis
+from ...preflight import check_owner, check_redis, describe_redis
 from ...worker import Options, WorkerProcess
 
+MAX_CONCURRENCY = 1000
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
 
 
@@ -49,10 +51,25 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        if opts["concurrency"] < 1:
-            raise CommandError("--concurrency must be at least 1")
-        if opts["tick"] is not None and not 0 < opts["tick"] <= 60:
-            raise CommandError("--tick must be between 0 and 60 seconds")
+        self.check_options(opts)
+        try:
+            self.run(opts)
+        except DelayJobsError as exc:  # bad settings, Redis refused, a thread died
+            raise CommandError(str(exc)) from exc
+        except DatabaseError as exc:
+            raise CommandError(f"the database is unavailable: {exc}") from exc
+
+    def check_options(self, opts: dict[str, Any]) -> None:
+        if not 1 <= opts["concurrency"] <= MAX_CONCURRENCY:
+            raise CommandError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}")
+        low, high = bounds("TICK_SECONDS")
+        if opts["tick"] is not None and not low <= opts["tick"] <= high:
+            raise CommandError(f"--tick must be from {low} to {high} seconds")
+        if opts["burst"] and opts["promoter_only"]:
+            raise CommandError("--burst runs the jobs that are due: it needs the worker role, "
+                               "not --promoter-only")  # fmt: skip
+
+    def run(self, opts: dict[str, Any]) -> None:
         verbosity = opts["verbosity"]
         self.configure_logging(verbosity)
         autodiscover_modules("tasks")  # the @delayable functions of installed apps
@@ -70,6 +87,7 @@ class Command(BaseCommand):
             warnings = check_redis(engine)
         except DelayJobsError as exc:
             raise CommandError(f"cannot use Redis at {describe_redis(engine)}: {exc}") from exc
+        check_owner(engine)
         for warning in warnings:
             self.stderr.write(self.style.WARNING(f"WARNING: {warning}"))
         process = WorkerProcess(engine, options)

@@ -1,0 +1,170 @@
+"""What one delivery of a job came to, the retry policy that decides it, and the one place
+that hands an outcome to Redis and then to signal receivers.
+
+The database is written first, by ``Execution`` (one fenced statement per outcome); only
+then does ``settle`` tell Redis and send signals. A Redis failure there is logged and the
+signals still go out: the outcome is already the database's, and an unacknowledged id
+comes back when its lease ends, finds its row finished and is dropped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+from . import signals
+from .conf import delayjobs_settings
+from .engine import Engine, EngineUnavailable
+from .exceptions import GiveUp, Retry
+
+if TYPE_CHECKING:
+    from .models import Job
+
+logger = logging.getLogger("django_delayjobs.worker")
+
+
+class Outcome(enum.StrEnum):
+    """What one delivery came to. The first four are job statuses."""
+
+    SUCCEEDED = "succeeded"  # the action returned; its effects committed with the outcome
+    RETRYING = "retrying"  # the action failed; a later attempt is due at ``retry_at``
+    DEAD = "dead"  # failed for good (or the row cannot be run at all)
+    SKIPPED = "skipped"  # target row gone, or past ``expires_at``
+    DROPPED = "dropped"  # nothing to run: cancelled, finished, deleted, or not a job id
+    DEFERRED = "deferred"  # not due yet (rescheduled after Redis handed it out)
+    HANDED_BACK = "handed_back"  # the database or Redis failed: the same attempt runs again
+    OVERTAKEN = "overtaken"  # another delivery owns the row now; nothing was written
+
+    @property
+    def redis_move(self) -> str:
+        """What Redis does with the id: ``ack``, ``nack`` (back to pending), ``bury``, or
+        ``none`` (the id belongs to the delivery that overtook this one)."""
+        return _MOVES[self]
+
+
+_MOVES = {
+    Outcome.SUCCEEDED: "ack", Outcome.SKIPPED: "ack", Outcome.DROPPED: "ack",
+    Outcome.RETRYING: "nack", Outcome.DEFERRED: "nack", Outcome.HANDED_BACK: "nack",
+    Outcome.DEAD: "bury", Outcome.OVERTAKEN: "none",
+}  # fmt: skip
+
+
+@dataclass
+class Result:
+    """One delivery's outcome, as written to the database."""
+
+    outcome: Outcome
+    job: Job | None = None
+    error: str = ""  # why it failed, died or was skipped (the history's text)
+    failed: bool = False  # the action itself raised: ``job_failed`` is sent
+    retry_at: datetime.datetime | None = None  # when a nacked id is due again
+    duration: float | None = None  # seconds the action ran
+
+
+# -- the retry policy ------------------------------------------------------------------
+
+
+def backoff_seconds(attempt: int) -> float:
+    """Exponential backoff with jitter: base * 2**(attempt-1), capped, times 0.5-1.0."""
+    settings = delayjobs_settings
+    base = settings.RETRY_BACKOFF_SECONDS * 2.0 ** min(max(attempt, 1) - 1, 30)
+    return min(base, settings.RETRY_BACKOFF_MAX_SECONDS) * random.uniform(0.5, 1.0)
+
+
+#: The longest ``Retry(after=...)`` honoured (a receiver's ``Retry-After`` of a year is not).
+MAX_RETRY_AFTER = datetime.timedelta(days=1)
+
+
+def after_failure(job: Job, exc: BaseException) -> tuple[Outcome, datetime.datetime | None]:
+    """Decide what a failed attempt leads to: ``(DEAD, None)`` or ``(RETRYING, when)``.
+
+    The one place that says whether attempts are left and when the next one is due.
+    """
+    if isinstance(exc, GiveUp) or job.attempts >= job.max_attempts:
+        return Outcome.DEAD, None
+    if isinstance(exc, Retry) and exc.after is not None:
+        delay = datetime.timedelta(seconds=min(max(exc.after, 0.0), 86_400.0))
+    else:
+        delay = datetime.timedelta(seconds=backoff_seconds(job.attempts))
+    return Outcome.RETRYING, timezone.now() + min(delay, MAX_RETRY_AFTER)
+
+
+# -- settling: Redis, then signals ---------------------------------------------------------
+
+
+class Outage:
+    """Logs a Redis outage once, counts what failed while it lasts, and says when it ends."""
+
+    def __init__(self, what: str, consequence: str) -> None:
+        self.what = what
+        self.consequence = consequence
+        self.failures = 0
+        self.since: datetime.datetime | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        if self.failures == 1:
+            self.since = timezone.now()
+            logger.warning("%s: Redis is unavailable (%s); %s", self.what, exc, self.consequence)
+
+    def ok(self) -> None:
+        if self.failures:
+            logger.warning("%s: Redis is back after %d failed call(s) since %s", self.what,
+                           self.failures, self.since)  # fmt: skip
+            self.failures = 0
+
+
+_OUTAGE = Outage("worker", "outcomes are in the database; ids come back with their lease")
+
+
+def settle(
+    engine: Engine,
+    queue: str,
+    job_id: str,
+    result: Result,
+    ack: Callable[[str], None] | None = None,
+    outage: Outage = _OUTAGE,
+) -> None:
+    """Tell Redis what became of ``job_id``, then send the outcome's signals. Never raises.
+
+    ``ack`` may collect ids to acknowledge later in one call (acking late is safe: a
+    redelivered id finds its row finished and is dropped); by default it acks at once.
+    """
+    try:
+        move = result.outcome.redis_move
+        if move == "ack":
+            if ack is None:
+                engine.ack(queue, [job_id])
+            else:
+                ack(job_id)
+        elif move == "bury":
+            engine.bury(queue, [job_id])
+        elif move == "nack":
+            due = result.retry_at or timezone.now()
+            engine.nack(queue, {job_id: max(0, int(due.timestamp() * 1000))})
+        outage.ok()
+    except EngineUnavailable as exc:
+        outage.failed(exc)
+    send_signals(result)
+
+
+def send_signals(result: Result) -> None:
+    job = result.job
+    if job is None:
+        return
+    extra: dict[str, Any] = {"error": result.error}
+    if result.outcome == Outcome.SUCCEEDED:
+        signals.send(signals.job_succeeded, job)
+    elif result.outcome == Outcome.RETRYING:
+        signals.send(signals.job_failed, job, **extra)
+    elif result.outcome == Outcome.DEAD:
+        if result.failed:
+            signals.send(signals.job_failed, job, **extra)
+        signals.send(signals.job_dead, job, **extra)
