@@ -25,7 +25,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.contrib.contenttypes.models import ContentType
-from django.db import DataError, InterfaceError, OperationalError, connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
 from . import serialization, signals, sql
@@ -59,22 +59,25 @@ def note(text: str) -> None:
     notes.append(sql.clean_text(str(text), NOTE_LIMIT))
 
 
-#: What reading a row whose values Python cannot hold raises (a timestamp past year 9999,
-#: JSON that does not parse, text that does not decode). Anything else is a bug here.
-UNREADABLE = (DataError, ValueError, OverflowError)
-
-
 class _Overtaken(Exception):
     """The fenced outcome UPDATE matched no row: another delivery owns the job."""
 
 
-def lost_database(exc: BaseException) -> bool:
-    """Whether ``exc`` is the database connection failing, not the job: an operational or
-    interface error after which the connection is gone or unusable."""
-    if not isinstance(exc, OperationalError | InterfaceError):
-        return False
-    conn = connections[sql.db()]
-    return conn.connection is None or not conn.is_usable()
+class Connection:
+    """The database connection a step starts on, to tell afterwards whether it was lost."""
+
+    def __init__(self) -> None:
+        self.raw = connections[sql.db()].connection
+
+    def lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the connection failing, not the job: an operational or
+        interface error after which the connection is gone, replaced or unusable. (When a
+        rollback fails Django drops the connection, and may have opened a new one by the
+        time the error arrives here.)"""
+        if not isinstance(exc, OperationalError | InterfaceError):
+            return False
+        conn = connections[sql.db()]
+        return conn.connection is None or conn.connection is not self.raw or not conn.is_usable()
 
 
 def describe(exc: BaseException) -> str:
@@ -108,11 +111,12 @@ class Execution:
         signals.send(signals.job_started, job)
         if job.expires_at is not None and timezone.now() > job.expires_at:
             return self.finish(Outcome.SKIPPED, f"expired at {job.expires_at.isoformat()}")
+        connection = Connection()
         try:
             fn = self.resolve(job)
             args, kwargs = serialization.load(job.args), serialization.load(job.kwargs)
         except Exception as exc:
-            if lost_database(exc):
+            if connection.lost(exc):
                 return self.hand_back(exc)
             return self.finish(Outcome.DEAD, f"cannot run this job: {exc}")
         if fn is None:
@@ -133,7 +137,9 @@ class Execution:
             return self.not_claimed()
         except (OperationalError, InterfaceError) as exc:
             return self.hand_back(exc)  # nothing was written: no attempt, no delivery used
-        except UNREADABLE as exc:  # a value in the row cannot be converted: a poison row
+        except Exception as exc:
+            if not self.poisoned():
+                raise  # a bug here, not the row's fault
             return self.bury_unreadable(exc)
 
     def started_message(self, job: Job) -> str:
@@ -166,6 +172,20 @@ class Execution:
         # Changed between our UPDATE and SELECT (a cancel, say): look at it again shortly.
         return Result(Outcome.DEFERRED, job, retry_at=timezone.now())
 
+    def poisoned(self) -> bool:
+        """Whether the row cannot be read back faithfully: a value Python cannot hold (a
+        timestamp past year 9999) or one its field refuses (text that is not a date reads
+        as None). Such a row got in by hand or through an older version."""
+        try:
+            job = sql.fetch(self.job_id)
+            if job is not None:
+                job.clean_fields(exclude=["target_type"])  # no query: the FK is not checked
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception:
+            return True
+        return False
+
     def bury_unreadable(self, exc: BaseException) -> Result:
         error = f"this job's row cannot be read back, so it cannot run: {exc!r}"
         logger.error("job %s: %s", self.job_id, error)
@@ -196,6 +216,7 @@ class Execution:
         assert job is not None
         started = time.perf_counter()
         notes: list[str] = []
+        connection = Connection()
         try:
             with transaction.atomic(using=sql.db()):
                 value = self.call(fn, args, kwargs, notes)
@@ -210,7 +231,7 @@ class Execution:
             return Result(Outcome.OVERTAKEN, job)
         except BaseException as exc:  # anything the action raised: its effects rolled back
             duration = time.perf_counter() - started
-            if lost_database(exc):
+            if connection.lost(exc):
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
         job.status, job.result = Status.SUCCEEDED, stored
@@ -273,6 +294,7 @@ class Execution:
         fence: bool = True,
     ) -> Result:
         """Write an outcome and its events in one transaction; the fence decides."""
+        connection = Connection()
         try:
             with transaction.atomic(using=sql.db()):
                 if fence:
@@ -283,7 +305,7 @@ class Execution:
                     for kind, message in events:
                         self.event(job, kind, message)
         except Exception as exc:
-            if lost_database(exc):
+            if connection.lost(exc):
                 return self.hand_back(exc)
             raise
         if not won:

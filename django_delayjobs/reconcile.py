@@ -45,7 +45,7 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Counter[st
             repaired[queue] += _repair(engine, queue, batch.pop(queue))
     for queue, items in batch.items():
         repaired[queue] += _repair(engine, queue, items)
-    if repaired:
+    if sum(repaired.values()):  # a Counter holding zeros is truthy
         logger.warning("reconcile re-added %s job(s) Redis did not hold: %s",
                        sum(repaired.values()), dict(repaired))  # fmt: skip
     return repaired

@@ -412,9 +412,11 @@ class WorkerProcess:
         try:
             check_owner(self.engine)
         except DatabaseError:
-            close_old_connections()  # checked again at the next beat
+            pass  # checked again at the next beat
         except ConfigurationError as exc:
             self.die(str(exc))
+        finally:
+            close_old_connections()  # this thread's connection: closed between beats
 
     def extend_leases(self) -> None:
         with self.held_lock:

@@ -80,6 +80,7 @@ DELAYJOBS = {
     "RETRY_BACKOFF_SECONDS": float(os.environ.get("DELAYJOBS_RETRY_BACKOFF_SECONDS", 10)),
     "RECONCILE_SECONDS": float(os.environ.get("DELAYJOBS_RECONCILE_SECONDS", 60)),
     "HEARTBEAT_SECONDS": float(os.environ.get("DELAYJOBS_HEARTBEAT_SECONDS", 10)),
+    "MAX_DELIVERIES": int(os.environ.get("DELAYJOBS_MAX_DELIVERIES", 3)),
 }
 
 TASKS = {

@@ -62,3 +62,135 @@ def cancel_job(job_id: str) -> None:
 
 
 from . import task_functions  # noqa: E402,F401  (the worker imports @task functions via tasks.py)
+
+# -- actions for the robustness tests ------------------------------------------------------
+
+
+class CustomBaseException(BaseException):
+    """Not an Exception: what a library might raise to unwind everything."""
+
+
+@delayable
+def raise_base(kind: str) -> None:
+    """Write, then raise a BaseException: the write must roll back, the worker live on."""
+    Record.objects.create(label=f"before:{kind}")
+    errors: dict[str, BaseException] = {
+        "SystemExit": SystemExit(3),
+        "KeyboardInterrupt": KeyboardInterrupt(),
+        "GeneratorExit": GeneratorExit(),
+        "custom": CustomBaseException("unwinding"),
+    }
+    raise errors[kind]
+
+
+@delayable
+def retry_later(seconds: float, label: str) -> str:
+    """Fails its first attempt with Retry(after=seconds), then records."""
+    from django_delayjobs import Retry
+    from django_delayjobs.execution import current_job
+
+    job = current_job.get()
+    assert job is not None
+    if job.attempts == 1:
+        raise Retry(f"not yet, try in {seconds} s", after=seconds)
+    Record.objects.create(label=label)
+    return label
+
+
+@delayable
+def give_up(reason: str) -> None:
+    from django_delayjobs import GiveUp
+
+    Record.objects.create(label="gave up")
+    raise GiveUp(reason)
+
+
+@delayable
+def noted(*lines: str) -> str:
+    from django_delayjobs.execution import note
+
+    for line in lines:
+        note(line)
+    return "noted"
+
+
+@delayable
+async def async_record(label: str) -> dict[str, str]:
+    """An async action: its ORM call runs in the worker's transaction."""
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(Record.objects.create)(label=label)
+    return {"label": label}
+
+
+@delayable
+def return_unstorable(label: str) -> object:
+    Record.objects.create(label=label)
+    return object()
+
+
+@delayable
+def end_process(code: int) -> None:
+    """Ends the worker process from inside an action (a crash, an OOM kill)."""
+    import os
+
+    os._exit(code)
+
+
+@delayable
+def stop_redis_then_fail(url: str) -> None:
+    """Shuts the test's Redis down, then fails: the outcome must still be signalled."""
+    import contextlib
+
+    import redis
+
+    with contextlib.suppress(redis.ConnectionError):  # the server hangs up as it goes
+        redis.Redis.from_url(url).shutdown(nosave=True)
+    raise RuntimeError("failing after Redis went away")
+
+
+def _install_test_hooks() -> None:
+    """Faults and observers that process tests switch on through the environment."""
+    import os
+
+    from django_delayjobs import signals
+
+    if os.environ.get("DELAYJOBS_TEST_RECORD_SIGNALS"):
+
+        def receiver(signal_name: str):  # type: ignore[no-untyped-def]
+            def record_signal(sender: object, job: Job, **kwargs: object) -> None:
+                Record.objects.create(label=f"signal:{signal_name}:{job.pk}")
+
+            return record_signal
+
+        for name in ("job_succeeded", "job_failed", "job_dead"):
+            getattr(signals, name).connect(receiver(name), weak=False)
+    broken = os.environ.get("DELAYJOBS_TEST_BREAK_THREAD")
+    if broken == "promoter":
+        from django_delayjobs.promoter import Promoter
+
+        def step(self: Promoter) -> float:
+            raise RuntimeError("a bug in the promoter")
+
+        Promoter.step = step  # type: ignore[method-assign]
+
+
+_install_test_hooks()
+
+
+@delayable
+def chaos_step(n: int, plan: str, seconds: float) -> int:
+    """One job of the chaos test: ``ok`` writes its effect; ``flaky`` raises a random
+    BaseException on its first attempt, then writes; ``doomed`` raises on every attempt."""
+    import random
+
+    from django_delayjobs.execution import current_job
+
+    job = current_job.get()
+    assert job is not None
+    time.sleep(seconds)
+    if plan == "doomed" or (plan == "flaky" and job.attempts == 1):
+        raise random.choice([SystemExit(1), KeyboardInterrupt(), RuntimeError("chaos"),
+                             CustomBaseException("chaos")])  # fmt: skip
+    Record.objects.create(label=f"effect:{n}")
+    return n

@@ -1,0 +1,162 @@
+"""What an action can do to its job, run by the worker in this process (--burst).
+
+Anything an action raises is its failure, never the worker's; the outcome it asks for
+(``Retry``, ``GiveUp``) is the one recorded; what it returns must be storable; ``async``
+actions run to completion in the job's transaction; a row that cannot be read is dead.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from django_delayjobs import schedule, signals
+from django_delayjobs.connection import get_engine
+from django_delayjobs.execution import note
+from django_delayjobs.models import Job, Status
+from tests.testapp import tasks
+from tests.testapp.models import Record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def burst() -> None:
+    call_command("run_delayworker", "--burst", "-v", "0")
+
+
+def events(job: Job) -> list[tuple[str, str]]:
+    return list(job.events.order_by("at", "id").values_list("kind", "message"))
+
+
+@pytest.mark.parametrize("kind", ["SystemExit", "KeyboardInterrupt", "GeneratorExit", "custom"])
+def test_a_base_exception_is_the_actions_failure_and_the_worker_goes_on(kind):
+    failing = schedule(tasks.raise_base, in_=0, args=[kind], max_attempts=1)
+    after = schedule(tasks.record, in_=0, args=["after"])
+    burst()  # one worker thread: it must survive the first job to run the second
+    failing.refresh_from_db()
+    assert failing.status == Status.DEAD
+    assert kind.replace("custom", "CustomBaseException") in failing.last_error
+    assert [k for k, _ in events(failing)] == ["scheduled", "started", "failed", "dead"]
+    assert not Record.objects.filter(label=f"before:{kind}").exists()  # rolled back
+    assert Job.objects.get(pk=after.pk).status == Status.SUCCEEDED
+    assert get_engine().stats("default").garbage == 1
+
+
+def test_retry_after_sets_the_next_attempt_time_and_its_message_is_the_history():
+    job = schedule(tasks.retry_later, in_=0, args=[30, "second"])
+    before = timezone.now()
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING and job.attempts == 1
+    assert before + timedelta(seconds=29) < job.run_at < timezone.now() + timedelta(seconds=31)
+    failed = job.events.get(kind="failed").message
+    assert failed == "Retry: not yet, try in 30 s"  # the reason, not a traceback
+    assert get_engine().stats("default").pending == 1
+    Job.objects.filter(pk=job.pk).update(run_at=timezone.now() - timedelta(seconds=1))
+    get_engine().add("default", {str(job.pk): 0})  # due now
+    burst()
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    assert Record.objects.filter(label="second").count() == 1
+
+
+def test_retry_is_still_bounded_by_max_attempts():
+    job = schedule(tasks.retry_later, in_=0, args=[30, "never"], max_attempts=1)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD and "not yet" in job.last_error
+
+
+def test_give_up_ends_the_job_dead_with_attempts_left():
+    received = []
+
+    def on_dead(sender, job, error, **kwargs):
+        received.append(error)
+
+    signals.job_dead.connect(on_dead)
+    try:
+        job = schedule(tasks.give_up, in_=0, args=["the receiver said 404"], max_attempts=5)
+        burst()
+    finally:
+        signals.job_dead.disconnect(on_dead)
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.DEAD, 1)
+    assert job.last_error == "GiveUp: the receiver said 404"
+    assert received == ["GiveUp: the receiver said 404"]
+    assert not Record.objects.exists()
+
+
+def test_notes_reach_the_attempts_history_event():
+    job = schedule(tasks.noted, in_=0, args=["status 200 in 4 ms", "body: ok"])
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.SUCCEEDED
+    assert job.events.get(kind="succeeded").message == "status 200 in 4 ms\nbody: ok"
+
+
+def test_note_refuses_to_work_outside_an_action():
+    with pytest.raises(RuntimeError, match="only inside an action"):
+        note("hello")
+
+
+def test_an_async_action_runs_in_the_jobs_transaction():
+    job = schedule(tasks.async_record, in_=0, args=["async ran"])
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.SUCCEEDED, job.last_error
+    assert job.result == {"label": "async ran"}
+    assert Record.objects.filter(label="async ran").count() == 1
+
+
+def test_a_return_value_that_cannot_be_stored_fails_the_attempt_and_rolls_back():
+    job = schedule(tasks.return_unstorable, in_=0, args=["written"], max_attempts=1)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    assert "TypeError" in job.last_error and "return value" in job.last_error
+    assert not Record.objects.exists()
+
+
+def test_an_unreadable_row_is_dead_with_the_reason_and_the_queue_goes_on(redis_client):
+    poison = schedule(tasks.record, in_=0, args=["poison"])
+    healthy = schedule(tasks.record, in_=0, args=["healthy"])
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":  # past datetime.max: psycopg cannot read it
+            cursor.execute(f"UPDATE {table} SET expires_at = '10000-01-01' WHERE id = %s",
+                           [poison.pk])  # fmt: skip
+        else:  # not a date: it reads back as None
+            cursor.execute(f"UPDATE {table} SET run_at = 'soon' WHERE id = %s",
+                           [poison.pk.hex])  # fmt: skip
+    burst()
+    row = Job.objects.filter(pk=poison.pk).values("status", "last_error").get()
+    assert row["status"] == Status.DEAD
+    assert "cannot be read back" in row["last_error"]
+    assert Job.objects.get(pk=healthy.pk).status == Status.SUCCEEDED
+    stats = get_engine().stats("default")
+    assert (stats.ready, stats.in_flight, stats.pending, stats.garbage) == (0, 0, 0, 1)
+
+
+def test_ids_that_are_not_job_ids_are_removed_once_with_one_log_line(caplog):
+    engine = get_engine()
+    engine.add("default", {"not-a-uuid": 0, "../../etc": 0})
+    job = schedule(tasks.record, in_=0, args=["real"])
+    burst()
+    burst()
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    stats = engine.stats("default")
+    assert (stats.ready, stats.in_flight, stats.pending) == (0, 0, 0)
+    lines = [r.getMessage() for r in caplog.records if "not a job id" in r.getMessage()]
+    assert len(lines) == 2 and all("removed" in line for line in lines)
+
+
+def test_a_missing_row_is_dropped():
+    get_engine().add("default", {str(uuid.uuid4()): 0})
+    burst()
+    stats = get_engine().stats("default")
+    assert (stats.ready, stats.in_flight, stats.garbage) == (0, 0, 0)
+    assert stats.counters["acked"] == 1

@@ -1,0 +1,234 @@
+"""Faults that once stopped a worker silently, each with a real worker process.
+
+A worker that heartbeats must be a worker that works: an action cannot kill its thread,
+a dying thread takes the process down (non-zero), bad settings stop it before it starts,
+infrastructure failures cost no attempt, and a job that kills its worker every time ends
+dead instead of looping.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection, transaction
+
+from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
+from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.models import Job, Status
+from tests.helpers import ROOT, start_worker, stop, wait_for, worker_env
+from tests.testapp import tasks
+from tests.testapp.models import Record
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def live_workers(n: int = 1) -> bool:
+    return get_engine().stats("default").live_workers >= n
+
+
+def status(job: Job) -> str:
+    return Job.objects.filter(pk=job.pk).values_list("status", flat=True).get()
+
+
+def test_system_exit_in_an_action_neither_kills_the_thread_nor_the_job(redis_url, tmp_path):
+    worker = start_worker(redis_url, "--concurrency", "1", log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        bad = [schedule(tasks.raise_base, in_=0, args=[k], max_attempts=1)
+               for k in ("SystemExit", "KeyboardInterrupt")]  # fmt: skip
+        good = schedule(tasks.record, in_=0, args=["after them"])
+        wait_for(lambda: status(good) == Status.SUCCEEDED, timeout=20)
+        assert worker.poll() is None
+    finally:
+        assert stop(worker) == 0
+    assert [status(job) for job in bad] == [Status.DEAD, Status.DEAD]
+    assert not Record.objects.filter(label__startswith="before:").exists()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("DELAYJOBS_LEASE_SECONDS", "inf"), ("DELAYJOBS_RECONCILE_SECONDS", "nan"),
+     ("DELAYJOBS_HEARTBEAT_SECONDS", "0")],
+)  # fmt: skip
+def test_settings_that_would_make_a_zombie_are_refused_with_one_line(redis_url, variable, value):
+    env = {**worker_env(redis_url), variable: value}
+    check = subprocess.run(
+        [sys.executable, "-m", "django", "check", "--settings", "tests.settings"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert check.returncode != 0 and "django_delayjobs.E003" in check.stderr
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+         "--skip-checks"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 1 and time.monotonic() - started < 30
+    (line,) = run.stderr.strip().splitlines()
+    name = variable.removeprefix("DELAYJOBS_")
+    assert line.startswith("CommandError: ") and f"DELAYJOBS['{name}']" in line
+
+
+@pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
+                    reason="SQLite has no connection to terminate: the database outage "
+                    "test of test_worker_processes covers it")  # fmt: skip
+def test_a_lost_database_connection_is_not_the_actions_failure(redis_url, tmp_path):
+    worker = start_worker(redis_url, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.write_then_sleep, in_=0, args=["survived", 2.0], max_attempts=1)
+        wait_for(lambda: status(job) == Status.RUNNING)
+        time.sleep(0.3)  # inside the action's transaction now
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                "current_database() AND pid <> pg_backend_pid() AND state LIKE 'idle in%%'"
+            )
+            assert cursor.fetchall(), "the worker's connection was not found"
+        wait_for(lambda: status(job) == Status.SUCCEEDED, timeout=30)
+    finally:
+        assert stop(worker) == 0
+    job.refresh_from_db()
+    assert (job.attempts, job.deliveries) == (1, 2)  # one attempt, delivered twice
+    assert not job.events.filter(kind="failed").exists()
+    assert Record.objects.filter(label="survived").count() == 1
+    log = (tmp_path / "w.log").read_text()
+    assert "the database is unavailable" in log and "Traceback" not in log
+
+
+def test_burst_always_ends_and_timing_options_are_bounded(redis_url):
+    schedule(tasks.record, in_=0, args=["burst"])
+    env = worker_env(redis_url)
+    base = [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+            "-v", "0"]  # fmt: skip
+    done = subprocess.run([*base, "--burst", "--tick", "0.05"], cwd=ROOT, env=env, timeout=60)
+    assert done.returncode == 0
+    assert Record.objects.filter(label="burst").count() == 1
+    for args, message in [
+        (["--tick", "0.0001"], "--tick must be from 0.05 to 60"),
+        (["--tick", "nan"], "--tick must be from"),
+        (["--burst", "--promoter-only"], "needs the worker role"),
+        (["--concurrency", "0"], "--concurrency must be from 1"),
+    ]:
+        with pytest.raises(CommandError, match=message):
+            call_command("run_delayworker", *args)
+
+
+def test_two_deployments_on_one_redis_and_prefix_are_kept_apart(redis_url, tmp_path,
+                                                                  redis_client):  # fmt: skip
+    other_db = tmp_path / "other.sqlite3"
+    other = {**worker_env(redis_url), "DATABASE_URL": "", "DELAYJOBS_TEST_SQLITE": str(other_db),
+             "DELAYJOBS_HEARTBEAT_SECONDS": "0.2"}  # fmt: skip
+    subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0", "--settings",
+                    "tests.settings"], cwd=ROOT, env=other, check=True, timeout=120)  # fmt: skip
+    ours = start_worker(redis_url, env={"DELAYJOBS_HEARTBEAT_SECONDS": "0.2"},
+                        log=tmp_path / "ours.log")  # fmt: skip
+    try:
+        wait_for(live_workers)
+        theirs = start_worker(redis_url, env=other, log=tmp_path / "theirs.log")
+        assert theirs.wait(30) == 1
+        text = (tmp_path / "theirs.log").read_text()
+        assert "holds the jobs of another deployment" in text and "PREFIX" in text
+        # Redis loses its data and the other deployment's worker records itself first: ours
+        # notices at its next heartbeat and stops rather than drop the other's ids.
+        with sqlite3.connect(other_db) as db:
+            (their_uid,) = db.execute("SELECT uid FROM django_delayjobs_deployment").fetchone()
+        redis_client.flushdb()
+        redis_client.set("{delayjobs}:deployment", str(uuid.UUID(their_uid)))
+        assert ours.wait(30) == 1
+        assert "holds the jobs of another deployment" in (tmp_path / "ours.log").read_text()
+    finally:
+        for process in (ours, theirs):
+            if process.poll() is None:
+                process.kill()
+
+
+def test_outcome_signals_are_sent_when_redis_is_gone_at_that_moment(tmp_path, settings):
+    server = EmbeddedRedis(tmp_path / "redis")
+    url = server.start()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
+    env = {"DELAYJOBS_TEST_RECORD_SIGNALS": "1"}
+    worker = start_worker(url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.stop_redis_then_fail, in_=0, args=[url], max_attempts=1)
+        wait_for(lambda: status(job) == Status.DEAD, timeout=20)
+        wait_for(lambda: Record.objects.filter(label=f"signal:job_dead:{job.pk}").exists())
+        assert Record.objects.filter(label=f"signal:job_failed:{job.pk}").exists()
+        server.start()
+    finally:
+        assert stop(worker) == 0
+        server.close()
+
+
+def test_a_dying_thread_takes_the_process_down_and_its_heartbeat_with_it(redis_url, tmp_path):
+    env = {"DELAYJOBS_TEST_BREAK_THREAD": "promoter"}
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    try:
+        assert worker.wait(30) == 1
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    log = (tmp_path / "w.log").read_text()
+    assert "thread delayjobs-promoter died" in log and "a bug in the promoter" in log
+    assert get_engine().stats("default").live_workers == 0
+
+
+def test_a_job_that_kills_its_worker_every_time_ends_dead(redis_url, tmp_path):
+    env = {"DELAYJOBS_LEASE_SECONDS": "1"}
+    job = schedule(tasks.end_process, in_=0, args=[9])
+    codes = []
+    for n in range(6):  # a supervisor: restart the worker whenever it ends
+        worker = start_worker(redis_url, env=env, log=tmp_path / f"{n}.log")
+        try:
+            wait_for(lambda w=worker: w.poll() is not None or status(job) == Status.DEAD, 30)
+        finally:
+            codes.append(stop(worker))
+        if status(job) == Status.DEAD:
+            break
+    job.refresh_from_db()
+    assert job.status == Status.DEAD, codes
+    assert codes[:3] == [9, 9, 9]  # three deliveries, each ended its worker
+    assert (job.attempts, job.deliveries) == (1, 3)
+    assert "delivered 3 time(s) and never recorded an outcome" in job.last_error
+
+
+def test_schedule_does_not_block_on_a_frozen_redis_and_logs_one_line(tmp_path, settings,
+                                                                       caplog):  # fmt: skip
+    server = EmbeddedRedis(tmp_path / "redis")
+    url = server.start()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
+    get_engine().known_queues()  # connect while it answers
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        for n in range(3):
+            with transaction.atomic():
+                schedule(tasks.record, in_=60, args=[str(n)])
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.close()
+    assert elapsed < 3 * 1.5, elapsed  # the 1 s socket timeout, no retries inside redis-py
+    assert Job.objects.filter(status=Status.SCHEDULED).count() == 3  # reconcile's to add
+    warnings = [r for r in caplog.records if "Redis is unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].exc_info is None
+
+
+def test_a_sweep_that_repairs_nothing_warns_nothing(caplog):
+    from django_delayjobs.reconcile import reconcile
+
+    schedule(tasks.record, in_=60, args=["held"])
+    assert sum(reconcile(get_engine()).values()) == 0
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
