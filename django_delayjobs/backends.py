@@ -24,7 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import registry, serialization, signals, sql
-from .engine import validate_name
+from .engine import DelayJobsError, validate_name
 from .execution import current_job
 from .models import Job, Status
 from .task_api import (
@@ -234,9 +234,26 @@ def _started(sender: Any, job: Job, **kwargs: Any) -> None:
         task_started.send(DelayJobsBackend, task_result=to_result(job))
 
 
-def _finished(sender: Any, job: Job, **kwargs: Any) -> None:
-    if job.action.startswith(PREFIX) and job.action in _tasks:
-        task_finished.send(DelayJobsBackend, task_result=to_result(job))
+class TaskFailed(DelayJobsError):
+    """Carries a failed task's traceback to ``task_finished`` receivers.
+
+    The signal follows the committed outcome, after the task's own exception is gone;
+    receivers that read ``sys.exc_info()`` (Django's, which logs a failed task with its
+    exception) find this one, whose message is the task's traceback as recorded.
+    """
 
 
-__all__ = ["STATUS", "DelayJobsBackend"]
+def _finished(sender: Any, job: Job, error: str = "", **kwargs: Any) -> None:
+    if not (job.action.startswith(PREFIX) and job.action in _tasks):
+        return
+    result = to_result(job)
+    if result.status != TaskResultStatus.FAILED or not error:
+        task_finished.send(DelayJobsBackend, task_result=result)
+        return
+    try:
+        raise TaskFailed(error)
+    except TaskFailed:
+        task_finished.send(DelayJobsBackend, task_result=result)
+
+
+__all__ = ["STATUS", "DelayJobsBackend", "TaskFailed"]

@@ -81,10 +81,6 @@ PENDING: dict[str, str] = {
         "until priority is supported (a priority out of range gets 'Backend does not "
         "support setting priority of tasks.' before the range check's message)"
     ),
-    "ImmediateBackendTestCase.test_catches_exception": (
-        "until issue 13 lands in the worker: a task that raises SystemExit ends the worker "
-        "thread instead of failing (its ValueError case passes)"
-    ),
 }
 
 #: Expected to fail only with the django-tasks backport (Django 5.2): each fails against
