@@ -6,46 +6,44 @@ Django 6 (native ``django.tasks``) or on Django 5.2 with the ``django-tasks`` ba
 worker runs it like any action. Only ``@task`` functions whose module this process
 imported can run: a Task registers itself when it is created, and nothing read from the
 database is imported by path.
+
+Django's own ``tests/tasks`` cases run against this backend in the project's test suite
+(``tests/tasks_conformance``); docs/tasks.md lists the few that do not apply and why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import uuid
 from inspect import Signature, signature
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
-from . import registry, serialization, signals
-from .engine import validate_name
-from .models import EventKind, Job, JobEvent, Status
-
-if TYPE_CHECKING:  # type-check against Django 6's own module (django-stubs has it)
-    from django.tasks import TaskResultStatus
-    from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import Task, TaskContext, TaskError, TaskResult
-    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued, task_finished, task_started
-else:
-    try:  # Django 6.0+
-        from django.tasks import TaskResultStatus
-        from django.tasks.backends.base import BaseTaskBackend
-        from django.tasks.base import Task, TaskContext, TaskError, TaskResult
-        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-        from django.tasks.signals import task_enqueued, task_finished, task_started
-    except ImportError:  # Django 5.2 with the django-tasks backport
-        from django_tasks import TaskResultStatus
-        from django_tasks.backends.base import BaseTaskBackend
-        from django_tasks.base import Task, TaskContext, TaskError, TaskResult
-        from django_tasks.exceptions import InvalidTaskError as InvalidTask
-        from django_tasks.exceptions import TaskResultDoesNotExist
-        from django_tasks.signals import task_enqueued, task_finished, task_started
-
+from . import registry, serialization, signals, sql
+from .engine import DelayJobsError, validate_name
 from .execution import current_job
+from .models import Job, Status
+from .task_api import (
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskContext,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+from .task_history import History
 
 PREFIX = "task:"
+ACTOR = "django.tasks:"  # + the backend alias: the actor of a task's "scheduled" event
 
 #: How each job status reads in the task framework, which has only four. A cancelled or
 #: skipped job never ran to success and will not run again: FAILED ("was unable to start").
@@ -59,6 +57,10 @@ STATUS = {
     Status.SKIPPED: TaskResultStatus.FAILED,
 }
 
+#: The OPTIONS this backend reads, with their defaults. The framework has no retries: a
+#: task that raises is FAILED at once unless MAX_ATTEMPTS allows more.
+OPTIONS = {"MAX_ATTEMPTS": 1}
+
 _tasks: dict[str, Task[Any, Any]] = {}
 
 
@@ -66,7 +68,6 @@ class TaskAction:
     """The registered action that runs one ``@task`` function, with context if it asks."""
 
     def __init__(self, task: Task[Any, Any]) -> None:
-        self.task = task
         self.delayable_name = PREFIX + task.module_path
         self.__qualname__ = self.__name__ = task.module_path
         params = list(signature(task.func).parameters.values())
@@ -77,27 +78,37 @@ class TaskAction:
         task = _tasks[self.delayable_name]
         if task.takes_context:
             job = current_job.get()
-            assert job is not None, "a task with context runs only in a worker"
-            return task.call(TaskContext(task_result=to_result(job)), *args, **kwargs)
-        return task.call(*args, **kwargs)
+            if job is None:
+                raise RuntimeError(f"{task.module_path} takes context: it runs in a worker")
+            value = task.call(TaskContext(task_result=to_result(job)), *args, **kwargs)
+        else:
+            # Task.call runs a coroutine function to completion (async_to_sync): its ORM
+            # calls come back to this thread, inside the worker's transaction.
+            value = task.call(*args, **kwargs)
+        # The framework's rule for return values: normalised to JSON types, and one that
+        # cannot be ("Unsupported type") fails the task, its database effects rolled back.
+        return normalize_json(value)
 
 
 class DelayJobsBackend(BaseTaskBackend):
     supports_defer = True
     supports_get_result = True
-    supports_async_task = False  # the worker runs actions in threads, not an event loop
-    supports_priority = False  # queues are served in strict order; no per-task priority
+    supports_async_task = True  # run to completion in a worker thread (Task.call)
+    supports_priority = False  # the engine serves the due jobs of a queue in FIFO order
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         for queue in self.queues:
-            validate_name(queue, "queue name")
-        # The framework has no retries: a task that raises is FAILED. OPTIONS may allow more.
-        self.max_attempts = int(self.options.get("MAX_ATTEMPTS", 1))
+            try:
+                validate_name(queue, "queue name")
+            except (TypeError, ValueError) as exc:
+                raise ImproperlyConfigured(f"TASKS[{alias!r}]['QUEUES']: {exc}") from None
+        self.max_attempts = _options(alias, self.options)["MAX_ATTEMPTS"]
         # Idempotent (dispatch_uid): every backend instance translates the same signals.
         signals.job_started.connect(_started, dispatch_uid="delayjobs-tasks-started")
         signals.job_succeeded.connect(_finished, dispatch_uid="delayjobs-tasks-succeeded")
         signals.job_dead.connect(_finished, dispatch_uid="delayjobs-tasks-dead")
+        signals.job_cancelled.connect(_finished, dispatch_uid="delayjobs-tasks-cancelled")
 
     def validate_task(self, task: Task[Any, Any]) -> None:
         """Validate like every backend, then register the task as an action."""
@@ -113,6 +124,9 @@ class DelayJobsBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         self.validate_task(task)
+        # The framework's rule for arguments (TypeError "Unsupported type" otherwise),
+        # applied before anything is written.
+        args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
         run_after = task.run_after
         if isinstance(run_after, datetime.timedelta):  # older backport versions allow it
             run_after = timezone.now() + run_after
@@ -122,73 +136,97 @@ class DelayJobsBackend(BaseTaskBackend):
             job = schedule(
                 registry._functions[PREFIX + task.module_path],
                 at=run_after or timezone.now(),
-                args=list(args),
-                kwargs=dict(kwargs),
+                args=args,
+                kwargs=kwargs,
                 queue=task.queue_name,
                 max_attempts=self.max_attempts,
-                actor=f"django.tasks:{self.alias}",
+                actor=ACTOR + self.alias,
             )
         except (TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from exc
         result = to_result(job, task)
-        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
+        transaction.on_commit(
+            lambda: task_enqueued.send(type(self), task_result=result), using=sql.db()
+        )
         return result
 
     def get_result(self, result_id: str) -> TaskResult[Any, Any]:
         try:
-            job = Job.objects.get(pk=uuid.UUID(str(result_id)), action__startswith=PREFIX)
-        except (ValueError, Job.DoesNotExist):
+            pk = uuid.UUID(str(result_id))
+        except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
+        job = Job.objects.filter(pk=pk, action__startswith=PREFIX).first()
+        if job is None:
+            raise TaskResultDoesNotExist(result_id)
         return to_result(job)
 
 
+def _options(alias: str, options: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"TASKS[{alias!r}]['OPTIONS']: unknown {', '.join(unknown)} "
+            f"(DelayJobsBackend reads {', '.join(OPTIONS)})"
+        )
+    merged = {**OPTIONS, **options}
+    attempts = merged["MAX_ATTEMPTS"]
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 1000:
+        raise ImproperlyConfigured(
+            f"TASKS[{alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be an int from 1 to 1000, "
+            f"not {attempts!r}"
+        )
+    return merged
+
+
 def to_result(job: Job, task: Task[Any, Any] | None = None) -> TaskResult[Any, Any]:
-    """Map a Job (and its events) to the framework's TaskResult."""
-    task = task or _tasks.get(job.action)
-    if task is None:
+    """Map a Job (and its events) to the framework's TaskResult.
+
+    ``task`` is the Task that was enqueued, when the caller has it; otherwise it is
+    rebuilt from the registered task and what the job recorded of it.
+    """
+    registered = _tasks.get(job.action)
+    if registered is None:
         raise TaskResultDoesNotExist(
             f"{job.pk}: task {job.action.removeprefix(PREFIX)} is not imported in this process"
         )
-    events = list(
-        JobEvent.objects.filter(job=job, kind__in=[EventKind.STARTED, EventKind.FAILED])
-        .order_by("at", "id").values_list("kind", "actor", "message", "at")
-    )  # fmt: skip
-    started = [(actor, at) for kind, actor, _, at in events if kind == EventKind.STARTED]
-    errors = [TaskError(exception_class_path=_exception_path(message), traceback=message)
-              for kind, _, message, _ in events if kind == EventKind.FAILED]  # fmt: skip
-    if job.status in (Status.DEAD, Status.SKIPPED, Status.CANCELLED) and not errors:
-        errors.append(
-            TaskError(
-                exception_class_path="django_delayjobs.exceptions.DelayJobsError",
-                traceback=job.last_error or f"the job was {job.status}",
-            )
+    history = History.of(job)
+    alias = history.actor.removeprefix(ACTOR) if history.actor.startswith(ACTOR) else None
+    if task is None:
+        task = _as_enqueued(
+            registered,
+            queue_name=job.queue,
+            priority=job.priority,
+            run_after=history.first_due if history.deferred else None,
+            backend=alias or registered.backend,
         )
     result: TaskResult[Any, Any] = TaskResult(
         task=task,
         id=str(job.pk),
         status=STATUS[Status(job.status)],
         enqueued_at=job.created_at,
-        started_at=started[0][1] if started else None,
+        started_at=history.started[0].at if history.started else None,
         finished_at=job.finished_at,
-        last_attempted_at=started[-1][1] if started else None,
+        last_attempted_at=history.started[-1].at if history.started else None,
         args=serialization.load(job.args),
         kwargs=serialization.load(job.kwargs),
-        backend=task.backend,
-        errors=errors,
-        worker_ids=[actor.removeprefix("worker:") for actor, _ in started],
+        backend=alias or task.backend,
+        errors=history.errors(job),
+        worker_ids=[attempt.worker for attempt in history.started],
     )
     if job.status == Status.SUCCEEDED:
         object.__setattr__(result, "_return_value", serialization.load(job.result))
     return result
 
 
-def _exception_path(traceback_text: str) -> str:
-    """Read the exception's class path off the last line of a formatted traceback."""
-    last = traceback_text.strip().splitlines()[-1] if traceback_text.strip() else ""
-    name = last.split(":", 1)[0].strip()
-    if not name or " " in name:
-        return "builtins.Exception"
-    return name if "." in name else f"builtins.{name}"
+def _as_enqueued(task: Task[Any, Any], **fields: Any) -> Task[Any, Any]:
+    """A copy of ``task`` with ``fields`` changed, without validating it again: a result
+    stays readable when the settings that validated its task have changed since."""
+    if all(getattr(task, name) == value for name, value in fields.items()):
+        return task
+    copy = object.__new__(type(task))
+    for field in dataclasses.fields(task):
+        object.__setattr__(copy, field.name, fields.get(field.name, getattr(task, field.name)))
+    return copy
 
 
 def _started(sender: Any, job: Job, **kwargs: Any) -> None:
@@ -196,9 +234,26 @@ def _started(sender: Any, job: Job, **kwargs: Any) -> None:
         task_started.send(DelayJobsBackend, task_result=to_result(job))
 
 
-def _finished(sender: Any, job: Job, **kwargs: Any) -> None:
-    if job.action.startswith(PREFIX) and job.action in _tasks:
-        task_finished.send(DelayJobsBackend, task_result=to_result(job))
+class TaskFailed(DelayJobsError):
+    """Carries a failed task's traceback to ``task_finished`` receivers.
+
+    The signal follows the committed outcome, after the task's own exception is gone;
+    receivers that read ``sys.exc_info()`` (Django's, which logs a failed task with its
+    exception) find this one, whose message is the task's traceback as recorded.
+    """
 
 
-__all__ = ["STATUS", "DelayJobsBackend"]
+def _finished(sender: Any, job: Job, error: str = "", **kwargs: Any) -> None:
+    if not (job.action.startswith(PREFIX) and job.action in _tasks):
+        return
+    result = to_result(job)
+    if result.status != TaskResultStatus.FAILED or not error:
+        task_finished.send(DelayJobsBackend, task_result=result)
+        return
+    try:
+        raise TaskFailed(error)
+    except TaskFailed:
+        task_finished.send(DelayJobsBackend, task_result=result)
+
+
+__all__ = ["STATUS", "DelayJobsBackend", "TaskFailed"]

@@ -15,10 +15,10 @@ from tests.testapp import task_functions as t
 from tests.testapp.models import Record
 
 try:
-    from django.tasks import default_task_backend, task
+    from django.tasks import default_task_backend
     from django.tasks import signals as task_signals
 except ImportError:
-    from django_tasks import default_task_backend, task
+    from django_tasks import default_task_backend
     from django_tasks import signals as task_signals
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,7 +36,7 @@ def burst() -> None:
 def test_backend_declares_its_capabilities():
     backend = default_task_backend
     assert (backend.supports_defer, backend.supports_get_result) == (True, True)
-    assert (backend.supports_async_task, backend.supports_priority) == (False, False)
+    assert (backend.supports_async_task, backend.supports_priority) == (True, False)
 
 
 def test_enqueue_creates_a_job_and_runs_it():
@@ -98,15 +98,6 @@ def test_cancelled_job_reads_as_failed():
 def test_invalid_tasks_are_refused(make, message):
     with pytest.raises(InvalidTask, match=message):
         make()
-
-
-def test_async_tasks_are_refused():
-    async def coroutine() -> None:
-        pass
-
-    coroutine.__qualname__ = "coroutine"  # pretend it is module level
-    with pytest.raises(InvalidTask, match="async"):
-        task(coroutine)
 
 
 def test_bad_arguments_are_refused_and_nothing_is_written():

@@ -23,3 +23,35 @@ def explode(message: str) -> None:
 def introspect(context, label: str) -> dict:
     Record.objects.create(label=label)
     return {"attempt": context.attempt, "status": str(context.task_result.status)}
+
+
+@task(takes_context=True)
+def flaky(context, label: str) -> int:
+    """Fails its first attempt (after a write that must roll back), succeeds the next."""
+    Record.objects.create(label=f"{label}:{context.attempt}")
+    if context.attempt < 2:
+        raise ValueError(f"attempt {context.attempt} fails\nsecond line of the message")
+    return context.attempt
+
+
+@task
+async def async_add(a: int, b: int) -> int:
+    await Record.objects.acreate(label=f"async:{a}+{b}")
+    return a + b
+
+
+@task
+async def async_explode(label: str) -> None:
+    await Record.objects.acreate(label=label)  # rolled back with the failure
+    raise RuntimeError(f"async failure: {label}")
+
+
+@task
+def returns_object(label: str) -> object:
+    Record.objects.create(label=label)  # rolled back: the return value fails the task
+    return object()
+
+
+@task
+def returns_tuple() -> tuple[int, str]:
+    return (1, "two")

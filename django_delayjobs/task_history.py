@@ -1,0 +1,118 @@
+"""What a task's job history says in the task framework's terms (attempts, errors).
+
+A ``TaskResult`` is read from the job's row and its events: who enqueued it and for when
+(the ``scheduled`` event), each attempt's worker and start (``started`` events), each
+failure's traceback (``failed`` events). One query per result.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import re
+import sys
+from dataclasses import dataclass
+
+from .models import EventKind, Job, JobEvent, Status
+from .task_api import TaskError
+
+#: The class path of an error that is not an exception the job raised (a cancelled job, a
+#: lost worker), and of one whose class this process has not loaded.
+DELAYJOBS_ERROR = "django_delayjobs.exceptions.DelayJobsError"
+UNKNOWN_ERROR = "builtins.Exception"
+
+_HEADER = re.compile(
+    r"(?P<indent>(?:  \+ )?)(?:Exception Group )?Traceback \(most recent call last\):"
+)
+_CLASS_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_<>][\w<>]*)*")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    worker: str
+    at: datetime.datetime
+
+
+@dataclass(frozen=True)
+class History:
+    actor: str  # who scheduled the job ("django.tasks:<alias>" for a task)
+    first_due: datetime.datetime | None  # the due time it was scheduled with
+    deferred: bool  # scheduled for later than it was created (a run_after)
+    started: list[Attempt]
+    failures: list[str]  # the traceback of each failed attempt, oldest first
+
+    @classmethod
+    def of(cls, job: Job) -> History:
+        events = JobEvent.objects.filter(
+            job=job, kind__in=[EventKind.SCHEDULED, EventKind.STARTED, EventKind.FAILED]
+        ).order_by("at", "id")
+        actor, first_due = "", None
+        started, failures = [], []
+        for kind, who, message, at in events.values_list("kind", "actor", "message", "at"):
+            if kind == EventKind.SCHEDULED and not actor:
+                actor, first_due = who, _due(message)
+            elif kind == EventKind.STARTED:
+                started.append(Attempt(who.removeprefix("worker:"), at))
+            elif kind == EventKind.FAILED:
+                failures.append(message)
+        deferred = first_due is not None and first_due > job.created_at
+        return cls(actor, first_due, deferred, started, failures)
+
+    def errors(self, job: Job) -> list[TaskError]:
+        """One TaskError per failed attempt; one for a job that ended without any."""
+        errors = [TaskError(exception_class_path=exception_path(text), traceback=text)
+                  for text in self.failures]  # fmt: skip
+        if job.status in (Status.DEAD, Status.SKIPPED, Status.CANCELLED) and not errors:
+            text = job.last_error or f"the job was {job.status}"
+            errors.append(TaskError(exception_class_path=DELAYJOBS_ERROR, traceback=text))
+        return errors
+
+
+def _due(message: str) -> datetime.datetime | None:
+    """The due time of a ``scheduled`` event ("due <ISO 8601>", as services writes it)."""
+    try:
+        return datetime.datetime.fromisoformat(message.removeprefix("due ").strip())
+    except ValueError:
+        return None
+
+
+def exception_path(traceback_text: str) -> str:
+    """Return the class path of the exception a formatted traceback reports.
+
+    The exception line is the first unindented line after the frames of the last
+    top-level ``Traceback`` header (a message may span lines, and notes follow it).
+    The path is returned only if it names an exception class this process has already
+    loaded: the text comes from the database, and ``TaskError.exception_class`` imports
+    what the path names. Otherwise ``builtins.Exception`` (the traceback tells more).
+    """
+    lines = traceback_text.splitlines()
+    body, start = "", 0
+    for n, line in enumerate(lines):
+        header = _HEADER.fullmatch(line)
+        if header:
+            body, start = header["indent"].replace("+", "|"), n + 1
+    for line in lines[start:]:
+        if line.startswith(body) and line[len(body) :][:1] not in ("", " "):
+            path = line[len(body) :].split(":", 1)[0]
+            if "." not in path:  # traceback prints builtins' exceptions without a module
+                path = f"builtins.{path}"
+            return path if _loaded_exception(path) else UNKNOWN_ERROR
+    return UNKNOWN_ERROR
+
+
+def _loaded_exception(path: str) -> bool:
+    """True if ``path`` names a BaseException subclass, found without importing anything."""
+    if not _CLASS_PATH.fullmatch(path):
+        return False
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        obj: object = sys.modules.get(".".join(parts[:split]))
+        if obj is None:
+            continue
+        for name in parts[split:]:
+            obj = getattr(obj, name, None)
+        return inspect.isclass(obj) and issubclass(obj, BaseException)
+    return False
+
+
+__all__ = ["Attempt", "History", "exception_path"]

@@ -1,0 +1,215 @@
+"""django.tasks results read from the database: retries, errors, async tasks, return values."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import traceback
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.test import override_settings
+from django.utils import timezone
+
+from django_delayjobs.backends import DelayJobsBackend, TaskResultStatus
+from django_delayjobs.models import Job, Status
+from django_delayjobs.task_history import exception_path
+from tests.testapp import task_functions as t
+from tests.testapp.models import Record
+
+try:
+    from django.tasks import default_task_backend
+    from django.tasks import signals as task_signals
+except ImportError:
+    from django_tasks import default_task_backend
+    from django_tasks import signals as task_signals
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BACKEND = "django_delayjobs.backends.DelayJobsBackend"
+TWO_ATTEMPTS = {
+    "default": {"BACKEND": BACKEND, "QUEUES": ["default", "other"]},
+    "twice": {"BACKEND": BACKEND, "OPTIONS": {"MAX_ATTEMPTS": 2}},
+}
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    pass
+
+
+def burst() -> None:
+    call_command("run_delayworker", "--burst", "--queues", "default,other", "-v", "0")
+
+
+def labels() -> list[str]:
+    return sorted(Record.objects.values_list("label", flat=True))
+
+
+@override_settings(TASKS=TWO_ATTEMPTS)
+def test_a_retried_task_keeps_each_attempt_and_its_error():
+    result = t.flaky.using(backend="twice").enqueue("f")
+    burst()
+    job = Job.objects.get(pk=result.id)
+    assert job.status == Status.RETRYING
+    result.refresh()
+    assert result.status == TaskResultStatus.READY  # "ready to be executed again"
+    (error,) = result.errors
+    assert error.exception_class is ValueError
+    assert error.traceback.endswith("ValueError: attempt 1 fails\nsecond line of the message\n")
+    assert job.reschedule(in_=0)  # skip the backoff
+    burst()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 2  # the attempt number the task saw in its context
+    assert result.attempts == 2 and len(result.errors) == 1
+    assert result.started_at < result.last_attempted_at <= result.finished_at
+    assert result.backend == "twice" and result.task.backend == "twice"
+    assert labels() == ["f:2"]  # the failed attempt's write was rolled back
+    assert default_task_backend.get_result(result.id) == result
+
+
+def test_async_tasks_run_to_completion_in_the_worker():
+    result = t.async_add.enqueue(2, 5)
+    burst()
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 7)
+    assert labels() == ["async:2+5"]
+
+
+@pytest.mark.parametrize(
+    ("task", "error", "message"),
+    [
+        # Its ORM calls ran in the worker thread, inside the attempt's transaction.
+        (t.async_explode, RuntimeError, "async failure: gone"),
+        # A return value that is not JSON fails the task, as in the framework.
+        (t.returns_object, TypeError, "Unsupported type"),
+    ],
+)
+def test_a_failed_task_rolls_back_its_writes(task, error, message):
+    result = task.enqueue("gone")
+    burst()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    (failure,) = result.errors
+    assert failure.exception_class is error
+    assert message in failure.traceback
+    assert labels() == []
+
+
+def test_return_values_are_normalised_as_the_framework_does():
+    result = t.returns_tuple.enqueue()
+    burst()
+    assert t.returns_tuple.get_result(result.id).return_value == [1, "two"]
+
+
+def test_arguments_are_checked_before_anything_is_written():
+    with pytest.raises(TypeError, match="Unsupported type"):
+        t.add.enqueue(1, datetime.datetime.now(tz=datetime.UTC))
+    with pytest.raises(TypeError, match="Unsupported type"):
+        t.add.enqueue(1, b=object())
+    assert not Job.objects.exists()
+    result = t.add.enqueue(1, b=(2,))  # a tuple is a list in JSON, as in the framework
+    assert result.kwargs == {"b": [2]}
+
+
+def test_the_result_read_back_equals_the_one_enqueue_returned():
+    when = timezone.now() + datetime.timedelta(hours=1)
+    for task in (t.add, t.add.using(run_after=when), t.explode.using(queue_name="default")):
+        result = task.enqueue(1, 2) if task.func is t.add.func else task.enqueue("x")
+        read = default_task_backend.get_result(result.id)
+        assert read == result
+        assert read.task == task
+    assert default_task_backend.get_result(result.id).task.run_after is None
+
+
+def test_a_cancelled_task_is_finished_as_failed():
+    finished = []
+
+    def receiver(sender, task_result, **kwargs):
+        finished.append((task_result.id, task_result.status))
+
+    result = t.add.using(run_after=timezone.now() + datetime.timedelta(hours=1)).enqueue(1, 2)
+    task_signals.task_finished.connect(receiver)
+    try:
+        assert Job.objects.get(pk=result.id).cancel()
+    finally:
+        task_signals.task_finished.disconnect(receiver)
+    assert finished == [(result.id, TaskResultStatus.FAILED)]
+    (error,) = default_task_backend.get_result(result.id).errors
+    assert error.exception_class_path == "django_delayjobs.exceptions.DelayJobsError"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"MAX_ATTEMPTS": 0}, "MAX_ATTEMPTS"),
+        ({"MAX_ATTEMPTS": "3"}, "MAX_ATTEMPTS"),
+        ({"MAX_ATTEMPTS": True}, "MAX_ATTEMPTS"),
+        ({"RETRIES": 3}, "unknown RETRIES"),
+    ],
+)
+def test_bad_options_are_refused(options, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        DelayJobsBackend("bad", {"OPTIONS": options})
+
+
+def test_bad_queue_names_are_refused():
+    with pytest.raises(ImproperlyConfigured, match="QUEUES"):
+        DelayJobsBackend("bad", {"QUEUES": ["no spaces"]})
+    with (
+        override_settings(TASKS={"default": {"BACKEND": BACKEND, "QUEUES": ["a b"]}}),
+        pytest.raises(ImproperlyConfigured, match="'a b' is not valid"),
+    ):
+        default_task_backend.enqueue  # noqa: B018  (creates the configured backend)
+
+
+class Outer:
+    class InnerError(Exception):
+        pass
+
+
+def formatted(exc: BaseException) -> str:
+    try:
+        raise exc
+    except BaseException as raised:
+        return "".join(traceback.format_exception(raised))
+
+
+def chained() -> str:
+    try:
+        try:
+            raise KeyError("first")
+        except KeyError as exc:
+            raise ValueError("second") from exc
+    except ValueError as exc:
+        return "".join(traceback.format_exception(exc))
+
+
+def with_note() -> str:
+    exc = OSError("disk")
+    exc.add_note("TypeError: a note that looks like an exception line")
+    return formatted(exc)
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        (formatted(ValueError("a\nKeyError: b")), "builtins.ValueError"),
+        (with_note(), "builtins.OSError"),
+        (chained(), "builtins.ValueError"),
+        (formatted(ExceptionGroup("g", [TypeError("t")])), "builtins.ExceptionGroup"),
+        (formatted(Outer.InnerError("x")), f"{__name__}.Outer.InnerError"),
+        (formatted(SystemExit("bye")), "builtins.SystemExit"),
+        # Only classes this process already has: a traceback is data from the database.
+        ("Traceback (most recent call last):\nnot_imported_pkg.Boom: x\n", "builtins.Exception"),
+        ("Traceback (most recent call last):\nos.system: x\n", "builtins.Exception"),
+        ("Traceback (most recent call last):\nbuiltins.print: x\n", "builtins.Exception"),
+        ("attempt 3 of 3 never finished (worker lost)", "builtins.Exception"),
+        ("", "builtins.Exception"),
+    ],
+)
+def test_exception_path_reads_the_class_off_a_traceback(text, path):
+    assert exception_path(text) == path
+    assert "not_imported_pkg" not in sys.modules
