@@ -8,12 +8,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .callbacks.service import schedule_http
     from .exceptions import GiveUp, Retry
     from .receivers import cancel_on
     from .registry import delayable
     from .services import cancel_for, schedule, schedule_many
 
-__all__ = ["GiveUp", "Retry", "cancel_for", "cancel_on", "delayable", "schedule", "schedule_many"]
+__all__ = [
+    "GiveUp",
+    "Retry",
+    "cancel_for",
+    "cancel_on",
+    "delayable",
+    "schedule",
+    "schedule_http",
+    "schedule_many",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,6 +37,10 @@ def __getattr__(name: str) -> Any:
         from . import services
 
         return getattr(services, name)
+    if name == "schedule_http":
+        from .callbacks.service import schedule_http
+
+        return schedule_http
     if name in ("Retry", "GiveUp"):
         from . import exceptions
 

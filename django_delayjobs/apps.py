@@ -10,6 +10,8 @@ class DelayJobsConfig(AppConfig):
         from django.core.signals import setting_changed
 
         from . import checks  # noqa: F401  (registers the system checks)
+        from .callbacks.action import register
         from .conf import reload_on_change
 
+        register()  # the built-in action of HTTP callbacks
         setting_changed.connect(reload_on_change, dispatch_uid="django_delayjobs.conf")

@@ -13,10 +13,13 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
-from .conf import DEFAULTS, NAMES, Problem, describe, validate
+from .conf import DEFAULTS, NAMES, Problem, Settings, describe, validate
 
 #: Check id of each kind of problem (ids are stable: users silence them by id).
-_IDS = {"dict": 1, "unknown": 2, "float": 3, "int": 4, "name": 5, "type": 6, "permissions": 8}
+_IDS = {
+    "dict": 1, "unknown": 2, "float": 3, "int": 4, "name": 5, "type": 6, "permissions": 8,
+    "http": 9,
+}  # fmt: skip
 
 
 def _error(msg: str, hint: str, n: int) -> Error:
@@ -56,4 +59,32 @@ def check_settings(
             hint="Make the horizon at least as long as the sweep interval.",
             id="django_delayjobs.W001",
         ))  # fmt: skip
+    if loaded is not None:
+        errors += _http_checks(loaded)
     return errors
+
+
+def _http_checks(loaded: Settings) -> list[Error | Warning]:
+    """What the ``HTTP_*`` settings get wrong together (each is valid alone)."""
+    from .callbacks.action import MISSING_CLIENT, client_installed
+    from .callbacks.config import HttpConfig, problems
+
+    found: list[Error | Warning] = [
+        _error(f"DELAYJOBS: {problem}.", "Add the host to HTTP_ALLOWED_HOSTS.", 10)
+        for problem in problems(loaded)
+    ]
+    config = HttpConfig.of(loaded)
+    if (config.allowed or config.destinations) and not client_installed():
+        found.append(_error(f"DELAYJOBS: {MISSING_CLIENT}.", "HTTP callbacks are configured.", 11))
+    unsigned = [d.name for d in config.destinations.values() if not config.secrets_for(d)]
+    if config.allowed and not config.secrets:
+        unsigned.insert(0, "URLs")
+    if unsigned:
+        found.append(Warning(
+            f"DELAYJOBS: HTTP callbacks to {', '.join(unsigned)} are sent unsigned: their "
+            "receivers cannot tell them from forgeries.",
+            hint="Set HTTP_SIGNING_SECRETS (generate one with "
+            "django_delayjobs.callbacks.signing.new_secret()).",
+            id="django_delayjobs.W002",
+        ))  # fmt: skip
+    return found

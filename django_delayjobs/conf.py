@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, NamedTuple, Union, cast, get_args, get_origin, get_type_hints
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
+from .callbacks import config as http
 from .engine.keys import validate_name
 from .exceptions import ConfigurationError
 
@@ -51,6 +52,11 @@ def _permission_classes(value: Any) -> object:
     return load_permissions(value)
 
 
+def _http(check: Validator, default: Any = MISSING, **kwargs: Any) -> Any:
+    """An ``HTTP_*`` setting checked by a function of ``callbacks.config``."""
+    return setting(default, check=check, kind="http", **kwargs)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every ``DELAYJOBS`` setting with its type, default and bounds (docs/settings.md)."""
@@ -80,6 +86,24 @@ class Settings:
         check=_permission_classes,
         kind="permissions",
     )
+    # -- HTTP callbacks (docs/callbacks.md) --
+    HTTP_ALLOWED_HOSTS: Sequence[str] = _http(http.allowed_hosts, factory=list)
+    HTTP_ALLOW_PRIVATE_NETWORKS: bool = False
+    HTTP_SIGNING_SECRETS: Sequence[str] = _http(http.signing_secrets, factory=list)
+    HTTP_DESTINATIONS: Mapping[str, Any] = _http(http.destinations, factory=dict)
+    HTTP_CA_BUNDLE: str | None = _http(http.ca_bundle, None)
+    HTTP_CONNECT_TIMEOUT_SECONDS: float = setting(5.0, 0.01, 300)
+    HTTP_READ_TIMEOUT_SECONDS: float = setting(10.0, 0.01, 3600)
+    HTTP_TIMEOUT_SECONDS: float = setting(30.0, 0.01, 3600)
+    HTTP_RESPONSE_KEEP_BYTES: int = setting(4096, 0, 65536)
+    HTTP_MAX_REQUEST_BYTES: int = setting(65536, 1, 1 << 20)
+    HTTP_RETRY_STATUSES: Sequence[int] = _http(http.status_codes, factory=lambda: [408, 429])
+    HTTP_RETRY_AFTER_MAX_SECONDS: float = setting(3600.0, 0, 7 * 86_400)
+    HTTP_SIGNATURE_TOLERANCE_SECONDS: float = setting(300.0, 1, 86_400)
+    API_CALLBACK_PERMISSIONS: Sequence[str] = _http(
+        http.permissions, factory=lambda: ["django_delayjobs.add_job"]
+    )
+    API_CALLBACK_THROTTLE_RATE: str | None = _http(http.rate, None)
 
 
 NAMES = frozenset(f.name for f in fields(Settings))
@@ -93,7 +117,7 @@ class Problem(NamedTuple):
 
     name: str | None
     message: str
-    kind: str  # "dict", "unknown", "float", "int", "name", "type", "permissions"
+    kind: str  # "dict", "unknown", "float", "int", "name", "type", "permissions", "http"
 
 
 def _type_error(value: Any, hint: Any) -> str | None:
@@ -115,6 +139,10 @@ def _type_error(value: Any, hint: Any) -> str | None:
         return None if isinstance(value, bool) else "True or False"
     if hint is str:
         return None if isinstance(value, str) else "a str"
+    if origin is Sequence:
+        return None if isinstance(value, list | tuple) else "a list"
+    if origin is Mapping:
+        return None if isinstance(value, Mapping) else "a dict"
     return None if isinstance(value, origin or hint) else f"a {getattr(hint, '__name__', hint)}"
 
 

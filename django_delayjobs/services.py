@@ -198,6 +198,12 @@ def schedule(
         fn, in_=in_, at=at, args=args, kwargs=kwargs, queue=queue, key=key,
         max_attempts=max_attempts, expires=expires,
     )  # fmt: skip
+    return submit(job, replace=replace, actor=actor)
+
+
+def submit(job: Job, *, replace: bool = False, actor: str = "code") -> Job:
+    """Insert a job built by ``build_job``, honouring its key; return the job that holds
+    the key now (``job`` itself unless an active job already held it)."""
     with transaction.atomic(using=sql.db()):
         stored = _insert(job, replace, actor)
     if stored is job:

@@ -8,14 +8,18 @@ unix socket in a temp dir for the session and stopped by pid at the end.
 from __future__ import annotations
 
 import os
+import ssl
+import sys
 from collections.abc import Iterator
 
 import pytest
 import redis
+import trustme
 from django.test import override_settings
 
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import Engine
+from tests.callback_server import CallbackServer
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +56,61 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 @pytest.fixture
 def engine(redis_client: redis.Redis) -> Engine:
     return Engine(redis_client, prefix="t")
+
+
+# -- HTTP callbacks -------------------------------------------------------------------------
+
+#: Connections the test process tried to open to anything but this machine.
+OUTSIDE_CONNECTS: list[object] = []
+
+
+def _only_this_machine(event: str, args: tuple[object, ...]) -> None:
+    """Audit hook: a test may connect to loopback addresses (and unix sockets) only.
+
+    A safety net for the SSRF tests: if the callback policy ever let a private or public
+    address through, the connect fails here (and is listed) instead of leaving this host.
+    """
+    if event != "socket.connect":
+        return
+    address = args[1]
+    if not isinstance(address, tuple):
+        return  # a unix socket
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(str(address[0]).partition("%")[0])
+    except ValueError:
+        return
+    if not ip.is_loopback:
+        OUTSIDE_CONNECTS.append(address)
+        raise PermissionError(f"tests connect to this machine only, not {address!r}")
+
+
+sys.addaudithook(_only_this_machine)
+
+
+@pytest.fixture
+def callback_server() -> Iterator[CallbackServer]:
+    """A recording HTTP server on 127.0.0.1 (see tests/callback_server.py)."""
+    server = CallbackServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def tls_ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[trustme.CA, str]:
+    """A throwaway certificate authority and the path of its certificate (PEM)."""
+    ca = trustme.CA()
+    path = tmp_path_factory.mktemp("tls") / "ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return ca, str(path)
+
+
+@pytest.fixture
+def tls_server(tls_ca: tuple[trustme.CA, str]) -> Iterator[CallbackServer]:
+    """The recording server over TLS with a certificate for callback.test only."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls_ca[0].issue_cert("callback.test").configure_cert(context)
+    server = CallbackServer(tls=context)
+    yield server
+    server.close()

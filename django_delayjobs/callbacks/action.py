@@ -1,0 +1,91 @@
+"""The built-in action that sends a callback job's request.
+
+Registered by the app (``AppConfig.ready``) under ``ACTION``, a fixed name: the worker
+runs it like any other registered action. At every attempt it checks everything again
+(the row, the destination, the allowlist, every resolved address), because settings and
+DNS change while a job waits. A refusal sends nothing and ends the job dead with the rule
+that refused it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..conf import delayjobs_settings
+from ..exceptions import ConfigurationError, GiveUp, Retry
+from . import config, policy, signing
+from .request import InvalidCallback, load
+
+#: The action's registered name: what a callback job's ``action`` column holds.
+ACTION = "django_delayjobs.callbacks.deliver"
+MISSING_CLIENT = "HTTP callbacks need urllib3: pip install 'django-delayjobs[http]'"
+
+
+def client_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("urllib3") is not None
+
+
+def require_client() -> None:
+    """Raise ``ConfigurationError`` when the HTTP client is not installed."""
+    if not client_installed():
+        raise ConfigurationError(MISSING_CLIENT)
+
+
+def deliver(**stored: Any) -> dict[str, Any]:
+    """Send the stored request once; return the answer's summary, or raise ``Retry`` or
+    ``GiveUp``."""
+    from ..execution import current_job
+
+    job = current_job.get()
+    if job is None:
+        raise RuntimeError("deliver runs as a job's action, inside a worker")
+    try:
+        from . import delivery, outcome  # urllib3: the optional "http" extra
+    except ImportError as exc:
+        raise GiveUp(f"{MISSING_CLIENT} ({exc})") from None
+    settings = delayjobs_settings
+    http = config.current()
+    try:
+        request = load(stored)
+        target, destination = request.target(http)
+        addresses = policy.addresses(target, http.allow_private)
+    except (InvalidCallback, policy.Refused) as exc:
+        raise GiveUp(f"refused, nothing sent: {exc}") from None
+    except OSError as exc:  # the name did not resolve: perhaps a passing DNS failure
+        raise Retry(
+            f"{request.method} {request.where} -> {target.host} did not resolve: {exc}"
+        ) from None
+    body = request.body_bytes()
+    headers = request.send_headers(destination)
+    headers.update(signing.sign(str(job.pk), body, http.secrets_for(destination), int(time.time())))
+    limits = delivery.Limits(
+        connect=settings.HTTP_CONNECT_TIMEOUT_SECONDS,
+        read=settings.HTTP_READ_TIMEOUT_SECONDS,
+        total=settings.HTTP_TIMEOUT_SECONDS,
+        keep_bytes=settings.HTTP_RESPONSE_KEEP_BYTES,
+        ca_file=settings.HTTP_CA_BUNDLE,
+    )
+    try:
+        response = delivery.send(target, addresses, request.method, headers, body, limits)
+    except delivery.DeliveryFailed as exc:
+        raise outcome.failed(request.method, request.where, exc) from None
+    return outcome.judge(
+        request.method,
+        request.where,
+        response,
+        retry_statuses=settings.HTTP_RETRY_STATUSES,
+        retry_after_max=settings.HTTP_RETRY_AFTER_MAX_SECONDS,
+    )
+
+
+deliver.delayable_name = ACTION  # type: ignore[attr-defined]
+
+
+def register() -> None:
+    """Make ``deliver`` a registered action (``AppConfig.ready`` calls this)."""
+    from ..registry import register as register_action
+
+    register_action(ACTION, deliver)

@@ -1,0 +1,76 @@
+"""Request headers a callback may carry: legal HTTP, and no secrets in a job row.
+
+A header that smuggles a line break could add headers or a second request (response
+splitting); framing headers are the client library's; the webhook headers are ours; and
+credentials belong in ``HTTP_DESTINATIONS`` (settings), never in a row that the admin,
+the API and backups show.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+MAX_HEADERS = 32
+MAX_VALUE_LENGTH = 4096
+
+# RFC 9110 token characters.
+_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}")
+# Visible ASCII, space and tab: no CR, LF, NUL or other controls, nothing non-ASCII.
+_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
+#: Set by the HTTP client or by the signature: a caller cannot choose them.
+RESERVED = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
+    "te", "trailer", "expect", "proxy-connection",
+    "webhook-id", "webhook-timestamp", "webhook-signature",
+})  # fmt: skip
+#: Credentials: allowed in a destination's headers (settings), refused in a job row.
+SECRET = frozenset({
+    "authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-auth-token",
+})  # fmt: skip
+
+
+class InvalidHeader(ValueError):
+    """A header name or value that is not legal HTTP, or not allowed here."""
+
+
+def check_headers(headers: object, *, secrets_allowed: bool = False) -> dict[str, str]:
+    """Return the headers as a plain dict, or raise ``TypeError``/``InvalidHeader``."""
+    if not isinstance(headers, Mapping):
+        raise TypeError(f"headers must be a dict of str to str, not {type(headers).__name__}")
+    if len(headers) > MAX_HEADERS:
+        raise InvalidHeader(f"at most {MAX_HEADERS} headers, not {len(headers)}")
+    checked: dict[str, str] = {}
+    seen: set[str] = set()
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(f"header {name!r}: names and values must be str")
+        if not _NAME.fullmatch(name):
+            raise InvalidHeader(f"header name {name!r} is not a legal HTTP token")
+        if len(value) > MAX_VALUE_LENGTH or not _VALUE.fullmatch(value):
+            raise InvalidHeader(
+                f"header {name}: the value must be at most {MAX_VALUE_LENGTH} characters of "
+                "visible ASCII, space or tab (no CR, LF or other control characters)"
+            )
+        lower = name.lower()
+        if lower in seen:
+            raise InvalidHeader(f"header {name} is given twice")
+        seen.add(lower)
+        if lower in RESERVED or (lower.startswith("proxy-") and lower not in SECRET):
+            raise InvalidHeader(f"header {name} is set by the delivery itself")
+        if lower in SECRET and not secrets_allowed:
+            raise InvalidHeader(
+                f"header {name} carries a credential: put it in the headers of an "
+                "HTTP_DESTINATIONS entry, so that job rows never hold it"
+            )
+        checked[name] = value
+    return checked
+
+
+def merged(job_headers: Mapping[str, str], destination: Mapping[str, str]) -> dict[str, str]:
+    """The job's headers with the destination's on top (same name, any case: its value)."""
+    overridden = {name.lower() for name in destination}
+    merged = {k: v for k, v in job_headers.items() if k.lower() not in overridden}
+    merged.update(destination)
+    return merged

@@ -1,0 +1,98 @@
+"""What an answer means for the job: success, a retry (and when), or giving up; and the
+line each attempt leaves in the job's history.
+
+2xx succeeds. 5xx, the 4xx codes of ``HTTP_RETRY_STATUSES`` (408 and 429 by default) and
+failures without an answer (network, timeout, TLS) are retried with the job's backoff,
+or after ``Retry-After`` when the receiver sent one, bounded. Any other status (3xx:
+redirects are not followed; other 4xx: retrying cannot help) ends the job dead now.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+import time
+from collections.abc import Collection
+from typing import Any
+
+from ..exceptions import GiveUp, Retry
+from .delivery import DeliveryFailed, Response
+
+_STATUS = re.compile(r" -> ([1-5][0-9][0-9]) ")
+
+
+def excerpt(body: bytes, truncated: bool) -> str:
+    """The kept body as text a database stores (no NUL) and a page shows."""
+    text = body.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+    return text + ("..." if truncated else "")
+
+
+def retry_after(value: str | None, bound: float, now: float | None = None) -> float | None:
+    """Seconds from a ``Retry-After`` value (seconds or an HTTP date), at most ``bound``."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit() and len(value) <= 12:
+        seconds = float(value)
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when is None or when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), bound)
+
+
+def line(method: str, where: str, response: Response) -> str:
+    """``POST payments:/hooks -> 503 Service Unavailable in 12 ms from 10.0.0.5; body: ...``"""
+    body = excerpt(response.body, response.truncated)
+    return (
+        f"{method} {where} -> {response.status} {response.reason} in "
+        f"{response.seconds * 1000:.0f} ms from {response.address}"
+        + (f"; body: {body}" if body else "")
+    )
+
+
+def status_in(text: str) -> int | None:
+    """The status code that a history ``line`` records, if any."""
+    found = _STATUS.search(text)
+    return int(found.group(1)) if found else None
+
+
+def judge(
+    method: str,
+    where: str,
+    response: Response,
+    *,
+    retry_statuses: Collection[int],
+    retry_after_max: float,
+) -> dict[str, Any]:
+    """Return the job's result for a 2xx answer; raise ``Retry`` or ``GiveUp`` otherwise."""
+    text = line(method, where, response)
+    status = response.status
+    if 200 <= status < 300:
+        return {
+            "status": status,
+            "latency_ms": round(response.seconds * 1000, 1),
+            "address": response.address,
+            "body": excerpt(response.body, response.truncated),
+            "truncated": response.truncated,
+        }
+    if 300 <= status < 400:
+        location = response.headers.get("location", "(none)")
+        raise GiveUp(f"{text}; a redirect is not followed (Location: {location[:500]})")
+    if status >= 500 or status in retry_statuses:
+        after = retry_after(response.headers.get("retry-after"), retry_after_max)
+        when = "" if after is None else f"; Retry-After: retrying in {after:g} s"
+        raise Retry(text + when, after=after)
+    raise GiveUp(f"{text}; not retried (only 5xx and {sorted(retry_statuses)} are)")
+
+
+def failed(method: str, where: str, failure: DeliveryFailed) -> Retry:
+    """No answer at all: retried with the job's backoff."""
+    return Retry(f"{method} {where} -> no answer ({failure.kind}): {failure}")

@@ -1,0 +1,223 @@
+"""The request a callback job stores: method, URL or destination + path, headers, body.
+
+``build`` validates what ``schedule_http`` is given and returns the ``CallbackRequest``
+whose ``stored()`` form goes into the job's kwargs; ``load`` reads such kwargs back and
+validates them again, since a row may have been written by anything (an older version, a
+manual edit). The body is stored as the exact text to send, so the signature covers the
+same bytes on every retry.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+from django.core.serializers.json import DjangoJSONEncoder
+
+from ..exceptions import InvalidSchedule
+from .config import Destination, HttpConfig
+from .headers import InvalidHeader, check_headers, merged
+from .policy import MAX_URL_LENGTH, Target, check_host, parse_url
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+_NO_BODY = frozenset({"GET", "HEAD"})
+_DESTINATION_URL = re.compile(r"([a-z][a-z0-9_-]{0,63}):(/.*)", re.DOTALL)
+_PATH = re.compile(r"/[\x21-\x7e]*")
+_DOT_SEGMENT = re.compile(r"(?:\.|%2e){1,2}", re.IGNORECASE)
+
+
+class InvalidCallback(InvalidSchedule):
+    """A callback request that cannot be stored or sent; ``field`` names the bad part."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class CallbackRequest:
+    method: str
+    url: str | None = None  # an absolute http(s) URL ...
+    destination: str | None = None  # ... or the name of an HTTP_DESTINATIONS entry
+    path: str | None = None  # with the path (and query) to append to its URL
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: str | None = None
+
+    def stored(self) -> dict[str, Any]:
+        """The job's kwargs (only what is set)."""
+        values = {
+            "method": self.method,
+            "url": self.url,
+            "destination": self.destination,
+            "path": self.path,
+            "headers": dict(self.headers) or None,
+            "body": self.body,
+        }
+        return {name: value for name, value in values.items() if value is not None}
+
+    @property
+    def where(self) -> str:
+        """The URL, or ``destination:path`` for a named destination (what the admin shows)."""
+        return self.url if self.url is not None else f"{self.destination}:{self.path}"
+
+    def body_bytes(self) -> bytes:
+        return b"" if self.body is None else self.body.encode()
+
+    def target(self, config: HttpConfig) -> tuple[Target, Destination | None]:
+        """Where to send it under ``config``: raise ``Refused`` or ``InvalidCallback``."""
+        if self.url is not None:
+            target, destination = parse_url(self.url), None
+        else:
+            destination = config.destinations.get(self.destination or "")
+            if destination is None:
+                raise InvalidCallback(
+                    f"no destination {self.destination!r} in HTTP_DESTINATIONS", "url"
+                )
+            target = destination.target(self.path or "/")
+        check_host(target, config.allowed)
+        return target, destination
+
+    def send_headers(self, destination: Destination | None) -> dict[str, str]:
+        return merged(self.headers, destination.headers if destination else {})
+
+
+# -- building -------------------------------------------------------------------------------
+
+
+def _check_path(path: str) -> str:
+    if len(path) > MAX_URL_LENGTH or not _PATH.fullmatch(path) or "#" in path:
+        raise InvalidCallback(
+            f"the path {path!r} must start with '/' and hold visible ASCII only (no '#'; "
+            "percent-encode the rest)",
+            "url",
+        )
+    segments = path.partition("?")[0].split("/")
+    if path.startswith("//") or any(_DOT_SEGMENT.fullmatch(s) for s in segments):
+        raise InvalidCallback(
+            f"the path {path!r} must not start with '//' or hold '.' or '..' segments: it "
+            "stays under its destination's URL",
+            "url",
+        )
+    return path
+
+
+def split_url(url: object, config: HttpConfig | None) -> CallbackRequest:
+    """Return a request with the URL part set: an absolute URL or ``destination:/path``."""
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, not {type(url).__name__}")
+    named = _DESTINATION_URL.fullmatch(url)
+    if named and named.group(1) not in ("http", "https"):
+        name, path = named.groups()
+        if config is not None and name not in config.destinations:
+            known = ", ".join(sorted(config.destinations)) or "none are configured"
+            raise InvalidCallback(
+                f"{url!r} names no destination of HTTP_DESTINATIONS (known: {known})", "url"
+            )
+        return CallbackRequest("POST", destination=name, path=_check_path(path))
+    parse_url(url)  # raises Refused for anything that is not an absolute http(s) URL
+    return CallbackRequest("POST", url=url)
+
+
+def _body(method: str, json: Any, data: Any) -> tuple[str | None, str | None]:
+    """Return (body text, default Content-Type)."""
+    if json is not None and data is not None:
+        raise InvalidCallback("pass json= or data=, not both", "json")
+    if (json is not None or data is not None) and method in _NO_BODY:
+        raise InvalidCallback(f"a {method} request has no body", "method")
+    if json is not None:
+        try:
+            text = jsonlib.dumps(json, cls=DjangoJSONEncoder, ensure_ascii=False,
+                                 allow_nan=False, separators=(",", ":"))  # fmt: skip
+        except (TypeError, ValueError) as exc:
+            raise InvalidCallback(f"json= is not JSON: {exc}", "json") from None
+        except RecursionError:
+            raise InvalidCallback("json= is nested too deeply", "json") from None
+        return text, "application/json"
+    if data is None:
+        return None, None
+    if isinstance(data, bytes):
+        try:
+            data = data.decode()
+        except UnicodeDecodeError:
+            raise InvalidCallback("data= bytes must be UTF-8 text", "data") from None
+    if isinstance(data, Mapping):
+        if not all(
+            isinstance(k, str) and isinstance(v, str | int | float) for k, v in data.items()
+        ):
+            raise TypeError("data= as a dict must map str to str or numbers (a form)")
+        return urlencode(data), "application/x-www-form-urlencoded"
+    if isinstance(data, str):
+        return data, "text/plain; charset=utf-8"
+    raise TypeError(f"data= must be str, bytes or a dict, not {type(data).__name__}")
+
+
+def _check_text(text: str, max_bytes: int) -> None:
+    if "\x00" in text:
+        raise InvalidCallback("the body holds a NUL character", "data")
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise InvalidCallback("the body holds a lone surrogate: not UTF-8", "data") from None
+    if size > max_bytes:
+        raise InvalidCallback(
+            f"the body is {size} bytes; HTTP_MAX_REQUEST_BYTES allows {max_bytes}", "data"
+        )
+
+
+def build(
+    url: object,
+    *,
+    method: object,
+    json: Any,
+    data: Any,
+    headers: object,
+    config: HttpConfig,
+    max_bytes: int,
+) -> CallbackRequest:
+    """Validate ``schedule_http``'s request arguments; return what the job stores."""
+    if not isinstance(method, str) or method.upper() not in METHODS:
+        raise InvalidCallback(f"method must be one of {', '.join(METHODS)}, not {method!r}",
+                              "method")  # fmt: skip
+    method = method.upper()
+    request = split_url(url, config)
+    request.target(config)  # the allowlist and the URL's form, now; addresses: at delivery
+    try:
+        checked = check_headers({} if headers is None else headers)
+    except InvalidHeader as exc:
+        raise InvalidCallback(str(exc), "headers") from None
+    body, content_type = _body(method, json, data)
+    if body is not None:
+        _check_text(body, max_bytes)
+        if content_type and not any(name.lower() == "content-type" for name in checked):
+            checked["Content-Type"] = content_type
+    return CallbackRequest(method, request.url, request.destination, request.path, checked, body)
+
+
+def load(stored: Mapping[str, Any]) -> CallbackRequest:
+    """Read a job's kwargs back into a request, validating them again."""
+    unknown = set(stored) - {"method", "url", "destination", "path", "headers", "body"}
+    method, body = stored.get("method"), stored.get("body")
+    if unknown or method not in METHODS or not isinstance(body, str | None):
+        raise InvalidCallback(f"the stored request is malformed: {dict(stored)!r:.200}", "url")
+    if (stored.get("url") is None) == (stored.get("destination") is None):
+        raise InvalidCallback("the stored request has no URL or destination", "url")
+    if stored.get("url") is not None:
+        request = split_url(stored["url"], None)
+        if request.url is None:
+            raise InvalidCallback("the stored URL is not absolute", "url")
+    else:
+        name, path = stored.get("destination"), stored.get("path")
+        request = split_url(f"{name}:{path}", None)
+        if request.destination != name:
+            raise InvalidCallback("the stored destination is malformed", "url")
+    try:
+        checked = check_headers(stored.get("headers") or {})
+    except InvalidHeader as exc:
+        raise InvalidCallback(str(exc), "headers") from None
+    if body is not None:
+        _check_text(body, len(body.encode(errors="replace")))
+    return CallbackRequest(method, request.url, request.destination, request.path, checked, body)

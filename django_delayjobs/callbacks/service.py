@@ -1,0 +1,74 @@
+"""``schedule_http`` and finding a callback job by key: what user code and the API call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..conf import delayjobs_settings
+from ..models import ACTIVE, Job
+from ..services import build_job, submit
+from . import config
+from .action import ACTION, deliver, require_client
+from .request import build
+
+
+def create(
+    url: str,
+    *,
+    method: str = "POST",
+    json: Any = None,
+    data: Any = None,
+    headers: dict[str, str] | None = None,
+    in_: Any = None,
+    at: Any = None,
+    key: str | None = None,
+    queue: str | None = None,
+    max_attempts: int | None = None,
+    expires: Any = None,
+    actor: str = "code",
+) -> tuple[Job, bool]:
+    """Schedule a callback; return its job and whether it is new (False: the active job
+    that already holds ``key``)."""
+    require_client()
+    request = build(
+        url, method=method, json=json, data=data, headers=headers,
+        config=config.current(), max_bytes=delayjobs_settings.HTTP_MAX_REQUEST_BYTES,
+    )  # fmt: skip
+    job = build_job(
+        deliver, in_=in_, at=at, kwargs=request.stored(), queue=queue, key=key,
+        max_attempts=max_attempts, expires=expires,
+    )  # fmt: skip
+    stored = submit(job, actor=actor)
+    return stored, stored is job
+
+
+def schedule_http(
+    url: str,
+    *,
+    method: str = "POST",
+    json: Any = None,
+    data: Any = None,
+    headers: dict[str, str] | None = None,
+    in_: Any = None,
+    at: Any = None,
+    key: str | None = None,
+    queue: str | None = None,
+    max_attempts: int | None = None,
+    expires: Any = None,
+) -> Job:
+    """Schedule a signed HTTP request to ``url`` (or ``"destination:/path"``); return its Job."""
+    job, _ = create(
+        url, method=method, json=json, data=data, headers=headers, in_=in_, at=at, key=key,
+        queue=queue, max_attempts=max_attempts, expires=expires,
+    )  # fmt: skip
+    return job
+
+
+def is_callback(job: Job) -> bool:
+    return job.action == ACTION and job.target_type_id is None
+
+
+def active_callback(key: str, queue: str | None = None) -> Job | None:
+    """The scheduled, running or retrying callback job holding ``key`` in ``queue``."""
+    queue = delayjobs_settings.DEFAULT_QUEUE if queue is None else queue
+    return Job.objects.filter(queue=queue, key=key, action=ACTION, status__in=ACTIVE).first()

@@ -1,0 +1,188 @@
+"""A real HTTP(S) server on 127.0.0.1 for the callback tests: it records every request
+and answers each path from a script (status, headers, body, delay, hang, a huge body).
+
+Threaded: one thread per connection. A request is recorded as soon as it has been read,
+before the server answers (or hangs), so a test can see a request that is in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import ssl
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes = b'{"ok":true}'
+    headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
+    delay: float = 0.0  # seconds before answering
+    hang: bool = False  # never answer (until the server closes)
+    stream: int = 0  # send this many bytes of body (in 64 KiB writes) instead of ``body``
+    trickle: float = 0.0  # send a never-ending header, one byte per this many seconds
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+    at: float  # time.time() when it was read
+    client: str
+
+
+class CallbackServer:
+    def __init__(self, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1") -> None:
+        self.requests: list[Recorded] = []
+        self.lock = threading.Lock()
+        self.scripts: dict[str, deque[Reply]] = defaultdict(deque)
+        self.default = Reply()
+        self.closing = threading.Event()
+        self.streamed: list[tuple[int, str]] = []  # (bytes written, how it ended) per stream
+        self.tls = tls
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        server_class = type("Server", (ThreadingHTTPServer,), {"address_family": family})
+        self.httpd = server_class((host, 0), _handler(self))
+        self.httpd.daemon_threads = True
+        self.host = host
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.thread.start()
+
+    # -- for tests ----------------------------------------------------------------------
+
+    @property
+    def netloc(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def url(self, path: str = "/hook", host: str | None = None) -> str:
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{host or self.host}:{self.port}{path}"
+
+    def script(self, path: str, *replies: Reply) -> None:
+        """Answer the next requests to ``path`` with these replies, then the default."""
+        with self.lock:
+            self.scripts[path].extend(replies)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.requests)
+
+    def wait_for(self, n: int, timeout: float = 20.0) -> list[Recorded]:
+        deadline = time.monotonic() + timeout
+        while self.count() < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.count()} request(s), not {n}, within {timeout} s")
+            time.sleep(0.01)
+        with self.lock:
+            return list(self.requests)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # -- for the handler -------------------------------------------------------------------
+
+    def next_reply(self, path: str) -> Reply:
+        with self.lock:
+            queue = self.scripts.get(path.partition("?")[0])
+            return queue.popleft() if queue else self.default
+
+    def record(self, request: Recorded) -> None:
+        with self.lock:
+            self.requests.append(request)
+
+
+def _handler(server: CallbackServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            self.refused = False
+            if server.tls is not None:
+                try:
+                    self.request = server.tls.wrap_socket(self.request, server_side=True)
+                except (ssl.SSLError, OSError):  # the client refused our certificate
+                    self.refused = True
+            super().setup()
+
+        def finish(self) -> None:
+            super().finish()
+            if server.tls is not None:
+                self.request.close()  # the TLS wrapper owns the socket now
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # quiet
+
+        def handle_one(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            server.record(Recorded(
+                self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
+                body, time.time(), self.client_address[0],
+            ))  # fmt: skip
+            reply = server.next_reply(self.path)
+            if reply.hang:
+                server.closing.wait(120)
+                return
+            if reply.delay:
+                time.sleep(reply.delay)
+            if reply.trickle:  # an answer that never ends, one byte at a time
+                self.wfile.write(f"HTTP/1.1 {reply.status} OK\r\nX-Slow: ".encode())
+                while not server.closing.wait(reply.trickle):
+                    self.wfile.write(b"a")
+                return
+            self.send_response(reply.status)
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            size = reply.stream or len(reply.body)
+            self.send_header("Content-Length", str(size))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command == "HEAD":
+                return
+            if reply.stream:
+                self.stream(reply.stream)
+            else:
+                self.wfile.write(reply.body)
+
+        def stream(self, size: int) -> None:
+            chunk, sent = b"x" * 65536, 0
+            try:
+                while sent < size:
+                    self.wfile.write(chunk[: size - sent])
+                    sent += min(len(chunk), size - sent)
+                ended = "complete"
+            except OSError as exc:
+                ended = type(exc).__name__
+            with server.lock:
+                server.streamed.append((sent, ended))
+
+        def handle(self) -> None:
+            if self.refused:
+                return
+            with contextlib.suppress(OSError, ssl.SSLError):
+                self.raw_requestline = self.rfile.readline(65537)
+                if not self.raw_requestline or not self.parse_request():
+                    return
+                self.handle_one()
+                self.wfile.flush()
+
+    return Handler
+
+
+def json_body(request: Recorded) -> Any:
+    return json.loads(request.body)
