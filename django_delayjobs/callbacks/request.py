@@ -9,6 +9,7 @@ same bytes on every retry.
 
 from __future__ import annotations
 
+import contextlib
 import json as jsonlib
 import re
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from ..exceptions import InvalidSchedule
 from .config import Destination, HttpConfig
 from .headers import InvalidHeader, check_headers, merged
-from .policy import MAX_URL_LENGTH, Target, check_host, parse_url
+from .policy import MAX_URL_LENGTH, Target, addresses, check_host, parse_url
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 _NO_BODY = frozenset({"GET", "HEAD"})
@@ -112,6 +113,8 @@ def split_url(url: object, config: HttpConfig | None) -> CallbackRequest:
     named = _DESTINATION_URL.fullmatch(url)
     if named and named.group(1) not in ("http", "https"):
         name, path = named.groups()
+        if path.startswith("//"):  # scheme://host: a URL, of a scheme we do not send to
+            parse_url(url)
         if config is not None and name not in config.destinations:
             known = ", ".join(sorted(config.destinations)) or "none are configured"
             raise InvalidCallback(
@@ -184,7 +187,9 @@ def build(
                               "method")  # fmt: skip
     method = method.upper()
     request = split_url(url, config)
-    request.target(config)  # the allowlist and the URL's form, now; addresses: at delivery
+    target, _ = request.target(config)  # the URL's form and the allowlist
+    with contextlib.suppress(OSError):  # a name that does not resolve now: delivery decides
+        addresses(target, config.allow_private)  # each is checked again at delivery
     try:
         checked = check_headers({} if headers is None else headers)
     except InvalidHeader as exc:
