@@ -25,6 +25,9 @@ ENDPOINTS = {
     ("post", "/api/delayjobs/jobs/{id}/reschedule/"),
     ("post", "/api/delayjobs/jobs/{id}/requeue/"),
     ("get", "/api/delayjobs/queues/"),
+    ("post", "/api/delayjobs/callbacks/"),
+    ("post", "/api/delayjobs/callbacks/cancel/"),
+    ("post", "/api/delayjobs/callbacks/reschedule/"),
 }
 
 

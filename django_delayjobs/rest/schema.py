@@ -35,6 +35,15 @@ def document(**kwargs: Any) -> Callable[[F], F]:
     return decorate
 
 
+def field_schema(schema: dict[str, Any]) -> Callable[[F], F]:
+    """``extend_schema_field(schema)`` when drf-spectacular is installed, else nothing."""
+    if not spectacular_installed():
+        return lambda cls: cls
+    from drf_spectacular.utils import extend_schema_field
+
+    return extend_schema_field(schema)
+
+
 def auto_schema() -> Any:
     """The schema inspector for our views: drf-spectacular's, so that the project need not
     set ``DEFAULT_SCHEMA_CLASS`` for our endpoints; DRF's default otherwise."""
@@ -49,6 +58,8 @@ def auto_schema() -> Any:
 
 def only_delayjobs(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> list[tuple[Any, ...]]:
     """drf-spectacular preprocessing hook: keep this API's endpoints, drop the project's."""
+    from .callbacks import CALLBACK_VIEWS
     from .views import API_VIEWS
 
-    return [e for e in endpoints if getattr(e[3], "cls", None) in API_VIEWS]
+    ours = (*API_VIEWS, *CALLBACK_VIEWS)
+    return [e for e in endpoints if getattr(e[3], "cls", None) in ours]

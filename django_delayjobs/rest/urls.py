@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.urls import URLPattern, URLResolver, path
 from rest_framework.routers import SimpleRouter
 
+from .callbacks import CallbackCancelView, CallbackCreateView, CallbackRescheduleView
 from .schema import spectacular_installed
 from .views import JobViewSet, QueuesView
 
@@ -16,6 +17,9 @@ router.register("jobs", JobViewSet, basename="job")
 urlpatterns: list[URLPattern | URLResolver] = [
     *router.urls,
     path("queues/", QueuesView.as_view(), name="queues"),
+    path("callbacks/", CallbackCreateView.as_view(), name="callbacks"),
+    path("callbacks/cancel/", CallbackCancelView.as_view(), name="callbacks-cancel"),
+    path("callbacks/reschedule/", CallbackRescheduleView.as_view(), name="callbacks-reschedule"),
 ]
 
 if spectacular_installed():

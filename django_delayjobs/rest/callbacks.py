@@ -1,0 +1,252 @@
+"""The clock-service endpoints: ``callbacks/`` creates an HTTP callback job (idempotent by
+``key``), ``callbacks/cancel/`` and ``callbacks/reschedule/`` find one by id or by key.
+
+For any service in any language: "call this URL at that time unless I cancel first".
+They need ``API_CALLBACK_PERMISSIONS`` (``add_job`` by default) on top of
+``API_PERMISSION_CLASSES``, and only ever see callback jobs. Throttled by
+``API_CALLBACK_THROTTLE_RATE`` (and the project's own DRF throttles).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import UserRateThrottle
+from rest_framework.views import APIView
+
+from .. import services
+from ..callbacks.action import ACTION
+from ..callbacks.policy import Refused
+from ..callbacks.request import METHODS, InvalidCallback
+from ..callbacks.service import active_callback, create
+from ..conf import delayjobs_settings
+from ..models import Job
+from . import serializers as s
+from .permissions import configured_permissions
+from .schema import auto_schema, document, field_schema
+from .views import actor
+
+
+@field_schema(
+    {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "format": "date-time"}]}
+)
+class ExpiresField(serializers.Field[Any, Any, Any, Any]):
+    """Seconds after the due time (a number), or the latest start time (ISO 8601)."""
+
+    default_error_messages = {
+        "invalid": "Give seconds after the due time (a number > 0) or an ISO 8601 datetime "
+        "with an offset.",
+    }
+
+    def to_internal_value(self, data: Any) -> float | datetime.datetime:
+        if isinstance(data, int | float) and not isinstance(data, bool):
+            return s.SecondsField(min_value=0).run_validation(data)  # type: ignore[no-any-return]
+        if isinstance(data, str):
+            return s.AwareDateTimeField().run_validation(data)  # type: ignore[no-any-return]
+        self.fail("invalid")
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class CallbackSerializer(s.StrictSerializer):
+    """One HTTP request to make later; ``url`` is an absolute http(s) URL or
+    ``destination:/path`` (a name of ``HTTP_DESTINATIONS``)."""
+
+    url = serializers.CharField(max_length=2048, trim_whitespace=False)
+    method = serializers.ChoiceField(choices=METHODS, default="POST")
+    json = serializers.JSONField(required=False, help_text="A JSON body (or give data).")
+    headers = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False,
+        help_text="Extra request headers; credentials belong in HTTP_DESTINATIONS.",
+    )  # fmt: skip
+    at = s.AwareDateTimeField(required=False, help_text="When to call (ISO 8601 with offset).")
+    key = serializers.CharField(
+        max_length=255, required=False,
+        help_text="Idempotency key: while a job with this key is active, it is returned (200).",
+    )  # fmt: skip
+    queue = serializers.CharField(max_length=64, required=False)
+    expires = ExpiresField(
+        required=False, help_text="Never call after this: seconds after the due time, or a time."
+    )
+    max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=5000)
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        # "in" is a keyword and "data" a Serializer attribute: neither can be declared.
+        fields["in"] = s.SecondsField(
+            required=False, min_value=0, help_text="Seconds from now until the call."
+        )
+        fields["data"] = serializers.CharField(
+            required=False, allow_blank=True, trim_whitespace=False, help_text="A text body."
+        )
+        return fields
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("in" in attrs) == ("at" in attrs):
+            raise ValidationError("Give exactly one of 'in' (seconds from now) and 'at'.")
+        if "json" in attrs and "data" in attrs:
+            raise ValidationError({"data": ["Give json or data, not both."]})
+        return attrs
+
+
+class LookupSerializer(s.StrictSerializer):
+    """Which callback: its ``id``, or its ``key`` (in ``queue``, default the default queue)."""
+
+    id = serializers.UUIDField(required=False)
+    key = serializers.CharField(max_length=255, required=False)
+    queue = serializers.CharField(max_length=64, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("id" in attrs) == ("key" in attrs):
+            raise ValidationError("Give exactly one of 'id' and 'key'.")
+        if "queue" in attrs and "key" not in attrs:
+            raise ValidationError({"queue": ["A queue goes with a key, not with an id."]})
+        return attrs
+
+
+class CallbackRescheduleSerializer(LookupSerializer):
+    at = s.AwareDateTimeField(required=False, help_text="The new time (ISO 8601 with offset).")
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        fields["in"] = s.SecondsField(required=False, min_value=0,
+                                      help_text="Seconds from now until the call.")  # fmt: skip
+        return fields
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if ("in" in attrs) == ("at" in attrs):
+            raise ValidationError("Give exactly one of 'in' (seconds from now) and 'at'.")
+        return attrs
+
+
+class CanManageCallbacks(BasePermission):
+    """The user holds every permission of ``API_CALLBACK_PERMISSIONS``."""
+
+    message = "Managing callbacks needs the permissions of API_CALLBACK_PERMISSIONS."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        needed = delayjobs_settings.API_CALLBACK_PERMISSIONS
+        return bool(request.user and request.user.has_perms(needed))
+
+
+class CallbackThrottle(UserRateThrottle):
+    """``API_CALLBACK_THROTTLE_RATE`` per user (or per address when anonymous); None: off."""
+
+    scope = "delayjobs_callbacks"
+
+    def get_rate(self) -> str | None:
+        return delayjobs_settings.API_CALLBACK_THROTTLE_RATE
+
+
+class CallbackView(APIView):
+    schema = auto_schema()
+
+    def get_permissions(self) -> list[Any]:
+        return [make() for make in configured_permissions()] + [CanManageCallbacks()]
+
+    def get_throttles(self) -> list[Any]:
+        return [*super().get_throttles(), CallbackThrottle()]
+
+
+_REFUSED: dict[int, Any] = {403: s.DetailSerializer, 429: s.DetailSerializer}
+
+
+class CallbackCreateView(CallbackView):
+    """Create a callback job (201), or return the active one holding ``key`` (200)."""
+
+    @document(
+        operation_id="callbacks_create",
+        request=CallbackSerializer,
+        responses={201: s.JobSerializer, 200: s.JobSerializer, 400: dict, **_REFUSED},
+    )
+    def post(self, request: Request) -> Response:
+        body = CallbackSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        given = dict(body.validated_data)
+        when = {"in_": given.pop("in")} if "in" in given else {"at": given.pop("at")}
+        try:
+            job, created = create(given.pop("url"), **when, **given, actor=actor(request))
+        except InvalidCallback as exc:
+            raise ValidationError({exc.field: [str(exc)]}) from None
+        except Refused as exc:
+            raise ValidationError({"url": [str(exc)]}) from None
+        except (TypeError, ValueError) as exc:
+            raise ValidationError({"non_field_errors": [str(exc)]}) from None
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(s.JobSerializer(job).data, status=code)
+
+
+def _find(lookup: dict[str, Any]) -> Job:
+    """The callback job an id or a key names: for a key, its active job, else its latest."""
+    if "id" in lookup:
+        job = Job.objects.filter(pk=lookup["id"], action=ACTION).first()
+    else:
+        queue = lookup.get("queue", delayjobs_settings.DEFAULT_QUEUE)
+        job = active_callback(lookup["key"], queue) or (
+            Job.objects.filter(queue=queue, key=lookup["key"], action=ACTION)
+            .order_by("-created_at")
+            .first()
+        )
+    if job is None:
+        raise NotFound("No callback with this id or key.")
+    return job
+
+
+def _changed(job: Job, won: bool, verb: str) -> Response:
+    if won:
+        job = Job.objects.prefetch_related("events").get(pk=job.pk)
+        return Response(s.JobDetailSerializer(job).data)
+    job.refresh_from_db(fields=["status"])
+    return Response(
+        {"detail": f"Too late to {verb}: the callback has started or finished.",
+         "status": job.status},
+        status=status.HTTP_409_CONFLICT,
+    )  # fmt: skip
+
+
+_CHANGED = {200: s.JobDetailSerializer, 400: dict, 404: s.DetailSerializer,
+            409: s.ConflictSerializer, **_REFUSED}  # fmt: skip
+
+
+class CallbackCancelView(CallbackView):
+    """Cancel a callback by id or key if it has not started (200), else 409."""
+
+    @document(operation_id="callbacks_cancel", request=LookupSerializer, responses=_CHANGED)
+    def post(self, request: Request) -> Response:
+        body = LookupSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        job = _find(body.validated_data)
+        return _changed(job, services.cancel(job, actor=actor(request)), "cancel")
+
+
+class CallbackRescheduleView(CallbackView):
+    """Move a callback, found by id or key, to a new time if it has not started (200)."""
+
+    @document(
+        operation_id="callbacks_reschedule",
+        request=CallbackRescheduleSerializer,
+        responses=_CHANGED,
+    )
+    def post(self, request: Request) -> Response:
+        body = CallbackRescheduleSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        job = _find(body.validated_data)
+        field = "in" if "in" in body.validated_data else "at"
+        when = {"in_" if field == "in" else "at": body.validated_data[field]}
+        try:
+            won = services.reschedule(job, **when, actor=actor(request))
+        except (TypeError, ValueError) as exc:
+            raise ValidationError({field: [str(exc)]}) from None
+        return _changed(job, won, "reschedule")
+
+
+#: The views whose endpoints the OpenAPI schema describes (with ``views.API_VIEWS``).
+CALLBACK_VIEWS = (CallbackCreateView, CallbackCancelView, CallbackRescheduleView)
