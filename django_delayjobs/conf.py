@@ -98,7 +98,7 @@ class Settings:
     HTTP_RESPONSE_KEEP_BYTES: int = setting(4096, 0, 65536)
     HTTP_MAX_REQUEST_BYTES: int = setting(65536, 1, 1 << 20)
     HTTP_RETRY_STATUSES: Sequence[int] = _http(http.status_codes, factory=lambda: [408, 429])
-    HTTP_RETRY_AFTER_MAX_SECONDS: float = setting(3600.0, 0, 7 * 86_400)
+    HTTP_RETRY_AFTER_MAX_SECONDS: float = setting(3600.0, 0, 86_400)
     HTTP_SIGNATURE_TOLERANCE_SECONDS: float = setting(300.0, 1, 86_400)
     API_CALLBACK_PERMISSIONS: Sequence[str] = _http(
         http.permissions, factory=lambda: ["django_delayjobs.add_job"]

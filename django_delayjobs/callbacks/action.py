@@ -37,7 +37,7 @@ def require_client() -> None:
 def deliver(**stored: Any) -> dict[str, Any]:
     """Send the stored request once; return the answer's summary, or raise ``Retry`` or
     ``GiveUp``."""
-    from ..execution import current_job
+    from ..execution import current_job, note
 
     job = current_job.get()
     if job is None:
@@ -52,7 +52,9 @@ def deliver(**stored: Any) -> dict[str, Any]:
         request = load(stored)
         target, destination = request.target(http)
         addresses = policy.addresses(target, http.allow_private)
-    except (InvalidCallback, policy.Refused) as exc:
+    except policy.Refused as exc:
+        raise GiveUp(f"refused, nothing sent: {exc} [rule: {exc.rule}]") from None
+    except InvalidCallback as exc:
         raise GiveUp(f"refused, nothing sent: {exc}") from None
     except OSError as exc:  # the name did not resolve: perhaps a passing DNS failure
         raise Retry(
@@ -72,13 +74,15 @@ def deliver(**stored: Any) -> dict[str, Any]:
         response = delivery.send(target, addresses, request.method, headers, body, limits)
     except delivery.DeliveryFailed as exc:
         raise outcome.failed(request.method, request.where, exc) from None
-    return outcome.judge(
+    result = outcome.judge(
         request.method,
         request.where,
         response,
         retry_statuses=settings.HTTP_RETRY_STATUSES,
         retry_after_max=settings.HTTP_RETRY_AFTER_MAX_SECONDS,
-    )
+    )  # a failure's Retry/GiveUp message is its history line; a success notes its own
+    note(outcome.line(request.method, request.where, response))
+    return result
 
 
 deliver.delayable_name = ACTION  # type: ignore[attr-defined]
