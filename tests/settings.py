@@ -3,6 +3,7 @@
 The Redis URL is filled in by ``conftest.py`` (REDIS_URL, or a private server it starts).
 """
 
+import json
 import os
 import tempfile
 
@@ -81,6 +82,8 @@ DELAYJOBS = {
     "RECONCILE_SECONDS": float(os.environ.get("DELAYJOBS_RECONCILE_SECONDS", 60)),
     "HEARTBEAT_SECONDS": float(os.environ.get("DELAYJOBS_HEARTBEAT_SECONDS", 10)),
     "MAX_DELIVERIES": int(os.environ.get("DELAYJOBS_MAX_DELIVERIES", 3)),
+    # HTTP callback settings of a worker process started by a test (a JSON object).
+    **json.loads(os.environ.get("DELAYJOBS_TEST_HTTP", "{}")),
 }
 
 TASKS = {
