@@ -24,7 +24,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from ..models import Job, JobEvent, Status
-from . import display, operations, queue_views
+from . import callbacks, display, operations, queue_views
 from .changelist import ActionFilter, JobChangeList, QueueFilter
 from .pagination import EstimatedCountPaginator
 
@@ -88,7 +88,7 @@ class JobAdmin(JobModelAdmin):
         "attempts_display", "lateness_display",
     )  # fmt: skip
     list_display_links = ("short_id",)
-    list_filter = ("status", ("queue", QueueFilter), ("action", ActionFilter))
+    list_filter = ("status", callbacks.KindFilter, ("queue", QueueFilter), ("action", ActionFilter))
     list_select_related = ("target_type",)
     # Only run_at has an index that serves ORDER BY ... LIMIT on a million rows.
     sortable_by = ("run_at_display",)
@@ -116,7 +116,7 @@ class JobAdmin(JobModelAdmin):
     readonly_fields = (
         "target_link", "run_at_exact", "expires_at_display", "created_at_display",
         "started_at_display", "finished_at_display", "lateness_display", "args_display",
-        "kwargs_display", "result_display", "last_error_display",
+        "kwargs_display", "result_display", "last_error_display", *callbacks.READONLY,
     )  # fmt: skip
 
     # -- permissions: the form is read-only, changes are actions -------------------------
@@ -222,6 +222,24 @@ class JobAdmin(JobModelAdmin):
     @admin.display(description=_("last error"))
     def last_error_display(self, job: Job) -> SafeString | str:
         return display.pre(job.last_error)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if callbacks.is_callback(obj):
+            fieldsets.insert(1, callbacks.fieldset())
+        return fieldsets
+
+    @admin.display(description=_("method"))
+    def callback_method(self, job: Job) -> str:
+        return callbacks.method(job)
+
+    @admin.display(description=_("URL"))
+    def callback_url(self, job: Job) -> str:
+        return callbacks.url(job)
+
+    @admin.display(description=_("last status"))
+    def callback_last_status(self, job: Job) -> SafeString | str:
+        return callbacks.last_status(job)
 
     # -- actions ----------------------------------------------------------------------
 

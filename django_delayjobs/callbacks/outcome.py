@@ -14,12 +14,14 @@ import math
 import re
 import time
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import GiveUp, Retry
-from .delivery import DeliveryFailed, Response
 
-_STATUS = re.compile(r" -> ([1-5][0-9][0-9]) ")
+if TYPE_CHECKING:  # not at run time: the admin reads status_in() without urllib3
+    from .delivery import DeliveryFailed, Response
+
+_STATUS = re.compile(r" -> ([1-5][0-9][0-9]) |-> (no answer \([a-z]+\))")
 
 
 def excerpt(body: bytes, truncated: bool) -> str:
@@ -58,10 +60,10 @@ def line(method: str, where: str, response: Response) -> str:
     )
 
 
-def status_in(text: str) -> int | None:
-    """The status code that a history ``line`` records, if any."""
+def status_in(text: str) -> str | None:
+    """What a history ``line`` says the answer was: a status code, ``no answer (...)``."""
     found = _STATUS.search(text)
-    return int(found.group(1)) if found else None
+    return (found.group(1) or found.group(2)) if found else None
 
 
 def judge(
