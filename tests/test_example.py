@@ -116,6 +116,13 @@ def test_demo_end_to_end(shop_env: dict[str, str], tmp_path: Path) -> None:
     )
     assert racing == 1 and payment_won + cancel_won == 1, detail
     assert number(r"orders both paid and cancelled:\s+(\d+)", out) == (0,), detail
+    sent, withdrawn, reminded, unpaid = number(
+        r"payment reminders \(signed callbacks\): (\d+) sent and verified by the shop, "
+        r"(\d+) cancelled by the payment; unpaid orders reminded: (\d+)/(\d+)",
+        out,
+    )
+    assert (reminded, unpaid) == (4, 4) and sent + withdrawn == 10, detail
+    assert number(r"a reminder with a forged signature:\s+answered (\d+)", out) == (401,)
     assert re.search(r"job started_at - run_at:\s+p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms", out)
     assert number(r"worker exit code\(s\):\s+(\d+)", out) == (0,), detail
     assert "OK: every unpaid order was cancelled" in out, detail

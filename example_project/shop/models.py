@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -10,10 +11,13 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
-from django_delayjobs import delayable, schedule
+from django_delayjobs import delayable, schedule, schedule_http
 from django_delayjobs.exceptions import AlreadyRunning
+from django_delayjobs.models import Job
 
 from .signals import order_paid
+
+logger = logging.getLogger("shop")
 
 
 class PaymentRefused(Exception):
@@ -48,6 +52,10 @@ class Order(models.Model):
     def auto_cancel_key(self) -> str:
         return f"order-{self.pk}-autocancel"
 
+    @property
+    def reminder_key(self) -> str:
+        return f"order-{self.pk}-reminder"
+
     # -- placing an order -----------------------------------------------------------------
 
     @classmethod
@@ -58,11 +66,15 @@ class Order(models.Model):
         number: str | None = None,
         cancel_in: float | timedelta | None = None,
         cancel_at: datetime | None = None,
+        remind: bool = True,
     ) -> Order:
-        """Create an order and schedule its auto-cancel, in one transaction.
+        """Create an order, schedule its auto-cancel and its payment reminder, in one
+        transaction.
 
         The auto-cancel is due ``cancel_in`` (default ``SHOP_AUTO_CANCEL_SECONDS``) from
-        now, or at ``cancel_at``. The job is ``order.auto_cancel_job``.
+        now, or at ``cancel_at``: it is ``order.auto_cancel_job``. With ``remind``, halfway
+        there a signed HTTP callback to the shop's own endpoint reminds the customer: it
+        is ``order.reminder_job``.
         """
         with transaction.atomic():
             order = cls.objects.create(amount=amount, number=number or new_number())
@@ -71,7 +83,37 @@ class Order(models.Model):
             order.auto_cancel_job = schedule(
                 order.cancel, in_=cancel_in, at=cancel_at, key=order.auto_cancel_key
             )
+            if remind:
+                order.reminder_job = order.schedule_reminder(order.auto_cancel_job.run_at)
         return order
+
+    def schedule_reminder(self, deadline: datetime) -> Job:
+        """A payment reminder halfway to ``deadline``: a POST to the shop's own
+        ``/hooks/payment-reminder/`` (the destination ``shop`` of ``HTTP_DESTINATIONS``),
+        signed, and never sent after the deadline."""
+        now = timezone.now()
+        return schedule_http(
+            "shop:/hooks/payment-reminder/",
+            json={"order": self.number, "deadline": deadline.isoformat()},
+            at=now + (deadline - now) / 2,
+            expires=deadline,
+            key=self.reminder_key,
+        )
+
+    def remind(self, webhook_id: str) -> bool:
+        """Remind the customer if the order still waits for its payment; True if so.
+
+        A real shop would send an e-mail here and record ``webhook_id``, so that a second
+        delivery of the same callback (they come at least once) sends no second e-mail.
+        This one only logs, and reads the database without writing: on SQLite the worker
+        holds the database's write lock while its action runs, so a receiver in the same
+        SQLite database must not write (docs/callbacks.md).
+        """
+        self.refresh_from_db(fields=["status"])
+        if self.status != Order.Status.PENDING:
+            return False
+        logger.info("payment reminder for order %s (webhook-id %s)", self.number, webhook_id)
+        return True
 
     # -- the delayed action ------------------------------------------------------------------
 

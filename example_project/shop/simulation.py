@@ -8,6 +8,7 @@ this project's settings, payments made by threads at chosen wall-clock moments.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -68,6 +69,63 @@ def describe_database() -> str:
     if connection.vendor == "sqlite":
         return f"SQLite {os.path.relpath(db['NAME'])}"
     return f"{connection.vendor} {db.get('HOST') or 'localhost'}/{db['NAME']}"
+
+
+@contextlib.contextmanager
+def shop_server() -> Iterator[str]:
+    """Serve this project on 127.0.0.1 (a free port) from a thread, for the payment
+    reminders the shop sends itself; yield its base URL.
+
+    Inside the block the ``shop`` destination points at it, here and (through
+    ``SHOP_BASE_URL``) in the workers started then.
+    """
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from django.core.wsgi import get_wsgi_application
+    from shopsite.settings import shop_delayjobs
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Handler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # the report says what happened
+
+    httpd = make_server("127.0.0.1", 0, get_wsgi_application(), Server, Handler)
+    base_url = f"http://127.0.0.1:{httpd.server_port}"
+    thread = threading.Thread(target=httpd.serve_forever, name="shop-http", daemon=True)
+    thread.start()
+    before = os.environ.get("SHOP_BASE_URL")
+    os.environ["SHOP_BASE_URL"] = base_url  # for the worker processes
+    http = {k: v for k, v in shop_delayjobs(base_url).items() if k.startswith("HTTP_")}
+    try:
+        with override_settings(DELAYJOBS={**settings.DELAYJOBS, **http}):
+            yield base_url
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        if before is None:
+            os.environ.pop("SHOP_BASE_URL", None)
+        else:
+            os.environ["SHOP_BASE_URL"] = before
+
+
+def forged_reminder(base_url: str) -> int:
+    """POST a reminder signed with a wrong secret to the shop; return the HTTP status."""
+    import urllib.error
+    import urllib.request
+
+    from django_delayjobs.callbacks.signing import new_secret, sign
+
+    body = b'{"order": "DEMO-FORGED"}'
+    headers = {"Content-Type": "application/json", **sign("forged-1", body, [new_secret()])}
+    request = urllib.request.Request(f"{base_url}/hooks/payment-reminder/", body, headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 # -- worker processes ------------------------------------------------------------------
@@ -205,6 +263,18 @@ class Result:
     order: Order
     job: Job | None
     payment: Payment | None
+    reminder: Job | None = None
+
+    @property
+    def reminded(self) -> bool:
+        """The reminder callback reached the shop, which found the order unpaid."""
+        job = self.reminder
+        if job is None or job.status != JobStatus.SUCCEEDED or not job.result:
+            return False
+        try:
+            return bool(json.loads(job.result.get("body") or "{}").get("reminded"))
+        except (ValueError, AttributeError):
+            return False
 
     @property
     def lateness_ms(self) -> float | None:
@@ -249,24 +319,24 @@ class Result:
         return f"FAULT: still {order.status} (job {job.status})"
 
 
-def jobs_of(orders: Sequence[Order]) -> dict[int, Job]:
-    """The auto-cancel job of each order, by order id."""
-    keys = {order.auto_cancel_key: order.pk for order in orders}
+def jobs_of(orders: Sequence[Order], reminders: bool = False) -> dict[int, Job]:
+    """The auto-cancel (or reminder) job of each order, by order id."""
+    keys = {(o.reminder_key if reminders else o.auto_cancel_key): o.pk for o in orders}
     jobs = Job.objects.filter(key__in=list(keys)).prefetch_related("events")
     return {keys[job.key]: job for job in jobs}
 
 
 def results(order_ids: Sequence[int], payments: Sequence[Payment]) -> list[Result]:
     orders = list(Order.objects.filter(pk__in=order_ids).order_by("pk"))
-    jobs = jobs_of(orders)
+    jobs, reminders = jobs_of(orders), jobs_of(orders, reminders=True)
     paying = {p.order_id: p for p in payments}
-    return [Result(o, jobs.get(o.pk), paying.get(o.pk)) for o in orders]
+    return [Result(o, jobs.get(o.pk), paying.get(o.pk), reminders.get(o.pk)) for o in orders]
 
 
 def unfinished(order_ids: Sequence[int]) -> int:
-    """How many of these orders' jobs have not reached a final state."""
+    """How many of these orders' jobs (auto-cancels and reminders) have not finished."""
     orders = list(Order.objects.filter(pk__in=order_ids).only("pk"))
-    keys = [order.auto_cancel_key for order in orders]
+    keys = [key for order in orders for key in (order.auto_cancel_key, order.reminder_key)]
     return (
         Job.objects.filter(key__in=keys)
         .exclude(

@@ -1,12 +1,15 @@
-"""Three plain Django views: list orders, create one, pay one."""
+"""Plain Django views: list orders, create one, pay one; and the endpoint that receives
+the shop's own signed payment-reminder callbacks."""
 
+import json
 from decimal import Decimal, InvalidOperation
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from django_delayjobs.callbacks.receiving import verify_webhook
 from django_delayjobs.models import Job
 
 from .models import Order, PaymentRefused
@@ -57,3 +60,22 @@ def pay_order(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         messages.success(request, f"Order {order.number} paid; its auto-cancel is cancelled.")
     return redirect("shop:order_list")
+
+
+@require_POST
+@verify_webhook  # 401 unless signed with one of HTTP_SIGNING_SECRETS; CSRF-exempt
+def payment_reminder(request: HttpRequest) -> JsonResponse:
+    """A payment reminder is due: remind the customer if the order is still unpaid.
+
+    Answers 2xx whenever retrying cannot help (already paid, already reminded), 404 for an
+    order that does not exist (the job ends dead), 400 for a body that is not ours.
+    """
+    try:
+        number = json.loads(request.body)["order"]
+    except (ValueError, KeyError, TypeError):
+        return JsonResponse({"error": 'expected {"order": <number>}'}, status=400)
+    order = Order.objects.filter(number=str(number)).first()
+    if order is None:
+        return JsonResponse({"error": f"no order {number!r}"}, status=404)
+    reminded = order.remind(request.webhook_id)  # type: ignore[attr-defined]
+    return JsonResponse({"order": order.number, "reminded": reminded})

@@ -12,10 +12,14 @@ Environment:
 - ``SHOP_SQLITE_PATH``: another SQLite file (the tests use a temporary one).
 - ``REDIS_URL``: use this Redis instead of the embedded one.
 - ``SHOP_AUTO_CANCEL_SECONDS``: how long an order may stay unpaid (default 1800).
+- ``SHOP_BASE_URL``: where this shop answers, for its own payment-reminder callbacks
+  (default ``http://127.0.0.1:8000``, ``runserver``'s address; ``demo`` sets its own).
+- ``SHOP_WEBHOOK_SECRET``: the ``whsec_...`` secret that signs and verifies them.
 """
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -96,9 +100,29 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 #: Where ``manage.py embedded_redis`` puts its server (and its unix socket).
 EMBEDDED_REDIS_DIR = VAR_DIR / "redis"
 
-DELAYJOBS = {
-    "REDIS_URL": os.environ.get("REDIS_URL") or f"unix://{EMBEDDED_REDIS_DIR / 'redis.sock'}",
-}
+#: Where this shop answers HTTP (its payment reminders are callbacks to itself).
+SHOP_BASE_URL = os.environ.get("SHOP_BASE_URL", "http://127.0.0.1:8000")
+
+
+def shop_delayjobs(base_url: str) -> dict[str, object]:
+    """The DELAYJOBS settings, with the shop's own address as the ``shop`` destination."""
+    return {
+        "REDIS_URL": os.environ.get("REDIS_URL") or f"unix://{EMBEDDED_REDIS_DIR / 'redis.sock'}",
+        # Callbacks go only to the shop itself. It is on this machine (127.0.0.1), a
+        # private address, which a production site would not allow.
+        "HTTP_DESTINATIONS": {"shop": {"url": base_url}},
+        "HTTP_ALLOWED_HOSTS": [urlsplit(base_url).netloc],
+        "HTTP_ALLOW_PRIVATE_NETWORKS": True,
+        # A demo secret; a real site keeps its own out of the code (new_secret() makes one).
+        "HTTP_SIGNING_SECRETS": [
+            os.environ.get(
+                "SHOP_WEBHOOK_SECRET", "whsec_ZXhhbXBsZS1zaG9wLW5vdC1hLXJlYWwtc2VjcmV0IQ=="
+            )
+        ],
+    }
+
+
+DELAYJOBS = shop_delayjobs(SHOP_BASE_URL)
 
 #: An order not paid within this many seconds is cancelled.
 SHOP_AUTO_CANCEL_SECONDS = float(os.environ.get("SHOP_AUTO_CANCEL_SECONDS", 1800))

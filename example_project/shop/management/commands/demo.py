@@ -103,8 +103,9 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         self.say(f"  database: {simulation.describe_database()} (migrated)")
         try:
-            with simulation.redis_for_run() as (redis_url, where):
+            with simulation.redis_for_run() as (redis_url, where), simulation.shop_server() as web:
                 self.say(f"  redis:    {where}")
+                self.say(f"  web:      the shop at {web} (receives its signed payment reminders)")
                 workers = simulation.start_workers(
                     opts["workers"], redis_url, log, opts["concurrency"]
                 )
@@ -116,6 +117,7 @@ class Command(BaseCommand):
                         f"log {os.path.relpath(log)}"
                     )
                     finished, groups, payments = self.play(plan, workers, log)
+                    self.forged = simulation.forged_reminder(web)
                 finally:
                     codes = simulation.stop_workers(workers)
         except KeyboardInterrupt:
@@ -210,6 +212,13 @@ class Command(BaseCommand):
             f"   payment won (paid, job cancelled): {won[0]}"
             f"   cancel won (cancelled, payment refused): {won[1]}")  # fmt: skip
         say(f"  orders both paid and cancelled:      {both}")
+        reminders = [r.reminder for r in results]
+        sent = sum(job is not None and job.status == "succeeded" for job in reminders)
+        withdrawn = sum(job is not None and job.status == "cancelled" for job in reminders)
+        say(f"  payment reminders (signed callbacks): {sent} sent and verified by the shop, "
+            f"{withdrawn} cancelled by the payment; unpaid orders reminded: "
+            f"{sum(r.reminded for r in unpaid)}/{len(unpaid)}")  # fmt: skip
+        say(f"  a reminder with a forged signature:  answered {self.forged} by the shop")
         say(f"  lateness of the cancels, job started_at - run_at:   "
             f"{self.spread([r.lateness_ms for r in results])}")  # fmt: skip
         say(f"  order cancelled_at - its deadline (run_at):         "
@@ -227,6 +236,18 @@ class Command(BaseCommand):
                 )
                 problems.append(f"{r.order.number}: paid {when} its deadline, yet cancelled")
         problems += [f"a worker exited with code {code}" for code in codes if code != 0]
+        problems += [
+            f"{r.order.number}: unpaid, but not reminded" for r in unpaid if not r.reminded
+        ]
+        if self.forged != 401:
+            problems.append(f"a forged reminder was answered {self.forged}, not 401")
+        problems += [
+            f"{r.order.number}: its reminder is {r.reminder.status if r.reminder else 'missing'}"
+            + (f" ({r.reminder.last_error.splitlines()[-1][:200]})" if r.reminder and
+               r.reminder.last_error else "")
+            for r in results
+            if r.reminder is None or r.reminder.status not in ("succeeded", "cancelled")
+        ]  # fmt: skip
         say("")
         if problems:
             say(self.style.ERROR(f"FAILED: {len(problems)} problem(s):"))
@@ -235,8 +256,9 @@ class Command(BaseCommand):
             say(f"  last lines of the worker log ({os.path.relpath(log)}):\n{simulation.tail(log)}")
         else:
             say(self.style.SUCCESS(
-                "OK: every unpaid order was cancelled, no paid order was cancelled, and every "
-                "order paid at its deadline was either paid or cancelled, never both."
+                "OK: every unpaid order was cancelled, no paid order was cancelled, every "
+                "order paid at its deadline was either paid or cancelled, never both, and "
+                "every unpaid order was reminded by a signed callback."
             ))  # fmt: skip
         self.where_to_look(plan.run)
         if problems:

@@ -91,6 +91,7 @@ class Command(BaseCommand):
                 Decimal("10.00") + i,
                 number=f"RACE-{first:%H%M%S%f}-{i:04d}",
                 cancel_at=first + i * step,
+                remind=False,  # the race is between the payment and the auto-cancel
             )
             for i in range(n)
         ]
