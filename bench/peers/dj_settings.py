@@ -1,5 +1,6 @@
 """Django settings for the delayjobs side of ``bench/compare.py`` (env-driven)."""
 
+import json
 import os
 
 SECRET_KEY = "bench-only"
@@ -30,4 +31,8 @@ else:
             },
         }
     }
-DELAYJOBS = {"REDIS_URL": os.environ.get("BENCH_REDIS_URL", "unix:///nonexistent")}
+DELAYJOBS = {
+    "REDIS_URL": os.environ.get("BENCH_REDIS_URL", "unix:///nonexistent"),
+    # More settings for one benchmark (bench/callbacks.py: its HTTP_* settings), as JSON.
+    **json.loads(os.environ.get("BENCH_DELAYJOBS", "{}")),
+}
