@@ -1,14 +1,14 @@
 """HTTP callbacks: 1,000 due at the same moment, to a local server that answers in 50 ms.
 
     python bench/callbacks.py [--n 1000] [--concurrency 1 10 50] [--delay-ms 50]
-                              [--database-url URL] [--json out.json]
+                              [--lead 10] [--database-url URL] [--json out.json]
 
 For each concurrency: a private ``redis-server``, the bench's Django settings
 (``peers/dj_settings.py``: SQLite in WAL mode, or ``--database-url``), one
 ``run_delayworker --concurrency C`` process, and a threaded HTTP server on 127.0.0.1 in
 this process that records when each request arrives and answers 200 after ``--delay-ms``.
 N callbacks (``schedule_http``, signed) are scheduled in one transaction, all due at the
-same moment a few seconds ahead. Reported:
+same moment ``--lead`` seconds ahead. Reported:
 
 - drain: from the due time until the last job's outcome is committed (``finished_at``);
 - lateness of the first request of each job (its arrival at the server minus the due
@@ -94,7 +94,7 @@ def wait_for_worker(queue: str, worker: subprocess.Popen[bytes], timeout: float 
 
 
 def one_round(n: int, concurrency: int, receiver: Receiver, env: dict[str, str],
-              log: Path) -> dict[str, Any]:  # fmt: skip
+              log: Path, lead: float) -> dict[str, Any]:  # fmt: skip
     import datetime
 
     from django.db import transaction
@@ -114,7 +114,7 @@ def one_round(n: int, concurrency: int, receiver: Receiver, env: dict[str, str],
         worker = subprocess.Popen(cmd, cwd=BENCH, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for_worker("default", worker)
-        due = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)
+        due = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=lead)
         url = f"http://127.0.0.1:{receiver.port}/hook"
         scheduling = time.monotonic()
         with transaction.atomic():
@@ -122,7 +122,7 @@ def one_round(n: int, concurrency: int, receiver: Receiver, env: dict[str, str],
                 schedule_http(url, json={"n": i}, at=due)
         scheduling = time.monotonic() - scheduling
         if datetime.datetime.now(datetime.UTC) >= due:
-            raise SystemExit("scheduling took longer than the lead time: raise it")
+            raise SystemExit("scheduling took longer than the lead time: raise --lead")
         deadline = time.monotonic() + 600
         while Job.objects.filter(status__in=["scheduled", "running", "retrying"]).exists():
             if time.monotonic() > deadline or worker.poll() is not None:
@@ -158,6 +158,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 10, 50])
     parser.add_argument("--delay-ms", type=float, default=50.0)
+    parser.add_argument("--lead", type=float, default=10.0,
+                        help="seconds from scheduling to the due time (default 10)")  # fmt: skip
     parser.add_argument("--database-url", help="PostgreSQL (or other) instead of SQLite")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -189,7 +191,8 @@ def main() -> None:
               f"database {connection.vendor}; worker log {workdir / 'worker.log'}")  # fmt: skip
         results = []
         for concurrency in args.concurrency:
-            result = one_round(args.n, concurrency, receiver, env, workdir / "worker.log")
+            result = one_round(args.n, concurrency, receiver, env, workdir / "worker.log",
+                               args.lead)  # fmt: skip
             results.append(result)
             print(json.dumps(result))
         print()

@@ -255,3 +255,27 @@ def test_a_good_http_configuration_passes(settings):
 )  # fmt: skip
 def test_bad_http_settings_are_check_errors(settings, http, expected):
     assert f"django_delayjobs.{expected}" in ids(settings, **http)
+
+
+def test_without_urllib3_callbacks_are_refused_and_check_says_why(settings, monkeypatch):
+    from django_delayjobs.callbacks import action
+    from django_delayjobs.exceptions import ConfigurationError
+
+    monkeypatch.setattr(action, "client_installed", lambda: False)
+    with pytest.raises(ConfigurationError, match=r"pip install 'django-delayjobs\[http\]'"):
+        schedule_http("https://hooks.example.com/", in_=1)
+    assert not Job.objects.exists()
+    assert "django_delayjobs.E011" in ids(settings, HTTP_ALLOWED_HOSTS=["a.example"])
+
+
+def test_the_signing_module_needs_no_django():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from django_delayjobs.callbacks.signing import sign, verify, new_secret; "
+        "s = new_secret(); h = sign('id', b'x', [s]); assert verify(h, b'x', [s]) == 'id'; "
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'django'], 'django imported'"
+    )
+    env = {"PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
