@@ -218,18 +218,19 @@ class Execution:
         notes: list[str] = []
         connection = Connection()
         try:
-            with transaction.atomic(using=sql.db()):
-                value = self.call(fn, args, kwargs, notes)
-                stored = serialization.dump(value, "the action's return value")
-                self.event(job, EventKind.SUCCEEDED, "\n".join(notes))
-                # Last statement of the transaction: the outcome, fenced by our delivery.
-                done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
-                if not sql.update_fenced(job, done):
-                    raise _Overtaken
+            if getattr(fn, "delayable_atomic", True):
+                # The action and its outcome commit together, or not at all.
+                with transaction.atomic(using=sql.db()):
+                    stored = self.call(fn, args, kwargs, notes)
+                    self.succeeded(job, stored, notes)
+            else:  # an outside call: no transaction is held open while it runs
+                stored = self.call(fn, args, kwargs, notes)
+                with transaction.atomic(using=sql.db()):
+                    self.succeeded(job, stored, notes)
         except _Overtaken:
             logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts)
             return Result(Outcome.OVERTAKEN, job)
-        except BaseException as exc:  # anything the action raised: its effects rolled back
+        except BaseException as exc:  # anything the action raised (atomic: rolled back)
             duration = time.perf_counter() - started
             if connection.lost(exc):
                 return self.hand_back(exc)
@@ -237,9 +238,17 @@ class Execution:
         job.status, job.result = Status.SUCCEEDED, stored
         return Result(Outcome.SUCCEEDED, job, duration=time.perf_counter() - started)
 
+    def succeeded(self, job: Job, stored: Any, notes: list[str]) -> None:
+        """Record success; the fenced UPDATE is the transaction's last statement."""
+        self.event(job, EventKind.SUCCEEDED, "\n".join(notes))
+        done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
+        if not sql.update_fenced(job, done):
+            raise _Overtaken
+
     def call(
         self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], notes: list[str]
     ) -> Any:
+        """Run the action; return its value as stored (JSON), or raise."""
         job_token, notes_token = current_job.set(self.job), _notes.set(notes)
         try:
             value = fn(*args, **kwargs)
@@ -247,7 +256,7 @@ class Execution:
                 # async_to_sync, not a private event loop: the coroutine's sync_to_async()
                 # ORM calls then run back in this thread, inside this transaction.
                 value = async_to_sync(_await)(value)
-            return value
+            return serialization.dump(value, "the action's return value")
         finally:
             current_job.reset(job_token)
             _notes.reset(notes_token)

@@ -28,9 +28,10 @@ _functions: dict[str, Callable[..., Any]] = {}
 class DelayableMethod(Generic[R]):
     """A model method marked ``@delayable``; ``instance.method`` binds it."""
 
-    def __init__(self, func: Callable[..., R]) -> None:
+    def __init__(self, func: Callable[..., R], atomic: bool = True) -> None:
         self.func = func
         self.name = func.__name__
+        self.atomic = atomic
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -55,6 +56,7 @@ class BoundAction(Generic[R]):
     def __init__(self, method: DelayableMethod[R], instance: Any) -> None:
         self.method = method
         self.instance = instance
+        self.delayable_atomic = method.atomic
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         return self.method.func(self.instance, *args, **kwargs)
@@ -63,25 +65,44 @@ class BoundAction(Generic[R]):
         return f"<delayable {self.method.name} of {self.instance!r}>"
 
 
-def delayable(func: Callable[P, R]) -> Any:
-    """Register a module-level function or a model method as an action."""
+@overload
+def delayable(func: Callable[P, R], /) -> Any: ...
+@overload
+def delayable(*, atomic: bool = True) -> Callable[[Callable[P, R]], Any]: ...
+def delayable(func: Callable[P, R] | None = None, /, *, atomic: bool = True) -> Any:
+    """Register a module-level function or a model method as an action.
+
+    ``@delayable`` runs the action inside the transaction that records its outcome, so a
+    failure or a lost worker rolls its database writes back. ``@delayable(atomic=False)``
+    runs it outside any transaction (for an action that only talks to the outside world,
+    such as an HTTP call, and must not hold a transaction open meanwhile); its outcome is
+    written right after, and it may run more than once if its worker dies in between.
+    """
+    if func is None:
+        return lambda fn: _mark(fn, atomic)
+    return _mark(func, atomic)
+
+
+def _mark(func: Callable[..., Any], atomic: bool) -> Any:
     if not inspect.isfunction(func) or func.__name__ == "<lambda>":
         raise NotDelayable(f"@delayable takes a def-function, not {func!r}")
     qualname = func.__qualname__
     if "<locals>" in qualname:
         raise NotDelayable(f"{qualname} is defined inside a function; define it at module level")
     if "." in qualname:  # defined in a class body: a method
-        return DelayableMethod(func)
+        return DelayableMethod(func, atomic)
     name = f"{func.__module__}.{qualname}"
-    register(name, func)
+    register(name, func, atomic=atomic)
     func.delayable_name = name  # type: ignore[attr-defined]
     return func
 
 
-def register(name: str, fn: Callable[..., Any]) -> None:
-    """Register ``fn`` as the action ``name`` (used by the django.tasks backend)."""
+def register(name: str, fn: Callable[..., Any], *, atomic: bool = True) -> None:
+    """Register ``fn`` as the action ``name`` (used by the django.tasks backend and the
+    HTTP callbacks); ``atomic`` as for ``@delayable``."""
     if _functions.get(name, fn) is not fn:
         raise NotDelayable(f"an action named {name!r} is already registered")
+    fn.delayable_atomic = atomic  # type: ignore[attr-defined]
     _functions[name] = fn
 
 

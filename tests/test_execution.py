@@ -160,3 +160,15 @@ def test_a_missing_row_is_dropped():
     stats = get_engine().stats("default")
     assert (stats.ready, stats.in_flight, stats.garbage) == (0, 0, 0)
     assert stats.counters["acked"] == 1
+
+
+def test_a_non_atomic_action_runs_outside_any_transaction():
+    job = schedule(tasks.outside_call, in_=0, args=["outside", False])
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.result) == (Status.SUCCEEDED, False)  # not in a transaction
+    failing = schedule(tasks.outside_call, in_=0, args=["stays", True], max_attempts=1)
+    burst()
+    assert Job.objects.get(pk=failing.pk).status == Status.DEAD
+    # nothing to roll back: what it wrote before failing is there (documented)
+    assert Record.objects.filter(label="stays").count() == 1

@@ -92,4 +92,6 @@ def register() -> None:
     """Make ``deliver`` a registered action (``AppConfig.ready`` calls this)."""
     from ..registry import register as register_action
 
-    register_action(ACTION, deliver)
+    # Not atomic: the request must not hold a database transaction open while it waits
+    # for the receiver (on SQLite that would be the write lock).
+    register_action(ACTION, deliver, atomic=False)

@@ -194,3 +194,12 @@ def chaos_step(n: int, plan: str, seconds: float) -> int:
                              CustomBaseException("chaos")])  # fmt: skip
     Record.objects.create(label=f"effect:{n}")
     return n
+
+
+@delayable(atomic=False)
+def outside_call(label: str, fail: bool) -> bool:
+    """Not atomic: runs outside any transaction; its writes stay even when it fails."""
+    Record.objects.create(label=label)
+    if fail:
+        raise RuntimeError("the outside world said no")
+    return connection.in_atomic_block
