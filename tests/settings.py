@@ -82,6 +82,8 @@ DELAYJOBS = {
     "HEARTBEAT_SECONDS": float(os.environ.get("DELAYJOBS_HEARTBEAT_SECONDS", 10)),
     "MAX_DELIVERIES": int(os.environ.get("DELAYJOBS_MAX_DELIVERIES", 3)),
 }
+if os.environ.get("DELAYJOBS_METRICS_TOKEN"):  # a worker started by a metrics test
+    DELAYJOBS["METRICS_TOKEN"] = os.environ["DELAYJOBS_METRICS_TOKEN"]
 
 TASKS = {
     "default": {

@@ -9,6 +9,7 @@ and a process killed with SIGKILL loses at most its last second of counts.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import defaultdict
@@ -49,11 +50,15 @@ def fields_of(result: Result) -> list[tuple[str, float]]:
         pairs.append(("jobs:failed", 1))
     job = result.job
     if result.duration is not None and job is not None and job.started_at is not None:
-        # Never negative: a worker does not start an attempt before its run_at.
+        # Never negative: a worker does not start an attempt before its run_at (a host
+        # clock behind the one that scheduled it can make it look so).
         lateness = max(0.0, (job.started_at - job.run_at).total_seconds())
-        run = max(0.0, result.duration)
-        pairs += [(layout.bucket_field("lateness", lateness), 1), ("lateness:sum", lateness)]
-        pairs += [(layout.bucket_field("run", run), 1), ("run:sum", run)]
+        run = result.duration
+        # Redis refuses to add inf or NaN, and one such value would fail every flush.
+        if math.isfinite(run):
+            run = max(0.0, run)
+            pairs += [(layout.bucket_field("lateness", lateness), 1), ("lateness:sum", lateness)]
+            pairs += [(layout.bucket_field("run", run), 1), ("run:sum", run)]
     return pairs
 
 
