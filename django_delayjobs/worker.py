@@ -416,6 +416,7 @@ class WorkerProcess:
                 last_status = now
                 logger.info("status: %s", self.stats.line())
             self.stopped.wait(min(leases_every, METRICS_FLUSH_SECONDS))
+        connections.close_all()  # this thread's (check_owner reads the database)
 
     def check_owner(self) -> None:
         """After Redis lost its data another deployment may have claimed this PREFIX."""
