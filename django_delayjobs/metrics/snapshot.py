@@ -11,8 +11,10 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from .. import timing
 from ..conf import delayjobs_settings
 from ..engine import QueueStats
+from ..models import Job
 from . import layout, store
 
 if TYPE_CHECKING:
@@ -70,9 +72,6 @@ def oldest_overdue(engine: Engine, stats: QueueStats) -> float:
 
 
 def _ready_head_due_ms(engine: Engine, queue: str) -> int | None:
-    from .. import timing
-    from ..models import Job
-
     keys = engine.keys(queue)
 
     def head() -> list[bytes]:
