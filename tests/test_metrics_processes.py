@@ -109,8 +109,9 @@ def test_one_scrape_counts_what_two_worker_processes_did(redis_url, live_server,
         wait_for(lambda: jobs_total(scrape(view_url), "succeeded") == 34, timeout=10)
         samples = scrape(view_url)
         from_worker = scrape(worker_url)
-        assert status_code(worker_url, None) == 401
-        assert status_code(worker_url, TOKEN + "x") == 401
+        for url in (worker_url, view_url):  # over HTTP too: no token, or a wrong one
+            assert status_code(url, None) == 401
+            assert status_code(url, TOKEN + "x") == 401
     finally:
         for worker in workers:
             assert stop(worker) == 0
