@@ -46,6 +46,18 @@ def _name(what: str) -> Validator:
     return lambda value: validate_name(value, what)
 
 
+def _token(value: Any) -> object:
+    """A bearer token worth the name: long, and sendable in an HTTP header as it is."""
+    if value is None:
+        return None
+    if len(value) < 16 or not all(33 <= ord(c) <= 126 for c in value):
+        raise ValueError(
+            "must be at least 16 printable ASCII characters without spaces "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    return value
+
+
 def _permission_classes(value: Any) -> object:
     from .rest.permissions import load_permissions  # DRF only when there is a value
 
@@ -80,6 +92,10 @@ class Settings:
     BATCH_SIZE: int = setting(1000, 1, 5000)
     PREFETCH: int = setting(10, 1, 5000)
     REFUSE_EVICTING_REDIS: bool = False
+    #: The bearer token that opens the ``metrics/`` view (None: staff sessions only).
+    METRICS_TOKEN: str | None = setting(None, check=_token, kind="type")
+    #: Hours of per-minute counts kept in Redis for the admin's charts.
+    METRICS_HISTORY_HOURS: int = setting(3, 1, 48)
     # Classes or dotted paths, checked by DRF's own loader (setting() returns a field()).
     API_PERMISSION_CLASSES: Any = setting(  # noqa: RUF009
         factory=lambda: ["rest_framework.permissions.IsAdminUser"],

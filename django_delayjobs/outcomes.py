@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from . import signals
+from . import metrics, signals
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable
 from .exceptions import GiveUp, Retry
@@ -132,7 +132,8 @@ def settle(
     ack: Callable[[str], None] | None = None,
     outage: Outage = _OUTAGE,
 ) -> None:
-    """Tell Redis what became of ``job_id``, then send the outcome's signals. Never raises.
+    """Tell Redis what became of ``job_id``, count it, then send the outcome's signals.
+    Never raises.
 
     ``ack`` may collect ids to acknowledge later in one call (acking late is safe: a
     redelivered id finds its row finished and is dropped); by default it acks at once.
@@ -152,6 +153,7 @@ def settle(
         outage.ok()
     except EngineUnavailable as exc:
         outage.failed(exc)
+    metrics.record(queue, result)  # in memory; the worker's housekeeping flushes it
     send_signals(result)
 
 

@@ -31,6 +31,7 @@ from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
+from . import metrics
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable
 from .exceptions import ConfigurationError, DelayJobsError
@@ -46,6 +47,8 @@ logger = logging.getLogger("django_delayjobs.worker")
 BURST_SLACK = 0.01
 #: How long a delivery that hit a bug in this package waits before it is tried again.
 BUG_DELAY = datetime.timedelta(seconds=5)
+#: Seconds between two flushes of this process's metrics to Redis.
+METRICS_FLUSH_SECONDS = 1.0
 
 
 class WorkerDied(DelayJobsError):
@@ -174,6 +177,8 @@ class WorkerProcess:
                                grace)  # fmt: skip
         finally:
             self.stopped.set()
+            with contextlib.suppress(EngineUnavailable):
+                metrics.flush(self.engine, self.options.queues)  # the last second's counts
             self.unregister()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -385,27 +390,33 @@ class WorkerProcess:
     # -- housekeeping ------------------------------------------------------------
 
     def housekeep(self) -> None:
-        """Extend leases of running jobs, send heartbeats, log the status line."""
+        """Extend leases of running jobs, send heartbeats, flush metrics, log the status
+        line."""
         lease_every = max(0.05, delayjobs_settings.LEASE_SECONDS / 3)
         beat_every = delayjobs_settings.HEARTBEAT_SECONDS
+        leases_every = min(lease_every, beat_every)
         status_every = self.options.status_every
-        last_beat = last_status = 0.0
+        last_leases = last_beat = last_status = 0.0
         backoff = Backoff(self.stopped, "housekeeping")
         while not self.stopped.is_set():
             now = time.monotonic()
             try:
-                self.extend_leases()
+                if now - last_leases >= leases_every:
+                    last_leases = now
+                    self.extend_leases()
                 if now - last_beat >= beat_every and self.fatal is None:
                     last_beat = now
                     self.check_owner()
                     self.heartbeat(ttl_ms=beat_every * 3000)
+                metrics.flush(self.engine, self.options.queues)
                 backoff.ok()
             except EngineUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc)
             if status_every and now - last_status >= status_every:
                 last_status = now
                 logger.info("status: %s", self.stats.line())
-            self.stopped.wait(min(lease_every, beat_every))
+            self.stopped.wait(min(leases_every, METRICS_FLUSH_SECONDS))
+        connections.close_all()  # this thread's (check_owner reads the database)
 
     def check_owner(self) -> None:
         """After Redis lost its data another deployment may have claimed this PREFIX."""

@@ -85,6 +85,8 @@ DELAYJOBS = {
     # HTTP callback settings of a worker process started by a test (a JSON object).
     **json.loads(os.environ.get("DELAYJOBS_TEST_HTTP", "{}")),
 }
+if os.environ.get("DELAYJOBS_METRICS_TOKEN"):  # a worker started by a metrics test
+    DELAYJOBS["METRICS_TOKEN"] = os.environ["DELAYJOBS_METRICS_TOKEN"]
 
 TASKS = {
     "default": {

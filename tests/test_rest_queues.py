@@ -40,7 +40,7 @@ def test_queues_show_what_redis_and_the_database_hold(api):
     assert set(queues) == {"default", "mail"}
     default, mail = queues["default"], queues["mail"]
     assert (default["pending"], default["garbage"], default["retrying"]) == (2, 1, 0)
-    assert default["counters"] == {"buried": 1}
+    assert default["counters"] == {"added": 3, "buried": 1}  # a, b and the dead job
     assert default["next_due"][0] == {
         "id": str(first.pk),
         "action": "tests.testapp.tasks.record",

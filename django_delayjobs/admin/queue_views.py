@@ -24,7 +24,7 @@ from .. import queues
 from ..conf import delayjobs_settings
 from ..engine import EngineUnavailable
 from ..models import Job, Status
-from . import display, operations
+from . import charts, display, operations
 
 if TYPE_CHECKING:
     from .jobs import JobAdmin
@@ -166,8 +166,10 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     sections: list[Section] = []
     redis_error = ""
+    graphs: charts.Charts | None = None
     try:
         sections = _sections(admin, now)
+        graphs = charts.build(request.GET.get("charts"))
     except EngineUnavailable as exc:
         redis_error = str(exc)
     context = {
@@ -176,6 +178,7 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         "subtitle": None,
         "opts": admin.opts,
         "sections": sections,
+        "charts": graphs,
         "redis_error": redis_error,
         "now": now,
         "changelist_url": reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist"),

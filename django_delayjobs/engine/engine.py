@@ -207,7 +207,7 @@ class Engine:
     def add(self, queue: str, items: Mapping[str, float]) -> list[str]:
         """Add ids with due times (ms); return the ids Redis did not hold before."""
         k = self.keys(queue)
-        keys = [k.pending, k.ready, k.ready_set, k.unack, k.garbage, k.wake, k.notify]
+        keys = [k.pending, k.ready, k.ready_set, k.unack, k.garbage, k.wake, k.notify, k.counters]
         was_empty, added = self._run("add", keys, _pairs(items))
         if was_empty:
             # The directory lies outside the queue's hash tag, so the script cannot write
@@ -219,7 +219,7 @@ class Engine:
     def remove(self, queue: str, ids: Iterable[str]) -> int:
         """Remove ids not yet claimed (pending or ready); return how many were removed."""
         k = self.keys(queue)
-        return int(self._run("remove", [k.pending, k.ready_set], _ids(ids)))
+        return int(self._run("remove", [k.pending, k.ready_set, k.counters], _ids(ids)))
 
     def reschedule(self, queue: str, id: str, due_ms: float) -> bool:
         """Move a still-pending id to a new due time; False if it already left pending."""

@@ -37,7 +37,7 @@ class QueueKeys:
     notify: str  # LIST of tokens: wakes idle workers when ids enter ready
     workers: str  # ZSET worker id -> heartbeat expiry (ms)
     worker_info: str  # HASH worker id -> JSON description
-    counters: str  # HASH event -> count (acked, nacked, buried, recovered)
+    counters: str  # HASH event -> count (added, removed, acked, nacked, buried, recovered)
 
     @classmethod
     def for_queue(cls, prefix: str, queue: str) -> QueueKeys:

@@ -423,7 +423,7 @@ def test_a_lease_that_runs_out_is_recovered_at_the_head_of_ready(engine, redis_c
     s = state(redis_client, engine)
     assert s["ready"] == ["a", "b"]
     assert s["unack"] == {}
-    assert engine.stats(Q).counters == {"recovered": 1}
+    assert engine.stats(Q).counters == {"added": 2, "recovered": 1}
     assert engine.claim(Q, 1) == ["a"]
 
 
@@ -461,7 +461,7 @@ def test_a_repeated_id_is_handled_and_counted_once(populated):
     assert populated.bury(Q, ["g", "g"]) == 1
     assert populated.purge(Q, ["g", "g"]) == 1
     assert populated.ack(Q, ["u", "u"]) == 1
-    assert populated.stats(Q).counters == {"acked": 1, "buried": 2}
+    assert populated.stats(Q).counters == {"added": 4, "removed": 2, "acked": 1, "buried": 2}
 
 
 def test_extend_lease_after_recovery_does_not_put_the_id_back_in_flight(engine, redis_client):
@@ -492,7 +492,7 @@ def test_ack_forgets_in_flight_ids_only(populated, redis_client):
     assert list(s["pending"]) == ["p"]
     assert list(s["garbage"]) == ["g"]
     assert populated.ack(Q, ["u"]) == 0
-    assert populated.stats(Q).counters == {"acked": 2, "buried": 1}
+    assert populated.stats(Q).counters == {"added": 5, "acked": 2, "buried": 1}
 
 
 def test_nack_hands_in_flight_ids_back_to_pending_with_their_retry_time(
@@ -584,7 +584,7 @@ def test_stats_reports_every_place_and_counter(engine, redis_client, now):
     assert stats.live_workers == 1
     assert stats.next_due_ms == 7
     assert stats.oldest_lease_ms == state(redis_client, engine)["unack"]["e"]
-    assert stats.counters == {"acked": 1, "buried": 1, "nacked": 1}
+    assert stats.counters == {"added": 8, "removed": 1, "acked": 1, "buried": 1, "nacked": 1}
     assert engine.recover_expired(Q) == ["e"]
     assert engine.stats(Q).counters["recovered"] == 1
     assert engine.stats(Q).expired_leases == 0

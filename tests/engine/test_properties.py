@@ -102,6 +102,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.seen.add(id_)
             self.gone.pop(id_, None)
         assert self.engine.add(Q, dues) == expected
+        self.count("added", len(expected))
 
     @rule(ids=id_lists)
     def remove(self, ids: list[str]) -> None:
@@ -116,6 +117,7 @@ class EngineMachine(RuleBasedStateMachine):
             expected += 1
             self.forget(id_, "removed")
         assert self.engine.remove(Q, ids) == expected
+        self.count("removed", expected)
 
     @rule(id_=ids_, t=times)
     def reschedule(self, id_: str, t: int) -> None:

@@ -3,7 +3,8 @@
 -- garbage is left alone, so add is safe to repeat (reconcile relies on this). Every check
 -- is O(1) or O(log N): ready membership is read from ready_set, never by scanning ready.
 -- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = ready_set SET,
--- KEYS[4] = unack ZSET, KEYS[5] = garbage ZSET, KEYS[6] = wake LIST, KEYS[7] = notify LIST
+-- KEYS[4] = unack ZSET, KEYS[5] = garbage ZSET, KEYS[6] = wake LIST, KEYS[7] = notify LIST,
+-- KEYS[8] = counters HASH ('added' counts the ids it did not hold)
 -- ARGV = id1, due1_ms, id2, due2_ms, ...
 -- returns {1 if the queue held no ids before this call else 0, the ids it did not hold}
 local held_before = redis.call('ZCARD', KEYS[1]) + redis.call('LLEN', KEYS[2])
@@ -43,4 +44,5 @@ if readied > 0 then
   for _ = 1, math.min(readied, 64) do redis.call('LPUSH', KEYS[7], 1) end
   redis.call('LTRIM', KEYS[7], 0, 63)
 end
+if #added > 0 then redis.call('HINCRBY', KEYS[8], 'added', #added) end
 return {was_empty, added}

@@ -1,7 +1,7 @@
 -- Remove ids that have not been claimed yet (cancel). In-flight and buried ids stay.
 -- A ready id leaves ready_set only, in O(1): its entry in the ready LIST stays behind as
 -- a tombstone that claim pops and skips (LREM would scan the whole list).
--- KEYS[1] = pending ZSET, KEYS[2] = ready_set SET
+-- KEYS[1] = pending ZSET, KEYS[2] = ready_set SET, KEYS[3] = counters HASH ('removed')
 -- ARGV = id1, id2, ...
 -- returns how many ids were removed
 local removed = 0
@@ -12,4 +12,5 @@ for i = 1, #ARGV do
     removed = removed + redis.call('SREM', KEYS[2], ARGV[i])
   end
 end
+if removed > 0 then redis.call('HINCRBY', KEYS[3], 'removed', removed) end
 return removed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import Error as DatabaseError
@@ -15,6 +15,9 @@ from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
 from ...preflight import check_owner, check_redis, describe_redis
 from ...worker import Options, WorkerProcess
+
+if TYPE_CHECKING:
+    from ...metrics.server import MetricsServer
 
 MAX_CONCURRENCY = 1000
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
@@ -49,6 +52,16 @@ class Command(BaseCommand):
             default=None,
             help="Longest promoter sleep in seconds (default: TICK_SECONDS).",
         )
+        parser.add_argument(
+            "--metrics-port", type=int, default=None,
+            help="Serve the deployment's Prometheus metrics on this port (0: any free "
+                 "port); needs the metrics extra.",
+        )  # fmt: skip
+        parser.add_argument(
+            "--metrics-host", default="127.0.0.1",
+            help="Address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all, "
+                 "with METRICS_TOKEN set).",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **opts: Any) -> None:
         self.check_options(opts)
@@ -65,6 +78,9 @@ class Command(BaseCommand):
         low, high = bounds("TICK_SECONDS")
         if opts["tick"] is not None and not low <= opts["tick"] <= high:
             raise CommandError(f"--tick must be from {low} to {high} seconds")
+        port = opts["metrics_port"]
+        if port is not None and not 0 <= port <= 65535:
+            raise CommandError("--metrics-port must be from 0 to 65535")
         if opts["burst"] and opts["promoter_only"]:
             raise CommandError("--burst runs the jobs that are due: it needs the worker role, "
                                "not --promoter-only")  # fmt: skip
@@ -99,9 +115,32 @@ class Command(BaseCommand):
                 f"concurrency {options.concurrency}{', burst' if options.burst else ''}"
             )
             self.stdout.flush()
-        process.run()
+        server = self.start_metrics(opts)
+        try:
+            process.run()
+        finally:
+            if server is not None:
+                server.close()
         if verbosity:
             self.stdout.write(f"delayjobs {process.id}: stopped ({process.stats.line()})")
+
+    def start_metrics(self, opts: dict[str, Any]) -> MetricsServer | None:
+        if opts["metrics_port"] is None:
+            return None
+        from ...metrics.server import MetricsServer
+
+        host, port = opts["metrics_host"], opts["metrics_port"]
+        try:
+            server = MetricsServer(host, port).start()
+        except ImportError as exc:
+            raise CommandError("--metrics-port needs prometheus_client: "
+                               "pip install 'django-delayjobs[metrics]'") from exc  # fmt: skip
+        except OSError as exc:
+            raise CommandError(f"--metrics-port: cannot listen on {host}:{port}: {exc}") from exc
+        if opts["verbosity"]:
+            self.stdout.write(f"delayjobs metrics: http://{host}:{server.port}/metrics")
+            self.stdout.flush()
+        return server
 
     def configure_logging(self, verbosity: int) -> None:
         logger = logging.getLogger("django_delayjobs")

@@ -1,0 +1,102 @@
+"""The Prometheus text format of a snapshot, through ``prometheus_client``'s collector API.
+
+Metric names and labels (bounded: a queue name and a fixed outcome or state, never a job
+id or an action):
+
+- ``delayjobs_jobs_total{queue,outcome}``: counter;
+- ``delayjobs_lateness_seconds{queue}``: histogram of ``started_at - run_at``;
+- ``delayjobs_run_seconds{queue}``: histogram of the action's duration;
+- ``delayjobs_queue_jobs{queue,state}``: gauge of pending, overdue, ready, in_flight,
+  garbage;
+- ``delayjobs_oldest_overdue_seconds{queue}``, ``delayjobs_workers{queue}``: gauges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from . import layout
+from .snapshot import QueueReading
+
+#: The states of ``delayjobs_queue_jobs``, with the ``QueueStats`` field of each.
+STATES = {"pending": "pending", "overdue": "overdue", "ready": "ready",
+          "in_flight": "in_flight", "garbage": "garbage"}  # fmt: skip
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def families(readings: Sequence[QueueReading]) -> list[Metric]:
+    """Every metric family of a snapshot; each queue has every series, zeros included."""
+    jobs = CounterMetricFamily(
+        "delayjobs_jobs", "Jobs by outcome: scheduled and cancelled as Redis took them; "
+        "succeeded, failed (attempts whose action raised), retried, dead and skipped as "
+        "workers recorded them.", labels=["queue", "outcome"],
+    )  # fmt: skip
+    lateness = HistogramMetricFamily(
+        "delayjobs_lateness_seconds",
+        "How late attempts started against their due time (started_at - run_at).",
+        labels=["queue"],
+    )
+    run = HistogramMetricFamily("delayjobs_run_seconds", "How long actions ran.", labels=["queue"])
+    states = GaugeMetricFamily(
+        "delayjobs_queue_jobs", "Job ids Redis holds, by state.", labels=["queue", "state"]
+    )
+    overdue = GaugeMetricFamily(
+        "delayjobs_oldest_overdue_seconds",
+        "Seconds since the due time of the oldest job that is due and has not started.",
+        labels=["queue"],
+    )
+    workers = GaugeMetricFamily(
+        "delayjobs_workers", "Live worker processes serving the queue.", labels=["queue"]
+    )
+    for r in readings:
+        for outcome in layout.OUTCOMES:
+            jobs.add_metric([r.name, outcome], r.jobs(outcome))
+        for family, name in ((lateness, "lateness"), (run, "run")):
+            family.add_metric([r.name], _cumulative(name, r.totals), r.totals.get(f"{name}:sum", 0))
+        for state, field in STATES.items():
+            states.add_metric([r.name, state], getattr(r.stats, field))
+        overdue.add_metric([r.name], r.oldest_overdue)
+        workers.add_metric([r.name], r.stats.live_workers)
+    return [jobs, lateness, run, states, overdue, workers]
+
+
+def _cumulative(histogram: str, totals: dict[str, float]) -> list[tuple[str, float]]:
+    seen = 0
+    out: list[tuple[str, float]] = []
+    for bound, n in layout.buckets(histogram, totals):
+        seen += n
+        out.append((layout.bound_label(bound), seen))
+    return out
+
+
+class DeploymentCollector(Collector):
+    """Reads a fresh snapshot on every scrape."""
+
+    def __init__(self, read: Callable[[], Sequence[QueueReading]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self.read())
+
+
+def registry(read: Callable[[], Sequence[QueueReading]]) -> CollectorRegistry:
+    """A registry holding only the deployment's metrics (no process or GC metrics: they
+    would describe whichever process served the scrape, not the deployment)."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(DeploymentCollector(read))
+    return reg
+
+
+def render(readings: Sequence[QueueReading]) -> bytes:
+    """The text exposition of a snapshot."""
+    return generate_latest(registry(lambda: readings))

@@ -1,0 +1,91 @@
+"""``run_delayworker --metrics-port``: the same deployment-wide metrics as the ``metrics/``
+view, from the worker process, for deployments that do not expose the web app to
+Prometheus. ``METRICS_TOKEN``, when set, is required here too.
+
+Each scrape runs in its own short thread (``ThreadingMixIn``); it closes the database
+connection it opened, so scrapes leave no connection behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from django.db import connections
+
+from ..conf import delayjobs_settings
+from ..connection import get_engine
+from ..engine import EngineUnavailable
+from . import access, snapshot
+
+logger = logging.getLogger("django_delayjobs.metrics")
+
+StartResponse = Callable[..., Any]
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds would flood the worker's log."""
+
+
+def _plain(start: StartResponse, status: str, body: str, *extra: tuple[str, str]) -> list[bytes]:
+    start(status, [("Content-Type", "text/plain; charset=utf-8"),
+                   ("Cache-Control", "no-store"), *extra])  # fmt: skip
+    return [body.encode() + b"\n"]
+
+
+def app(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
+    """The WSGI application: GET/HEAD ``/metrics`` (or ``/``) with the token, if one is set."""
+    from . import exposition
+
+    if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
+        return _plain(start, "404 Not Found", "not found: scrape /metrics")
+    if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+        return _plain(start, "405 Method Not Allowed", "GET only", ("Allow", "GET, HEAD"))
+    if delayjobs_settings.METRICS_TOKEN is not None:
+        given = access.bearer(environ.get("HTTP_AUTHORIZATION"))
+        if not access.token_ok(given):
+            return _plain(start, "401 Unauthorized", "the METRICS_TOKEN bearer token is needed",
+                          ("WWW-Authenticate", 'Bearer realm="delayjobs metrics"'))  # fmt: skip
+    try:
+        body = exposition.render(snapshot.read(get_engine()))
+    except EngineUnavailable as exc:
+        logger.warning("metrics: Redis is unavailable (%s)", exc)
+        return _plain(start, "503 Service Unavailable", "Redis is unavailable")
+    finally:
+        connections.close_all()  # this thread's; the next scrape runs in a new one
+    start("200 OK", [("Content-Type", exposition.CONTENT_TYPE), ("Cache-Control", "no-store")])
+    return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+
+
+class MetricsServer:
+    """An HTTP server on ``host:port`` in a daemon thread; ``close()`` stops it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import prometheus_client  # noqa: F401 - fail at start, not at the first scrape
+
+        self.httpd = make_server(host, port, app, _Server, _QuietHandler)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, name="delayjobs-metrics", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def start(self) -> MetricsServer:
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)

@@ -1,0 +1,91 @@
+"""One reading of the whole deployment: every queue's state and running totals.
+
+Read from Redis (and, for the oldest ready job's due time, one primary-key lookup per
+queue), never from per-process memory: one scrape shows every worker process on every
+host, whichever process serves it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from .. import timing
+from ..conf import delayjobs_settings
+from ..engine import QueueStats
+from ..models import Job
+from . import layout, store
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+#: Entries at the head of ready looked at for a live id (the rest are tombstones).
+READY_HEAD = 100
+
+
+@dataclass(frozen=True)
+class QueueReading:
+    name: str
+    stats: QueueStats
+    totals: dict[str, float]
+    oldest_overdue: float  # seconds
+
+    def jobs(self, outcome: str) -> int:
+        """``delayjobs_jobs_total`` of one outcome label."""
+        counter = layout.ENGINE_OUTCOMES.get(outcome)
+        if counter is not None:
+            return self.stats.counters.get(counter, 0)
+        return int(self.totals.get(f"jobs:{outcome}", 0))
+
+
+def queue_names(engine: Engine) -> list[str]:
+    """Every queue Redis has seen, and the default queue. (Not the database's: listing the
+    queues of active rows reads an index of the whole table, too slow for every scrape.)"""
+    return sorted(set(engine.known_queues()) | {delayjobs_settings.DEFAULT_QUEUE})
+
+
+def read(engine: Engine) -> list[QueueReading]:
+    """Read every queue. Raises ``EngineUnavailable`` if Redis is down."""
+    names = queue_names(engine)
+    totals = store.totals(engine, names)
+    readings = []
+    for name in names:
+        stats = engine.stats(name)
+        overdue = oldest_overdue(engine, stats)
+        readings.append(QueueReading(name, stats, totals[name], overdue))
+    return readings
+
+
+def oldest_overdue(engine: Engine, stats: QueueStats) -> float:
+    """Seconds since the due time of the oldest job that is due and has not started:
+    the head of pending if it is overdue (no promoter ran it), or the oldest live id in
+    ready (waiting for a worker), whose due time its row holds."""
+    ages = [0]
+    if stats.overdue and stats.next_due_ms is not None:
+        ages.append(stats.now_ms - stats.next_due_ms)
+    if stats.ready:
+        due_ms = _ready_head_due_ms(engine, stats.queue)
+        if due_ms is not None:
+            ages.append(stats.now_ms - due_ms)
+    return max(ages) / 1000
+
+
+def _ready_head_due_ms(engine: Engine, queue: str) -> int | None:
+    keys = engine.keys(queue)
+
+    def head() -> list[bytes]:
+        entries = cast(list[bytes], engine.client.lrange(keys.ready, 0, READY_HEAD - 1))
+        if not entries:
+            return []
+        live = engine.client.smismember(keys.ready_set, entries)
+        return [e for e, ok in zip(entries, live, strict=True) if ok]
+
+    for entry in store.guarded(head)[:1]:
+        try:
+            pk = uuid.UUID(entry.decode())
+        except ValueError:
+            return None  # not a job id of ours
+        run_at = Job.objects.filter(pk=pk).values_list("run_at", flat=True).first()
+        return None if run_at is None else timing.to_ms(run_at)
+    return None

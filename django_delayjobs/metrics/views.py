@@ -1,0 +1,48 @@
+"""``metrics/`` under ``include("django_delayjobs.urls")``: the Prometheus text format.
+
+Every answer is uncached: 401 (with ``WWW-Authenticate: Bearer``) without a staff session
+or the right token, 403 for a logged-in user who is not a staff user allowed to view jobs,
+503 when Redis is unreachable (Prometheus then records the target as down, the signal to
+alert on), 501 when ``prometheus_client`` is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+
+from ..connection import get_engine
+from ..engine import EngineUnavailable
+from . import access, snapshot
+
+logger = logging.getLogger("django_delayjobs.metrics")
+
+
+def _text(status: int, body: str) -> HttpResponse:
+    return HttpResponse(body + "\n", status=status, content_type="text/plain; charset=utf-8")
+
+
+@never_cache
+@require_safe
+def metrics(request: HttpRequest) -> HttpResponse:
+    """GET/HEAD: the whole deployment's metrics, for a staff user or the token's holder."""
+    user = getattr(request, "user", None)
+    if not access.allowed(request.headers, user):
+        if user is not None and user.is_authenticated and "Authorization" not in request.headers:
+            return _text(403, "metrics need a staff user who may view jobs")
+        response = _text(401, "metrics need a staff login or the METRICS_TOKEN bearer token")
+        response["WWW-Authenticate"] = 'Bearer realm="delayjobs metrics"'
+        return response
+    try:
+        from . import exposition
+    except ImportError:
+        return _text(501, "metrics need prometheus_client: pip install 'django-delayjobs[metrics]'")
+    try:
+        readings = snapshot.read(get_engine())
+    except EngineUnavailable as exc:
+        logger.warning("metrics: Redis is unavailable (%s)", exc)
+        return _text(503, "Redis is unavailable")
+    return HttpResponse(exposition.render(readings), content_type=exposition.CONTENT_TYPE)
