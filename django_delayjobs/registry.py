@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from .exceptions import NotDelayable, UnknownAction
+from .exceptions import InvalidSchedule, NotDelayable, UnknownAction
 
 if TYPE_CHECKING:
     from django.db.models import Model
@@ -115,7 +115,7 @@ class ActionRef:
 
 
 def describe(fn: object) -> ActionRef:
-    """Return how to store ``fn``, or raise ``NotDelayable``/``ValueError``."""
+    """Return how to store ``fn``, or raise ``NotDelayable``/``InvalidSchedule``."""
     from django.db.models import Model
 
     if isinstance(fn, BoundAction):
@@ -123,7 +123,7 @@ def describe(fn: object) -> ActionRef:
         if not isinstance(instance, Model):
             raise NotDelayable(f"{fn!r}: @delayable methods must belong to a Django model")
         if instance.pk is None or instance._state.adding:
-            raise ValueError(
+            raise InvalidSchedule(
                 f"{fn!r} is bound to an unsaved {type(instance).__name__}; save it first"
             )
         return ActionRef(f"{instance._meta.label}.{fn.method.name}", instance)

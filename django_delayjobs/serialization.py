@@ -3,6 +3,9 @@
 Plain JSON values are stored as they are. The four extra types are stored as a one-key
 object ``{"$dt": "..."}`` (``$d``, ``$dec``, ``$uuid``) so they come back as the same
 type. Anything else is refused at ``schedule()`` time. No pickle, ever.
+
+This is also the door for values: only what PostgreSQL's ``jsonb`` and SQLite's JSON1 both
+store and give back equal is accepted (see the limits below and docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -10,41 +13,164 @@ from __future__ import annotations
 import datetime
 import math
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-_TAGS = {"$dt", "$d", "$dec", "$uuid"}
+from .exceptions import InvalidSchedule
+
+#: Lists and dicts nest at most this deep (``args``/``kwargs`` themselves count as one).
+#: Far below what any JSON parser on the way recurses to (Python's ~1,000, SQLite's 1,000).
+MAX_DEPTH = 32
+#: Integers must fit in 64 bits: SQLite's JSON functions read larger ones back as floats.
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+#: Floats must be smaller than this in magnitude: PostgreSQL's jsonb keeps numbers as
+#: ``numeric`` and gives 1e16 back as the integer 10000000000000000.
+FLOAT_LIMIT = 1e16
+
+_LOADERS: dict[str, Callable[[str], Any]] = {
+    "$dt": datetime.datetime.fromisoformat,
+    "$d": datetime.date.fromisoformat,
+    "$dec": Decimal,
+    "$uuid": uuid.UUID,
+}
+
+
+def check_text(value: str, what: str, max_length: int | None = None) -> str:
+    """Return ``value`` if every supported database stores it as it is, else raise
+    ``InvalidSchedule``: no NUL (PostgreSQL refuses it), no lone surrogate (not Unicode)."""
+    if max_length is not None and len(value) > max_length:
+        raise InvalidSchedule(f"{what} is {len(value)} characters long: at most {max_length} fit")
+    if "\x00" in value:
+        raise InvalidSchedule(
+            f"{what} contains a NUL character (\\x00), which PostgreSQL cannot store: remove "
+            "it, or pass binary data encoded (e.g. base64)"
+        )
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidSchedule(
+                f"{what} contains a lone surrogate ({value[exc.start]!r} at index {exc.start}), "
+                "which is not valid Unicode and cannot be stored: decode bytes with "
+                "errors='replace', or pass them base64-encoded"
+            ) from None
+    return value
 
 
 def dump(value: Any, path: str = "value") -> Any:
-    """Return a JSON-ready copy of ``value`` or raise ``TypeError`` naming the bad part."""
-    if value is None or isinstance(value, bool | int | str):
+    """Return a JSON-ready copy of ``value`` or raise ``TypeError``/``InvalidSchedule``
+    naming the bad part."""
+    return _dump(value, path, 0)
+
+
+def _dump(value: Any, path: str, depth: int) -> Any:
+    if value is None or isinstance(value, bool):
         return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise TypeError(f"{path} is {value!r}: JSON has no NaN or infinity")
-        return value
+    if isinstance(value, str):
+        return check_text(value, path)
+    if isinstance(value, int | float):
+        return _number(value, path)
     if isinstance(value, datetime.datetime):
-        return {"$dt": value.isoformat()}
+        return {"$dt": _datetime(value, path)}
     if isinstance(value, datetime.date):
         return {"$d": value.isoformat()}
     if isinstance(value, Decimal):
+        if value.is_nan():
+            raise InvalidSchedule(f"{path} is {value!r}, which is never equal to itself")
         return {"$dec": str(value)}
     if isinstance(value, uuid.UUID):
         return {"$uuid": str(value)}
-    if isinstance(value, list | tuple):
-        return [dump(item, f"{path}[{i}]") for i, item in enumerate(value)]
-    if isinstance(value, dict):
-        for key in value:
-            if not isinstance(key, str):
-                raise TypeError(f"{path} has a key {key!r}: JSON object keys must be str")
-        if len(value) == 1 and next(iter(value)) in _TAGS:
-            raise TypeError(f"{path} uses the reserved key {next(iter(value))!r}")
-        return {key: dump(item, f"{path}[{key!r}]") for key, item in value.items()}
+    if isinstance(value, list | tuple | dict):
+        _container(path, depth)
+        if isinstance(value, dict):
+            return {_key(key, path): _dump(item, f"{path}[{key!r}]", depth + 1)
+                    for key, item in _items(value, path)}  # fmt: skip
+        return [_dump(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
     raise TypeError(
         f"{path} is a {type(value).__name__}, which cannot be stored as JSON; pass JSON "
         "values, datetime, date, Decimal or UUID (for a model instance, pass its pk)"
     )
+
+
+def _number(value: int | float, path: str) -> int | float:
+    if isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            raise InvalidSchedule(
+                f"{path} is an integer beyond 64 bits, which SQLite's JSON functions read back "
+                "as a float: pass it as a str or Decimal"
+            )
+        return value
+    if not math.isfinite(value):
+        raise TypeError(f"{path} is {value!r}: JSON has no NaN or infinity")
+    if abs(value) >= FLOAT_LIMIT:
+        raise InvalidSchedule(
+            f"{path} is {value!r}: PostgreSQL gives a float of 1e16 or more back as an int; "
+            "pass it as a Decimal (or a str)"
+        )
+    return value
+
+
+def _datetime(value: datetime.datetime, path: str) -> str:
+    text = value.isoformat()
+    try:
+        back: datetime.datetime | None = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        back = None
+    if back != value:
+        raise InvalidSchedule(
+            f"{path} is {value!r}, whose UTC offset does not survive ISO 8601 (it reads back "
+            f"as {back!r}): use an offset of whole seconds, or convert it to UTC first"
+        )
+    return text
+
+
+def _container(path: str, depth: int) -> None:
+    if depth >= MAX_DEPTH:
+        raise InvalidSchedule(
+            f"{path} nests lists and dicts more than {MAX_DEPTH} levels deep: flatten it, or "
+            "store the data in a model and pass its pk"
+        )
+
+
+def _items(value: dict[Any, Any], path: str) -> list[tuple[str, Any]]:
+    if len(value) == 1 and next(iter(value)) in _LOADERS:
+        raise TypeError(f"{path} uses the reserved key {next(iter(value))!r}")
+    return list(value.items())
+
+
+def _key(key: object, path: str) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"{path} has a key {key!r}: JSON object keys must be str")
+    return check_text(key, f"{path} key {key!r}")
+
+
+def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
+    """Raise ``TypeError``/``InvalidSchedule`` unless ``value`` is what ``dump`` returns
+    for some acceptable value (for jobs built elsewhere and handed to ``schedule_many``)."""
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        check_text(value, path)
+    elif isinstance(value, int | float):
+        _number(value, path)
+    elif isinstance(value, dict) and len(value) == 1 and next(iter(value)) in _LOADERS:
+        ((tag, raw),) = value.items()
+        try:
+            loaded = _LOADERS[tag](raw)
+        except (ArithmeticError, TypeError, ValueError):
+            raise InvalidSchedule(f"{path} holds {tag} {raw!r}, which does not load") from None
+        _dump(loaded, path, depth)  # e.g. a NaN Decimal, an offset that does not round-trip
+    elif isinstance(value, list | dict):
+        _container(path, depth)
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            if isinstance(value, dict):
+                _key(key, path)
+            check_stored(item, f"{path}[{key!r}]", depth + 1)
+    else:
+        raise TypeError(
+            f"{path} is a {type(value).__name__}, which is not JSON: build jobs with build_job"
+        )
 
 
 def load(value: Any) -> Any:
@@ -54,13 +180,7 @@ def load(value: Any) -> Any:
     if isinstance(value, dict):
         if len(value) == 1:
             ((tag, raw),) = value.items()
-            if tag == "$dt":
-                return datetime.datetime.fromisoformat(raw)
-            if tag == "$d":
-                return datetime.date.fromisoformat(raw)
-            if tag == "$dec":
-                return Decimal(raw)
-            if tag == "$uuid":
-                return uuid.UUID(raw)
+            if tag in _LOADERS:
+                return _LOADERS[tag](raw)
         return {key: load(item) for key, item in value.items()}
     return value

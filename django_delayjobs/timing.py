@@ -1,4 +1,10 @@
-"""Turning ``in_``/``at``/``expires`` into aware datetimes, with clear errors."""
+"""Turning ``in_``/``at``/``expires`` into aware datetimes, with clear errors.
+
+This is the door for times: a due time or expiry is accepted only if it lies between the
+Unix epoch (Redis holds due times as ms since 1970) and ``MAX_AHEAD`` from now, so that
+every accepted time can be stored, read back and converted on any supported database and
+in any time zone (years near 1 or 9999 overflow when shifted by an offset).
+"""
 
 from __future__ import annotations
 
@@ -9,29 +15,39 @@ from django.utils import timezone
 
 from .exceptions import InvalidSchedule
 
+#: No due time or expiry before this: Redis scores are ms since the epoch.
+EARLIEST = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+#: No due time or expiry further ahead than this (36,500 days, about 100 years).
+MAX_AHEAD = datetime.timedelta(days=36500)
+
 
 def due_time(in_: object, at: object, now: datetime.datetime | None = None) -> datetime.datetime:
     """Return the due time for exactly one of ``in_`` (timedelta or seconds) and ``at``."""
     if (in_ is None) == (at is None):
         raise TypeError("pass exactly one of in_= (a timedelta or seconds) and at= (a datetime)")
     now = now or timezone.now()
-    if at is not None:
-        return aware(at, "at")
-    return now + delay(in_, "in_")
+    run_at = aware(at, "at") if at is not None else now + delay(in_, "in_")
+    return within_range(run_at, "at" if at is not None else "in_", now)
 
 
 def delay(value: object, what: str) -> datetime.timedelta:
-    """Return ``value`` (a timedelta or seconds) as a non-negative timedelta."""
+    """Return ``value`` (a timedelta or seconds) as a timedelta from 0 to ``MAX_AHEAD``."""
+    seconds: float
     if isinstance(value, datetime.timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
+        seconds = value  # an int is compared as it is: float(10**400) raises OverflowError
     else:
         raise TypeError(f"{what} must be a timedelta or a number of seconds, not {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
+    if isinstance(seconds, float) and not math.isfinite(seconds):
         raise InvalidSchedule(f"{what} must be a finite, non-negative delay, got {value!r}")
-    if seconds > 100 * 365 * 86400:
-        raise InvalidSchedule(f"{what} is more than 100 years away: {value!r}")
+    if seconds < 0:
+        raise InvalidSchedule(f"{what} must be a finite, non-negative delay, got {_short(value)}")
+    if seconds > MAX_AHEAD.total_seconds():
+        raise InvalidSchedule(
+            f"{what} is more than 100 years away ({_short(value)}): give at most "
+            f"{MAX_AHEAD.days} days"
+        )
     return datetime.timedelta(seconds=seconds)
 
 
@@ -39,14 +55,40 @@ def aware(value: object, what: str) -> datetime.datetime:
     """Return ``value`` if it is an aware datetime, else raise."""
     if not isinstance(value, datetime.datetime):
         raise TypeError(f"{what} must be a datetime, not {type(value).__name__}")
-    if timezone.is_naive(value):
+    try:
+        naive = timezone.is_naive(value)
+    except (ArithmeticError, ValueError, TypeError) as exc:  # a tzinfo that cannot answer
+        raise InvalidSchedule(f"{what}={value!r} has a time zone that fails: {exc}") from None
+    if naive:
         raise InvalidSchedule(
             f"{what}={value!r} is naive: pass an aware datetime (e.g. timezone.now() + ...)"
         )
     return value
 
 
-def expiry(expires: object, run_at: datetime.datetime) -> datetime.datetime | None:
+def within_range(
+    value: datetime.datetime, what: str, now: datetime.datetime | None = None
+) -> datetime.datetime:
+    """Return the aware ``value`` if it lies from ``EARLIEST`` to ``MAX_AHEAD`` from now.
+
+    Aware datetimes compare without conversion, so this is safe at the datetime limits.
+    """
+    if value < EARLIEST:
+        raise InvalidSchedule(
+            f"{what} ({value.isoformat()}) is before 1970, which Redis cannot hold as a due "
+            "time; a time in the past runs at once, so give one from 1970 on (or in_=0)"
+        )
+    if value > (now or timezone.now()) + MAX_AHEAD:
+        raise InvalidSchedule(
+            f"{what} ({value.isoformat()}) is more than 100 years away: give a time within "
+            f"{MAX_AHEAD.days} days from now"
+        )
+    return value
+
+
+def expiry(
+    expires: object, run_at: datetime.datetime, now: datetime.datetime | None = None
+) -> datetime.datetime | None:
     """Return when a job must no longer start: ``expires`` after ``run_at``, or that datetime."""
     if expires is None:
         return None
@@ -54,6 +96,7 @@ def expiry(expires: object, run_at: datetime.datetime) -> datetime.datetime | No
         expires_at = aware(expires, "expires")
     else:
         expires_at = run_at + delay(expires, "expires")
+    within_range(expires_at, "expires", now)
     if expires_at <= run_at:
         raise InvalidSchedule(f"expires ({expires_at}) must be later than the due time ({run_at})")
     return expires_at
@@ -61,5 +104,22 @@ def expiry(expires: object, run_at: datetime.datetime) -> datetime.datetime | No
 
 def to_ms(value: datetime.datetime) -> int:
     """Return an aware datetime as whole ms since the epoch (the engine's unit), rounded
-    up so that Redis never promotes a job before its ``run_at``."""
+    up so that Redis never promotes a job before its ``run_at``.
+
+    Raises ``InvalidSchedule`` for a time Redis cannot hold (before 1970): a row that got
+    into the table without passing the door (a poison row) is refused here, clearly.
+    """
+    if value < EARLIEST:
+        raise InvalidSchedule(
+            f"{value.isoformat()} is before 1970: Redis holds due times as ms since the epoch"
+        )
     return math.ceil(value.timestamp() * 1000)
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut short; a huge int has no repr (Python refuses > 4,300 digits)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return "a huge number"
+    return text if len(text) <= 40 else f"{text[:37]}..."
