@@ -17,6 +17,7 @@ from .conf import delayjobs_settings
 from .connection import get_engine
 from .engine import Engine, QueueStats
 from .models import ACTIVE, Job, Status
+from .rows import tolerant
 
 
 def _dt(ms: int | None) -> datetime.datetime | None:
@@ -107,5 +108,5 @@ def _with_rows(
     for job_id, _ in entries:
         with contextlib.suppress(ValueError):  # not one of ours: shown without a row
             pks[job_id] = uuid.UUID(job_id)
-    rows = Job.objects.in_bulk(list(pks.values()))
+    rows = tolerant(Job.objects.all()).in_bulk(list(pks.values()))
     return [(rows.get(pks.get(job_id)), job_id, _dt(ms)) for job_id, ms in entries]

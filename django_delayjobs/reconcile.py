@@ -8,27 +8,46 @@ re-adds what Redis does not hold. Adding is idempotent, so sweeps may overlap.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter, defaultdict
 from datetime import timedelta
 
-from django.db.models import Q
+from django.db import connections
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from . import timing
 from .conf import delayjobs_settings
 from .engine import Engine
 from .models import WAITING, Job, Status
+from .rows import parse_time
 
 logger = logging.getLogger("django_delayjobs.reconcile")
 
 CHUNK = 1000
 
 
-def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Counter[str]:
+class Reconciled(Counter[str]):
+    """Jobs re-added per queue, and ``skipped``: the rows that cannot be handed to Redis
+    (poison rows: id -> why), left where they are for a person or the worker to settle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped: dict[str, str] = {}
+
+
+def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled:
     """Re-add waiting jobs due within ``horizon`` (all of them when None); count per queue.
 
     Also re-adds ``running`` jobs whose lease should long have ended, in case Redis lost
     them together with their worker; ``add`` skips any that Redis still holds in flight.
+
+    A row whose id or due time cannot be used (a time before 1970, one PostgreSQL holds
+    but Python cannot represent, text SQLite cannot parse) is skipped, counted in
+    ``skipped`` and named in one log line per sweep: it must never stop the repair of
+    the others. Ids and due times are read as text, which cannot fail, and converted
+    here, row by row.
     """
     now = timezone.now()
     lease = timedelta(seconds=delayjobs_settings.LEASE_SECONDS)
@@ -36,19 +55,37 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Counter[st
     if horizon is not None:
         due &= Q(run_at__lte=now + horizon)
     stuck = Q(status=Status.RUNNING, started_at__lt=now - lease)
-    rows = Job.objects.filter(due | stuck).values_list("pk", "queue", "run_at")
-    repaired: Counter[str] = Counter()
+    as_text = (Cast("pk", TextField()), "queue", Cast("run_at", TextField()))
+    rows = Job.objects.filter(due | stuck).values_list(*as_text)
+    result = Reconciled()
     batch: dict[str, dict[str, int]] = defaultdict(dict)
-    for pk, queue, run_at in rows.order_by().iterator(chunk_size=CHUNK):
-        batch[queue][str(pk)] = timing.to_ms(run_at)
+    conn = connections[rows.db]
+    for raw_id, queue, raw_run_at in rows.order_by().iterator(chunk_size=CHUNK):
+        job_id = str(raw_id)
+        try:
+            job_id = str(uuid.UUID(job_id))
+            batch[queue][job_id] = timing.to_ms(parse_time(raw_run_at, conn))
+        except (ArithmeticError, ValueError) as exc:
+            result.skipped[job_id] = str(exc)
+            continue
         if len(batch[queue]) >= CHUNK:
-            repaired[queue] += _repair(engine, queue, batch.pop(queue))
+            result[queue] += _repair(engine, queue, batch.pop(queue))
     for queue, items in batch.items():
-        repaired[queue] += _repair(engine, queue, items)
-    if sum(repaired.values()):  # a Counter holding zeros is truthy
+        result[queue] += _repair(engine, queue, items)
+    _report(result)
+    return result
+
+
+def _report(result: Reconciled) -> None:
+    if sum(result.values()):  # a Counter holding zeros is truthy
         logger.warning("reconcile re-added %s job(s) Redis did not hold: %s",
-                       sum(repaired.values()), dict(repaired))  # fmt: skip
-    return repaired
+                       sum(result.values()), dict(result))  # fmt: skip
+    if result.skipped:
+        shown = "; ".join(f"{pk}: {why}" for pk, why in list(result.skipped.items())[:10])
+        logger.warning(
+            "reconcile skipped %s job(s) whose row cannot be handed to Redis (fix or cancel "
+            "them): %s%s", len(result.skipped), shown, " ..." if len(result.skipped) > 10 else "",
+        )  # fmt: skip
 
 
 def _repair(engine: Engine, queue: str, items: dict[str, int]) -> int:

@@ -173,6 +173,30 @@ def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
         )
 
 
+#: A stored value nested deeper than this is shown as text (rendering JSON recurses).
+SHOW_DEPTH = 100
+
+
+def showable(value: Any) -> Any:
+    """``value`` if the admin and the API can render it; else a text saying why not.
+
+    Only a row that did not pass the door can hold such a value (nested deeper than
+    ``SHOW_DEPTH``); it is walked without recursion, so any depth is safe here.
+    """
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, list | dict):
+            if depth > SHOW_DEPTH:
+                return f"(not shown: nested more than {SHOW_DEPTH} levels deep)"
+            stack.extend((child, depth + 1) for child in _children(item))
+    return value
+
+
+def _children(item: list[Any] | dict[str, Any]) -> Any:
+    return item.values() if isinstance(item, dict) else item
+
+
 def load(value: Any) -> Any:
     """Return the Python value that ``dump`` stored."""
     if isinstance(value, list):

@@ -1,5 +1,6 @@
-"""Who may do what: admin-only by default, API_PERMISSION_CLASSES for reads, and the
-django_delayjobs.change_job permission for writes whatever those classes say."""
+"""Who may do what: API_PERMISSION_CLASSES (admin-only by default) for every request, and on
+top of them the admin's model permissions: django_delayjobs.view_job (or change_job) to
+read, django_delayjobs.change_job to write, whatever those classes say (finding 12)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,19 @@ def test_a_user_who_is_not_staff_gets_403_everywhere(job):
         assert write(api, job, verb, body).status_code == 403
 
 
+def test_staff_without_view_job_cannot_read(job):
+    """Finding 12: the admin refuses a staff user without view_job, and so does the API."""
+    api = client_for(make_user(perms=()))
+    assert read_statuses(api, job) == [403, 403, 403]
+    response = api.get(url("jobs", job.pk))
+    assert "django_delayjobs.view_job" in response.data["detail"]
+    assert "args" not in response.data
+
+
+def test_change_job_alone_lets_staff_read_as_in_the_admin(job):
+    assert read_statuses(client_for(make_user(perms=("change_job",))), job) == [200, 200, 200]
+
+
 @pytest.mark.parametrize(("verb", "body"), WRITES)
 def test_staff_without_change_job_reads_but_cannot_write(job, verb, body):
     api = client_for(make_user(perms=("view_job",)))
@@ -96,33 +110,38 @@ def test_a_superuser_who_is_not_staff_is_refused_by_is_admin_user(job):
 # -- relaxed or tightened classes ---------------------------------------------------------
 
 
-def test_relaxed_classes_open_reads_but_writes_still_need_change_job(job, relaxed):
+def test_relaxed_classes_open_reads_to_view_job_holders_and_writes_to_change_job(job, relaxed):
     relaxed("rest_framework.permissions.IsAuthenticated")
-    plain = client_for(make_user("carl", staff=False))
-    assert read_statuses(plain, job) == [200, 200, 200]
-    assert write(plain, job, "cancel", {}).status_code == 403
+    assert read_statuses(client_for(make_user("carl", staff=False)), job) == [403, 403, 403]
+    reader = client_for(make_user("bea", staff=False, perms=("view_job",)))
+    assert read_statuses(reader, job) == [200, 200, 200]
+    assert write(reader, job, "cancel", {}).status_code == 403
     assert read_statuses(client_for(None), job) == [403, 403, 403]
     allowed = client_for(make_user("dora", staff=False, perms=("change_job",)))
     assert write(allowed, job, "cancel", {}).status_code == 200
 
 
-def test_allow_any_still_keeps_anonymous_writes_out(job, relaxed):
+def test_allow_any_still_keeps_anonymous_reads_and_writes_out(job, relaxed):
     relaxed("rest_framework.permissions.AllowAny")
     anonymous = client_for(None)
-    assert read_statuses(anonymous, job) == [200, 200, 200]
+    assert read_statuses(anonymous, job) == [403, 403, 403]
     assert write(anonymous, job, "cancel", {}).status_code == 403
     assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
 
 
-def test_an_empty_list_is_allow_any_for_reads(job, relaxed):
+def test_an_empty_list_leaves_only_the_model_permissions(job, relaxed):
     relaxed()
-    assert read_statuses(client_for(None), job) == [200, 200, 200]
+    assert read_statuses(client_for(None), job) == [403, 403, 403]
+    reader = client_for(make_user("fay", staff=False, perms=("view_job",)))
+    assert read_statuses(reader, job) == [200, 200, 200]
 
 
 def test_classes_are_combined_with_and(job, relaxed):
     relaxed("rest_framework.permissions.IsAdminUser", "rest_framework.permissions.IsAuthenticated")
-    assert read_statuses(client_for(make_user(staff=False)), job) == [403, 403, 403]
-    assert read_statuses(client_for(make_user("ed")), job) == [200, 200, 200]
+    assert read_statuses(client_for(make_user(staff=False, perms=("view_job",))), job) == [
+        403, 403, 403,
+    ]  # fmt: skip
+    assert read_statuses(client_for(make_user("ed", perms=("view_job",))), job) == [200, 200, 200]
 
 
 def test_classes_may_be_given_as_objects(settings):

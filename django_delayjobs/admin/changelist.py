@@ -15,31 +15,97 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.admin import AllValuesFieldListFilter
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Max, Min, QuerySet
 from django.utils import formats, timezone
 from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 
+from ..rows import POISON
+
 Choice = dict[str, Any]
+Bounds = tuple[datetime.datetime | None, datetime.datetime | None]
+#: The times Python represents: the drill-down looks at rows within them (a poison row
+#: beyond them, 'infinity' or year 10000, would make the aggregate unreadable).
+SHOWN = (datetime.datetime.min.replace(tzinfo=datetime.UTC),
+         datetime.datetime.max.replace(tzinfo=datetime.UTC))  # fmt: skip
 
 
-def _start(year: int, month: int = 1, day: int = 1) -> datetime.datetime:
-    start = datetime.datetime(year, month, day)
-    return timezone.make_aware(start) if settings.USE_TZ else start
+def _start(year: int, month: int = 1, day: int = 1) -> datetime.datetime | None:
+    """Local midnight of that day; None past the ends of the datetime range (year 1 in a
+    zone ahead of UTC, 10000), where the period is open on that side."""
+    try:
+        start = datetime.datetime(year, month, day)
+        if not settings.USE_TZ:
+            return start
+        aware = timezone.make_aware(start)
+        aware.astimezone(datetime.UTC)  # how the database receives it: it must exist
+    except (OverflowError, ValueError):
+        return None
+    return aware
 
 
-def _next_month(start: datetime.datetime) -> datetime.datetime:
-    return _start(*(start.year + 1, 1) if start.month == 12 else (start.year, start.month + 1))
+def _local(at: datetime.datetime) -> datetime.datetime:
+    """``at`` in the current time zone; in UTC if that would leave years 1-9999."""
+    try:
+        return timezone.localtime(at)
+    except OverflowError:
+        return at
+
+
+def _next_month(year: int, month: int) -> datetime.datetime | None:
+    return _start(*(year + 1, 1) if month == 12 else (year, month + 1))
+
+
+def _next_day(year: int, month: int, day: int) -> datetime.datetime | None:
+    try:
+        following = datetime.date(year, month, day) + datetime.timedelta(days=1)
+    except OverflowError:  # 9999-12-31
+        return None
+    return _start(following.year, following.month, following.day)
+
+
+def period(year: int, month: int | None = None, day: int | None = None) -> Bounds:
+    """The local (start, end) of a year, month or day; None for a side with no bound."""
+    if month is None:
+        return _start(year), _start(year + 1)
+    if day is None:
+        return _start(year, month), _next_month(year, month)
+    return _start(year, month, day), _next_day(year, month, day)
 
 
 class JobChangeList(ChangeList):
     #: At most this many years are listed (one stray row from 1970 costs no 50 probes).
     max_years = 30
 
-    def _holds(self, start: datetime.datetime, end: datetime.datetime) -> bool:
+    def get_filters_params(self, params: Any = None) -> Any:
+        """Turn the drill-down's year/month/day into bounds here: Django's own conversion
+        overflows on year 9999 (and on year 1 in a zone ahead of UTC)."""
+        lookup = super().get_filters_params(params)
         field = self.date_hierarchy
-        rows = self.queryset.filter(**{f"{field}__gte": start, f"{field}__lt": end})
+        parts = [lookup.pop(f"{field}__{part}", None) for part in ("year", "month", "day")]
+        if parts[0] is None:
+            return lookup
+        try:
+            year, month, day = (None if p is None else int(p[-1]) for p in parts)
+            assert year is not None
+            datetime.date(year, month or 1, day or 1)  # a real date
+        except ValueError as exc:
+            raise IncorrectLookupParameters(exc) from exc
+        start, end = period(year, month, day)
+        if start is None and end is None:
+            raise IncorrectLookupParameters(f"no such period: {year}-{month}-{day}")
+        if start is not None:
+            lookup[f"{field}__gte"] = [start]
+        if end is not None:
+            lookup[f"{field}__lt"] = [end]
+        return lookup
+
+    def _holds(self, start: datetime.datetime | None, end: datetime.datetime | None) -> bool:
+        field = self.date_hierarchy
+        bounds = {f"{field}__gte": start, f"{field}__lt": end}
+        rows = self.queryset.filter(**{k: v for k, v in bounds.items() if v is not None})
         # ORDER BY the field, not EXISTS: with a bare LIMIT 1 PostgreSQL may pick a
         # sequential scan that only meets the period's rows near the table's end.
         return rows.order_by(field).values_list("pk", flat=True)[:1].first() is not None
@@ -61,12 +127,16 @@ class JobChangeList(ChangeList):
             return {"show": False}
         years: range | None = None
         if year is None:
-            bounds = self.queryset.aggregate(first=Min(field), last=Max(field))
+            shown = self.queryset.filter(**{f"{field}__gte": SHOWN[0], f"{field}__lte": SHOWN[1]})
+            try:
+                bounds = shown.aggregate(first=Min(field), last=Max(field))
+            except POISON:  # text SQLite cannot parse as a time: no drill-down
+                return {"show": False}
             if bounds["first"] is None:
                 return {"show": True, "back": None, "choices": []}
             first, last = bounds["first"], bounds["last"]
             if settings.USE_TZ:
-                first, last = timezone.localtime(first), timezone.localtime(last)
+                first, last = _local(first), _local(last)
             if first.year != last.year:
                 years = range(max(first.year, last.year - self.max_years + 1), last.year + 1)
             else:
@@ -93,30 +163,29 @@ class JobChangeList(ChangeList):
 
     def _years(self, years: range) -> list[Choice]:
         return [
-            {"link": self._link(year=y), "title": str(y)}
-            for y in years
-            if self._holds(_start(y), _start(y + 1))
+            {"link": self._link(year=y), "title": str(y)} for y in years if self._holds(*period(y))
         ]
 
     def _months(self, year: int) -> list[Choice]:
         choices = []
         for month in range(1, 13):
-            start = _start(year, month)
-            if self._holds(start, _next_month(start)):
-                title = capfirst(formats.date_format(start.date(), "YEAR_MONTH_FORMAT"))
+            if self._holds(*period(year, month)):
+                date = datetime.date(year, month, 1)
+                title = capfirst(formats.date_format(date, "YEAR_MONTH_FORMAT"))
                 choices.append({"link": self._link(year=year, month=month), "title": title})
         return choices
 
     def _days(self, year: int, month: int) -> list[Choice]:
         choices = []
-        start, end = _start(year, month), _next_month(_start(year, month))
-        while start < end:
-            following = _start(*(start + datetime.timedelta(days=1)).timetuple()[:3])
-            if self._holds(start, following):
-                title = capfirst(formats.date_format(start.date(), "MONTH_DAY_FORMAT"))
-                link = self._link(year=year, month=month, day=start.day)
+        date = datetime.date(year, month, 1)
+        while date.month == month:
+            if self._holds(*period(year, month, date.day)):
+                title = capfirst(formats.date_format(date, "MONTH_DAY_FORMAT"))
+                link = self._link(year=year, month=month, day=date.day)
                 choices.append({"link": link, "title": title})
-            start = following
+            if date == datetime.date.max:
+                break
+            date += datetime.timedelta(days=1)
         return choices
 
 

@@ -16,6 +16,8 @@ from django.utils.safestring import SafeString
 from django.utils.text import capfirst
 
 from ..models import Job
+from ..rows import Unreadable
+from ..serialization import showable
 
 EMPTY = "-"
 
@@ -43,17 +45,26 @@ def duration(delta: datetime.timedelta) -> str:
 
 
 def timestamp(at: datetime.datetime | None) -> str:
-    """``2026-11-22 03:25:20.833 UTC``: to the millisecond, in the current time zone."""
+    """``2026-11-22 03:25:20.833 UTC``: to the millisecond, in the current time zone.
+
+    A time the row holds but Python cannot read (``Unreadable``) is shown as stored; one
+    whose local date would fall outside years 1-9999 is shown in UTC.
+    """
     if at is None:
         return EMPTY
+    if isinstance(at, Unreadable):
+        return f"{at} (unreadable)"
     if timezone.is_aware(at):
-        at = timezone.localtime(at)
+        try:
+            at = timezone.localtime(at)
+        except OverflowError:
+            at = at.astimezone(datetime.UTC)
     return f"{at:%Y-%m-%d %H:%M:%S}.{at.microsecond // 1000:03d} {at.tzname() or ''}".rstrip()
 
 
 def relative(at: datetime.datetime | None, now: datetime.datetime) -> str:
     """``in 4.2 s`` or ``3 min ago``."""
-    if at is None:
+    if at is None or isinstance(at, Unreadable):
         return EMPTY
     delta = at - now
     if delta >= datetime.timedelta(0):
@@ -67,7 +78,9 @@ def lateness(job: Job) -> datetime.timedelta | None:
     A start before ``run_at`` belongs to an earlier attempt (the row now holds the retry's
     due time), so it says nothing about this one.
     """
-    if job.started_at is None or job.started_at < job.run_at:
+    if not isinstance(job.started_at, datetime.datetime) or isinstance(job.run_at, Unreadable):
+        return None
+    if isinstance(job.started_at, Unreadable) or job.started_at < job.run_at:
         return None
     return job.started_at - job.run_at
 
@@ -120,9 +133,15 @@ def pre(text: str) -> SafeString | str:
 
 
 def as_json(value: Any) -> SafeString | str:
+    """A stored JSON value, indented; one that cannot be read or shown, as its text."""
+    if isinstance(value, Unreadable):
+        return pre(f"unreadable ({value.error}):\n{value}")
+    value = showable(value)
     if value in (None, [], {}):
         return EMPTY if value is None else json.dumps(value)
-    return pre(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str))
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    # A lone surrogate (in a row the door did not check) cannot be encoded as UTF-8.
+    return pre(text.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 def last_line(text: str) -> str:

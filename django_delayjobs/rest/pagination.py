@@ -16,7 +16,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from django.db.models import Q, QuerySet
+from django.db import connections
+from django.db.models import Q, QuerySet, Value
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import BasePagination
 from rest_framework.request import Request
@@ -25,31 +26,53 @@ from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from ..models import Job
+from ..rows import Unreadable
 
 
 class Cursor(NamedTuple):
-    run_at: datetime.datetime
+    run_at: datetime.datetime | str
     id: uuid.UUID
     backwards: bool  # the page ends just before this job (a ``previous`` link)
+    #: How ``run_at`` is meant, for a job whose due time cannot be read (a poison row):
+    #: "" a datetime; "raw" the text SQLite holds (SQLite compares it as text);
+    #: "above"/"below" past every time Python represents (PostgreSQL's 'infinity',
+    #: year 10000, BC), where the walk goes on with the readable rows or ends.
+    kind: str = ""
+
+
+KINDS = frozenset({"", "raw", "above", "below"})
+INVALID = {"cursor": ["Invalid cursor: use the next/previous links."]}
 
 
 def encode(cursor: Cursor) -> str:
-    raw = json.dumps([cursor.run_at.isoformat(), str(cursor.id), int(cursor.backwards)])
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    when = (
+        cursor.run_at.isoformat() if isinstance(cursor.run_at, datetime.datetime) else cursor.run_at
+    )
+    parts = [when, str(cursor.id), int(cursor.backwards), *([cursor.kind] if cursor.kind else [])]
+    return base64.urlsafe_b64encode(json.dumps(parts).encode()).decode().rstrip("=")
 
 
-def decode(token: str) -> Cursor:
+def decode(token: str, vendor: str) -> Cursor:
+    """The cursor of a next/previous link, or a 400 for anything else: a hostile token
+    never reaches the database as a value it cannot take."""
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        run_at, job_id, backwards = json.loads(raw)
-        cursor = Cursor(datetime.datetime.fromisoformat(run_at), uuid.UUID(job_id), bool(backwards))
-    except (binascii.Error, UnicodeDecodeError, TypeError, ValueError):
-        raise ValidationError(
-            {"cursor": ["Invalid cursor: use the next/previous links."]}
-        ) from None
-    if cursor.run_at.tzinfo is None:
-        raise ValidationError({"cursor": ["Invalid cursor: use the next/previous links."]})
-    return cursor
+        when, job_id, backwards, *rest = json.loads(raw)
+        if len(rest) > 1:
+            raise ValueError(rest)
+        kind = rest[0] if rest else ""
+        if kind not in KINDS or (kind == "raw" and vendor != "sqlite"):
+            raise ValueError(kind)
+        run_at = when if kind else datetime.datetime.fromisoformat(when)
+        if not isinstance(run_at, str):
+            run_at.astimezone(datetime.UTC)  # the database gets it in UTC: it must exist
+            if run_at.tzinfo is None:
+                raise ValueError(when)
+        elif len(run_at) > 64:
+            raise ValueError(when)
+        return Cursor(run_at, uuid.UUID(job_id), bool(backwards), kind)
+    except (binascii.Error, UnicodeError, TypeError, ValueError, OverflowError, RecursionError):
+        raise ValidationError(INVALID) from None
 
 
 class JobCursorPagination(BasePagination):
@@ -67,7 +90,8 @@ class JobCursorPagination(BasePagination):
         self.request = request
         size = self.get_page_size(request)
         token = request.query_params.get(self.cursor_query_param)
-        cursor = decode(token) if token else None
+        self.vendor = connections[queryset.db].vendor
+        cursor = decode(token, self.vendor) if token else None
         backwards = cursor is not None and cursor.backwards
         # ascending when the caller asked for it, flipped while walking backwards
         ascending = (request.query_params.get("ordering") == "run_at") != backwards
@@ -105,8 +129,16 @@ class JobCursorPagination(BasePagination):
     def _link(self, job: Job, backwards: bool) -> str:
         url = self.request.build_absolute_uri()
         return replace_query_param(
-            url, self.cursor_query_param, encode(Cursor(job.run_at, job.id, backwards))
+            url, self.cursor_query_param, encode(self._cursor(job, backwards))
         )
+
+    def _cursor(self, job: Job, backwards: bool) -> Cursor:
+        if not isinstance(job.run_at, Unreadable):
+            return Cursor(job.run_at, job.id, backwards)
+        if self.vendor == "sqlite":
+            return Cursor(str(job.run_at), job.id, backwards, "raw")
+        below = job.run_at.startswith("-") or job.run_at.endswith(" BC")
+        return Cursor("", job.id, backwards, "below" if below else "above")
 
     def get_paginated_response(self, data: Any) -> Response:
         return Response({"next": self.next, "previous": self.previous, "results": data})
@@ -132,6 +164,15 @@ class JobCursorPagination(BasePagination):
 
 def after(cursor: Cursor, ascending: bool) -> Q:
     """Jobs strictly past the cursor in the walking order."""
+    if cursor.kind in ("above", "below"):
+        if (cursor.kind == "above") == ascending:
+            return Q(pk__in=[])  # nothing readable lies beyond
+        return Q(run_at__gte=_EDGES[0], run_at__lte=_EDGES[1])
+    at: Any = Value(cursor.run_at) if cursor.kind == "raw" else cursor.run_at
     if ascending:
-        return Q(run_at__gte=cursor.run_at) & (Q(run_at__gt=cursor.run_at) | Q(id__gt=cursor.id))
-    return Q(run_at__lte=cursor.run_at) & (Q(run_at__lt=cursor.run_at) | Q(id__lt=cursor.id))
+        return Q(run_at__gte=at) & (Q(run_at__gt=at) | Q(id__gt=cursor.id))
+    return Q(run_at__lte=at) & (Q(run_at__lt=at) | Q(id__lt=cursor.id))
+
+
+_EDGES = (datetime.datetime.min.replace(tzinfo=datetime.UTC),
+          datetime.datetime.max.replace(tzinfo=datetime.UTC))  # fmt: skip

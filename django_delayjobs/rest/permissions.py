@@ -1,4 +1,6 @@
-"""Who may use the API: the configured classes for every request, model permissions to write."""
+"""Who may use the API: the configured classes for every request, and on top of them the
+model permissions the admin asks for: ``view_job`` (or ``change_job``) to read,
+``change_job`` to write."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from ..exceptions import ConfigurationError
 
 #: What the write actions need on top of ``API_PERMISSION_CLASSES``.
 CHANGE_PERMISSION = "django_delayjobs.change_job"
+#: What reads need on top of ``API_PERMISSION_CLASSES`` (or ``CHANGE_PERMISSION``).
+VIEW_PERMISSION = "django_delayjobs.view_job"
 
 
 def configured_permissions() -> list[Callable[[], Any]]:
@@ -56,9 +60,18 @@ class CanChangeJobs(BasePermission):
         return bool(request.user and request.user.has_perm(CHANGE_PERMISSION))
 
 
+class CanViewJobs(BasePermission):
+    """The user may see jobs: ``view_job`` or ``change_job``, the admin's rule."""
+
+    message = f"Reading jobs needs the {VIEW_PERMISSION} (or {CHANGE_PERMISSION}) permission."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        user = request.user
+        return bool(user and (user.has_perm(VIEW_PERMISSION) or user.has_perm(CHANGE_PERMISSION)))
+
+
 def permissions_for(write: bool) -> list[Any]:
     """Instantiate the permissions of one request (``write``: it changes a job)."""
     permissions = [make() for make in configured_permissions()]
-    if write:
-        permissions.append(CanChangeJobs())
+    permissions.append(CanChangeJobs() if write else CanViewJobs())
     return permissions

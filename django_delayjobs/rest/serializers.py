@@ -7,10 +7,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
+from django.db import models
 from django.utils import timezone
 from rest_framework import ISO_8601, serializers
 
 from ..models import Job, JobEvent, Status
+from ..rows import Unreadable
+from ..serialization import showable
 
 
 def type_label(content_type_id: int | None) -> str | None:
@@ -75,14 +78,44 @@ class StrictSerializer(serializers.Serializer[Any]):
 # -- jobs -------------------------------------------------------------------------------
 
 
-class JobEventSerializer(serializers.ModelSerializer[JobEvent]):
+class ShownDateTimeField(serializers.DateTimeField):
+    """A stored time as ISO 8601; in UTC if the current zone would leave years 1-9999, and
+    as the stored text if the row holds one Python cannot read (a poison row)."""
+
+    def to_representation(self, value: Any) -> Any:
+        if isinstance(value, Unreadable):
+            return str(value)
+        try:
+            return super().to_representation(value)
+        except serializers.ValidationError:  # DRF's "overflow" converting to the zone
+            return value.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+class ShownJSONField(serializers.JSONField):
+    """A stored JSON value; one a poison row holds that cannot be rendered, as text."""
+
+    def to_representation(self, value: Any) -> Any:
+        return str(value) if isinstance(value, Unreadable) else showable(value)
+
+
+class ShownModelSerializer(serializers.ModelSerializer[Any]):
+    """Read-only model fields rendered by the two fields above."""
+
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.DateTimeField: ShownDateTimeField,
+        models.JSONField: ShownJSONField,
+    }
+
+
+class JobEventSerializer(ShownModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["kind", "at", "attempt", "actor", "message"]
         read_only_fields = fields
 
 
-class JobSerializer(serializers.ModelSerializer[Job]):
+class JobSerializer(ShownModelSerializer):
     target_type = serializers.SerializerMethodField(
         help_text="The target's model as app_label.model, or null for a plain function."
     )

@@ -6,6 +6,7 @@ import logging
 import uuid
 from typing import Any
 
+from django.db.models import QuerySet
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, ValidationError
@@ -19,8 +20,10 @@ from ..engine import EngineUnavailable
 from ..exceptions import InvalidSchedule
 from ..models import Job, JobEvent
 from ..queues import all_queue_states
+from ..rows import tolerant
 from . import serializers as s
 from .filters import JobFilterSerializer, filter_jobs
+from .formats import SafeFormats
 from .pagination import JobCursorPagination
 from .permissions import permissions_for
 from .schema import auto_schema, document
@@ -56,7 +59,9 @@ def _conflict(job: Job, detail: str) -> Response:
     return Response({"detail": detail, "status": job.status}, status=status.HTTP_409_CONFLICT)
 
 
-class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Job]):
+class JobViewSet(
+    SafeFormats, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Job]
+):
     """Jobs, newest due first, and the verbs that change them."""
 
     schema = auto_schema()
@@ -70,6 +75,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_permissions(self) -> list[Any]:
         return permissions_for(write=self.action in _WRITES)
 
+    def get_queryset(self) -> QuerySet[Job]:
+        # A row the door would refuse is shown with its unreadable values as text.
+        return tolerant(super().get_queryset())
+
     def get_serializer_class(self) -> type[BaseSerializer[Job]]:
         return s.JobDetailSerializer if self.action == "retrieve" else s.JobSerializer
 
@@ -79,7 +88,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             pk = uuid.UUID(raw)
         except ValueError:
             raise NotFound(f"No job with id {raw!r}: job ids are UUIDs.") from None
-        queryset = Job.objects.all()
+        queryset = self.get_queryset()
         if self.action == "retrieve":
             queryset = queryset.prefetch_related("events")
         try:
@@ -90,7 +99,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return job
 
     def _detail(self, job: Job) -> Response:
-        job = Job.objects.prefetch_related("events").get(pk=job.pk)
+        job = tolerant(Job.objects.prefetch_related("events")).get(pk=job.pk)
         return Response(s.JobDetailSerializer(job).data)
 
     @document(
@@ -150,7 +159,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return _conflict(job, "Only dead jobs can be requeued.")
 
 
-class QueuesView(APIView):
+class QueuesView(SafeFormats, APIView):
     """The state of every queue, as the admin's queue page shows it."""
 
     schema = auto_schema()

@@ -1,0 +1,235 @@
+"""Poison tolerance: a row that got into the table without passing the door (an older
+version, a manual edit, a bug) never stops anything else. Reconcile skips it with one log
+line and a count and repairs every other job; the admin and the API render it (issue 13,
+findings 1-4). The rows are planted with raw SQL, as such rows would arrive."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from collections.abc import Callable
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.urls import reverse
+
+from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
+from django_delayjobs.models import Job, Status
+from django_delayjobs.reconcile import horizon, reconcile
+from tests.testapp import tasks
+from tests.testapp.models import Record
+
+from .helpers import start_worker, stop, wait_for
+from .test_rest_helpers import burst, client_for, make_user, url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHANGELIST = "admin:django_delayjobs_job_changelist"
+CHANGE = "admin:django_delayjobs_job_change"
+QUEUES = "admin:django_delayjobs_queues"
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    """Every test starts from an empty Redis database."""
+
+
+def sqlite() -> bool:
+    return connection.vendor == "sqlite"
+
+
+def moment(text: str) -> str:
+    """A timestamp literal as each database stores ``DateTimeField`` values (UTC)."""
+    return f"'{text}'" if sqlite() else f"'{text}+00'"
+
+
+def nested_json(depth: int) -> str:
+    return "'" + "[" * depth + "]" * depth + "'"
+
+
+#: name -> (the database it can be planted in, or None for both; column -> SQL literal)
+POISON: dict[str, tuple[str | None, Callable[[], dict[str, str]]]] = {
+    "run_at 1969": (None, lambda: {"run_at": moment("1969-07-20 20:17:40")}),
+    "run_at 1900": (None, lambda: {"run_at": moment("1900-01-01 00:00:00")}),
+    "run_at 9999": (None, lambda: {"run_at": moment("9999-12-31 23:59:59.999999")}),
+    "run_at year 1": (None, lambda: {"run_at": moment("0001-01-01 00:00:00")}),
+    "run_at infinity": ("postgresql", lambda: {"run_at": "'infinity'"}),
+    "run_at -infinity": ("postgresql", lambda: {"run_at": "'-infinity'"}),
+    "run_at year 10000": ("postgresql", lambda: {"run_at": "'10000-01-01 00:00:00+00'"}),
+    "run_at BC": ("postgresql", lambda: {"run_at": "'0044-03-15 00:00:00+00 BC'"}),
+    "expires_at infinity": ("postgresql", lambda: {"expires_at": "'infinity'"}),
+    "created_at year 20000": ("postgresql", lambda: {"created_at": "'20000-01-01 00:00:00+00'"}),
+    "run_at not a date": ("sqlite", lambda: {"run_at": "'not a date'"}),
+    "run_at 30 February": ("sqlite", lambda: {"run_at": "'2026-02-30 10:00:00'"}),
+    "args lone surrogate": ("sqlite", lambda: {"args": '\'["\\ud800", "x\\udfff"]\''}),
+    "kwargs lone surrogate key": ("sqlite", lambda: {"kwargs": "'{\"\\udc00\": 1}'"}),
+    # beyond what Python's json parser recurses to (SQLite's JSON_VALID takes 2,000)
+    "args nested 1500 deep": (None, lambda: {"args": nested_json(1500)}),
+    "result nested 1500 deep": (None, lambda: {"result": nested_json(1500)}),
+    # within it, but deeper than rendering (json.dumps) and the worker recurse safely
+    "kwargs nested 900 deep": (None, lambda: {"kwargs": '\'{"a": ' + "[" * 900 + "]" * 900 + "}'"}),
+    "kwargs 5000-digit int": (None, lambda: {"kwargs": '\'{"n": ' + "9" * 5000 + "}'"}),
+    "attempts absurd": (None, lambda: {"attempts": "2147483647", "max_attempts": "2147483647"}),
+    "attempts beyond 64 bits": ("sqlite", lambda: {"attempts": "9223372036854775807"}),
+}
+#: The poisons that concern reconcile: an unusable due time.
+DUE_TIME_POISON = [
+    "run_at 1969", "run_at 1900", "run_at year 1", "run_at infinity", "run_at -infinity",
+    "run_at year 10000", "run_at BC", "run_at not a date", "run_at 30 February",
+]  # fmt: skip
+
+
+def plant(job: Job, name: str) -> None:
+    """Write the named poison into ``job``'s row with raw SQL, past every check."""
+    vendor, columns = POISON[name]
+    if vendor is not None and vendor != connection.vendor:
+        pytest.skip(f"{name!r} cannot be stored in {connection.vendor}")
+    quote = connection.ops.quote_name
+    sets = ", ".join(
+        f"{quote(Job._meta.get_field(field).column)} = {literal}"
+        for field, literal in columns().items()
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {quote(Job._meta.db_table)} SET {sets} WHERE {quote('id')} = %s",
+            [Job._meta.pk.get_db_prep_value(job.pk, connection)],
+        )
+        assert cursor.rowcount == 1
+
+
+def poisoned(name: str, **options: object) -> Job:
+    job = schedule(tasks.record, in_=0, args=["poison"], **options)
+    plant(job, name)
+    return job
+
+
+# -- reconcile ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", DUE_TIME_POISON)
+def test_reconcile_skips_a_poison_row_and_repairs_all_others(name, redis_client, caplog):
+    bad = poisoned(name)
+    good = [schedule(tasks.record, in_=0, args=[f"good-{i}"]) for i in range(5)]
+    redis_client.flushall()
+    with caplog.at_level(logging.WARNING, logger="django_delayjobs.reconcile"):
+        repaired = reconcile(get_engine(), horizon=horizon())  # the worker's sweep
+        full = reconcile(get_engine(), horizon=None)  # delayjobs_reconcile: everything
+    assert repaired["default"] == 5 and full["default"] == 0
+    assert list(full.skipped) == [str(bad.pk)]
+    assert list(repaired.skipped) in ([], [str(bad.pk)])  # a time far ahead is not due yet
+    lines = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(lines) == len([r for r in (repaired, full) if r.skipped])  # one per sweep
+    assert str(bad.pk) in lines[-1] and "1 job(s)" in lines[-1]
+    burst()
+    assert sorted(Record.objects.values_list("label", flat=True)) == [f"good-{i}" for i in range(5)]
+    for job in good:
+        assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+
+
+def test_delayjobs_reconcile_command_skips_poison_rows(redis_client):
+    bad = [poisoned("run_at 1969"), poisoned("run_at 9999")]
+    [schedule(tasks.record, in_=0, args=[f"good-{i}"]) for i in range(5)]
+    redis_client.flushall()
+    out = StringIO()
+    call_command("delayjobs_reconcile", stdout=out)
+    assert "repaired 6 job(s)" in out.getvalue()  # the five, and the 9999 one: it is valid
+    assert Job.objects.get(pk=bad[0].pk).status == Status.SCHEDULED  # left where it is
+    burst()
+    assert Record.objects.count() == 5
+
+
+@pytest.mark.slow
+def test_a_worker_keeps_repairing_with_a_poison_row_in_the_table(redis_url, redis_client):
+    """The reconcile thread of a real worker survives the row that used to kill it."""
+    poisoned("run_at 1969")
+    for i in range(5):
+        schedule(tasks.record, in_=0, args=[f"good-{i}"])
+    redis_client.flushall()  # Redis loses everything
+    worker = start_worker(redis_url, env={"DELAYJOBS_RECONCILE_SECONDS": "0.2"})
+    try:
+        wait_for(lambda: Record.objects.count() == 5, timeout=60)
+        assert worker.poll() is None
+    finally:
+        assert stop(worker) == 0
+    assert Record.objects.count() == 5
+
+
+# -- the admin and the API render poison rows ---------------------------------------------
+
+
+@pytest.fixture
+def superuser_clients(client):
+    user = make_user("root", superuser=True)
+    client.force_login(user)
+    return client, client_for(user)
+
+
+@pytest.mark.parametrize("name", list(POISON))
+def test_admin_and_api_render_a_poison_row(name, superuser_clients):
+    admin, api = superuser_clients
+    normal = schedule(tasks.record, in_=60, args=["normal"])
+    bad = poisoned(name)
+    pages = {
+        "admin list": admin.get(reverse(CHANGELIST)),
+        "admin detail": admin.get(reverse(CHANGE, args=[bad.pk])),
+        "admin queues": admin.get(reverse(QUEUES)),
+        "api list": api.get(url("jobs")),
+        "api list soonest first": api.get(url("jobs"), {"ordering": "run_at"}),
+        "api detail": api.get(url("jobs", bad.pk)),
+        "api queues": api.get(url("queues")),
+    }
+    for page, response in pages.items():
+        assert response.status_code == 200, (page, response.content[:300])
+    listed = pages["admin list"].content.decode()
+    assert str(bad.pk)[:8] in listed and str(normal.pk)[:8] in listed
+    for page in ("api list", "api list soonest first"):
+        ids = [job["id"] for job in pages[page].json()["results"]]
+        assert sorted(ids) == sorted([str(bad.pk), str(normal.pk)]), page
+    assert pages["api detail"].json()["id"] == str(bad.pk)
+
+
+@pytest.mark.parametrize("name", ["run_at 9999", "run_at infinity", "run_at 1969"])
+def test_api_pages_walk_past_a_poison_row(name, superuser_clients):
+    _, api = superuser_clients
+    jobs = {str(schedule(tasks.record, in_=60 + i, args=[str(i)]).pk) for i in range(3)}
+    jobs.add(str(poisoned(name).pk))
+    for ordering in ("run_at", "-run_at"):
+        seen: list[str] = []
+        response = api.get(url("jobs"), {"page_size": 1, "ordering": ordering})
+        while True:
+            assert response.status_code == 200, response.content[:300]
+            seen += [job["id"] for job in response.json()["results"]]
+            if response.json()["next"] is None:
+                break
+            response = api.get(response.json()["next"])
+        assert sorted(seen) == sorted(jobs), ordering
+
+
+@pytest.mark.parametrize("time_zone", ["UTC", "Pacific/Kiritimati", "America/Los_Angeles"])
+def test_year_9999_and_year_1_do_not_break_the_date_drill_down(time_zone, settings, admin_client):
+    """Finding 3: the changelist's date hierarchy overflowed on a job due in year 9999."""
+    settings.TIME_ZONE = time_zone
+    for when in (datetime.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=datetime.UTC),
+                 datetime.datetime(1, 1, 1, tzinfo=datetime.UTC)):  # fmt: skip
+        job = schedule(tasks.record, in_=60, args=["x"])
+        Job.objects.filter(pk=job.pk).update(run_at=when)
+    schedule(tasks.record, in_=60, args=["now"])
+    base = reverse(CHANGELIST)
+    drill = [(9999,), (9999, 12), (9999, 12, 31), (1,), (1, 1), (1, 1, 1), (2026, 2, 30)]
+    for parts in [(), *drill, (10000,), (0,)]:
+        query = dict(zip(["run_at__year", "run_at__month", "run_at__day"], parts, strict=False))
+        response = admin_client.get(base, query)
+        wrong = parts in [(10000,), (0,), (2026, 2, 30)]  # Django's "?e=1" redirect
+        assert response.status_code == (302 if wrong else 200), (query, response.status_code)
+    response = admin_client.get(base)
+    assert response.status_code == 200
+    assert "9999" in response.content.decode()
+
+
+def test_a_row_that_vanished_is_not_a_poison_row(superuser_clients):
+    _, api = superuser_clients
+    assert api.get(url("jobs", uuid.uuid4())).status_code == 404
