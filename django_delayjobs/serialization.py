@@ -117,12 +117,25 @@ def _datetime(value: datetime.datetime, path: str) -> str:
         back: datetime.datetime | None = datetime.datetime.fromisoformat(text)
     except ValueError:
         back = None
-    if back != value:
+    if back is None or not same_time(back, value):
         raise InvalidSchedule(
-            f"{path} is {value!r}, whose UTC offset does not survive ISO 8601 (it reads back "
-            f"as {back!r}): use an offset of whole seconds, or convert it to UTC first"
+            f"{path} is {value!r}, which reads back from ISO 8601 as {back!r} (an offset "
+            "with microseconds does not survive): convert it to UTC first"
         )
     return text
+
+
+def same_time(a: datetime.datetime, b: datetime.datetime) -> bool:
+    """``a`` and ``b`` are the same naive time, or the same instant.
+
+    Not ``==``: Python calls two aware datetimes in different zones unequal when either
+    falls in a fold (an ambiguous local hour), even when they are the same instant.
+    """
+    if (a.utcoffset() is None) != (b.utcoffset() is None):
+        return False
+    if a.utcoffset() is None:
+        return a.replace(tzinfo=None) == b.replace(tzinfo=None)
+    return a - b == datetime.timedelta(0)
 
 
 def _container(path: str, depth: int) -> None:

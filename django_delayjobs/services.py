@@ -158,9 +158,10 @@ def _check_built(job: Job, now: datetime.datetime) -> None:
     values the job holds (it may have been changed, or built without ``build_job``)."""
     if not isinstance(job, Job):
         raise TypeError(f"schedule_many takes jobs made by build_job, not {job!r}")
-    timing.within_range(timing.aware(job.run_at, "run_at"), "run_at", now)
+    job.run_at = timing.within_range(timing.aware(job.run_at, "run_at"), "run_at", now)
     if job.expires_at is not None:
-        timing.within_range(timing.aware(job.expires_at, "expires_at"), "expires_at", now)
+        expires_at = timing.aware(job.expires_at, "expires_at")
+        job.expires_at = timing.within_range(expires_at, "expires_at", now)
         if job.expires_at <= job.run_at:
             raise InvalidSchedule("expires_at must be later than run_at")
     _queue(job.queue)

@@ -69,9 +69,12 @@ def aware(value: object, what: str) -> datetime.datetime:
 def within_range(
     value: datetime.datetime, what: str, now: datetime.datetime | None = None
 ) -> datetime.datetime:
-    """Return the aware ``value`` if it lies from ``EARLIEST`` to ``MAX_AHEAD`` from now.
+    """Return the aware ``value`` in UTC if it lies from ``EARLIEST`` to ``MAX_AHEAD`` from
+    now, else raise ``InvalidSchedule``.
 
     Aware datetimes compare without conversion, so this is safe at the datetime limits.
+    In UTC, because that is how every database stores it, and PostgreSQL cannot parse
+    an offset with microseconds (``datetime.timezone(timedelta(microseconds=1))``).
     """
     if value < EARLIEST:
         raise InvalidSchedule(
@@ -83,7 +86,7 @@ def within_range(
             f"{what} ({value.isoformat()}) is more than 100 years away: give a time within "
             f"{MAX_AHEAD.days} days from now"
         )
-    return value
+    return value.astimezone(datetime.UTC)
 
 
 def expiry(
@@ -96,7 +99,7 @@ def expiry(
         expires_at = aware(expires, "expires")
     else:
         expires_at = run_at + delay(expires, "expires")
-    within_range(expires_at, "expires", now)
+    expires_at = within_range(expires_at, "expires", now)
     if expires_at <= run_at:
         raise InvalidSchedule(f"expires ({expires_at}) must be later than the due time ({run_at})")
     return expires_at

@@ -274,3 +274,21 @@ def test_api_reschedule_refuses_a_huge_integer_with_400():
     response = api.post(url("jobs", job.pk, "reschedule"), body, content_type="application/json")
     assert response.status_code == 400, response.content
     assert "in" in response.json()
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        datetime.timedelta(microseconds=1),
+        datetime.timedelta(days=-1, microseconds=1),
+        datetime.timedelta(seconds=30),
+    ],
+)
+def test_a_due_time_in_any_offset_is_stored_as_the_same_instant(thing, offset):
+    """PostgreSQL cannot parse an offset with microseconds: the door stores UTC."""
+    at = (timezone.now() + datetime.timedelta(hours=1)).astimezone(datetime.timezone(offset))
+    job = schedule(thing.touch, at=at, expires=at + datetime.timedelta(hours=1))
+    row = Job.objects.get(pk=job.pk)
+    assert row.run_at - at == datetime.timedelta(0)
+    assert row.expires_at - at == datetime.timedelta(hours=1)
+    assert job.run_at.tzinfo == UTC

@@ -44,6 +44,15 @@ def write_then_sleep(label: str, seconds: float) -> None:
     time.sleep(seconds)
 
 
+#: What ``keep`` was called with (in burst mode the worker runs in the test's process).
+kept: list[tuple[tuple[object, ...], dict[str, object]]] = []
+
+
+@delayable
+def keep(*args: object, **kwargs: object) -> None:
+    kept.append((args, kwargs))
+
+
 #: The database connections the actions of ``note_connection`` ran on (kept alive, so
 #: that distinct connections have distinct ids).
 seen_connections: list[object] = []
