@@ -149,7 +149,7 @@ def test_a_worker_keeps_repairing_with_a_poison_row_in_the_table(redis_url, redi
     for i in range(5):
         schedule(tasks.record, in_=0, args=[f"good-{i}"])
     redis_client.flushall()  # Redis loses everything
-    worker = start_worker(redis_url, env={"DELAYJOBS_RECONCILE_SECONDS": "0.2"})
+    worker = start_worker(redis_url, env={"DELAYJOBS_RECONCILE_SECONDS": "1"})
     try:
         wait_for(lambda: Record.objects.count() == 5, timeout=60)
         assert worker.poll() is None
