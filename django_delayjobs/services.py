@@ -28,6 +28,7 @@ from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, JobEvent, Status
 from .outcomes import Outage
 from .registry import BoundAction, DelayableMethod, describe
+from .rows import Unreadable
 
 logger = logging.getLogger("django_delayjobs")
 
@@ -358,6 +359,8 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
     job = _job(job)
     run_at = timing.due_time(in_, at)
     actor = _actor(actor)
+    if isinstance(job.expires_at, Unreadable):  # a poison row read by rows.tolerant()
+        raise InvalidSchedule(f"the job's expires_at cannot be read ({job.expires_at}): cancel it")
     if job.expires_at is not None and run_at > job.expires_at:
         raise InvalidSchedule(
             f"the new due time {run_at} is after the job expires ({job.expires_at})"
@@ -370,12 +373,17 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
                 job,
                 EventKind.RESCHEDULED,
                 actor,
-                f"from {before.isoformat()} to {run_at.isoformat()}",
+                # a due time that could not be read (a poison row) is repaired here
+                f"from {_iso(before)} to {run_at.isoformat()}",
             )
             # add() moves a pending id; an id already promoted is handed back by the
             # worker, which sees the new run_at when it claims the row.
             _after_commit(lambda: push([job]))
     return bool(won)
+
+
+def _iso(value: object) -> str:
+    return value.isoformat() if isinstance(value, datetime.datetime) else str(value)
 
 
 def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None) -> bool:

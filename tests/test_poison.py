@@ -12,9 +12,11 @@ from collections.abc import Callable
 from io import StringIO
 
 import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.management import call_command
 from django.db import connection
 from django.urls import reverse
+from django.utils import timezone
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
@@ -233,3 +235,39 @@ def test_year_9999_and_year_1_do_not_break_the_date_drill_down(time_zone, settin
 def test_a_row_that_vanished_is_not_a_poison_row(superuser_clients):
     _, api = superuser_clients
     assert api.get(url("jobs", uuid.uuid4())).status_code == 404
+
+
+# -- changing a poison row through the admin and the API ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["run_at 1969", "run_at infinity", "run_at not a date", "expires_at infinity"]
+)
+def test_admin_actions_and_api_verbs_on_a_poison_row_never_500(name, superuser_clients):
+    admin, api = superuser_clients
+    bad = poisoned(name)
+    changelist = reverse(CHANGELIST)
+    response = admin.post(changelist, {"action": "run_now", ACTION_CHECKBOX_NAME: [bad.pk]})
+    assert response.status_code == 302
+    if name != "expires_at infinity":  # "run now" writes a readable due time: repaired
+        assert Job.objects.get(pk=bad.pk).run_at <= timezone.now()
+    response = api.post(url("jobs", bad.pk, "reschedule"), {"in": 0}, format="json")
+    assert response.status_code == (400 if name == "expires_at infinity" else 200)
+    response = api.post(url("jobs", bad.pk, "cancel"), {}, format="json")
+    assert response.status_code == 200
+    assert Job.objects.filter(pk=bad.pk).values_list("status", flat=True).get() == "cancelled"
+
+
+def test_the_queue_page_shows_a_job_due_in_year_9999_in_a_zone_ahead_of_utc(
+    settings, superuser_clients, redis_client
+):
+    settings.TIME_ZONE = "Pacific/Kiritimati"  # UTC+14
+    admin, api = superuser_clients
+    job = schedule(tasks.record, in_=60, args=["x"])
+    last = datetime.datetime(9999, 12, 31, 23, 59, tzinfo=datetime.UTC)
+    Job.objects.filter(pk=job.pk).update(run_at=last)
+    redis_client.flushall()
+    reconcile(get_engine())  # Redis now holds it, due in year 9999
+    assert admin.get(reverse(QUEUES)).status_code == 200
+    assert api.get(url("queues")).status_code == 200
+    assert admin.get(reverse(CHANGE, args=[job.pk])).status_code == 200

@@ -53,6 +53,10 @@ class Entry:
         return display.last_line(self.error)
 
     @property
+    def at_text(self) -> str:
+        return display.timestamp(self.at)
+
+    @property
     def is_dead(self) -> bool:
         return self.job is not None and self.job.status == Status.DEAD
 
@@ -68,6 +72,10 @@ class Worker:
     last_beat: str
     expires_at: datetime.datetime | None
 
+    @property
+    def expires_text(self) -> str:
+        return display.timestamp(self.expires_at)
+
 
 @dataclass
 class Section:
@@ -82,6 +90,16 @@ class Section:
     @property
     def name(self) -> str:
         return self.state.name
+
+    # As text made here, not with the template's |date: a time in year 9999 (a poison
+    # row's) would overflow when the filter converts it to a zone ahead of UTC.
+    @property
+    def next_due_at_text(self) -> str:
+        return display.timestamp(self.state.next_due_at)
+
+    @property
+    def oldest_lease_at_text(self) -> str:
+        return display.timestamp(self.state.oldest_lease_at)
 
     @property
     def garbage_hidden(self) -> int:

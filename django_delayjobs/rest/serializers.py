@@ -196,14 +196,14 @@ class ConflictSerializer(DetailSerializer):
 class NextDueSerializer(serializers.Serializer[Any]):
     id = serializers.CharField()
     action = serializers.CharField(allow_null=True)
-    run_at = serializers.DateTimeField(allow_null=True)
+    run_at = ShownDateTimeField(allow_null=True)
 
 
 class WorkerSerializer(serializers.Serializer[Any]):
     """A live worker: these fields, and whatever else its heartbeat carries, as it is."""
 
     id = serializers.CharField()
-    expires_at = serializers.DateTimeField(allow_null=True)
+    expires_at = ShownDateTimeField(allow_null=True)
     host = serializers.CharField(required=False)
     pid = serializers.IntegerField(required=False)
     roles = serializers.ListField(child=serializers.CharField(), required=False)
@@ -226,8 +226,8 @@ class QueueStateSerializer(serializers.Serializer[Any]):
     expired_leases = serializers.IntegerField()
     retrying = serializers.IntegerField()
     garbage = serializers.IntegerField()
-    next_due_at = serializers.DateTimeField(allow_null=True)
-    oldest_lease_at = serializers.DateTimeField(allow_null=True)
+    next_due_at = ShownDateTimeField(allow_null=True)
+    oldest_lease_at = ShownDateTimeField(allow_null=True)
     live_workers = serializers.IntegerField()
     counters = serializers.DictField(child=serializers.IntegerField())
     next_due = NextDueSerializer(many=True)
