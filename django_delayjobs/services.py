@@ -20,12 +20,12 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from . import serialization, signals, sql, timing
+from . import door, serialization, signals, sql, timing
 from .conf import delayjobs_settings
 from .connection import get_engine
-from .engine import MAX_BATCH, EngineUnavailable, validate_name
+from .engine import MAX_BATCH, EngineUnavailable
 from .exceptions import AlreadyRunning, InvalidSchedule
-from .models import ACTIVE, WAITING, EventKind, Job, JobEvent, Status
+from .models import ACTIVE, WAITING, EventKind, Job, Status
 from .outcomes import Outage
 from .registry import BoundAction, DelayableMethod, describe
 from .rows import Unreadable
@@ -111,71 +111,6 @@ def _check_arguments(fn: Any, args: Any, kwargs: Any) -> tuple[list[Any], dict[s
     return serialization.dump(list(args), "args"), serialization.dump(kwargs, "kwargs")
 
 
-#: The most attempts a job may have: PostgreSQL's ``integer`` column (the narrowest of the
-#: supported databases) holds no more.
-MAX_ATTEMPTS_LIMIT = 2**31 - 1
-
-
-def _positive_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
-    if value < 1:
-        raise InvalidSchedule(f"{what} must be at least 1, got {value}")
-    if value > MAX_ATTEMPTS_LIMIT:
-        raise InvalidSchedule(f"{what} must be at most {MAX_ATTEMPTS_LIMIT} (a 32-bit column)")
-    return value
-
-
-def _text(value: object, what: str, field: str, model: type[models.Model] = Job) -> str:
-    """``value`` if it is a str the column ``field`` stores as it is, else raise."""
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
-    column = model._meta.get_field(field)
-    assert isinstance(column, models.CharField)
-    return serialization.check_text(value, what, column.max_length)
-
-
-def _actor(actor: object) -> str:
-    return _text(actor, "actor", "actor", JobEvent)
-
-
-def _queue(value: object) -> str:
-    try:
-        return validate_name(value, "queue")
-    except ValueError as exc:
-        raise InvalidSchedule(str(exc)) from None
-
-
-def _key(key: object) -> str | None:
-    if key is None:
-        return None
-    if not isinstance(key, str) or not key:
-        raise TypeError(f"key must be a non-empty str (at most 255 characters), not {key!r}")
-    return _text(key, "key", "key")
-
-
-def _check_built(job: Job, now: datetime.datetime) -> None:
-    """The door for a job handed to ``schedule_many``: what ``build_job`` checks, on the
-    values the job holds (it may have been changed, or built without ``build_job``)."""
-    if not isinstance(job, Job):
-        raise TypeError(f"schedule_many takes jobs made by build_job, not {job!r}")
-    job.run_at = timing.within_range(timing.aware(job.run_at, "run_at"), "run_at", now)
-    if job.expires_at is not None:
-        expires_at = timing.aware(job.expires_at, "expires_at")
-        job.expires_at = timing.within_range(expires_at, "expires_at", now)
-        if job.expires_at <= job.run_at:
-            raise InvalidSchedule("expires_at must be later than run_at")
-    _queue(job.queue)
-    _text(job.action, "action", "action")
-    if job.target_id is not None:
-        _text(job.target_id, "the target's primary key", "target_id")
-    _positive_int(job.max_attempts, "max_attempts")
-    if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
-        raise TypeError("a job's args must be a list and its kwargs a dict: use build_job")
-    serialization.check_stored(job.args, "args")
-    serialization.check_stored(job.kwargs, "kwargs")
-
-
 def build_job(
     fn: Callable[..., Any],
     *,
@@ -195,18 +130,20 @@ def build_job(
     stored_args, stored_kwargs = _check_arguments(fn, args, kwargs)
     attempts = delayjobs_settings.MAX_ATTEMPTS if max_attempts is None else max_attempts
     job = Job(
-        queue=_queue(delayjobs_settings.DEFAULT_QUEUE if queue is None else queue),
-        action=_text(ref.name, "the action's name", "action"),
+        queue=door.check_queue(delayjobs_settings.DEFAULT_QUEUE if queue is None else queue),
+        action=door.check_column(ref.name, "the action's name", "action"),
         args=stored_args,
         kwargs=stored_kwargs,
-        key=_key(key),
+        key=door.check_key(key),
         run_at=run_at,
         expires_at=timing.expiry(expires, run_at, now),
-        max_attempts=_positive_int(attempts, "max_attempts"),
+        max_attempts=door.check_positive(attempts, "max_attempts"),
     )
     if ref.target is not None:
         job.target_type = ContentType.objects.get_for_model(ref.target, for_concrete_model=False)
-        job.target_id = _text(str(ref.target.pk), "the target's primary key", "target_id")
+        job.target_id = door.check_column(
+            str(ref.target.pk), "the target's primary key", "target_id"
+        )
     return job
 
 
@@ -261,7 +198,7 @@ def schedule(
 def submit(job: Job, *, replace: bool = False, actor: str = "code") -> Job:
     """Insert a job built by ``build_job``, honouring its key; return the job that holds
     the key now (``job`` itself unless an active job already held it)."""
-    actor = _actor(actor)
+    actor = door.check_actor(actor)
     with transaction.atomic(using=sql.db()):
         stored = _insert(job, replace, actor)
     if stored is job:
@@ -279,8 +216,8 @@ def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
         raise InvalidSchedule("schedule_many does not take keyed jobs; use schedule(key=...)")
     now = timezone.now()
     for job in batch:
-        _check_built(job, now)
-    actor = _actor(actor)
+        door.check_built(job, now)
+    actor = door.check_actor(actor)
     with transaction.atomic(using=sql.db()):
         Job.objects.bulk_create(batch)
         sql.insert_events(
@@ -358,7 +295,7 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
     """Move a job that has not started to a new due time; True when this call won."""
     job = _job(job)
     run_at = timing.due_time(in_, at)
-    actor = _actor(actor)
+    actor = door.check_actor(actor)
     if isinstance(job.expires_at, Unreadable):  # a poison row read by rows.tolerant()
         raise InvalidSchedule(f"the job's expires_at cannot be read ({job.expires_at}): cancel it")
     if job.expires_at is not None and run_at > job.expires_at:
@@ -389,12 +326,13 @@ def _iso(value: object) -> str:
 def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None) -> bool:
     """Give a dead job ``attempts`` more tries (default: MAX_ATTEMPTS), due now."""
     job = _job(job)
-    extra = _positive_int(
+    extra = door.check_positive(
         delayjobs_settings.MAX_ATTEMPTS if attempts is None else attempts, "attempts"
     )
-    if job.attempts > MAX_ATTEMPTS_LIMIT - extra:  # a dead job's attempts no longer change
-        raise InvalidSchedule(f"{job.attempts} + {extra} attempts exceed {MAX_ATTEMPTS_LIMIT}")
-    actor = _actor(actor)
+    limit = door.MAX_ATTEMPTS_LIMIT
+    if job.attempts > limit - extra:  # a dead job's attempts no longer change
+        raise InvalidSchedule(f"{job.attempts} + {extra} attempts exceed {limit}")
+    actor = door.check_actor(actor)
     now = timezone.now()
     with transaction.atomic(using=sql.db()):
         won = Job.objects.filter(pk=job.pk, status=Status.DEAD).update(

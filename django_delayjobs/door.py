@@ -1,0 +1,82 @@
+"""The door for the columns of a job: what ``build_job``, ``schedule_many``, ``reschedule``
+and ``requeue`` check beyond times (``timing``) and arguments (``serialization``), so
+that every value they accept fits its column on SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import datetime
+
+from django.db import models
+
+from . import serialization, timing
+from .engine import validate_name
+from .exceptions import InvalidSchedule
+from .models import Job, JobEvent
+
+#: The most attempts a job may have: PostgreSQL's ``integer`` column (the narrowest of the
+#: supported databases) holds no more.
+MAX_ATTEMPTS_LIMIT = 2**31 - 1
+
+
+def check_positive(value: object, what: str) -> int:
+    """``value`` if it is an int from 1 to ``MAX_ATTEMPTS_LIMIT``, else raise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise InvalidSchedule(f"{what} must be at least 1, got {value}")
+    if value > MAX_ATTEMPTS_LIMIT:
+        raise InvalidSchedule(f"{what} must be at most {MAX_ATTEMPTS_LIMIT} (a 32-bit column)")
+    return value
+
+
+def check_column(value: object, what: str, field: str, model: type[models.Model] = Job) -> str:
+    """``value`` if it is a str the column ``field`` stores as it is, else raise."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    column = model._meta.get_field(field)
+    assert isinstance(column, models.CharField)
+    return serialization.check_text(value, what, column.max_length)
+
+
+def check_actor(actor: object) -> str:
+    """``actor`` if ``JobEvent.actor`` stores it as it is, else raise."""
+    return check_column(actor, "actor", "actor", JobEvent)
+
+
+def check_queue(value: object) -> str:
+    """``value`` if Redis keys can carry it as a queue name, else raise."""
+    try:
+        return validate_name(value, "queue")
+    except ValueError as exc:
+        raise InvalidSchedule(str(exc)) from None
+
+
+def check_key(key: object) -> str | None:
+    """``key`` (or None) if ``Job.key`` stores it as it is, else raise."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"key must be a non-empty str (at most 255 characters), not {key!r}")
+    return check_column(key, "key", "key")
+
+
+def check_built(job: Job, now: datetime.datetime) -> None:
+    """The door for a job handed to ``schedule_many``: what ``build_job`` checks, on the
+    values the job holds (it may have been changed, or built without ``build_job``)."""
+    if not isinstance(job, Job):
+        raise TypeError(f"schedule_many takes jobs made by build_job, not {job!r}")
+    job.run_at = timing.within_range(timing.aware(job.run_at, "run_at"), "run_at", now)
+    if job.expires_at is not None:
+        expires_at = timing.aware(job.expires_at, "expires_at")
+        job.expires_at = timing.within_range(expires_at, "expires_at", now)
+        if job.expires_at <= job.run_at:
+            raise InvalidSchedule("expires_at must be later than run_at")
+    check_queue(job.queue)
+    check_column(job.action, "action", "action")
+    if job.target_id is not None:
+        check_column(job.target_id, "the target's primary key", "target_id")
+    check_positive(job.max_attempts, "max_attempts")
+    if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
+        raise TypeError("a job's args must be a list and its kwargs a dict: use build_job")
+    serialization.check_stored(job.args, "args")
+    serialization.check_stored(job.kwargs, "kwargs")
