@@ -88,14 +88,21 @@ scalars = st.one_of(
     st.none(), st.booleans(), st.integers(), huge_ints, st.floats(), texts,
     st.datetimes(timezones=st.none() | zones), st.dates(), st.decimals(), st.uuids(),
 )  # fmt: skip
-values = st.one_of(
-    st.recursive(
-        scalars,
-        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
-        max_leaves=8,
-    ),
-    st.integers(20, 40).map(nested),  # around the nesting limit (32)
-)
+
+
+def json_like(leaves: Any, keys: Any, depths: Any) -> Any:
+    """Lists and dicts of ``leaves`` (dict keys from ``keys``), or plain nests ``depths`` deep."""
+    return st.one_of(
+        st.recursive(
+            leaves,
+            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=3),
+            max_leaves=8,
+        ),
+        depths.map(nested),
+    )
+
+
+values = json_like(scalars, texts, st.integers(20, 40))  # around the nesting limit (32)
 
 # Inputs the door should take, at its edges: any Unicode text but NUL and surrogates,
 # 64-bit ints, floats below 1e16, datetimes of any year in args, nesting up to 32 levels,
@@ -107,14 +114,7 @@ fair_scalars = st.one_of(
     st.datetimes(), st.datetimes(timezones=st.timezones()), st.dates(),
     st.decimals(allow_nan=False), st.uuids(),
 )  # fmt: skip
-fair_values = st.one_of(
-    st.recursive(
-        fair_scalars,
-        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(fair_texts, inner, max_size=3),
-        max_leaves=8,
-    ),
-    st.integers(1, 31).map(nested),
-)
+fair_values = json_like(fair_scalars, fair_texts, st.integers(1, 31))
 fair_ats = st.floats(-56 * 365 * 86400.0, 99 * 365 * 86400.0).flatmap(
     lambda s: zones.map(lambda tz: (timezone.now() + datetime.timedelta(seconds=s)).astimezone(tz))
 )
