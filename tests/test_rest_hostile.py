@@ -1,6 +1,7 @@
-"""A hostile-input battery over every endpoint of the API (and the admin's job list): query
-strings and bodies that try to overflow, nest, smuggle NUL and surrogates, or send huge
-numbers get a 4xx, never a 500, and change nothing (issue 13, finding 12)."""
+"""A hostile-input battery over every endpoint of the API, callbacks included (and the
+admin's job list): query strings and bodies that try to overflow, nest, smuggle NUL and
+surrogates, or send huge numbers get a 4xx, never a 500, and change nothing (issue 13,
+finding 12)."""
 
 from __future__ import annotations
 
@@ -218,3 +219,63 @@ def test_hostile_queries_of_the_admin_job_list_get_no_500(admin_client, job):
         assert response.status_code in (200, 302, 400), (query, response.status_code)
     change = reverse("admin:django_delayjobs_job_change", args=["\x00"])
     assert admin_client.get(change).status_code in (302, 404)
+
+
+# -- callbacks/, callbacks/cancel/, callbacks/reschedule/ ---------------------------------
+
+HOOK = "https://hooks.example.com/orders/42/expire"
+
+
+CALLBACK_BODIES: dict[str, bytes | str] = {
+    **BODIES,
+    "json nested 100k": '{"url": "' + HOOK + '", "in": 60, "json": ' + nested(DEEP) + "}",
+    "at 9999": json.dumps({"url": HOOK, "at": "9999-12-31T23:59:59Z"}),
+    "at 1969": json.dumps({"url": HOOK, "at": "1969-12-31T23:59:59Z"}),
+    "at max -05:00": json.dumps({"url": HOOK, "at": "9999-12-31T23:59:59.999999-05:00"}),
+    "in 400 digits": '{"url": "' + HOOK + '", "in": ' + "9" * 400 + "}",
+    "expires 400 digits": '{"url": "' + HOOK + '", "in": 60, "expires": ' + "9" * 400 + "}",
+    "expires 1e308": json.dumps({"url": HOOK, "in": 60, "expires": 1e308}),
+    "key NUL": json.dumps({"url": HOOK, "in": 60, "key": "k\x00"}),
+    "key surrogate": '{"url": "' + HOOK + '", "in": 60, "key": "\\ud800"}',
+    "url surrogate": '{"url": "https://hooks.example.com/\\ud800", "in": 60}',
+    "url NUL": json.dumps({"url": HOOK + "\x00", "in": 60}),
+    "data surrogate": '{"url": "' + HOOK + '", "in": 60, "data": "\\udfff"}',
+    "header surrogate": '{"url": "' + HOOK + '", "in": 60, "headers": {"X-A": "\\ud800"}}',
+    "header name nested": '{"url": "' + HOOK + '", "in": 60, "headers": ' + nested(500) + "}",
+    "id nested": '{"id": ' + nested(DEEP) + "}",
+    "lookup key NUL": json.dumps({"key": "\x00", "in": 5}),
+}
+
+
+@pytest.fixture
+def http(settings):
+    import ipaddress
+
+    from django.core.cache import cache
+
+    from django_delayjobs.callbacks import policy
+    from django_delayjobs.callbacks.signing import new_secret
+
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+        "API_CALLBACK_THROTTLE_RATE": None,
+    }
+    cache.clear()
+    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
+        yield settings
+
+
+@pytest.mark.parametrize("path", ["callbacks", "callbacks/cancel", "callbacks/reschedule"])
+@pytest.mark.parametrize("name", list(CALLBACK_BODIES))
+def test_hostile_callback_bodies_get_400_and_write_nothing(api, http, path, name):
+    from django_delayjobs.models import Job
+
+    existing = schedule(tasks.record, in_=3600, args=["x"], key="k")
+    before = snapshot(existing)
+    response = api.post(url(*path.split("/")), CALLBACK_BODIES[name],
+                        content_type="application/json")  # fmt: skip
+    assert response.status_code == 400, (path, name, response.status_code, response.content[:200])
+    response.json()
+    assert Job.objects.count() == 1 and snapshot(existing) == before

@@ -28,6 +28,7 @@ from ..callbacks.service import active_callback, create
 from ..conf import delayjobs_settings
 from ..models import Job
 from . import serializers as s
+from .formats import SafeFormats
 from .permissions import configured_permissions
 from .schema import auto_schema, document, field_schema
 from .views import actor
@@ -146,7 +147,7 @@ class CallbackThrottle(UserRateThrottle):
         return delayjobs_settings.API_CALLBACK_THROTTLE_RATE
 
 
-class CallbackView(APIView):
+class CallbackView(SafeFormats, APIView):
     schema = auto_schema()
 
     def get_permissions(self) -> list[Any]:
