@@ -29,11 +29,12 @@ CHUNK = 1000
 
 
 class Reconciled(Counter[str]):
-    """Jobs re-added per queue, and ``skipped``: the rows that cannot be handed to Redis
-    (poison rows: id -> why), left where they are for a person or the worker to settle."""
+    """Jobs re-added per queue; ``unusable``: rows whose due time cannot be used (poison
+    rows: id -> why), handed to a worker due now; ``skipped``: rows whose id is not one."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.unusable: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
 
 
@@ -43,11 +44,12 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     Also re-adds ``running`` jobs whose lease should long have ended, in case Redis lost
     them together with their worker; ``add`` skips any that Redis still holds in flight.
 
-    A row whose id or due time cannot be used (a time before 1970, one PostgreSQL holds
-    but Python cannot represent, text SQLite cannot parse) is skipped, counted in
-    ``skipped`` and named in one log line per sweep: it must never stop the repair of
-    the others. Ids and due times are read as text, which cannot fail, and converted
-    here, row by row.
+    A row whose due time cannot be used (a time before 1970, one PostgreSQL holds but
+    Python cannot represent, text SQLite cannot parse) must never stop the repair of the
+    others, nor wait forever: it is handed to Redis due now, counted in ``unusable`` and
+    named in one log line. The worker then runs it if its row reads back (a job due in
+    1969 is overdue), or settles it dead with the reason. Ids and due times are read as
+    text, which cannot fail, and converted here, row by row.
     """
     now = timezone.now()
     lease = timedelta(seconds=delayjobs_settings.LEASE_SECONDS)
@@ -61,13 +63,16 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     batch: dict[str, dict[str, int]] = defaultdict(dict)
     conn = connections[rows.db]
     for raw_id, queue, raw_run_at in rows.order_by().iterator(chunk_size=CHUNK):
-        job_id = str(raw_id)
         try:
-            job_id = str(uuid.UUID(job_id))
+            job_id = str(uuid.UUID(str(raw_id)))
+        except ValueError as exc:  # a hand-written id: no worker could claim it
+            result.skipped[str(raw_id)] = f"not a job id: {exc}"
+            continue
+        try:
             batch[queue][job_id] = timing.to_ms(parse_time(raw_run_at, conn))
         except (ArithmeticError, ValueError) as exc:
-            result.skipped[job_id] = str(exc)
-            continue
+            result.unusable[job_id] = str(exc)
+            batch[queue][job_id] = 0  # due now: the worker runs it or settles it dead
         if len(batch[queue]) >= CHUNK:
             result[queue] += _repair(engine, queue, batch.pop(queue))
     for queue, items in batch.items():
@@ -80,12 +85,15 @@ def _report(result: Reconciled) -> None:
     if sum(result.values()):  # a Counter holding zeros is truthy
         logger.warning("reconcile re-added %s job(s) Redis did not hold: %s",
                        sum(result.values()), dict(result))  # fmt: skip
-    if result.skipped:
-        shown = "; ".join(f"{pk}: {why}" for pk, why in list(result.skipped.items())[:10])
-        logger.warning(
-            "reconcile skipped %s job(s) whose row cannot be handed to Redis (fix or cancel "
-            "them): %s%s", len(result.skipped), shown, " ..." if len(result.skipped) > 10 else "",
-        )  # fmt: skip
+    for rows, what in (
+        (result.unusable, "whose due time cannot be used; handed them to a worker due now, "
+                          "which runs each one or settles it dead"),
+        (result.skipped, "whose id is not a job id; fix or delete them"),
+    ):  # fmt: skip
+        if rows:
+            shown = "; ".join(f"{pk}: {why}" for pk, why in list(rows.items())[:10])
+            logger.warning("reconcile found %s job(s) %s: %s%s", len(rows), what, shown,
+                           " ..." if len(rows) > 10 else "")  # fmt: skip
 
 
 def _repair(engine: Engine, queue: str, items: dict[str, int]) -> int:

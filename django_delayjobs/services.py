@@ -244,6 +244,7 @@ def _job(job: Job | Any) -> Job:
 
 def cancel(job: Job | Any, *, actor: str = "code") -> bool:
     """Cancel a job that has not started; True when this call won."""
+    actor = door.check_actor(actor)
     job = _job(job)
     now = timezone.now()
     with transaction.atomic(using=sql.db()):

@@ -203,6 +203,8 @@ def test_reschedule_refuses_the_same_values(thing, redis_client):
             job.reschedule(**when)
     with pytest.raises(InvalidSchedule, match="NUL"):
         job.reschedule(in_=5, actor="\x00")
+    with pytest.raises(InvalidSchedule, match="surrogate"):
+        job.cancel(actor="admin:\ud800")
     assert snapshot(job) == before
 
 

@@ -1,7 +1,8 @@
 """Poison tolerance: a row that got into the table without passing the door (an older
-version, a manual edit, a bug) never stops anything else. Reconcile skips it with one log
-line and a count and repairs every other job; the admin and the API render it (issue 13,
-findings 1-4). The rows are planted with raw SQL, as such rows would arrive."""
+version, a manual edit, a bug) never stops anything else. Reconcile repairs every other
+job and hands it to a worker due now, with one log line and a count; the worker runs it
+or settles it dead; the admin and the API render it (issue 13, findings 1-4). The rows
+are planted with raw SQL, as such rows would arrive."""
 
 from __future__ import annotations
 
@@ -113,51 +114,63 @@ def poisoned(name: str, **options: object) -> Job:
 
 
 @pytest.mark.parametrize("name", DUE_TIME_POISON)
-def test_reconcile_skips_a_poison_row_and_repairs_all_others(name, redis_client, caplog):
+def test_reconcile_repairs_all_others_and_hands_a_poison_row_to_a_worker(name, redis_client,
+                                                                         caplog):  # fmt: skip
     bad = poisoned(name)
     good = [schedule(tasks.record, in_=0, args=[f"good-{i}"]) for i in range(5)]
     redis_client.flushall()
     with caplog.at_level(logging.WARNING, logger="django_delayjobs.reconcile"):
         repaired = reconcile(get_engine(), horizon=horizon())  # the worker's sweep
         full = reconcile(get_engine(), horizon=None)  # delayjobs_reconcile: everything
-    assert repaired["default"] == 5 and full["default"] == 0
-    assert list(full.skipped) == [str(bad.pk)]
-    assert list(repaired.skipped) in ([], [str(bad.pk)])  # a time far ahead is not due yet
-    lines = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
-    assert len(lines) == len([r for r in (repaired, full) if r.skipped])  # one per sweep
+    assert repaired["default"] + full["default"] == 6  # the five, and the poison row
+    assert list(full.unusable) == [str(bad.pk)]
+    lines = [r.getMessage() for r in caplog.records if "cannot be used" in r.getMessage()]
+    assert len(lines) == len([r for r in (repaired, full) if r.unusable])  # one per sweep
     assert str(bad.pk) in lines[-1] and "1 job(s)" in lines[-1]
     burst()
-    assert sorted(Record.objects.values_list("label", flat=True)) == [f"good-{i}" for i in range(5)]
+    labels = sorted(Record.objects.values_list("label", flat=True))
+    assert [label for label in labels if label != "poison"] == [f"good-{i}" for i in range(5)]
     for job in good:
         assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    # The poison row is settled, not left waiting: run (it reads back, and a time before
+    # 1970 is overdue) or dead with the reason (it does not read back).
+    row = Job.objects.filter(pk=bad.pk).values_list("status", "last_error").get()
+    if row[0] == Status.SUCCEEDED:
+        assert labels.count("poison") == 1
+    else:
+        assert row[0] == Status.DEAD and "cannot be read back" in row[1], row
+        assert "poison" not in labels
 
 
-def test_delayjobs_reconcile_command_skips_poison_rows(redis_client):
+def test_delayjobs_reconcile_command_names_poison_rows(redis_client):
     bad = [poisoned("run_at 1969"), poisoned("run_at 9999")]
     [schedule(tasks.record, in_=0, args=[f"good-{i}"]) for i in range(5)]
     redis_client.flushall()
     out = StringIO()
     call_command("delayjobs_reconcile", stdout=out)
-    assert "repaired 6 job(s)" in out.getvalue()  # the five, and the 9999 one: it is valid
-    assert Job.objects.get(pk=bad[0].pk).status == Status.SCHEDULED  # left where it is
+    assert "repaired 7 job(s)" in out.getvalue()  # the 9999 one is valid, just far away
+    assert f"{bad[0].pk}: due time unusable" in out.getvalue()
     burst()
-    assert Record.objects.count() == 5
+    assert Record.objects.count() == 6  # the five, and the overdue 1969 one
+    assert Job.objects.get(pk=bad[1].pk).status == Status.SCHEDULED  # not due until 9999
 
 
 @pytest.mark.slow
 def test_a_worker_keeps_repairing_with_a_poison_row_in_the_table(redis_url, redis_client):
-    """The reconcile thread of a real worker survives the row that used to kill it."""
-    poisoned("run_at 1969")
+    """The reconcile thread of a real worker survives the row that used to kill it, and the
+    row is settled: a job due in 1969 is simply overdue."""
+    bad = poisoned("run_at 1969")
     for i in range(5):
         schedule(tasks.record, in_=0, args=[f"good-{i}"])
     redis_client.flushall()  # Redis loses everything
     worker = start_worker(redis_url, env={"DELAYJOBS_RECONCILE_SECONDS": "1"})
     try:
-        wait_for(lambda: Record.objects.count() == 5, timeout=60)
+        wait_for(lambda: Record.objects.count() == 6, timeout=60)
         assert worker.poll() is None
     finally:
         assert stop(worker) == 0
-    assert Record.objects.count() == 5
+    assert Record.objects.count() == 6
+    assert Job.objects.get(pk=bad.pk).status == Status.SUCCEEDED
 
 
 # -- the admin and the API render poison rows ---------------------------------------------

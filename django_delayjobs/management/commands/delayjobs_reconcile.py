@@ -22,3 +22,7 @@ class Command(BaseCommand):
         for queue, count in sorted(repaired.items()):
             self.stdout.write(f"{queue}: re-added {count} job(s)")
         self.stdout.write(f"repaired {sum(repaired.values())} job(s)")
+        for pk, why in repaired.unusable.items():
+            self.stdout.write(f"{pk}: due time unusable ({why}); handed to a worker due now")
+        for pk, why in repaired.skipped.items():
+            self.stdout.write(f"{pk!r}: skipped ({why})")
