@@ -6,6 +6,7 @@ import os
 import sys
 
 from celery import Celery
+from kombu.transport.redis import Channel
 
 from peers import common
 
@@ -25,11 +26,13 @@ def record(job_id: str, due: float) -> None:
 
 class Adapter(common.Adapter):
     name = "celery"
-    packages = ("celery", "kombu", "redis")
+    packages = ("celery", "kombu", "billiard", "redis")
     settings = {
         "client": "record.apply_async(args, countdown=due - now)",
-        "broker": "Redis (redis+socket), default transport options: visibility_timeout 3600 s",
-        "worker": "celery worker -c 1 (prefork pool, one child); default prefetch multiplier 4",
+        "broker": "Redis (redis+socket), default transport options: visibility_timeout "
+        f"{Channel.visibility_timeout} s",
+        "worker": "celery worker -c 1 (prefork pool, one child); default prefetch multiplier "
+        f"{app.conf.worker_prefetch_multiplier}",
         "task_ignore_result": True,
         "note": "ETA tasks are held in worker memory until due (Celery's design)",
     }

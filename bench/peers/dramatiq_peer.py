@@ -6,6 +6,7 @@ import os
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.worker import DELAY_QUEUE_PREFETCH
 
 from peers import common
 
@@ -25,6 +26,8 @@ class Adapter(common.Adapter):
         "broker": "RedisBroker, default middleware",
         "worker": "dramatiq -p 1 -t 1 (one process, one worker thread)",
         "note": "delayed messages go to the .DQ queue and are held by the worker until due",
+        "delay prefetch": f"{DELAY_QUEUE_PREFETCH or 1000} delayed messages held at most "
+        "(Dramatiq default: 1,000 per worker thread)",
     }
 
     def worker_cmd(self) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from huey import RedisHuey
+from huey.consumer_options import config_defaults
 
 from peers import common
 
@@ -21,9 +22,10 @@ class Adapter(common.Adapter):
     packages = ("huey", "redis")
     settings = {
         "client": "record.schedule(args, delay=due - now)",
-        "storage": "RedisHuey (blocking, read_timeout 1 s)",
-        "consumer": "huey_consumer -w 1 -k thread",
-        "scheduler interval": "1 s (Huey default, -s)",
+        "storage": f"RedisHuey (blocking {huey.storage.blocking}, read_timeout "
+        f"{huey.storage.read_timeout} s)",
+        "consumer": "huey_consumer -w 1 -k thread (default logging: INFO, a line per task)",
+        "scheduler interval": f"{dict(config_defaults)['scheduler_interval']} s (Huey default, -s)",
     }
 
     def worker_cmd(self) -> list[str]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 
 import redis
 from rq import Queue
+from rq.defaults import DEFAULT_RESULT_TTL
+from rq.scheduler import RQScheduler
 
 from peers import common
 
@@ -20,8 +23,9 @@ class Adapter(common.Adapter):
         "client": "Queue.enqueue_in(timedelta(seconds=due - now), record, ...); W4 backlog: "
         "create_job + schedule_job(pipeline=...), 1000 per pipeline",
         "worker": "rq worker --with-scheduler (default Worker: forks per job)",
-        "scheduler interval": "1 s (RQ default)",
-        "result_ttl": "500 s (RQ default)",
+        "scheduler interval": f"{inspect.signature(RQScheduler).parameters['interval'].default}"
+        " s (RQ default)",
+        "result_ttl": f"{DEFAULT_RESULT_TTL} s (RQ default)",
     }
 
     def __init__(self) -> None:
