@@ -46,6 +46,8 @@ class Adapter:
     name = ""
     packages: tuple[str, ...] = ()
     settings: dict[str, Any] = {}
+    # W5 (compare.py): the adapter's worker_cmd(concurrency=n) runs n worker threads.
+    scales = False
 
     def versions(self) -> dict[str, str]:
         return {p: version(p) for p in self.packages}
@@ -70,3 +72,8 @@ class Adapter:
 
     def reset(self) -> None:
         """Forget state outside Redis between workloads (Redis itself is flushed)."""
+
+    def live_workers(self) -> int | None:
+        """How many worker processes say they are up, where the system tells (else None);
+        the harness waits for all of them before it measures."""
+        return None

@@ -15,6 +15,7 @@ class Adapter(common.Adapter):
     name = "delayjobs"
     packages = ("django-delayjobs", "Django", "redis")
     has_batch = True
+    scales = True
 
     def __init__(self) -> None:
         os.environ["DJANGO_SETTINGS_MODULE"] = "peers.dj_settings"
@@ -22,8 +23,12 @@ class Adapter(common.Adapter):
         from django.core.management import call_command
         from django.db import connection
 
+        from django_delayjobs.conf import delayjobs_settings
+
         call_command("migrate", verbosity=0)
         self.db = connection.vendor
+        if self.db == "postgresql":
+            self.packages = (*self.packages, "psycopg")
         if self.db == "sqlite":
             audit = "SQLite, journal_mode=WAL, synchronous=NORMAL"
         else:
@@ -33,16 +38,29 @@ class Adapter(common.Adapter):
                 cursor.execute("SHOW synchronous_commit")
                 (sync,) = cursor.fetchone()
             audit = f"{self.db} {server}, synchronous_commit={sync}"
+        tuning = ", ".join(
+            f"{name} {getattr(delayjobs_settings, name)}"
+            for name in ("TICK_SECONDS", "BATCH_SIZE", "PREFETCH")
+        )
         self.settings = {
             "client": "schedule(record, at=due, args=...); batch: schedule_many(build_job(...))"
             " in chunks of 1000, one transaction each",
             "audit rows": audit + "; Django default CONN_MAX_AGE 0",
-            "worker": "python -m django run_delayworker (promoter + 1 worker thread)",
-            "DELAYJOBS": "defaults (TICK_SECONDS 1, BATCH_SIZE 1000, PREFETCH 10)",
+            "worker": "python -m django run_delayworker (promoter + 1 worker thread; W5: "
+            "--concurrency 2 and 4, and 2 processes)",
+            "DELAYJOBS": f"defaults ({tuning})",
         }
 
-    def worker_cmd(self) -> list[str]:
-        return [sys.executable, "-m", "django", "run_delayworker", "-v", "0"]
+    def worker_cmd(self, concurrency: int = 1) -> list[str]:
+        command = [sys.executable, "-m", "django", "run_delayworker", "-v", "0"]
+        return command + (["--concurrency", str(concurrency)] if concurrency != 1 else [])
+
+    def live_workers(self) -> int:
+        """Worker processes with a live heartbeat (each sends one as it starts)."""
+        from django_delayjobs.conf import delayjobs_settings
+        from django_delayjobs.connection import get_engine
+
+        return len(get_engine().workers(delayjobs_settings.DEFAULT_QUEUE))
 
     def _at(self, due: float) -> datetime.datetime:
         return datetime.datetime.fromtimestamp(due, datetime.UTC)
