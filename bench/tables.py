@@ -165,9 +165,10 @@ def versions(systems: list[dict[str, Any]]) -> list[str]:
 def notes(systems: list[dict[str, Any]]) -> list[str]:
     found = []
     for s in systems:
-        for w in ("W2", "W3", "W5"):
+        for w in ("W2", "W3", "W4", "W5"):
             d = s.get(w) or {}
-            parts = [(f" {label}", v) for label, v in d.items()] if w == "W5" else [("", d)]
+            nested = w in ("W4", "W5")  # a row per backlog size, per worker setting
+            parts = [(f" {label}", v) for label, v in d.items()] if nested else [("", d)]
             found += [
                 f"- {s['system']} {w}{label}: {part[k]}"
                 for label, part in parts
