@@ -154,14 +154,14 @@ def _existing(job: Job) -> Job | None:
 def _insert(job: Job, replace: bool, actor: str) -> Job:
     """Insert one job honouring its key; return the job now holding the key."""
     if job.key is None:
-        job.save(force_insert=True)
+        sql.insert_jobs([job])
     else:
         current = _existing(job)
         if current is not None and not (replace and cancel(current, actor=actor)):
             return current
         try:
             with transaction.atomic(using=sql.db()):
-                job.save(force_insert=True)
+                sql.insert_jobs([job])
         except IntegrityError:
             # A concurrent schedule with the same key committed first: its job is the one.
             current = _existing(job)
@@ -219,7 +219,7 @@ def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
         door.check_built(job, now)
     actor = door.check_actor(actor)
     with transaction.atomic(using=sql.db()):
-        Job.objects.bulk_create(batch)
+        sql.insert_jobs(batch)
         sql.insert_events(
             (job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}") for job in batch
         )

@@ -164,6 +164,28 @@ def clean_text(text: str, limit: int = 65_536) -> str:
     return text
 
 
+@cache
+def _insert_job_sql(alias: str) -> str:
+    conn = connections[alias]
+    columns = ", ".join(_q(conn, _JOB, f.name) for f in _JOB.concrete_fields)
+    placeholders = ", ".join(["%s"] * len(_JOB.concrete_fields))
+    return f"INSERT INTO {conn.ops.quote_name(_JOB.db_table)} ({columns}) VALUES ({placeholders})"
+
+
+def insert_jobs(jobs: Sequence[Job]) -> None:
+    """INSERT new Job rows built in Python (``build_job``): what ``save(force_insert=True)``
+    and ``bulk_create`` would write, without building the query each time (the ORM's
+    INSERT compiler cost ``schedule()`` about 200 us a job). No model signals are sent."""
+    alias = db()
+    conn = connections[alias]
+    fields = _JOB.concrete_fields
+    rows = [[f.get_db_prep_save(f.pre_save(job, add=True), conn) for f in fields] for job in jobs]
+    with conn.cursor() as cursor:
+        cursor.executemany(_insert_job_sql(alias), rows)
+    for job in jobs:
+        job._state.adding, job._state.db = False, alias
+
+
 _EVENT_FIELDS = ("job", "kind", "at", "attempt", "actor", "message")
 
 
