@@ -25,7 +25,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.contrib.contenttypes.models import ContentType
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
 from . import serialization, signals, sql
@@ -63,6 +63,11 @@ class _Overtaken(Exception):
     """The fenced outcome UPDATE matched no row: another delivery owns the job."""
 
 
+class _ClaimAheadFailed(Exception):
+    """The database refused the claim of the next job inside this job's outcome
+    transaction, so that transaction (the action's effects with it) is lost."""
+
+
 class Connection:
     """The database connection a step starts on, to tell afterwards whether it was lost."""
 
@@ -95,16 +100,33 @@ async def _await(awaitable: Awaitable[Any]) -> Any:
 class Execution:
     """Everything that happens to one id a worker took from Redis."""
 
-    def __init__(self, queue: str, job_id: str, worker_id: str) -> None:
+    def __init__(
+        self,
+        queue: str,
+        job_id: str,
+        worker_id: str,
+        *,
+        claimed: Job | None = None,
+        then: Callable[[], str | None] | None = None,
+    ) -> None:
+        """``claimed``: this job's row, already claimed by the previous job's outcome
+        transaction. ``then``: gives the id this worker runs next (asked when this job
+        has succeeded: None once the worker is stopping); a success claims it in the
+        same transaction that records this job's outcome (``next_job``), which saves a
+        commit per job and still claims each job only when the one before it is done,
+        so a cancel wins until then."""
         self.queue = queue
         self.job_id = job_id
         self.worker_id = worker_id
         self.actor = f"worker:{worker_id}"
         self.job: Job | None = None
+        self.claimed = claimed
+        self.then = then
+        self.next_job: Job | None = None
 
     def run(self) -> Result:
         """Process the job and return what became of it. Never raises for the job's sake."""
-        claimed = self.claim()
+        claimed = self.claimed or self.claim()
         if isinstance(claimed, Result):
             return claimed
         job = self.job = claimed
@@ -230,6 +252,9 @@ class Execution:
         except _Overtaken:
             logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts)
             return Result(Outcome.OVERTAKEN, job)
+        except _ClaimAheadFailed as exc:  # not the action's fault: run it again
+            self.next_job = None
+            return self.hand_back(exc.__cause__ or exc)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
             duration = time.perf_counter() - started
             if connection.lost(exc):
@@ -239,11 +264,34 @@ class Execution:
         return Result(Outcome.SUCCEEDED, job, duration=time.perf_counter() - started)
 
     def succeeded(self, job: Job, stored: Any, notes: list[str]) -> None:
-        """Record success; the fenced UPDATE is the transaction's last statement."""
-        self.event(job, EventKind.SUCCEEDED, "\n".join(notes))
+        """Record success, fenced by this delivery, and claim the next job; their events
+        go in one statement."""
         done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
         if not sql.update_fenced(job, done):
             raise _Overtaken
+        events = [(job, EventKind.SUCCEEDED.value, self.actor, "\n".join(notes))]
+        self.next_job = self.claim_ahead()
+        if self.next_job is not None:
+            message = self.started_message(self.next_job)
+            events.append((self.next_job, EventKind.STARTED.value, self.actor, message))
+        sql.insert_events(events)
+
+    def claim_ahead(self) -> Job | None:
+        """Claim ``then`` inside this job's outcome transaction; None if it cannot start
+        now (the normal claim then says why) or its row cannot be read (the normal claim
+        finds it running and settles it)."""
+        then = self.then() if self.then is not None else None
+        if then is None:
+            return None
+        try:
+            return sql.claim(then, self.worker_id, timezone.now(),
+                             delayjobs_settings.MAX_DELIVERIES)  # fmt: skip
+        except DatabaseError as exc:
+            if not sql.transaction_usable():  # the database refused: the transaction is lost
+                raise _ClaimAheadFailed from exc
+            return None  # the row was claimed but read back wrong: a poison row
+        except Exception:
+            return None
 
     def call(
         self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], notes: list[str]

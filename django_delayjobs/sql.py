@@ -15,7 +15,7 @@ from functools import cache
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from django.db import connections, router
+from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
@@ -117,6 +117,18 @@ def update_fenced(job: Job, values: Mapping[str, Any]) -> bool:
     with conn.cursor() as cursor:
         cursor.execute(_fenced_sql(alias, fields), params)
         return bool(cursor.rowcount)
+
+
+def transaction_usable() -> bool:
+    """Whether the current transaction still takes statements (after an error PostgreSQL
+    refuses every statement until the rollback; a value that failed to convert on the
+    client leaves it usable)."""
+    try:
+        with connections[db()].cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DatabaseError:
+        return False
+    return True
 
 
 def bury_unreadable(job_id: str, error: str, actor: str, now: datetime) -> bool:

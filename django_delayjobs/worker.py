@@ -36,6 +36,7 @@ from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution
+from .models import Job
 from .outcomes import Outage, Outcome, Result, settle
 from .preflight import check_owner
 from .promoter import Promoter
@@ -328,26 +329,46 @@ class WorkerProcess:
 
     def run_batch(self, queue: str, ids: list[str], backoff: Backoff) -> None:
         acks: list[str] = []
+        valid = [job_id for job_id in ids if self.is_job_id(queue, job_id, acks.append)]
+        claimed: Job | None = None  # the next job's row, claimed by the previous outcome
         try:
-            for n, job_id in enumerate(ids):
-                if self.stopping.is_set():  # claimed but not started: hand them back
-                    self.hand_back(queue, ids[n:])
+            for n, job_id in enumerate(valid):
+                if self.stopping.is_set() and claimed is None:  # not started: hand back
+                    self.hand_back(queue, valid[n:])
                     break
-                self.process(queue, job_id, backoff, acks.append)
+                following = valid[n + 1] if n + 1 < len(valid) else None
+
+                def then(following: str | None = following) -> str | None:
+                    return None if self.stopping.is_set() else following
+
+                claimed = self.process(queue, job_id, backoff, acks.append, claimed, then)
         finally:
             self.settle_batch(queue, ids, acks)
 
-    def process(
-        self, queue: str, job_id: str, backoff: Backoff, ack: Callable[[str], None]
-    ) -> None:
+    @staticmethod
+    def is_job_id(queue: str, job_id: str, ack: Callable[[str], None]) -> bool:
         try:
             uuid.UUID(job_id)
         except ValueError:  # not ours: removed from Redis once, never retried
             logger.warning("queue %s: removed %r from Redis: it is not a job id", queue, job_id)
             ack(job_id)
-            return
+            return False
+        return True
+
+    def process(
+        self,
+        queue: str,
+        job_id: str,
+        backoff: Backoff,
+        ack: Callable[[str], None],
+        claimed: Job | None = None,
+        then: Callable[[], str | None] | None = None,
+    ) -> Job | None:
+        """Run one job (``claimed``: its row, if the previous job claimed it); return the
+        row of ``then`` if this job's outcome transaction claimed it."""
+        execution = Execution(queue, job_id, self.id, claimed=claimed, then=then)
         try:
-            result = Execution(queue, job_id, self.id).run()
+            result = execution.run()
         except Exception:  # a bug in this package: keep the thread, try the job later
             logger.exception("job %s: unexpected error; handing it back", job_id)
             result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
@@ -361,6 +382,7 @@ class WorkerProcess:
             backoff.failed("the database is unavailable", f"job {job_id} handed back")
         else:
             backoff.ok()
+        return execution.next_job
 
     def settle_batch(self, queue: str, ids: list[str], acks: list[str]) -> None:
         """Ack the finished ids in one call and stop extending the batch's leases."""

@@ -15,10 +15,11 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from django_delayjobs import schedule, signals
+from django_delayjobs import schedule, schedule_many, signals
 from django_delayjobs.connection import get_engine
 from django_delayjobs.execution import note
 from django_delayjobs.models import Job, Status
+from django_delayjobs.services import build_job
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -172,3 +173,28 @@ def test_a_non_atomic_action_runs_outside_any_transaction():
     assert Job.objects.get(pk=failing.pk).status == Status.DEAD
     # nothing to roll back: what it wrote before failing is there (documented)
     assert Record.objects.filter(label="stays").count() == 1
+
+
+def test_the_job_claimed_with_the_previous_outcome_may_be_a_poison_row():
+    """A success claims the next id of the batch in its own outcome transaction; a row
+    that cannot be read there is left to the normal claim, which settles it dead."""
+    past = timezone.now() - timedelta(seconds=1)
+    healthy = build_job(tasks.record, at=past, args=["first"])
+    poison = build_job(tasks.record, at=past, args=["poison"])
+    after = build_job(tasks.record, at=past, args=["after"])
+    schedule_many([healthy, poison, after])  # one add: one batch, in this order
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"UPDATE {table} SET expires_at = '10000-01-01' WHERE id = %s",
+                           [poison.pk])  # fmt: skip
+        else:
+            cursor.execute(f"UPDATE {table} SET run_at = 'soon' WHERE id = %s",
+                           [poison.pk.hex])  # fmt: skip
+    burst()
+    statuses = dict(Job.objects.values_list("id", "status"))
+    assert statuses == {healthy.pk: Status.SUCCEEDED, poison.pk: Status.DEAD,
+                        after.pk: Status.SUCCEEDED}  # fmt: skip
+    assert sorted(Record.objects.values_list("label", flat=True)) == ["after", "first"]
+    started = Job.objects.get(pk=after.pk).events.filter(kind="started").count()
+    assert started == 1
