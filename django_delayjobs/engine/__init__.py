@@ -1,17 +1,21 @@
 """The Redis engine: ids and due times moved by Lua scripts. Never imports Django."""
 
-from .engine import MAX_BATCH, Engine, PromoteResult, QueueStats, script_source
+from .engine import MAX_BATCH, Engine, script_source
 from .errors import DelayJobsError, EngineUnavailable
 from .keys import QueueKeys, validate_name
+from .results import PromoteResult, QueueStats
+from .sharding import MAX_SHARDS, Shard
 
 __all__ = [
     "MAX_BATCH",
+    "MAX_SHARDS",
     "DelayJobsError",
     "Engine",
     "EngineUnavailable",
     "PromoteResult",
     "QueueKeys",
     "QueueStats",
+    "Shard",
     "script_source",
     "validate_name",
 ]

@@ -1,4 +1,4 @@
-"""The Redis key layout of one queue. Every key shares one hash tag, so one Cluster slot."""
+"""The Redis key layout of one queue (or shard). Every key shares one hash tag: one slot."""
 
 from __future__ import annotations
 
@@ -41,8 +41,12 @@ class QueueKeys:
 
     @classmethod
     def for_queue(cls, prefix: str, queue: str) -> QueueKeys:
-        tag = f"{{{prefix}:{queue}}}"
-        return cls(**{name: f"{tag}:{name}" for name in cls.__dataclass_fields__})
+        return cls.for_tag(f"{prefix}:{queue}")
+
+    @classmethod
+    def for_tag(cls, tag: str) -> QueueKeys:
+        """The keys of one shard: every name starts with ``{<tag>}`` (see sharding.py)."""
+        return cls(**{name: f"{{{tag}}}:{name}" for name in cls.__dataclass_fields__})
 
     def __iter__(self) -> Iterator[str]:
         return iter(getattr(self, name) for name in self.__dataclass_fields__)

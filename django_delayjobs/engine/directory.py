@@ -1,0 +1,63 @@
+"""The directory ``{<prefix>}:queues``: every queue and shard name that holds ids.
+
+A shard is listed by the first ``add`` that finds it empty (after a flush too), so a
+shard that holds ids is always listed, and promoters and workers, which serve every
+listed shard of their queues, can never strand one: after a change of a queue's shard
+count, the shards of the old count are served until they are empty, then forgotten.
+The key lies outside every queue's hash tag, so it is written beside the scripts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .sharding import Shard, parse
+
+#: How long a read of the directory is reused. A shard listed by another process is
+#: served here within this long.
+DIRECTORY_TTL = 5.0
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Directory:
+    def __init__(self, client: Any, key: str, call: Callable[[Callable[[], Any]], Any]) -> None:
+        self.client = client
+        self.key = key
+        self._call = call
+        self._lock = threading.Lock()
+        self._read_at = -DIRECTORY_TTL
+        self._shards: dict[str, set[Shard]] = {}
+
+    def register(self, shard: Shard) -> None:
+        self._call(lambda: self.client.sadd(self.key, shard.name))
+        with self._lock:
+            self._shards.setdefault(shard.queue, set()).add(shard)
+
+    def forget(self, shard: Shard) -> None:
+        self._call(lambda: self.client.srem(self.key, shard.name))
+        with self._lock:
+            self._shards.get(shard.queue, set()).discard(shard)
+
+    def listed(self, queue: str | None = None, *, fresh: bool = False) -> dict[str, set[Shard]]:
+        """Return queue -> its listed shards (read at most DIRECTORY_TTL ago unless fresh)."""
+        if fresh or time.monotonic() - self._read_at >= DIRECTORY_TTL:
+            members = self._call(lambda: self.client.smembers(self.key))
+            shards: dict[str, set[Shard]] = {}
+            for member in members:
+                try:
+                    shard = parse(_text(member))
+                except (TypeError, ValueError):
+                    continue  # not a name this version writes: ignore, never crash on it
+                shards.setdefault(shard.queue, set()).add(shard)
+            with self._lock:
+                self._shards, self._read_at = shards, time.monotonic()
+        with self._lock:
+            if queue is not None:
+                return {queue: set(self._shards.get(queue, ()))}
+            return {name: set(found) for name, found in self._shards.items()}

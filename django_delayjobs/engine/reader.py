@@ -1,0 +1,203 @@
+"""The read side of the engine: shard names and keys, counts, next due and dead ids,
+workers, server INFO and time. ``Engine`` adds the moves (engine.py)."""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
+from typing import Any, TypeVar, cast
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import RedisClusterException
+
+from . import sharding
+from .directory import Directory
+from .errors import EngineUnavailable
+from .keys import QueueKeys, validate_name
+from .results import QueueStats, merge_stats
+from .routing import Router
+from .sharding import Shard
+from .validation import check_batch as _batch
+from .validation import check_ids as _ids
+from .validation import opt_int as _opt_int
+from .validation import text as _text
+
+T = TypeVar("T")
+Rows = list[tuple[bytes, float]]  # a WITHSCORES reply
+
+
+def _is_cluster(client: object) -> bool:
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
+
+class Reader:
+    """What every engine method stands on: the client, the shard router, error wrapping."""
+
+    _scripts: dict[str, Script]
+
+    def __init__(self, client: Any, prefix: str, shards: Mapping[str, int] | int) -> None:
+        self.client = client
+        self.prefix = validate_name(prefix, "prefix")
+        self.is_cluster = _is_cluster(client)
+        self._router = Router(self.prefix, shards, Directory(client, self.queues_key, self._call))
+
+    @property
+    def queues_key(self) -> str:
+        # Outside every queue's hash tag on purpose: a directory, written beside the
+        # scripts (not inside them) so each script still touches a single slot.
+        return f"{{{self.prefix}}}:queues"
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise EngineUnavailable(f"Redis is unreachable: {exc}") from exc
+        except redis.ResponseError as exc:
+            raise EngineUnavailable(f"Redis refused the command: {exc}") from exc
+        except (redis.RedisError, RedisClusterException) as exc:  # ClusterDown, no slots...
+            raise EngineUnavailable(f"the Redis Cluster cannot serve: {exc}") from exc
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        return self._call(lambda: self._scripts[name](keys=keys, args=args))
+
+    # -- shards --------------------------------------------------------------------
+
+    def shard_count(self, queue: str) -> int:
+        """How many shards new ids of ``queue`` are spread over."""
+        return self._router.count(queue)
+
+    def shards(self, queue: str) -> list[str]:
+        """The shards of ``queue`` to serve: its current count's, then any older ones the
+        directory still lists (they hold ids added before the count changed)."""
+        return [shard.name for shard in self._router.served(queue)]
+
+    def home(self, queue: str, job_id: str) -> str:
+        """The shard that holds (or will hold) ``job_id`` of ``queue``."""
+        return self._router.home(queue, _ids([job_id])[0]).name
+
+    def keys(self, name: str) -> QueueKeys:
+        """The keys of a shard (a queue name: the keys of its shard of 1, where the live
+        workers of the queue are recorded whatever its count)."""
+        return self._keys(sharding.parse(name))
+
+    def _keys(self, shard: Shard) -> QueueKeys:
+        return self._router.keys(shard)
+
+    def forget_empty_shards(self, queue: str) -> list[str]:
+        """Drop from the directory the shards of older counts that hold nothing; return them.
+
+        An old process may add to such a shard meanwhile: its add finds the shard empty
+        and lists it again, and a shard found not empty after it was dropped is listed
+        again here, so a shard that holds ids is never left unlisted.
+        """
+        forgotten = []
+        directory = self._router.directory
+        for shard in self._router.stale(queue):
+            if not self._empty(shard):
+                continue
+            directory.forget(shard)
+            if self._empty(shard):
+                forgotten.append(shard.name)
+            else:
+                directory.register(shard)
+        return forgotten
+
+    def _empty(self, shard: Shard) -> bool:
+        s = self._stats(shard)
+        return s.pending + s.ready + s.in_flight + s.garbage == 0
+
+    # -- observing -----------------------------------------------------------------
+
+    def stats(self, queue: str) -> QueueStats:
+        """Return counts and times of one queue (summed over its shards, each read
+        atomically; the shards' own figures in ``shards``)."""
+        shards = self._router.targets(queue)
+        if len(shards) == 1:
+            return replace(self._stats(shards[0]), queue=queue)
+        parts = tuple(self._stats(shard) for shard in shards)
+        now = max(p.now_ms for p in parts)
+        workers = self._keys(Shard(sharding.parse(queue).queue)).workers
+        live = int(self._call(lambda: self.client.zcount(workers, now + 1, "+inf")))
+        return merge_stats(queue, parts, live)
+
+    def _stats(self, shard: Shard) -> QueueStats:
+        k = self._keys(shard)
+        keys = [k.pending, k.ready_set, k.unack, k.garbage, k.workers, k.counters]
+        now, pend, overdue, ready, flight, expired, garb, live, nxt, lease, flat = self._run(
+            "stats", keys, []
+        )
+        counters = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return QueueStats(
+            shard.name, int(now), int(pend), int(overdue), int(ready), int(flight),
+            int(expired), int(garb), int(live), _opt_int(nxt), _opt_int(lease), counters,
+        )  # fmt: skip
+
+    def next_due(self, queue: str, limit: int = 10) -> list[tuple[str, int]]:
+        """Return the ``limit`` pending ids due soonest, with their due times (ms)."""
+        last = _batch(limit) - 1
+        found: list[list[tuple[str, int]]] = []
+        for shard in self._router.targets(queue):
+            key = self._keys(shard).pending
+            rows = cast(
+                Rows, self._call(partial(self.client.zrange, key, 0, last, withscores=True))
+            )
+            found.append([(_text(id_), int(score)) for id_, score in rows])
+        return list(heapq.merge(*found, key=lambda row: row[1]))[: last + 1]
+
+    def known_queues(self) -> list[str]:
+        """Return every queue that was ever added to (since the last flush), sorted."""
+        return sorted(self._router.directory.listed(fresh=True))
+
+    def garbage(self, queue: str, limit: int = 100) -> list[tuple[str, int]]:
+        """Return the most recently buried ids with their time of death (ms)."""
+        last = _batch(limit) - 1
+        found: list[tuple[str, int]] = []
+        for shard in self._router.targets(queue):
+            key = self._keys(shard).garbage
+            rows = cast(Rows, self._call(partial(self.client.zrevrange, key, 0, last, True)))
+            found += [(_text(id_), int(score)) for id_, score in rows]
+        return sorted(found, key=lambda row: -row[1])[: last + 1]
+
+    def workers(self, queue: str) -> list[dict[str, Any]]:
+        """Return the live workers of a queue: their description and heartbeat expiry."""
+        k = self._keys(Shard(sharding.parse(queue).queue))
+
+        def run() -> tuple[Rows, dict[bytes, bytes]]:
+            now_ms = self.server_time_ms()
+            alive = self.client.zrangebyscore(k.workers, now_ms + 1, "+inf", withscores=True)
+            return cast(Rows, alive), cast(dict[bytes, bytes], self.client.hgetall(k.worker_info))
+
+        alive, info = self._call(run)
+        return [
+            {"id": _text(w), "expires_ms": int(s), **json.loads(info.get(w, b"{}"))}
+            for w, s in alive
+        ]
+
+    def info(self) -> dict[str, Any]:
+        """Return Redis's ``INFO`` (version, memory policy, ...); on a Cluster, one node's."""
+        return self._call(self.client.info)
+
+    def masters(self) -> dict[str, dict[str, Any]]:
+        """Return ``INFO`` of every master by its address (one Redis: just that one)."""
+        if not self.is_cluster:
+            return {"": self.info()}
+        return cast(dict[str, dict[str, Any]], self._call(
+            lambda: self.client.info(target_nodes=self.client.PRIMARIES)))  # fmt: skip
+
+    def node_of(self, name: str) -> str:
+        """The address of the master that holds a shard ("" on one Redis)."""
+        if not self.is_cluster:
+            return ""
+        key = self.keys(name).pending
+        return str(self._call(lambda: self.client.get_node_from_key(key).name))
+
+    def server_time_ms(self) -> int:
+        """Return Redis's clock in ms: the clock every due time is compared with."""
+        seconds, micros = self._call(self.client.time)
+        return int(seconds) * 1000 + int(micros) // 1000

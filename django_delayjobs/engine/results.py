@@ -1,0 +1,60 @@
+"""What the engine reports: promote results and queue statistics (summed over shards)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PromoteResult:
+    moved: int
+    now_ms: int
+    next_due_ms: int | None  # None when nothing is pending
+    next_due_in_us: int | None = None  # from the exact server time (now_ms is whole ms)
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    queue: str
+    now_ms: int
+    pending: int  # waiting in the pending ZSET, overdue ones included
+    overdue: int  # due but not yet promoted
+    ready: int
+    in_flight: int
+    expired_leases: int
+    garbage: int
+    live_workers: int
+    next_due_ms: int | None
+    oldest_lease_ms: int | None
+    counters: dict[str, int] = field(default_factory=dict)
+    #: Per shard, when the queue has more than one (each with its shard name as queue).
+    shards: tuple[QueueStats, ...] = ()
+
+
+def merge_promoted(results: list[PromoteResult]) -> PromoteResult:
+    if len(results) == 1:
+        return results[0]
+    due = [(r.next_due_ms, r.next_due_in_us) for r in results if r.next_due_ms is not None]
+    return PromoteResult(
+        sum(r.moved for r in results), max(r.now_ms for r in results),
+        min(d[0] for d in due) if due else None, min(d[1] or 0 for d in due) if due else None,
+    )  # fmt: skip
+
+
+def merge_stats(queue: str, parts: tuple[QueueStats, ...], live_workers: int) -> QueueStats:
+    def least(values: Iterable[int | None]) -> int | None:
+        present = [v for v in values if v is not None]
+        return min(present) if present else None
+
+    counters: dict[str, int] = {}
+    for part in parts:
+        for name, count in part.counters.items():
+            counters[name] = counters.get(name, 0) + count
+    return QueueStats(
+        queue, max(p.now_ms for p in parts), sum(p.pending for p in parts),
+        sum(p.overdue for p in parts), sum(p.ready for p in parts),
+        sum(p.in_flight for p in parts), sum(p.expired_leases for p in parts),
+        sum(p.garbage for p in parts), live_workers, least(p.next_due_ms for p in parts),
+        least(p.oldest_lease_ms for p in parts), counters, parts,
+    )  # fmt: skip

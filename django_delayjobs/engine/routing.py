@@ -1,0 +1,77 @@
+"""Which shard holds an id, and which shards a queue has (see sharding.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from . import sharding
+from .directory import Directory
+from .keys import QueueKeys, validate_name
+from .sharding import Shard
+
+
+def check_counts(shards: Mapping[str, int] | int) -> Mapping[str, int] | int:
+    """Return a valid shard-count setting: queue -> count, or one count for every queue."""
+    if isinstance(shards, Mapping):
+        for queue, count in shards.items():
+            validate_name(queue, "queue name")
+            sharding.check_count(count, f"shard count of {queue!r}")
+        return dict(shards)
+    return sharding.check_count(shards, "shard count")
+
+
+class Router:
+    """Names to keys: a queue name stands for every shard the queue has, a shard name
+    (``orders#2/6``) for that shard; ids go to the shard of the queue's current count."""
+
+    def __init__(self, prefix: str, counts: Mapping[str, int] | int, directory: Directory) -> None:
+        self.prefix = prefix
+        self.counts = check_counts(counts)
+        self.directory = directory
+
+    def count(self, queue: str) -> int:
+        validate_name(queue, "queue name")
+        return self.counts if isinstance(self.counts, int) else self.counts.get(queue, 1)
+
+    def keys(self, shard: Shard) -> QueueKeys:
+        return QueueKeys.for_tag(sharding.tag(self.prefix, shard))
+
+    def home(self, queue: str, job_id: str) -> Shard:
+        return sharding.home(queue, self.count(queue), job_id)
+
+    def served(self, queue: str) -> list[Shard]:
+        """The current count's shards, then older ones the directory still lists."""
+        current = sharding.shards(queue, self.count(queue))
+        listed = self.directory.listed(queue)[queue]
+        return current + sorted(listed - set(current))
+
+    def stale(self, queue: str) -> list[Shard]:
+        """Listed shards of older counts (they empty as their ids run)."""
+        current = set(sharding.shards(queue, self.count(queue)))
+        return sorted(self.directory.listed(queue)[queue] - current)
+
+    def targets(self, name: str) -> list[Shard]:
+        """A shard name: that shard. A queue name: every shard it has."""
+        shard = sharding.parse(name)
+        return [shard] if shard.count > 1 else self.served(shard.queue)
+
+    def route(self, name: str, ids: list[str]) -> list[tuple[Shard, list[str]]]:
+        """Group ids by the shard that holds them (a shard name: that shard)."""
+        shard = sharding.parse(name)
+        count = self.count(shard.queue)
+        if shard.count > 1 or count == 1:
+            return [(shard, ids)]
+        groups: dict[Shard, list[str]] = {}
+        for id_ in ids:
+            groups.setdefault(sharding.home(shard.queue, count, id_), []).append(id_)
+        return list(groups.items())
+
+    def others(self, name: str, tried: Iterable[Shard], *, stale_only: bool) -> list[Shard]:
+        """Shards where ids missing from their own shard may still be: those of older
+        counts (with ``stale_only`` False, also the current ones not tried yet)."""
+        shard = sharding.parse(name)
+        if shard.count > 1:
+            return []
+        found = self.stale(shard.queue) if stale_only else self.served(shard.queue)
+        skip = set(tried)
+        return [s for s in found if s not in skip]

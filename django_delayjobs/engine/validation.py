@@ -1,0 +1,64 @@
+"""Checks of the engine's arguments, all made before any command is sent to Redis."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: Largest number of ids one script call may move. Lua's ``unpack`` stops near 8,000
+#: values, and a bounded call keeps Redis responsive however large the backlog is.
+MAX_BATCH = 5000
+
+
+def check_ids(ids: Iterable[object]) -> list[str]:
+    """Return the ids, each once, in the order given (a repeat would be counted twice)."""
+    if isinstance(ids, str | bytes):
+        raise TypeError("ids must be a collection of str, not a single string")
+    given = list(ids)
+    if not given:
+        raise ValueError("the batch of ids is empty")
+    if len(given) > MAX_BATCH:
+        raise ValueError(f"at most {MAX_BATCH} ids per call, got {len(given)}")
+    checked: dict[str, None] = {}
+    for id_ in given:
+        if not isinstance(id_, str):
+            raise TypeError(f"job ids must be str, not {type(id_).__name__}")
+        if not id_ or len(id_) > 128 or not id_.isprintable() or " " in id_:
+            raise ValueError(f"job id {id_!r} must be 1 to 128 printable, non-space characters")
+        checked[id_] = None
+    return list(checked)
+
+
+def check_ms(value: object, what: str = "time") -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number of milliseconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite, non-negative number of ms, got {value!r}")
+    return int(value)
+
+
+def check_batch(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"batch must be an int, not {type(value).__name__}")
+    if not 1 <= value <= MAX_BATCH:
+        raise ValueError(f"batch must be between 1 and {MAX_BATCH}, got {value}")
+    return value
+
+
+def check_dues(items: Mapping[str, float]) -> dict[str, int]:
+    """Return job id -> due time (ms), in the order given."""
+    if not isinstance(items, Mapping):
+        raise TypeError("expected a mapping of job id -> due time (ms)")
+    return {
+        id_: check_ms(due, "due time")
+        for id_, due in zip(check_ids(items.keys()), items.values(), strict=True)
+    }
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def opt_int(value: Any) -> int | None:
+    return None if value is None or int(float(value)) < 0 else int(float(value))

@@ -1,0 +1,201 @@
+"""Blocking waits on token lists (``wake``, ``notify``), on one Redis or on a Cluster.
+
+One Redis: a single ``BLPOP`` over every list a caller waits on, as always.
+
+A Cluster refuses a ``BLPOP`` whose keys lie in different slots, and the lists of different
+queues (or shards) do. So a process keeps one *doorbell* per list: a thread that holds a
+single-key ``BLPOP`` on that list while at least one of the process's threads waits on it,
+and hands each token it pops to exactly one of them (or pushes it back when none is left,
+so another process gets it). Redis holds a blocked client at no cost, so an idle process
+costs one ``BLPOP`` per list per second, and a token wakes a waiter within a round trip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: A doorbell's ``BLPOP`` lasts at most this long, so a doorbell nobody waits on any more
+#: ends within a second.
+BELL_BLOCK = 1.0
+#: The shortest wait on a Cluster. Redis answers a timed-out ``BLPOP`` only on its next
+#: tick (100 ms at ``hz 10``), so a single Redis never waits less either; a shorter wait
+#: would return before a newly started doorbell had popped a token already there.
+MIN_CLUSTER_WAIT = 0.1
+
+
+class Waiter(Protocol):
+    def wait(self, keys: Sequence[str], seconds: float) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def check_timeout(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"timeout must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"timeout must be a finite, non-negative number of s, got {value!r}")
+    return float(value)
+
+
+def longest_block(client: Any) -> float | None:
+    """Return how long a blocking command may wait on ``client`` (None: no limit).
+
+    A reply that takes longer than the socket timeout raises ``TimeoutError``, so a wait
+    stops half a second short of it (at a quarter of a timeout under 2/3 s): Redis may
+    answer a blocking command up to one ``hz`` tick (100 ms by default) after its timeout.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        kwargs = getattr(pool, "connection_kwargs", None) or {}
+        connection_class = getattr(pool, "connection_class", None)
+    else:  # a RedisCluster: every node's connections are made from these
+        manager = getattr(client, "nodes_manager", None)
+        kwargs = getattr(manager, "connection_kwargs", None) or {}
+        connection_class = kwargs.get("connection_class") or _connection_class()
+    if "socket_timeout" in kwargs:
+        timeout = kwargs["socket_timeout"]
+    else:
+        # from_url() without socket_timeout leaves it out of the kwargs: the connection
+        # class's own default applies (5 s from redis-py 8 on, none before).
+        timeout = _default_socket_timeout(connection_class)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        return None
+    return float(timeout) - min(0.5, 0.75 * timeout)
+
+
+def _connection_class() -> object:
+    from redis.connection import Connection
+
+    return Connection
+
+
+def _default_socket_timeout(connection_class: object) -> object:
+    for klass in getattr(connection_class, "__mro__", ()):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            parameter = inspect.signature(init).parameters.get("socket_timeout")
+        except (TypeError, ValueError):
+            return None
+        if parameter is not None:
+            return parameter.default
+    return None
+
+
+class BlockingWait:
+    """One Redis: one ``BLPOP`` over every key, never longer than the socket allows."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.longest = longest_block(client)
+
+    def wait(self, keys: Sequence[str], seconds: float) -> bool:
+        if self.longest is not None:
+            seconds = min(seconds, self.longest)
+        return self.client.blpop(list(keys), timeout=max(seconds, 0.001)) is not None
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """One thread's wait: set once, by the doorbell that gives it a token (or an error)."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    won: bool = False
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class _Bell:
+    key: str
+    waiters: list[_Waiting] = field(default_factory=list)
+    ringing: bool = False  # a thread serves this key
+
+
+class Doorbells:
+    """A Cluster: one thread per waited-on list, shared by the threads of a process."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        longest = longest_block(client)
+        self.block = BELL_BLOCK if longest is None else max(0.01, min(BELL_BLOCK, longest))
+        self._lock = threading.Lock()
+        self._bells: dict[str, _Bell] = {}
+        self._closed = False
+
+    def wait(self, keys: Sequence[str], seconds: float) -> bool:
+        me = _Waiting()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the engine was closed")
+            for key in dict.fromkeys(keys):
+                bell = self._bells.setdefault(key, _Bell(key))
+                bell.waiters.append(me)
+                if not bell.ringing:
+                    bell.ringing = True
+                    name = f"delayjobs-doorbell:{key}"
+                    threading.Thread(
+                        target=self._ring, args=(bell,), name=name, daemon=True
+                    ).start()
+        try:
+            me.event.wait(max(seconds, MIN_CLUSTER_WAIT))
+        finally:
+            with self._lock:
+                me.event.set()  # from now on no doorbell hands this wait a token
+                for key in keys:
+                    found = self._bells.get(key)
+                    if found is not None and me in found.waiters:
+                        found.waiters.remove(me)
+        if me.error is not None:
+            raise me.error
+        return me.won
+
+    def _ring(self, bell: _Bell) -> None:
+        while True:
+            with self._lock:
+                if self._closed or not bell.waiters:
+                    bell.ringing = False
+                    return
+            try:
+                popped = self.client.blpop([bell.key], timeout=self.block)
+            except Exception as exc:  # Redis unreachable, failover...: every waiter hears it
+                with self._lock:
+                    for waiting in bell.waiters:
+                        if not waiting.event.is_set():
+                            waiting.error = exc
+                            waiting.event.set()
+                    bell.waiters.clear()
+                    bell.ringing = False
+                return
+            if popped is not None and not self._hand_over(bell):
+                # Nobody here wants it any more: leave it for another process (a token
+                # lost on the way delays a waiter by one tick at most).
+                with contextlib.suppress(Exception):
+                    self.client.lpush(bell.key, popped[1])
+
+    def _hand_over(self, bell: _Bell) -> bool:
+        with self._lock:
+            for waiting in bell.waiters:
+                if not waiting.event.is_set():
+                    waiting.won = True
+                    waiting.event.set()
+                    bell.waiters.remove(waiting)
+                    return True
+        return False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for bell in self._bells.values():
+                for waiting in bell.waiters:
+                    waiting.event.set()
+                bell.waiters.clear()
