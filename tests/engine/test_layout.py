@@ -241,3 +241,42 @@ def test_the_engine_imports_no_django_module():
             # would run django_delayjobs/__init__.py, which may import Django.
             assert level <= 1, where
             assert top != "django_delayjobs" or module.startswith("django_delayjobs.engine")
+
+
+# -- shards ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [2, 6, 64])
+def test_every_key_of_a_shard_shares_one_slot_and_shards_do_not_share_tags(count):
+    from django_delayjobs.engine.sharding import Shard, slot, tag
+
+    tags = set()
+    for k in range(count):
+        shard_tag = tag("delayjobs", Shard("orders", k, count))
+        keys = list(QueueKeys.for_tag(shard_tag))
+        assert {hash_tag(key) for key in keys} == {shard_tag}
+        assert len({key_slot(key) for key in keys}) == 1
+        assert slot(shard_tag) == key_slot(keys[0])  # the engine's CRC16 is the spec's
+        assert "{" not in shard_tag and "}" not in shard_tag
+        tags.add(shard_tag)
+    assert len(tags) == count
+
+
+def test_a_queue_of_one_shard_keeps_the_tag_it_always_had():
+    from django_delayjobs.engine.sharding import Shard, tag
+
+    assert tag("delayjobs", Shard("orders")) == "delayjobs:orders"
+    assert QueueKeys.for_tag("delayjobs:orders") == QueueKeys.for_queue("delayjobs", "orders")
+
+
+def test_jump_hash_spreads_ids_evenly_and_moves_few_when_the_count_grows():
+    from django_delayjobs.engine.sharding import home
+
+    ids = [f"job-{i}" for i in range(60_000)]
+    six = [home("q", 6, i).index for i in ids]
+    counts = [six.count(k) for k in range(6)]
+    assert max(counts) / min(counts) < 1.05, counts
+    seven = [home("q", 7, i).index for i in ids]
+    moved = [(a, b) for a, b in zip(six, seven, strict=True) if a != b]
+    assert all(b == 6 for _, b in moved)  # growing 6 -> 7 moves ids only to the new shard
+    assert 0.12 < len(moved) / len(ids) < 0.16  # about 1/7 of them

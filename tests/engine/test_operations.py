@@ -6,11 +6,17 @@ the ready LIST gives the order and may also hold tombstones, entries of ids remo
 ready, which claim pops and skips. Times are either far from now (an hour) or created by the
 server itself (lease 0 expires at once), so nothing depends on a sleep being long enough;
 the two tests that must see real time pass use a polling helper with a deadline.
+
+Each test runs on one Redis, and with ``-m cluster`` on the session's Redis Cluster twice:
+with ``Q`` a queue of 1 shard, and with ``Q`` the name of one shard of a queue of 6
+(``q#3/6``: its own hash tag, in the slot range of the second master). What a queue of
+several shards does when addressed by its queue name is tested in ``test_sharded.py``.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,9 +28,39 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from django_delayjobs.engine import MAX_BATCH, Engine, EngineUnavailable
+from django_delayjobs.engine.sharding import parse
+
+from .conftest import Backend, on_cluster, open_backend
 
 Q = "q"
+SHARD = "q#3/6"
 HOUR = 3_600_000
+
+
+@pytest.fixture(params=["single", on_cluster("cluster"), on_cluster("cluster-shard")])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return open_backend(request, request.param)
+
+
+@pytest.fixture
+def redis_client(backend: Backend):
+    client = backend.client()
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def engine(backend: Backend, redis_client, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    if backend.name == "cluster-shard":
+        monkeypatch.setattr(sys.modules[__name__], "Q", SHARD)
+        return Engine(redis_client, prefix="t", shards={"q": 6})
+    return Engine(redis_client, prefix="t")
+
+
+def base(name: str) -> str:
+    """The queue a queue or shard name belongs to (what known_queues lists)."""
+    return parse(name).queue
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -34,17 +70,19 @@ def _zset(r: redis.Redis, key: str) -> dict[str, int]:
     return {m.decode(): int(s) for m, s in r.zrange(key, 0, -1, withscores=True)}
 
 
-def entries(r: redis.Redis, engine: Engine, queue: str = Q) -> list[str]:
+def entries(r: redis.Redis, engine: Engine, queue: str | None = None) -> list[str]:
     """The ready LIST as stored: live ids and tombstones."""
+    queue = queue or Q
     return [m.decode() for m in r.lrange(engine.keys(queue).ready, 0, -1)]
 
 
-def ready_ids(r: redis.Redis, engine: Engine, queue: str = Q) -> list[str]:
+def ready_ids(r: redis.Redis, engine: Engine, queue: str | None = None) -> list[str]:
     """The ids in ready, in the order claim takes them.
 
     ``ready_set`` says which ids are in ready; each is claimed at its first entry in the
     LIST, and every other entry (a tombstone, or a later entry of the same id) is skipped.
     """
+    queue = queue or Q
     k = engine.keys(queue)
     pipe = r.pipeline(transaction=True)
     pipe.lrange(k.ready, 0, -1)
@@ -56,8 +94,9 @@ def ready_ids(r: redis.Redis, engine: Engine, queue: str = Q) -> list[str]:
     return list(dict.fromkeys(id_ for id_ in listed if id_ in live))
 
 
-def state(r: redis.Redis, engine: Engine, queue: str = Q) -> dict[str, Any]:
+def state(r: redis.Redis, engine: Engine, queue: str | None = None) -> dict[str, Any]:
     """Where every id of ``queue`` is, read from the keys themselves."""
+    queue = queue or Q
     k = engine.keys(queue)
     return {
         "pending": _zset(r, k.pending),
@@ -151,7 +190,7 @@ def test_add_puts_later_ids_in_pending_and_due_ones_at_the_tail_of_ready(engine,
     s = state(redis_client, engine)
     assert s["pending"] == {"f": now + HOUR}
     assert s["ready"] == ["r1", "r2", "r3"]
-    assert engine.known_queues() == [Q]
+    assert engine.known_queues() == [base(Q)]
 
 
 def test_add_of_a_pending_id_sets_its_new_due_time_without_a_duplicate(engine, redis_client, now):
@@ -607,7 +646,8 @@ def test_heartbeat_records_live_workers_and_ttl_0_removes_one(engine, redis_clie
     assert before + HOUR <= workers["w2"]["expires_ms"] <= after + HOUR
     assert engine.heartbeat(Q, "w1", 0) == 1
     assert [w["id"] for w in engine.workers(Q)] == ["w2"]
-    assert redis_client.hkeys(engine.keys(Q).worker_info) == [b"w2"]
+    # Workers are recorded per queue, whatever shard name they were given.
+    assert redis_client.hkeys(engine.keys(base(Q)).worker_info) == [b"w2"]
     assert engine.stats(Q).live_workers == 1
 
 
@@ -617,7 +657,7 @@ def test_a_worker_whose_heartbeat_expired_is_not_listed_and_is_forgotten(engine,
     wait_until(lambda: [w["id"] for w in engine.workers(Q)] == ["w1"])
     assert engine.stats(Q).live_workers == 1
     assert engine.heartbeat(Q, "w1", HOUR) == 1
-    k = engine.keys(Q)
+    k = engine.keys(base(Q))
     assert redis_client.zrange(k.workers, 0, -1) == [b"w1"]
     assert redis_client.hkeys(k.worker_info) == [b"w1"]
 
@@ -868,18 +908,16 @@ def test_a_non_finite_or_negative_wait_timeout_is_refused(unreachable, method, t
 
 
 @pytest.mark.parametrize("method", ["wait_for_wake", "wait_for_work"])
-def test_a_wait_longer_than_the_client_socket_timeout_returns_false(
-    redis_client, redis_url, method
-):
-    client = redis.Redis.from_url(redis_url, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+def test_a_wait_longer_than_the_client_socket_timeout_returns_false(redis_client, backend, method):
+    client = backend.client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
     try:
         assert getattr(Engine(client, prefix="t"), method)([Q], 0.5) is False
     finally:
         client.close()
 
 
-def test_a_wait_under_a_short_socket_timeout_still_wakes(redis_client, redis_url):
-    client = redis.Redis.from_url(redis_url, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+def test_a_wait_under_a_short_socket_timeout_still_wakes(redis_client, backend):
+    client = backend.client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
     try:
         engine = Engine(client, prefix="t")
         engine.add(Q, {"a": 0})
@@ -889,10 +927,10 @@ def test_a_wait_under_a_short_socket_timeout_still_wakes(redis_client, redis_url
 
 
 @pytest.mark.slow
-def test_a_wait_longer_than_the_default_socket_timeout_returns_false(redis_client, redis_url):
+def test_a_wait_longer_than_the_default_socket_timeout_returns_false(redis_client, backend):
     # from_url() without socket_timeout: redis-py's default applies (5 s since redis-py 8),
     # though it is missing from the pool's connection_kwargs.
-    client = redis.Redis.from_url(redis_url, retry=Retry(NoBackoff(), 0))
+    client = backend.client(retry=Retry(NoBackoff(), 0))
     try:
         assert Engine(client, prefix="t").wait_for_work([Q], 6) is False
     finally:
