@@ -14,11 +14,12 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
 from .conf import DEFAULTS, NAMES, Problem, Settings, describe, validate
+from .connection import cluster_url_problem
 
 #: Check id of each kind of problem (ids are stable: users silence them by id).
 _IDS = {
     "dict": 1, "unknown": 2, "float": 3, "int": 4, "name": 5, "type": 6, "permissions": 8,
-    "http": 9,
+    "http": 9, "shards": 12,
 }  # fmt: skip
 
 
@@ -52,6 +53,16 @@ def check_settings(
     if isinstance(alias, str) and alias not in settings.CACHES:
         errors.append(_error(f"DELAYJOBS['CACHE_ALIAS'] = {alias!r} is not in CACHES.",
                              f"Known caches: {', '.join(settings.CACHES)}.", 7))  # fmt: skip
+    if loaded is not None and loaded.REDIS_CLUSTER and not loaded.CACHE_ALIAS:
+        problem = cluster_url_problem(loaded.REDIS_URL)
+        if problem:
+            errors.append(
+                _error(
+                    f"DELAYJOBS['REDIS_URL'] {problem}.",
+                    "REDIS_CLUSTER needs redis://host:port (or rediss://) of any node, database 0.",
+                    10,
+                )
+            )
     if loaded is not None and loaded.RECONCILE_HORIZON_SECONDS < loaded.RECONCILE_SECONDS:
         errors.append(Warning(
             "DELAYJOBS['RECONCILE_HORIZON_SECONDS'] is shorter than RECONCILE_SECONDS: a job "

@@ -58,6 +58,12 @@ def _token(value: Any) -> object:
     return value
 
 
+def _shard_counts(value: Mapping[Any, Any]) -> object:
+    from .engine.routing import check_counts
+
+    return check_counts(value)
+
+
 def _permission_classes(value: Any) -> object:
     from .rest.permissions import load_permissions  # DRF only when there is a value
 
@@ -75,6 +81,10 @@ class Settings:
 
     REDIS_URL: str = "redis://localhost:6379/0"
     CACHE_ALIAS: str | None = None
+    #: A Redis Cluster: REDIS_URL names any one node (a seed); the client finds the rest.
+    REDIS_CLUSTER: bool = False
+    #: Queue name -> number of shards (1 to MAX_SHARDS); a queue not listed has 1.
+    QUEUE_SHARDS: Mapping[str, int] = setting(factory=dict, check=_shard_counts, kind="shards")
     PREFIX: str = setting("delayjobs", check=_name("prefix"))
     DEFAULT_QUEUE: str = setting("default", check=_name("queue name"))
     MAX_ATTEMPTS: int = setting(5, 1, 5000)
@@ -133,7 +143,7 @@ class Problem(NamedTuple):
 
     name: str | None
     message: str
-    kind: str  # "dict", "unknown", "float", "int", "name", "type", "permissions", "http"
+    kind: str  # "dict", "unknown", "float", "int", "name", "type", "permissions", "http", "shards"
 
 
 def _type_error(value: Any, hint: Any) -> str | None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
 from .conf import delayjobs_settings
-from .engine import Engine
+from .engine import Engine, EngineUnavailable
 
 #: Every command is answered in well under a millisecond unless Redis is frozen or gone; a
 #: caller (``schedule()`` committing, say) must then not wait for long. Blocking waits are
@@ -18,25 +20,23 @@ from .engine import Engine
 #: its own answer to a failed call (reconcile, the lease, a loop's backoff).
 SOCKET_TIMEOUT = 1.0
 CONNECT_TIMEOUT = 1.0
+#: On a Cluster, one retry: the first command after a failover meets a closed connection
+#: to the old master, after which redis-py has read the new slot table and the retry goes
+#: to the new one. (MOVED and ASK redirections are followed within a command, at most 16.)
+CLUSTER_RETRIES = 1
 
 _lock = threading.Lock()
 _engine: Engine | None = None
 
 
-def redis_client() -> redis.Redis:
-    """Return a Redis client for ``CACHE_ALIAS`` (django-redis) or ``REDIS_URL``."""
+def redis_client() -> Any:
+    """Return a Redis client for ``CACHE_ALIAS`` (django-redis) or ``REDIS_URL``: a
+    ``RedisCluster`` when ``REDIS_CLUSTER`` is on, else a ``Redis``."""
     alias = delayjobs_settings.CACHE_ALIAS
     if alias:
-        try:
-            from django_redis import get_redis_connection
-        except ImportError as exc:  # pragma: no cover - django-redis is a dependency
-            raise ImproperlyConfigured("CACHE_ALIAS needs django-redis") from exc
-        try:
-            return get_redis_connection(alias)  # type: ignore[no-any-return]
-        except NotImplementedError as exc:
-            raise ImproperlyConfigured(
-                f"DELAYJOBS['CACHE_ALIAS'] = {alias!r} is not a django-redis cache"
-            ) from exc
+        return _cache_client(alias)
+    if delayjobs_settings.REDIS_CLUSTER:
+        return cluster_client(delayjobs_settings.REDIS_URL)
     return redis.Redis.from_url(
         delayjobs_settings.REDIS_URL,
         socket_timeout=SOCKET_TIMEOUT,
@@ -46,20 +46,89 @@ def redis_client() -> redis.Redis:
     )
 
 
+def _cache_client(alias: str) -> Any:
+    try:
+        from django_redis import get_redis_connection
+    except ImportError as exc:  # pragma: no cover - django-redis is a dependency
+        raise ImproperlyConfigured("CACHE_ALIAS needs django-redis") from exc
+    try:
+        client = get_redis_connection(alias)
+    except NotImplementedError as exc:
+        raise ImproperlyConfigured(
+            f"DELAYJOBS['CACHE_ALIAS'] = {alias!r} is not a django-redis cache"
+        ) from exc
+    from redis.cluster import RedisCluster
+
+    if delayjobs_settings.REDIS_CLUSTER and not isinstance(client, RedisCluster):
+        raise ImproperlyConfigured(
+            f"DELAYJOBS['REDIS_CLUSTER'] is on but the cache {alias!r} gives a "
+            f"{type(client).__name__}, not a redis.cluster.RedisCluster: django-redis has no "
+            "cluster client of its own; give the cache a CONNECTION_FACTORY that makes one "
+            "(docs/cluster.md), or use REDIS_URL"
+        )
+    if isinstance(client, RedisCluster) and not delayjobs_settings.REDIS_CLUSTER:
+        raise ImproperlyConfigured(
+            f"the cache {alias!r} is a Redis Cluster client: set DELAYJOBS['REDIS_CLUSTER'] = True"
+        )
+    return client
+
+
+def cluster_url_problem(url: str) -> str | None:
+    """What keeps ``url`` from naming a Cluster node, or None."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a port that is not a number raises ValueError
+    except ValueError as exc:
+        return f"is not a valid URL ({exc})"
+    if parts.scheme not in ("redis", "rediss"):
+        return f"{url!r} is not a redis:// or rediss:// URL (a Cluster is reached over TCP)"
+    if not parts.hostname:
+        return f"{url!r} names no host"
+    if parts.path.strip("/") not in ("", "0") or "db=" in parts.query:
+        return f"{url!r} names a database other than 0 (a Cluster has only database 0)"
+    return None
+
+
+def cluster_client(url: str) -> Any:
+    """A ``RedisCluster`` seeded with ``url``; it reads the slot table from that node."""
+    from redis.cluster import RedisCluster
+
+    problem = cluster_url_problem(url)
+    if problem:
+        raise ImproperlyConfigured(f"DELAYJOBS['REDIS_URL'] {problem}")
+    try:
+        return RedisCluster.from_url(
+            url,
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            health_check_interval=30,
+            retry=Retry(ExponentialWithJitterBackoff(cap=0.5, base=0.05), CLUSTER_RETRIES),
+        )
+    except Exception as exc:  # nothing reachable, not a cluster, no slot table...
+        where = urlsplit(url)
+        raise EngineUnavailable(
+            f"cannot reach a Redis Cluster at {where.hostname}:{where.port or 6379}: {exc}"
+        ) from exc
+
+
 def get_engine() -> Engine:
     """Return the shared engine (thread-safe; redis-py's pool serves all threads)."""
     global _engine
     if _engine is None:
         with _lock:
             if _engine is None:
-                _engine = Engine(redis_client(), prefix=delayjobs_settings.PREFIX)
+                _engine = Engine(
+                    redis_client(),
+                    prefix=delayjobs_settings.PREFIX,
+                    shards=delayjobs_settings.QUEUE_SHARDS,
+                )
     return _engine
 
 
 def reset_engine() -> None:
-    """Forget the shared engine, closing its connections (settings changed)."""
+    """Forget the shared engine, closing its connections and waits (settings changed)."""
     global _engine
     with _lock:
         if _engine is not None:
-            _engine.client.close()
+            _engine.close()
         _engine = None

@@ -18,6 +18,10 @@ MIN_REDIS = (6, 2)
 
 def describe_redis(engine: Engine) -> str:
     """Return where the engine connects, without a password."""
+    if engine.is_cluster:
+        seed = engine.client.get_default_node()
+        masters = len(engine.client.get_primaries())
+        return f"redis://{seed.host}:{seed.port} (cluster, {masters} masters)"
     kwargs = engine.client.connection_pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']} db {kwargs.get('db', 0)}"
@@ -25,24 +29,27 @@ def describe_redis(engine: Engine) -> str:
 
 
 def check_redis(engine: Engine) -> list[str]:
-    """Raise ``EngineUnavailable``/``ConfigurationError`` if Redis cannot serve; return warnings."""
-    info = engine.info()
-    version = tuple(int(part) for part in str(info["redis_version"]).split(".")[:2])
-    if version < MIN_REDIS:
-        raise ConfigurationError(
-            f"Redis {info['redis_version']} is too old: django-delayjobs needs 6.2 or later"
-        )
+    """Raise ``EngineUnavailable``/``ConfigurationError`` if Redis cannot serve; return
+    warnings. On a Cluster every master is checked (each holds some queues' keys)."""
     warnings = []
-    policy = info.get("maxmemory_policy", "noeviction")
-    if policy != "noeviction":
-        message = (
-            f"Redis maxmemory-policy is {policy!r}: when memory runs out Redis may evict "
-            "queue keys and jobs will only run again after a reconcile sweep; set it to "
-            "'noeviction'"
-        )
-        if delayjobs_settings.REFUSE_EVICTING_REDIS:
-            raise ConfigurationError(message + " (REFUSE_EVICTING_REDIS is on)")
-        warnings.append(message)
+    for address, info in engine.masters().items():
+        where = f" (master {address})" if address else ""
+        version = tuple(int(part) for part in str(info["redis_version"]).split(".")[:2])
+        if version < MIN_REDIS:
+            raise ConfigurationError(
+                f"Redis {info['redis_version']}{where} is too old: django-delayjobs needs "
+                "6.2 or later"
+            )
+        policy = info.get("maxmemory_policy", "noeviction")
+        if policy != "noeviction":
+            message = (
+                f"Redis maxmemory-policy is {policy!r}{where}: when memory runs out Redis may "
+                "evict queue keys and jobs will only run again after a reconcile sweep; set "
+                "it to 'noeviction'"
+            )
+            if delayjobs_settings.REFUSE_EVICTING_REDIS:
+                raise ConfigurationError(message + " (REFUSE_EVICTING_REDIS is on)")
+            warnings.append(message)
     return warnings
 
 

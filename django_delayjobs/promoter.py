@@ -38,13 +38,17 @@ class Promoter:
         self.stop = stop or threading.Event()
         self._last_recover = 0.0
 
+    def shards(self) -> list[str]:
+        """Every shard of every queue (a queue of 1 shard is its own)."""
+        return [shard for queue in self.queues for shard in self.engine.shards(queue)]
+
     def promote_due(self) -> tuple[int, float | None]:
-        """Promote everything due now; return (ids moved, seconds until the next due id,
-        or None when nothing is pending)."""
+        """Promote everything due now; return (ids moved, seconds until the next due id
+        over every shard, or None when nothing is pending)."""
         moved, next_due = 0, None
-        for queue in self.queues:
+        for shard in self.shards():
             while True:
-                result = self.engine.promote(queue, self.batch)
+                result = self.engine.promote(shard, self.batch)
                 moved += result.moved
                 if result.moved < self.batch:
                     break
@@ -54,12 +58,16 @@ class Promoter:
         return moved, next_due
 
     def housekeeping(self, now: float) -> None:
-        """Recover expired leases (each second)."""
+        """Recover expired leases and forget emptied shards of older counts (each second)."""
         if now - self._last_recover >= RECOVER_EVERY:
             self._last_recover = now
-            for queue in self.queues:
-                while len(self.engine.recover_expired(queue, self.batch)) == self.batch:
+            for shard in self.shards():
+                while len(self.engine.recover_expired(shard, self.batch)) == self.batch:
                     pass
+            for queue in self.queues:
+                for shard in self.engine.forget_empty_shards(queue):
+                    logger.info("queue %s: shard %s of an older shard count is empty; "
+                                "no longer served", queue, shard)  # fmt: skip
 
     def step(self) -> float:
         """One pass; return how long to sleep before the next."""

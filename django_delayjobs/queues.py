@@ -27,12 +27,43 @@ def _dt(ms: int | None) -> datetime.datetime | None:
 
 
 @dataclass
+class ShardState:
+    """One shard of a queue (a queue of 1 shard is its own), and the master that holds it
+    ("" on one Redis)."""
+
+    name: str
+    master: str
+    stats: QueueStats
+
+    @property
+    def next_due_at(self) -> datetime.datetime | None:
+        return _dt(self.stats.next_due_ms)
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "shard": self.name,
+            "master": self.master or None,
+            "pending": s.pending,
+            "overdue": s.overdue,
+            "ready": s.ready,
+            "in_flight": s.in_flight,
+            "expired_leases": s.expired_leases,
+            "garbage": s.garbage,
+            "next_due_at": self.next_due_at,
+            "oldest_lease_at": _dt(s.oldest_lease_ms),
+        }
+
+
+@dataclass
 class QueueState:
     name: str
     stats: QueueStats
     retrying: int
     next_due: list[tuple[Job | None, str, datetime.datetime | None]] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
+    #: Per shard; the totals above sum them.
+    shards: list[ShardState] = field(default_factory=list)
 
     @property
     def next_due_at(self) -> datetime.datetime | None:
@@ -62,6 +93,7 @@ class QueueState:
                 for job, job_id, due in self.next_due
             ],
             "workers": [{**w, "expires_at": _dt(w.get("expires_ms"))} for w in self.workers],
+            "shards": [shard.as_dict() for shard in self.shards],
         }
 
 
@@ -80,12 +112,14 @@ def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) 
     """Return the state of one queue. Raises ``EngineUnavailable`` if Redis is down."""
     engine = engine or get_engine()
     upcoming = engine.next_due(name, next_due)
+    stats = engine.stats(name)
     return QueueState(
         name=name,
-        stats=engine.stats(name),
+        stats=stats,
         retrying=Job.objects.filter(queue=name, status=Status.RETRYING).count(),
         next_due=_with_rows(upcoming),
         workers=engine.workers(name),
+        shards=[ShardState(s.queue, engine.node_of(s.queue), s) for s in stats.shards or [stats]],
     )
 
 

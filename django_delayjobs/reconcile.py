@@ -50,6 +50,11 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     named in one log line. The worker then runs it if its row reads back (a job due in
     1969 is overdue), or settles it dead with the reason. Ids and due times are read as
     text, which cannot fail, and converted here, row by row.
+
+    After a queue's shard count changed (``QUEUE_SHARDS``), a job still waiting in a shard
+    of the old count is moved to its shard under the new one: added there, then removed
+    from the old shard. The old shards are served meanwhile, so a job is never stranded;
+    a full pass (``delayjobs_reconcile``) moves every waiting job at once.
     """
     now = timezone.now()
     lease = timedelta(seconds=delayjobs_settings.LEASE_SECONDS)
@@ -60,6 +65,7 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     as_text = (Cast("pk", TextField()), "queue", Cast("run_at", TextField()))
     rows = Job.objects.filter(due | stuck).values_list(*as_text)
     result = Reconciled()
+    moved: Counter[str] = Counter()  # ids moved to their shard under a new count
     batch: dict[str, dict[str, int]] = defaultdict(dict)
     conn = connections[rows.db]
     for raw_id, queue, raw_run_at in rows.order_by().iterator(chunk_size=CHUNK):
@@ -74,15 +80,18 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
             result.unusable[job_id] = str(exc)
             batch[queue][job_id] = 0  # due now: the worker runs it or settles it dead
         if len(batch[queue]) >= CHUNK:
-            result[queue] += _repair(engine, queue, batch.pop(queue))
+            result[queue] += _repair(engine, queue, batch.pop(queue), moved)
     for queue, items in batch.items():
-        result[queue] += _repair(engine, queue, items)
-    _report(result)
+        result[queue] += _repair(engine, queue, items, moved)
+    _report(result, moved)
     return result
 
 
-def _report(result: Reconciled) -> None:
-    if sum(result.values()):  # a Counter holding zeros is truthy
+def _report(result: Reconciled, moved: Counter[str]) -> None:
+    if sum(moved.values()):  # a Counter holding zeros is truthy
+        logger.info("reconcile moved %s waiting job(s) to their shard under QUEUE_SHARDS: %s",
+                    sum(moved.values()), dict(moved))  # fmt: skip
+    if sum(result.values()):
         logger.warning("reconcile re-added %s job(s) Redis did not hold: %s",
                        sum(result.values()), dict(result))  # fmt: skip
     for rows, what in (
@@ -96,10 +105,19 @@ def _report(result: Reconciled) -> None:
                            " ..." if len(rows) > 10 else "")  # fmt: skip
 
 
-def _repair(engine: Engine, queue: str, items: dict[str, int]) -> int:
+def _repair(engine: Engine, queue: str, items: dict[str, int], moved: Counter[str]) -> int:
+    """Make Redis hold ``items``; return how many it did not hold. An id found in a shard
+    of an older count is moved (added to its shard, removed from the old one), not counted."""
     # A waiting job found in garbage was requeued while Redis was unreachable.
     revived = engine.requeue(queue, list(items))
-    return revived + len(engine.add(queue, items))
+    added = engine.add(queue, items)
+    relocated = 0
+    if added:
+        for shard in engine.old_shards(queue):  # none unless the shard count changed
+            relocated += engine.remove(shard, added)
+    relocated = min(relocated, len(added))
+    moved[queue] += relocated
+    return revived + len(added) - relocated
 
 
 def horizon() -> timedelta:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import logging
 import os
 import signal
@@ -142,8 +143,9 @@ class WorkerProcess:
         self.stats = Stats()
         self.promoter = Promoter(engine, options.queues, tick=options.tick, stop=self.stopping)
         self.threads: list[threading.Thread] = []
-        # job id -> queue, for the ids this process holds a lease on
+        # job id -> shard (the queue, for a queue of 1), for the ids this process holds
         self.held: dict[str, str] = {}
+        self.turn = itertools.count()  # which shard of a queue a claim tries first
         self.held_lock = threading.Lock()
         self.lease_ms = delayjobs_settings.LEASE_SECONDS * 1000
         self.prefetch = delayjobs_settings.PREFETCH
@@ -313,18 +315,24 @@ class WorkerProcess:
         return False
 
     def claim(self, queues: Sequence[str]) -> tuple[str, list[str]] | None:
-        """Claim ids from the first queue (strict priority) that has any.
+        """Claim ids from the first queue (strict priority) that has any; return the shard
+        they came from (the queue itself, unless it has several) and the ids.
 
         Up to ``PREFETCH`` from the first queue, one from the others, so that a job of a
-        higher queue waits behind at most the one running job of a lower queue.
+        higher queue waits behind at most the one running job of a lower queue. A queue's
+        shards are tried in turn, starting one further at each claim of this process, so
+        none of them starves; the ids are settled in the shard they came from.
         """
         for queue in queues:
             count = self.prefetch if queue == queues[0] else 1
-            ids = self.engine.claim(queue, count, self.lease_ms)
-            if ids:
-                with self.held_lock:
-                    self.held.update(dict.fromkeys(ids, queue))
-                return queue, ids
+            shards = self.engine.shards(queue)
+            start = next(self.turn) % len(shards)
+            for shard in shards[start:] + shards[:start]:
+                ids = self.engine.claim(shard, count, self.lease_ms)
+                if ids:
+                    with self.held_lock:
+                        self.held.update(dict.fromkeys(ids, shard))
+                    return shard, ids
         return None
 
     def run_batch(self, queue: str, ids: list[str], backoff: Backoff) -> None:

@@ -11,10 +11,13 @@ started once per session when the first test asks for it, stopped by pid at the 
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import redis
@@ -145,3 +148,45 @@ def cluster_redis(redis_cluster: EmbeddedCluster) -> Iterator[RedisCluster]:
     client.flushall()
     yield client
     client.close()
+
+
+@dataclass
+class WorkerRedis:
+    """The Redis that a test's worker processes use, and how to reach it."""
+
+    url: str
+    env: dict[str, str]
+    client: Any
+
+    def flushall(self) -> None:
+        """FLUSHALL (on a Cluster: of every master)."""
+        self.client.flushall()
+
+
+@pytest.fixture(params=["single", pytest.param("cluster-1", marks=pytest.mark.cluster),
+                        pytest.param("cluster-6", marks=pytest.mark.cluster)])  # fmt: skip
+def worker_redis(request: pytest.FixtureRequest, redis_url: str) -> Iterator[WorkerRedis]:
+    """One Redis; or the session's cluster with the default queue in 1 or 6 shards. The
+    Django settings (this process) and the worker environment (children) both use it."""
+    if request.param == "single":
+        with redis.Redis.from_url(redis_url) as client:
+            yield WorkerRedis(redis_url, {}, client)
+        return
+    from django.conf import settings
+
+    from django_delayjobs.connection import get_engine
+
+    cluster = request.getfixturevalue("redis_cluster")
+    cluster.wait_healthy()
+    shards = {"default": 6} if request.param == "cluster-6" else {}
+    env = {"DELAYJOBS_TEST_REDIS_CLUSTER": "1", "DELAYJOBS_TEST_QUEUE_SHARDS": json.dumps(shards)}
+    client = cluster_client(cluster.url)
+    client.flushall()
+    dj = {**settings.DELAYJOBS, "REDIS_URL": cluster.url, "REDIS_CLUSTER": True,
+          "QUEUE_SHARDS": shards}  # fmt: skip
+    try:
+        with override_settings(DELAYJOBS=dj):
+            assert get_engine().is_cluster
+            yield WorkerRedis(cluster.url, env, client)
+    finally:
+        client.close()

@@ -84,6 +84,9 @@ DELAYJOBS = {
     "MAX_DELIVERIES": int(os.environ.get("DELAYJOBS_MAX_DELIVERIES", 3)),
     # HTTP callback settings of a worker process started by a test (a JSON object).
     **json.loads(os.environ.get("DELAYJOBS_TEST_HTTP", "{}")),
+    # Worker processes started by cluster tests (tests/conftest.py, worker_redis).
+    "REDIS_CLUSTER": os.environ.get("DELAYJOBS_TEST_REDIS_CLUSTER") == "1",
+    "QUEUE_SHARDS": json.loads(os.environ.get("DELAYJOBS_TEST_QUEUE_SHARDS") or "{}"),
 }
 if os.environ.get("DELAYJOBS_METRICS_TOKEN"):  # a worker started by a metrics test
     DELAYJOBS["METRICS_TOKEN"] = os.environ["DELAYJOBS_METRICS_TOKEN"]

@@ -65,14 +65,15 @@ def running(job: Job) -> Job:
 def due_in_redis(job: Job) -> int | None:
     """The due time (ms) Redis holds for a pending job, or None."""
     engine = get_engine()
-    score = engine.client.zscore(engine.keys(job.queue).pending, str(job.pk))
+    shard = engine.home(job.queue, str(job.pk))  # the queue itself, unless it has shards
+    score = engine.client.zscore(engine.keys(shard).pending, str(job.pk))
     return None if score is None else int(score)
 
 
 def redis_state(job: Job) -> str | None:
     """Where the engine holds a job id, if anywhere."""
     engine, jid = get_engine(), str(job.pk)
-    keys, client = engine.keys(job.queue), engine.client
+    keys, client = engine.keys(engine.home(job.queue, jid)), engine.client
     for name in ("pending", "unack", "garbage"):
         if client.zscore(getattr(keys, name), jid) is not None:
             return name

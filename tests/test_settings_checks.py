@@ -20,6 +20,43 @@ def ids(settings_dict, settings) -> list[str]:
 
 def test_valid_settings_pass(settings):
     assert ids({"REDIS_URL": "redis://x/0", "MAX_ATTEMPTS": 3}, settings) == []
+    cluster = {"REDIS_CLUSTER": True, "REDIS_URL": "rediss://user:pw@node-1:7000/0",
+               "QUEUE_SHARDS": {"orders": 6, "mail": 1, "bulk": 64}}  # fmt: skip
+    assert ids(cluster, settings) == []
+
+
+def test_a_bad_shard_count_is_named_in_the_message(settings):
+    settings.DELAYJOBS = {"QUEUE_SHARDS": {"orders": 65}}
+    (error,) = check_settings()
+    assert "orders" in error.msg and "from 1 to 64" in error.msg
+
+
+def test_queue_shards_reach_the_engine(settings):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 6}}
+    engine = get_engine()
+    assert engine.shard_count("orders") == 6
+    assert engine.shard_count("default") == 1
+    assert not engine.is_cluster
+
+
+def test_an_unreachable_cluster_is_a_clear_error(settings):
+    from django_delayjobs.engine import EngineUnavailable
+
+    settings.DELAYJOBS = {"REDIS_CLUSTER": True, "REDIS_URL": "redis://127.0.0.1:1/0"}
+    with pytest.raises(EngineUnavailable, match=r"cannot reach a Redis Cluster at 127\.0\.0\.1:1"):
+        get_engine()
+
+
+def test_cluster_mode_refuses_a_cache_that_is_not_a_cluster_client(settings, redis_url):
+    from django.core.exceptions import ImproperlyConfigured
+
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "jobs": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_url},
+    }
+    settings.DELAYJOBS = {"CACHE_ALIAS": "jobs", "REDIS_CLUSTER": True}
+    with pytest.raises(ImproperlyConfigured, match=r"not a redis\.cluster\.RedisCluster"):
+        get_engine()
 
 
 @pytest.mark.parametrize(
@@ -36,6 +73,17 @@ def test_valid_settings_pass(settings):
         ({"REDIS_URL": 5}, "django_delayjobs.E006"),
         ({"CACHE_ALIAS": "nope"}, "django_delayjobs.E007"),
         ({"RECONCILE_SECONDS": 600, "RECONCILE_HORIZON_SECONDS": 60}, "django_delayjobs.W001"),
+        ({"REDIS_CLUSTER": "yes"}, "django_delayjobs.E006"),
+        ({"QUEUE_SHARDS": [("orders", 2)]}, "django_delayjobs.E012"),
+        ({"QUEUE_SHARDS": {"orders": 0}}, "django_delayjobs.E012"),
+        ({"QUEUE_SHARDS": {"orders": 65}}, "django_delayjobs.E012"),
+        ({"QUEUE_SHARDS": {"orders": "6"}}, "django_delayjobs.E012"),
+        ({"QUEUE_SHARDS": {"orders": True}}, "django_delayjobs.E012"),
+        ({"QUEUE_SHARDS": {"a:b": 2}}, "django_delayjobs.E012"),
+        ({"QUEUE_SHARDS": {1: 2}}, "django_delayjobs.E012"),
+        ({"REDIS_CLUSTER": True, "REDIS_URL": "unix:///tmp/r.sock"}, "django_delayjobs.E013"),
+        ({"REDIS_CLUSTER": True, "REDIS_URL": "redis://node:7000/3"}, "django_delayjobs.E013"),
+        ({"REDIS_CLUSTER": True, "REDIS_URL": "redis://node:port/0"}, "django_delayjobs.E013"),
     ],
 )
 def test_bad_settings_are_reported(settings, value, expected):

@@ -1,7 +1,9 @@
 """run_delayworker as real processes: timing, crashes, leases, outages, signals.
 
 Every test starts its own worker processes and stops them by pid; nothing here waits on a
-sleep being long enough: each wait polls with a deadline.
+sleep being long enough: each wait polls with a deadline. The tests that take
+``worker_redis`` also run (``-m cluster``) on the session's Redis Cluster, with the
+default queue in 1 shard and in 6.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ def statuses() -> dict[str, int]:
     return dict(Job.objects.values_list("status").annotate(n=Count("pk")))
 
 
-def test_job_starts_after_its_due_time_and_soon(redis_url, tmp_path):
-    worker = start_worker(redis_url, log=tmp_path / "w.log")
+def test_job_starts_after_its_due_time_and_soon(worker_redis, tmp_path):
+    worker = start_worker(worker_redis.url, env=worker_redis.env, log=tmp_path / "w.log")
     try:
         wait_for(live_workers)
         jobs = [schedule(tasks.record, in_=0.5, args=[f"r{n}"]) for n in range(5)]
@@ -60,9 +62,9 @@ def test_job_starts_after_its_due_time_and_soon(redis_url, tmp_path):
         assert 0 <= lateness < 0.5, lateness
 
 
-def test_kill_9_mid_action_reruns_after_lease_and_writes_once(redis_url, tmp_path):
-    env = {"DELAYJOBS_LEASE_SECONDS": "2"}
-    first = start_worker(redis_url, env=env, log=tmp_path / "a.log")
+def test_kill_9_mid_action_reruns_after_lease_and_writes_once(worker_redis, tmp_path):
+    env = {**worker_redis.env, "DELAYJOBS_LEASE_SECONDS": "2"}
+    first = start_worker(worker_redis.url, env=env, log=tmp_path / "a.log")
     try:
         wait_for(live_workers)
         job = schedule(tasks.write_then_sleep, in_=0, args=["once", 3.0])
@@ -72,7 +74,7 @@ def test_kill_9_mid_action_reruns_after_lease_and_writes_once(redis_url, tmp_pat
         first.wait(10)
         assert Job.objects.get(pk=job.pk).status == Status.RUNNING
         assert not Record.objects.exists()  # the killed attempt's write rolled back
-        second = start_worker(redis_url, env=env, log=tmp_path / "b.log")
+        second = start_worker(worker_redis.url, env=env, log=tmp_path / "b.log")
         try:
             wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.SUCCEEDED, timeout=30)
         finally:
@@ -108,10 +110,12 @@ def test_action_longer_than_the_lease_runs_once(redis_url, tmp_path):
     assert get_engine().stats("default").counters.get("recovered", 0) == 0
 
 
-def test_two_workers_and_two_promoters_run_5000_jobs_exactly_once(redis_url, tmp_path):
+def test_two_workers_and_two_promoters_run_5000_jobs_exactly_once(worker_redis, tmp_path):
     workers = [
-        start_worker(redis_url, "--concurrency", "2", log=tmp_path / f"{n}.log") for n in range(2)
-    ]
+        start_worker(worker_redis.url, "--concurrency", "2", env=worker_redis.env,
+                     log=tmp_path / f"{n}.log")
+        for n in range(2)
+    ]  # fmt: skip
     try:
         wait_for(lambda: live_workers(2))
         start = timezone.now() + timedelta(seconds=1)
@@ -129,14 +133,14 @@ def test_two_workers_and_two_promoters_run_5000_jobs_exactly_once(redis_url, tmp
     assert set(Job.objects.values_list("attempts", flat=True)) == {1}
 
 
-def test_flushall_loses_nothing_thanks_to_reconcile(redis_url, redis_client, tmp_path):
-    env = {"DELAYJOBS_RECONCILE_SECONDS": "1"}
-    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+def test_flushall_loses_nothing_thanks_to_reconcile(worker_redis, tmp_path):
+    env = {**worker_redis.env, "DELAYJOBS_RECONCILE_SECONDS": "1"}
+    worker = start_worker(worker_redis.url, env=env, log=tmp_path / "w.log")
     try:
         wait_for(live_workers)
         jobs = [build_job(tasks.record, in_=2, args=[str(n)]) for n in range(200)]
         schedule_many(jobs)
-        redis_client.flushall()
+        worker_redis.flushall()  # on a Cluster: of every master
         wait_for(lambda: Record.objects.count() == 200, timeout=30)
     finally:
         assert stop(worker) == 0

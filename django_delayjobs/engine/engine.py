@@ -104,7 +104,7 @@ class Engine(Reader):
             removed += int(self._run("remove", [k.pending, k.ready_set, k.counters], part))
             tried.append(shard)
         if removed < len(given):  # added under an older shard count?
-            for shard in self._router.others(queue, tried, stale_only=True):
+            for shard in self._router.others(queue, tried):
                 k = self._keys(shard)
                 removed += int(self._run("remove", [k.pending, k.ready_set, k.counters], given))
         return min(removed, len(given))
@@ -113,7 +113,7 @@ class Engine(Reader):
         """Move a still-pending id to a new due time; False if it already left pending."""
         args: list[str | int] = [*_ids([id]), _ms(due_ms, "due time")]
         [(home, _)] = self._router.route(queue, [id])
-        for shard in [home, *self._router.others(queue, [home], stale_only=True)]:
+        for shard in [home, *self._router.others(queue, [home])]:
             k = self._keys(shard)
             keys = [k.pending, k.ready, k.ready_set, k.wake, k.notify]
             if self._run("reschedule", keys, args):
@@ -251,13 +251,14 @@ class Engine(Reader):
     def _garbage_op(
         self, queue: str, ids: list[str], run: Callable[[Shard, list[str]], int]
     ) -> int:
-        """Run ``run`` on each id's shard, then on the other shards for ids not found: an id
-        buried under an older shard count stays where it died until requeued or purged."""
+        """Run ``run`` on each id's shard, then on the shards of older counts for ids not
+        found: an id buried before the count changed stays where it died until requeued
+        or purged."""
         done, tried = 0, []
         for shard, part in self._router.route(queue, ids):
             done += run(shard, part)
             tried.append(shard)
-        for shard in self._router.others(queue, tried, stale_only=False):
+        for shard in self._router.others(queue, tried):
             if done >= len(ids):
                 break
             done += run(shard, ids)

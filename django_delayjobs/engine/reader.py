@@ -77,6 +77,10 @@ class Reader:
         directory still lists (they hold ids added before the count changed)."""
         return [shard.name for shard in self._router.served(queue)]
 
+    def old_shards(self, queue: str) -> list[str]:
+        """The shards of older counts that the directory still lists (see ``shards()``)."""
+        return [shard.name for shard in self._router.stale(queue)]
+
     def home(self, queue: str, job_id: str) -> str:
         """The shard that holds (or will hold) ``job_id`` of ``queue``."""
         return self._router.home(queue, _ids([job_id])[0]).name

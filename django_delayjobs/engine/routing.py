@@ -66,12 +66,11 @@ class Router:
             groups.setdefault(sharding.home(shard.queue, count, id_), []).append(id_)
         return list(groups.items())
 
-    def others(self, name: str, tried: Iterable[Shard], *, stale_only: bool) -> list[Shard]:
+    def others(self, name: str, tried: Iterable[Shard]) -> list[Shard]:
         """Shards where ids missing from their own shard may still be: those of older
-        counts (with ``stale_only`` False, also the current ones not tried yet)."""
+        counts (an id only ever enters the shards of one count)."""
         shard = sharding.parse(name)
         if shard.count > 1:
             return []
-        found = self.stale(shard.queue) if stale_only else self.served(shard.queue)
         skip = set(tried)
-        return [s for s in found if s not in skip]
+        return [s for s in self.stale(shard.queue) if s not in skip]

@@ -166,8 +166,12 @@ class Doorbells:
                     bell.ringing = False
                     return
             try:
-                popped = self.client.blpop([bell.key], timeout=self.block)
-            except Exception as exc:  # Redis unreachable, failover...: every waiter hears it
+                # The master's own client, not the cluster client: no retries behind our
+                # back (a failover is the worker's to ride through), and a blocked pop ends
+                # at once when the engine closes its connections.
+                node = self._node_client(bell.key)
+                popped = node.blpop([bell.key], timeout=self.block)
+            except Exception as exc:  # unreachable, failover, MOVED...: every waiter hears it
                 with self._lock:
                     for waiting in bell.waiters:
                         if not waiting.event.is_set():
@@ -180,7 +184,11 @@ class Doorbells:
                 # Nobody here wants it any more: leave it for another process (a token
                 # lost on the way delays a waiter by one tick at most).
                 with contextlib.suppress(Exception):
-                    self.client.lpush(bell.key, popped[1])
+                    node.lpush(bell.key, popped[1])
+
+    def _node_client(self, key: str) -> Any:
+        node = self.client.get_node_from_key(key)
+        return node.redis_connection if node.redis_connection is not None else self.client
 
     def _hand_over(self, bell: _Bell) -> bool:
         with self._lock:

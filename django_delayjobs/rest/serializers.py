@@ -215,6 +215,23 @@ class WorkerSerializer(serializers.Serializer[Any]):
         return {**extra, **super().to_representation(instance)}
 
 
+class ShardStateSerializer(serializers.Serializer[Any]):
+    """One shard of a queue (a queue of 1 shard has one, named like the queue)."""
+
+    shard = serializers.CharField()
+    master = serializers.CharField(
+        allow_null=True, help_text="Its Cluster master (null: one Redis)."
+    )
+    pending = serializers.IntegerField()
+    overdue = serializers.IntegerField()
+    ready = serializers.IntegerField()
+    in_flight = serializers.IntegerField()
+    expired_leases = serializers.IntegerField()
+    garbage = serializers.IntegerField()
+    next_due_at = serializers.DateTimeField(allow_null=True)
+    oldest_lease_at = serializers.DateTimeField(allow_null=True)
+
+
 class QueueStateSerializer(serializers.Serializer[Any]):
     """One queue as ``QueueState.as_dict()`` gives it (the admin's queue page)."""
 
@@ -232,6 +249,7 @@ class QueueStateSerializer(serializers.Serializer[Any]):
     counters = serializers.DictField(child=serializers.IntegerField())
     next_due = NextDueSerializer(many=True)
     workers = WorkerSerializer(many=True)
+    shards = ShardStateSerializer(many=True)
 
 
 class QueuesSerializer(serializers.Serializer[Any]):

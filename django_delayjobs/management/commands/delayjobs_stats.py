@@ -1,4 +1,8 @@
-"""``manage.py delayjobs_stats``: the state of every queue as a plain table."""
+"""``manage.py delayjobs_stats``: the state of every queue as a plain table.
+
+A queue of several shards gets a row of totals, then one row per shard (indented); on a
+Redis Cluster the last column names the master that holds each shard.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ...connection import get_engine
-from ...engine import DelayJobsError, QueueStats
+from ...engine import DelayJobsError, Engine, QueueStats
 
-COLUMNS = ("queue", "pending", "overdue", "ready", "in_flight", "garbage", "next_due", "workers")
+COLUMNS = (
+    "queue", "pending", "overdue", "ready", "in_flight", "garbage", "next_due", "workers",
+    "master",
+)  # fmt: skip
 
 
 def _when(ms: int | None, now_ms: int) -> str:
@@ -20,9 +27,22 @@ def _when(ms: int | None, now_ms: int) -> str:
     return f"{at:%Y-%m-%d %H:%M:%S} ({(ms - now_ms) / 1000:+.1f}s)"
 
 
-def row(s: QueueStats) -> tuple[str, ...]:
-    return (s.queue, str(s.pending), str(s.overdue), str(s.ready), str(s.in_flight),
-            str(s.garbage), _when(s.next_due_ms, s.now_ms), str(s.live_workers))  # fmt: skip
+def row(
+    s: QueueStats, name: str | None = None, workers: str = "", master: str = ""
+) -> tuple[str, ...]:
+    return (name or s.queue, str(s.pending), str(s.overdue), str(s.ready), str(s.in_flight),
+            str(s.garbage), _when(s.next_due_ms, s.now_ms), workers or str(s.live_workers),
+            master or "-")  # fmt: skip
+
+
+def rows(engine: Engine, queue: str) -> list[tuple[str, ...]]:
+    """The queue's row, then (for a queue of several shards) one row per shard."""
+    stats = engine.stats(queue)
+    if not stats.shards:
+        return [row(stats, master=engine.node_of(queue))]
+    return [row(stats)] + [
+        row(shard, f"  {shard.queue}", "-", engine.node_of(shard.queue)) for shard in stats.shards
+    ]
 
 
 class Command(BaseCommand):
@@ -32,14 +52,14 @@ class Command(BaseCommand):
         parser.add_argument("queues", nargs="*", help="Queues to show (default: all known).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        engine = get_engine()
         try:
+            engine = get_engine()
             queues = options["queues"] or engine.known_queues()
-            rows = [COLUMNS, *(row(engine.stats(q)) for q in queues)]
+            table = [COLUMNS, *(r for q in queues for r in rows(engine, q))]
         except (DelayJobsError, ValueError, TypeError) as exc:
             raise CommandError(str(exc)) from exc
-        widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-        for r in rows:
+        widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
+        for r in table:
             self.stdout.write(
                 "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
             )
