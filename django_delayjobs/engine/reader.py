@@ -75,11 +75,11 @@ class Reader:
     def shards(self, queue: str) -> list[str]:
         """The shards of ``queue`` to serve: its current count's, then any older ones the
         directory still lists (they hold ids added before the count changed)."""
-        return [shard.name for shard in self._router.served(queue)]
+        return [self._router.name(shard) for shard in self._router.served(queue)]
 
     def old_shards(self, queue: str) -> list[str]:
         """The shards of older counts that the directory still lists (see ``shards()``)."""
-        return [shard.name for shard in self._router.stale(queue)]
+        return [self._router.name(shard) for shard in self._router.stale(queue)]
 
     def home(self, queue: str, job_id: str) -> str:
         """The shard that holds (or will hold) ``job_id`` of ``queue``."""
@@ -107,7 +107,7 @@ class Reader:
                 continue
             directory.forget(shard)
             if self._empty(shard):
-                forgotten.append(shard.name)
+                forgotten.append(self._router.name(shard))
             else:
                 directory.register(shard)
         return forgotten
@@ -141,7 +141,7 @@ class Reader:
         )
         counters = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
         return QueueStats(
-            shard.name, int(now), int(pend), int(overdue), int(ready), int(flight),
+            self._router.name(shard), int(now), int(pend), int(overdue), int(ready), int(flight),
             int(expired), int(garb), int(live), _opt_int(nxt), _opt_int(lease), counters,
         )  # fmt: skip
 

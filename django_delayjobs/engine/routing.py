@@ -36,6 +36,13 @@ class Router:
     def keys(self, shard: Shard) -> QueueKeys:
         return QueueKeys.for_tag(sharding.tag(self.prefix, shard))
 
+    def name(self, shard: Shard) -> str:
+        """A name that addresses exactly ``shard``: its own, except for the shard of 1 of a
+        queue that has several now (``q`` would mean "wherever each id belongs")."""
+        if shard.count == 1 and self.count(shard.queue) != 1:
+            return f"{shard.queue}#0/1"
+        return shard.name
+
     def home(self, queue: str, job_id: str) -> Shard:
         return sharding.home(queue, self.count(queue), job_id)
 
@@ -53,13 +60,13 @@ class Router:
     def targets(self, name: str) -> list[Shard]:
         """A shard name: that shard. A queue name: every shard it has."""
         shard = sharding.parse(name)
-        return [shard] if shard.count > 1 else self.served(shard.queue)
+        return [shard] if sharding.explicit(name) else self.served(shard.queue)
 
     def route(self, name: str, ids: list[str]) -> list[tuple[Shard, list[str]]]:
         """Group ids by the shard that holds them (a shard name: that shard)."""
         shard = sharding.parse(name)
         count = self.count(shard.queue)
-        if shard.count > 1 or count == 1:
+        if sharding.explicit(name) or count == 1:
             return [(shard, ids)]
         groups: dict[Shard, list[str]] = {}
         for id_ in ids:
@@ -70,7 +77,7 @@ class Router:
         """Shards where ids missing from their own shard may still be: those of older
         counts (an id only ever enters the shards of one count)."""
         shard = sharding.parse(name)
-        if shard.count > 1:
+        if sharding.explicit(name):
             return []
         skip = set(tried)
         return [s for s in self.stale(shard.queue) if s not in skip]

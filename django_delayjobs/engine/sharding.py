@@ -51,7 +51,9 @@ class Shard:
 def parse(name: object, what: str = "queue name") -> Shard:
     """Return the shard a queue or shard name stands for; raise ``TypeError``/``ValueError``.
 
-    A plain queue name stands for its shard 0 of 1, the tag every queue had before shards.
+    A plain queue name stands for its shard 0 of 1, the tag every queue had before shards;
+    so does ``<queue>#0/1``, the name that says "that shard" where a queue name would mean
+    "wherever each id belongs" (after the queue's count changed from 1).
     """
     if not isinstance(name, str):
         raise TypeError(f"{what} must be a str, not {type(name).__name__}")
@@ -61,11 +63,16 @@ def parse(name: object, what: str = "queue name") -> Shard:
     if match is None:
         raise ValueError(f"{what} {name!r} is not valid: a shard is named '<queue>#<k>/<n>'")
     index, count = int(match["index"]), int(match["count"])
-    if not 2 <= count <= MAX_SHARDS or index >= count:
+    if not 1 <= count <= MAX_SHARDS or index >= count:
         raise ValueError(
-            f"{what} {name!r} is not valid: shard k of n needs 2 <= n <= {MAX_SHARDS}, k < n"
+            f"{what} {name!r} is not valid: shard k of n needs 1 <= n <= {MAX_SHARDS}, k < n"
         )
     return Shard(validate_name(match["queue"], what), index, count)
+
+
+def explicit(name: str) -> bool:
+    """Whether ``name`` names one shard (``q#k/n``) rather than a queue."""
+    return "#" in name
 
 
 def shards(queue: str, count: int) -> list[Shard]:

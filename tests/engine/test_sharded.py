@@ -214,7 +214,7 @@ def test_a_token_in_any_shard_wakes_a_worker_waiting_on_the_queue(engine, redis_
     assert engine.claim(Q, 1, HOUR) == [id_]
 
 
-BAD_NAMES = ["q#6/6", "q#0/1", "q#1/65", "q#a/6", "#1/6", "q#01/6", "q#1/6#2/6", "q:x#1/6"]
+BAD_NAMES = ["q#6/6", "q#1/1", "q#0/0", "q#1/65", "q#a/6", "#1/6", "q#01/6", "q#1/6#2/6", "q:x#1/6"]
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)
@@ -237,6 +237,16 @@ def test_bad_shard_counts_are_refused(tmp_path, bad):
     client = redis.Redis(unix_socket_path=str(tmp_path / "none.sock"))
     with pytest.raises((TypeError, ValueError)):
         Engine(client, prefix="t", shards=bad)
+
+
+def test_the_shard_of_1_of_a_queue_that_now_has_more_is_named_explicitly(redis_client):
+    one, six = make(redis_client, 1), make(redis_client, 6)
+    one.add(Q, {"a": 0})
+    assert six.old_shards(Q) == ["q#0/1"]  # "q" would route each id to one of the 6
+    assert six.claim("q#0/1", 1, HOUR) == ["a"]
+    assert six.ack("q#0/1", ["a"]) == 1
+    assert six.stats("q#0/1").in_flight == 0
+    assert one.shards(Q) == ["q"]  # where the count is 1, the queue's name is the shard's
 
 
 def test_a_name_in_the_directory_that_this_version_does_not_write_is_ignored(engine, redis_client):

@@ -1,0 +1,66 @@
+"""A queue's shard count changes under the Django layer (one Redis; the engine is the same
+on a Cluster): nothing is stranded, cancel still wins, reconcile moves the waiting jobs."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.core.management import call_command
+
+from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
+from django_delayjobs.models import Job, Status
+from django_delayjobs.reconcile import reconcile
+from django_delayjobs.services import build_job, schedule_many
+from tests.testapp import tasks
+from tests.testapp.models import Record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def shards(settings, count: int) -> None:
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": count}}
+
+
+def pending_in(shard: str) -> int:
+    return get_engine().stats(shard).pending
+
+
+def test_jobs_of_the_old_count_run_cancel_and_move_after_a_change(settings, caplog):
+    shards(settings, 6)
+    later = schedule_many([build_job(tasks.record, in_=3600, args=[f"l{n}"], queue="orders")
+                           for n in range(40)])  # fmt: skip
+    now = schedule_many([build_job(tasks.record, in_=0, args=[f"n{n}"], queue="orders")
+                         for n in range(10)])  # fmt: skip
+    old = get_engine().shards("orders")
+    assert len(old) == 6
+
+    shards(settings, 4)  # a new deployment: the same Redis, another count
+    engine = get_engine()
+    assert engine.shard_count("orders") == 4
+    assert sorted(engine.old_shards("orders")) == sorted(old)
+    assert later[0].cancel() is True  # found in its old shard
+    assert sum(pending_in(s) for s in old) == 39
+
+    call_command("run_delayworker", "--burst", "--queues", "orders", "-v", "0")
+    assert Record.objects.filter(label__startswith="n").count() == 10  # old shards served
+
+    with caplog.at_level(logging.INFO, logger="django_delayjobs.reconcile"):
+        assert reconcile(engine, horizon=None) == {}  # nothing was missing: 39 moved
+    assert "moved 39 waiting job(s)" in caplog.text
+    assert sum(pending_in(s) for s in old) == 0
+    assert sum(pending_in(s) for s in engine.shards("orders")[:4]) == 39
+    assert sorted(engine.forget_empty_shards("orders")) == sorted(old)
+    assert engine.shards("orders") == [f"orders#{k}/4" for k in range(4)]
+    assert {j.status for j in Job.objects.filter(pk__in=[j.pk for j in now])} == {Status.SUCCEEDED}
+
+
+def test_growing_from_one_shard_keeps_serving_the_queue_of_one(settings):
+    job = schedule(tasks.record, in_=0, args=["one"], queue="orders")
+    shards(settings, 3)
+    engine = get_engine()
+    assert engine.old_shards("orders") == ["orders#0/1"]  # "orders" alone: the whole queue
+    call_command("run_delayworker", "--burst", "--queues", "orders", "-v", "0")
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    assert engine.forget_empty_shards("orders") == ["orders#0/1"]
