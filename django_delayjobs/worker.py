@@ -47,6 +47,8 @@ logger = logging.getLogger("django_delayjobs.worker")
 
 #: ``--burst`` also runs jobs due this soon (seconds).
 BURST_SLACK = 0.01
+#: How long calls must succeed without a failure before an outage counts as over.
+SETTLED_SECONDS = 2.0
 #: How long a delivery that hit a bug in this package waits before it is tried again.
 BUG_DELAY = datetime.timedelta(seconds=5)
 #: Seconds between two flushes of this process's metrics to Redis.
@@ -110,26 +112,34 @@ def keep_connections() -> None:
 
 class Backoff:
     """Sleep longer after each consecutive infrastructure error (Redis or database down);
-    one log line when an outage starts and one when it ends, not one per failed call."""
+    one log line when an outage starts and one when it ends, not one per failed call.
+
+    An outage ends once calls have succeeded for ``SETTLED_SECONDS`` with no failure: while
+    one master of a Cluster fails over, calls to the others succeed between failed ones,
+    and that is one outage, not one per call that happened to succeed.
+    """
 
     def __init__(self, stop: threading.Event, what: str) -> None:
         self.stop = stop
         self.what = what
         self.delay = 0.0
         self.failures = 0
+        self.last_failure = 0.0
 
     def failed(self, problem: str, exc: BaseException | str) -> None:
         self.delay = min(max(self.delay * 2, 0.2), 5.0)
         self.failures += 1
+        self.last_failure = time.monotonic()
         if self.failures == 1:
             logger.warning("%s: %s (%s); retrying every %.1f-5 s until it is back", self.what,
                            problem, exc, self.delay)  # fmt: skip
         self.stop.wait(self.delay)
 
     def ok(self) -> None:
-        if self.failures:
+        self.delay = 0.0
+        if self.failures and time.monotonic() - self.last_failure >= SETTLED_SECONDS:
             logger.warning("%s: back after %d failed attempt(s)", self.what, self.failures)
-        self.delay, self.failures = 0.0, 0
+            self.failures = 0
 
 
 class WorkerProcess:
@@ -322,17 +332,27 @@ class WorkerProcess:
         higher queue waits behind at most the one running job of a lower queue. A queue's
         shards are tried in turn, starting one further at each claim of this process, so
         none of them starves; the ids are settled in the shard they came from.
+
+        A shard whose master is unreachable (a Cluster failing over) is passed over; the
+        error is raised only if no other shard had ids, so the rest keep being served.
         """
+        failure: EngineUnavailable | None = None
         for queue in queues:
             count = self.prefetch if queue == queues[0] else 1
             shards = self.engine.shards(queue)
             start = next(self.turn) % len(shards)
             for shard in shards[start:] + shards[:start]:
-                ids = self.engine.claim(shard, count, self.lease_ms)
+                try:
+                    ids = self.engine.claim(shard, count, self.lease_ms)
+                except EngineUnavailable as exc:
+                    failure = failure or exc
+                    continue
                 if ids:
                     with self.held_lock:
                         self.held.update(dict.fromkeys(ids, shard))
                     return shard, ids
+        if failure is not None:
+            raise failure
         return None
 
     def run_batch(self, queue: str, ids: list[str], backoff: Backoff) -> None:

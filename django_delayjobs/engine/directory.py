@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .errors import EngineUnavailable
 from .sharding import Shard, parse
 
 #: How long a read of the directory is reused. A shard listed by another process is
@@ -31,7 +32,8 @@ class Directory:
         self.key = key
         self._call = call
         self._lock = threading.Lock()
-        self._read_at = -DIRECTORY_TTL
+        self._read_at = 0.0
+        self._known = False  # read once at least
         self._shards: dict[str, set[Shard]] = {}
 
     def register(self, shard: Shard) -> None:
@@ -45,9 +47,19 @@ class Directory:
             self._shards.get(shard.queue, set()).discard(shard)
 
     def listed(self, queue: str | None = None, *, fresh: bool = False) -> dict[str, set[Shard]]:
-        """Return queue -> its listed shards (read at most DIRECTORY_TTL ago unless fresh)."""
-        if fresh or time.monotonic() - self._read_at >= DIRECTORY_TTL:
-            members = self._call(lambda: self.client.smembers(self.key))
+        """Return queue -> its listed shards (read at most DIRECTORY_TTL ago unless fresh).
+
+        If a read fails after an earlier one succeeded (the master of the directory is
+        failing over), the last listing is used: serving the shards known a moment ago is
+        better than serving none. ``fresh`` reads raise.
+        """
+        if fresh or not self._known or time.monotonic() - self._read_at >= DIRECTORY_TTL:
+            try:
+                members = self._call(lambda: self.client.smembers(self.key))
+            except EngineUnavailable:
+                if fresh or not self._known:
+                    raise
+                members = {shard.name for found in self._shards.values() for shard in found}
             shards: dict[str, set[Shard]] = {}
             for member in members:
                 try:
@@ -56,7 +68,7 @@ class Directory:
                     continue  # not a name this version writes: ignore, never crash on it
                 shards.setdefault(shard.queue, set()).add(shard)
             with self._lock:
-                self._shards, self._read_at = shards, time.monotonic()
+                self._shards, self._read_at, self._known = shards, time.monotonic(), True
         with self._lock:
             if queue is not None:
                 return {queue: set(self._shards.get(queue, ()))}
