@@ -203,8 +203,9 @@ class EmbeddedCluster:
     # -- creating the cluster ----------------------------------------------------------
 
     def _create(self, timeout: float) -> None:
+        # redis-cli creates clusters of 3 masters or more; smaller ones are made by hand.
         cli = find_redis_cli(find_redis_server()) if self.use_redis_cli else None
-        if cli is not None:
+        if cli is not None and self.masters >= 3:
             args = [cli, "--cluster", "create", *(n.address for n in self.nodes),
                     "--cluster-replicas", str(self.replicas), "--cluster-yes"]  # fmt: skip
             done = subprocess.run(args, capture_output=True, timeout=timeout, check=False)
