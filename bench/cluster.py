@@ -171,6 +171,72 @@ def run(config: Config, n: int, clients: int, claim: int) -> dict[str, Any]:
             "jobs_per_s": n / seconds, "per_master": rows}  # fmt: skip
 
 
+def waits(samples: int = 200, idle_seconds: float = 10.0) -> list[dict[str, Any]]:
+    """Wake-up latency of ``wait_for_work`` on a queue of 6 shards (a thread waits, the main
+    thread adds an id due now to a random shard), and the commands an idle wait costs."""
+    import random
+    import statistics
+    import threading
+
+    rows = []
+    for config in (Config("one Redis", 0, 6), Config("cluster of 3 masters", 3, 6)):
+        cluster = config.masters > 0
+        with servers(config) as url:
+            engine = Engine(connect(url, cluster), prefix="bench", shards={Q: 6})
+            woke: list[float] = []
+            stop = threading.Event()
+
+            def wait(engine: Engine = engine, woke: list[float] = woke, stop: Any = stop) -> None:
+                while not stop.is_set():
+                    if engine.wait_for_work([Q], 1.0):
+                        woke.append(time.perf_counter())
+
+            masters = master_clients(url, cluster)
+            thread = threading.Thread(target=wait, daemon=True)
+            thread.start()
+            time.sleep(0.5)
+            for m in masters.values():
+                m.config_resetstat()
+            time.sleep(idle_seconds)  # idle: what does waiting cost Redis?
+            idle_calls = sum(
+                int(v.get("calls", 0))
+                for m in masters.values()
+                for k, v in m.info("commandstats").items()
+                if k != "cmdstat_info" and k != "cmdstat_config|resetstat"
+            )
+            latencies = []
+            for n in range(samples):
+                before = len(woke)
+                sent = time.perf_counter()
+                engine.add(Q, {f"w{n}-{random.random()}": 0})
+                while len(woke) == before:
+                    time.sleep(0.0002)
+                latencies.append((woke[-1] - sent) * 1000)
+                for shard in engine.shards(Q):  # empty ready again (tokens were consumed)
+                    engine.claim(shard, 10, LEASE_MS)
+            stop.set()
+            thread.join(3)
+            latencies.sort()
+            rows.append({
+                "redis": config.name, "samples": samples,
+                "median_ms": statistics.median(latencies),
+                "p99_ms": latencies[int(0.99 * (samples - 1))],
+                "idle_commands_per_s": idle_calls / idle_seconds,
+            })  # fmt: skip
+            for m in masters.values():
+                m.close()
+            engine.close()
+    return rows
+
+
+def report_waits(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'wait_for_work on 6 shards':<28} {'median':>9} {'p99':>9} {'idle cmds/s':>12}"]
+    for r in rows:
+        lines.append(f"{r['redis']:<28} {r['median_ms']:>7.2f}ms {r['p99_ms']:>7.2f}ms "
+                     f"{r['idle_commands_per_s']:>12.1f}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def report(results: list[dict[str, Any]], info: dict[str, Any]) -> str:
     lines = [
         f"redis {info['redis_version']} | python {info['python']} | {info['cpus']} CPUs | "
@@ -209,9 +275,13 @@ def main(argv: list[str] | None = None) -> None:
             "cpus": os.cpu_count(), "platform": f"{platform.system()} {platform.machine()}",
             "load_average_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
     results = [run(config, args.n, args.clients, args.claim) for config in CONFIGS]
+    latency = waits()
     print(report(results, info))
+    print()
+    print(report_waits(latency))
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": info, "results": results}, indent=2))
+        data = {"machine": info, "results": results, "waits": latency}
+        Path(args.json).write_text(json.dumps(data, indent=2))
 
 
 if __name__ == "__main__":
