@@ -14,7 +14,7 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.db.models import Count, Max
+from django.db.models import Count, Max, Min
 from django.utils import timezone
 
 from django_delayjobs.models import EventKind, Job, JobEvent, Status
@@ -61,6 +61,7 @@ def test_killing_a_master_mid_run_loses_no_job_and_doubles_no_effect(
             for n in range(N)
         )
         wait_for(lambda: Record.objects.count() >= N // 5, timeout=120, every=0.05)
+        first = Job.objects.aggregate(first=Min("started_at"))["first"]
         killed_at = timezone.now()
         redis_cluster.kill(victim)
         done_at_kill = Record.objects.count()
@@ -84,6 +85,7 @@ def test_killing_a_master_mid_run_loses_no_job_and_doubles_no_effect(
 
     last = Job.objects.aggregate(last=Max("finished_at"))["last"]
     recovery = (last - killed_at).total_seconds()
+    rate = done_at_kill / (killed_at - first).total_seconds()  # jobs/s before the kill
     redelivered = (
         Job.objects.filter(deliveries__gt=1).count() + Job.objects.filter(attempts__gt=1).count()
     )
@@ -97,7 +99,9 @@ def test_killing_a_master_mid_run_loses_no_job_and_doubles_no_effect(
         assert text.count("Redis is unavailable") <= 5, text[-3000:]
     with capsys.disabled():
         print(
-            f"\nfailover: master {victim.address} killed with {done_at_kill} of {N} jobs done; "
+            f"\nfailover: master {victim.address} killed with {done_at_kill} of {N} jobs done "
+            f"({rate:.0f} jobs/s until then, so the rest alone needed about "
+            f"{(N - done_at_kill) / rate:.1f} s); "
             f"replica promoted after {promoted_after:.1f} s; last job completed "
             f"{recovery:.1f} s after the kill; reconcile re-added {readded} id(s) Redis did not "
             f"hold; {redelivered} job(s) delivered more than once"
