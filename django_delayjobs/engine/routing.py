@@ -30,7 +30,8 @@ class Router:
         self.directory = directory
 
     def count(self, queue: str) -> int:
-        validate_name(queue, "queue name")
+        if sharding.parse(queue).count > 1 or sharding.explicit(queue):
+            raise ValueError(f"{queue!r} is a shard's name, not a queue's")
         return self.counts if isinstance(self.counts, int) else self.counts.get(queue, 1)
 
     def keys(self, shard: Shard) -> QueueKeys:

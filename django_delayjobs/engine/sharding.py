@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 from .keys import validate_name
 
@@ -57,6 +57,11 @@ def parse(name: object, what: str = "queue name") -> Shard:
     """
     if not isinstance(name, str):
         raise TypeError(f"{what} must be a str, not {type(name).__name__}")
+    return _parse(name, what)
+
+
+@lru_cache(maxsize=4096)  # a process uses a few names, on every call: parse each once
+def _parse(name: str, what: str) -> Shard:
     if "#" not in name:
         return Shard(validate_name(name, what))
     match = _SHARD.fullmatch(name)
