@@ -6,6 +6,8 @@ spreads over the masters.
 
 from __future__ import annotations
 
+import contextlib
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -185,3 +187,67 @@ def test_a_queue_of_6_shards_spreads_100k_pending_jobs_evenly_over_3_masters(on_
     shares = sorted(count / n for count in per_master.values())
     print(f"share of the 100,000 pending ids per master: {shares}")
     assert all(abs(share - 1 / 3) < 0.25 / 3 for share in shares), shares
+
+
+def _node_id(node: Any) -> str:
+    raw = node.execute_command("CLUSTER MYID")
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _move_slot(slot: int, source: Any, target: Any, everyone: list[Any], *, finish: bool) -> None:
+    """Migrate ``slot`` as redis-cli --cluster reshard does; stop half way unless ``finish``."""
+    src, dst = _node_id(source), _node_id(target)
+    target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src)
+    source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst)
+    keys = source.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+    port = target.connection_pool.connection_kwargs["port"]
+    for key in keys if finish else keys[: len(keys) // 2]:
+        source.execute_command("MIGRATE", "127.0.0.1", port, key, 0, 5000)
+    if finish:
+        for node in [target, source, *everyone]:
+            node.execute_command("CLUSTER SETSLOT", slot, "NODE", dst)
+
+
+def test_the_engine_follows_a_shard_whose_slot_moves_to_another_master(on_cluster, redis_cluster):
+    """MOVED and ASK are followed by redis-py; while the slot is half moved a script that
+    needs keys on both sides gets TRYAGAIN until redis-py gives up, and the engine raises
+    EngineUnavailable (its callers back off); once the slot is moved, nothing is lost."""
+    from django_delayjobs.engine import EngineUnavailable
+    from django_delayjobs.engine.sharding import slot
+
+    engine = Engine(on_cluster, prefix="move", shards={"orders": 6})
+    now = engine.server_time_ms()
+    shard = engine.shards("orders")[0]
+    ids = [i for i in (str(uuid.uuid4()) for _ in range(400)) if engine.home("orders", i) == shard]
+    engine.add("orders", dict.fromkeys(ids[:20], 0))  # ready
+    engine.add("orders", {i: now + 3_600_000 for i in ids[20:]})  # pending
+    the_slot = slot(engine.keys(shard).pending.split("}")[0][1:])
+    masters = {n.address: n for n in redis_cluster.master_nodes()}
+    source_node = masters[engine.node_of(shard)]
+    target_node = next(n for a, n in masters.items() if a != source_node.address)
+    with source_node.client() as source, target_node.client() as target:
+        others = [n.client() for n in masters.values() if n not in (source_node, target_node)]
+        try:
+            _move_slot(the_slot, source, target, others, finish=False)
+            for call in (lambda: engine.stats(shard), lambda: engine.claim(shard, 1, 60_000)):
+                started = time.monotonic()
+                # redis-py answers TRYAGAIN by retrying (16 times at most), then gives up:
+                with contextlib.suppress(EngineUnavailable):
+                    call()
+                assert time.monotonic() - started < 5  # bounded, never a hang
+            # A one-key read works on either side of the move (redis-py follows ASK).
+            assert len(engine.next_due(shard, 5)) == 5
+            assert len(engine.garbage(shard, 5)) == 0
+            _move_slot(the_slot, source, target, others, finish=True)
+            claimed = engine.claim(shard, 20, 60_000)  # MOVED: redis-py reads the new owner
+            assert engine.node_of(shard) == target_node.address
+            stats = engine.stats(shard)
+            assert stats.pending == len(ids) - 20
+            assert stats.ready + stats.in_flight == 20
+            assert engine.ack(shard, claimed) == len(claimed)
+        finally:  # put the slot back: the other tests count shards per master
+            if engine.node_of(shard) != source_node.address:
+                _move_slot(the_slot, target, source, others, finish=True)
+            for client in others:
+                client.close()
+    redis_cluster.wait_healthy()
