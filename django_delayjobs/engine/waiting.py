@@ -131,6 +131,7 @@ class Doorbells:
         self._lock = threading.Lock()
         self._bells: dict[str, _Bell] = {}
         self._closed = False
+        self._nodes: dict[int, Any] = {}  # the masters' clients the doorbells block on
 
     def wait(self, keys: Sequence[str], seconds: float) -> bool:
         me = _Waiting()
@@ -188,7 +189,10 @@ class Doorbells:
 
     def _node_client(self, key: str) -> Any:
         node = self.client.get_node_from_key(key)
-        return node.redis_connection if node.redis_connection is not None else self.client
+        found = node.redis_connection if node.redis_connection is not None else self.client
+        with self._lock:
+            self._nodes[id(found)] = found
+        return found
 
     def _hand_over(self, bell: _Bell) -> bool:
         with self._lock:
@@ -201,9 +205,15 @@ class Doorbells:
         return False
 
     def close(self) -> None:
+        """Wake every waiter and end every doorbell now: a pop still blocked would outlive
+        the engine by up to a second and take (then hand back) a token meant for others."""
         with self._lock:
             self._closed = True
             for bell in self._bells.values():
                 for waiting in bell.waiters:
                     waiting.event.set()
                 bell.waiters.clear()
+            nodes = list(self._nodes.values())
+        for node in nodes:  # closes the connections in use too: the blocked pops end
+            with contextlib.suppress(Exception):
+                node.connection_pool.disconnect()

@@ -19,7 +19,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -51,11 +51,15 @@ def redis_client(backend: Backend):
 
 
 @pytest.fixture
-def engine(backend: Backend, redis_client, monkeypatch: pytest.MonkeyPatch) -> Engine:
+def engine(backend: Backend, redis_client, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine]:
+    """Closed at the end, so that no wait of this test outlives it (see waiting.py)."""
     if backend.name == "cluster-shard":
         monkeypatch.setattr(sys.modules[__name__], "Q", SHARD)
-        return Engine(redis_client, prefix="t", shards={"q": 6})
-    return Engine(redis_client, prefix="t")
+        engine = Engine(redis_client, prefix="t", shards={"q": 6})
+    else:
+        engine = Engine(redis_client, prefix="t")
+    yield engine
+    engine.close()
 
 
 def base(name: str) -> str:

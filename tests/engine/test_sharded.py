@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -44,8 +45,11 @@ def make(client: Any, count: int = N) -> Engine:
 
 
 @pytest.fixture
-def engine(redis_client) -> Engine:
-    return make(redis_client)
+def engine(redis_client) -> Iterator[Engine]:
+    """Closed at the end, so that no wait of this test outlives it (see waiting.py)."""
+    engine = make(redis_client)
+    yield engine
+    engine.close()
 
 
 def ids(n: int, stem: str = "id") -> list[str]:
