@@ -20,7 +20,7 @@ from django.utils import timezone
 from . import timing
 from .conf import delayjobs_settings
 from .engine import Engine
-from .models import WAITING, Job, Status
+from .models import ACTIVE, WAITING, Job, Status
 from .rows import parse_time
 
 logger = logging.getLogger("django_delayjobs.reconcile")
@@ -110,7 +110,7 @@ def _repair(engine: Engine, queue: str, items: dict[str, int], moved: Counter[st
     of an older count is moved (added to its shard, removed from the old one), not counted."""
     # A waiting job found in garbage was requeued while Redis was unreachable.
     revived = engine.requeue(queue, list(items))
-    added = engine.add(queue, items)
+    added = _still_active(queue, engine, engine.add(queue, items))
     relocated = 0
     if added:
         for shard in engine.old_shards(queue):  # none unless the shard count changed
@@ -118,6 +118,20 @@ def _repair(engine: Engine, queue: str, items: dict[str, int], moved: Counter[st
     relocated = min(relocated, len(added))
     moved[queue] += relocated
     return revived + len(added) - relocated
+
+
+def _still_active(queue: str, engine: Engine, added: list[str]) -> list[str]:
+    """The re-added ids whose job is still active. The rows were read before the add, and
+    a worker may have finished a job (and acked its id) in between: such an id is taken
+    out again, so that it is neither counted as repaired nor delivered for nothing."""
+    if not added:
+        return added
+    active = {str(pk) for pk in Job.objects.filter(pk__in=added, status__in=ACTIVE)
+              .values_list("pk", flat=True)}  # fmt: skip
+    finished = [id_ for id_ in added if id_ not in active]
+    if finished:
+        engine.remove(queue, finished)
+    return [id_ for id_ in added if id_ in active]
 
 
 def horizon() -> timedelta:
