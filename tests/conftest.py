@@ -27,7 +27,7 @@ from redis.cluster import RedisCluster
 
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.embedded_cluster import EmbeddedCluster
-from django_delayjobs.engine import Engine
+from django_delayjobs.engine import Engine, close_client
 from tests.callback_server import CallbackServer
 
 
@@ -147,7 +147,7 @@ def cluster_redis(redis_cluster: EmbeddedCluster) -> Iterator[RedisCluster]:
     client = cluster_client(redis_cluster.url)
     client.flushall()
     yield client
-    client.close()
+    close_client(client)
 
 
 @dataclass
@@ -189,4 +189,4 @@ def worker_redis(request: pytest.FixtureRequest, redis_url: str) -> Iterator[Wor
             assert get_engine().is_cluster
             yield WorkerRedis(cluster.url, env, client)
     finally:
-        client.close()
+        close_client(client)

@@ -19,7 +19,7 @@ from django.urls import reverse
 
 from django_delayjobs import schedule, timing
 from django_delayjobs.connection import get_engine
-from django_delayjobs.engine import Engine
+from django_delayjobs.engine import Engine, close_client
 from django_delayjobs.models import Job, Status
 from django_delayjobs.preflight import check_redis, describe_redis
 from django_delayjobs.services import build_job, schedule_many
@@ -43,7 +43,7 @@ def on_cluster(redis_cluster, settings) -> Iterator[Any]:
     settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": redis_cluster.url,
                           "REDIS_CLUSTER": True, "QUEUE_SHARDS": SHARDS}  # fmt: skip
     yield client
-    client.close()
+    close_client(client)
 
 
 def burst() -> None:

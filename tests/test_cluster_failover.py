@@ -17,6 +17,7 @@ import pytest
 from django.db.models import Count, Max, Min
 from django.utils import timezone
 
+from django_delayjobs.engine import close_client
 from django_delayjobs.models import EventKind, Job, JobEvent, Status
 from django_delayjobs.services import build_job, schedule_many
 from tests.conftest import cluster_client
@@ -38,8 +39,9 @@ def test_killing_a_master_mid_run_loses_no_job_and_doubles_no_effect(
     redis_cluster, settings, tmp_path, capsys
 ):
     redis_cluster.wait_healthy()
-    with cluster_client(redis_cluster.url) as client:
-        client.flushall()
+    client = cluster_client(redis_cluster.url)
+    client.flushall()
+    close_client(client)
     shards = '{"default": 6}'
     settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": redis_cluster.url,
                           "REDIS_CLUSTER": True, "QUEUE_SHARDS": {"default": 6}}  # fmt: skip

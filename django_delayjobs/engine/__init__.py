@@ -1,6 +1,6 @@
 """The Redis engine: ids and due times moved by Lua scripts. Never imports Django."""
 
-from .engine import MAX_BATCH, Engine, script_source
+from .engine import MAX_BATCH, Engine, close_client, script_source
 from .errors import DelayJobsError, EngineUnavailable
 from .keys import QueueKeys, validate_name
 from .results import PromoteResult, QueueStats
@@ -16,6 +16,7 @@ __all__ = [
     "QueueKeys",
     "QueueStats",
     "Shard",
+    "close_client",
     "script_source",
     "validate_name",
 ]

@@ -47,6 +47,17 @@ def script_source(name: str) -> str:
     return resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text()
 
 
+def close_client(client: Any) -> None:
+    """Close a client's connections. A ``RedisCluster``'s ``close()`` leaves the pools of
+    its per-master clients open (redis-py 8 gives them ``auto_close_connection_pool =
+    False``): their sockets would linger until garbage collection, so close them too."""
+    client.close()
+    nodes = client.get_nodes() if hasattr(client, "get_nodes") else []
+    for node in nodes:
+        if node.redis_connection is not None:
+            node.redis_connection.connection_pool.disconnect()
+
+
 class Engine(Reader):
     """The delay queue of one Redis database or one Redis Cluster.
 
@@ -73,7 +84,7 @@ class Engine(Reader):
     def close(self) -> None:
         """Stop waiting threads and close the client's connections."""
         self._waiter.close()
-        self.client.close()
+        close_client(self.client)
 
     # -- scheduling --------------------------------------------------------------
 

@@ -27,7 +27,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_delayjobs.engine import MAX_BATCH, Engine, EngineUnavailable
+from django_delayjobs.engine import MAX_BATCH, Engine, EngineUnavailable, close_client
 from django_delayjobs.engine.sharding import parse
 
 from .conftest import Backend, on_cluster, open_backend
@@ -47,7 +47,7 @@ def redis_client(backend: Backend):
     client = backend.client()
     client.flushdb()
     yield client
-    client.close()
+    close_client(client)
 
 
 @pytest.fixture
@@ -917,7 +917,7 @@ def test_a_wait_longer_than_the_client_socket_timeout_returns_false(redis_client
     try:
         assert getattr(Engine(client, prefix="t"), method)([Q], 0.5) is False
     finally:
-        client.close()
+        close_client(client)
 
 
 def test_a_wait_under_a_short_socket_timeout_still_wakes(redis_client, backend):
@@ -927,7 +927,7 @@ def test_a_wait_under_a_short_socket_timeout_still_wakes(redis_client, backend):
         engine.add(Q, {"a": 0})
         assert engine.wait_for_work([Q], 0.5) is True
     finally:
-        client.close()
+        close_client(client)
 
 
 @pytest.mark.slow
@@ -938,4 +938,4 @@ def test_a_wait_longer_than_the_default_socket_timeout_returns_false(redis_clien
     try:
         assert Engine(client, prefix="t").wait_for_work([Q], 6) is False
     finally:
-        client.close()
+        close_client(client)

@@ -17,7 +17,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_delayjobs.engine import Engine
+from django_delayjobs.engine import Engine, close_client
 from django_delayjobs.engine.sharding import parse, slot, tag
 
 from .conftest import Backend, on_cluster, open_backend
@@ -37,7 +37,7 @@ def redis_client(backend: Backend):
     client = backend.client()
     client.flushdb()
     yield client
-    client.close()
+    close_client(client)
 
 
 def make(client: Any, count: int = N) -> Engine:
