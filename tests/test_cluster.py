@@ -170,6 +170,13 @@ def test_a_cache_that_is_a_cluster_client_is_shared(on_cluster, redis_cluster, s
         get_engine()
 
 
+def test_on_3_masters_a_queue_of_6_puts_2_shards_on_each(on_cluster):
+    engine = Engine(on_cluster, prefix="t", shards={"q": 6})
+    masters = Counter(engine.node_of(name) for name in engine.shards("q"))
+    assert len(masters) == 3
+    assert set(masters.values()) == {2}
+
+
 def test_a_queue_of_6_shards_spreads_100k_pending_jobs_evenly_over_3_masters(on_cluster):
     """Each master holds its share within 10% in practice (2 shards each, ids spread by
     jump hash); the assertion allows 25%, so that it fails only if spreading breaks."""

@@ -331,11 +331,3 @@ def test_shard_k_of_n_lies_in_the_middle_of_the_k_th_nth_of_the_slots(engine):
             s = slot(tag("t", parse(f"q#{k}/{n}")))
             width = 16384 / n
             assert width * k + width * 3 / 8 - 1 <= s < width * k + width * 5 / 8, (k, n, s)
-
-
-@pytest.mark.cluster
-def test_on_3_masters_a_queue_of_6_puts_2_shards_on_each(cluster_redis):
-    engine = make(cluster_redis)
-    masters = Counter(engine.node_of(name) for name in engine.shards(Q))
-    assert len(masters) == 3
-    assert set(masters.values()) == {2}
