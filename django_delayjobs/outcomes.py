@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from . import metrics, signals
 from .conf import delayjobs_settings
-from .engine import Engine, EngineUnavailable
+from .engine import Engine, EngineUnavailable, queue_of
 from .exceptions import GiveUp, Retry
 
 if TYPE_CHECKING:
@@ -153,7 +153,8 @@ def settle(
         outage.ok()
     except EngineUnavailable as exc:
         outage.failed(exc)
-    metrics.record(queue, result)  # in memory; the worker's housekeeping flushes it
+    # In memory; the worker's housekeeping flushes it. Counted per queue, whatever shard.
+    metrics.record(queue_of(queue), result)
     send_signals(result)
 
 

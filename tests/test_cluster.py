@@ -258,3 +258,23 @@ def test_the_engine_follows_a_shard_whose_slot_moves_to_another_master(on_cluste
             for client in others:
                 client.close()
     redis_cluster.wait_healthy()
+
+
+def test_metrics_are_flushed_and_read_on_the_cluster(on_cluster):
+    """The recorder's MULTI/EXEC per queue stays in the queue's slot; the snapshot sums
+    the shards' counters, which live on several masters."""
+    from django_delayjobs.metrics import store
+    from django_delayjobs.metrics.recorder import Recorder
+    from django_delayjobs.outcomes import Outcome, Result
+
+    engine = Engine(on_cluster, prefix="m", shards={"orders": 6})
+    engine.add("orders", dict.fromkeys((str(uuid.uuid4()) for _ in range(60)), 10**13))
+    job = Job(attempts=1)  # no run_at/started_at: no lateness, just the outcome
+    recorder = Recorder()
+    for _ in range(3):
+        recorder.record("orders", Result(Outcome.SUCCEEDED, job, duration=0.01))
+    now = time.time()
+    recorder.flush(engine, ["orders"], now=now)
+    assert store.totals(engine, ["orders"])["orders"]["jobs:succeeded"] == 3
+    minute = int(now // 60)
+    assert store.minutes(engine, "orders", minute, minute)[minute]["snap:added"] == 60

@@ -64,3 +64,31 @@ def test_growing_from_one_shard_keeps_serving_the_queue_of_one(settings):
     call_command("run_delayworker", "--burst", "--queues", "orders", "-v", "0")
     assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
     assert engine.forget_empty_shards("orders") == ["orders#0/1"]
+
+
+def test_metrics_count_per_queue_and_show_each_shard(settings):
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import parser
+
+    from django_delayjobs.metrics import exposition, recorder, snapshot
+    from django_delayjobs.outcomes import Outcome, Result, settle
+
+    shards(settings, 3)
+    jobs = schedule_many([build_job(tasks.record, in_=3600, args=[f"m{n}"], queue="orders")
+                          for n in range(30)])  # fmt: skip
+    engine = get_engine()
+    text = exposition.render(snapshot.read(engine)).decode()
+    families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    per_shard = {(s.labels["shard"], s.labels["state"]): s.value
+                 for s in families["delayjobs_shard_jobs"].samples}  # fmt: skip
+    assert {shard for shard, _ in per_shard} == set(engine.shards("orders"))
+    assert sum(v for (_, state), v in per_shard.items() if state == "pending") == 30
+    totals = {(s.labels["queue"], s.labels["state"]): s.value
+              for s in families["delayjobs_queue_jobs"].samples}  # fmt: skip
+    assert totals[("orders", "pending")] == 30
+
+    recorder.RECORDER.take()  # what other tests left
+    job = jobs[0]
+    shard = engine.home("orders", str(job.pk))
+    settle(engine, shard, str(job.pk), Result(Outcome.SUCCEEDED, job, duration=0.01))
+    assert {queue for queue, _ in recorder.RECORDER.take()} == {"orders"}  # not the shard

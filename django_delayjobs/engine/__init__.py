@@ -4,7 +4,7 @@ from .engine import MAX_BATCH, Engine, close_client, script_source
 from .errors import DelayJobsError, EngineUnavailable
 from .keys import QueueKeys, validate_name
 from .results import PromoteResult, QueueStats
-from .sharding import MAX_SHARDS, Shard
+from .sharding import MAX_SHARDS, Shard, queue_of
 
 __all__ = [
     "MAX_BATCH",
@@ -17,6 +17,7 @@ __all__ = [
     "QueueStats",
     "Shard",
     "close_client",
+    "queue_of",
     "script_source",
     "validate_name",
 ]

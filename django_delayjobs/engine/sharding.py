@@ -75,6 +75,11 @@ def _parse(name: str, what: str) -> Shard:
     return Shard(validate_name(match["queue"], what), index, count)
 
 
+def queue_of(name: str) -> str:
+    """The queue a queue or shard name belongs to (``orders#2/6`` -> ``orders``)."""
+    return parse(name).queue
+
+
 def explicit(name: str) -> bool:
     """Whether ``name`` names one shard (``q#k/n``) rather than a queue."""
     return "#" in name

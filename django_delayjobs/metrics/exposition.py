@@ -8,7 +8,9 @@ id or an action):
 - ``delayjobs_run_seconds{queue}``: histogram of the action's duration;
 - ``delayjobs_queue_jobs{queue,state}``: gauge of pending, overdue, ready, in_flight,
   garbage;
-- ``delayjobs_oldest_overdue_seconds{queue}``, ``delayjobs_workers{queue}``: gauges.
+- ``delayjobs_oldest_overdue_seconds{queue}``, ``delayjobs_workers{queue}``: gauges;
+- ``delayjobs_shard_jobs{queue,shard,state}``: the same states per shard, for the queues
+  split into several (``QUEUE_SHARDS``; absent when none is).
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ def families(readings: Sequence[QueueReading]) -> list[Metric]:
     workers = GaugeMetricFamily(
         "delayjobs_workers", "Live worker processes serving the queue.", labels=["queue"]
     )
+    shards = GaugeMetricFamily(
+        "delayjobs_shard_jobs", "Job ids Redis holds per shard of a queue split into "
+        "several (QUEUE_SHARDS), by state.", labels=["queue", "shard", "state"],
+    )  # fmt: skip
     for r in readings:
         for outcome in layout.OUTCOMES:
             jobs.add_metric([r.name, outcome], r.jobs(outcome))
@@ -67,7 +73,11 @@ def families(readings: Sequence[QueueReading]) -> list[Metric]:
             states.add_metric([r.name, state], getattr(r.stats, field))
         overdue.add_metric([r.name], r.oldest_overdue)
         workers.add_metric([r.name], r.stats.live_workers)
-    return [jobs, lateness, run, states, overdue, workers]
+        for shard in r.stats.shards:
+            for state, field in STATES.items():
+                shards.add_metric([r.name, shard.queue, state], getattr(shard, field))
+    found = [jobs, lateness, run, states, overdue, workers]
+    return [*found, shards] if shards.samples else found
 
 
 def _cumulative(histogram: str, totals: dict[str, float]) -> list[tuple[str, float]]:

@@ -64,10 +64,11 @@ def oldest_overdue(engine: Engine, stats: QueueStats) -> float:
     ages = [0]
     if stats.overdue and stats.next_due_ms is not None:
         ages.append(stats.now_ms - stats.next_due_ms)
-    if stats.ready:
-        due_ms = _ready_head_due_ms(engine, stats.queue)
-        if due_ms is not None:
-            ages.append(stats.now_ms - due_ms)
+    for shard in stats.shards or [stats]:  # a queue of several shards: each one's head
+        if shard.ready:
+            due_ms = _ready_head_due_ms(engine, shard.queue)
+            if due_ms is not None:
+                ages.append(stats.now_ms - due_ms)
     return max(ages) / 1000
 
 

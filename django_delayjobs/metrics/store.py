@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
 
@@ -63,16 +63,26 @@ def write(
 
 
 def _counters(engine: Engine, queues: Sequence[str]) -> dict[str, list[Any]]:
-    """The engine's ``added``/``removed`` counters of each queue, in one round trip."""
+    """The engine's ``added``/``removed`` counters of each queue (summed over its shards),
+    in one round trip."""
     names = list(layout.SNAPSHOT_FIELDS)
+    shards = {queue: engine.shards(queue) for queue in queues}
 
     def run() -> list[Any]:
         pipe = engine.client.pipeline(transaction=False)
         for queue in queues:
-            pipe.hmget(engine.keys(queue).counters, names)
-        return pipe.execute()
+            for shard in shards[queue]:
+                pipe.hmget(engine.keys(shard).counters, names)
+        return cast(list[Any], pipe.execute())
 
-    return dict(zip(queues, guarded(run), strict=True))
+    replies = iter(guarded(run))
+    summed: dict[str, list[Any]] = {}
+    for queue in queues:
+        per_shard = [next(replies) for _ in shards[queue]]
+        summed[queue] = [
+            sum(int(v or 0) for v in column) for column in zip(*per_shard, strict=True)
+        ]
+    return summed
 
 
 def _write_queue(
@@ -108,7 +118,7 @@ def totals(engine: Engine, queues: Sequence[str]) -> dict[str, Fields]:
         pipe = engine.client.pipeline(transaction=False)
         for queue in queues:
             pipe.hgetall(totals_key(engine, queue))
-        return pipe.execute()
+        return cast(list[Any], pipe.execute())
 
     return {q: _fields(raw) for q, raw in zip(queues, guarded(run), strict=True)}
 
@@ -121,7 +131,7 @@ def minutes(engine: Engine, queue: str, first: int, last: int) -> dict[int, Fiel
         pipe = engine.client.pipeline(transaction=False)
         for at in range(first, last + 1):
             pipe.hgetall(minute_key(engine, queue, at))
-        return pipe.execute()
+        return cast(list[Any], pipe.execute())
 
     found = guarded(run)
     return {first + i: _fields(raw) for i, raw in enumerate(found) if raw}
