@@ -7,6 +7,7 @@ spreads over the masters.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 from collections import Counter
@@ -278,3 +279,24 @@ def test_metrics_are_flushed_and_read_on_the_cluster(on_cluster):
     assert store.totals(engine, ["orders"])["orders"]["jobs:succeeded"] == 3
     minute = int(now // 60)
     assert store.minutes(engine, "orders", minute, minute)[minute]["snap:added"] == 60
+
+
+def test_a_cluster_is_also_made_without_redis_cli():
+    """What the fixtures do when no redis-cli is found: CLUSTER ADDSLOTS, MEET and
+    REPLICATE from Python, then the same health check (every slot served, replicas up)."""
+    from django_delayjobs.embedded_cluster import EmbeddedCluster
+
+    with EmbeddedCluster(masters=3, replicas=1, use_redis_cli=False) as cluster:
+        assert len(cluster.master_nodes()) == 3
+        pids = [node.pid for node in cluster.nodes]
+        client = cluster_client(cluster.url)
+        try:
+            assert len(client.get_primaries()) == 3 and len(client.get_replicas()) == 3
+            engine = Engine(client, prefix="byhand", shards={"q": 6})
+            assert engine.add("q", {"a": 0, "b": 0}) == ["a", "b"]
+            assert sorted(engine.claim("q", 2, 1000)) == ["a", "b"]
+        finally:
+            close_client(client)
+    for pid in pids:  # stopped by pid, and reaped
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
