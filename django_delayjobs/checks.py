@@ -60,7 +60,7 @@ def check_settings(
                 _error(
                     f"DELAYJOBS['REDIS_URL'] {problem}.",
                     "REDIS_CLUSTER needs redis://host:port (or rediss://) of any node, database 0.",
-                    10,
+                    13,
                 )
             )
     if loaded is not None and loaded.RECONCILE_HORIZON_SECONDS < loaded.RECONCILE_SECONDS:

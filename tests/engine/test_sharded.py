@@ -163,7 +163,7 @@ def test_in_flight_ids_are_acked_nacked_buried_and_extended_in_their_shard(engin
     assert engine.nack(Q, dict.fromkeys(given[20:], engine.server_time_ms() + HOUR)) == 10
     stats = engine.stats(Q)
     assert (stats.in_flight, stats.garbage, stats.pending) == (0, 10, 10)
-    assert stats.counters == {"acked": 10, "buried": 10, "nacked": 10}
+    assert stats.counters == {"added": 30, "acked": 10, "buried": 10, "nacked": 10}
     assert sorted(i for i, _ in engine.garbage(Q, 100)) == sorted(given[10:20])
     assert engine.requeue(Q, given[10:15]) == 5
     assert engine.purge(Q, given[15:20]) == 5
