@@ -47,7 +47,7 @@ def test_jobs_of_the_old_count_run_cancel_and_move_after_a_change(settings, capl
     assert Record.objects.filter(label__startswith="n").count() == 10  # old shards served
 
     with caplog.at_level(logging.INFO, logger="django_delayjobs.reconcile"):
-        assert reconcile(engine, horizon=None) == {}  # nothing was missing: 39 moved
+        assert sum(reconcile(engine, horizon=None).values()) == 0  # none missing: 39 moved
     assert "moved 39 waiting job(s)" in caplog.text
     assert sum(pending_in(s) for s in old) == 0
     assert sum(pending_in(s) for s in engine.shards("orders")[:4]) == 39

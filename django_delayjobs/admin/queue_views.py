@@ -98,6 +98,11 @@ class Section:
         return display.timestamp(self.state.next_due_at)
 
     @property
+    def shards(self) -> list[tuple[queues.ShardState, str]]:
+        """Each shard with its next due time as text (made here, for the same reason)."""
+        return [(shard, display.timestamp(shard.next_due_at)) for shard in self.state.shards]
+
+    @property
     def oldest_lease_at_text(self) -> str:
         return display.timestamp(self.state.oldest_lease_at)
 

@@ -228,8 +228,8 @@ class ShardStateSerializer(serializers.Serializer[Any]):
     in_flight = serializers.IntegerField()
     expired_leases = serializers.IntegerField()
     garbage = serializers.IntegerField()
-    next_due_at = serializers.DateTimeField(allow_null=True)
-    oldest_lease_at = serializers.DateTimeField(allow_null=True)
+    next_due_at = ShownDateTimeField(allow_null=True)
+    oldest_lease_at = ShownDateTimeField(allow_null=True)
 
 
 class QueueStateSerializer(serializers.Serializer[Any]):
