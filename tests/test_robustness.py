@@ -8,6 +8,7 @@ dead instead of looping.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -141,7 +142,7 @@ def test_two_deployments_on_one_redis_and_prefix_are_kept_apart(redis_url, tmp_p
         assert "holds the jobs of another deployment" in text and "PREFIX" in text
         # Redis loses its data and the other deployment's worker records itself first: ours
         # notices at its next heartbeat and stops rather than drop the other's ids.
-        with sqlite3.connect(other_db) as db:
+        with contextlib.closing(sqlite3.connect(other_db)) as db:
             (their_uid,) = db.execute("SELECT uid FROM django_delayjobs_deployment").fetchone()
         redis_client.flushdb()
         redis_client.set("{delayjobs}:deployment", str(uuid.UUID(their_uid)))
