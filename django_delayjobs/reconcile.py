@@ -13,19 +13,23 @@ from collections import Counter, defaultdict
 from datetime import timedelta
 
 from django.db import connections
-from django.db.models import Q, TextField
+from django.db.models import Case, Q, TextField, Value, When
 from django.db.models.functions import Cast
 from django.utils import timezone
 
 from . import timing
 from .conf import delayjobs_settings
-from .engine import Engine
+from .engine import PRIORITY_RANGE, Engine
 from .models import ACTIVE, WAITING, Job, Status
 from .rows import parse_time
 
 logger = logging.getLogger("django_delayjobs.reconcile")
 
 CHUNK = 1000
+#: A row this young may be one whose transaction has just committed and whose id is on
+#: its way to Redis (the on-commit add of its own process): it is re-added like any other
+#: but not counted as lost, so that a busy system logs no false repairs.
+FRESH = timedelta(seconds=10)
 
 
 class Reconciled(Counter[str]):
@@ -43,6 +47,7 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
 
     Also re-adds ``running`` jobs whose lease should long have ended, in case Redis lost
     them together with their worker; ``add`` skips any that Redis still holds in flight.
+    A job created less than ``FRESH`` ago is re-added if Redis lacks it, but not counted.
 
     A row whose due time cannot be used (a time before 1970, one PostgreSQL holds but
     Python cannot represent, text SQLite cannot parse) must never stop the repair of the
@@ -62,13 +67,17 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     if horizon is not None:
         due &= Q(run_at__lte=now + horizon)
     stuck = Q(status=Status.RUNNING, started_at__lt=now - lease)
-    as_text = (Cast("pk", TextField()), "queue", Cast("run_at", TextField()))
-    rows = Job.objects.filter(due | stuck).values_list(*as_text)
+    as_text = (Cast("pk", TextField()), "queue", Cast("run_at", TextField()), "priority")
+    # Compared by the database: a created_at Python cannot read never stops the sweep.
+    fresh = Case(When(created_at__gt=now - FRESH, then=Value(True)), default=Value(False))
+    rows = Job.objects.filter(due | stuck).values_list(*as_text, fresh)
     result = Reconciled()
     moved: Counter[str] = Counter()  # ids moved to their shard under a new count
     batch: dict[str, dict[str, int]] = defaultdict(dict)
+    priorities: dict[str, int] = {}  # of the batched ids whose priority is not 0
+    young: set[str] = set()  # batched ids of rows created within FRESH
     conn = connections[rows.db]
-    for raw_id, queue, raw_run_at in rows.order_by().iterator(chunk_size=CHUNK):
+    for raw_id, queue, raw_run_at, priority, is_young in rows.order_by().iterator(CHUNK):
         try:
             job_id = str(uuid.UUID(str(raw_id)))
         except ValueError as exc:  # a hand-written id: no worker could claim it
@@ -79,10 +88,14 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
         except (ArithmeticError, ValueError) as exc:
             result.unusable[job_id] = str(exc)
             batch[queue][job_id] = 0  # due now: the worker runs it or settles it dead
+        if priority and priority in PRIORITY_RANGE:
+            priorities[job_id] = priority
+        if is_young:
+            young.add(job_id)
         if len(batch[queue]) >= CHUNK:
-            result[queue] += _repair(engine, queue, batch.pop(queue), moved)
+            result[queue] += _repair(engine, queue, batch.pop(queue), priorities, young, moved)
     for queue, items in batch.items():
-        result[queue] += _repair(engine, queue, items, moved)
+        result[queue] += _repair(engine, queue, items, priorities, young, moved)
     _report(result, moved)
     return result
 
@@ -105,19 +118,30 @@ def _report(result: Reconciled, moved: Counter[str]) -> None:
                            " ..." if len(rows) > 10 else "")  # fmt: skip
 
 
-def _repair(engine: Engine, queue: str, items: dict[str, int], moved: Counter[str]) -> int:
-    """Make Redis hold ``items``; return how many it did not hold. An id found in a shard
-    of an older count is moved (added to its shard, removed from the old one), not counted."""
+def _repair(
+    engine: Engine,
+    queue: str,
+    items: dict[str, int],
+    priorities: dict[str, int],
+    young: set[str],
+    moved: Counter[str],
+) -> int:
+    """Make Redis hold ``items`` (with their ``priorities``); return how many it did not
+    hold, leaving out ids of ``young`` rows (see ``FRESH``). An id found in a shard of an
+    older count is moved (added to its shard, removed from the old one), not counted."""
     # A waiting job found in garbage was requeued while Redis was unreachable.
     revived = engine.requeue(queue, list(items))
-    added = _still_active(queue, engine, engine.add(queue, items))
+    ranks = {id_: priorities.pop(id_) for id_ in items if id_ in priorities}
+    added = _still_active(queue, engine, engine.add(queue, items, ranks))
     relocated = 0
     if added:
         for shard in engine.old_shards(queue):  # none unless the shard count changed
             relocated += engine.remove(shard, added)
     relocated = min(relocated, len(added))
     moved[queue] += relocated
-    return revived + len(added) - relocated
+    arriving = sum(1 for id_ in added if id_ in young)
+    young.difference_update(items)
+    return revived + max(0, len(added) - relocated - arriving)
 
 
 def _still_active(queue: str, engine: Engine, added: list[str]) -> list[str]:

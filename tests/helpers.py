@@ -144,3 +144,15 @@ class TcpProxy:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+def age_rows(minutes: float = 1.0) -> None:
+    """Make every job look created ``minutes`` ago: reconcile counts a missing job as lost
+    only once it is older than ``reconcile.FRESH`` (a young one's add may be on its way)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_delayjobs.models import Job
+
+    Job.objects.update(created_at=timezone.now() - timedelta(minutes=minutes))

@@ -26,7 +26,7 @@ from django_delayjobs.reconcile import horizon, reconcile
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
-from .helpers import start_worker, stop, wait_for
+from .helpers import age_rows, start_worker, stop, wait_for
 from .test_rest_helpers import burst, client_for, make_user, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -118,6 +118,7 @@ def test_reconcile_repairs_all_others_and_hands_a_poison_row_to_a_worker(name, r
                                                                          caplog):  # fmt: skip
     bad = poisoned(name)
     good = [schedule(tasks.record, in_=0, args=[f"good-{i}"]) for i in range(5)]
+    age_rows()
     redis_client.flushall()
     with caplog.at_level(logging.WARNING, logger="django_delayjobs.reconcile"):
         repaired = reconcile(get_engine(), horizon=horizon())  # the worker's sweep
@@ -145,6 +146,7 @@ def test_reconcile_repairs_all_others_and_hands_a_poison_row_to_a_worker(name, r
 def test_delayjobs_reconcile_command_names_poison_rows(redis_client):
     bad = [poisoned("run_at 1969"), poisoned("run_at 9999")]
     [schedule(tasks.record, in_=0, args=[f"good-{i}"]) for i in range(5)]
+    age_rows()
     redis_client.flushall()
     out = StringIO()
     call_command("delayjobs_reconcile", stdout=out)

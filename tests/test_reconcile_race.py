@@ -10,6 +10,7 @@ from django_delayjobs.engine import Engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import build_job, schedule_many
+from tests.helpers import age_rows
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,13 +21,14 @@ class FinishingFirst(Engine):
 
     finish: list[Job]
 
-    def add(self, queue, items):  # type: ignore[no-untyped-def]
+    def add(self, queue, items, priorities=None):  # type: ignore[no-untyped-def]
         Job.objects.filter(pk__in=[j.pk for j in self.finish]).update(status=Status.SUCCEEDED)
-        return super().add(queue, items)
+        return super().add(queue, items, priorities)
 
 
 def test_a_job_finished_between_the_read_and_the_add_is_not_put_back(redis_client):
     jobs = schedule_many([build_job(tasks.record, in_=60, args=[str(n)]) for n in range(6)])
+    age_rows()
     redis_client.flushdb()  # Redis lost them all
     engine = FinishingFirst(get_engine().client, prefix=get_engine().prefix)
     engine.finish = jobs[:2]

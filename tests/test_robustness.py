@@ -26,7 +26,7 @@ from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
-from tests.helpers import ROOT, start_worker, stop, wait_for, worker_env
+from tests.helpers import ROOT, age_rows, start_worker, stop, wait_for, worker_env
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -225,6 +225,21 @@ def test_schedule_does_not_block_on_a_frozen_redis_and_logs_one_line(tmp_path, s
     assert Job.objects.filter(status=Status.SCHEDULED).count() == 3  # reconcile's to add
     warnings = [r for r in caplog.records if "Redis is unavailable" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].exc_info is None
+
+
+def test_a_job_whose_add_may_still_be_on_its_way_is_re_added_but_not_reported(caplog):
+    from django_delayjobs.reconcile import reconcile
+
+    with transaction.atomic():  # as if the sweep read the row between commit and push
+        job = schedule(tasks.record, in_=60, args=["young"])
+        transaction.on_commit(lambda: get_engine().remove("default", [str(job.pk)]))
+    assert get_engine().stats("default").pending == 0
+    assert sum(reconcile(get_engine()).values()) == 0
+    assert get_engine().stats("default").pending == 1  # re-added all the same
+    assert not [r for r in caplog.records if r.name == "django_delayjobs.reconcile"]
+    age_rows()  # ten seconds later, the same loss is a loss
+    get_engine().remove("default", [str(job.pk)])
+    assert reconcile(get_engine()) == {"default": 1}
 
 
 def test_a_sweep_that_repairs_nothing_warns_nothing(caplog):

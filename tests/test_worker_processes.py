@@ -25,7 +25,7 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
-from tests.helpers import TcpProxy, start_worker, stop, wait_for
+from tests.helpers import TcpProxy, age_rows, start_worker, stop, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -325,6 +325,7 @@ def test_worker_warns_or_refuses_an_evicting_redis(tmp_path, settings, capsys):
 
 def test_reconcile_command_repairs_and_reports(redis_client, capsys):
     jobs = [schedule(tasks.record, in_=3600 * 24, args=[str(n)], queue="q1") for n in range(3)]
+    age_rows()
     redis_client.flushdb()
     call_command("delayjobs_reconcile")
     assert "q1: re-added 3 job(s)" in capsys.readouterr().out
