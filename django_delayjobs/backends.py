@@ -94,7 +94,7 @@ class DelayJobsBackend(BaseTaskBackend):
     supports_defer = True
     supports_get_result = True
     supports_async_task = True  # run to completion in a worker thread (Task.call)
-    supports_priority = False  # the engine serves the due jobs of a queue in FIFO order
+    supports_priority = True  # among jobs of a queue that become ready together (docs/tasks.md)
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -140,6 +140,7 @@ class DelayJobsBackend(BaseTaskBackend):
                 kwargs=kwargs,
                 queue=task.queue_name,
                 max_attempts=self.max_attempts,
+                priority=task.priority,
                 actor=ACTOR + self.alias,
             )
         except (TypeError, ValueError) as exc:

@@ -9,7 +9,7 @@ import datetime
 from django.db import models
 
 from . import serialization, timing
-from .engine import validate_name
+from .engine import PRIORITY_RANGE, validate_name
 from .exceptions import InvalidSchedule
 from .models import Job, JobEvent
 
@@ -26,6 +26,15 @@ def check_positive(value: object, what: str) -> int:
         raise InvalidSchedule(f"{what} must be at least 1, got {value}")
     if value > MAX_ATTEMPTS_LIMIT:
         raise InvalidSchedule(f"{what} must be at most {MAX_ATTEMPTS_LIMIT} (a 32-bit column)")
+    return value
+
+
+def check_priority(value: object) -> int:
+    """``value`` if it is an int from -100 to 100 (higher starts first), else raise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"priority must be an int, not {type(value).__name__}")
+    if value not in PRIORITY_RANGE:
+        raise InvalidSchedule(f"priority must be from -100 to 100, got {value}")
     return value
 
 
@@ -76,6 +85,7 @@ def check_built(job: Job, now: datetime.datetime) -> None:
     if job.target_id is not None:
         check_column(job.target_id, "the target's primary key", "target_id")
     check_positive(job.max_attempts, "max_attempts")
+    check_priority(job.priority)
     if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
         raise TypeError("a job's args must be a list and its kwargs a dict: use build_job")
     serialization.check_stored(job.args, "args")

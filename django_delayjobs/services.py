@@ -57,8 +57,11 @@ def _event(job: Job, kind: str, actor: str, message: str = "") -> None:
 def push(jobs: Iterable[Job]) -> int:
     """Hand jobs to the engine; on failure log and leave them to reconcile. Never raises."""
     by_queue: dict[str, dict[str, int]] = defaultdict(dict)
+    priorities: dict[str, int] = {}
     for job in jobs:
         by_queue[job.queue][str(job.pk)] = timing.to_ms(job.run_at)
+        if job.priority:
+            priorities[str(job.pk)] = job.priority
     added = 0
     try:
         engine = get_engine()
@@ -66,7 +69,8 @@ def push(jobs: Iterable[Job]) -> int:
             ids = list(items)
             for start in range(0, len(ids), MAX_BATCH):
                 chunk = {i: items[i] for i in ids[start : start + MAX_BATCH]}
-                added += len(engine.add(queue, chunk))
+                ranks = {i: priorities[i] for i in chunk if i in priorities}
+                added += len(engine.add(queue, chunk, ranks))
         _outage.ok()
     except EngineUnavailable as exc:
         # The rows are committed and scheduled: reconcile re-adds what Redis lacks.
@@ -122,6 +126,7 @@ def build_job(
     key: str | None = None,
     max_attempts: int | None = None,
     expires: Any = None,
+    priority: int = 0,
 ) -> Job:
     """Validate one ``schedule`` call and return its unsaved Job. Touches nothing."""
     ref = describe(fn)
@@ -138,6 +143,7 @@ def build_job(
         run_at=run_at,
         expires_at=timing.expiry(expires, run_at, now),
         max_attempts=door.check_positive(attempts, "max_attempts"),
+        priority=door.check_priority(priority),
     )
     if ref.target is not None:
         job.target_type = ContentType.objects.get_for_model(ref.target, for_concrete_model=False)
@@ -184,13 +190,14 @@ def schedule(
     key: str | None = None,
     max_attempts: int | None = None,
     expires: Any = None,
+    priority: int = 0,
     replace: bool = False,
     actor: str = "code",
 ) -> Job:
     """Schedule ``fn`` (a ``@delayable`` function or model method) and return its Job."""
     job = build_job(
         fn, in_=in_, at=at, args=args, kwargs=kwargs, queue=queue, key=key,
-        max_attempts=max_attempts, expires=expires,
+        max_attempts=max_attempts, expires=expires, priority=priority,
     )  # fmt: skip
     return submit(job, replace=replace, actor=actor)
 

@@ -50,13 +50,14 @@ def post(client, path, body):
 def test_create_returns_201_and_the_job(admin):
     response = post(admin, "callbacks", {
         "url": HOOK, "json": {"order": 42}, "in": 1800, "key": "order-42",
-        "headers": {"X-Trace": "t"}, "max_attempts": 3, "expires": 600,
+        "headers": {"X-Trace": "t"}, "max_attempts": 3, "expires": 600, "priority": -3,
     })  # fmt: skip
     assert response.status_code == 201, response.json()
     body = response.json()
     job = Job.objects.get(pk=body["id"])
     assert (job.action, job.key, job.max_attempts, job.status) == (ACTION, "order-42", 3,
                                                                    Status.SCHEDULED)  # fmt: skip
+    assert job.priority == body["priority"] == -3
     assert job.kwargs["body"] == '{"order":42}' and job.kwargs["url"] == HOOK
     assert job.expires_at - job.run_at == datetime.timedelta(seconds=600)
     assert body["kwargs"] == job.kwargs and body["status"] == "scheduled"
@@ -94,6 +95,9 @@ def test_expires_may_be_a_time(admin):
         ({"url": HOOK, "in": 1, "method": "TRACE"}, "method"),
         ({"url": HOOK, "in": 1, "token": "x"}, "token"),
         ({"url": HOOK, "in": 1, "max_attempts": 0}, "max_attempts"),
+        ({"url": HOOK, "in": 1, "priority": 101}, "priority"),
+        ({"url": HOOK, "in": 1, "priority": True}, "priority"),
+        ({"url": HOOK, "in": 1, "priority": 1.5}, "priority"),
         ({"url": HOOK, "in": 1, "expires": True}, "expires"),
         ({"url": HOOK, "in": 1, "expires": "soon"}, "expires"),
         ({"url": HOOK, "in": 1, "headers": {"Authorization": "Bearer x"}}, "headers"),

@@ -142,6 +142,14 @@ HOSTILE = [
     ("max_attempts 10**400", lambda t: schedule(t.touch, in_=1, max_attempts=10**400),
      "2147483647"),
     ("queue", lambda t: schedule(t.touch, in_=1, queue="a:b"), "queue"),
+    # priority: a small int column with a range
+    ("priority 101", lambda t: schedule(t.touch, in_=1, priority=101), "-100 to 100"),
+    ("priority -2**15", lambda t: schedule(t.touch, in_=1, priority=-(2**15)), "-100 to 100"),
+    ("priority 10**400", lambda t: schedule(t.touch, in_=1, priority=10**400), "-100 to 100"),
+    ("priority float", lambda t: schedule(t.touch, in_=1, priority=1.0), "int"),
+    ("priority bool", lambda t: schedule(t.touch, in_=1, priority=True), "int"),
+    ("priority str", lambda t: schedule(t.touch, in_=1, priority="5"), "int"),
+    ("priority None", lambda t: schedule(t.touch, in_=1, priority=None), "int"),
 ]  # fmt: skip
 
 
@@ -224,6 +232,7 @@ def test_build_job_refuses_and_schedule_many_checks_what_it_is_given(thing, redi
         ("kwargs", {"f": float("nan")}, "NaN"),
         ("args", [object()], "JSON"),
         ("max_attempts", 2**31, "2147483647"),
+        ("priority", 2**15, "-100 to 100"),
         ("queue", "a b", "queue"),
         ("target_id", "x" * 65, "64"),
     ]

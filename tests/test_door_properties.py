@@ -126,6 +126,7 @@ def call_strategy(args: Any, texts_: Any, when: Any, delays_: Any, key: Any) -> 
         optional={
             "key": key,
             "max_attempts": st.one_of(st.integers(-2, 5), huge_ints, st.just(2**31 - 1)),
+            "priority": st.one_of(st.integers(-101, 101), huge_ints),
             "queue": st.sampled_from(["default", "a:b", "x" * 65]),
             "expires": st.one_of(delays_, when),
         },

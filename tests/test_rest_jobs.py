@@ -23,8 +23,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 JOB_FIELDS = {
     "id", "queue", "action", "status", "target_type", "target_id", "args", "kwargs", "key",
-    "run_at", "expires_at", "attempts", "max_attempts", "worker", "created_at", "started_at",
-    "finished_at", "last_error", "result",
+    "run_at", "expires_at", "attempts", "max_attempts", "priority", "worker", "created_at",
+    "started_at", "finished_at", "last_error", "result",
 }  # fmt: skip
 EVENT_FIELDS = {"kind", "at", "attempt", "actor", "message"}
 

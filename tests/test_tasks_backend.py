@@ -36,7 +36,7 @@ def burst() -> None:
 def test_backend_declares_its_capabilities():
     backend = default_task_backend
     assert (backend.supports_defer, backend.supports_get_result) == (True, True)
-    assert (backend.supports_async_task, backend.supports_priority) == (True, False)
+    assert (backend.supports_async_task, backend.supports_priority) == (True, True)
 
 
 def test_enqueue_creates_a_job_and_runs_it():
@@ -92,12 +92,20 @@ def test_cancelled_job_reads_as_failed():
     [
         (lambda: t.add.using(run_after=datetime.datetime(2030, 1, 1)), "aware"),
         (lambda: t.add.using(queue_name="nope"), "nope"),
-        (lambda: t.add.using(priority=5), "priority"),
+        (lambda: t.add.using(priority=101), "priority"),
+        (lambda: t.add.using(priority=-101), "priority"),
     ],
 )
 def test_invalid_tasks_are_refused(make, message):
     with pytest.raises(InvalidTask, match=message):
         make()
+
+
+def test_a_task_priority_is_stored_and_read_back():
+    result = t.add.using(priority=-100, run_after=timezone.now() + datetime.timedelta(hours=1)
+                         ).enqueue(1, 2)  # fmt: skip
+    assert Job.objects.get(pk=result.id).priority == -100
+    assert t.add.get_result(result.id).task.priority == -100
 
 
 def test_bad_arguments_are_refused_and_nothing_is_written():

@@ -127,6 +127,29 @@ def test_queue_priority_is_strict():
     assert labels == ["high0", "high1", "high2", "low0", "low1", "low2"]
 
 
+def test_due_jobs_of_a_queue_start_highest_priority_first():
+    past = timezone.now() - timedelta(seconds=1)  # all due in the same promote pass
+    for n, priority in enumerate([0, -10, 100, 5, 0, 5]):
+        schedule(tasks.record, in_=3600, args=[f"{n}:{priority}"], priority=priority)
+    Job.objects.update(run_at=past)
+    get_engine().remove("default", [str(pk) for pk in Job.objects.values_list("pk", flat=True)])
+    call_command("delayjobs_reconcile", verbosity=0)  # Redis learns them again from the rows
+    burst()
+    labels = list(Record.objects.order_by("id").values_list("label", flat=True))
+    # reconcile reads the rows in no particular order: equal priorities in any order
+    assert [int(label.split(":")[1]) for label in labels] == [100, 5, 5, 0, 0, -10]
+
+
+def test_jobs_scheduled_together_keep_their_order_within_a_priority():
+    past = timezone.now() - timedelta(seconds=1)
+    priorities = [0, -10, 100, 5, 0, 5]
+    schedule_many(build_job(tasks.record, at=past, args=[f"{n}:{p}"], priority=p)
+                  for n, p in enumerate(priorities))  # fmt: skip
+    burst()
+    labels = list(Record.objects.order_by("id").values_list("label", flat=True))
+    assert labels == ["2:100", "3:5", "5:5", "0:0", "4:0", "1:-10"]
+
+
 def test_a_failing_signal_receiver_neither_breaks_the_job_nor_the_worker(caplog):
     from django_delayjobs import signals
 

@@ -109,7 +109,7 @@ class JobAdmin(JobModelAdmin):
             "run_at_exact", "expires_at_display", "created_at_display", "started_at_display",
             "finished_at_display", "lateness_display",
         )}),
-        (_("Attempts"), {"fields": ("attempts", "max_attempts", "worker")}),
+        (_("Attempts"), {"fields": ("attempts", "max_attempts", "priority", "worker")}),
         (_("Arguments and result"), {"fields": ("args_display", "kwargs_display",
                                                 "result_display")}),
         (_("Last error"), {"fields": ("last_error_display",)}),

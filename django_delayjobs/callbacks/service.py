@@ -25,6 +25,7 @@ def create(
     queue: str | None = None,
     max_attempts: int | None = None,
     expires: Any = None,
+    priority: int = 0,
     actor: str = "code",
 ) -> tuple[Job, bool]:
     """Schedule a callback; return its job and whether it is new (False: the active job
@@ -36,7 +37,7 @@ def create(
     )  # fmt: skip
     job = build_job(
         deliver, in_=in_, at=at, kwargs=request.stored(), queue=queue, key=key,
-        max_attempts=max_attempts, expires=expires,
+        max_attempts=max_attempts, expires=expires, priority=priority,
     )  # fmt: skip
     stored = submit(job, actor=actor)
     return stored, stored is job
@@ -55,11 +56,12 @@ def schedule_http(
     queue: str | None = None,
     max_attempts: int | None = None,
     expires: Any = None,
+    priority: int = 0,
 ) -> Job:
     """Schedule a signed HTTP request to ``url`` (or ``"destination:/path"``); return its Job."""
     job, _ = create(
         url, method=method, json=json, data=data, headers=headers, in_=in_, at=at, key=key,
-        queue=queue, max_attempts=max_attempts, expires=expires,
+        queue=queue, max_attempts=max_attempts, expires=expires, priority=priority,
     )  # fmt: skip
     return job
 

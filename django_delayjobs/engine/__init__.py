@@ -5,10 +5,12 @@ from .errors import DelayJobsError, EngineUnavailable
 from .keys import QueueKeys, validate_name
 from .results import PromoteResult, QueueStats
 from .sharding import MAX_SHARDS, Shard, queue_of
+from .validation import PRIORITY_RANGE
 
 __all__ = [
     "MAX_BATCH",
     "MAX_SHARDS",
+    "PRIORITY_RANGE",
     "DelayJobsError",
     "Engine",
     "EngineUnavailable",

@@ -12,6 +12,7 @@ from typing import Any
 from redis.commands.core import Script
 
 from . import sharding
+from .keys import QueueKeys, validate_name
 from .reader import Reader
 from .results import PromoteResult, merge_promoted
 from .sharding import Shard
@@ -20,6 +21,7 @@ from .validation import check_batch as _batch
 from .validation import check_dues as _dues
 from .validation import check_ids as _ids
 from .validation import check_ms as _ms
+from .validation import check_priorities as _priorities
 from .validation import text as _text
 from .waiting import BlockingWait, Doorbells, Waiter, check_timeout
 
@@ -88,15 +90,22 @@ class Engine(Reader):
 
     # -- scheduling --------------------------------------------------------------
 
-    def add(self, queue: str, items: Mapping[str, float]) -> list[str]:
-        """Add ids with due times (ms); return the ids Redis did not hold before."""
+    def add(
+        self, queue: str, items: Mapping[str, float], priorities: Mapping[str, int] | None = None
+    ) -> list[str]:
+        """Add ids with due times (ms); return the ids Redis did not hold before.
+
+        ``priorities`` (id -> -100..100, 0 for ids left out): among ids that enter ready
+        together (one promote call, or one add of ids due now), higher goes first.
+        """
         dues = _dues(items)
+        ranks = _priorities(priorities, dues)
         added: set[str] = set()
         for shard, ids in self._router.route(queue, list(dues)):
             k = self._keys(shard)
             keys = [k.pending, k.ready, k.ready_set, k.unack, k.garbage, k.wake, k.notify,
-                    k.counters]  # fmt: skip
-            args = [value for id_ in ids for value in (id_, dues[id_])]
+                    k.counters, k.priority]  # fmt: skip
+            args = [value for id_ in ids for value in (id_, dues[id_], ranks[id_])]
             was_empty, new = self._run("add", keys, args)
             if was_empty:
                 # The directory lies outside the queue's hash tag, so the script cannot
@@ -112,13 +121,17 @@ class Engine(Reader):
         removed, tried = 0, []
         for shard, part in self._router.route(queue, given):
             k = self._keys(shard)
-            removed += int(self._run("remove", [k.pending, k.ready_set, k.counters], part))
+            removed += int(self._run("remove", self._remove_keys(k), part))
             tried.append(shard)
         if removed < len(given):  # added under an older shard count?
             for shard in self._router.others(queue, tried):
                 k = self._keys(shard)
-                removed += int(self._run("remove", [k.pending, k.ready_set, k.counters], given))
+                removed += int(self._run("remove", self._remove_keys(k), given))
         return min(removed, len(given))
+
+    @staticmethod
+    def _remove_keys(k: QueueKeys) -> list[str]:
+        return [k.pending, k.ready_set, k.counters, k.priority]
 
     def reschedule(self, queue: str, id: str, due_ms: float) -> bool:
         """Move a still-pending id to a new due time; False if it already left pending."""
@@ -143,7 +156,7 @@ class Engine(Reader):
         results = []
         for shard in self._router.targets(queue):
             k = self._keys(shard)
-            keys = [k.pending, k.ready, k.ready_set, k.notify]
+            keys = [k.pending, k.ready, k.ready_set, k.notify, k.priority]
             moved, now, *rest = self._run("promote", keys, args)
             if not rest:
                 results.append(PromoteResult(int(moved), int(now), None))
@@ -217,7 +230,7 @@ class Engine(Reader):
         acked = 0
         for shard, part in self._router.route(queue, _ids(ids)):
             k = self._keys(shard)
-            acked += int(self._run("ack", [k.unack, k.counters], part))
+            acked += int(self._run("ack", [k.unack, k.counters, k.priority], part))
         return acked
 
     def nack(self, queue: str, items: Mapping[str, float]) -> int:
@@ -255,7 +268,8 @@ class Engine(Reader):
         """Delete buried ids; return how many were in garbage."""
 
         def run(shard: Shard, part: list[str]) -> int:
-            return int(self._run("purge", [self._keys(shard).garbage], part))
+            k = self._keys(shard)
+            return int(self._run("purge", [k.garbage, k.priority], part))
 
         return self._garbage_op(queue, _ids(ids), run)
 
@@ -299,6 +313,22 @@ class Engine(Reader):
 
         recorded = self._call(run)
         return owner if recorded is None else _text(recorded)
+
+    def take_turn(self, name: str, ttl_ms: float) -> int:
+        """Take the turn ``name`` for ``ttl_ms`` unless another process holds it: one
+        process of a deployment does a periodic task (pruning) per interval. Return 0 if
+        this call took it, else how many ms until the current holder's turn ends."""
+        key = f"{{{self.prefix}}}:turn:{validate_name(name, 'turn name')}"
+        ttl = max(1, _ms(ttl_ms, "ttl"))
+
+        def run() -> Any:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(key, "1", nx=True, px=ttl)
+            pipe.pttl(key)
+            return pipe.execute()
+
+        taken, remaining = self._call(run)
+        return 0 if taken else max(1, int(remaining) if int(remaining) > 0 else ttl)
 
     # -- helpers -------------------------------------------------------------------
 

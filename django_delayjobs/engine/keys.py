@@ -38,6 +38,9 @@ class QueueKeys:
     workers: str  # ZSET worker id -> heartbeat expiry (ms)
     worker_info: str  # HASH worker id -> JSON description
     counters: str  # HASH event -> count (added, removed, acked, nacked, buried, recovered)
+    # HASH id -> priority (-100..100), for ids whose priority is not 0: kept from add until
+    # the id is acked, removed or purged (a retry keeps its priority); promote reads it.
+    priority: str
 
     @classmethod
     def for_queue(cls, prefix: str, queue: str) -> QueueKeys:

@@ -56,6 +56,27 @@ def check_dues(items: Mapping[str, float]) -> dict[str, int]:
     }
 
 
+#: The priorities a job may have; higher starts first among ids promoted together.
+PRIORITY_RANGE = range(-100, 101)
+
+
+def check_priorities(priorities: Mapping[str, int] | None, ids: Iterable[str]) -> dict[str, int]:
+    """Return id -> priority for ``ids`` (0 for an id not given); refuse other ids."""
+    given = {} if priorities is None else priorities
+    if not isinstance(given, Mapping):
+        raise TypeError("priorities must be a mapping of job id -> priority")
+    wanted = dict.fromkeys(ids, 0)
+    for id_, value in given.items():
+        if id_ not in wanted:
+            raise ValueError(f"a priority for id {id_!r}, which is not being added")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"a priority must be an int, not {type(value).__name__}")
+        if value not in PRIORITY_RANGE:
+            raise ValueError(f"a priority must be from -100 to 100, got {value}")
+        wanted[id_] = value
+    return wanted
+
+
 def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 

@@ -77,6 +77,10 @@ class CallbackSerializer(s.StrictSerializer):
         required=False, help_text="Never call after this: seconds after the due time, or a time."
     )
     max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=5000)
+    priority = serializers.IntegerField(
+        required=False, min_value=-100, max_value=100,
+        help_text="Among callbacks of the queue due together, higher is called first.",
+    )  # fmt: skip
 
     def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
         fields = super().get_fields()

@@ -124,8 +124,8 @@ class JobSerializer(ShownModelSerializer):
         model = Job
         fields = [
             "id", "queue", "action", "status", "target_type", "target_id", "args", "kwargs",
-            "key", "run_at", "expires_at", "attempts", "max_attempts", "worker",
-            "created_at", "started_at", "finished_at", "last_error", "result",
+            "key", "run_at", "expires_at", "attempts", "max_attempts", "priority",
+            "worker", "created_at", "started_at", "finished_at", "last_error", "result",
         ]  # fmt: skip
         read_only_fields = fields
 

@@ -173,7 +173,7 @@ def test_scripts_only_use_commands_of_a_single_slot():
         "TIME", "ZADD", "ZREM", "ZSCORE", "ZRANGE", "ZRANGEBYSCORE", "ZCARD", "ZCOUNT",
         "LPUSH", "RPUSH", "LPOP", "LTRIM", "LLEN",
         "SADD", "SREM", "SISMEMBER", "SCARD",
-        "HSET", "HDEL", "HINCRBY", "HGETALL",
+        "HSET", "HDEL", "HINCRBY", "HGETALL", "HLEN", "HMGET",
     }  # fmt: skip
     for script in LUA:
         _, code = _split(script.read_text())

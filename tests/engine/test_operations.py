@@ -438,6 +438,59 @@ def test_promote_leaves_ids_that_are_not_due(engine, redis_client, now):
     assert state(redis_client, engine)["ready"] == []
 
 
+# -- priority ---------------------------------------------------------------------------
+
+
+def test_ids_added_due_now_enter_ready_highest_priority_first(engine, redis_client):
+    engine.add(Q, {"r": 0})  # already ready: never overtaken
+    engine.add(Q, dict.fromkeys("abcd", 0), {"c": 10, "b": -1})
+    assert state(redis_client, engine)["ready"] == ["r", "c", "a", "d", "b"]
+
+
+def test_promote_orders_the_ids_it_moves_together_by_priority_then_due_time(engine, redis_client):
+    ids = ["a", "b", "c", "d", "e"]
+    engine.add(Q, dict.fromkeys(ids, 0), {"b": -5, "c": 50, "e": 50})
+    assert sorted(engine.claim(Q, 5, HOUR)) == ids
+    # back to pending with past retry times (a retry keeps the job's priority)
+    assert engine.nack(Q, {"a": 5, "b": 1, "c": 4, "d": 2, "e": 3}) == 5
+    assert engine.promote(Q).moved == 5
+    assert state(redis_client, engine)["ready"] == ["e", "c", "d", "a", "b"]
+
+
+def test_ids_of_priority_0_write_no_priority_key(engine, redis_client, now):
+    engine.add(Q, {"a": 0, "b": now + HOUR})
+    engine.promote(Q)
+    assert not redis_client.exists(engine.keys(Q).priority)
+
+
+def test_a_priority_is_forgotten_when_its_id_leaves_redis(engine, redis_client, now):
+    k = engine.keys(Q)
+    engine.add(Q, {"p": now + HOUR, "r": 0, "u": 0, "g": 0}, dict.fromkeys("prug", 9))
+    assert redis_client.hlen(k.priority) == 4
+    assert engine.remove(Q, ["p", "r"]) == 2  # cancels: pending and ready
+    assert sorted(engine.claim(Q, 2, HOUR)) == ["g", "u"]
+    assert engine.ack(Q, ["u"]) == 1
+    assert engine.bury(Q, ["g"]) == 1
+    assert redis_client.hkeys(k.priority) == [b"g"]  # kept while buried: requeue may revive it
+    assert engine.purge(Q, ["g"]) == 1
+    assert not redis_client.exists(k.priority)
+
+
+# -- turns --------------------------------------------------------------------------------
+
+
+def test_one_caller_takes_a_turn_until_it_ends(engine, redis_client):
+    assert engine.take_turn("prune", 60_000) == 0
+    other = Engine(redis_client, prefix="t")
+    assert 59_000 < other.take_turn("prune", 60_000) <= 60_000  # held: ms until it ends
+    assert other.take_turn("other-task", 50) == 0  # turns of different names are separate
+    wait_until(lambda: other.take_turn("other-task", 50) == 0)  # free once it ran out
+    with pytest.raises(ValueError, match="turn name"):
+        engine.take_turn("a:b", 1000)
+    with pytest.raises(ValueError, match="non-negative"):
+        engine.take_turn("prune", -1)
+
+
 # -- claim and leases -------------------------------------------------------------------
 
 
@@ -830,6 +883,13 @@ BAD_CALLS += [
     ("add-int-id", lambda e: e.add(Q, {1: 0}), TypeError),
     ("add-empty", lambda e: e.add(Q, {}), ValueError),
     ("add-too-many", lambda e: e.add(Q, dict.fromkeys(_TOO_MANY, 0)), ValueError),
+    ("add-priority-too-high", lambda e: e.add(Q, {"a": 0}, {"a": 101}), ValueError),
+    ("add-priority-too-low", lambda e: e.add(Q, {"a": 0}, {"a": -101}), ValueError),
+    ("add-priority-bool", lambda e: e.add(Q, {"a": 0}, {"a": True}), TypeError),
+    ("add-priority-float", lambda e: e.add(Q, {"a": 0}, {"a": 1.5}), TypeError),
+    ("add-priority-str", lambda e: e.add(Q, {"a": 0}, {"a": "5"}), TypeError),
+    ("add-priority-other-id", lambda e: e.add(Q, {"a": 0}, {"b": 5}), ValueError),
+    ("add-priority-not-a-mapping", lambda e: e.add(Q, {"a": 0}, [("a", 5)]), TypeError),
     ("nack-empty", lambda e: e.nack(Q, {}), ValueError),
     ("nack-not-a-mapping", lambda e: e.nack(Q, ["u"]), TypeError),
     ("reschedule-int-id", lambda e: e.reschedule(Q, 1, 0), TypeError),

@@ -69,19 +69,7 @@ ALWAYS: dict[str, str] = {
 
 #: Expected to fail until a change made elsewhere lands (remove the entry then: a strict
 #: xfail that passes fails the run).
-PENDING: dict[str, str] = {
-    "TaskTestCase.test_using_priority": (
-        "until priority is supported (supports_priority = False: any priority but 0 is "
-        "refused with InvalidTask)"
-    ),
-    "TaskTestCase.test_chained_using": (
-        "until priority is supported (the test sets priority=10 through using())"
-    ),
-    "TaskTestCase.test_invalid_priority": (
-        "until priority is supported (a priority out of range gets 'Backend does not "
-        "support setting priority of tasks.' before the range check's message)"
-    ),
-}
+PENDING: dict[str, str] = {}
 
 #: Expected to fail only with the django-tasks backport (Django 5.2): each fails against
 #: the backport's own DummyBackend/ImmediateBackend too (DELAYJOBS_TASKS_REFERENCE=1).

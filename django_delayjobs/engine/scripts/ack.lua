@@ -1,7 +1,8 @@
 -- Forget in-flight ids: their job is finished (or was found finished).
--- KEYS[1] = unack ZSET, KEYS[2] = counters HASH
+-- KEYS[1] = unack ZSET, KEYS[2] = counters HASH, KEYS[3] = priority HASH
 -- ARGV = id1, id2, ...
 -- returns how many ids were in flight
 local n = redis.call('ZREM', KEYS[1], unpack(ARGV))
 if n > 0 then redis.call('HINCRBY', KEYS[2], 'acked', n) end
+redis.call('HDEL', KEYS[3], unpack(ARGV))
 return n

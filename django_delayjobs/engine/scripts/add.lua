@@ -2,10 +2,11 @@
 -- An id already pending gets the new due time; an id already ready, in flight or in
 -- garbage is left alone, so add is safe to repeat (reconcile relies on this). Every check
 -- is O(1) or O(log N): ready membership is read from ready_set, never by scanning ready.
+-- Ids due now enter ready in priority order (highest first, then as given).
 -- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = ready_set SET,
 -- KEYS[4] = unack ZSET, KEYS[5] = garbage ZSET, KEYS[6] = wake LIST, KEYS[7] = notify LIST,
--- KEYS[8] = counters HASH ('added' counts the ids it did not hold)
--- ARGV = id1, due1_ms, id2, due2_ms, ...
+-- KEYS[8] = counters HASH ('added' counts the ids it did not hold), KEYS[9] = priority HASH
+-- ARGV = id1, due1_ms, priority1, id2, due2_ms, priority2, ...
 -- returns {1 if the queue held no ids before this call else 0, the ids it did not hold}
 local held_before = redis.call('ZCARD', KEYS[1]) + redis.call('LLEN', KEYS[2])
   + redis.call('ZCARD', KEYS[4]) + redis.call('ZCARD', KEYS[5])
@@ -14,18 +15,17 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local earliest = tonumber(head[2])
-local added, readied, wake = {}, 0, false
-for i = 1, #ARGV, 2 do
-  local id, due = ARGV[i], tonumber(ARGV[i + 1])
+local added, readied, wake = {}, {}, false
+for i = 1, #ARGV, 3 do
+  local id, due, priority = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   local held = redis.call('SISMEMBER', KEYS[3], id) == 1
     or redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEYS[5], id)
   if not held then
     local was_pending = redis.call('ZSCORE', KEYS[1], id)
+    if priority ~= 0 then redis.call('HSET', KEYS[9], id, priority) end
     if due <= now then
       if was_pending then redis.call('ZREM', KEYS[1], id) end
-      redis.call('RPUSH', KEYS[2], id)
-      redis.call('SADD', KEYS[3], id)
-      readied = readied + 1
+      readied[#readied + 1] = {-priority, #readied, id}
     else
       redis.call('ZADD', KEYS[1], due, id)
       if earliest == nil or due < earliest then
@@ -40,8 +40,16 @@ if wake then
   redis.call('LPUSH', KEYS[6], 1)
   redis.call('LTRIM', KEYS[6], 0, 0)
 end
-if readied > 0 then
-  for _ = 1, math.min(readied, 64) do redis.call('LPUSH', KEYS[7], 1) end
+if #readied > 0 then
+  table.sort(readied, function(a, b)
+    if a[1] ~= b[1] then return a[1] < b[1] end
+    return a[2] < b[2]
+  end)
+  for _, entry in ipairs(readied) do
+    redis.call('RPUSH', KEYS[2], entry[3])
+    redis.call('SADD', KEYS[3], entry[3])
+  end
+  for _ = 1, math.min(#readied, 64) do redis.call('LPUSH', KEYS[7], 1) end
   redis.call('LTRIM', KEYS[7], 0, 63)
 end
 if #added > 0 then redis.call('HINCRBY', KEYS[8], 'added', #added) end

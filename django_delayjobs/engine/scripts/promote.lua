@@ -1,6 +1,7 @@
--- Move due ids from pending to the tail of ready, at most ARGV[1] of them.
+-- Move due ids from pending to the tail of ready, at most ARGV[1] of them: the ids of one
+-- call in priority order (highest first), ids of equal priority in due-time order.
 -- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = ready_set SET,
--- KEYS[4] = notify LIST
+-- KEYS[4] = notify LIST, KEYS[5] = priority HASH
 -- ARGV[1] = batch size
 -- returns {moved, server now (ms), and when pending is not empty: the next due time (ms)
 -- and how long until then (us, from the exact server time: a caller that sleeps that long
@@ -10,6 +11,16 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 if #ids > 0 then
   redis.call('ZREM', KEYS[1], unpack(ids))
+  if #ids > 1 and redis.call('HLEN', KEYS[5]) > 0 then
+    local priorities = redis.call('HMGET', KEYS[5], unpack(ids))
+    local order = {}
+    for i = 1, #ids do order[i] = {-(tonumber(priorities[i]) or 0), i, ids[i]} end
+    table.sort(order, function(a, b)
+      if a[1] ~= b[1] then return a[1] < b[1] end
+      return a[2] < b[2]
+    end)
+    for i = 1, #order do ids[i] = order[i][3] end
+  end
   redis.call('RPUSH', KEYS[2], unpack(ids))
   redis.call('SADD', KEYS[3], unpack(ids))
   for _ = 1, math.min(#ids, 64) do redis.call('LPUSH', KEYS[4], 1) end
