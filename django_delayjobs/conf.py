@@ -106,6 +106,8 @@ class Settings:
     METRICS_TOKEN: str | None = setting(None, check=_token, kind="type")
     #: Hours of per-minute counts kept in Redis for the admin's charts.
     METRICS_HISTORY_HOURS: int = setting(3, 1, 48)
+    #: Workers delete finished jobs this much older than their finish (None: never).
+    PRUNE_AFTER_SECONDS: float | None = setting(None, 60, 36_500 * 86_400)
     # Classes or dotted paths, checked by DRF's own loader (setting() returns a field()).
     API_PERMISSION_CLASSES: Any = setting(  # noqa: RUF009
         factory=lambda: ["rest_framework.permissions.IsAdminUser"],
@@ -188,7 +190,10 @@ def _field_problem(name: str, value: Any) -> Problem | None:
     if wrong is not None:
         return Problem(name, f"must be {wrong}, not {value!r}", kind)
     low, high = spec.metadata.get("low"), spec.metadata.get("high")
-    if (low is not None and value < low) or (high is not None and value > high):
+    # None: an optional setting switched off.
+    if value is not None and (
+        (low is not None and value < low) or (high is not None and value > high)
+    ):
         return Problem(name, f"must be from {low} to {high}, not {value!r}", kind)
     check = spec.metadata.get("check")
     if check is not None:

@@ -31,6 +31,7 @@ from django.utils import timezone
 from . import serialization, signals, sql
 from .conf import delayjobs_settings
 from .exceptions import GiveUp, Retry, UnknownAction
+from .logs import job_fields
 from .models import ACTIVE, EventKind, Job, Status
 from .outcomes import Outcome, Result, after_failure
 from .registry import resolve
@@ -210,7 +211,8 @@ class Execution:
 
     def bury_unreadable(self, exc: BaseException) -> Result:
         error = f"this job's row cannot be read back, so it cannot run: {exc!r}"
-        logger.error("job %s: %s", self.job_id, error)
+        logger.error("job %s: %s", self.job_id, error,
+                     extra=job_fields(self.job_id, self.queue, outcome="dead"))  # fmt: skip
         try:
             with transaction.atomic(using=sql.db()):
                 buried = sql.bury_unreadable(self.job_id, error, self.actor, timezone.now())
@@ -250,7 +252,8 @@ class Execution:
                 with transaction.atomic(using=sql.db()):
                     self.succeeded(job, stored, notes)
         except _Overtaken:
-            logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts)
+            logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts,
+                           extra=job_fields(job.pk, self.queue, job, "overtaken"))  # fmt: skip
             return Result(Outcome.OVERTAKEN, job)
         except _ClaimAheadFailed as exc:  # not the action's fault: run it again
             self.next_job = None
@@ -372,8 +375,10 @@ class Execution:
 
     def hand_back(self, exc: BaseException) -> Result:
         """The database failed, not the job: the same attempt is delivered again later."""
+        fields = job_fields(self.job_id, self.queue, self.job, "handed_back")
         logger.warning("job %s: the database is unavailable (%s); handed back", self.job_id,
-                       str(exc).strip().splitlines()[0] if str(exc).strip() else exc)  # fmt: skip
+                       str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
+                       extra=fields)  # fmt: skip
         return Result(Outcome.HANDED_BACK, self.job, retry_at=timezone.now() + HAND_BACK_DELAY)
 
     def event(self, job: Job, kind: str, message: str = "") -> None:

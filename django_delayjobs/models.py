@@ -78,6 +78,12 @@ class Job(models.Model):
             models.Index(fields=["target_type", "target_id"], name="delayjobs_target"),
             models.Index(fields=["queue", "status"], name="delayjobs_queue_status"),
             models.Index(fields=["run_at"], name="delayjobs_run_at"),
+            # delayjobs_prune: finished jobs, oldest finish first
+            models.Index(
+                fields=["finished_at"],
+                name="delayjobs_finished_at",
+                condition=models.Q(status__in=FINISHED),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -23,6 +23,7 @@ from . import metrics, signals
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, queue_of
 from .exceptions import GiveUp, Retry
+from .logs import job_fields
 
 if TYPE_CHECKING:
     from .models import Job
@@ -156,6 +157,24 @@ def settle(
     # In memory; the worker's housekeeping flushes it. Counted per queue, whatever shard.
     metrics.record(queue_of(queue), result)
     send_signals(result)
+
+
+#: The level of each outcome's log line; the rest are DEBUG (``-v 3``).
+_LEVELS = {Outcome.RETRYING: logging.INFO, Outcome.SKIPPED: logging.INFO,
+           Outcome.DEAD: logging.WARNING}  # fmt: skip
+
+
+def log_outcome(queue: str, job_id: str, result: Result) -> None:
+    """One log line per delivery, with the job's fields for structured logs."""
+    level = _LEVELS.get(result.outcome, logging.DEBUG)
+    if not logger.isEnabledFor(level):
+        return
+    why = result.error.strip().splitlines()[-1] if result.error.strip() else ""
+    fields = job_fields(job_id, queue, result.job, result.outcome.value)
+    if why:
+        logger.log(level, "job %s: %s (%s)", job_id, result.outcome.value, why, extra=fields)
+    else:
+        logger.log(level, "job %s: %s", job_id, result.outcome.value, extra=fields)
 
 
 def send_signals(result: Result) -> None:

@@ -38,10 +38,11 @@ from .engine import Engine, EngineUnavailable
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution
 from .models import Job
-from .outcomes import Outage, Outcome, Result, settle
+from .outcomes import Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner
 from .promoter import Promoter
 from .reconcile import horizon, reconcile
+from .retention import AutoPrune
 
 logger = logging.getLogger("django_delayjobs.worker")
 
@@ -163,6 +164,7 @@ class WorkerProcess:
             "worker", "outcomes are in the database; ids come back with their lease"
         )
         self.beat_lock = threading.Lock()  # a last heartbeat never follows unregister()
+        self.pruner = AutoPrune(engine)  # PRUNE_AFTER_SECONDS; never raises
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -404,7 +406,7 @@ class WorkerProcess:
             keep_connections()
         settle(self.engine, queue, job_id, result, ack, self.outage)
         self.stats.record(result)
-        logger.debug("job %s: %s", job_id, result.outcome.value)
+        log_outcome(queue, job_id, result)
         if result.outcome == Outcome.HANDED_BACK:
             close_old_connections()
             backoff.failed("the database is unavailable", f"job {job_id} handed back")
@@ -440,8 +442,8 @@ class WorkerProcess:
     # -- housekeeping ------------------------------------------------------------
 
     def housekeep(self) -> None:
-        """Extend leases of running jobs, send heartbeats, flush metrics, log the status
-        line."""
+        """Extend leases of running jobs, send heartbeats, flush metrics, prune old jobs
+        (``PRUNE_AFTER_SECONDS``), log the status line."""
         lease_every = max(0.05, delayjobs_settings.LEASE_SECONDS / 3)
         beat_every = delayjobs_settings.HEARTBEAT_SECONDS
         leases_every = min(lease_every, beat_every)
@@ -462,6 +464,7 @@ class WorkerProcess:
                 backoff.ok()
             except EngineUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc)
+            self.pruner.step()
             if status_every and now - last_status >= status_every:
                 last_status = now
                 logger.info("status: %s", self.stats.line())

@@ -88,6 +88,8 @@ DELAYJOBS = {
     "REDIS_CLUSTER": os.environ.get("DELAYJOBS_TEST_REDIS_CLUSTER") == "1",
     "QUEUE_SHARDS": json.loads(os.environ.get("DELAYJOBS_TEST_QUEUE_SHARDS") or "{}"),
 }
+if os.environ.get("DELAYJOBS_PRUNE_AFTER_SECONDS"):  # a worker started by a retention test
+    DELAYJOBS["PRUNE_AFTER_SECONDS"] = float(os.environ["DELAYJOBS_PRUNE_AFTER_SECONDS"])
 if os.environ.get("DELAYJOBS_METRICS_TOKEN"):  # a worker started by a metrics test
     DELAYJOBS["METRICS_TOKEN"] = os.environ["DELAYJOBS_METRICS_TOKEN"]
 

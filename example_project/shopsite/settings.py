@@ -15,6 +15,8 @@ Environment:
 - ``SHOP_BASE_URL``: where this shop answers, for its own payment-reminder callbacks
   (default ``http://127.0.0.1:8000``, ``runserver``'s address; ``demo`` sets its own).
 - ``SHOP_WEBHOOK_SECRET``: the ``whsec_...`` secret that signs and verifies them.
+- ``SHOP_SECRET_KEY``, ``SHOP_DEBUG`` (``0`` or ``1``, default 1), ``SHOP_ALLOWED_HOSTS``
+  (comma-separated): for running it behind gunicorn (``deploy/``).
 """
 
 import os
@@ -28,7 +30,7 @@ VAR_DIR = BASE_DIR / "var"  # gitignored: the SQLite file, the embedded Redis, l
 
 SECRET_KEY = os.environ.get("SHOP_SECRET_KEY", "example-shop-not-secret")
 DEBUG = os.environ.get("SHOP_DEBUG", "1") == "1"
-ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+ALLOWED_HOSTS = os.environ.get("SHOP_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

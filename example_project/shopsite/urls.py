@@ -3,5 +3,6 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("delayjobs/", include("django_delayjobs.urls")),  # health/ and metrics/
     path("", include("shop.urls")),
 ]

@@ -13,6 +13,7 @@ from django.utils.module_loading import autodiscover_modules
 from ...conf import bounds, delayjobs_settings
 from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
+from ...logs import use_json
 from ...preflight import check_owner, check_redis, describe_redis
 from ...worker import Options, WorkerProcess
 
@@ -53,6 +54,11 @@ class Command(BaseCommand):
             help="Longest promoter sleep in seconds (default: TICK_SECONDS).",
         )
         parser.add_argument(
+            "--log-format", choices=("text", "json"), default="text",
+            help="json: one JSON object per line (django_delayjobs.logs.JsonFormatter) on "
+                 "the django_delayjobs loggers' handlers.",
+        )  # fmt: skip
+        parser.add_argument(
             "--metrics-port", type=int, default=None,
             help="Serve the deployment's Prometheus metrics on this port (0: any free "
                  "port); needs the metrics extra.",
@@ -87,7 +93,7 @@ class Command(BaseCommand):
 
     def run(self, opts: dict[str, Any]) -> None:
         verbosity = opts["verbosity"]
-        self.configure_logging(verbosity)
+        self.configure_logging(verbosity, opts["log_format"])
         autodiscover_modules("tasks")  # the @delayable functions of installed apps
         options = Options(
             queues=opts["queues"] or [delayjobs_settings.DEFAULT_QUEUE],
@@ -142,9 +148,12 @@ class Command(BaseCommand):
             self.stdout.flush()
         return server
 
-    def configure_logging(self, verbosity: int) -> None:
+    def configure_logging(self, verbosity: int, log_format: str = "text") -> None:
         logger = logging.getLogger("django_delayjobs")
         logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
+        if log_format == "json":
+            use_json(logger)
+            return
         if not logger.handlers and not logging.getLogger().handlers:
             handler = logging.StreamHandler(sys.stderr)
             handler.setFormatter(

@@ -1,0 +1,210 @@
+"""Health checks of a deployment, shared by ``manage.py delayjobs_health`` and the
+``health/`` view.
+
+Each check is cheap: one Redis round trip for Redis, ``SELECT 1`` for the database, and
+per queue one stats script call (counts of sorted sets, no scan) plus at most one
+primary-key lookup (the due time of the oldest ready job, as for the metrics).
+
+- ``redis``: Redis answers (its ``TIME``).
+- ``database``: the jobs' database answers ``SELECT 1``.
+- ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
+  ``run_delayworker`` that serves it, promoter-only ones too; one counts as live for three
+  ``HEARTBEAT_SECONDS`` after its last beat).
+- ``overdue:<queue>``: the oldest job that is due and has not started has waited at most
+  ``max_overdue`` seconds (a due job nobody promoted, or a ready job nobody claimed).
+- ``garbage:<queue>`` (only with ``max_garbage``): the queue holds at most that many dead
+  jobs in its garbage (dead, not yet requeued or purged).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import Error as DatabaseError
+from django.db import connections
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+
+from . import sql
+from .engine import DelayJobsError, EngineUnavailable, validate_name
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+logger = logging.getLogger("django_delayjobs.health")
+
+MAX_QUEUES = 100
+MAX_OVERDUE = 366 * 86_400.0
+MAX_WORKERS = 100_000
+MAX_GARBAGE = 10**12
+DEFAULT_MAX_OVERDUE = 60.0
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check's name (``redis``, ``workers:orders``...), result and explanation."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the queue checks demand (validated by the ``parse_*`` functions)."""
+
+    queues: tuple[str, ...]
+    max_overdue: float = DEFAULT_MAX_OVERDUE
+    min_workers: int = 1
+    max_garbage: int | None = None
+
+
+def parse_queues(text: str) -> tuple[str, ...]:
+    """A comma-separated list of queue names; ValueError if any is not one."""
+    names = tuple(dict.fromkeys(q.strip() for q in text.split(",") if q.strip()))
+    if not names:
+        raise ValueError("no queue given")
+    if len(names) > MAX_QUEUES:
+        raise ValueError(f"at most {MAX_QUEUES} queues")
+    for name in names:
+        validate_name(name, "queue name")
+    return names
+
+
+def parse_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_OVERDUE:
+        raise ValueError(f"must be from 0 to {MAX_OVERDUE:.0f} seconds, not {text!r}")
+    return value
+
+
+def parse_count(text: str, high: int) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= high:
+        raise ValueError(f"must be from 0 to {high}, not {text!r}")
+    return value
+
+
+def run(engine: Engine, limits: Limits) -> list[Check]:
+    """Run every check; never raises for an unreachable Redis or database."""
+    redis = check_redis(engine)
+    checks = [redis, check_database()]
+    for queue in limits.queues:
+        if not redis.ok:
+            why = "Redis is unavailable"
+            checks += [Check(f"{kind}:{queue}", False, why) for kind in _kinds(limits)]
+            continue
+        checks += check_queue(engine, queue, limits)
+    return checks
+
+
+def _kinds(limits: Limits) -> list[str]:
+    return ["workers", "overdue"] + (["garbage"] if limits.max_garbage is not None else [])
+
+
+def check_redis(engine: Engine) -> Check:
+    try:
+        engine.server_time_ms()
+    except EngineUnavailable as exc:
+        return Check("redis", False, f"unavailable: {exc}")
+    return Check("redis", True, "answers")
+
+
+def check_database() -> Check:
+    try:
+        with connections[sql.db()].cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except DatabaseError as exc:
+        return Check("database", False, f"unavailable: {str(exc).strip() or type(exc).__name__}")
+    return Check("database", True, "answers")
+
+
+def check_queue(engine: Engine, queue: str, limits: Limits) -> list[Check]:
+    from .metrics.snapshot import oldest_overdue
+
+    try:
+        stats = engine.stats(queue)
+    except DelayJobsError as exc:
+        return [Check(f"{kind}:{queue}", False, str(exc)) for kind in _kinds(limits)]
+    live = stats.live_workers
+    checks = [
+        Check(f"workers:{queue}", live >= limits.min_workers,
+              f"{live} live worker process(es), at least {limits.min_workers} wanted"),
+    ]  # fmt: skip
+    try:
+        overdue = oldest_overdue(engine, stats)
+    except (DelayJobsError, DatabaseError) as exc:
+        checks.append(Check(f"overdue:{queue}", False, f"cannot tell: {exc}"))
+    else:
+        checks.append(Check(f"overdue:{queue}", overdue <= limits.max_overdue,
+                            f"oldest due job waiting {overdue:.1f} s, at most "
+                            f"{limits.max_overdue:g} s allowed"))  # fmt: skip
+    if limits.max_garbage is not None:
+        checks.append(Check(f"garbage:{queue}", stats.garbage <= limits.max_garbage,
+                            f"{stats.garbage} dead job(s) in the garbage, at most "
+                            f"{limits.max_garbage} allowed"))  # fmt: skip
+    return checks
+
+
+def healthy(checks: Sequence[Check]) -> bool:
+    return all(c.ok for c in checks)
+
+
+# -- the health/ view ------------------------------------------------------------------------
+
+
+def limits_from_query(query: Any) -> Limits:
+    """The view's limits from its query string (``queues``, ``max_overdue``,
+    ``min_workers``, ``max_garbage``); ValueError for a bad one."""
+    from .conf import delayjobs_settings
+
+    unknown = set(query) - {"queues", "max_overdue", "min_workers", "max_garbage"}
+    if unknown:
+        raise ValueError("unknown parameter")
+    garbage = query.get("max_garbage")
+    return Limits(
+        queues=parse_queues(query["queues"])
+        if "queues" in query
+        else (delayjobs_settings.DEFAULT_QUEUE,),
+        max_overdue=parse_seconds(query.get("max_overdue", str(DEFAULT_MAX_OVERDUE))),
+        min_workers=parse_count(query.get("min_workers", "1"), MAX_WORKERS),
+        max_garbage=None if garbage is None else parse_count(garbage, MAX_GARBAGE),
+    )
+
+
+@never_cache
+@require_safe
+def health_view(request: HttpRequest) -> HttpResponse:
+    """GET/HEAD: 200 when every check passes, else 503; the body names the checks and
+    says ok or fail, nothing more (no details, no job data): it needs no login."""
+    from .connection import get_engine
+
+    try:
+        limits = limits_from_query(request.GET)
+    except ValueError as exc:
+        return JsonResponse({"error": f"bad query: {exc}"}, status=400)
+    try:
+        engine = get_engine()
+    except DelayJobsError:
+        logger.warning("health: DELAYJOBS settings are invalid")
+        return JsonResponse({"status": "fail", "checks": {"settings": "fail"}}, status=503)
+    checks = run(engine, limits)
+    failed = [f"{c.name} ({c.detail})" for c in checks if not c.ok]
+    if failed:  # one line per request, whatever it asked about
+        logger.warning("health: %s failed: %s", len(failed), "; ".join(failed[:5]))
+    ok = healthy(checks)
+    body = {"status": "ok" if ok else "fail",
+            "checks": {c.name: "ok" if c.ok else "fail" for c in checks}}  # fmt: skip
+    return JsonResponse(body, status=200 if ok else 503)

@@ -1,0 +1,81 @@
+"""``manage.py delayjobs_health``: one line per check; exit 0 when all pass, 1 if not.
+
+Bad options exit 2. The checks are those of ``django_delayjobs.health`` (and of the
+``health/`` view).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ... import health
+from ...conf import delayjobs_settings
+from ...connection import get_engine
+from ...exceptions import DelayJobsError
+
+
+class Command(BaseCommand):
+    help = (
+        "Check Redis, the database, live workers, overdue jobs (and dead jobs with "
+        "--max-garbage) of each queue; exit 1 if any check fails."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queues", default=None, metavar="LIST",
+            help="Comma-separated queues to check (default: DEFAULT_QUEUE).",
+        )  # fmt: skip
+        parser.add_argument(
+            "--max-overdue", default=str(health.DEFAULT_MAX_OVERDUE), metavar="SECONDS",
+            help="Longest a due job may wait for a worker (default "
+                 f"{health.DEFAULT_MAX_OVERDUE:g}).",
+        )  # fmt: skip
+        parser.add_argument("--min-workers", default="1", metavar="N",
+                            help="Live worker processes wanted per queue (default 1; "
+                                 "0: the check always passes).")  # fmt: skip
+        parser.add_argument(
+            "--max-garbage", default=None, metavar="N",
+            help="Most dead jobs a queue may hold (default: not checked).",
+        )  # fmt: skip
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            limits = self.limits(options)
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        try:
+            engine = get_engine()
+        except DelayJobsError as exc:  # bad settings
+            raise CommandError(str(exc), returncode=2) from exc
+        checks = health.run(engine, limits)
+        width = max(len(c.name) for c in checks)
+        for check in checks:
+            mark = "ok  " if check.ok else "FAIL"
+            line = f"{mark} {check.name.ljust(width)}  {check.detail}"
+            style = self.style.SUCCESS if check.ok else self.style.ERROR
+            self.stdout.write(style(line))
+        failed = [c.name for c in checks if not c.ok]
+        if failed:
+            raise CommandError(f"{len(failed)} check(s) failed: {', '.join(failed)}")
+
+    @staticmethod
+    def limits(options: dict[str, Any]) -> health.Limits:
+        def named(option: str, parse: Any, *args: Any) -> Any:
+            try:
+                return parse(options[option.replace("-", "_")], *args)
+            except ValueError as exc:
+                raise ValueError(f"--{option}: {exc}") from exc
+
+        queues = options["queues"]
+        return health.Limits(
+            queues=named("queues", health.parse_queues)
+            if queues is not None
+            else (delayjobs_settings.DEFAULT_QUEUE,),
+            max_overdue=named("max-overdue", health.parse_seconds),
+            min_workers=named("min-workers", health.parse_count, health.MAX_WORKERS),
+            max_garbage=None
+            if options["max_garbage"] is None
+            else named("max-garbage", health.parse_count, health.MAX_GARBAGE),
+        )

@@ -1,0 +1,79 @@
+"""``manage.py delayjobs_prune``: delete old finished jobs and their history, in batches."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import Error as DatabaseError
+from django.utils import timezone
+
+from ...retention import (
+    DEFAULT_BATCH,
+    DEFAULT_STATUSES,
+    MAX_BATCH,
+    Pruned,
+    check_batch,
+    count,
+    parse_duration,
+    parse_statuses,
+    prune,
+)
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete finished jobs (and their history) that finished longer ago than "
+        "--older-than; dead jobs only when --status names them."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--older-than", required=True, metavar="AGE",
+            help="Age of the finish time: 30d, 12h, 90m or 3600s.",
+        )  # fmt: skip
+        parser.add_argument(
+            "--status", default=",".join(DEFAULT_STATUSES), metavar="LIST",
+            help=f"Comma-separated finished statuses (default {','.join(DEFAULT_STATUSES)}; "
+                 "add dead to prune dead jobs too).",
+        )  # fmt: skip
+        parser.add_argument(
+            "--batch", type=int, default=DEFAULT_BATCH,
+            help=f"Jobs per transaction, 1 to {MAX_BATCH} (default {DEFAULT_BATCH}).",
+        )  # fmt: skip
+        parser.add_argument("--dry-run", action="store_true", help="Count only; delete nothing.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            age = parse_duration(options["older_than"])
+            statuses = parse_statuses(options["status"])
+            batch = check_batch(options["batch"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        self.verbosity = options["verbosity"]
+        cutoff = timezone.now() - age
+        what = f"{','.join(statuses)} jobs finished before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
+        try:
+            if options["dry_run"]:
+                found = count(cutoff, statuses)
+                self.stdout.write(
+                    f"dry run: would delete {found.jobs} {what}, with {found.events} event(s)"
+                )
+                return
+            total = prune(cutoff, statuses, batch=batch, progress=self.progress)
+        except DatabaseError as exc:
+            raise CommandError(f"the database is unavailable: {exc}") from exc
+        self.stdout.write(
+            f"deleted {total.jobs} {what}, with {total.events} event(s), "
+            f"in {total.batches} batch(es)"
+        )
+
+    def progress(self, total: Pruned) -> None:
+        if self.verbosity >= 1:
+            now = datetime.datetime.now(datetime.UTC)
+            self.stdout.write(
+                f"{now:%H:%M:%S} batch {total.batches}: {total.jobs} job(s), "
+                f"{total.events} event(s) deleted so far"
+            )
+            self.stdout.flush()

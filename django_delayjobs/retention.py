@@ -1,0 +1,224 @@
+"""Retention: delete finished jobs (and their history) once they are old enough.
+
+Used by ``manage.py delayjobs_prune`` and, with ``PRUNE_AFTER_SECONDS`` set, by every
+worker's housekeeping thread (``AutoPrune``). Only finished jobs are ever deleted, and
+only those whose ``finished_at`` is older than the cutoff; ``dead`` jobs are kept unless
+named, since they wait for someone to requeue or purge them.
+
+Deletion goes in batches, each in its own short transaction: select (and, where the
+database can, lock, skipping locked rows) up to ``batch`` primary keys, delete their
+events, then the jobs. Both deletes restate the conditions, so a job requeued between the
+select and the delete is left alone on every database. Rows are deleted without loading
+them (no ``pre_delete``/``post_delete`` signals): a row that cannot be read back cannot
+stop the pruning.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from django.db import Error as DatabaseError
+from django.db import close_old_connections, connections, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from . import sql
+from .conf import delayjobs_settings
+from .engine import EngineUnavailable
+from .models import FINISHED, Job, JobEvent, Status
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+logger = logging.getLogger("django_delayjobs.retention")
+
+#: Pruned unless other statuses are named: ``dead`` jobs wait for a person.
+DEFAULT_STATUSES: tuple[str, ...] = (Status.SUCCEEDED, Status.CANCELLED, Status.SKIPPED)
+DEFAULT_BATCH = 1000
+MAX_BATCH = 10_000
+#: The longest ``--older-than`` (a cutoff before year 1 would not be a date).
+MAX_AGE = datetime.timedelta(days=36_500)
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+_DURATION = re.compile(r"([0-9]{1,12})([smhd])")
+
+#: Automatic pruning: jobs per batch, and the longest time between two passes.
+AUTO_BATCH = 500
+AUTO_EVERY_SECONDS = 3600.0
+#: After a failed batch (database or Redis down), the automatic pass waits this long.
+AUTO_RETRY_SECONDS = 60.0
+
+
+def parse_duration(text: str) -> datetime.timedelta:
+    """``30d``, ``12h``, ``90m`` or ``3600s`` as a timedelta; ValueError for anything else."""
+    match = _DURATION.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(
+            f"{text!r} is not a duration: give a whole number and a unit, "
+            "e.g. 30d, 12h, 90m or 3600s"
+        )
+    seconds = int(match[1]) * _UNITS[match[2]]
+    if seconds == 0:
+        raise ValueError("the duration must be more than 0 (0 would prune jobs just finished)")
+    if seconds > MAX_AGE.total_seconds():
+        raise ValueError(f"{text!r} is too long: at most {MAX_AGE.days}d")
+    return datetime.timedelta(seconds=seconds)
+
+
+def parse_statuses(text: str) -> tuple[str, ...]:
+    """A comma-separated list of finished statuses; ValueError for any other."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise ValueError("no status given")
+    finished = [s.value for s in FINISHED]
+    for name in names:
+        if name not in finished:
+            raise ValueError(
+                f"{name!r} is not a finished status: only {', '.join(finished)} jobs are pruned"
+            )
+    return tuple(dict.fromkeys(names))
+
+
+def check_batch(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH:
+        raise ValueError(f"the batch size must be from 1 to {MAX_BATCH}, not {value!r}")
+    return value
+
+
+def _finished(cutoff: datetime.datetime, statuses: Iterable[str]) -> QuerySet[Job]:
+    return Job.objects.using(sql.db()).filter(status__in=list(statuses), finished_at__lt=cutoff)
+
+
+@dataclass
+class Pruned:
+    """What a prune deleted (or, in a dry run, would delete)."""
+
+    jobs: int = 0
+    events: int = 0
+    batches: int = 0
+
+
+def count(cutoff: datetime.datetime, statuses: Sequence[str]) -> Pruned:
+    """What ``prune`` would delete now (a dry run)."""
+    matching = _finished(cutoff, statuses)
+    events = JobEvent.objects.using(sql.db()).filter(job__in=matching.values("pk")).count()
+    return Pruned(jobs=matching.count(), events=events)
+
+
+def delete_batch(cutoff: datetime.datetime, statuses: Sequence[str], size: int) -> Pruned:
+    """Delete up to ``size`` of the oldest matching jobs and their events, in one
+    transaction."""
+    alias = sql.db()
+    features = connections[alias].features
+    with transaction.atomic(using=alias):
+        chosen = _finished(cutoff, statuses).order_by("finished_at")
+        if features.has_select_for_update:
+            chosen = chosen.select_for_update(
+                skip_locked=features.has_select_for_update_skip_locked
+            )
+        pks = list(chosen.values_list("pk", flat=True)[:size])
+        if not pks:
+            return Pruned()
+        # Restated: on a database without row locks a job may have been requeued since.
+        still = _finished(cutoff, statuses).filter(pk__in=pks)
+        events = JobEvent.objects.using(alias).filter(job__in=still.values("pk"))
+        deleted_events = events._raw_delete(alias)
+        deleted_jobs = still._raw_delete(alias)
+    return Pruned(jobs=deleted_jobs, events=deleted_events, batches=1)
+
+
+def prune(
+    cutoff: datetime.datetime,
+    statuses: Sequence[str] = DEFAULT_STATUSES,
+    *,
+    batch: int = DEFAULT_BATCH,
+    progress: Callable[[Pruned], None] | None = None,
+) -> Pruned:
+    """Delete every finished job of ``statuses`` that finished before ``cutoff``, batch
+    by batch; call ``progress`` with the running totals after each batch."""
+    check_batch(batch)
+    total = Pruned()
+    while True:
+        done = delete_batch(cutoff, statuses, batch)
+        if not done.batches:
+            return total
+        total.jobs += done.jobs
+        total.events += done.events
+        total.batches += 1
+        if progress is not None:
+            progress(total)
+        if done.jobs < batch:
+            return total
+
+
+class AutoPrune:
+    """The workers' automatic pruning (``PRUNE_AFTER_SECONDS``), one batch per ``step()``.
+
+    A pass starts at most once per ``every`` seconds across every worker process of the
+    deployment: the process that sets the Redis key ``{PREFIX}:prune`` (SET NX PX) runs it,
+    one batch per call of ``step()`` (the housekeeping thread calls it about once a
+    second), so lease extensions and heartbeats are never held up for long. A failure is
+    logged once, the pass goes on ``AUTO_RETRY_SECONDS`` later, and ``step()`` never raises.
+    """
+
+    def __init__(self, engine: Engine, every: float | None = None,
+                 batch: int = AUTO_BATCH) -> None:  # fmt: skip
+        self.engine = engine
+        self.every = every
+        self.batch = batch
+        self.cutoff: datetime.datetime | None = None  # set while a pass is under way
+        self.next_try = 0.0  # time.monotonic() of the next step that does anything
+        self.failing = False
+
+    def step(self) -> Pruned | None:
+        """Do the next bit of work if any is due; return what a batch deleted."""
+        after = delayjobs_settings.PRUNE_AFTER_SECONDS
+        if after is None or time.monotonic() < self.next_try:
+            return None
+        every = self.every if self.every is not None else min(after, AUTO_EVERY_SECONDS)
+        try:
+            if self.cutoff is None and not self.take_turn(every):
+                return None
+            assert self.cutoff is not None
+            done = delete_batch(self.cutoff, DEFAULT_STATUSES, self.batch)
+        except (DatabaseError, EngineUnavailable) as exc:
+            self.failed(exc)
+            return None
+        except Exception as exc:  # a bug here must not kill the housekeeping thread
+            logger.exception("automatic pruning failed")
+            self.failed(exc)
+            return None
+        finally:
+            close_old_connections()
+        if done.jobs:
+            logger.info("automatic pruning: deleted %d job(s) and %d event(s)", done.jobs,
+                        done.events)  # fmt: skip
+        if self.failing:
+            logger.warning("automatic pruning works again")
+            self.failing = False
+        if done.jobs < self.batch:  # this pass is over
+            self.cutoff = None
+            self.next_try = time.monotonic() + every
+        return done
+
+    def take_turn(self, every: float) -> bool:
+        """Whether this process runs the pass that is due (one per ``every`` seconds)."""
+        wait_ms = self.engine.take_turn("prune", every * 1000)
+        if wait_ms:  # another process runs this interval's pass
+            self.next_try = time.monotonic() + min(wait_ms / 1000, every)
+            return False
+        after = delayjobs_settings.PRUNE_AFTER_SECONDS or 0
+        self.cutoff = timezone.now() - datetime.timedelta(seconds=after)
+        return True
+
+    def failed(self, exc: BaseException) -> None:
+        if not self.failing:
+            logger.warning("automatic pruning failed (%s); trying again every %.0f s",
+                           exc, AUTO_RETRY_SECONDS)  # fmt: skip
+            self.failing = True
+        self.next_try = time.monotonic() + AUTO_RETRY_SECONDS

@@ -1,0 +1,209 @@
+"""``delayjobs_health`` and the ``health/`` view, against a real Redis (and a stopped one)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+from django.utils import timezone
+
+from django_delayjobs.connection import get_engine
+from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.models import Job
+from tests.test_retention import database_down
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+URL = "/delayjobs/health/"
+
+
+def beat(queue: str = "default", worker: str = "w1") -> None:
+    """What a running worker does every HEARTBEAT_SECONDS."""
+    get_engine().heartbeat(queue, worker, 30_000, {"host": "test"})
+
+
+def overdue(queue: str = "default", seconds: float = 120) -> str:
+    """A job due ``seconds`` ago that no worker has started."""
+    run_at = timezone.now() - timedelta(seconds=seconds)
+    job = Job.objects.create(queue=queue, action="tests.nothing", run_at=run_at)
+    get_engine().add(queue, {str(job.pk): int(run_at.timestamp() * 1000)})
+    return str(job.pk)
+
+
+def health(*args: str) -> tuple[int, list[str]]:
+    out = StringIO()
+    try:
+        call_command("delayjobs_health", *args, stdout=out)
+        code = 0
+    except CommandError as exc:
+        code = exc.returncode
+        if code == 2:
+            raise
+    return code, out.getvalue().splitlines()
+
+
+def names(lines: list[str], mark: str) -> list[str]:
+    return [line.split()[1] for line in lines if line.startswith(mark)]
+
+
+@pytest.fixture
+def stopped_redis():
+    """Settings pointing at a Redis that was started, then stopped by pid."""
+    from django.conf import settings
+
+    server = EmbeddedRedis()
+    server.start()
+    url = server.url
+    server.close()
+    with override_settings(DELAYJOBS={**settings.DELAYJOBS, "REDIS_URL": url}):
+        yield url
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def test_all_well_exits_0():
+    beat()
+    code, lines = health()
+    assert code == 0
+    assert names(lines, "ok") == ["redis", "database", "workers:default", "overdue:default"]
+
+
+def test_no_live_worker_fails():
+    code, lines = health()
+    assert code == 1
+    assert names(lines, "FAIL") == ["workers:default"]
+    assert "0 live worker process(es), at least 1 wanted" in lines[2]
+
+
+def test_overdue_job_fails_only_past_the_limit():
+    beat()
+    overdue(seconds=120)
+    code, lines = health("--max-overdue", "60")
+    assert code == 1 and names(lines, "FAIL") == ["overdue:default"]
+    assert health("--max-overdue", "600")[0] == 0
+
+
+def test_garbage_is_checked_when_a_limit_is_given():
+    beat("orders")
+    engine = get_engine()
+    dead = [str(uuid.uuid4()) for _ in range(3)]
+    engine.add("orders", dict.fromkeys(dead, 0))
+    engine.promote("orders")
+    assert engine.claim("orders", 3) == dead
+    engine.bury("orders", dead)
+    assert health("--queues", "orders")[0] == 0  # not checked by default
+    code, lines = health("--queues", "orders", "--max-garbage", "2")
+    assert code == 1 and names(lines, "FAIL") == ["garbage:orders"]
+    assert "3 dead job(s) in the garbage, at most 2 allowed" in lines[-1]
+    assert health("--queues", "orders", "--max-garbage", "3")[0] == 0
+
+
+def test_several_queues_and_workers():
+    beat("a", "w1"), beat("a", "w2"), beat("b", "w1")
+    code, lines = health("--queues", "a,b", "--min-workers", "2")
+    assert code == 1 and names(lines, "FAIL") == ["workers:b"]
+    assert health("--queues", "a,b", "--min-workers", "0")[0] == 0
+
+
+def test_redis_down_fails_every_redis_check(stopped_redis):
+    code, lines = health("--queues", "a,b")
+    assert code == 1
+    assert names(lines, "ok") == ["database"]
+    assert names(lines, "FAIL") == ["redis", "workers:a", "overdue:a", "workers:b", "overdue:b"]
+
+
+def test_database_down_fails(tmp_path):
+    beat()
+    with database_down(tmp_path):
+        code, lines = health()
+    assert code == 1 and names(lines, "FAIL") == ["database"]
+
+
+@pytest.mark.parametrize("args", [
+    ["--queues", ""], ["--queues", "a b"], ["--queues", "x" * 65], ["--queues", ",".join(
+        f"q{n}" for n in range(101))],
+    ["--max-overdue", "abc"], ["--max-overdue=-1"], ["--max-overdue", "nan"],
+    ["--max-overdue", "inf"], ["--max-overdue", "1e400"],
+    ["--min-workers", "1.5"], ["--min-workers=-1"], ["--min-workers", "9" * 30],
+    ["--max-garbage", "x"], ["--max-garbage", "1" * 20],
+])  # fmt: skip
+def test_bad_options_exit_2(args):
+    with pytest.raises(CommandError) as raised:
+        health(*args)
+    assert raised.value.returncode == 2
+    assert raised.value.args[0].startswith(args[0].split("=")[0])
+
+
+# -- the view ------------------------------------------------------------------------------
+
+
+def test_view_200_when_healthy_without_login(client):
+    beat()
+    response = client.get(URL)
+    assert response.status_code == 200
+    checks = {"redis": "ok", "database": "ok", "workers:default": "ok", "overdue:default": "ok"}
+    assert response.json() == {"status": "ok", "checks": checks}
+    assert "no-cache" in response["Cache-Control"]
+
+
+def test_view_503_says_which_check_failed_and_nothing_else(client):
+    beat()
+    job = overdue(seconds=3600)
+    response = client.get(URL)
+    assert response.status_code == 503
+    assert response.json()["checks"]["overdue:default"] == "fail"
+    assert job not in response.content.decode() and "3600" not in response.content.decode()
+
+
+def test_view_query_parameters(client):
+    beat("a")
+    assert client.get(URL, {"queues": "a"}).status_code == 200
+    assert client.get(URL, {"queues": "a,b"}).status_code == 503
+    assert client.get(URL, {"queues": "a,b", "min_workers": "0"}).status_code == 200
+
+
+def test_an_anonymous_request_for_many_queues_logs_one_line(client, caplog):
+    queues = ",".join(f"q{n}" for n in range(100))  # none has a worker
+    with caplog.at_level("WARNING", logger="django_delayjobs.health"):
+        assert client.get(URL, {"queues": queues}).status_code == 503
+    [line] = [r.getMessage() for r in caplog.records if r.name == "django_delayjobs.health"]
+    assert line.startswith("health: 100 failed: workers:q0 (0 live worker")
+
+
+@pytest.mark.parametrize("query", [
+    {"queues": ""}, {"queues": "<script>"}, {"max_overdue": "-1"}, {"max_overdue": "nan"},
+    {"min_workers": "x"}, {"max_garbage": "1" * 40}, {"other": "1"},
+])  # fmt: skip
+def test_view_bad_query_is_400(client, query):
+    response = client.get(URL, query)
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("bad query")
+
+
+def test_view_redis_down_is_503_without_details(client, stopped_redis):
+    response = client.get(URL)
+    assert response.status_code == 503
+    body = response.content.decode()
+    assert json.loads(body)["checks"]["redis"] == "fail"
+    assert stopped_redis.split("://")[1] not in body  # no socket path, no URL
+
+
+def test_view_database_down_is_503(client, tmp_path):
+    beat()
+    with database_down(tmp_path):
+        response = client.get(URL)
+    assert response.status_code == 503
+    assert response.json()["checks"]["database"] == "fail"
+
+
+def test_view_refuses_post_and_answers_head(client):
+    beat()
+    assert client.post(URL).status_code == 405
+    assert client.head(URL).status_code == 200

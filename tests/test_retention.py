@@ -1,0 +1,258 @@
+"""Retention: ``delayjobs_prune`` and the workers' automatic pruning (PRUNE_AFTER_SECONDS)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+from django.utils import timezone
+
+from django_delayjobs.checks import check_settings
+from django_delayjobs.connection import get_engine
+from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.engine import Engine
+from django_delayjobs.models import Job, JobEvent, Status
+from django_delayjobs.retention import AutoPrune, parse_duration
+from tests.helpers import start_worker, stop, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OLD = timedelta(days=40)
+
+
+def make(status: str, finished_ago: timedelta | None = OLD, events: int = 2) -> Job:
+    now = timezone.now()
+    job = Job.objects.create(
+        queue="default", action="tests.nothing", run_at=now - timedelta(days=100),
+        status=status, finished_at=None if finished_ago is None else now - finished_ago,
+    )  # fmt: skip
+    for n in range(events):
+        JobEvent.objects.create(job=job, kind="scheduled", message=f"event {n}")
+    return job
+
+
+def prune(*args: str) -> str:
+    out = StringIO()
+    call_command("delayjobs_prune", *args, stdout=out)
+    return out.getvalue()
+
+
+def settings_with(**values: object) -> override_settings:
+    from django.conf import settings
+
+    return override_settings(DELAYJOBS={**settings.DELAYJOBS, **values})
+
+
+# -- hostile input ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("age", [
+    "", " ", "30", "d", "-5d", "+5d", "0d", "0s", "1.5d", "30 d", "30D", "1w", "30dd",
+    "\uff13\uff10d", "1" * 13 + "s", "36501d", "99999999999h", "30d;drop", "nan", "inf",
+])  # fmt: skip
+def test_bad_durations_are_command_errors(age):
+    with pytest.raises(CommandError, match=r"duration|too long|more than 0"):
+        prune(f"--older-than={age}")
+
+
+@pytest.mark.parametrize("statuses", ["", ",", "running", "scheduled", "retrying",
+                                      "succeeded,running", "bogus", "SUCCEEDED"])  # fmt: skip
+def test_statuses_other_than_finished_ones_are_refused(statuses):
+    job = make(Status.RUNNING)
+    with pytest.raises(CommandError, match="status"):
+        prune("--older-than", "1d", "--status", statuses)
+    assert Job.objects.filter(pk=job.pk).exists()
+
+
+@pytest.mark.parametrize("batch", ["0", "-1", "10001", "99999999999999999999"])
+def test_bad_batch_sizes_are_command_errors(batch):
+    with pytest.raises(CommandError, match="batch"):
+        prune("--older-than", "1d", f"--batch={batch}")
+
+
+def test_durations_that_are_accepted():
+    assert parse_duration("30d") == timedelta(days=30)
+    assert parse_duration("12h") == timedelta(hours=12)
+    assert parse_duration(" 90m ") == timedelta(minutes=90)
+    assert parse_duration("3600s") == timedelta(hours=1)
+    assert parse_duration("36500d") == timedelta(days=36500)
+
+
+# -- what is deleted ---------------------------------------------------------------------
+
+
+def test_prunes_only_old_finished_jobs_of_the_named_statuses_with_their_events():
+    gone = [make(Status.SUCCEEDED), make(Status.CANCELLED), make(Status.SKIPPED)]
+    kept = [
+        make(Status.DEAD),  # dead: kept unless named
+        make(Status.SUCCEEDED, timedelta(days=20)),  # too recent
+        make(Status.SUCCEEDED, None),  # no finish time
+        # Not finished, whatever finished_at says (a requeued row, a hand-edited one):
+        make(Status.SCHEDULED),
+        make(Status.RUNNING),
+        make(Status.RETRYING),
+    ]
+    out = prune("--older-than", "30d")
+    assert "deleted 3 succeeded,cancelled,skipped jobs" in out
+    assert "with 6 event(s)" in out
+    assert not Job.objects.filter(pk__in=[j.pk for j in gone]).exists()
+    assert not JobEvent.objects.filter(job_id__in=[j.pk for j in gone]).exists()
+    assert set(Job.objects.values_list("pk", flat=True)) == {j.pk for j in kept}
+    assert JobEvent.objects.count() == 2 * len(kept)
+
+
+def test_dead_jobs_are_pruned_only_when_named():
+    dead, done = make(Status.DEAD), make(Status.SUCCEEDED)
+    out = prune("--older-than", "30d", "--status", "dead")
+    assert "deleted 1 dead jobs" in out
+    assert list(Job.objects.values_list("pk", flat=True)) == [done.pk]
+    assert not JobEvent.objects.filter(job_id=dead.pk).exists()
+
+
+def test_batches_report_progress_and_a_summary():
+    for _ in range(25):
+        make(Status.SUCCEEDED, events=1)
+    out = prune("--older-than", "1h", "--batch", "10")
+    lines = out.splitlines()
+    assert [line.split(" ", 1)[1] for line in lines[:3]] == [
+        "batch 1: 10 job(s), 10 event(s) deleted so far",
+        "batch 2: 20 job(s), 20 event(s) deleted so far",
+        "batch 3: 25 job(s), 25 event(s) deleted so far",
+    ]
+    assert lines[-1].endswith("with 25 event(s), in 3 batch(es)")
+    assert not Job.objects.exists()
+
+
+def test_dry_run_counts_and_deletes_nothing():
+    make(Status.SUCCEEDED), make(Status.CANCELLED, events=0), make(Status.DEAD)
+    out = prune("--older-than", "30d", "--dry-run")
+    assert out.startswith("dry run: would delete 2 succeeded,cancelled,skipped jobs")
+    assert "with 2 event(s)" in out
+    assert Job.objects.count() == 3 and JobEvent.objects.count() == 4
+
+
+def test_nothing_to_prune():
+    make(Status.SUCCEEDED, timedelta(hours=1))
+    assert "deleted 0 " in prune("--older-than", "2h")
+    assert Job.objects.count() == 1
+
+
+def test_database_down_is_a_command_error(tmp_path):
+    with database_down(tmp_path), pytest.raises(CommandError, match="database is unavailable"):
+        prune("--older-than", "1d")
+
+
+@contextlib.contextmanager
+def database_down(tmp_path):
+    """Point the default connection at a database that cannot be opened."""
+    from django.db import connections
+
+    conn = connections["default"]
+    conn.close()
+    old = conn.settings_dict["NAME"]
+    missing = "delayjobs_no_such_db"
+    conn.settings_dict["NAME"] = (
+        str(tmp_path / "missing" / "db.sqlite3") if conn.vendor == "sqlite" else missing
+    )
+    try:
+        yield
+    finally:
+        conn.close()
+        conn.settings_dict["NAME"] = old
+
+
+# -- the setting ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, 59, -1, "30d", True, float("nan"), 10**12])
+def test_prune_after_seconds_is_checked(value):
+    with settings_with(PRUNE_AFTER_SECONDS=value):
+        errors = check_settings()
+    assert [e.id for e in errors if "PRUNE_AFTER_SECONDS" in e.msg] != []
+
+
+def test_prune_after_seconds_accepts_none_and_a_day():
+    for value in (None, 86400, 60):
+        with settings_with(PRUNE_AFTER_SECONDS=value):
+            assert check_settings() == []
+
+
+# -- automatic pruning --------------------------------------------------------------------------
+
+
+def test_auto_prune_is_off_by_default():
+    make(Status.SUCCEEDED)
+    assert AutoPrune(get_engine()).step() is None
+    assert Job.objects.count() == 1
+
+
+def test_one_pass_per_interval_across_processes():
+    old = [make(Status.SUCCEEDED) for _ in range(3)]
+    dead = make(Status.DEAD)
+    with settings_with(PRUNE_AFTER_SECONDS=86400):
+        first, second = AutoPrune(get_engine(), batch=2), AutoPrune(get_engine(), batch=2)
+        assert first.step().jobs == 2
+        assert second.step() is None  # the first one holds this interval's turn
+        first.next_try = 0
+        assert first.step().jobs == 1  # the same pass, next batch; then the pass is over
+        make(Status.SUCCEEDED)
+        first.next_try = second.next_try = 0
+        assert first.step() is None and second.step() is None  # next pass not due yet
+    assert not Job.objects.filter(pk__in=[j.pk for j in old]).exists()
+    assert Job.objects.filter(pk=dead.pk).exists()
+
+
+def test_auto_prune_survives_redis_down_and_logs_once(caplog):
+    make(Status.SUCCEEDED)
+    server = EmbeddedRedis()
+    server.start()
+    import redis
+
+    engine = Engine(redis.Redis.from_url(server.url), prefix="gone")
+    server.close()
+    pruner = AutoPrune(engine)
+    with settings_with(PRUNE_AFTER_SECONDS=86400), caplog.at_level(logging.WARNING):
+        assert pruner.step() is None
+        pruner.next_try = 0
+        assert pruner.step() is None
+    engine.close()
+    failures = [r for r in caplog.records if "automatic pruning failed" in r.getMessage()]
+    assert len(failures) == 1
+    assert Job.objects.count() == 1
+
+
+def test_auto_prune_retries_after_the_database_comes_back(tmp_path, caplog):
+    old = make(Status.SUCCEEDED)
+    pruner = AutoPrune(get_engine())
+    with settings_with(PRUNE_AFTER_SECONDS=86400), caplog.at_level(logging.WARNING):
+        with database_down(tmp_path):
+            assert pruner.step() is None  # took this interval's turn, then failed
+            pruner.next_try = 0
+            assert pruner.step() is None
+        assert pruner.step() is None  # waits AUTO_RETRY_SECONDS
+        assert Job.objects.filter(pk=old.pk).exists()
+        pruner.next_try = 0
+        assert pruner.step().jobs == 1  # the same pass goes on
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "automatic pruning failed" in m]) == 1
+    assert "automatic pruning works again" in messages
+    assert not Job.objects.filter(pk=old.pk).exists()
+
+
+@pytest.mark.slow
+def test_a_worker_prunes_when_the_setting_is_on(redis_url, tmp_path):
+    old, recent, dead = make(Status.SUCCEEDED), make(Status.SUCCEEDED, timedelta(0)), \
+        make(Status.DEAD)  # fmt: skip
+    worker = start_worker(redis_url, env={"DELAYJOBS_PRUNE_AFTER_SECONDS": "86400"},
+                          log=tmp_path / "w.log")  # fmt: skip
+    try:
+        wait_for(lambda: not Job.objects.filter(pk=old.pk).exists())
+    finally:
+        assert stop(worker) == 0
+    assert set(Job.objects.values_list("pk", flat=True)) == {recent.pk, dead.pk}
