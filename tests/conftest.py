@@ -32,6 +32,34 @@ from tests.callback_server import CallbackServer
 
 
 @pytest.fixture(scope="session")
+def django_db_setup(
+    django_db_setup: None, django_db_blocker: Any, pytestconfig: pytest.Config
+) -> Iterator[None]:
+    """pytest-django's, plus, on PostgreSQL at the end of the session: a session still
+    connected to the test database (a thread's connection left open, a process a test
+    did not stop) would make DROP DATABASE fail. Say which process it belongs to (the
+    application_name of tests/settings.py has the pid) and end it."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, application_name, state, backend_start, left(query, 200), "
+            "pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        left = cursor.fetchall()
+    connection.close()
+    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():  # shown without -s, as capsys.disabled()
+        for row in left:
+            print(f"\nconftest: a session was still connected to the test database at the "
+                  f"end (ended now): {row[:5]}")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     if os.environ.get("REDIS_URL"):
         yield os.environ["REDIS_URL"]

@@ -57,6 +57,10 @@ if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
     if os.environ.get("DELAYJOBS_TEST_DB_NAME"):  # a worker process started by a test
         DATABASES["default"]["NAME"] = os.environ["DELAYJOBS_TEST_DB_NAME"]
+    # Which process a session is, in pg_stat_activity (see conftest's django_db_setup).
+    DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = (
+        f"delayjobs-tests pid {os.getpid()}"
+    )
 else:
     # A file, not :memory:, so worker processes started by tests share the database.
     _db = os.environ.get("DELAYJOBS_TEST_SQLITE") or os.path.join(
