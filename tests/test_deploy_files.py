@@ -11,6 +11,7 @@ the build context (the repository root).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import shlex
@@ -23,8 +24,6 @@ from typing import Any
 import pytest
 import yaml
 from django.core.management import CommandError, get_commands, load_command_class
-
-from django_delayjobs.retention import check_batch, parse_duration, parse_statuses
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -164,9 +163,7 @@ def check_command(name: str, args: list[str]) -> str | None:
         if name == "delayjobs_health":
             command.limits(vars(options))
         elif name == "delayjobs_prune":
-            parse_duration(options.older_than)
-            parse_statuses(options.status)
-            check_batch(options.batch)
+            command.checked(vars(options))
     except ValueError as exc:
         return f"manage.py {name} {' '.join(args)}: {exc}"
     return None
@@ -195,6 +192,8 @@ def test_the_checker_rejects_unknown_commands_and_options() -> None:
     assert check_command("delayjobs_health", ["--max-overdue", "120"]) is None
     assert "30x" in (check_command("delayjobs_prune", ["--older-than", "30x"]) or "")
     assert check_command("delayjobs_prune", ["--older-than", "30d"]) is None
+    assert "rate" in (check_command("delayjobs_prune", ["--older-than", "1d", "--max-rate", "-1"])
+                      or "")  # fmt: skip
 
 
 # -- deploy/ ---------------------------------------------------------------------------------
@@ -271,6 +270,14 @@ def test_dockerfile_copies_files_that_exist() -> None:
     context = (DEPLOY / build["context"]).resolve()
     assert context == ROOT
     assert (context / build["dockerfile"]).resolve() == DEPLOY / "Dockerfile"
+    sources = copy_sources()
+    assert "django_delayjobs" in sources
+    missing = [source for source in sources if not list(context.glob(source))]
+    assert not missing
+
+
+def copy_sources() -> list[str]:
+    """The context paths the Dockerfile's COPY and ADD instructions read."""
     sources = []
     for instruction, rest in dockerfile_instructions(DEPLOY / "Dockerfile"):
         if instruction in ("COPY", "ADD"):
@@ -278,9 +285,19 @@ def test_dockerfile_copies_files_that_exist() -> None:
             if any(part.startswith("--from") for part in parts):
                 continue  # from another stage, not the context
             sources += [part for part in parts[:-1] if not part.startswith("--")]
-    assert "django_delayjobs" in sources
-    missing = [source for source in sources if not list(context.glob(source))]
-    assert not missing
+    return sources
+
+
+def test_dockerignore_keeps_what_the_dockerfile_copies() -> None:
+    patterns = [line.strip() for line in (DEPLOY / "Dockerfile.dockerignore").read_text()
+                .splitlines() if line.strip() and not line.startswith("#")]  # fmt: skip
+    assert ".venv" in patterns and ".git" in patterns
+    for source in copy_sources():
+        for pattern in patterns:
+            # A source, or a directory above it, matched by a pattern would be left out.
+            parts = Path(source).parts
+            prefixes = [str(Path(*parts[:n])) for n in range(1, len(parts) + 1)]
+            assert not any(fnmatch.fnmatch(p, pattern) for p in prefixes), (source, pattern)
 
 
 def test_dockerfile_installs_extras_that_exist() -> None:

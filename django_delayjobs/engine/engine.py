@@ -328,7 +328,9 @@ class Engine(Reader):
             return pipe.execute()
 
         taken, remaining = self._call(run)
-        return 0 if taken else max(1, int(remaining) if int(remaining) > 0 else ttl)
+        if taken:
+            return 0
+        return int(remaining) if int(remaining) > 0 else ttl  # -1/-2: no expiry, or gone
 
     # -- helpers -------------------------------------------------------------------
 
