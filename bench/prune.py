@@ -1,7 +1,8 @@
 """Lateness of due jobs while ``delayjobs_prune`` deletes 1,000,000 old jobs (PostgreSQL).
 
     python bench/prune.py [--database-url postgres://postgres@127.0.0.1:5432/prune_bench]
-                          [--n 1000000] [--jobs 2000] [--span 20] [--quick] [--out out.json]
+                          [--n 1000000] [--jobs 2000] [--span 20] [--max-rate JOBS]
+                          [--quick] [--out out.json]
 
 The database given is the bench's own: its job and event tables are emptied first.
 
@@ -16,10 +17,11 @@ The database given is the bench's own: its job and event tables are emptied firs
 3. Run (a), no pruning: ``--jobs`` jobs due uniformly over ``--span`` seconds
    (``schedule_many`` in chunks of 1,000, as compare.py's batch path); each job records
    its own start time in Redis (``peers/common.py``); lateness = start - due.
-4. Run (b), the same windows while ``manage.py delayjobs_prune --older-than 30d`` runs as
-   a subprocess, started 1 s before the first due time. While the prune is still running
-   at the end of a window, another window is scheduled and run, until it exits. The
-   lateness compared with (a) is that of the jobs due while the prune was running.
+4. Run (b), the same windows while ``manage.py delayjobs_prune --older-than 30d`` (with
+   ``--max-rate`` when given) runs as a subprocess, started 1 s before the first due
+   time. While the prune is still running at the end of a window, another window is
+   scheduled and run, until it exits. The lateness compared with (a) is that of the jobs
+   due while the prune was running.
 5. Run (c), one window again without pruning, after it: how far the machine itself moved
    between (a) and (b).
 
@@ -237,8 +239,10 @@ class Waits(threading.Thread):
         return out
 
 
-def run_prune(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def run_prune(env: dict[str, str], log: Path, max_rate: int | None) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "django", "delayjobs_prune", "--older-than", "30d"]
+    if max_rate:
+        cmd += ["--max-rate", str(max_rate)]
     with log.open("wb") as out:
         return subprocess.Popen(cmd, cwd=BENCH, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
@@ -255,6 +259,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, help="jobs due per window (default 2,000)")
     parser.add_argument("--span", type=float, help="seconds per window (default 20)")
     parser.add_argument(
+        "--max-rate", type=int, help="delayjobs_prune's --max-rate, jobs/s (default: unpaced)"
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="smoke run: 100,000 old jobs, 1,000 jobs over 10 s"
     )
     parser.add_argument("--out", type=Path, help="also write the report here (JSON)")
@@ -267,6 +274,7 @@ def main() -> None:
         "n": n,
         "jobs_per_window": jobs,
         "span_s": span,
+        "max_rate": args.max_rate,
         "started": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
     }
     workdir = Path(tempfile.mkdtemp(prefix="bench-prune-"))
@@ -321,7 +329,7 @@ def main() -> None:
             prune_log = workdir / "prune.log"
             wal_start = waits.wal()
             prune_start = time.time()
-            prune = run_prune(env, prune_log)
+            prune = run_prune(env, prune_log, args.max_rate)
             prune_end: float | None = None
             while True:
                 bench.wait(items)
@@ -397,7 +405,9 @@ def prune_end_time(log: Path, start: float, fallback: float) -> float:
 def print_report(r: dict[str, Any]) -> None:
     p = r["prune"]
     print()
-    print(f"prune: {p['jobs']:,} jobs and {p['events']:,} events in {p['batches']} batches, "
+    paced = f"--max-rate {r['max_rate']}" if r["max_rate"] else "unpaced"
+    print(f"prune ({paced}): {p['jobs']:,} jobs and {p['events']:,} events in "
+          f"{p['batches']} batches, "
           f"{p['wall_s']:.1f} s: {p['jobs_per_s']:,} jobs/s, {p['events_per_s']:,} events/s "
           f"({p['windows']} window(s) of {r['jobs_per_window']:,} jobs over "
           f"{r['span_s']:g} s while it ran)")  # fmt: skip

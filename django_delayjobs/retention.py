@@ -42,6 +42,8 @@ logger = logging.getLogger("django_delayjobs.retention")
 DEFAULT_STATUSES: tuple[str, ...] = (Status.SUCCEEDED, Status.CANCELLED, Status.SKIPPED)
 DEFAULT_BATCH = 1000
 MAX_BATCH = 10_000
+#: The highest ``delayjobs_prune --max-rate`` (jobs/s; 0, the default: unpaced).
+MAX_RATE = 1_000_000
 #: The longest ``--older-than`` (a cutoff before year 1 would not be a date).
 MAX_AGE = datetime.timedelta(days=36_500)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
@@ -82,6 +84,13 @@ def parse_statuses(text: str) -> tuple[str, ...]:
                 f"{name!r} is not a finished status: only {', '.join(finished)} jobs are pruned"
             )
     return tuple(dict.fromkeys(names))
+
+
+def check_rate(value: int) -> int | None:
+    """A ``--max-rate`` in jobs/s; 0 (unpaced) as None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RATE:
+        raise ValueError(f"the rate must be from 0 to {MAX_RATE} jobs/s, not {value!r}")
+    return value or None
 
 
 def check_batch(value: int) -> int:
@@ -137,12 +146,21 @@ def prune(
     statuses: Sequence[str] = DEFAULT_STATUSES,
     *,
     batch: int = DEFAULT_BATCH,
+    max_rate: int | None = None,
     progress: Callable[[Pruned], None] | None = None,
 ) -> Pruned:
     """Delete every finished job of ``statuses`` that finished before ``cutoff``, batch
-    by batch; call ``progress`` with the running totals after each batch."""
+    by batch; call ``progress`` with the running totals after each batch.
+
+    ``max_rate`` (jobs/s): after each batch, wait until the jobs deleted so far took at
+    least that long at that rate, so that the WAL and the I/O of the deletes (and a
+    replica's replay of them) are spread out.
+    """
     check_batch(batch)
+    if max_rate is not None:
+        check_rate(max_rate)
     total = Pruned()
+    started = time.monotonic()
     while True:
         done = delete_batch(cutoff, statuses, batch)
         if not done.batches:
@@ -154,6 +172,8 @@ def prune(
             progress(total)
         if done.jobs < batch:
             return total
+        if max_rate is not None:
+            time.sleep(max(0.0, started + total.jobs / max_rate - time.monotonic()))
 
 
 class AutoPrune:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from datetime import timedelta
 from io import StringIO
 
@@ -76,6 +77,15 @@ def test_bad_batch_sizes_are_command_errors(batch):
         prune("--older-than", "1d", f"--batch={batch}")
 
 
+@pytest.mark.parametrize("rate", ["-1", "-5", "1000001", "1.5", "nan", "inf", "", "fast",
+                                  "99999999999999999999"])  # fmt: skip
+def test_bad_rates_are_command_errors(rate):
+    job = make(Status.SUCCEEDED)
+    with pytest.raises(CommandError, match="rate"):
+        prune("--older-than", "1d", f"--max-rate={rate}")
+    assert Job.objects.filter(pk=job.pk).exists()
+
+
 def test_durations_that_are_accepted():
     assert parse_duration("30d") == timedelta(days=30)
     assert parse_duration("12h") == timedelta(hours=12)
@@ -126,6 +136,37 @@ def test_batches_report_progress_and_a_summary():
         "batch 3: 25 job(s), 25 event(s) deleted so far",
     ]
     assert lines[-1].endswith("with 25 event(s), in 3 batch(es)")
+    assert not Job.objects.exists()
+
+
+def test_max_rate_paces_the_batches():
+    for _ in range(30):
+        make(Status.SUCCEEDED, events=1)
+    started = time.monotonic()
+    out = prune("--older-than", "1h", "--batch", "10", "--max-rate", "20")
+    took = time.monotonic() - started
+    # 30 jobs at 20 jobs/s: batch 2 waits until 0.5 s, batch 3 until 1 s, and the fourth
+    # (empty) one until 1.5 s.
+    assert took >= 1.5, took
+    assert "batch 3: 30 job(s)" in out and "at most 20 jobs/s" in out
+    assert not Job.objects.exists()
+
+
+def test_max_rate_0_is_unpaced():
+    for _ in range(30):
+        make(Status.SUCCEEDED, events=0)
+    started = time.monotonic()
+    out = prune("--older-than", "1h", "--batch", "1", "--max-rate", "0")
+    assert time.monotonic() - started < 10  # at 1 job/s, 29 s
+    assert out.splitlines()[-1].endswith("in 30 batch(es)")
+
+
+def test_the_last_short_batch_is_not_followed_by_a_wait():
+    for _ in range(5):
+        make(Status.SUCCEEDED, events=0)
+    started = time.monotonic()
+    prune("--older-than", "1h", "--batch", "10", "--max-rate", "1")
+    assert time.monotonic() - started < 5  # 5 jobs at 1 job/s would wait 5 s
     assert not Job.objects.exists()
 
 

@@ -13,8 +13,10 @@ from ...retention import (
     DEFAULT_BATCH,
     DEFAULT_STATUSES,
     MAX_BATCH,
+    MAX_RATE,
     Pruned,
     check_batch,
+    check_rate,
     count,
     parse_duration,
     parse_statuses,
@@ -42,13 +44,16 @@ class Command(BaseCommand):
             "--batch", type=int, default=DEFAULT_BATCH,
             help=f"Jobs per transaction, 1 to {MAX_BATCH} (default {DEFAULT_BATCH}).",
         )  # fmt: skip
+        parser.add_argument(
+            "--max-rate", type=int, default=0, metavar="JOBS",
+            help=f"At most this many jobs per second, up to {MAX_RATE} (default 0: as fast as "
+                 "the database deletes them), to spread the deletes' WAL and I/O out.",
+        )  # fmt: skip
         parser.add_argument("--dry-run", action="store_true", help="Count only; delete nothing.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            age = parse_duration(options["older_than"])
-            statuses = parse_statuses(options["status"])
-            batch = check_batch(options["batch"])
+            age, statuses, batch, max_rate = self.checked(options)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         self.verbosity = options["verbosity"]
@@ -61,12 +66,24 @@ class Command(BaseCommand):
                     f"dry run: would delete {found.jobs} {what}, with {found.events} event(s)"
                 )
                 return
-            total = prune(cutoff, statuses, batch=batch, progress=self.progress)
+            total = prune(cutoff, statuses, batch=batch, max_rate=max_rate,
+                          progress=self.progress)  # fmt: skip
         except DatabaseError as exc:
             raise CommandError(f"the database is unavailable: {exc}") from exc
         self.stdout.write(
             f"deleted {total.jobs} {what}, with {total.events} event(s), "
-            f"in {total.batches} batch(es)"
+            f"in {total.batches} batch(es)" + (f" (at most {max_rate} jobs/s)" if max_rate else "")
+        )
+
+    @staticmethod
+    def checked(options: dict[str, Any]) -> tuple[datetime.timedelta, tuple[str, ...], int,
+                                                   int | None]:  # fmt: skip
+        """The options' values, or ValueError (needs neither the database nor Redis)."""
+        return (
+            parse_duration(options["older_than"]),
+            parse_statuses(options["status"]),
+            check_batch(options["batch"]),
+            check_rate(options["max_rate"]),
         )
 
     def progress(self, total: Pruned) -> None:
