@@ -2,7 +2,7 @@
 
     python bench/prune.py [--database-url postgres://postgres@127.0.0.1:5432/prune_bench]
                           [--n 1000000] [--jobs 2000] [--span 20] [--max-rate JOBS]
-                          [--quick] [--out out.json]
+                          [--alternate SECONDS] [--quick] [--out out.json]
 
 The database given is the bench's own: its job and event tables are emptied first.
 
@@ -25,6 +25,13 @@ The database given is the bench's own: its job and event tables are emptied firs
 5. Run (c), one window again without pruning, after it: how far the machine itself moved
    between (a) and (b).
 
+``--alternate SECONDS`` makes (b) an A/B run under the same conditions: the prune is
+stopped (SIGSTOP) and continued (SIGCONT) every SECONDS, and the lateness of the jobs due
+while it ran is compared with that of the jobs due while it was stopped, leaving out the
+first second after each switch. On a virtual machine whose host takes CPU time away
+unevenly ("steal" in /proc/stat, reported for every run), runs minutes apart are not
+comparable to within 20%; interleaved halves of one run are.
+
 Reported: the prune's wall time (process start to exit, Django's start-up included), jobs
 and events deleted per second, the WAL the server wrote meanwhile (all its databases) and
 its checkpoints, lateness p50/p90/p99/max of each run, the ratio of the p99s (issue 16's
@@ -36,11 +43,13 @@ at the start and the end, versions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -112,6 +121,62 @@ def summary(late: list[float]) -> dict[str, Any]:
 
 def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+class Steal:
+    """The share of CPU time the hypervisor gave to others ("steal" in /proc/stat) since
+    the last ``take()``; None where /proc/stat has no such column."""
+
+    def __init__(self) -> None:
+        self.last = self.read()
+
+    @staticmethod
+    def read() -> list[int] | None:
+        try:
+            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        except OSError:
+            return None
+        return [int(x) for x in fields] if len(fields) >= 8 else None
+
+    def take(self) -> float | None:
+        now, last = self.read(), self.last
+        self.last = now
+        if now is None or last is None:
+            return None
+        delta = [a - b for a, b in zip(now, last, strict=False)]
+        return round(100 * delta[7] / max(1, sum(delta[:8])), 1)
+
+
+class Alternate(threading.Thread):
+    """Stops and continues the prune process every ``period`` s until it exits."""
+
+    def __init__(self, process: subprocess.Popen[bytes], period: float) -> None:
+        super().__init__(daemon=True)
+        self.process = process
+        self.period = period
+        self.switches: list[tuple[float, bool]] = [(time.time(), True)]  # (when, running)
+
+    def run(self) -> None:
+        running = True
+        try:
+            while self.process.poll() is None:
+                time.sleep(self.period)
+                running = not running
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.send_signal(signal.SIGCONT if running else signal.SIGSTOP)
+                self.switches.append((time.time(), running))
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGCONT)
+
+    def running_at(self, t: float, settle: float = 1.0) -> bool | None:
+        """Whether the prune ran at ``t``; None within ``settle`` s after a switch."""
+        state = None
+        for when, running in self.switches:
+            if when > t:
+                break
+            state = None if t - when < settle else running
+        return state
 
 
 def fixtures(n: int) -> dict[str, Any]:
@@ -262,6 +327,10 @@ def main() -> None:
         "--max-rate", type=int, help="delayjobs_prune's --max-rate, jobs/s (default: unpaced)"
     )
     parser.add_argument(
+        "--alternate", type=float, metavar="SECONDS",
+        help="stop and continue the prune every SECONDS: an A/B comparison within run (b)",
+    )  # fmt: skip
+    parser.add_argument(
         "--quick", action="store_true", help="smoke run: 100,000 old jobs, 1,000 jobs over 10 s"
     )
     parser.add_argument("--out", type=Path, help="also write the report here (JSON)")
@@ -275,6 +344,7 @@ def main() -> None:
         "jobs_per_window": jobs,
         "span_s": span,
         "max_rate": args.max_rate,
+        "alternate_s": args.alternate,
         "started": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
     }
     workdir = Path(tempfile.mkdtemp(prefix="bench-prune-"))
@@ -310,6 +380,7 @@ def main() -> None:
         env = os.environ.copy()
         waits = Waits(args.database_url)
         waits.start()
+        steal = Steal()
         with harness.worker("prune"):
             # (a) no pruning: one window
             report["load_a_start"] = load()
@@ -318,6 +389,7 @@ def main() -> None:
             done = bench.results()
             late_a = [(done[i][1] - due) * 1000 for i, due in items if i in done]
             report["a_waits"] = waits.take()
+            report["a_steal_pct"] = steal.take()
             report["a"] = summary(late_a) | {"missing": len(items) - len(late_a)}
             print("(a) no pruning:", json.dumps(report["a"]), flush=True)
             # (b) windows while the prune runs
@@ -330,6 +402,9 @@ def main() -> None:
             wal_start = waits.wal()
             prune_start = time.time()
             prune = run_prune(env, prune_log, args.max_rate)
+            alternate = Alternate(prune, args.alternate) if args.alternate else None
+            if alternate:
+                alternate.start()
             prune_end: float | None = None
             while True:
                 bench.wait(items)
@@ -345,6 +420,7 @@ def main() -> None:
             prune_end = prune_end_time(prune_log, prune_start, prune_end)
             wal_end = waits.wal()
             report["b_waits"] = waits.take()
+            report["b_steal_pct"] = steal.take()
             # (c) no pruning again, after it: the machine's noise between (a) and (b)
             _, items = bench.schedule_window(bench.lead())
             bench.wait(items)
@@ -352,6 +428,7 @@ def main() -> None:
             late_c = [(done[i][1] - due) * 1000 for i, due in items if i in done]
             report["c"] = summary(late_c) | {"missing": len(items) - len(late_c)}
             report["c_waits"] = waits.take()
+            report["c_steal_pct"] = steal.take()
             waits.stopping.set()
             report["load_end"] = load()
         done = bench.results()
@@ -382,6 +459,17 @@ def main() -> None:
             "missing": sum(1 for i, _ in all_items if i not in done),
             "jobs_due_after_prune": len(after),
         }  # fmt: skip
+        if alternate:
+            alternate.join(5)
+            on: list[float] = []
+            off: list[float] = []
+            for i, due in all_items:
+                state = alternate.running_at(due) if i in done else None
+                if state is not None and prune_start <= due <= prune_end:
+                    (on if state else off).append((done[i][1] - due) * 1000)
+            report["b_running"], report["b_stopped"] = summary(on), summary(off)
+            if on and off:
+                report["p99_ratio_alternate"] = round(pct(on, 99) / pct(off, 99), 2)
         if report["a"].get("p99_ms") and report["b"].get("p99_ms"):
             report["p99_ratio"] = round(report["b"]["p99_ms"] / report["a"]["p99_ms"], 2)
         if report["c"].get("p99_ms") and report["b"].get("p99_ms"):
@@ -424,7 +512,19 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"| {label} | {s['jobs']:,} | {s['p50_ms']:.1f} ms | {s['p90_ms']:.1f} ms | "
               f"{s['p99_ms']:.1f} ms | {s['max_ms']:.1f} ms | {s['early']} | "
               f"{s['missing']} |")  # fmt: skip
+    if r.get("alternate_s"):
+        for key, label in (("b_running", "(b) due while the prune ran"),
+                           ("b_stopped", "(b) due while it was stopped")):  # fmt: skip
+            s = r[key]
+            if s["jobs"]:
+                print(f"| {label}, every {r['alternate_s']:g} s | {s['jobs']:,} | "
+                      f"{s['p50_ms']:.1f} ms | {s['p90_ms']:.1f} ms | {s['p99_ms']:.1f} ms | "
+                      f"{s['max_ms']:.1f} ms | {s['early']} | |")  # fmt: skip
     print()
+    if "p99_ratio_alternate" in r:
+        verdict = "met" if r["p99_ratio_alternate"] <= TARGET_RATIO else "missed"
+        print(f"p99 running / stopped = {r['p99_ratio_alternate']:.2f}: target <= "
+              f"{TARGET_RATIO} {verdict}")  # fmt: skip
     if "p99_ratio" in r:
         verdict = "met" if r["p99_ratio"] <= TARGET_RATIO else "missed"
         print(f"p99 (b) / (a) = {r['p99_ratio']:.2f}: target <= {TARGET_RATIO} {verdict}")
@@ -436,6 +536,8 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"pg_stat_activity, {key[0]}:", json.dumps(r[key]))
     for k, w in enumerate(r["b_windows"], 1):
         print(f"(b) window {k}:", json.dumps(w))
+    print("CPU steal (% of CPU time):", {k[0]: r[k] for k in ("a_steal_pct", "b_steal_pct",
+                                                              "c_steal_pct")})  # fmt: skip
     print(f"load average (1, 5, 15 min): start {r['load_start']}, end {r['load_end']}")
     print("versions:", ", ".join(f"{k} {v}" for k, v in r["versions"].items()))
     for note in r["notes"]:
