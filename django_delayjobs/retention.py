@@ -157,8 +157,7 @@ def prune(
     replica's replay of them) are spread out.
     """
     check_batch(batch)
-    if max_rate is not None:
-        check_rate(max_rate)
+    rate = None if max_rate is None else check_rate(max_rate)
     total = Pruned()
     started = time.monotonic()
     while True:
@@ -172,8 +171,8 @@ def prune(
             progress(total)
         if done.jobs < batch:
             return total
-        if max_rate is not None:
-            time.sleep(max(0.0, started + total.jobs / max_rate - time.monotonic()))
+        if rate is not None:
+            time.sleep(max(0.0, started + total.jobs / rate - time.monotonic()))
 
 
 class AutoPrune:

@@ -14,6 +14,7 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 from django.utils import timezone
 
+from django_delayjobs import retention
 from django_delayjobs.checks import check_settings
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
@@ -159,6 +160,20 @@ def test_max_rate_0_is_unpaced():
     out = prune("--older-than", "1h", "--batch", "1", "--max-rate", "0")
     assert time.monotonic() - started < 10  # at 1 job/s, 29 s
     assert out.splitlines()[-1].endswith("in 30 batch(es)")
+
+
+@pytest.mark.parametrize("rate", [-1, 1_000_001, 2.5, True, "10"])
+def test_prune_refuses_bad_rates_before_deleting(rate):
+    job = make(Status.SUCCEEDED)
+    with pytest.raises(ValueError, match="rate"):
+        retention.prune(timezone.now(), batch=1, max_rate=rate)
+    assert Job.objects.filter(pk=job.pk).exists()
+
+
+def test_prune_with_max_rate_0_is_unpaced():
+    for _ in range(3):
+        make(Status.SUCCEEDED, events=0)
+    assert retention.prune(timezone.now(), batch=1, max_rate=0).jobs == 3
 
 
 def test_the_last_short_batch_is_not_followed_by_a_wait():
