@@ -90,6 +90,24 @@ def claim(job_id: str, worker: str, now: datetime, max_deliveries: int) -> Job |
     return fetch(job_id) if matched else None
 
 
+def commit_without_waiting() -> None:
+    """Let the current transaction's COMMIT return without waiting for its WAL to reach
+    the disk (PostgreSQL's ``synchronous_commit = off``, for this transaction only; other
+    databases are left as they are).
+
+    For the claim alone: it saves the worker a disk flush between a job's due time and
+    its start. A claim acknowledged this way is lost only if the database server itself
+    crashes within a fraction of a second (a worker's crash loses nothing: the server
+    flushes it soon after), and then it is lost together with every later transaction
+    (the WAL is flushed in order, so the action's outcome, which waits, flushes the
+    claim first): the job is claimed again as if that claim never happened.
+    """
+    conn = connections[db()]
+    if conn.vendor == "postgresql":
+        with conn.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+
+
 @cache
 def _fenced_sql(alias: str, fields: tuple[str, ...]) -> str:
     conn = connections[alias]

@@ -8,6 +8,7 @@ from decimal import Decimal
 
 import pytest
 from django.db import connections, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_delayjobs import schedule, sql
@@ -104,3 +105,42 @@ def test_insert_event_appends_to_the_history():
     assert (event.kind, event.actor, event.message, event.attempt) == (
         "started", "worker:x", "attempt 1 of 5", 0,
     )  # fmt: skip
+
+
+def test_only_the_claim_commits_without_waiting_for_the_disk(monkeypatch):
+    """On PostgreSQL the claim's COMMIT does not wait for its WAL flush; the action's
+    transaction, which records the outcome, still does. Elsewhere nothing is changed."""
+    from django_delayjobs.execution import Execution
+
+    conn = connections["default"]
+    seen: dict[str, list[object]] = {"claim": [], "outcome": []}
+
+    def setting() -> object:
+        if conn.vendor != "postgresql":
+            return None
+        with conn.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            return cursor.fetchone()[0]
+
+    def spy(name: str, original):
+        def wrapper(*args, **kwargs):
+            seen[name].append(setting())
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(sql, "claim", spy("claim", sql.claim))
+    monkeypatch.setattr(sql, "update_fenced", spy("outcome", sql.update_fenced))
+    job = schedule(tasks.record, in_=0, args=["x"])
+    before = setting()
+    result = Execution("default", str(job.pk), "w").run()
+    assert result.outcome == "succeeded"
+    if conn.vendor == "postgresql":
+        assert before == "on"
+        assert seen == {"claim": ["off"], "outcome": ["on"]}
+        assert setting() == "on"  # SET LOCAL: the claim's transaction only
+    else:
+        assert seen == {"claim": [None], "outcome": [None]}
+        with transaction.atomic(), CaptureQueriesContext(conn) as queries:
+            sql.commit_without_waiting()
+        assert [q["sql"] for q in queries] == []
