@@ -1,10 +1,11 @@
 """Lateness of due jobs while ``delayjobs_prune`` deletes 1,000,000 old jobs (PostgreSQL).
 
     python bench/prune.py [--database-url postgres://postgres@127.0.0.1:5432/prune_bench]
-                          [--n 1000000] [--jobs 2000] [--span 20] [--max-rate JOBS]
+                          [--n 1000000] [--jobs 2000] [--span 20] [--batch N] [--max-rate JOBS]
                           [--alternate SECONDS] [--quick] [--out out.json]
 
-The database given is the bench's own: its job and event tables are emptied first.
+The database given is the bench's own (created if missing): its job and event tables
+are emptied first.
 
 1. Fixtures: N finished jobs (90% succeeded, 7% cancelled, 3% skipped: the statuses
    ``delayjobs_prune`` deletes by default), finished 31 to 366 days ago, with their
@@ -304,10 +305,14 @@ class Waits(threading.Thread):
         return out
 
 
-def run_prune(env: dict[str, str], log: Path, max_rate: int | None) -> subprocess.Popen[bytes]:
+def run_prune(
+    env: dict[str, str], log: Path, max_rate: int | None, batch: int | None
+) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "django", "delayjobs_prune", "--older-than", "30d"]
     if max_rate:
         cmd += ["--max-rate", str(max_rate)]
+    if batch:
+        cmd += ["--batch", str(batch)]
     with log.open("wb") as out:
         return subprocess.Popen(cmd, cwd=BENCH, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
@@ -326,6 +331,7 @@ def main() -> None:
     parser.add_argument(
         "--max-rate", type=int, help="delayjobs_prune's --max-rate, jobs/s (default: unpaced)"
     )
+    parser.add_argument("--batch", type=int, help="delayjobs_prune's --batch (default 1,000)")
     parser.add_argument(
         "--alternate", type=float, metavar="SECONDS",
         help="stop and continue the prune every SECONDS: an A/B comparison within run (b)",
@@ -344,6 +350,7 @@ def main() -> None:
         "jobs_per_window": jobs,
         "span_s": span,
         "max_rate": args.max_rate,
+        "batch": args.batch,
         "alternate_s": args.alternate,
         "started": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
     }
@@ -356,9 +363,11 @@ def main() -> None:
             "PYTHONPATH": os.pathsep.join([str(BENCH), str(ROOT)]),
         })  # fmt: skip
         import redis
+        from compare import create_database
         from peers.delayjobs_peer import Adapter
         from workloads import Run
 
+        create_database(args.database_url)  # a fresh machine has none yet
         adapter = Adapter()  # django.setup(), migrate
         from django.db import connection
 
@@ -401,7 +410,7 @@ def main() -> None:
             prune_log = workdir / "prune.log"
             wal_start = waits.wal()
             prune_start = time.time()
-            prune = run_prune(env, prune_log, args.max_rate)
+            prune = run_prune(env, prune_log, args.max_rate, args.batch)
             alternate = Alternate(prune, args.alternate) if args.alternate else None
             if alternate:
                 alternate.start()

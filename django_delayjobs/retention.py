@@ -179,10 +179,11 @@ class AutoPrune:
     """The workers' automatic pruning (``PRUNE_AFTER_SECONDS``), one batch per ``step()``.
 
     A pass starts at most once per ``every`` seconds across every worker process of the
-    deployment: the process that sets the Redis key ``{PREFIX}:prune`` (SET NX PX) runs it,
-    one batch per call of ``step()`` (the housekeeping thread calls it about once a
-    second), so lease extensions and heartbeats are never held up for long. A failure is
-    logged once, the pass goes on ``AUTO_RETRY_SECONDS`` later, and ``step()`` never raises.
+    deployment: the process that sets the Redis key ``{PREFIX}:turn:prune`` (SET NX PX)
+    runs it, one batch per call of ``step()`` (the housekeeping thread calls it about
+    once a second), so lease extensions and heartbeats are never held up for long. A
+    failure is logged once, the pass goes on ``AUTO_RETRY_SECONDS`` later, and ``step()``
+    never raises.
     """
 
     def __init__(self, engine: Engine, every: float | None = None,
