@@ -503,6 +503,8 @@ def print_report(r: dict[str, Any]) -> None:
     p = r["prune"]
     print()
     paced = f"--max-rate {r['max_rate']}" if r["max_rate"] else "unpaced"
+    if r.get("batch"):
+        paced += f", --batch {r['batch']}"
     print(f"prune ({paced}): {p['jobs']:,} jobs and {p['events']:,} events in "
           f"{p['batches']} batches, "
           f"{p['wall_s']:.1f} s: {p['jobs_per_s']:,} jobs/s, {p['events_per_s']:,} events/s "
