@@ -34,9 +34,11 @@ class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     queue = models.CharField(max_length=64)
     action = models.CharField(max_length=255, help_text="Registered name of the action.")
+    # No index of its own: the (target_type, target_id) index below serves it as well.
     target_type = models.ForeignKey(
-        ContentType, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
-    )
+        ContentType, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        db_index=False,
+    )  # fmt: skip
     target_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     target = GenericForeignKey("target_type", "target_id")
     args = models.JSONField(default=list, blank=True)
