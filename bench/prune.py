@@ -2,7 +2,8 @@
 
     python bench/prune.py [--database-url postgres://postgres@127.0.0.1:5432/prune_bench]
                           [--n 1000000] [--jobs 2000] [--span 20] [--batch N] [--max-rate JOBS]
-                          [--alternate SECONDS] [--quick] [--out out.json]
+                          [--concurrency N] [--alternate SECONDS] [--statement-log PATH]
+                          [--quick] [--out out.json]
 
 The database given is the bench's own (created if missing): its job and event tables
 are emptied first.
@@ -13,8 +14,9 @@ are emptied first.
    on average), inserted with two ``INSERT ... SELECT`` statements over
    ``generate_series`` (table and column names from the models' ``_meta``), then
    ``VACUUM ANALYZE`` and ``CHECKPOINT``, so that neither run pays for the inserts.
-2. One ``run_delayworker`` process on a private ``redis-server`` (the bench's settings,
-   ``peers/dj_settings.py``), warmed up with one job due now.
+2. One ``run_delayworker`` process (``--concurrency`` threads, 1 by default) on a private
+   ``redis-server`` (the bench's settings, ``peers/dj_settings.py``), warmed up with one
+   job due now.
 3. Run (a), no pruning: ``--jobs`` jobs due uniformly over ``--span`` seconds
    (``schedule_many`` in chunks of 1,000, as compare.py's batch path); each job records
    its own start time in Redis (``peers/common.py``); lateness = start - due.
@@ -32,6 +34,12 @@ while it ran is compared with that of the jobs due while it was stopped, leaving
 first second after each switch. On a virtual machine whose host takes CPU time away
 unevenly ("steal" in /proc/stat, reported for every run), runs minutes apart are not
 comparable to within 20%; interleaved halves of one run are.
+
+``--statement-log PATH`` (PATH: the server's log file, on this machine) has the server log
+every statement's duration for the run and reports the worker's statements (claim and
+outcome UPDATEs, event INSERTs, the claim's and the outcome's COMMIT) by phase, the
+prune busy or idle in (b): which of the worker's statements the prune slows down
+(``pglog.py``).
 
 Reported: the prune's wall time (process start to exit, Django's start-up included), jobs
 and events deleted per second, the WAL the server wrote meanwhile (all its databases) and
@@ -63,6 +71,8 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path[:0] = [str(BENCH), str(ROOT)]
+
+import pglog  # noqa: E402
 
 from django_delayjobs.embedded import EmbeddedRedis  # noqa: E402
 
@@ -333,12 +343,21 @@ def main() -> None:
     )
     parser.add_argument("--batch", type=int, help="delayjobs_prune's --batch (default 1,000)")
     parser.add_argument(
+        "--concurrency", type=int, default=1, help="the worker's --concurrency (default 1)"
+    )
+    parser.add_argument(
         "--alternate", type=float, metavar="SECONDS",
         help="stop and continue the prune every SECONDS: an A/B comparison within run (b)",
     )  # fmt: skip
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 100,000 old jobs, 1,000 jobs over 10 s"
     )
+    parser.add_argument(
+        "--statement-log", type=Path, metavar="PATH",
+        help="the server's log file, readable here: log every statement's duration "
+        "(log_min_duration_statement = 0 on the database for the run) and report the "
+        "worker's, with the prune busy and idle",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the report here (JSON)")
     args = parser.parse_args()
     n = args.n or (100_000 if args.quick else 1_000_000)
@@ -351,6 +370,7 @@ def main() -> None:
         "span_s": span,
         "max_rate": args.max_rate,
         "batch": args.batch,
+        "concurrency": args.concurrency,
         "alternate_s": args.alternate,
         "started": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
     }
@@ -390,7 +410,10 @@ def main() -> None:
         waits = Waits(args.database_url)
         waits.start()
         steal = Steal()
-        with harness.worker("prune"):
+        if args.statement_log:
+            log_offset = args.statement_log.stat().st_size
+            log_statements(connection, True)
+        with harness.worker("prune", adapter.worker_cmd(args.concurrency)):
             # (a) no pruning: one window
             report["load_a_start"] = load()
             _, items = bench.schedule_window(bench.lead())
@@ -483,12 +506,35 @@ def main() -> None:
             report["p99_ratio"] = round(report["b"]["p99_ms"] / report["a"]["p99_ms"], 2)
         if report["c"].get("p99_ms") and report["b"].get("p99_ms"):
             report["p99_ratio_c"] = round(report["b"]["p99_ms"] / report["c"]["p99_ms"], 2)
+        if args.statement_log:
+            log_statements(connection, False)
+            where = {"path": str(args.statement_log), "offset": log_offset,
+                     "prune_start": prune_start, "prune_end": prune_end}  # fmt: skip
+            report["statement_log"] = where
+            report["statements"] = pglog.statements(
+                args.statement_log, log_offset, prune_start, prune_end
+            )
         report["notes"] = bench.notes
         print_report(report)
         if args.out:
             args.out.write_text(json.dumps(report, indent=2))
     finally:
+        if args.statement_log:
+            with contextlib.suppress(Exception):
+                log_statements(connection, False)
         server.close()
+
+
+def log_statements(connection: Any, on: bool) -> None:
+    """Have the server log every statement of every new session of this database, or no
+    longer (the worker, started afterwards, opens its connections then)."""
+    name = connection.ops.quote_name(connection.settings_dict["NAME"])
+    with connection.cursor() as cursor:
+        if on:
+            cursor.execute(f"ALTER DATABASE {name} SET log_min_duration_statement = 0")
+        else:
+            cursor.execute(f"ALTER DATABASE {name} RESET log_min_duration_statement")
+    connection.close()
 
 
 def prune_end_time(log: Path, start: float, fallback: float) -> float:
@@ -505,6 +551,8 @@ def print_report(r: dict[str, Any]) -> None:
     paced = f"--max-rate {r['max_rate']}" if r["max_rate"] else "unpaced"
     if r.get("batch"):
         paced += f", --batch {r['batch']}"
+    if r.get("concurrency", 1) != 1:
+        paced += f"; worker --concurrency {r['concurrency']}"
     print(f"prune ({paced}): {p['jobs']:,} jobs and {p['events']:,} events in "
           f"{p['batches']} batches, "
           f"{p['wall_s']:.1f} s: {p['jobs_per_s']:,} jobs/s, {p['events_per_s']:,} events/s "
@@ -545,6 +593,15 @@ def print_report(r: dict[str, Any]) -> None:
           f"{p['checkpoints']} checkpoint(s)")  # fmt: skip
     for key in ("a_waits", "b_waits", "c_waits"):
         print(f"pg_stat_activity, {key[0]}:", json.dumps(r[key]))
+    if "statements" in r:
+        print()
+        print("| worker statement (server-side ms) | phase | n | p50 | p99 | max |")
+        print("|---|---|--:|--:|--:|--:|")
+        for what, phases in r["statements"].items():
+            for phase, s in phases.items():
+                print(f"| {what} | {phase} | {s['n']:,} | {s['p50_ms']:.2f} | "
+                      f"{s['p99_ms']:.2f} | {s['max_ms']:.2f} |")  # fmt: skip
+        print()
     for k, w in enumerate(r["b_windows"], 1):
         print(f"(b) window {k}:", json.dumps(w))
     print("CPU steal (% of CPU time):", {k[0]: r[k] for k in ("a_steal_pct", "b_steal_pct",
