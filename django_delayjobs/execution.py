@@ -152,9 +152,9 @@ class Execution:
         """Claim the row for a delivery, or say why there is nothing to run."""
         try:
             with transaction.atomic(using=sql.db()):
-                sql.commit_without_waiting()
                 job = sql.claim(self.job_id, self.worker_id, timezone.now(),
-                                delayjobs_settings.MAX_DELIVERIES)  # fmt: skip
+                                delayjobs_settings.MAX_DELIVERIES,
+                                commit_without_waiting=True)  # fmt: skip
                 if job is not None:
                     self.event(job, EventKind.STARTED, self.started_message(job))
                     return job

@@ -62,13 +62,26 @@ def _claim_sql(alias: str) -> str:
     )
 
 
-def claim(job_id: str, worker: str, now: datetime, max_deliveries: int) -> Job | None:
+def claim(
+    job_id: str, worker: str, now: datetime, max_deliveries: int,
+    *, commit_without_waiting: bool = False,
+) -> Job | None:  # fmt: skip
     """Start the next attempt of an active job that is due and has attempts left, or
     deliver the current attempt again if it never recorded an outcome (fewer than
     ``max_deliveries`` times); return the row as it is now, or None if it did not qualify.
 
     One statement where the database can return the updated row (PostgreSQL, SQLite from
     3.35); an UPDATE and a SELECT elsewhere.
+
+    ``commit_without_waiting``, for a claim in a transaction of its own (never inside an
+    outcome's): on PostgreSQL the same statement sets ``synchronous_commit`` off for the
+    transaction, so that its COMMIT returns without waiting for the disk, which saves
+    the worker a flush between a job's due time and its start. A claim acknowledged this
+    way is lost only if the database server itself crashes within a fraction of a second
+    (a worker's crash loses nothing: the server flushes it soon after), and then it is
+    lost together with every later transaction (the WAL is flushed in order, so the
+    action's outcome, which waits, flushes the claim first): the job is claimed again as
+    if that claim never happened. Other databases are left as they are.
     """
     alias = db()
     conn = connections[alias]
@@ -82,30 +95,17 @@ def claim(job_id: str, worker: str, now: datetime, max_deliveries: int) -> Job |
     plan = _row_plan(conn)
     with conn.cursor() as cursor:
         if plan.returning:
-            cursor.execute(f"{_claim_sql(alias)} RETURNING {plan.columns}", params)
+            returning = plan.columns
+            if commit_without_waiting and conn.vendor == "postgresql":
+                # Evaluated once per claimed row (at most one): SET LOCAL's effect,
+                # without a round trip of its own.
+                returning += ", set_config('synchronous_commit', 'off', true)"
+            cursor.execute(f"{_claim_sql(alias)} RETURNING {returning}", params)
             row = cursor.fetchone()
-            return None if row is None else plan.job(alias, conn, row)
+            return None if row is None else plan.job(alias, conn, row[: len(plan.attnames)])
         cursor.execute(_claim_sql(alias), params)
         matched = cursor.rowcount
     return fetch(job_id) if matched else None
-
-
-def commit_without_waiting() -> None:
-    """Let the current transaction's COMMIT return without waiting for its WAL to reach
-    the disk (PostgreSQL's ``synchronous_commit = off``, for this transaction only; other
-    databases are left as they are).
-
-    For the claim alone: it saves the worker a disk flush between a job's due time and
-    its start. A claim acknowledged this way is lost only if the database server itself
-    crashes within a fraction of a second (a worker's crash loses nothing: the server
-    flushes it soon after), and then it is lost together with every later transaction
-    (the WAL is flushed in order, so the action's outcome, which waits, flushes the
-    claim first): the job is claimed again as if that claim never happened.
-    """
-    conn = connections[db()]
-    if conn.vendor == "postgresql":
-        with conn.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit TO OFF")
 
 
 @cache

@@ -122,15 +122,18 @@ def test_only_the_claim_commits_without_waiting_for_the_disk(monkeypatch):
             cursor.execute("SHOW synchronous_commit")
             return cursor.fetchone()[0]
 
-    def spy(name: str, original):
-        def wrapper(*args, **kwargs):
-            seen[name].append(setting())
-            return original(*args, **kwargs)
+    def claim(*args, **kwargs):
+        job = original_claim(*args, **kwargs)
+        seen["claim"].append(setting())  # as the claim's transaction will commit
+        return job
 
-        return wrapper
+    def update_fenced(*args, **kwargs):
+        seen["outcome"].append(setting())
+        return original_update(*args, **kwargs)
 
-    monkeypatch.setattr(sql, "claim", spy("claim", sql.claim))
-    monkeypatch.setattr(sql, "update_fenced", spy("outcome", sql.update_fenced))
+    original_claim, original_update = sql.claim, sql.update_fenced
+    monkeypatch.setattr(sql, "claim", claim)
+    monkeypatch.setattr(sql, "update_fenced", update_fenced)
     job = schedule(tasks.record, in_=0, args=["x"])
     before = setting()
     result = Execution("default", str(job.pk), "w").run()
@@ -138,9 +141,37 @@ def test_only_the_claim_commits_without_waiting_for_the_disk(monkeypatch):
     if conn.vendor == "postgresql":
         assert before == "on"
         assert seen == {"claim": ["off"], "outcome": ["on"]}
-        assert setting() == "on"  # SET LOCAL: the claim's transaction only
+        assert setting() == "on"  # the claim's transaction only
     else:
         assert seen == {"claim": [None], "outcome": [None]}
-        with transaction.atomic(), CaptureQueriesContext(conn) as queries:
-            sql.commit_without_waiting()
-        assert [q["sql"] for q in queries] == []
+
+
+def test_a_claim_inside_another_transaction_leaves_its_commit_waiting():
+    """The claim of the next job inside an outcome's transaction (the default) changes
+    nothing about that transaction's COMMIT."""
+    conn = connections["default"]
+    job = schedule(tasks.record, in_=0, args=["x"])
+    with transaction.atomic(), CaptureQueriesContext(conn) as queries:
+        assert sql.claim(str(job.pk), "w", timezone.now(), 2) is not None
+        if conn.vendor == "postgresql":
+            with conn.cursor() as cursor:
+                cursor.execute("SHOW synchronous_commit")
+                assert cursor.fetchone()[0] == "on"
+    assert "synchronous_commit" not in queries[0]["sql"]
+
+
+def test_the_claim_is_one_statement_and_its_event_another():
+    """The claim's transaction costs two round trips and its COMMIT, wherever the
+    database returns updated rows (PostgreSQL, SQLite)."""
+    from django_delayjobs.execution import Execution
+
+    conn = connections["default"]
+    job = schedule(tasks.record, in_=0, args=["x"])
+    execution = Execution("default", str(job.pk), "w")
+    with CaptureQueriesContext(conn) as queries:
+        assert execution.claim() is not None
+    body = [q["sql"] for q in queries if q["sql"].split()[0] not in ("BEGIN", "COMMIT")]
+    assert len(body) == 2, body
+    assert body[0].startswith("UPDATE") and "INSERT INTO" in body[1]
+    wanted = "set_config('synchronous_commit', 'off', true)"
+    assert (wanted in body[0]) == (conn.vendor == "postgresql")
