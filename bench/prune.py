@@ -3,7 +3,7 @@
     python bench/prune.py [--database-url postgres://postgres@127.0.0.1:5432/prune_bench]
                           [--n 1000000] [--jobs 2000] [--span 20] [--batch N] [--max-rate JOBS]
                           [--concurrency N] [--alternate SECONDS] [--statement-log PATH]
-                          [--quick] [--out out.json]
+                          [--quick] [--alone] [--out out.json]
 
 The database given is the bench's own (created if missing): its job and event tables
 are emptied first.
@@ -21,7 +21,8 @@ are emptied first.
    (``schedule_many`` in chunks of 1,000, as compare.py's batch path); each job records
    its own start time in Redis (``peers/common.py``); lateness = start - due.
 4. Run (b), the same windows while ``manage.py delayjobs_prune --older-than 30d`` (with
-   ``--max-rate`` when given) runs as a subprocess, started 1 s before the first due
+   ``--max-rate`` and ``--batch`` when given, else the command's defaults: 2,000 jobs/s
+   in batches of 50) runs as a subprocess, started 1 s before the first due
    time. While the prune is still running at the end of a window, another window is
    scheduled and run, until it exits. The lateness compared with (a) is that of the jobs
    due while the prune was running.
@@ -41,12 +42,15 @@ outcome UPDATEs, event INSERTs, the claim's and the outcome's COMMIT) by phase, 
 prune busy or idle in (b): which of the worker's statements the prune slows down
 (``pglog.py``).
 
+``--alone`` runs only the prune, with no worker and no windows: its speed, and the CPU
+time of the command's own process.
+
 Reported: the prune's wall time (process start to exit, Django's start-up included), jobs
-and events deleted per second, the WAL the server wrote meanwhile (all its databases) and
-its checkpoints, lateness p50/p90/p99/max of each run, the ratio of the p99s (issue 16's
-target: (b) at most 1.2 times (a)), what the active backends of the database waited on
-(``pg_stat_activity`` sampled every 0.25 s, the prune's queries apart), the load average
-at the start and the end, versions.
+and events deleted per second, the command's CPU time, the WAL the server wrote meanwhile
+(all its databases) and its checkpoints, lateness p50/p90/p99/max of each run, the ratio
+of the p99s (issue 16's target: (b) at most 1.2 times (a)), what the active backends of
+the database waited on (``pg_stat_activity`` sampled every 0.25 s, the prune's queries
+apart), the load average at the start and the end, versions.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ import json
 import os
 import platform
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -319,9 +324,9 @@ def run_prune(
     env: dict[str, str], log: Path, max_rate: int | None, batch: int | None
 ) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "django", "delayjobs_prune", "--older-than", "30d"]
-    if max_rate:
+    if max_rate is not None:
         cmd += ["--max-rate", str(max_rate)]
-    if batch:
+    if batch is not None:
         cmd += ["--batch", str(batch)]
     with log.open("wb") as out:
         return subprocess.Popen(cmd, cwd=BENCH, env=env, stdout=out,
@@ -339,9 +344,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, help="jobs due per window (default 2,000)")
     parser.add_argument("--span", type=float, help="seconds per window (default 20)")
     parser.add_argument(
-        "--max-rate", type=int, help="delayjobs_prune's --max-rate, jobs/s (default: unpaced)"
+        "--max-rate", type=int,
+        help="delayjobs_prune's --max-rate, jobs/s (0: unpaced; default: the command's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--batch", type=int, help="delayjobs_prune's --batch (default: the command's)"
     )
-    parser.add_argument("--batch", type=int, help="delayjobs_prune's --batch (default 1,000)")
     parser.add_argument(
         "--concurrency", type=int, default=1, help="the worker's --concurrency (default 1)"
     )
@@ -357,6 +365,10 @@ def main() -> None:
         help="the server's log file, readable here: log every statement's duration "
         "(log_min_duration_statement = 0 on the database for the run) and report the "
         "worker's, with the prune busy and idle",
+    )  # fmt: skip
+    parser.add_argument(
+        "--alone", action="store_true",
+        help="only the prune, no worker: its speed and the command's own CPU time",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the report here (JSON)")
     args = parser.parse_args()
@@ -404,9 +416,15 @@ def main() -> None:
         report["fixtures"] = fixtures(n)
         print(json.dumps(report["fixtures"]), flush=True)
         connection.close()
+        env = os.environ.copy()
+        if args.alone:
+            report["prune"] = prune_alone(env, workdir / "prune.log", args.max_rate, args.batch)
+            print(json.dumps(report["prune"]))
+            if args.out:
+                args.out.write_text(json.dumps(report, indent=2))
+            return
         bench = Bench(adapter, client, jobs, span)
         harness = Run(adapter, client, workdir)
-        env = os.environ.copy()
         waits = Waits(args.database_url)
         waits.start()
         steal = Steal()
@@ -433,6 +451,7 @@ def main() -> None:
             prune_log = workdir / "prune.log"
             wal_start = waits.wal()
             prune_start = time.time()
+            cpu_start = children_cpu()
             prune = run_prune(env, prune_log, args.max_rate, args.batch)
             alternate = Alternate(prune, args.alternate) if args.alternate else None
             if alternate:
@@ -449,6 +468,7 @@ def main() -> None:
                 _, items = bench.schedule_window(bench.lead())
                 all_items += items
             prune.wait()
+            prune_cpu = children_cpu() - cpu_start  # the worker is not waited for yet
             prune_end = prune_end_time(prune_log, prune_start, prune_end)
             wal_end = waits.wal()
             report["b_waits"] = waits.take()
@@ -475,7 +495,7 @@ def main() -> None:
         wall = prune_end - prune_start
         report["prune"] = {
             "jobs": int(found[1]), "events": int(found[2]), "batches": int(found[3]),
-            "wall_s": round(wall, 1),
+            "wall_s": round(wall, 1), "command_cpu_s": round(prune_cpu, 2),
             "jobs_per_s": round(int(found[1]) / wall), "events_per_s": round(int(found[2]) / wall),
             "windows": len(all_items) // jobs,
             "finished_before_last_window_ended": prune_end < all_items[-1][1],
@@ -525,6 +545,27 @@ def main() -> None:
         server.close()
 
 
+def children_cpu() -> float:
+    """CPU seconds of the child processes waited for so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def prune_alone(env: dict[str, str], log: Path, max_rate: int | None,
+                batch: int | None) -> dict[str, Any]:  # fmt: skip
+    """The prune with no worker running: its wall time and the command's CPU time."""
+    cpu, start = children_cpu(), time.perf_counter()
+    process = run_prune(env, log, max_rate, batch)
+    process.wait()
+    wall, cpu = time.perf_counter() - start, children_cpu() - cpu
+    found = re.search(r"deleted (\d+) .* with (\d+) event\(s\), in (\d+) batch", log.read_text())
+    if process.returncode != 0 or not found:
+        raise SystemExit(f"the prune failed (exit {process.returncode})")
+    return {"jobs": int(found[1]), "events": int(found[2]), "batches": int(found[3]),
+            "wall_s": round(wall, 1), "jobs_per_s": round(int(found[1]) / wall),
+            "command_cpu_s": round(cpu, 2)}  # fmt: skip
+
+
 def log_statements(connection: Any, on: bool) -> None:
     """Have the server log every statement of every new session of this database, or no
     longer (the worker, started afterwards, opens its connections then)."""
@@ -548,14 +589,17 @@ def prune_end_time(log: Path, start: float, fallback: float) -> float:
 def print_report(r: dict[str, Any]) -> None:
     p = r["prune"]
     print()
-    paced = f"--max-rate {r['max_rate']}" if r["max_rate"] else "unpaced"
-    if r.get("batch"):
+    paced = {None: "the command's default pace", 0: "unpaced"}.get(
+        r["max_rate"], f"--max-rate {r['max_rate']}"
+    )
+    if r.get("batch") is not None:
         paced += f", --batch {r['batch']}"
     if r.get("concurrency", 1) != 1:
         paced += f"; worker --concurrency {r['concurrency']}"
     print(f"prune ({paced}): {p['jobs']:,} jobs and {p['events']:,} events in "
           f"{p['batches']} batches, "
-          f"{p['wall_s']:.1f} s: {p['jobs_per_s']:,} jobs/s, {p['events_per_s']:,} events/s "
+          f"{p['wall_s']:.1f} s: {p['jobs_per_s']:,} jobs/s, {p['events_per_s']:,} events/s, "
+          f"the command's CPU {p['command_cpu_s']:.1f} s "
           f"({p['windows']} window(s) of {r['jobs_per_window']:,} jobs over "
           f"{r['span_s']:g} s while it ran)")  # fmt: skip
     print()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from datetime import timedelta
 from io import StringIO
@@ -11,7 +12,9 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection, connections, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_delayjobs import retention
@@ -129,15 +132,32 @@ def test_dead_jobs_are_pruned_only_when_named():
 def test_batches_report_progress_and_a_summary():
     for _ in range(25):
         make(Status.SUCCEEDED, events=1)
-    out = prune("--older-than", "1h", "--batch", "10")
+    out = prune("--older-than", "1h", "--batch", "10", "-v", "2")
     lines = out.splitlines()
     assert [line.split(" ", 1)[1] for line in lines[:3]] == [
         "batch 1: 10 job(s), 10 event(s) deleted so far",
         "batch 2: 20 job(s), 20 event(s) deleted so far",
         "batch 3: 25 job(s), 25 event(s) deleted so far",
     ]
-    assert lines[-1].endswith("with 25 event(s), in 3 batch(es)")
+    assert lines[-1].endswith("with 25 event(s), in 3 batch(es) (at most 1000 jobs/s)")
     assert not Job.objects.exists()
+
+
+def test_progress_is_the_first_batch_then_every_few_seconds_by_default():
+    for _ in range(25):
+        make(Status.SUCCEEDED, events=1)
+    out = prune("--older-than", "1h", "--batch", "10")
+    lines = out.splitlines()
+    assert len(lines) == 2, out  # the three batches took less than PROGRESS_EVERY
+    assert lines[0].endswith("batch 1: 10 job(s), 10 event(s) deleted so far")
+    assert lines[1].endswith("with 25 event(s), in 3 batch(es) (at most 1000 jobs/s)")
+
+
+def test_the_default_pace_and_batch():
+    for _ in range(retention.DEFAULT_BATCH + 1):
+        make(Status.SUCCEEDED, events=0)
+    last = prune("--older-than", "1h").splitlines()[-1]
+    assert last.endswith(f"in 2 batch(es) (at most {retention.DEFAULT_RATE} jobs/s)"), last
 
 
 def test_max_rate_paces_the_batches():
@@ -146,10 +166,10 @@ def test_max_rate_paces_the_batches():
     started = time.monotonic()
     out = prune("--older-than", "1h", "--batch", "10", "--max-rate", "20")
     took = time.monotonic() - started
-    # 30 jobs at 20 jobs/s: batch 2 waits until 0.5 s, batch 3 until 1 s, and the fourth
-    # (empty) one until 1.5 s.
+    # 10 jobs at 20 jobs/s: each of the three full batches takes 0.5 s at least, the
+    # fourth (empty) one ends the prune.
     assert took >= 1.5, took
-    assert "batch 3: 30 job(s)" in out and "at most 20 jobs/s" in out
+    assert out.splitlines()[-1].endswith("in 3 batch(es) (at most 20 jobs/s)")
     assert not Job.objects.exists()
 
 
@@ -185,6 +205,64 @@ def test_the_last_short_batch_is_not_followed_by_a_wait():
     assert not Job.objects.exists()
 
 
+def test_oldest_finished_jobs_go_first():
+    newer, older = make(Status.SUCCEEDED, timedelta(days=35)), make(Status.SUCCEEDED)
+    done = retention.delete_batch(timezone.now() - timedelta(days=30),
+                                  retention.DEFAULT_STATUSES, 1)  # fmt: skip
+    assert (done.jobs, done.events, done.batches) == (1, 2, 1)
+    assert list(Job.objects.values_list("pk", flat=True)) == [newer.pk]
+    assert not JobEvent.objects.filter(job_id=older.pk).exists()
+
+
+POSTGRESQL = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="PostgreSQL's one-statement batch and row locks"
+)
+
+
+@POSTGRESQL
+def test_a_batch_is_one_statement_on_postgresql():
+    for _ in range(3):
+        make(Status.SUCCEEDED)
+    with CaptureQueriesContext(connection) as queries:
+        done = retention.delete_batch(timezone.now(), retention.DEFAULT_STATUSES, 10)
+    assert (done.jobs, done.events) == (3, 6)
+    statements = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    assert len(statements) == 1, statements
+    assert not Job.objects.exists() and not JobEvent.objects.exists()
+
+
+@POSTGRESQL
+def test_rows_locked_by_another_transaction_are_skipped_and_pruned_later():
+    locked = make(Status.SUCCEEDED)
+    make(Status.SUCCEEDED, timedelta(days=35))
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_lock() -> None:
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(pk=locked.pk)
+                holding.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold_lock)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        started = time.monotonic()
+        first = retention.prune(timezone.now() - timedelta(days=30))
+        assert time.monotonic() - started < 5  # skipped, not waited for
+    finally:
+        release.set()
+        thread.join(10)
+    assert (first.jobs, first.events) == (1, 2)
+    assert list(Job.objects.values_list("pk", flat=True)) == [locked.pk]
+    assert JobEvent.objects.filter(job_id=locked.pk).count() == 2
+    assert retention.prune(timezone.now() - timedelta(days=30)).jobs == 1
+    assert not Job.objects.exists() and not JobEvent.objects.exists()
+
+
 def test_dry_run_counts_and_deletes_nothing():
     make(Status.SUCCEEDED), make(Status.CANCELLED, events=0), make(Status.DEAD)
     out = prune("--older-than", "30d", "--dry-run")
@@ -207,8 +285,6 @@ def test_database_down_is_a_command_error(tmp_path):
 @contextlib.contextmanager
 def database_down(tmp_path):
     """Point the default connection at a database that cannot be opened."""
-    from django.db import connections
-
     conn = connections["default"]
     conn.close()
     old = conn.settings_dict["NAME"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -11,6 +12,7 @@ from django.utils import timezone
 
 from ...retention import (
     DEFAULT_BATCH,
+    DEFAULT_RATE,
     DEFAULT_STATUSES,
     MAX_BATCH,
     MAX_RATE,
@@ -22,6 +24,9 @@ from ...retention import (
     parse_statuses,
     prune,
 )
+
+#: Seconds between two progress lines (at the default verbosity).
+PROGRESS_EVERY = 5.0
 
 
 class Command(BaseCommand):
@@ -45,9 +50,9 @@ class Command(BaseCommand):
             help=f"Jobs per transaction, 1 to {MAX_BATCH} (default {DEFAULT_BATCH}).",
         )  # fmt: skip
         parser.add_argument(
-            "--max-rate", type=int, default=0, metavar="JOBS",
-            help=f"At most this many jobs per second, up to {MAX_RATE} (default 0: as fast as "
-                 "the database deletes them), to spread the deletes' WAL and I/O out.",
+            "--max-rate", type=int, default=DEFAULT_RATE, metavar="JOBS",
+            help=f"At most this many jobs per second, up to {MAX_RATE} (default "
+                 f"{DEFAULT_RATE}; 0: as fast as the database deletes them, for a quiet hour).",
         )  # fmt: skip
         parser.add_argument("--dry-run", action="store_true", help="Count only; delete nothing.")
 
@@ -57,6 +62,7 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         self.verbosity = options["verbosity"]
+        self.last_progress: float | None = None
         cutoff = timezone.now() - age
         what = f"{','.join(statuses)} jobs finished before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
         try:
@@ -87,10 +93,18 @@ class Command(BaseCommand):
         )
 
     def progress(self, total: Pruned) -> None:
-        if self.verbosity >= 1:
-            now = datetime.datetime.now(datetime.UTC)
-            self.stdout.write(
-                f"{now:%H:%M:%S} batch {total.batches}: {total.jobs} job(s), "
-                f"{total.events} event(s) deleted so far"
-            )
-            self.stdout.flush()
+        """A line for the first batch and then every PROGRESS_EVERY seconds (every batch
+        with ``-v 2``)."""
+        if self.verbosity < 1:
+            return
+        clock = time.monotonic()
+        if (self.verbosity < 2 and self.last_progress is not None
+                and clock - self.last_progress < PROGRESS_EVERY):  # fmt: skip
+            return
+        self.last_progress = clock
+        now = datetime.datetime.now(datetime.UTC)
+        self.stdout.write(
+            f"{now:%H:%M:%S} batch {total.batches}: {total.jobs} job(s), "
+            f"{total.events} event(s) deleted so far"
+        )
+        self.stdout.flush()
