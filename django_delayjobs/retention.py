@@ -175,8 +175,8 @@ def _delete_batch_postgresql(
 ) -> Pruned:
     """The batch as one statement: the rows are chosen, locked (locked ones skipped) and
     deleted with their events by the server. Sending the keys through Python and back
-    cost the command 3.9 s of CPU per 100,000 jobs (0.1 s this way), on cores that the
-    workers share, and made the prune 2.7 times slower (docs/performance.md)."""
+    cost the command about 3 s of CPU per 100,000 jobs, on cores that the workers share,
+    and made the prune 2.3 times slower (docs/performance.md)."""
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         cursor.execute(_batch_sql(alias, len(statuses)), [*statuses, cutoff, size])
         jobs, events = cursor.fetchone()
