@@ -21,11 +21,11 @@ are emptied first.
    (``schedule_many`` in chunks of 1,000, as compare.py's batch path); each job records
    its own start time in Redis (``peers/common.py``); lateness = start - due.
 4. Run (b), the same windows while ``manage.py delayjobs_prune --older-than 30d`` (with
-   ``--max-rate`` and ``--batch`` when given, else the command's defaults: 2,000 jobs/s
-   in batches of 50) runs as a subprocess, started 1 s before the first due
-   time. While the prune is still running at the end of a window, another window is
-   scheduled and run, until it exits. The lateness compared with (a) is that of the jobs
-   due while the prune was running.
+   ``--max-rate`` and ``--batch`` when given, else the command's defaults: 1,000 jobs/s
+   in batches of 50) runs as a subprocess, started 1 s before the first due time. While
+   the prune is still running at the end of a window, another window is scheduled and
+   run, until it exits. The lateness compared with (a) is that of the jobs due while the
+   prune was running.
 5. Run (c), one window again without pruning, after it: how far the machine itself moved
    between (a) and (b).
 

@@ -9,9 +9,8 @@ Deletion goes in batches, each in its own short transaction: select (and, where 
 database can, lock, skipping locked rows) up to ``batch`` primary keys, delete their
 events, then the jobs. Both deletes restate the conditions, so a job requeued between the
 select and the delete is left alone on every database. On PostgreSQL the three are one
-statement. Rows are deleted without loading
-them (no ``pre_delete``/``post_delete`` signals): a row that cannot be read back cannot
-stop the pruning.
+statement. Rows are deleted without loading them (no ``pre_delete``/``post_delete``
+signals): a row that cannot be read back cannot stop the pruning.
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ logger = logging.getLogger("django_delayjobs.retention")
 
 #: Pruned unless other statuses are named: ``dead`` jobs wait for a person.
 DEFAULT_STATUSES: tuple[str, ...] = (Status.SUCCEEDED, Status.CANCELLED, Status.SKIPPED)
-#: ``delayjobs_prune``'s defaults: small batches at a steady pace, so that a prune run
-#: while workers run their jobs does not make them late (docs/performance.md).
+#: ``delayjobs_prune``'s defaults: small batches at a steady pace, the shape that delayed
+#: the workers' jobs least while a prune ran (docs/performance.md).
 DEFAULT_BATCH = 50
 DEFAULT_RATE = 1000
 MAX_BATCH = 10_000

@@ -129,6 +129,9 @@ def test_dead_jobs_are_pruned_only_when_named():
     assert not JobEvent.objects.filter(job_id=dead.pk).exists()
 
 
+RATE = f"(at most {retention.DEFAULT_RATE} jobs/s)"
+
+
 def test_batches_report_progress_and_a_summary():
     for _ in range(25):
         make(Status.SUCCEEDED, events=1)
@@ -139,7 +142,7 @@ def test_batches_report_progress_and_a_summary():
         "batch 2: 20 job(s), 20 event(s) deleted so far",
         "batch 3: 25 job(s), 25 event(s) deleted so far",
     ]
-    assert lines[-1].endswith("with 25 event(s), in 3 batch(es) (at most 1000 jobs/s)")
+    assert lines[-1].endswith(f"with 25 event(s), in 3 batch(es) {RATE}")
     assert not Job.objects.exists()
 
 
@@ -150,14 +153,14 @@ def test_progress_is_the_first_batch_then_every_few_seconds_by_default():
     lines = out.splitlines()
     assert len(lines) == 2, out  # the three batches took less than PROGRESS_EVERY
     assert lines[0].endswith("batch 1: 10 job(s), 10 event(s) deleted so far")
-    assert lines[1].endswith("with 25 event(s), in 3 batch(es) (at most 1000 jobs/s)")
+    assert lines[1].endswith(f"with 25 event(s), in 3 batch(es) {RATE}")
 
 
 def test_the_default_pace_and_batch():
     for _ in range(retention.DEFAULT_BATCH + 1):
         make(Status.SUCCEEDED, events=0)
     last = prune("--older-than", "1h").splitlines()[-1]
-    assert last.endswith(f"in 2 batch(es) (at most {retention.DEFAULT_RATE} jobs/s)"), last
+    assert last.endswith(f"in 2 batch(es) {RATE}"), last
 
 
 def test_max_rate_paces_the_batches():
