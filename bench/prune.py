@@ -83,6 +83,8 @@ from django_delayjobs.embedded import EmbeddedRedis  # noqa: E402
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/prune_bench"
 TARGET_RATIO = 1.2
+#: delayjobs_prune's last line: jobs, events and batches deleted.
+SUMMARY = re.compile(r"deleted (\d+) .* with (\d+) event\(s\), in (\d+) batch")
 
 INSERT_JOBS = """
 INSERT INTO {job} ({id}, {queue}, {action}, {target_type}, {target_id}, {args}, {kwargs},
@@ -489,7 +491,7 @@ def main() -> None:
         after = [(done[i][1] - due) * 1000 for i, due in all_items
                  if i in done and due > prune_end]  # fmt: skip
         tail = prune_log.read_text(errors="replace")
-        found = re.search(r"deleted (\d+) .* with (\d+) event\(s\), in (\d+) batch", tail)
+        found = SUMMARY.search(tail)
         if prune.returncode != 0 or not found:
             raise SystemExit(f"the prune failed (exit {prune.returncode}): {tail[-800:]}")
         wall = prune_end - prune_start
@@ -558,7 +560,7 @@ def prune_alone(env: dict[str, str], log: Path, max_rate: int | None,
     process = run_prune(env, log, max_rate, batch)
     process.wait()
     wall, cpu = time.perf_counter() - start, children_cpu() - cpu
-    found = re.search(r"deleted (\d+) .* with (\d+) event\(s\), in (\d+) batch", log.read_text())
+    found = SUMMARY.search(log.read_text())
     if process.returncode != 0 or not found:
         raise SystemExit(f"the prune failed (exit {process.returncode})")
     return {"jobs": int(found[1]), "events": int(found[2]), "batches": int(found[3]),
