@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import ipaddress
+import threading
 import time
 
 import pytest
@@ -263,6 +264,29 @@ def test_a_name_that_does_not_resolve_is_retried(callback_server, settings):
         burst()
     job.refresh_from_db()
     assert job.status == Status.RETRYING and "did not resolve" in job.last_error
+
+
+def test_a_resolver_that_hangs_is_given_up_at_the_connect_timeout(callback_server, settings):
+    released = threading.Event()
+
+    def hanging(host: str, port: int) -> list[policy.IPAddress]:
+        released.wait(10)
+        return [ipaddress.ip_address("127.0.0.1")]
+
+    try:
+        with policy.use_resolver(hanging):
+            settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_CONNECT_TIMEOUT_SECONDS": 0.2}
+            started = time.monotonic()
+            job = schedule_http(f"http://callback.test:{callback_server.port}/", in_=0)
+            settings.DELAYJOBS = {**settings.DELAYJOBS, "RETRY_BACKOFF_SECONDS": 60}
+            burst()
+            assert time.monotonic() - started < 3  # 0.2 s at the door, 0.2 s at delivery
+    finally:
+        released.set()
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING
+    assert "did not resolve" in job.last_error and "within 0.2 s" in job.last_error
+    assert callback_server.count() == 0
 
 
 def test_a_destination_removed_from_the_settings_ends_the_job(callback_server, settings):

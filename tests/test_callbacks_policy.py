@@ -7,6 +7,8 @@ end to end.
 from __future__ import annotations
 
 import ipaddress
+import threading
+import time
 
 import pytest
 from hypothesis import given
@@ -246,6 +248,40 @@ def test_the_resolver_seam_decides_what_a_name_resolves_to():
     assert refused.value.rule == "private network (RFC 1918)"
     with policy.use_resolver(lambda host, port: []), pytest.raises(OSError, match="no address"):
         policy.addresses(target, allow_private=False)
+
+
+def test_a_resolver_that_does_not_answer_in_time_is_given_up():
+    target = parse_url("http://hooks.example.com/")
+    released = threading.Event()
+
+    def stuck(host: str, port: int) -> list[policy.IPAddress]:
+        released.wait(10)  # a name server that never answers
+        return [ipaddress.ip_address("93.184.215.14")]
+
+    try:
+        with policy.use_resolver(stuck):
+            started = time.monotonic()
+            with pytest.raises(OSError, match=r"did not answer within 0\.2 s"):
+                policy.addresses(target, allow_private=False, timeout=0.2)
+            assert time.monotonic() - started < 2
+    finally:
+        released.set()
+
+
+def test_a_resolution_within_the_limit_answers_or_fails_as_without_it():
+    target = parse_url("http://hooks.example.com/")
+    public = ipaddress.ip_address("93.184.215.14")
+
+    def broken(host: str, port: int) -> list[policy.IPAddress]:
+        raise OSError("Name or service not known")
+
+    with policy.use_resolver(lambda host, port: [public]):
+        assert policy.addresses(target, allow_private=False, timeout=5) == [public]
+    with policy.use_resolver(broken), pytest.raises(OSError, match="not known"):
+        policy.addresses(target, allow_private=False, timeout=5)
+    private = [ipaddress.ip_address("10.0.0.7")]
+    with policy.use_resolver(lambda host, port: private), pytest.raises(Refused):
+        policy.addresses(target, allow_private=False, timeout=5)
 
 
 def test_the_system_resolver_is_used_by_default():

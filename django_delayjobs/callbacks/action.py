@@ -51,7 +51,7 @@ def deliver(**stored: Any) -> dict[str, Any]:
     try:
         request = load(stored)
         target, destination = request.target(http)
-        addresses = policy.addresses(target, http.allow_private)
+        addresses = policy.addresses(target, http.allow_private, http.resolve_timeout)
     except policy.Refused as exc:
         raise GiveUp(f"refused, nothing sent: {exc} [rule: {exc.rule}]") from None
     except InvalidCallback as exc:

@@ -118,6 +118,8 @@ class HttpConfig:
     allow_private: bool
     secrets: tuple[str, ...]
     destinations: Mapping[str, Destination]
+    #: How long a host name's lookup may take: the connect timeout, which it is part of.
+    resolve_timeout: float
 
     @classmethod
     def of(cls, settings: Settings) -> HttpConfig:
@@ -126,6 +128,7 @@ class HttpConfig:
             allow_private=settings.HTTP_ALLOW_PRIVATE_NETWORKS,
             secrets=signing_secrets(settings.HTTP_SIGNING_SECRETS),
             destinations=destinations(settings.HTTP_DESTINATIONS),
+            resolve_timeout=settings.HTTP_CONNECT_TIMEOUT_SECONDS,
         )
 
     def secrets_for(self, destination: Destination | None) -> Sequence[str]:

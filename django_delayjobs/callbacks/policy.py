@@ -4,9 +4,10 @@ Pure Python (no Django), so that every rule is tested on its own. A refusal is a
 ``Refused`` naming its rule; ``schedule_http`` raises it at the door and the delivery
 action turns it into a dead job with that reason, having sent nothing.
 
-The host name is resolved once per delivery through ``resolve()`` (a seam tests replace
-with ``use_resolver``); every address is checked and the connection goes to a checked
-address, never to a name resolved a second time (DNS rebinding).
+The host name is resolved once per delivery through ``resolve()`` (the resolver is a
+seam tests replace with ``use_resolver``), within a time limit; every address is checked
+and the connection goes to a checked address, never to a name resolved a second time
+(DNS rebinding).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import ipaddress
 import re
 import socket
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -298,14 +300,45 @@ def use_resolver(resolver: Resolver) -> Iterator[None]:
         _resolver = previous
 
 
-def addresses(target: Target, allow_private: bool) -> list[IPAddress]:
-    """Resolve the target's host once and return its addresses, every one of them allowed.
+def resolve(host: str, port: int, timeout: float | None = None) -> list[IPAddress]:
+    """``host``'s addresses from the resolver in use; ``OSError`` if it has not answered
+    within ``timeout`` seconds.
+
+    ``getaddrinfo`` has no time limit but the system's (``resolv.conf``: 10 s per name
+    server by default, and NSS modules of their own), so the lookup runs in a daemon
+    thread that the caller stops waiting for; a lookup left behind ends on its own.
+    """
+    resolver = _resolver  # the one in use in the caller's thread
+    if timeout is None:
+        return list(resolver(host, port))
+    answer: list[list[IPAddress] | BaseException] = []
+
+    def lookup() -> None:
+        try:
+            answer.append(list(resolver(host, port)))
+        except BaseException as exc:  # handed to the caller, raised there
+            answer.append(exc)
+
+    thread = threading.Thread(target=lookup, name=f"resolve {host}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not answer:
+        raise OSError(f"the resolver did not answer within {timeout:g} s")
+    if isinstance(answer[0], BaseException):
+        raise answer[0]
+    return answer[0]
+
+
+def addresses(target: Target, allow_private: bool,
+              timeout: float | None = None) -> list[IPAddress]:  # fmt: skip
+    """Resolve the target's host once (within ``timeout`` seconds) and return its
+    addresses, every one of them allowed.
 
     Raise ``Refused`` if any address is forbidden (a name that resolves to one public and
     one private address is refused whole), ``OSError`` if the name does not resolve.
     """
     literal = target.address
-    found = [literal] if literal is not None else list(_resolver(target.host, target.port))
+    found = [literal] if literal is not None else resolve(target.host, target.port, timeout)
     if not found:
         raise OSError(f"{target.host} resolved to no address")
     for address in found:

@@ -189,7 +189,7 @@ def build(
     request = split_url(url, config)
     target, _ = request.target(config)  # the URL's form and the allowlist
     with contextlib.suppress(OSError):  # a name that does not resolve now: delivery decides
-        addresses(target, config.allow_private)  # each is checked again at delivery
+        addresses(target, config.allow_private, config.resolve_timeout)  # checked again then
     try:
         checked = check_headers({} if headers is None else headers)
     except InvalidHeader as exc:
