@@ -331,7 +331,7 @@ def test_one_pass_per_interval_across_processes():
     old = [make(Status.SUCCEEDED) for _ in range(3)]
     dead = make(Status.DEAD)
     with settings_with(PRUNE_AFTER_SECONDS=86400):
-        first, second = AutoPrune(get_engine(), batch=2), AutoPrune(get_engine(), batch=2)
+        first, second = (AutoPrune(get_engine(), batch=2, batches=1) for _ in range(2))
         assert first.step().jobs == 2
         assert second.step() is None  # the first one holds this interval's turn
         first.next_try = 0
@@ -341,6 +341,36 @@ def test_one_pass_per_interval_across_processes():
         assert first.step() is None and second.step() is None  # next pass not due yet
     assert not Job.objects.filter(pk__in=[j.pk for j in old]).exists()
     assert Job.objects.filter(pk=dead.pk).exists()
+
+
+def test_auto_prune_does_a_few_paced_batches_per_step(monkeypatch):
+    old = [make(Status.SUCCEEDED) for _ in range(7)]
+    monkeypatch.setattr(retention, "DEFAULT_RATE", 10)  # 2 jobs: 0.2 s
+    pruner = AutoPrune(get_engine(), batch=2, batches=3)
+    with settings_with(PRUNE_AFTER_SECONDS=86400):
+        started = time.monotonic()
+        first = pruner.step()
+        took = time.monotonic() - started
+        assert (first.jobs, first.batches) == (6, 3)
+        assert 0.4 <= took < 0.6  # paced at the command's rate, no wait after the last batch
+        assert pruner.cutoff is not None  # 6 = 2 * 3: the pass may not be over
+        pruner.next_try = 0
+        second = pruner.step()
+        assert (second.jobs, second.batches) == (1, 1)
+        assert pruner.cutoff is None  # fewer than 2 * 3: the pass is over
+    assert not Job.objects.filter(pk__in=[j.pk for j in old]).exists()
+
+
+def test_prune_stops_after_max_batches():
+    for _ in range(5):
+        make(Status.SUCCEEDED)
+    done = retention.prune(timezone.now() - timedelta(days=1), batch=2, max_batches=2)
+    assert (done.jobs, done.batches) == (4, 2)
+    assert Job.objects.count() == 1
+    for wrong in (0, -1, True):
+        with pytest.raises(ValueError, match="max_batches"):
+            retention.prune(timezone.now(), max_batches=wrong)
+    assert Job.objects.count() == 1
 
 
 def test_auto_prune_survives_redis_down_and_logs_once(caplog):
