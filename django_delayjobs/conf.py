@@ -58,6 +58,12 @@ def _token(value: Any) -> object:
     return value
 
 
+def _metrics_actions(value: Sequence[Any]) -> object:
+    from .metrics.layout import check_actions
+
+    return check_actions(value)
+
+
 def _shard_counts(value: Mapping[Any, Any]) -> object:
     from .engine.routing import check_counts
 
@@ -106,6 +112,8 @@ class Settings:
     METRICS_TOKEN: str | None = setting(None, check=_token, kind="type")
     #: Hours of per-minute counts kept in Redis for the admin's charts.
     METRICS_HISTORY_HOURS: int = setting(3, 1, 48)
+    #: Actions with series of their own (an ``action`` label); bounded, so opt-in.
+    METRICS_ACTIONS: Sequence[str] = setting(factory=list, check=_metrics_actions, kind="type")
     #: Workers delete finished jobs this much older than their finish (None: never).
     PRUNE_AFTER_SECONDS: float | None = setting(None, 60, 36_500 * 86_400)
     # Classes or dotted paths, checked by DRF's own loader (setting() returns a field()).

@@ -96,6 +96,7 @@ if os.environ.get("DELAYJOBS_PRUNE_AFTER_SECONDS"):  # a worker started by a ret
     DELAYJOBS["PRUNE_AFTER_SECONDS"] = float(os.environ["DELAYJOBS_PRUNE_AFTER_SECONDS"])
 if os.environ.get("DELAYJOBS_METRICS_TOKEN"):  # a worker started by a metrics test
     DELAYJOBS["METRICS_TOKEN"] = os.environ["DELAYJOBS_METRICS_TOKEN"]
+    DELAYJOBS["METRICS_ACTIONS"] = json.loads(os.environ.get("DELAYJOBS_METRICS_ACTIONS", "[]"))
 
 TASKS = {
     "default": {

@@ -18,7 +18,7 @@ from django_delayjobs import schedule
 from django_delayjobs.checks import check_settings
 from django_delayjobs.connection import get_engine
 from django_delayjobs.engine import Engine, EngineUnavailable
-from django_delayjobs.metrics import layout, snapshot, store
+from django_delayjobs.metrics import exposition, layout, snapshot, store
 from django_delayjobs.metrics.recorder import Recorder, fields_of
 from django_delayjobs.models import Job
 from django_delayjobs.outcomes import Outcome, Result
@@ -30,12 +30,14 @@ TOKEN = "a-token-of-32-characters-or-so-x"
 T0 = datetime.datetime(2030, 1, 1, 12, 0, tzinfo=datetime.UTC)
 
 
-def job(late: float = 0.25) -> Job:
-    return Job(run_at=T0, started_at=T0 + datetime.timedelta(seconds=late), attempts=1)
+def job(late: float = 0.25, action: str = "shop.Order.cancel") -> Job:
+    started = T0 + datetime.timedelta(seconds=late)
+    return Job(run_at=T0, started_at=started, attempts=1, action=action)
 
 
-def result(outcome: Outcome, *, ran: bool = True, failed: bool = False, late: float = 0.25):
-    return Result(outcome, job(late), failed=failed, duration=0.04 if ran else None)
+def result(outcome: Outcome, *, ran: bool = True, failed: bool = False, late: float = 0.25,
+           action: str = "shop.Order.cancel") -> Result:  # fmt: skip
+    return Result(outcome, job(late, action), failed=failed, duration=0.04 if ran else None)
 
 
 # -- what each outcome counts ------------------------------------------------------------
@@ -101,6 +103,65 @@ def test_quantiles_interpolate_within_buckets_like_histogram_quantile():
 
 
 # -- Redis layout and flushing -------------------------------------------------------------
+
+
+# -- per-action series (METRICS_ACTIONS) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["shop.Order.cancel", [1], ["has space.x"], ["a|b"], [""], ["9lives.x"], ["a." + "b" * 199],
+     [f"app.f{n}" for n in range(51)], None],
+)  # fmt: skip
+def test_metrics_actions_is_checked(value, settings):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_ACTIONS": value}
+    assert [e for e in check_settings() if "METRICS_ACTIONS" in e.msg] != []
+
+
+def test_metrics_actions_takes_every_kind_of_action_name(settings):
+    names = ["shop.Order.cancel", "task:shop.tasks.send", "django_delayjobs.callbacks.deliver"]
+    for value in (names, [f"app.f{n}" for n in range(50)]):
+        settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_ACTIONS": value}
+        assert check_settings() == []
+
+
+@pytest.mark.django_db
+def test_only_the_named_actions_get_series_of_their_own(engine, settings):
+    recorder = Recorder()
+    engine.add("q", {"x": 10**13})  # the queue is known
+    other = "shop.Order.remind"
+    outcomes = [(Outcome.SUCCEEDED, False), (Outcome.SUCCEEDED, False),
+                (Outcome.RETRYING, True), (Outcome.DEAD, True)]  # fmt: skip
+    base = settings.DELAYJOBS
+    settings.DELAYJOBS = {**base, "METRICS_ACTIONS": ["shop.Order.cancel"]}
+    at = T0.timestamp()
+    for outcome, failed in outcomes:
+        recorder.record("q", result(outcome, failed=failed), now=at)
+        recorder.record("q", result(outcome, failed=failed, action=other), now=at)
+    recorder.flush(engine, [], now=at)
+    minute = store.minutes(engine, "q", int(at // 60), int(at // 60))
+    assert minute and not any(k.startswith("action|") for f in minute.values() for k in f)
+    text = exposition.render(snapshot.read(engine)).decode()
+    families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    jobs = {(s.labels["action"], s.labels["outcome"]): s.value
+            for s in families["delayjobs_action_jobs"].samples
+            if s.name.endswith("_total") and s.labels["queue"] == "q"}  # fmt: skip
+    assert jobs == {("shop.Order.cancel", "succeeded"): 2, ("shop.Order.cancel", "failed"): 2,
+                    ("shop.Order.cancel", "retried"): 1, ("shop.Order.cancel", "dead"): 1,
+                    ("shop.Order.cancel", "skipped"): 0}  # fmt: skip
+    run = {s.name: s.value for s in families["delayjobs_action_run_seconds"].samples
+           if s.labels["queue"] == "q" and s.labels.get("le") in (None, "0.05")}  # fmt: skip
+    assert run["delayjobs_action_run_seconds_count"] == 4
+    assert run["delayjobs_action_run_seconds_bucket"] == 4  # 40 ms each
+    assert run["delayjobs_action_run_seconds_sum"] == pytest.approx(0.16)
+    # The queue's own series count both actions.
+    totals = {s.labels["outcome"]: s.value for s in families["delayjobs_jobs"].samples
+              if s.name.endswith("_total") and s.labels["queue"] == "q"}  # fmt: skip
+    assert totals["succeeded"] == 4 and totals["dead"] == 2
+    # Not named any more: the series go, whatever Redis still holds.
+    settings.DELAYJOBS = base
+    text = exposition.render(snapshot.read(engine)).decode()
+    assert "delayjobs_action" not in text
 
 
 def key_ttl(client: redis.Redis, key: str) -> int:

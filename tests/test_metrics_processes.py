@@ -6,6 +6,7 @@ Scraped over real HTTP, from the ``metrics/`` view (a live server) and from a wo
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.error
 import urllib.request
@@ -16,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_delayjobs import schedule
+from django_delayjobs.metrics import layout
 from django_delayjobs.models import Job, Status
 from tests.helpers import start_worker, stop, wait_for
 from tests.testapp import tasks
@@ -29,11 +31,13 @@ parser = pytest.importorskip("prometheus_client.parser")
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 TOKEN = "metrics-test-token-0123456789"
+#: Named in METRICS_ACTIONS (``record`` is not): series of their own.
+ACTIONS = [tasks.slow.delayable_name, tasks.fail.delayable_name]
 
 
 @pytest.fixture(autouse=True)
 def _token(settings):
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": TOKEN}
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": TOKEN, "METRICS_ACTIONS": ACTIONS}
 
 
 def scrape(url: str, token: str | None = TOKEN) -> dict[str, dict[tuple, float]]:
@@ -95,7 +99,8 @@ def all_finished() -> bool:
 
 
 def test_one_scrape_counts_what_two_worker_processes_did(redis_url, live_server, tmp_path):
-    env = {"DELAYJOBS_RETRY_BACKOFF_SECONDS": "0", "DELAYJOBS_METRICS_TOKEN": TOKEN}
+    env = {"DELAYJOBS_RETRY_BACKOFF_SECONDS": "0", "DELAYJOBS_METRICS_TOKEN": TOKEN,
+           "DELAYJOBS_METRICS_ACTIONS": json.dumps(ACTIONS)}  # fmt: skip
     log = tmp_path / "a.log"
     workers = [
         start_worker(redis_url, "--concurrency", "2", "--metrics-port", "0", env=env, log=log),
@@ -140,6 +145,18 @@ def test_one_scrape_counts_what_two_worker_processes_did(redis_url, live_server,
     assert samples[f"{name}_count"][(("queue", "default"),)] == 40
     assert bucket(samples, name, "0.025") <= 10
     assert samples[f"{name}_sum"][(("queue", "default"),)] >= 30 * 0.05
+
+    # Per action: the 30 slow ones succeeded; the 3 failing ones failed twice each, were
+    # retried once and died; the 14 of `record` have no series of their own.
+    by_action = samples["delayjobs_action_jobs_total"]
+    assert {dict(k)["action"] for k in by_action} == set(ACTIONS)
+    for action, counts in ((ACTIONS[0], {"succeeded": 30}),
+                           (ACTIONS[1], {"failed": 6, "retried": 3, "dead": 3})):  # fmt: skip
+        got = {dict(k)["outcome"]: v for k, v in by_action.items() if dict(k)["action"] == action}
+        assert got == {o: counts.get(o, 0) for o in layout.WORKER_OUTCOMES}
+    run_counts = samples["delayjobs_action_run_seconds_count"]
+    assert run_counts == {(("action", ACTIONS[0]), ("queue", "default")): 30,
+                          (("action", ACTIONS[1]), ("queue", "default")): 6}  # fmt: skip
 
     states = samples["delayjobs_queue_jobs"]
     got = {dict(k)["state"]: v for k, v in states.items() if dict(k)["queue"] == "default"}

@@ -1,7 +1,7 @@
 """The Prometheus text format of a snapshot, through ``prometheus_client``'s collector API.
 
 Metric names and labels (bounded: a queue name and a fixed outcome or state, never a job
-id or an action):
+id, and an action only when the settings name it):
 
 - ``delayjobs_jobs_total{queue,outcome}``: counter;
 - ``delayjobs_lateness_seconds{queue}``: histogram of ``started_at - run_at``;
@@ -10,7 +10,11 @@ id or an action):
   garbage;
 - ``delayjobs_oldest_overdue_seconds{queue}``, ``delayjobs_workers{queue}``: gauges;
 - ``delayjobs_shard_jobs{queue,shard,state}``: the same states per shard, for the queues
-  split into several (``QUEUE_SHARDS``; absent when none is).
+  split into several (``QUEUE_SHARDS``; absent when none is);
+- ``delayjobs_action_jobs_total{queue,action,outcome}`` and
+  ``delayjobs_action_run_seconds{queue,action}``: the workers' outcomes and run times of
+  the actions named in ``METRICS_ACTIONS`` (opt-in, so the labels stay bounded; absent
+  when none is named or none of them ran).
 """
 
 from __future__ import annotations
@@ -64,7 +68,23 @@ def families(readings: Sequence[QueueReading]) -> list[Metric]:
         "delayjobs_shard_jobs", "Job ids Redis holds per shard of a queue split into "
         "several (QUEUE_SHARDS), by state.", labels=["queue", "shard", "state"],
     )  # fmt: skip
+    action_jobs = CounterMetricFamily(
+        "delayjobs_action_jobs", "Jobs by outcome, as workers recorded them, of the actions "
+        "named in METRICS_ACTIONS.", labels=["queue", "action", "outcome"],
+    )  # fmt: skip
+    action_run = HistogramMetricFamily(
+        "delayjobs_action_run_seconds", "How long the actions named in METRICS_ACTIONS ran.",
+        labels=["queue", "action"],
+    )  # fmt: skip
     for r in readings:
+        for action in r.actions:
+            fields = layout.action_fields(r.totals, action)
+            if not fields:
+                continue
+            for outcome in layout.WORKER_OUTCOMES:
+                action_jobs.add_metric([r.name, action, outcome], fields.get(f"jobs:{outcome}", 0))
+            action_run.add_metric([r.name, action], _cumulative("run", fields),
+                                  fields.get("run:sum", 0))  # fmt: skip
         for outcome in layout.OUTCOMES:
             jobs.add_metric([r.name, outcome], r.jobs(outcome))
         for family, name in ((lateness, "lateness"), (run, "run")):
@@ -77,7 +97,7 @@ def families(readings: Sequence[QueueReading]) -> list[Metric]:
             for state, field in STATES.items():
                 shards.add_metric([r.name, shard.queue, state], getattr(shard, field))
     found = [jobs, lateness, run, states, overdue, workers]
-    return [*found, shards] if shards.samples else found
+    return found + [f for f in (shards, action_jobs, action_run) if f.samples]
 
 
 def _cumulative(histogram: str, totals: dict[str, float]) -> list[tuple[str, float]]:

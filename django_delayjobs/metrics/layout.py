@@ -12,7 +12,9 @@ Redis Cluster slot, like the engine's own keys):
 
 Fields: ``jobs:<outcome>`` (int), ``lateness:<le>`` and ``run:<le>`` (int, the count of
 observations in the bucket whose upper bound is ``<le>``: per bucket, not cumulative),
-``lateness:sum`` and ``run:sum`` (float seconds). A minute's hash also holds
+``lateness:sum`` and ``run:sum`` (float seconds). The totals also hold, for each action
+named in ``METRICS_ACTIONS``, its ``jobs:<outcome>``, ``run:<le>`` and ``run:sum`` as
+``action|<name>|<field>``. A minute's hash also holds
 ``snap:added`` and ``snap:removed``: the engine's ``added``/``removed`` counters as the
 first flush of that minute found them, so the charts can show scheduled and cancelled
 jobs per minute (the difference between two minutes' snapshots).
@@ -21,6 +23,7 @@ jobs per minute (the difference between two minutes' snapshots).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 #: Outcomes a worker records (``delayjobs_jobs_total{outcome=...}``).
@@ -43,6 +46,38 @@ HISTOGRAMS = {"lateness": LATENESS_BUCKETS, "run": RUN_BUCKETS}
 
 TOTALS_SUFFIX = "metrics"
 SNAPSHOT_FIELDS = {"added": "snap:added", "removed": "snap:removed"}
+
+#: ``METRICS_ACTIONS``: at most this many actions have series of their own.
+MAX_ACTIONS = 50
+#: An action's name as the job's ``action`` column holds it: ``module.function``,
+#: ``app_label.Model.method`` or, for django.tasks, ``task:module.function``.
+_ACTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.:]*")
+MAX_ACTION_LENGTH = 200
+
+
+def check_actions(value: object) -> tuple[str, ...]:
+    """The ``METRICS_ACTIONS`` setting: a list of action names, at most ``MAX_ACTIONS``."""
+    if not isinstance(value, list | tuple) or not all(isinstance(n, str) for n in value):
+        raise TypeError(f"must be a list of action names, not {value!r}")
+    if len(value) > MAX_ACTIONS:
+        raise ValueError(f"names {len(value)} actions: at most {MAX_ACTIONS} (each adds series)")
+    for name in value:
+        if len(name) > MAX_ACTION_LENGTH or not _ACTION.fullmatch(name):
+            raise ValueError(
+                f"{name!r} is not an action name (module.function, app_label.Model.method "
+                f"or task:module.function; at most {MAX_ACTION_LENGTH} characters)"
+            )
+    return tuple(dict.fromkeys(value))
+
+
+def action_field(action: str, field: str) -> str:
+    return f"action|{action}|{field}"
+
+
+def action_fields(totals: Mapping[str, float], action: str) -> dict[str, float]:
+    """The fields of one action in a queue's totals, without their prefix."""
+    prefix = action_field(action, "")
+    return {k[len(prefix) :]: v for k, v in totals.items() if k.startswith(prefix)}
 
 
 def bound_label(bound: float) -> str:

@@ -62,6 +62,16 @@ def fields_of(result: Result) -> list[tuple[str, float]]:
     return pairs
 
 
+def action_pairs(result: Result, pairs: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """The per-action copies of ``pairs`` (outcomes and run time) when the job's action is
+    named in ``METRICS_ACTIONS``; none otherwise."""
+    job = result.job
+    if job is None or job.action not in delayjobs_settings.METRICS_ACTIONS:
+        return []
+    return [(layout.action_field(job.action, name), amount) for name, amount in pairs
+            if not name.startswith("lateness:")]  # fmt: skip
+
+
 class Recorder:
     """This process's counts not yet in Redis (thread-safe)."""
 
@@ -75,12 +85,13 @@ class Recorder:
         if not pairs:
             return
         minute = int((time.time() if now is None else now) // 60)
+        per_action = action_pairs(result, pairs)  # the running totals only
         with self.lock:
-            for key in ((queue, None), (queue, minute)):
+            for key, adds in (((queue, None), pairs + per_action), ((queue, minute), pairs)):
                 tally = self.tallies.get(key)
                 if tally is None:
                     tally = self.tallies[key] = defaultdict(float)
-                for name, amount in pairs:
+                for name, amount in adds:
                     tally[name] += amount
 
     def take(self) -> Tallies:

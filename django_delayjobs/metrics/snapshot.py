@@ -30,6 +30,7 @@ class QueueReading:
     stats: QueueStats
     totals: dict[str, float]
     oldest_overdue: float  # seconds
+    actions: tuple[str, ...] = ()  # METRICS_ACTIONS when it was read
 
     def jobs(self, outcome: str) -> int:
         """``delayjobs_jobs_total`` of one outcome label."""
@@ -49,11 +50,12 @@ def read(engine: Engine) -> list[QueueReading]:
     """Read every queue. Raises ``EngineUnavailable`` if Redis is down."""
     names = queue_names(engine)
     totals = store.totals(engine, names)
+    actions = tuple(delayjobs_settings.METRICS_ACTIONS)
     readings = []
     for name in names:
         stats = engine.stats(name)
         overdue = oldest_overdue(engine, stats)
-        readings.append(QueueReading(name, stats, totals[name], overdue))
+        readings.append(QueueReading(name, stats, totals[name], overdue, actions))
     return readings
 
 
