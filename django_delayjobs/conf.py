@@ -58,10 +58,10 @@ def _token(value: Any) -> object:
     return value
 
 
-def _metrics_actions(value: Sequence[Any]) -> object:
+def _metrics_actions(value: Sequence[Any]) -> None:
     from .metrics.layout import check_actions
 
-    return check_actions(value)
+    check_actions(value)
 
 
 def _shard_counts(value: Mapping[Any, Any]) -> object:

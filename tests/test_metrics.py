@@ -111,7 +111,7 @@ def test_quantiles_interpolate_within_buckets_like_histogram_quantile():
 @pytest.mark.parametrize(
     "value",
     ["shop.Order.cancel", [1], ["has space.x"], ["a|b"], [""], ["9lives.x"], ["a." + "b" * 199],
-     [f"app.f{n}" for n in range(51)], None],
+     [f"app.f{n}" for n in range(51)], ["a.b", "a.b"], None],
 )  # fmt: skip
 def test_metrics_actions_is_checked(value, settings):
     settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_ACTIONS": value}

@@ -55,8 +55,9 @@ _ACTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.:]*")
 MAX_ACTION_LENGTH = 200
 
 
-def check_actions(value: object) -> tuple[str, ...]:
-    """The ``METRICS_ACTIONS`` setting: a list of action names, at most ``MAX_ACTIONS``."""
+def check_actions(value: object) -> None:
+    """Check the ``METRICS_ACTIONS`` setting: at most ``MAX_ACTIONS`` action names, each
+    once (a name given twice would give its series twice)."""
     if not isinstance(value, list | tuple) or not all(isinstance(n, str) for n in value):
         raise TypeError(f"must be a list of action names, not {value!r}")
     if len(value) > MAX_ACTIONS:
@@ -67,7 +68,8 @@ def check_actions(value: object) -> tuple[str, ...]:
                 f"{name!r} is not an action name (module.function, app_label.Model.method "
                 f"or task:module.function; at most {MAX_ACTION_LENGTH} characters)"
             )
-    return tuple(dict.fromkeys(value))
+    if len(set(value)) < len(value):
+        raise ValueError(f"names an action more than once: {value!r}")
 
 
 def action_field(action: str, field: str) -> str:
