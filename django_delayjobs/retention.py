@@ -205,8 +205,10 @@ def prune(
     """
     check_batch(batch)
     rate = None if max_rate is None else check_rate(max_rate)
-    if max_batches is not None and (isinstance(max_batches, bool) or max_batches < 1):
-        raise ValueError(f"max_batches must be None or at least 1, not {max_batches!r}")
+    if max_batches is not None and (
+        isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1
+    ):
+        raise ValueError(f"max_batches must be None or an int of at least 1, not {max_batches!r}")
     total = Pruned()
     while True:
         started = time.monotonic()

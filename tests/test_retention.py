@@ -367,7 +367,7 @@ def test_prune_stops_after_max_batches():
     done = retention.prune(timezone.now() - timedelta(days=1), batch=2, max_batches=2)
     assert (done.jobs, done.batches) == (4, 2)
     assert Job.objects.count() == 1
-    for wrong in (0, -1, True):
+    for wrong in (0, -1, True, 2.5, "3"):
         with pytest.raises(ValueError, match="max_batches"):
             retention.prune(timezone.now(), max_batches=wrong)
     assert Job.objects.count() == 1
