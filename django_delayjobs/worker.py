@@ -32,7 +32,7 @@ from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from . import metrics
+from . import metrics, walcheckpoint
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable
 from .exceptions import ConfigurationError, DelayJobsError
@@ -54,6 +54,8 @@ SETTLED_SECONDS = 2.0
 BUG_DELAY = datetime.timedelta(seconds=5)
 #: Seconds between two flushes of this process's metrics to Redis.
 METRICS_FLUSH_SECONDS = 1.0
+#: Seconds between two checkpoints of a SQLite database's WAL (see walcheckpoint).
+CHECKPOINT_SECONDS = 1.0
 
 
 class WorkerDied(DelayJobsError):
@@ -172,6 +174,7 @@ class WorkerProcess:
         """Run until stopped (or, in burst mode, until nothing is due); raise
         ``WorkerDied`` if a thread died."""
         previous = self.install_signal_handlers()
+        walcheckpoint.take_over()
         self.threads = self.start_threads()
         try:
             workers = [t for t in self.threads if t.name.startswith("delayjobs-worker")]
@@ -195,6 +198,7 @@ class WorkerProcess:
             with contextlib.suppress(EngineUnavailable):
                 metrics.flush(self.engine, self.options.queues)  # the last second's counts
             self.unregister()
+            walcheckpoint.give_back()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         if self.fatal:
@@ -442,13 +446,13 @@ class WorkerProcess:
     # -- housekeeping ------------------------------------------------------------
 
     def housekeep(self) -> None:
-        """Extend leases of running jobs, send heartbeats, flush metrics, prune old jobs
-        (``PRUNE_AFTER_SECONDS``), log the status line."""
+        """Extend leases of running jobs, send heartbeats, flush metrics, checkpoint
+        SQLite's WAL, prune old jobs (``PRUNE_AFTER_SECONDS``), log the status line."""
         lease_every = max(0.05, delayjobs_settings.LEASE_SECONDS / 3)
         beat_every = delayjobs_settings.HEARTBEAT_SECONDS
         leases_every = min(lease_every, beat_every)
         status_every = self.options.status_every
-        last_leases = last_beat = last_status = 0.0
+        last_leases = last_beat = last_status = last_checkpoint = 0.0
         backoff = Backoff(self.stopped, "housekeeping")
         while not self.stopped.is_set():
             now = time.monotonic()
@@ -464,6 +468,10 @@ class WorkerProcess:
                 backoff.ok()
             except EngineUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc)
+            if now - last_checkpoint >= CHECKPOINT_SECONDS:
+                last_checkpoint = now
+                walcheckpoint.checkpoint()
+                close_old_connections()
             self.pruner.step()
             if status_every and now - last_status >= status_every:
                 last_status = now

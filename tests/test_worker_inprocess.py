@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from typing import TypeVar
 
 import pytest
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_delayjobs import schedule, schedule_many
+from django_delayjobs import schedule, schedule_many, walcheckpoint
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
@@ -21,6 +24,8 @@ from tests.testapp import tasks
 from tests.testapp.models import Record, Thing
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -189,6 +194,55 @@ def test_a_busy_worker_keeps_its_database_connection_between_jobs():
     burst()  # more jobs than PREFETCH: several claims, one busy stretch
     assert len(tasks.seen_connections) == 25
     assert len({id(c) for c in tasks.seen_connections}) == 1
+
+
+sqlite_only = pytest.mark.skipif(
+    connection.vendor != "sqlite", reason="WAL checkpoints are SQLite's"
+)
+
+
+def in_a_new_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on a database connection of its own, opened now."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: (fn(), connections.close_all())[0]).result()
+
+
+def autocheckpoint() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA wal_autocheckpoint")
+        return cursor.fetchone()[0]
+
+
+@sqlite_only
+def test_on_sqlite_the_worker_threads_leave_wal_checkpoints_to_the_housekeeping_thread():
+    schedule(tasks.note_autocheckpoint, in_=0)
+    burst()
+    assert list(Record.objects.values_list("label", flat=True)) == ["autocheckpoint:0"]
+    # Once the worker has stopped, new connections of this process are SQLite's default.
+    assert in_a_new_thread(autocheckpoint) == 1000
+
+
+@sqlite_only
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_checkpoint_copies_the_wal_into_the_database_so_that_it_starts_again(checkpointed):
+    def write() -> int:
+        assert autocheckpoint() == 0
+        for n in range(1500):  # one commit each: well over 1,000 WAL pages
+            Record.objects.create(label=f"wal {n}")
+        if checkpointed:
+            walcheckpoint.checkpoint()
+        Record.objects.create(label="after")  # restarts a WAL that was copied whole
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            return cursor.fetchone()[1]  # pages in the WAL
+
+    walcheckpoint.take_over()
+    try:
+        pages = in_a_new_thread(write)
+    finally:
+        walcheckpoint.give_back()
+    # Not checkpointed, the WAL holds every commit: its connection never checkpoints.
+    assert pages < 20 if checkpointed else pages > 1500
 
 
 def test_an_idle_worker_lets_django_close_its_connection_after_a_tick():

@@ -64,6 +64,16 @@ def note_connection() -> None:
 
 
 @delayable
+def note_autocheckpoint() -> int:
+    """Record the ``wal_autocheckpoint`` of the connection the action runs on (SQLite)."""
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA wal_autocheckpoint")
+        pages = cursor.fetchone()[0]
+    Record.objects.create(label=f"autocheckpoint:{pages}")
+    return pages
+
+
+@delayable
 def cancel_job(job_id: str) -> None:
     """Cancel another job from inside an action and record whether the cancel won."""
     won = Job.objects.get(pk=job_id).cancel()
