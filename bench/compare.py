@@ -2,7 +2,7 @@
 
     python bench/compare.py [--quick] [--systems delayjobs,celery,rq,huey,dramatiq]
                             [--workloads W1,W2,W3,W4,W5] [--database-url URL]
-                            [--also-postgres URL] [--out bench/results/]
+                            [--also-postgres URL] [--out bench/results/] [--dump DIR]
     python bench/compare.py --render bench/results/latest.json
 
 Run it with the interpreter of the venv that holds ``bench/requirements.txt`` (``python3
@@ -28,7 +28,10 @@ W5 delayjobs only, with --database-url (so: in the --also-postgres pass): W3's d
 if missing, emptied before each workload), W1, W2, W3 and W5, in a process of its own.
 
 Writes ``compare-<stamp>.json`` and ``compare-<stamp>.md`` (and ``latest.*``) to --out,
-with the targets of issue 18 computed from the same run (``targets.py``).
+with the targets of issue 18 computed from the same run (``targets.py``). ``--dump DIR``
+also writes every workload's raw records there, one ``[job id, due, started]`` (Unix
+seconds) per run of a job, as ``<system>-<workload>.json`` (the PostgreSQL pass's in
+``DIR/postgresql/``).
 """
 
 from __future__ import annotations
@@ -109,7 +112,8 @@ def run_system(name: str, args: argparse.Namespace, sizes: dict[str, Any]) -> di
             "settings": adapter.settings,
             "redis": client.info("server")["redis_version"],
         }
-        steps = plan(Run(adapter, client, workdir), sizes)
+        run = Run(adapter, client, workdir)
+        steps = plan(run, sizes)
         for workload in args.workloads:
             if workload == "W5" and not (adapter.scales and args.database_url):
                 continue  # delayjobs only, on the --database-url (--also-postgres) pass
@@ -120,6 +124,9 @@ def run_system(name: str, args: argparse.Namespace, sizes: dict[str, Any]) -> di
             except Exception as exc:  # report, don't crash the harness
                 result[workload] = {"failed": f"{type(exc).__name__}: {exc}"[:800]}
             result[workload]["seconds"] = round(time.time() - started, 1)
+            if args.dump:  # the records stay in Redis until the next workload's clean()
+                dump = Path(args.dump) / f"{name}-{workload}.json"
+                dump.write_text(json.dumps(run.results()))
             print(f"  {name} {workload}: {json.dumps(result[workload])[:300]}", flush=True)
     except Exception as exc:
         result["failed"] = f"{type(exc).__name__}: {exc}"[:800]
@@ -157,6 +164,8 @@ def postgres_pass(args: argparse.Namespace) -> dict[str, Any]:
                 sys.executable, __file__, "--systems", "delayjobs", "--workloads",
                 ",".join(workloads), "--database-url", args.also_postgres, "--out", out,
             ]  # fmt: skip
+            if args.dump:
+                command += ["--dump", str(Path(args.dump) / "postgresql")]
             subprocess.run(command + (["--quick"] if args.quick else []), check=True)
             (result,) = json.loads((Path(out) / "latest.json").read_text())["systems"]
     except Exception as exc:  # keep the other systems' figures
@@ -188,6 +197,7 @@ def arguments() -> argparse.Namespace:
     )
     parser.add_argument("--out", default=str(BENCH / "results"))
     parser.add_argument("--render", metavar="JSON", help="only re-render a report as Markdown")
+    parser.add_argument("--dump", metavar="DIR", help="also write each workload's raw records")
     args = parser.parse_args()
     args.systems = [s.strip() for s in args.systems.split(",")]
     args.workloads = [w.strip().upper() for w in args.workloads.split(",")]
@@ -212,6 +222,8 @@ def main() -> None:
         "machine": machine(),
         "systems": [],
     }
+    if args.dump:
+        Path(args.dump).mkdir(parents=True, exist_ok=True)
     started = time.time()
     for name in args.systems:
         print(f"{name}:", flush=True)
