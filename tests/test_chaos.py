@@ -11,6 +11,7 @@ import random
 import time
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -49,6 +50,11 @@ def kill_worker_connections() -> int:
         return len(cursor.fetchall())
 
 
+def log_tail(path: Path, lines: int = 60) -> str:
+    return f"--- the last {lines} lines of {path.name}:\n" + "\n".join(
+        path.read_text(errors="replace").splitlines()[-lines:])  # fmt: skip
+
+
 def test_chaos(tmp_path, settings):
     rng = random.Random(os.environ.get("DELAYJOBS_CHAOS_SEED", "2026"))
     server = EmbeddedRedis(tmp_path / "redis")
@@ -81,7 +87,9 @@ def test_chaos(tmp_path, settings):
                 time.sleep(rng.uniform(0, 0.5))
                 server.start()
                 faults["redis restarts"] += 1
-        assert all(w.poll() is None for w in workers), "a worker died in the chaos"
+        dead = {n: w.returncode for n, w in enumerate(workers) if w.poll() is not None}
+        assert not dead, f"a worker died in the chaos: {dead}\n" + "\n".join(
+            log_tail(tmp_path / f"w{n}.log") for n in dead)  # fmt: skip
         # Not alive and idle: both still heartbeat and both still work.
         wait_for(lambda: get_engine().stats("default").live_workers == 2, timeout=30)
         after = schedule_many(build_job(tasks.record, in_=0, args=[f"after{n}"])
