@@ -5,8 +5,9 @@ commit that takes it past ``wal_autocheckpoint`` pages (1,000): at a few hundred
 second that is a 5-10 ms stall of a worker thread about every 60 jobs, most of a
 queue's p99 lateness. While a worker process runs, its connections to SQLite databases
 are opened with ``PRAGMA wal_autocheckpoint=0`` and the housekeeping thread runs a
-``PASSIVE`` checkpoint (one that never waits for readers or writers) about once a
-second, beside the worker threads. Other processes' connections keep SQLite's default.
+``PASSIVE`` checkpoint (one that never waits for readers or writers) at most once a
+second, beside the worker threads, when jobs have finished since the last one (an idle
+worker does no disk I/O). Other processes' connections keep SQLite's default.
 """
 
 from __future__ import annotations

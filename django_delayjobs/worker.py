@@ -54,7 +54,8 @@ SETTLED_SECONDS = 2.0
 BUG_DELAY = datetime.timedelta(seconds=5)
 #: Seconds between two flushes of this process's metrics to Redis.
 METRICS_FLUSH_SECONDS = 1.0
-#: Seconds between two checkpoints of a SQLite database's WAL (see walcheckpoint).
+#: Seconds between two checkpoints of a SQLite database's WAL (see walcheckpoint), run
+#: only once jobs have been settled since the last one.
 CHECKPOINT_SECONDS = 1.0
 
 
@@ -90,6 +91,11 @@ class Stats:
             self.outcomes[result.outcome.value] += 1
             if lag is not None and job is not None and job.attempts == 1:
                 self.max_lag_ms = max(self.max_lag_ms, lag)
+
+    def count(self) -> int:
+        """How many deliveries this process has settled so far."""
+        with self.lock:
+            return sum(self.outcomes.values())
 
     def line(self) -> str:
         with self.lock:
@@ -453,6 +459,7 @@ class WorkerProcess:
         leases_every = min(lease_every, beat_every)
         status_every = self.options.status_every
         last_leases = last_beat = last_status = last_checkpoint = 0.0
+        checkpointed = 0  # jobs settled at the last checkpoint
         backoff = Backoff(self.stopped, "housekeeping")
         while not self.stopped.is_set():
             now = time.monotonic()
@@ -468,8 +475,9 @@ class WorkerProcess:
                 backoff.ok()
             except EngineUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc)
-            if now - last_checkpoint >= CHECKPOINT_SECONDS:
-                last_checkpoint = now
+            settled = self.stats.count()
+            if settled != checkpointed and now - last_checkpoint >= CHECKPOINT_SECONDS:
+                last_checkpoint, checkpointed = now, settled  # only after work: no idle I/O
                 walcheckpoint.checkpoint()
                 close_old_connections()
             self.pruner.step()

@@ -245,6 +245,45 @@ def test_a_checkpoint_copies_the_wal_into_the_database_so_that_it_starts_again(c
     assert pages < 20 if checkpointed else pages > 1500
 
 
+@sqlite_only
+def test_the_housekeeping_thread_checkpoints_after_jobs_and_never_when_idle():
+    def write(rows: int) -> None:  # one commit each, on a connection that never checkpoints
+        in_a_new_thread(lambda: [Record.objects.create(label=f"wal {n}") for n in range(rows)])
+
+    def wal_pages() -> int:
+        """Write one row (which starts the WAL again if it was all copied back), then
+        checkpoint it all; return how many pages the WAL held."""
+
+        def measure() -> int:
+            Record.objects.create(label="measure")
+            with connection.cursor() as cursor:
+                cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                return cursor.fetchone()[1]
+
+        return in_a_new_thread(measure)
+
+    process = WorkerProcess(get_engine(), Options(queues=["default"], tick=0.1))
+    thread = threading.Thread(target=process.run)
+    thread.start()  # take_over(): connections opened from now on never checkpoint
+    try:
+        wait_for(lambda: get_engine().stats("default").live_workers == 1)
+        # This thread's connection, opened again (so it never checkpoints either), stays
+        # open: closing the last connection to a database checkpoints it.
+        connections.close_all()
+        assert autocheckpoint() == 0
+        write(1500)
+        time.sleep(2.5)  # two checkpoint periods: an idle worker leaves the WAL alone
+        assert wal_pages() > 1500
+        write(1500)
+        schedule(tasks.record, in_=0, args=["work"])
+        wait_for(lambda: Record.objects.filter(label="work").exists())
+        time.sleep(2.5)  # a job was settled since the last checkpoint: the next one ran
+        assert wal_pages() < 20
+    finally:
+        process.stop()
+        thread.join(10)
+
+
 def test_an_idle_worker_lets_django_close_its_connection_after_a_tick():
     tasks.seen_connections.clear()
     process = WorkerProcess(get_engine(), Options(queues=["default"], tick=0.1))
