@@ -24,6 +24,7 @@ from django_delayjobs.callbacks.policy import (
     parse_url,
 )
 from django_delayjobs.exceptions import InvalidSchedule
+from tests.helpers import wait_for
 
 
 def allowed(*entries: str) -> list[policy.AllowedHost]:
@@ -266,6 +267,36 @@ def test_a_resolver_that_does_not_answer_in_time_is_given_up():
             assert time.monotonic() - started < 2
     finally:
         released.set()
+
+
+def test_lookups_left_behind_by_a_hanging_resolver_are_bounded():
+    target = parse_url("http://hooks.example.com/")
+    public = ipaddress.ip_address("93.184.215.14")
+    released = threading.Event()
+
+    def stuck(host: str, port: int) -> list[policy.IPAddress]:
+        released.wait(10)
+        return [public]
+
+    def lookups() -> int:
+        return sum(t.name == "resolve hooks.example.com" for t in threading.enumerate())
+
+    try:
+        with policy.use_resolver(stuck):
+            for _ in range(policy.MAX_LOOKUPS):
+                with pytest.raises(OSError, match="did not answer"):
+                    policy.addresses(target, allow_private=False, timeout=0.001)
+            assert lookups() == policy.MAX_LOOKUPS
+            started = time.monotonic()
+            with pytest.raises(OSError, match="still waiting for the resolver"):
+                policy.addresses(target, allow_private=False, timeout=5)
+            assert time.monotonic() - started < 1  # refused at once, no thread started
+            assert lookups() == policy.MAX_LOOKUPS
+    finally:
+        released.set()
+    wait_for(lambda: lookups() == 0, timeout=10)
+    with policy.use_resolver(lambda host, port: [public]):
+        assert policy.addresses(target, allow_private=False, timeout=5) == [public]
 
 
 def test_a_resolution_within_the_limit_answers_or_fails_as_without_it():

@@ -288,6 +288,12 @@ def system_resolver(host: str, port: int) -> list[IPAddress]:
 
 _resolver: Resolver = system_resolver
 
+#: Lookup threads alive at once in a process, at most: while the resolver hangs, each
+#: delivery leaves one behind until resolv.conf's limits end it, and a busy worker would
+#: otherwise pile up thousands.
+MAX_LOOKUPS = 64
+_lookups = threading.BoundedSemaphore(MAX_LOOKUPS)
+
 
 @contextlib.contextmanager
 def use_resolver(resolver: Resolver) -> Iterator[None]:
@@ -306,11 +312,14 @@ def resolve(host: str, port: int, timeout: float | None = None) -> list[IPAddres
 
     ``getaddrinfo`` has no time limit but the system's (``resolv.conf``: 10 s per name
     server by default, and NSS modules of their own), so the lookup runs in a daemon
-    thread that the caller stops waiting for; a lookup left behind ends on its own.
+    thread that the caller stops waiting for; a lookup left behind ends on its own. With
+    ``MAX_LOOKUPS`` of them still alive, ``OSError`` at once (a delivery is retried).
     """
     resolver = _resolver  # the one in use in the caller's thread
     if timeout is None:
         return list(resolver(host, port))
+    if not _lookups.acquire(blocking=False):
+        raise OSError(f"{MAX_LOOKUPS} host name lookups are still waiting for the resolver")
     answer: list[list[IPAddress] | BaseException] = []
 
     def lookup() -> None:
@@ -318,9 +327,15 @@ def resolve(host: str, port: int, timeout: float | None = None) -> list[IPAddres
             answer.append(list(resolver(host, port)))
         except BaseException as exc:  # handed to the caller, raised there
             answer.append(exc)
+        finally:
+            _lookups.release()
 
     thread = threading.Thread(target=lookup, name=f"resolve {host}", daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except BaseException:  # no thread (RuntimeError: can't start new thread)
+        _lookups.release()
+        raise
     thread.join(timeout)
     if not answer:
         raise OSError(f"the resolver did not answer within {timeout:g} s")
