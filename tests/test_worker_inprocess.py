@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -243,6 +244,60 @@ def test_a_checkpoint_copies_the_wal_into_the_database_so_that_it_starts_again(c
         walcheckpoint.give_back()
     # Not checkpointed, the WAL holds every commit: its connection never checkpoints.
     assert pages < 20 if checkpointed else pages > 1500
+
+
+@sqlite_only
+@pytest.mark.parametrize("restart_pages", [100, 10**9])
+def test_checkpoints_beside_a_writer_that_never_stops_start_a_long_wal_again(
+    monkeypatch, restart_pages
+):
+    """The worker threads commit while the housekeeping thread checkpoints: a PASSIVE
+    checkpoint then never finds the WAL all copied, and alone it lets the WAL grow for
+    as long as the worker is busy."""
+    monkeypatch.setattr(walcheckpoint, "RESTART_PAGES", restart_pages)
+    stop = threading.Event()
+    commits = 0
+
+    def writer() -> None:
+        nonlocal commits
+        while not stop.is_set():
+            Record.objects.create(label=f"busy {commits}")
+            commits += 1
+            time.sleep(0.0002)  # a worker's round trip to Redis between two commits
+
+    def checkpoints() -> int:
+        try:
+            for _ in range(20):
+                time.sleep(0.05)
+                walcheckpoint.checkpoint()
+        finally:
+            stop.set()
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout")
+            return cursor.fetchone()[0]
+
+    with connection.cursor() as cursor:  # this connection stays open: closing the last
+        cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # one would empty the WAL
+        cursor.execute("PRAGMA page_size")
+        frame = cursor.fetchone()[0] + 24
+    walcheckpoint.take_over()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            done = [pool.submit(lambda fn=fn: (fn(), connections.close_all())[0])
+                    for fn in (writer, checkpoints)]  # fmt: skip
+            waits = [future.result() for future in done][1]
+    finally:
+        walcheckpoint.give_back()
+    # The RESTART's short wait is the checkpointing connection's only while it runs.
+    assert waits == connection.settings_dict["OPTIONS"]["timeout"] * 1000
+    wal_pages = os.path.getsize(f"{connection.settings_dict['NAME']}-wal") // frame
+    # Each commit writes a page or more. Started over once past 100 pages, the WAL holds
+    # what a few checkpoint periods wrote at most; short of RESTART_PAGES, all of it.
+    assert commits > 200
+    if restart_pages == 100:
+        assert wal_pages < commits / 4, (wal_pages, commits)
+    else:
+        assert wal_pages > commits / 2, (wal_pages, commits)
 
 
 @sqlite_only
