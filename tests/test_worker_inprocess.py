@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -298,6 +299,46 @@ def test_checkpoints_beside_a_writer_that_never_stops_start_a_long_wal_again(
         assert wal_pages < commits / 4, (wal_pages, commits)
     else:
         assert wal_pages > commits / 2, (wal_pages, commits)
+
+
+@sqlite_only
+def test_a_restart_that_a_reader_holds_up_gives_up_at_once_and_is_tried_again(monkeypatch):
+    """RESTART holds the write lock while it waits for readers still on the WAL: it must
+    not wait the connection's busy timeout (30 s in the tests) with every commit held up."""
+    monkeypatch.setattr(walcheckpoint, "RESTART_PAGES", 1)
+
+    def pages_after_a_write() -> int:
+        Record.objects.create(label="one more")
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            return cursor.fetchone()[1]
+
+    def checkpoint_beside_the_reader() -> tuple[float, int]:
+        for n in range(30):
+            Record.objects.create(label=f"wal {n}")
+        started = time.monotonic()
+        walcheckpoint.checkpoint()
+        return time.monotonic() - started, pages_after_a_write()
+
+    def checkpoint_alone() -> int:
+        walcheckpoint.checkpoint()
+        return pages_after_a_write()
+
+    # A read transaction on the WAL, held open (a plain DEFERRED one: the tests' Django
+    # connections begin IMMEDIATE, which would take the write lock).
+    reader = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    walcheckpoint.take_over()
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM testapp_record").fetchone()
+        took, pages = in_a_new_thread(checkpoint_beside_the_reader)
+        reader.execute("COMMIT")
+        assert took < 3  # gave up after RESTART_WAIT_MS (and a PASSIVE checkpoint)
+        assert pages > 30  # not started over: the write went on after the 30 rows
+        assert in_a_new_thread(checkpoint_alone) < 5  # the reader gone, it is started over
+    finally:
+        reader.close()
+        walcheckpoint.give_back()
 
 
 @sqlite_only
