@@ -260,6 +260,9 @@ class Execution:
             self.next_job = None
             return self.hand_back(exc.__cause__ or exc)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
+            # The next job was claimed in the outcome transaction, which did not commit
+            # (refused at COMMIT, or its connection lost): its own claim decides.
+            self.next_job = None
             duration = time.perf_counter() - started
             if connection.lost(exc):
                 return self.hand_back(exc)

@@ -7,10 +7,13 @@ re-adds what Redis does not hold. Adding is idempotent, so sweeps may overlap.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Generator
 from datetime import timedelta
+from typing import Any, cast
 
 from django.db import connections
 from django.db.models import Case, Q, TextField, Value, When
@@ -77,23 +80,30 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     priorities: dict[str, int] = {}  # of the batched ids whose priority is not 0
     young: set[str] = set()  # batched ids of rows created within FRESH
     conn = connections[rows.db]
-    for raw_id, queue, raw_run_at, priority, is_young in rows.order_by().iterator(CHUNK):
-        try:
-            job_id = str(uuid.UUID(str(raw_id)))
-        except ValueError as exc:  # a hand-written id: no worker could claim it
-            result.skipped[str(raw_id)] = f"not a job id: {exc}"
-            continue
-        try:
-            batch[queue][job_id] = timing.to_ms(parse_time(raw_run_at, conn))
-        except (ArithmeticError, ValueError) as exc:
-            result.unusable[job_id] = str(exc)
-            batch[queue][job_id] = 0  # due now: the worker runs it or settles it dead
-        if priority and priority in PRIORITY_RANGE:
-            priorities[job_id] = priority
-        if is_young:
-            young.add(job_id)
-        if len(batch[queue]) >= CHUNK:
-            result[queue] += _repair(engine, queue, batch.pop(queue), priorities, young, moved)
+    # On PostgreSQL iterator() reads through a server-side cursor, which Django closes
+    # with the driver's own close(), outside its error wrapping: a connection lost just
+    # before that CLOSE raised psycopg's OperationalError, not a django.db.Error, and
+    # killed the worker's reconcile thread (and with it the worker). Wrapped here, and
+    # closed here when the sweep stops early, not by the garbage collector later on.
+    found = cast("Generator[tuple[Any, ...]]", rows.order_by().iterator(CHUNK))
+    with conn.wrap_database_errors, contextlib.closing(found):
+        for raw_id, queue, raw_run_at, priority, is_young in found:
+            try:
+                job_id = str(uuid.UUID(str(raw_id)))
+            except ValueError as exc:  # a hand-written id: no worker could claim it
+                result.skipped[str(raw_id)] = f"not a job id: {exc}"
+                continue
+            try:
+                batch[queue][job_id] = timing.to_ms(parse_time(raw_run_at, conn))
+            except (ArithmeticError, ValueError) as exc:
+                result.unusable[job_id] = str(exc)
+                batch[queue][job_id] = 0  # due now: the worker runs it or settles it dead
+            if priority and priority in PRIORITY_RANGE:
+                priorities[job_id] = priority
+            if is_young:
+                young.add(job_id)
+            if len(batch[queue]) >= CHUNK:
+                result[queue] += _repair(engine, queue, batch.pop(queue), priorities, young, moved)
     for queue, items in batch.items():
         result[queue] += _repair(engine, queue, items, priorities, young, moved)
     _report(result, moved)

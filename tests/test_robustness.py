@@ -248,3 +248,63 @@ def test_a_sweep_that_repairs_nothing_warns_nothing(caplog):
     schedule(tasks.record, in_=60, args=["held"])
     assert sum(reconcile(get_engine()).values()) == 0
     assert not [r for r in caplog.records if r.name == "django_delayjobs.reconcile"]
+
+
+@pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
+                    reason="a server-side cursor: PostgreSQL only")  # fmt: skip
+def test_a_connection_lost_as_the_sweep_closes_its_cursor_is_a_database_error(monkeypatch):
+    """What killed a worker in the chaos test: the sweep reads through a server-side cursor,
+    and the connection was lost just before Django closed it. That close is the driver's,
+    outside Django's error wrapping, so it raised psycopg's OperationalError, which the
+    worker's reconcile loop does not catch (it catches django.db.Error): the thread died.
+    The connection is terminated for real, at that moment, from another session."""
+    import threading
+
+    import psycopg
+    from django.db import DatabaseError, close_old_connections, connections
+
+    from django_delayjobs.reconcile import reconcile
+
+    for n in range(3):
+        schedule(tasks.record, in_=0, args=[f"swept{n}"])
+    age_rows()  # lost, not on their way: the sweep counts them
+    get_engine().remove("default", [str(pk) for pk in Job.objects.values_list("pk", flat=True)])
+    close = psycopg.ServerCursor.close
+    terminated: list[int] = []
+
+    def terminate_then_close(cursor: psycopg.ServerCursor) -> None:
+        if not terminated and not cursor.closed:
+            terminated.append(cursor.connection.info.backend_pid)
+            other = connections.create_connection("default")
+            try:
+                with other.cursor() as sql:  # waits until the session is gone
+                    sql.execute("SELECT pg_terminate_backend(%s, 5000)", [terminated[0]])
+            finally:
+                other.close()
+        try:
+            close(cursor)
+        finally:  # psycopg leaves a cursor whose CLOSE failed open (a ResourceWarning later)
+            if not cursor.closed:
+                psycopg.Cursor.close(cursor)
+
+    monkeypatch.setattr(psycopg.ServerCursor, "close", terminate_then_close)
+    raised: list[BaseException] = []
+    repaired: list[object] = []
+
+    def sweep() -> None:  # in a thread of its own, as in the worker: its own connection
+        try:
+            try:
+                reconcile(get_engine())
+            except BaseException as exc:
+                raised.append(exc)
+            close_old_connections()  # what the reconcile loop does after a failed sweep
+            repaired.append(reconcile(get_engine()))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=sweep)
+    thread.start()
+    thread.join(30)
+    assert terminated, "the sweep closed no server-side cursor"
+    assert len(raised) == 1 and isinstance(raised[0], DatabaseError), raised
+    assert repaired == [{"default": 3}]  # the next sweep, on a new connection, repairs

@@ -400,3 +400,20 @@ def test_an_idle_worker_lets_django_close_its_connection_after_a_tick():
         thread.join(10)
     first, second = tasks.seen_connections
     assert first is not second
+
+
+def test_a_success_refused_at_commit_leaves_the_next_job_of_the_batch_to_its_own_claim():
+    """A success claims the next job of its batch in its outcome transaction. When the
+    database refuses that transaction at COMMIT, the claim is rolled back with it: the next
+    job is claimed again, not run on the row of a claim that never was (its outcome then
+    finds the row not running, rolls back as overtaken, and the job waits for its lease)."""
+    past = timezone.now() - timedelta(seconds=1)
+    refused = build_job(tasks.refused_at_commit, at=past, args=["refused"], max_attempts=1)
+    following = build_job(tasks.record, at=past, args=["following ran"])
+    schedule_many([refused, following])  # one add: the worker takes both ids at once
+    burst()
+    assert Job.objects.get(pk=refused.pk).status == Status.DEAD
+    assert Job.objects.get(pk=following.pk).status == Status.SUCCEEDED
+    assert list(Record.objects.values_list("label", flat=True)) == ["following ran"]
+    stats = get_engine().stats("default")
+    assert (stats.ready, stats.in_flight, stats.pending) == (0, 0, 0)

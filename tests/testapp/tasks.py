@@ -80,6 +80,17 @@ def cancel_job(job_id: str) -> None:
     Record.objects.create(label=f"cancelled:{won}")
 
 
+@delayable
+def refused_at_commit(label: str) -> None:
+    """Writes a row whose foreign key points nowhere. Django's foreign keys are checked at
+    COMMIT (deferred), so the action returns and its outcome is written in its transaction,
+    and then the database refuses that transaction."""
+    from django.contrib.auth.models import Permission
+
+    Record.objects.create(label=label)
+    Permission.objects.create(name=label, codename=label[:100], content_type_id=2**31 - 1)
+
+
 from . import task_functions  # noqa: E402,F401  (the worker imports @task functions via tasks.py)
 
 # -- actions for the robustness tests ------------------------------------------------------
