@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from . import metrics, signals
+from . import metrics, signals, timing
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, queue_of
 from .exceptions import GiveUp, Retry
@@ -150,7 +150,7 @@ def settle(
             engine.bury(queue, [job_id])
         elif move == "nack":
             due = result.retry_at or timezone.now()
-            engine.nack(queue, {job_id: max(0, int(due.timestamp() * 1000))})
+            engine.nack(queue, {job_id: timing.to_ms(due)})
         outage.ok()
     except EngineUnavailable as exc:
         outage.failed(exc)

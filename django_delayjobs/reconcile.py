@@ -76,7 +76,7 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     rows = Job.objects.filter(due | stuck).values_list(*as_text, fresh)
     result = Reconciled()
     moved: Counter[str] = Counter()  # ids moved to their shard under a new count
-    batch: dict[str, dict[str, int]] = defaultdict(dict)
+    batch: dict[str, dict[str, float]] = defaultdict(dict)
     priorities: dict[str, int] = {}  # of the batched ids whose priority is not 0
     young: set[str] = set()  # batched ids of rows created within FRESH
     conn = connections[rows.db]
@@ -131,7 +131,7 @@ def _report(result: Reconciled, moved: Counter[str]) -> None:
 def _repair(
     engine: Engine,
     queue: str,
-    items: dict[str, int],
+    items: dict[str, float],
     priorities: dict[str, int],
     young: set[str],
     moved: Counter[str],

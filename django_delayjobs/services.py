@@ -56,7 +56,7 @@ def _event(job: Job, kind: str, actor: str, message: str = "") -> None:
 
 def push(jobs: Iterable[Job]) -> int:
     """Hand jobs to the engine; on failure log and leave them to reconcile. Never raises."""
-    by_queue: dict[str, dict[str, int]] = defaultdict(dict)
+    by_queue: dict[str, dict[str, float]] = defaultdict(dict)
     priorities: dict[str, int] = {}
     for job in jobs:
         by_queue[job.queue][str(job.pk)] = timing.to_ms(job.run_at)

@@ -17,6 +17,7 @@ from .exceptions import InvalidSchedule
 
 #: No due time or expiry before this: Redis scores are ms since the epoch.
 EARLIEST = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+ONE_MICROSECOND = datetime.timedelta(microseconds=1)
 #: No due time or expiry further ahead than this (36,500 days, about 100 years).
 MAX_AHEAD = datetime.timedelta(days=36500)
 
@@ -105,9 +106,11 @@ def expiry(
     return expires_at
 
 
-def to_ms(value: datetime.datetime) -> int:
-    """Return an aware datetime as whole ms since the epoch (the engine's unit), rounded
-    up so that Redis never promotes a job before its ``run_at``.
+def to_ms(value: datetime.datetime) -> float:
+    """Return an aware datetime as ms since the epoch (the engine's unit), to the
+    microsecond: a whole ms as an int, else a float with the microseconds as its fraction
+    (the nearest double, which Redis compares exactly with its own clock's microseconds),
+    so that Redis promotes a job neither before its ``run_at`` nor up to 1 ms after it.
 
     Raises ``InvalidSchedule`` for a time Redis cannot hold (before 1970): a row that got
     into the table without passing the door (a poison row) is refused here, clearly.
@@ -116,7 +119,8 @@ def to_ms(value: datetime.datetime) -> int:
         raise InvalidSchedule(
             f"{value.isoformat()} is before 1970: Redis holds due times as ms since the epoch"
         )
-    return math.ceil(value.timestamp() * 1000)
+    micros = (value - EARLIEST) // ONE_MICROSECOND
+    return micros // 1000 if micros % 1000 == 0 else micros / 1000
 
 
 def _short(value: object) -> str:

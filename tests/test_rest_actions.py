@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import math
 import uuid
 
 import pytest
@@ -27,6 +26,9 @@ from .test_rest_helpers import (
     snapshot,
     url,
 )
+
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+MS = datetime.timedelta(milliseconds=1)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,7 +114,7 @@ def test_reschedule_in_seconds_moves_row_and_redis(api, job):
     assert before + datetime.timedelta(seconds=90) < job.run_at
     assert job.run_at < timezone.now() + datetime.timedelta(seconds=91)
     assert response.data["run_at"] == job.run_at.isoformat().replace("+00:00", "Z")
-    assert due_in_redis(job) == math.ceil(job.run_at.timestamp() * 1000)
+    assert due_in_redis(job) == (job.run_at - EPOCH) / MS  # to the microsecond
     assert events(job)[-1] == ("rescheduled", "api:ada")
 
 

@@ -62,12 +62,11 @@ def running(job: Job) -> Job:
     return job
 
 
-def due_in_redis(job: Job) -> int | None:
-    """The due time (ms) Redis holds for a pending job, or None."""
+def due_in_redis(job: Job) -> float | None:
+    """The due time (ms, to the microsecond) Redis holds for a pending job, or None."""
     engine = get_engine()
     shard = engine.home(job.queue, str(job.pk))  # the queue itself, unless it has shards
-    score = engine.client.zscore(engine.keys(shard).pending, str(job.pk))
-    return None if score is None else int(score)
+    return engine.client.zscore(engine.keys(shard).pending, str(job.pk))
 
 
 def redis_state(job: Job) -> str | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import math
 import uuid
 from decimal import Decimal
 
@@ -17,6 +16,9 @@ from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
 from django_delayjobs.models import EventKind, Job, JobEvent, Status
 from tests.testapp import tasks
 from tests.testapp.models import Thing, thing_paid
+
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+MS = datetime.timedelta(milliseconds=1)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,7 +59,20 @@ def test_schedule_bound_method_writes_row_event_and_redis(thing):
     assert list(job.events.values_list("kind", "actor")) == [("scheduled", "code")]
     assert redis_state(job) == "pending"
     due = get_engine().client.zscore(get_engine().keys("default").pending, str(job.pk))
-    assert due == math.ceil(job.run_at.timestamp() * 1000)
+    assert due == (job.run_at - EPOCH) / MS  # to the microsecond
+
+
+@pytest.mark.parametrize(
+    ("micros", "score"), [(123_456, 1_893_456_000_123.456), (123_000, 1_893_456_000_123)]
+)
+def test_redis_holds_the_due_time_to_the_microsecond(thing, micros, score):
+    """Rounded up to the ms, every job was promoted up to 1 ms late (0.5 ms on average);
+    truncated, up to 1 ms before its run_at."""
+    at = datetime.datetime(2030, 1, 1, 0, 0, 0, micros, tzinfo=datetime.UTC)
+    job = schedule(thing.expire, at=at)
+    due = get_engine().client.zscore(get_engine().keys("default").pending, str(job.pk))
+    assert due == score
+    assert get_engine().promote("default").next_due_ms == int(score)
 
 
 def test_schedule_function_with_seconds_and_options(thing):
@@ -252,7 +267,7 @@ def test_reschedule_moves_due_time_in_db_and_redis(thing):
     assert job.reschedule(in_=600)
     job.refresh_from_db()
     due = get_engine().client.zscore(get_engine().keys("default").pending, str(job.pk))
-    assert due == math.ceil(job.run_at.timestamp() * 1000)
+    assert due == (job.run_at - EPOCH) / MS  # to the microsecond
     assert job.events.filter(kind=EventKind.RESCHEDULED).count() == 1
 
 

@@ -18,6 +18,7 @@ from .results import PromoteResult, merge_promoted
 from .sharding import Shard
 from .validation import MAX_BATCH as MAX_BATCH
 from .validation import check_batch as _batch
+from .validation import check_due as _due
 from .validation import check_dues as _dues
 from .validation import check_ids as _ids
 from .validation import check_ms as _ms
@@ -135,7 +136,7 @@ class Engine(Reader):
 
     def reschedule(self, queue: str, id: str, due_ms: float) -> bool:
         """Move a still-pending id to a new due time; False if it already left pending."""
-        args: list[str | int] = [*_ids([id]), _ms(due_ms, "due time")]
+        args: list[str | float] = [*_ids([id]), _due(due_ms)]
         [(home, _)] = self._router.route(queue, [id])
         for shard in [home, *self._router.others(queue, [home])]:
             k = self._keys(shard)
@@ -255,7 +256,7 @@ class Engine(Reader):
 
     def requeue(self, queue: str, ids: Iterable[str], due_ms: float = 0) -> int:
         """Move buried ids back to ready (or pending, if ``due_ms`` is later than now)."""
-        due, given = _ms(due_ms, "due time"), _ids(ids)
+        due, given = _due(due_ms), _ids(ids)
 
         def run(shard: Shard, part: list[str]) -> int:
             k = self._keys(shard)

@@ -63,7 +63,7 @@ class Reader:
         except (redis.RedisError, RedisClusterException) as exc:  # ClusterDown, no slots...
             raise EngineUnavailable(f"the Redis Cluster cannot serve: {exc}") from exc
 
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[str | float]) -> Any:
         return self._call(lambda: self._scripts[name](keys=keys, args=args))
 
     # -- shards --------------------------------------------------------------------

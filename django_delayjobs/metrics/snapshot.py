@@ -63,7 +63,7 @@ def oldest_overdue(engine: Engine, stats: QueueStats) -> float:
     """Seconds since the due time of the oldest job that is due and has not started:
     the head of pending if it is overdue (no promoter ran it), or the oldest live id in
     ready (waiting for a worker), whose due time its row holds."""
-    ages = [0]
+    ages: list[float] = [0]
     if stats.overdue and stats.next_due_ms is not None:
         ages.append(stats.now_ms - stats.next_due_ms)
     for shard in stats.shards or [stats]:  # a queue of several shards: each one's head
@@ -74,7 +74,7 @@ def oldest_overdue(engine: Engine, stats: QueueStats) -> float:
     return max(ages) / 1000
 
 
-def _ready_head_due_ms(engine: Engine, queue: str) -> int | None:
+def _ready_head_due_ms(engine: Engine, queue: str) -> float | None:
     keys = engine.keys(queue)
 
     def head() -> list[bytes]:

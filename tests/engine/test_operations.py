@@ -438,6 +438,50 @@ def test_promote_leaves_ids_that_are_not_due(engine, redis_client, now):
     assert state(redis_client, engine)["ready"] == []
 
 
+# -- due times to the microsecond -------------------------------------------------------
+
+
+def exact_server_time_us(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return seconds * 1_000_000 + micros
+
+
+def test_due_times_keep_their_microseconds_wherever_they_are_stored(populated, redis_client, now):
+    """A fraction of a ms is kept by add, reschedule, nack and requeue alike (truncated,
+    a job was promoted up to 1 ms early)."""
+    due = now + HOUR + 0.123
+    assert populated.add(Q, {"a": due, "p": due + 0.001}) == ["a"]  # p: a new due time
+    populated.add(Q, {"b": now + HOUR})
+    assert populated.reschedule(Q, "b", due + 0.002) is True
+    assert populated.nack(Q, {"u": due + 0.003}) == 1
+    assert populated.requeue(Q, ["g"], due + 0.004) == 1
+    pending = dict(redis_client.zrange(populated.keys(Q).pending, 0, -1, withscores=True))
+    assert pending == {b"a": due, b"p": due + 0.001, b"b": due + 0.002, b"u": due + 0.003,
+                       b"g": due + 0.004}  # fmt: skip
+
+
+def test_promote_counts_the_wait_to_the_microsecond_of_the_next_due_time(engine, redis_client):
+    start = exact_server_time_us(redis_client)
+    due_us = start + HOUR * 1000 + 999  # 0.999 ms past a whole ms
+    engine.add(Q, {"a": due_us / 1000})
+    result = engine.promote(Q)
+    end = exact_server_time_us(redis_client)
+    assert result.moved == 0
+    assert due_us - end - 1 <= result.next_due_in_us <= due_us - start + 1
+
+
+def test_an_id_is_promoted_from_its_microsecond_not_from_the_next_whole_ms(engine, redis_client):
+    """Each id is due at the first microsecond of the ms the server is in: a promote that
+    compared due times with the server time cut to whole ms would leave it for 0.999 ms."""
+    ids = [f"i{n}" for n in range(20)]
+    in_flight(engine, ids)
+    for id_ in ids:
+        now_us = exact_server_time_us(redis_client)
+        due_us = min(now_us, now_us - now_us % 1000 + 1)  # passed, even on a whole ms
+        assert engine.nack(Q, {id_: due_us / 1000}) == 1
+        assert engine.promote(Q).moved == 1, (id_, now_us)
+
+
 # -- priority ---------------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ local held_before = redis.call('ZCARD', KEYS[1]) + redis.call('LLEN', KEYS[2])
   + redis.call('ZCARD', KEYS[4]) + redis.call('ZCARD', KEYS[5])
 local was_empty = held_before == 0 and 1 or 0
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000  -- exact: due times hold us
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local earliest = tonumber(head[2])
 local added, readied, wake = {}, {}, false

@@ -3,11 +3,10 @@
 -- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = ready_set SET,
 -- KEYS[4] = notify LIST, KEYS[5] = priority HASH
 -- ARGV[1] = batch size
--- returns {moved, server now (ms), and when pending is not empty: the next due time (ms)
--- and how long until then (us, from the exact server time: a caller that sleeps that long
--- wakes on time, not up to 1 ms late)}
+-- returns {moved, server now (whole ms), and when pending is not empty: the next due time
+-- (ms) and how long until then (us: a caller that sleeps that long wakes on time)}
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000  -- exact: due times hold us
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 if #ids > 0 then
   redis.call('ZREM', KEYS[1], unpack(ids))
@@ -27,6 +26,6 @@ if #ids > 0 then
   redis.call('LTRIM', KEYS[4], 0, 63)
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if not head[2] then return {#ids, now} end
-local until_us = (tonumber(head[2]) - now) * 1000 - tonumber(t[2]) % 1000
-return {#ids, now, head[2], math.max(0, until_us)}
+if not head[2] then return {#ids, math.floor(now)} end
+local until_us = math.ceil((tonumber(head[2]) - now) * 1000)
+return {#ids, math.floor(now), head[2], math.max(0, until_us)}

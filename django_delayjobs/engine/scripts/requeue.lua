@@ -4,7 +4,7 @@
 -- ARGV[1] = due time (ms), ARGV[2..] = ids
 -- returns how many ids left garbage
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000  -- exact: due times hold us
 local due = tonumber(ARGV[1])
 local n = 0
 for i = 2, #ARGV do

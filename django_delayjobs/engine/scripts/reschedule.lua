@@ -5,7 +5,7 @@
 -- ARGV[1] = id, ARGV[2] = new due time (ms)
 -- returns 1 if the id was pending and now has the new due time, else 0
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000  -- exact: due times hold us
 local id, due = ARGV[1], tonumber(ARGV[2])
 if not redis.call('ZSCORE', KEYS[1], id) then return 0 end
 if due <= now then

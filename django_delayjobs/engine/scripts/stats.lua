@@ -6,12 +6,13 @@
 --          ready counts the live ids (ready_set), not the tombstones left in the LIST
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local exact = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000  -- due times hold us
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local lease = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
 return {
   now,
   redis.call('ZCARD', KEYS[1]),
-  redis.call('ZCOUNT', KEYS[1], '-inf', now),
+  redis.call('ZCOUNT', KEYS[1], '-inf', exact),
   redis.call('SCARD', KEYS[2]),
   redis.call('ZCARD', KEYS[3]),
   redis.call('ZCOUNT', KEYS[3], '-inf', now),
