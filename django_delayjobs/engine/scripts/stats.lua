@@ -5,8 +5,8 @@
 --          live_workers, next_due or -1, oldest_lease or -1, counters (flat HGETALL)};
 --          ready counts the live ids (ready_set), not the tombstones left in the LIST
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local exact = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000  -- due times hold us
+local now = math.floor(exact)  -- leases and heartbeats are whole ms
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local lease = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
 return {
