@@ -107,6 +107,9 @@ class Settings:
     SHUTDOWN_GRACE_SECONDS: float = setting(30.0, 0, 86_400)
     BATCH_SIZE: int = setting(1000, 1, 5000)
     PREFETCH: int = setting(10, 1, 5000)
+    #: The most bytes of JSON a job stores for its arguments (args and kwargs together)
+    #: and for its return value, as ``json.dumps`` writes them: far below what jsonb holds.
+    MAX_JSON_BYTES: int = setting(1 << 20, 1024, 1 << 26)
     REFUSE_EVICTING_REDIS: bool = False
     #: The bearer token that opens the ``metrics/`` view (None: staff sessions only).
     METRICS_TOKEN: str | None = setting(None, check=_token, kind="type")

@@ -9,6 +9,7 @@ import datetime
 from django.db import models
 
 from . import serialization, timing
+from .conf import delayjobs_settings
 from .engine import PRIORITY_RANGE, validate_name
 from .exceptions import InvalidSchedule
 from .models import Job, JobEvent
@@ -90,3 +91,5 @@ def check_built(job: Job, now: datetime.datetime) -> None:
         raise TypeError("a job's args must be a list and its kwargs a dict: use build_job")
     serialization.check_stored(job.args, "args")
     serialization.check_stored(job.kwargs, "kwargs")
+    limit = delayjobs_settings.MAX_JSON_BYTES
+    serialization.check_size((job.args, job.kwargs), "args and kwargs", limit)

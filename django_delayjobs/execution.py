@@ -311,7 +311,10 @@ class Execution:
                 # async_to_sync, not a private event loop: the coroutine's sync_to_async()
                 # ORM calls then run back in this thread, inside this transaction.
                 value = async_to_sync(_await)(value)
-            return serialization.dump(value, "the action's return value")
+            stored = serialization.dump(value, "the action's return value")
+            limit = delayjobs_settings.MAX_JSON_BYTES
+            serialization.check_size((stored,), "the action's return value", limit)
+            return stored
         finally:
             current_job.reset(job_token)
             _notes.reset(notes_token)

@@ -11,6 +11,7 @@ store and give back equal is accepted (see the limits below and docs/scheduling.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import uuid
 from collections.abc import Callable
@@ -56,6 +57,17 @@ def check_text(value: str, what: str, max_length: int | None = None) -> str:
                 "errors='replace', or pass them base64-encoded"
             ) from None
     return value
+
+
+def check_size(values: tuple[Any, ...], what: str, limit: int) -> None:
+    """Raise ``InvalidSchedule`` if the JSON-ready ``values`` take more than ``limit`` bytes
+    as ``json.dumps`` writes them (which is what Django sends the database)."""
+    size = sum(len(json.dumps(value)) for value in values)
+    if size > limit:
+        raise InvalidSchedule(
+            f"{what}: {size:,} bytes of JSON, and DELAYJOBS['MAX_JSON_BYTES'] allows {limit:,}; "
+            "store large data elsewhere and pass its id"
+        )
 
 
 def dump(value: Any, path: str = "value") -> Any:

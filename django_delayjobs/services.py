@@ -112,7 +112,9 @@ def _check_arguments(fn: Any, args: Any, kwargs: Any) -> tuple[list[Any], dict[s
             signature.bind(*args, **kwargs)
     except TypeError as exc:
         raise TypeError(f"the arguments do not fit {func.__qualname__}: {exc}") from None
-    return serialization.dump(list(args), "args"), serialization.dump(kwargs, "kwargs")
+    stored = serialization.dump(list(args), "args"), serialization.dump(kwargs, "kwargs")
+    serialization.check_size(stored, "args and kwargs", delayjobs_settings.MAX_JSON_BYTES)
+    return stored
 
 
 def build_job(

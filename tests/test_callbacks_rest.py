@@ -122,6 +122,14 @@ def test_hostile_bodies_get_400_naming_the_field_and_write_nothing(admin, body, 
     assert not Job.objects.exists()
 
 
+def test_a_body_over_max_json_bytes_gets_400_naming_the_setting(admin, http):
+    http.DELAYJOBS = {**http.DELAYJOBS, "HTTP_MAX_REQUEST_BYTES": 1 << 20, "MAX_JSON_BYTES": 4096}
+    response = post(admin, "callbacks", {"url": HOOK, "in": 1, "data": "x" * 5000})
+    assert response.status_code == 400, response.content
+    assert "MAX_JSON_BYTES" in response.json()["non_field_errors"][0]
+    assert not Job.objects.exists()
+
+
 def test_permissions_add_job_on_top_of_the_configured_classes(settings):
     body = {"url": HOOK, "in": 60}
     assert post(client_for(None), "callbacks", body).status_code == 403

@@ -148,6 +148,18 @@ def test_hostile_arguments_are_refused_and_nothing_is_written(kwargs, error, mat
     assert not Job.objects.exists() and not JobEvent.objects.exists()
 
 
+def test_a_body_within_http_max_request_bytes_is_still_held_to_max_json_bytes(http):
+    """At the defaults the largest body fits even written at its longest (\\uXXXX for each
+    non-ASCII character); a larger HTTP_MAX_REQUEST_BYTES meets MAX_JSON_BYTES by name."""
+    body = "\u00e9" * (65536 // 2)  # 64 KiB of UTF-8, 192 KiB as json.dumps writes it
+    job = schedule_http("https://hooks.example.com/x", data=body, in_=10)
+    assert load(Job.objects.get(pk=job.pk).kwargs).body == body
+    http.DELAYJOBS = {**http.DELAYJOBS, "HTTP_MAX_REQUEST_BYTES": 1 << 20}
+    with pytest.raises(ValueError, match="MAX_JSON_BYTES"):
+        schedule_http("https://hooks.example.com/x", data="x" * (1 << 20), in_=10)
+    assert Job.objects.count() == 1
+
+
 @pytest.mark.parametrize(
     ("url", "rule_or_text"),
     [

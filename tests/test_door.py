@@ -31,6 +31,8 @@ PLUS_5 = datetime.timezone(datetime.timedelta(hours=5))
 CENTURY = datetime.timedelta(days=36500)
 #: The nesting limit docs/scheduling.md promises (lists and dicts, args itself included).
 MAX_DEPTH = 32
+#: MAX_JSON_BYTES's default: args and kwargs together, as json.dumps writes them.
+MIB = 1 << 20
 
 
 @pytest.fixture(autouse=True)
@@ -125,6 +127,14 @@ HOSTILE = [
      "deep"),
     ("nesting 100k", lambda t: schedule(tasks.echo, in_=1, args=nested(100_000)), "deep"),
     ("self-referential", lambda t: schedule(tasks.echo, in_=1, args=[_loop()]), "deep"),
+    # size: args and kwargs together, at the limit + 1 and beyond what jsonb holds (255 MB)
+    ("args 1 MiB + 1", lambda t: schedule(tasks.echo, in_=1, args=["x" * (MIB - 5)]),
+     "MAX_JSON_BYTES"),
+    ("args + kwargs 1 MiB + 1", lambda t: schedule(
+        tasks.echo, in_=1, args=["x" * (MIB // 2)], kwargs={"k": "x" * (MIB // 2 - 12)}),
+     "MAX_JSON_BYTES"),
+    ("args 300 MB", lambda t: schedule(tasks.echo, in_=1, args=["x" * 300_000_000]),
+     "MAX_JSON_BYTES"),
     # numbers: beyond 64 bits, beyond int-to-str conversion, floats PostgreSQL turns into ints
     ("int 2**63", lambda t: schedule(tasks.echo, in_=1, args=[2**63]), "64"),
     ("int -2**63 - 1", lambda t: schedule(tasks.echo, in_=1, args=[-(2**63) - 1]), "64"),
@@ -196,6 +206,19 @@ def test_the_limits_themselves_are_accepted_and_read_back(thing):
     assert Job.objects.get(pk=late.pk).run_at == late.run_at
 
 
+def test_the_size_limit_counts_bytes_as_json_dumps_writes_them(settings, redis_client):
+    """At MAX_JSON_BYTES a job is stored and read back; one byte more is refused. The size
+    is what Django sends the database: json.dumps of args plus json.dumps of kwargs."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "MAX_JSON_BYTES": 1024}
+    frame = len('["", ""]') + len('{"k": ""}')  # 8 + 9
+    fits = ["\u00e9" * 10, "x" * (1024 - frame - 60)]  # each é is written \u00e9: 6 bytes
+    job = schedule(tasks.echo, in_=1, args=fits, kwargs={"k": ""})
+    assert load(Job.objects.get(pk=job.pk).args) == fits
+    with pytest.raises(InvalidSchedule, match=r"1,025 bytes .* allows 1,024"):
+        schedule(tasks.echo, in_=1, args=[fits[0], fits[1] + "x"], kwargs={"k": ""})
+    assert Job.objects.count() == 1
+
+
 def test_reschedule_refuses_the_same_values(thing, redis_client):
     job = schedule(thing.touch, in_=60)
     before = snapshot(job)
@@ -231,6 +254,7 @@ def test_build_job_refuses_and_schedule_many_checks_what_it_is_given(thing, redi
         ("kwargs", {"n": 2**70}, "64"),
         ("kwargs", {"f": float("nan")}, "NaN"),
         ("args", [object()], "JSON"),
+        ("args", ["x" * MIB], "MAX_JSON_BYTES"),
         ("max_attempts", 2**31, "2147483647"),
         ("priority", 2**15, "-100 to 100"),
         ("queue", "a b", "queue"),

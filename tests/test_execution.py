@@ -122,6 +122,19 @@ def test_a_return_value_that_cannot_be_stored_fails_the_attempt_and_rolls_back()
     assert not Record.objects.exists()
 
 
+def test_a_return_value_over_the_size_limit_fails_the_attempt_and_rolls_back(settings):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "MAX_JSON_BYTES": 1024}
+    small = schedule(tasks.return_large, in_=0, args=["small", 1022])  # "x..." is 1,024
+    large = schedule(tasks.return_large, in_=0, args=["large", 1023], max_attempts=1)
+    burst()
+    small.refresh_from_db()
+    large.refresh_from_db()
+    assert small.status == Status.SUCCEEDED and small.result == "x" * 1022
+    assert large.status == Status.DEAD
+    assert "1,025 bytes" in large.last_error and "MAX_JSON_BYTES" in large.last_error
+    assert list(Record.objects.values_list("label", flat=True)) == ["small"]
+
+
 def test_an_unreadable_row_is_dead_with_the_reason_and_the_queue_goes_on(redis_client):
     poison = schedule(tasks.record, in_=0, args=["poison"])
     healthy = schedule(tasks.record, in_=0, args=["healthy"])

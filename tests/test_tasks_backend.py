@@ -113,6 +113,8 @@ def test_bad_arguments_are_refused_and_nothing_is_written():
         t.add.enqueue(1)  # missing b
     with pytest.raises((InvalidTask, TypeError)):
         t.add.enqueue(1, object())
+    with pytest.raises(InvalidTask, match="MAX_JSON_BYTES"):
+        t.add.enqueue(1, "x" * (1 << 20))
     assert not Job.objects.exists()
 
 

@@ -160,6 +160,12 @@ def return_unstorable(label: str) -> object:
 
 
 @delayable
+def return_large(label: str, size: int) -> str:
+    Record.objects.create(label=label)
+    return "x" * size
+
+
+@delayable
 def end_process(code: int) -> None:
     """Ends the worker process from inside an action (a crash, an OOM kill)."""
     import os
