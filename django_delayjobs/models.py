@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from typing import Any
 
@@ -28,10 +30,24 @@ WAITING = (Status.SCHEDULED, Status.RETRYING)
 FINISHED = (Status.SUCCEEDED, Status.CANCELLED, Status.DEAD, Status.SKIPPED)
 
 
+def time_ordered_uuid() -> uuid.UUID:
+    """A UUID of version 7 (RFC 9562): 48 bits of Unix time in ms, then 74 random bits.
+
+    Ids made later sort later, so a new job's row and its events land at the end of the
+    primary key's index and of the events' ``(job, at)`` index, not on a random page of
+    each: once the tables are large, a commit writes fewer pages and a checkpoint copies
+    fewer. 74 random bits keep an id unguessable.
+    """
+    ms = time.time_ns() // 1_000_000 & (1 << 48) - 1
+    rand = int.from_bytes(os.urandom(10), "big")  # 80 bits: 12 for rand_a, 62 for rand_b
+    rand_a, rand_b = rand >> 68, rand & (1 << 62) - 1
+    return uuid.UUID(int=ms << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b)
+
+
 class Job(models.Model):
     """One delayed action: what to run, when, and what happened so far."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=time_ordered_uuid, editable=False)
     queue = models.CharField(max_length=64)
     action = models.CharField(max_length=255, help_text="Registered name of the action.")
     # No index of its own: the (target_type, target_id) index below serves it as well.

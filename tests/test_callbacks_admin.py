@@ -98,6 +98,6 @@ def test_the_list_filters_callbacks(client, http):
     page = client.get(changelist).content.decode()
     assert "HTTP callbacks" in page and "Python actions" in page
     only = client.get(changelist, {"kind": "callback"}).content.decode()
-    assert str(callback.pk)[:8] in only and str(python.pk)[:8] not in only
+    assert str(callback.pk)[-8:] in only and str(python.pk)[-8:] not in only
     others = client.get(changelist, {"kind": "python"}).content.decode()
-    assert str(python.pk)[:8] in others and str(callback.pk)[:8] not in others
+    assert str(python.pk)[-8:] in others and str(callback.pk)[-8:] not in others

@@ -1,11 +1,12 @@
-"""The schema the migrations build: no index that another already serves, and the
-migration that dropped one goes both ways."""
+"""The schema the migrations build: no index that another already serves, the migration
+that dropped one goes both ways, and the one that changed the ids' default writes nothing."""
 
 from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 
 from django_delayjobs.models import Job, JobEvent
 
@@ -53,3 +54,13 @@ def test_migration_0005_goes_back_and_forth():
     finally:
         call_command("migrate", "django_delayjobs", verbosity=0)
     assert target_type_indexes() == []
+
+
+def test_migration_0006_changes_only_the_state():
+    """Job ids' default is Django's, not the database's: no table copy on SQLite."""
+    executor = MigrationExecutor(connection)
+    migration = executor.loader.get_migration("django_delayjobs", "0006_time_ordered_job_ids")
+    state = executor.loader.project_state(("django_delayjobs", "0005_target_type_no_own_index"))
+    with connection.schema_editor(collect_sql=True, atomic=False) as editor:
+        migration.apply(state, editor, collect_sql=True)
+    assert [sql for sql in editor.collected_sql if not sql.startswith("--")] == []

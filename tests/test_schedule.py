@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 import uuid
 from decimal import Decimal
 
@@ -13,7 +14,7 @@ from django.utils import timezone
 from django_delayjobs import cancel_for, cancel_on, delayable, schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
-from django_delayjobs.models import EventKind, Job, JobEvent, Status
+from django_delayjobs.models import EventKind, Job, JobEvent, Status, time_ordered_uuid
 from tests.testapp import tasks
 from tests.testapp.models import Thing, thing_paid
 
@@ -368,3 +369,19 @@ def test_public_api_imports_without_models():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "schedule" in out.stdout
+
+
+def test_job_ids_are_uuids_of_version_7_in_the_order_they_were_made():
+    """Time-ordered ids (RFC 9562): the ms they were made, then 74 random bits."""
+    before = time.time_ns() // 1_000_000
+    first = schedule(tasks.record, in_=60, args=["a"])
+    time.sleep(0.002)
+    second = schedule(tasks.record, in_=60, args=["b"])
+    after = time.time_ns() // 1_000_000
+    for job in (first, second):
+        assert job.pk.version == 7 and job.pk.variant == uuid.RFC_4122
+        assert before <= job.pk.int >> 80 <= after
+    assert first.pk < second.pk
+    assert list(Job.objects.order_by("pk").values_list("pk", flat=True)) == [first.pk, second.pk]
+    many = {time_ordered_uuid() for _ in range(100_000)}  # most within the same ms
+    assert len(many) == 100_000

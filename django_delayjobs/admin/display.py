@@ -132,6 +132,12 @@ def pre(text: str) -> SafeString | str:
     return format_html('<pre class="delayjobs-pre">{}</pre>', text)
 
 
+def short_id(job_id: object) -> str:
+    """The last 8 characters of a job id: random, where the first 8 are the time it was
+    made (the same for every job of a minute)."""
+    return "\u2026" + str(job_id)[-8:]
+
+
 def as_json(value: Any) -> SafeString | str:
     """A stored JSON value, indented; one that cannot be read or shown, as its text."""
     if isinstance(value, Unreadable):

@@ -169,7 +169,7 @@ class JobAdmin(JobModelAdmin):
         if not term:
             return queryset, False
         with contextlib.suppress(ValueError):  # not a UUID: no job has it as its id
-            # A job's own (random) id is not also some other job's key or target: done.
+            # A job's own id is not also some other job's key or target: done.
             by_id = queryset.filter(pk=uuid.UUID(term))
             if by_id.exists():
                 return by_id, False
@@ -179,7 +179,8 @@ class JobAdmin(JobModelAdmin):
 
     @admin.display(description=_("id"), ordering="pk")
     def short_id(self, job: Job) -> SafeString:
-        return format_html('<span title="{}">{}</span>', job.pk, str(job.pk)[:8])
+        # The tail: an id begins with the time it was made (the same for a minute's jobs).
+        return format_html('<span title="{}">{}</span>', job.pk, display.short_id(job.pk))
 
     @admin.display(description=_("target"))
     def target_link(self, job: Job) -> SafeString | str:
