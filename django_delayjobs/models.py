@@ -35,8 +35,8 @@ def time_ordered_uuid() -> uuid.UUID:
 
     Ids made later sort later, so a new job's row and its events land at the end of the
     primary key's index and of the events' ``(job, at)`` index, not on a random page of
-    each: once the tables are large, a commit writes fewer pages and a checkpoint copies
-    fewer. 74 random bits keep an id unguessable.
+    each: once the tables are large, the jobs of a second touch a few pages of them, not
+    thousands (docs/performance.md). 74 random bits keep an id unguessable.
     """
     ms = time.time_ns() // 1_000_000 & (1 << 48) - 1
     rand = int.from_bytes(os.urandom(10), "big")  # 80 bits: 12 for rand_a, 62 for rand_b
