@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -31,7 +29,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
-from django_delayjobs.embedded import EmbeddedRedis  # noqa: E402
+from peers.delayjobs_peer import private_environment  # noqa: E402
 
 spent: Counter[str] = Counter()
 absent: set[str] = set()  # steps whose function the package no longer has
@@ -99,16 +97,8 @@ def main() -> None:
     parser.add_argument("--database-url", help="audit rows there instead of SQLite")
     parser.add_argument("--profile", action="store_true", help="cProfile instead of timers")
     args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="hotpath-"))
-    server = EmbeddedRedis(workdir / "redis")
-    try:
-        os.environ["BENCH_REDIS_URL"] = server.start()
-        os.environ["BENCH_SQLITE_PATH"] = str(workdir / "hotpath.sqlite3")
-        if args.database_url:
-            os.environ["BENCH_DATABASE_URL"] = args.database_url
+    with private_environment("hotpath", args.database_url):
         run(args.n, args.profile)
-    finally:
-        server.close()
 
 
 def run(n: int, profile: bool) -> None:

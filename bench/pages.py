@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import sqlite3
 import struct
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -32,7 +30,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
-from django_delayjobs.embedded import EmbeddedRedis  # noqa: E402
+from peers.delayjobs_peer import private_environment  # noqa: E402
 
 WAL_HEADER, FRAME_HEADER = 32, 24
 
@@ -62,16 +60,8 @@ def main() -> None:
     parser.add_argument("--ids", choices=("v7", "v4"), default="v7")
     parser.add_argument("--database-url", help="PostgreSQL: count the WAL bytes instead")
     args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="pages-"))
-    server = EmbeddedRedis(workdir / "redis")
-    try:
-        os.environ["BENCH_REDIS_URL"] = server.start()
-        os.environ["BENCH_SQLITE_PATH"] = str(workdir / "pages.sqlite3")
-        if args.database_url:
-            os.environ["BENCH_DATABASE_URL"] = args.database_url
+    with private_environment("pages", args.database_url) as workdir:
         run(args.rows, args.n, args.ids, workdir / "pages.sqlite3-wal")
-    finally:
-        server.close()
 
 
 def run(rows: int, n: int, ids: str, wal: Path) -> None:

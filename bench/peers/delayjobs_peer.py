@@ -5,10 +5,32 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import django
 
 from peers import common
+
+
+@contextmanager
+def private_environment(name: str, database_url: str | None) -> Iterator[Path]:
+    """For a bench run in this process: a private ``redis-server`` and a SQLite file
+    (or ``database_url``) named where ``dj_settings`` looks; yields the work directory."""
+    from django_delayjobs.embedded import EmbeddedRedis
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    server = EmbeddedRedis(workdir / "redis")
+    try:
+        os.environ["BENCH_REDIS_URL"] = server.start()
+        os.environ["BENCH_SQLITE_PATH"] = str(workdir / f"{name}.sqlite3")
+        if database_url:
+            os.environ["BENCH_DATABASE_URL"] = database_url
+        yield workdir
+    finally:
+        server.close()
 
 
 class Adapter(common.Adapter):
