@@ -236,8 +236,10 @@ class WorkerProcess:
             if self.stopping.is_set():
                 logger.warning("second signal: exiting now")
                 os._exit(1)
-            logger.warning("signal %s: finishing running actions, then exiting", signum)
+            # Stopping first: a second signal may run this handler again inside the log
+            # call below (Python handlers are re-entered), and must find it set.
             self.stopping.set()
+            logger.warning("signal %s: finishing running actions, then exiting", signum)
 
         return {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import threading
 import time
@@ -417,3 +418,36 @@ def test_a_success_refused_at_commit_leaves_the_next_job_of_the_batch_to_its_own
     assert list(Record.objects.values_list("label", flat=True)) == ["following ran"]
     stats = get_engine().stats("default")
     assert (stats.ready, stats.in_flight, stats.pending) == (0, 0, 0)
+
+
+def test_a_second_signal_inside_the_first_ones_log_call_exits(monkeypatch):
+    """A second SIGTERM can run the handler again while the first is still logging (Python
+    re-enters signal handlers); the first has already set ``stopping``, so it exits."""
+    process = WorkerProcess(get_engine(), Options(queues=["default"]))
+    previous = process.install_signal_handlers()
+    handle = signal.getsignal(signal.SIGTERM)
+    exits: list[int] = []
+
+    class Exited(Exception):
+        pass
+
+    def fake_exit(code: int) -> None:
+        exits.append(code)
+        raise Exited
+
+    def warning(message: str, *args: object) -> None:
+        if message.startswith("signal") and not landed:  # the second signal lands here
+            landed.append(True)
+            handle(signal.SIGTERM, None)
+
+    landed: list[bool] = []
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    monkeypatch.setattr("django_delayjobs.worker.logger.warning", warning)
+    try:
+        with pytest.raises(Exited):
+            handle(signal.SIGTERM, None)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert exits == [1] and process.stopping.is_set()

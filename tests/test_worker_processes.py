@@ -262,7 +262,12 @@ def test_a_second_signal_exits_at_once(redis_url, tmp_path):
     worker.send_signal(signal.SIGTERM)
     wait_for(lambda: "finishing running actions" in (tmp_path / "w.log").read_text())
     worker.send_signal(signal.SIGTERM)
-    assert worker.wait(5) == 1  # long before the 30 s action could have finished
+    try:
+        assert worker.wait(5) == 1  # long before the 30 s action could have finished
+    finally:
+        if worker.poll() is None:  # not left running into the next tests
+            worker.kill()
+            worker.wait()
     assert "second signal: exiting now" in (tmp_path / "w.log").read_text()
     # the action's transaction died with the process; the job is still there to retry
     assert Job.objects.get(pk=job.pk).status == Status.RUNNING
