@@ -1,12 +1,13 @@
 """Where the time of one job goes: ``schedule()`` and the worker, step by step.
 
-    python bench/hotpath.py [--n 3000] [--database-url URL] [--profile]
+    python bench/hotpath.py [--n 3000] [--database-url URL] [--profile [cumulative]]
 
 Runs in one process on a private ``redis-server`` and the bench's Django settings
 (``peers/dj_settings.py``: SQLite in WAL mode with synchronous=NORMAL, or the database
 given). It times each step by wrapping the functions that do it, so the figures include
 the wrappers' own small cost; steps indented under another are part of it. ``--profile``
-prints cProfile's top functions for each half instead.
+prints cProfile's top functions for each half instead, by their own time
+(``--profile cumulative``: by the time spent in them and below).
 
 1. ``schedule()`` one at a time, N jobs due in an hour (no worker).
 2. N jobs due now, drained by one worker thread (``WorkerProcess.work_loop`` in burst
@@ -60,13 +61,13 @@ def timed(target: Any, name: str, label: str) -> Iterator[None]:
 
 
 def measure(title: str, n: int, run: Callable[[], None], steps: list[tuple[Any, str, str]],
-            profile: bool) -> None:  # fmt: skip
+            profile: str | None) -> None:  # fmt: skip
     spent.clear()
     if profile:
         profiler = cProfile.Profile()
         profiler.runcall(run)
-        print(f"\n{title}: cProfile, top 25 by own time")
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        print(f"\n{title}: cProfile, top 25 by {profile} time")
+        pstats.Stats(profiler).sort_stats(profile).print_stats(25)
         return
     with contextmanager_all(steps):
         start = time.perf_counter()
@@ -95,13 +96,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=3000)
     parser.add_argument("--database-url", help="audit rows there instead of SQLite")
-    parser.add_argument("--profile", action="store_true", help="cProfile instead of timers")
+    parser.add_argument(
+        "--profile", nargs="?", const="tottime", choices=("tottime", "cumulative"),
+        help="cProfile instead of timers, by own time (default) or cumulative time",
+    )  # fmt: skip
     args = parser.parse_args()
     with private_environment("hotpath", args.database_url):
         run(args.n, args.profile)
 
 
-def run(n: int, profile: bool) -> None:
+def run(n: int, profile: str | None) -> None:
     from peers.delayjobs_peer import Adapter
 
     adapter = Adapter()
