@@ -247,41 +247,41 @@ class Execution:
                 # The action and its outcome commit together, or not at all.
                 with transaction.atomic(using=sql.db()):
                     stored = self.call(fn, args, kwargs, notes)
-                    self.succeeded(job, stored, notes)
+                    claimed = self.succeeded(job, stored, notes)
             else:  # an outside call: no transaction is held open while it runs
                 stored = self.call(fn, args, kwargs, notes)
                 with transaction.atomic(using=sql.db()):
-                    self.succeeded(job, stored, notes)
+                    claimed = self.succeeded(job, stored, notes)
         except _Overtaken:
             logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts,
                            extra=job_fields(job.pk, self.queue, job, "overtaken"))  # fmt: skip
             return Result(Outcome.OVERTAKEN, job)
         except _ClaimAheadFailed as exc:  # not the action's fault: run it again
-            self.next_job = None
             return self.hand_back(exc.__cause__ or exc)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
-            # The next job was claimed in the outcome transaction, which did not commit
-            # (refused at COMMIT, or its connection lost): its own claim decides.
-            self.next_job = None
             duration = time.perf_counter() - started
             if connection.lost(exc):
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
+        # Only now, committed: a next job claimed in an outcome transaction that did not
+        # commit (refused at COMMIT, or its connection lost) is left to its own claim.
+        self.next_job = claimed
         job.status, job.result = Status.SUCCEEDED, stored
         return Result(Outcome.SUCCEEDED, job, duration=time.perf_counter() - started)
 
-    def succeeded(self, job: Job, stored: Any, notes: list[str]) -> None:
-        """Record success, fenced by this delivery, and claim the next job; their events
-        go in one statement."""
+    def succeeded(self, job: Job, stored: Any, notes: list[str]) -> Job | None:
+        """Record success, fenced by this delivery, and claim the next job (returned);
+        their events go in one statement."""
         done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
         if not sql.update_fenced(job, done):
             raise _Overtaken
         events = [(job, EventKind.SUCCEEDED.value, self.actor, "\n".join(notes))]
-        self.next_job = self.claim_ahead()
-        if self.next_job is not None:
-            message = self.started_message(self.next_job)
-            events.append((self.next_job, EventKind.STARTED.value, self.actor, message))
+        claimed = self.claim_ahead()
+        if claimed is not None:
+            message = self.started_message(claimed)
+            events.append((claimed, EventKind.STARTED.value, self.actor, message))
         sql.insert_events(events)
+        return claimed
 
     def claim_ahead(self) -> Job | None:
         """Claim ``then`` inside this job's outcome transaction; None if it cannot start
