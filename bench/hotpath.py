@@ -7,7 +7,11 @@ Runs in one process on a private ``redis-server`` and the bench's Django setting
 given). It times each step by wrapping the functions that do it, so the figures include
 the wrappers' own small cost; steps indented under another are part of it. ``--profile``
 prints cProfile's top functions for each half instead, by their own time
-(``--profile cumulative``: by the time spent in them and below).
+(``--profile cumulative``: by the time spent in them and below). ``--wal`` (SQLite) also
+counts the pages each half writes to the WAL, per job and per commit: a commit writes
+every page it changed, so this is where a job's disk writes go. No checkpoint runs while
+it counts (as in a worker process, whose housekeeping thread checkpoints), so the times
+then leave out the checkpoints that ``schedule()``'s commits would otherwise run.
 
 1. ``schedule()`` one at a time, N jobs due in an hour (no worker).
 2. N jobs due now, drained by one worker thread (``WorkerProcess.work_loop`` in burst
@@ -17,8 +21,10 @@ prints cProfile's top functions for each half instead, by their own time
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
+import sqlite3
 import sys
 import time
 from collections import Counter
@@ -33,6 +39,7 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 from peers.delayjobs_peer import private_environment  # noqa: E402
 
 spent: Counter[str] = Counter()
+calls: Counter[str] = Counter()
 absent: set[str] = set()  # steps whose function the package no longer has
 
 
@@ -52,6 +59,7 @@ def timed(target: Any, name: str, label: str) -> Iterator[None]:
             return original(*args, **kwargs)
         finally:
             spent[label] += time.perf_counter() - start
+            calls[label] += 1
 
     setattr(target, name, wrapper)
     try:
@@ -61,15 +69,17 @@ def timed(target: Any, name: str, label: str) -> Iterator[None]:
 
 
 def measure(title: str, n: int, run: Callable[[], None], steps: list[tuple[Any, str, str]],
-            profile: str | None) -> None:  # fmt: skip
+            profile: str | None, wal: bool) -> None:  # fmt: skip
     spent.clear()
+    calls.clear()
     if profile:
         profiler = cProfile.Profile()
         profiler.runcall(run)
         print(f"\n{title}: cProfile, top 25 by {profile} time")
         pstats.Stats(profiler).sort_stats(profile).print_stats(25)
         return
-    with contextmanager_all(steps):
+    pages = WalPages() if wal else None
+    with pages or contextlib.nullcontext(), contextmanager_all(steps):
         start = time.perf_counter()
         run()
         total = time.perf_counter() - start
@@ -79,7 +89,46 @@ def measure(title: str, n: int, run: Callable[[], None], steps: list[tuple[Any, 
             where = getattr(target, "__name__", type(target).__name__)
             print(f"  {label:<38}      n/a ({where}.{name} not found)")
         else:
-            print(f"  {label:<38} {spent[label] / n * 1e6:8,.0f} us")
+            per_job = f"({calls[label] / n:.2f} per job)"
+            print(f"  {label:<38} {spent[label] / n * 1e6:8,.0f} us  {per_job}")
+    if pages is not None:
+        commits = calls[COMMIT]
+        print(f"  WAL pages written: {pages.written / n:.1f} per job,"
+              f" {pages.written / max(commits, 1):.1f} per commit")  # fmt: skip
+
+
+class WalPages:
+    """The pages (WAL frames) SQLite writes to the WAL while inside, with checkpoints left
+    out: the WAL is emptied first and only grows meanwhile. An extra connection stays
+    open throughout, so that the worker closing its own (the last one) does not
+    checkpoint and remove the WAL."""
+
+    def __enter__(self) -> WalPages:
+        from django.db import connection
+
+        from django_delayjobs import walcheckpoint
+
+        path = connection.settings_dict["NAME"]
+        self.wal = Path(f"{path}-wal")
+        self.keeper = sqlite3.connect(path)
+        connection.close()  # reopened under take_over(): no checkpoint in its commits
+        walcheckpoint.take_over()
+        busy = self.keeper.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        if busy:
+            raise RuntimeError("the WAL could not be emptied before counting")
+        self.frame = self.keeper.execute("PRAGMA page_size").fetchone()[0] + 24
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from django.db import connection
+
+        from django_delayjobs import walcheckpoint
+
+        size = self.wal.stat().st_size if self.wal.exists() else 0
+        self.written = max(0, size - 32) // self.frame  # a 32-byte header, then the frames
+        walcheckpoint.give_back()
+        connection.close()
+        self.keeper.close()
 
 
 @contextmanager
@@ -100,12 +149,18 @@ def main() -> None:
         "--profile", nargs="?", const="tottime", choices=("tottime", "cumulative"),
         help="cProfile instead of timers, by own time (default) or cumulative time",
     )  # fmt: skip
+    parser.add_argument("--wal", action="store_true", help="count WAL pages (SQLite)")
     args = parser.parse_args()
+    if args.wal and args.database_url:
+        parser.error("--wal counts SQLite's WAL pages: leave out --database-url")
     with private_environment("hotpath", args.database_url):
-        run(args.n, args.profile)
+        run(args.n, args.profile, args.wal)
 
 
-def run(n: int, profile: str | None) -> None:
+COMMIT = "commit"
+
+
+def run(n: int, profile: str | None, wal: bool) -> None:
     from peers.delayjobs_peer import Adapter
 
     adapter = Adapter()
@@ -134,10 +189,11 @@ def run(n: int, profile: str | None) -> None:
             (services, "build_job", "build_job (validate, build the row)"),
             (services, "_insert", "insert the job and its event"),
             (sql, "insert_events", "  the event"),
-            (BaseDatabaseWrapper, "commit", "commit"),
+            (BaseDatabaseWrapper, "commit", COMMIT),
             (Engine, "add", "engine.add (one Redis round trip)"),
         ],
         profile,
+        wal,
     )
     now = time.time()
     adapter.schedule_batch([(f"d{i}", now) for i in range(n)])
@@ -154,10 +210,11 @@ def run(n: int, profile: str | None) -> None:
             (peers.common, "record", "  the job itself (RPUSH)"),
             (sql, "update_fenced", "  fenced outcome UPDATE"),
             (sql, "insert_events", "events (started, succeeded), in both"),
-            (BaseDatabaseWrapper, "commit", "commits (claim, outcome), in both"),
+            (BaseDatabaseWrapper, "commit", COMMIT),
             (Engine, "ack", "Redis ack (one call per batch)"),
         ],
         profile,
+        wal,
     )
 
 
