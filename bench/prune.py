@@ -390,6 +390,7 @@ def main() -> None:
     }
     workdir = Path(tempfile.mkdtemp(prefix="bench-prune-"))
     server = EmbeddedRedis(workdir / "redis")
+    logging_on = False  # the server's statement log (--statement-log)
     try:
         os.environ.update({
             "BENCH_REDIS_URL": server.start(),
@@ -433,6 +434,7 @@ def main() -> None:
         if args.statement_log:
             log_offset = args.statement_log.stat().st_size
             log_statements(connection, True)
+            logging_on = True
         with harness.worker("prune", adapter.worker_cmd(args.concurrency)):
             # (a) no pruning: one window
             report["load_a_start"] = load()
@@ -530,6 +532,7 @@ def main() -> None:
             report["p99_ratio_c"] = round(report["b"]["p99_ms"] / report["c"]["p99_ms"], 2)
         if args.statement_log:
             log_statements(connection, False)
+            logging_on = False
             where = {"path": str(args.statement_log), "offset": log_offset,
                      "prune_start": prune_start, "prune_end": prune_end}  # fmt: skip
             report["statement_log"] = where
@@ -541,9 +544,15 @@ def main() -> None:
         if args.out:
             args.out.write_text(json.dumps(report, indent=2))
     finally:
-        if args.statement_log:
-            with contextlib.suppress(Exception):
+        if logging_on:  # a run that stopped early: left on, it logs every statement
+            from django.db import DatabaseError
+
+            try:
                 log_statements(connection, False)
+            except DatabaseError as exc:
+                name = connection.settings_dict["NAME"]
+                print(f"could not turn the statement log off ({exc}); run: ALTER DATABASE"
+                      f" {name} RESET log_min_duration_statement", file=sys.stderr)  # fmt: skip
         server.close()
 
 
