@@ -105,6 +105,10 @@ class Settings:
     RECONCILE_HORIZON_SECONDS: float = setting(300.0, 1, 366 * 86_400)
     HEARTBEAT_SECONDS: float = setting(10.0, 0.1, 3600)
     SHUTDOWN_GRACE_SECONDS: float = setting(30.0, 0, 86_400)
+    #: The longest an action may run: past it the attempt fails and the worker process
+    #: exits 1 for its supervisor to restart it (a running thread cannot be stopped).
+    #: None: no limit.
+    MAX_RUN_SECONDS: float | None = setting(3600.0, 1, 30 * 86_400)
     BATCH_SIZE: int = setting(1000, 1, 5000)
     PREFETCH: int = setting(10, 1, 5000)
     #: The most bytes of JSON a job stores for its arguments (args and kwargs together)

@@ -50,6 +50,11 @@ class GiveUp(DelayJobsError):
     left (a 404 from a callback's receiver, say)."""
 
 
+class TimeLimitExceeded(DelayJobsError):
+    """The failure recorded for an attempt whose action ran past ``MAX_RUN_SECONDS`` (the
+    worker records it; the action itself is not interrupted)."""
+
+
 __all__ = [
     "AlreadyRunning",
     "ConfigurationError",
@@ -59,5 +64,6 @@ __all__ = [
     "InvalidSchedule",
     "NotDelayable",
     "Retry",
+    "TimeLimitExceeded",
     "UnknownAction",
 ]

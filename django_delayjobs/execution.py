@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from . import serialization, signals, sql
 from .conf import delayjobs_settings
-from .exceptions import GiveUp, Retry, UnknownAction
+from .exceptions import GiveUp, Retry, TimeLimitExceeded, UnknownAction
 from .logs import job_fields
 from .models import ACTIVE, EventKind, Job, Status
 from .outcomes import Outcome, Result, after_failure
@@ -87,9 +87,9 @@ class Connection:
 
 
 def describe(exc: BaseException) -> str:
-    """The history's text for a failure: the message of a deliberate ``Retry``/``GiveUp``,
-    the traceback of anything else."""
-    if isinstance(exc, Retry | GiveUp):
+    """The history's text for a failure: the message of a deliberate ``Retry``/``GiveUp``
+    and of a ``TimeLimitExceeded``, the traceback of anything else."""
+    if isinstance(exc, Retry | GiveUp | TimeLimitExceeded):
         return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return "".join(traceback.format_exception(exc))
 
@@ -124,6 +124,8 @@ class Execution:
         self.claimed = claimed
         self.then = then
         self.next_job: Job | None = None
+        #: When the action started (``time.monotonic()``), while it runs; else None.
+        self.running_since: float | None = None
 
     def run(self) -> Result:
         """Process the job and return what became of it. Never raises for the job's sake."""
@@ -189,7 +191,8 @@ class Execution:
             return self.finish(Outcome.DEAD, (
                 f"attempt {job.attempts} was delivered {job.deliveries} time(s) and never "
                 "recorded an outcome: its worker was lost each time (killed, out of memory, "
-                "or the action ends the process). Requeue it once the cause is fixed."
+                "stopped when the action ran past MAX_RUN_SECONDS, or the action ends the "
+                "process). Requeue it once the cause is fixed."
             ))  # fmt: skip
         if job.attempts >= job.max_attempts:
             return self.finish(Outcome.DEAD, "no attempts left", fence=False)
@@ -305,6 +308,7 @@ class Execution:
     ) -> Any:
         """Run the action; return its value as stored (JSON), or raise."""
         job_token, notes_token = current_job.set(self.job), _notes.set(notes)
+        self.running_since = time.monotonic()
         try:
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):
@@ -316,8 +320,21 @@ class Execution:
             serialization.check_size((stored,), "the action's return value", limit)
             return stored
         finally:
+            self.running_since = None
             current_job.reset(job_token)
             _notes.reset(notes_token)
+
+    def overran(self, limit: float) -> Result:
+        """Fail this attempt from another thread: its action has run for more than
+        ``limit`` seconds and is still running. Fenced like every outcome, so whichever of
+        this and the action's own outcome comes second is overtaken (and, for the action,
+        rolled back)."""
+        error = TimeLimitExceeded(
+            f"the action ran for more than {limit:g} s (MAX_RUN_SECONDS); the attempt was "
+            "failed and the worker process exited, for its supervisor to start a new one "
+            "(a running action cannot be stopped)"
+        )
+        return self.failed(error, [], limit)
 
     # -- outcomes ------------------------------------------------------------------
 

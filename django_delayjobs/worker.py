@@ -7,7 +7,10 @@ claimed but not started; a second one exits at once.
 A worker that heartbeats is a worker that works: if any of its threads dies, the process
 stops heartbeating at once, hands back what it can and exits non-zero, so that systemd,
 Kubernetes or supervisor restarts it (restarting a thread in place could hide a bug that
-kills it again and again).
+kills it again and again). The same goes for an action that runs past ``MAX_RUN_SECONDS``:
+its attempt is failed and the process exits, since a thread stuck in an action that never
+ends cannot be stopped, and a process whose threads all are would look alive and do
+nothing.
 """
 
 from __future__ import annotations
@@ -164,6 +167,7 @@ class WorkerProcess:
         self.threads: list[threading.Thread] = []
         # job id -> shard (the queue, for a queue of 1), for the ids this process holds
         self.held: dict[str, str] = {}
+        self.running: dict[int, Execution] = {}  # by worker thread (guarded by held_lock)
         self.turn = itertools.count()  # which shard of a queue a claim tries first
         self.held_lock = threading.Lock()
         self.lease_ms = delayjobs_settings.LEASE_SECONDS * 1000
@@ -264,6 +268,9 @@ class WorkerProcess:
             except BaseException as exc:  # a loop only ends like this through a bug
                 logger.critical("thread %s died", name, exc_info=True)
                 self.die(f"thread {name} died: {exc!r}")
+            finally:  # this thread's connections, however its loop ended
+                with contextlib.suppress(DatabaseError):  # a database that is gone
+                    connections.close_all()
 
         return run
 
@@ -409,12 +416,17 @@ class WorkerProcess:
         """Run one job (``claimed``: its row, if the previous job claimed it); return the
         row of ``then`` if this job's outcome transaction claimed it."""
         execution = Execution(queue, job_id, self.id, claimed=claimed, then=then)
+        thread = threading.get_ident()
+        with self.held_lock:
+            self.running[thread] = execution
         try:
             result = execution.run()
         except Exception:  # a bug in this package: keep the thread, try the job later
             logger.exception("job %s: unexpected error; handing it back", job_id)
             result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
         finally:
+            with self.held_lock:
+                del self.running[thread]
             keep_connections()
         settle(self.engine, queue, job_id, result, ack, self.outage)
         self.stats.record(result)
@@ -466,6 +478,7 @@ class WorkerProcess:
         while not self.stopped.is_set():
             now = time.monotonic()
             try:
+                self.check_run_times()
                 if now - last_leases >= leases_every:
                     last_leases = now
                     self.extend_leases()
@@ -487,7 +500,6 @@ class WorkerProcess:
                 last_status = now
                 logger.info("status: %s", self.stats.line())
             self.stopped.wait(min(leases_every, METRICS_FLUSH_SECONDS))
-        connections.close_all()  # this thread's (check_owner reads the database)
 
     def check_owner(self) -> None:
         """After Redis lost its data another deployment may have claimed this PREFIX."""
@@ -499,6 +511,37 @@ class WorkerProcess:
             self.die(str(exc))
         finally:
             close_old_connections()  # this thread's connection: closed between beats
+
+    def check_run_times(self) -> None:
+        """Fail the attempt of an action that has run past ``MAX_RUN_SECONDS``, and stop."""
+        limit = delayjobs_settings.MAX_RUN_SECONDS
+        if limit is None or self.fatal is not None:
+            return
+        now = time.monotonic()
+        with self.held_lock:
+            over = [e for e in self.running.values()
+                    if e.running_since is not None and now - e.running_since > limit]  # fmt: skip
+        for execution in over:
+            self.overran(execution, limit)
+
+    def overran(self, execution: Execution, limit: float) -> None:
+        job_id, queue = execution.job_id, execution.queue
+        try:
+            result = execution.overran(limit)
+        except DatabaseError as exc:  # its lease runs out once this process has exited
+            logger.error("job %s ran past MAX_RUN_SECONDS; its failure could not be recorded "
+                         "(%s)", job_id, exc)  # fmt: skip
+        else:
+            if result.outcome == Outcome.OVERTAKEN and execution.running_since is None:
+                return  # it ended meanwhile, and its own outcome came first
+            if result.outcome != Outcome.OVERTAKEN:
+                with self.held_lock:
+                    self.held.pop(job_id, None)
+                settle(self.engine, queue, job_id, result, outage=self.outage)
+                self.stats.record(result)
+                log_outcome(queue, job_id, result)
+        action = execution.job.action if execution.job is not None else "?"
+        self.die(f"job {job_id} ({action}) ran past MAX_RUN_SECONDS ({limit:g} s)")
 
     def extend_leases(self) -> None:
         with self.held_lock:

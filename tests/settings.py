@@ -94,6 +94,9 @@ DELAYJOBS = {
 }
 if os.environ.get("DELAYJOBS_PRUNE_AFTER_SECONDS"):  # a worker started by a retention test
     DELAYJOBS["PRUNE_AFTER_SECONDS"] = float(os.environ["DELAYJOBS_PRUNE_AFTER_SECONDS"])
+for _name in ("MAX_RUN_SECONDS", "SHUTDOWN_GRACE_SECONDS"):  # a worker started by a test
+    if os.environ.get(f"DELAYJOBS_{_name}"):
+        DELAYJOBS[_name] = float(os.environ[f"DELAYJOBS_{_name}"])
 if os.environ.get("DELAYJOBS_METRICS_TOKEN"):  # a worker started by a metrics test
     DELAYJOBS["METRICS_TOKEN"] = os.environ["DELAYJOBS_METRICS_TOKEN"]
     DELAYJOBS["METRICS_ACTIONS"] = json.loads(os.environ.get("DELAYJOBS_METRICS_ACTIONS", "[]"))

@@ -185,6 +185,33 @@ def test_a_dying_thread_takes_the_process_down_and_its_heartbeat_with_it(redis_u
     assert get_engine().stats("default").live_workers == 0
 
 
+def test_an_action_that_never_ends_stops_its_worker_past_max_run_seconds(redis_url, tmp_path):
+    """A worker whose only thread is stuck in an action would heartbeat and do nothing.
+    Past MAX_RUN_SECONDS it exits 1 instead, for its supervisor to start another, and the
+    job is not lost: its failure is recorded, or (SQLite, whose write lock the action's
+    transaction holds) the same attempt is delivered again."""
+    env = {"DELAYJOBS_MAX_RUN_SECONDS": "1", "DELAYJOBS_SHUTDOWN_GRACE_SECONDS": "1",
+           "DELAYJOBS_SQLITE_TIMEOUT": "2"}  # fmt: skip
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.slow, in_=0, args=["never", 600.0])
+        assert worker.wait(30) == 1
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    log = (tmp_path / "w.log").read_text()
+    assert f"job {job.pk} (" in log and "ran past MAX_RUN_SECONDS (1 s)" in log, log
+    stats = get_engine().stats("default")
+    assert stats.live_workers == 0
+    job.refresh_from_db()
+    if connection.vendor == "sqlite":
+        assert job.status == Status.RUNNING and stats.pending + stats.in_flight == 1
+    else:
+        assert job.status == Status.RETRYING and "MAX_RUN_SECONDS" in job.last_error
+        assert (stats.in_flight, stats.pending) == (0, 1)
+
+
 def test_a_job_that_kills_its_worker_every_time_ends_dead(redis_url, tmp_path):
     env = {"DELAYJOBS_LEASE_SECONDS": "1"}
     job = schedule(tasks.end_process, in_=0, args=[9])

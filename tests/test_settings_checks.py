@@ -23,6 +23,7 @@ def test_valid_settings_pass(settings):
     cluster = {"REDIS_CLUSTER": True, "REDIS_URL": "rediss://user:pw@node-1:7000/0",
                "QUEUE_SHARDS": {"orders": 6, "mail": 1, "bulk": 64}}  # fmt: skip
     assert ids(cluster, settings) == []
+    assert ids({"MAX_RUN_SECONDS": None}, settings) == []  # no limit
 
 
 def test_a_bad_shard_count_is_named_in_the_message(settings):
@@ -64,6 +65,9 @@ def test_cluster_mode_refuses_a_cache_that_is_not_a_cluster_client(settings, red
     [
         ({"REDIS_ULR": "redis://x"}, "django_delayjobs.E002"),
         ({"LEASE_SECONDS": 0}, "django_delayjobs.E003"),
+        ({"MAX_RUN_SECONDS": 0}, "django_delayjobs.E006"),
+        ({"MAX_RUN_SECONDS": "60"}, "django_delayjobs.E006"),
+        ({"MAX_RUN_SECONDS": float("inf")}, "django_delayjobs.E006"),
         ({"TICK_SECONDS": "1"}, "django_delayjobs.E003"),
         ({"MAX_ATTEMPTS": 0}, "django_delayjobs.E004"),
         ({"BATCH_SIZE": 10_000}, "django_delayjobs.E004"),

@@ -21,7 +21,7 @@ from django_delayjobs import schedule, schedule_many, walcheckpoint
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
-from django_delayjobs.worker import Options, WorkerProcess
+from django_delayjobs.worker import Options, WorkerDied, WorkerProcess
 from tests.helpers import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record, Thing
@@ -418,6 +418,69 @@ def test_a_success_refused_at_commit_leaves_the_next_job_of_the_batch_to_its_own
     assert list(Record.objects.values_list("label", flat=True)) == ["following ran"]
     stats = get_engine().stats("default")
     assert (stats.ready, stats.in_flight, stats.pending) == (0, 0, 0)
+
+
+def run_past_the_limit(job: Job) -> float:
+    """Run a worker with MAX_RUN_SECONDS = 1 until it stops with an error; the seconds
+    that took (the shutdown grace lets an action that ends within it end)."""
+    process = WorkerProcess(get_engine(), Options(queues=["default"], burst=True))
+    started = time.monotonic()
+    with pytest.raises(WorkerDied, match=r"ran past MAX_RUN_SECONDS \(1 s\)"):
+        process.run()
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("max_attempts", [2, 1])
+def test_an_action_past_max_run_seconds_fails_its_attempt_and_stops_the_worker(
+    settings, max_attempts
+):
+    """A running action cannot be stopped: past MAX_RUN_SECONDS the housekeeping thread
+    fails its attempt and the process stops with an error, for its supervisor to start a
+    new one. The failure is fenced like any outcome: the action, when it ends within the
+    shutdown grace, finds its delivery overtaken. (Not atomic: no transaction of its own
+    holds SQLite's write lock meanwhile; its write outside one stays, as always.)"""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "MAX_RUN_SECONDS": 1,
+                          "SHUTDOWN_GRACE_SECONDS": 30}  # fmt: skip
+    job = schedule(tasks.slow_outside, in_=0, args=["late", 3.0], max_attempts=max_attempts)
+    assert run_past_the_limit(job) >= 3.0  # the grace let the action end
+    job.refresh_from_db()
+    assert job.status == (Status.RETRYING if max_attempts == 2 else Status.DEAD)
+    assert job.attempts == 1
+    assert job.last_error.startswith("TimeLimitExceeded: the action ran for more than 1 s")
+    kinds = list(job.events.values_list("kind", flat=True))
+    assert kinds == ["scheduled", "started", "failed", *(["dead"] if max_attempts == 1 else [])]
+    assert Record.objects.filter(label="late").count() == 1  # it did end, once
+    stats = get_engine().stats("default")
+    assert (stats.in_flight, stats.live_workers) == (0, 0)
+    assert (stats.pending, stats.garbage) == ((1, 0) if max_attempts == 2 else (0, 1))
+
+
+def test_an_atomic_action_past_max_run_seconds_rolls_back_or_on_sqlite_waits(settings):
+    """An atomic action's transaction is open while it runs. On PostgreSQL the failure is
+    written beside it, and the action's own outcome, once it ends, is overtaken and rolls
+    its write back. SQLite has one write lock, which the action's transaction holds from
+    its start (BEGIN IMMEDIATE here): the failure waits for it, so an action that ends
+    within the database's busy timeout keeps its own outcome."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "MAX_RUN_SECONDS": 1,
+                          "SHUTDOWN_GRACE_SECONDS": 30}  # fmt: skip
+    job = schedule(tasks.slow, in_=0, args=["late", 3.0])
+    if connection.vendor == "sqlite":
+        burst()  # no error: the action's outcome came first, and nothing is stuck
+        assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+        assert Record.objects.filter(label="late").exists()
+        return
+    assert run_past_the_limit(job) >= 3.0
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING and "MAX_RUN_SECONDS" in job.last_error
+    assert not Record.objects.exists()  # rolled back with its late outcome
+
+
+def test_an_action_that_ends_within_max_run_seconds_is_not_touched(settings):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "MAX_RUN_SECONDS": 2}
+    job = schedule(tasks.slow, in_=0, args=["in time", 1.0])
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.SUCCEEDED and Record.objects.filter(label="in time").exists()
 
 
 def test_a_second_signal_inside_the_first_ones_log_call_exits(monkeypatch):

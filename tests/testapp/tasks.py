@@ -233,6 +233,13 @@ def chaos_step(n: int, plan: str, seconds: float) -> int:
 
 
 @delayable(atomic=False)
+def slow_outside(label: str, seconds: float) -> None:
+    """Not atomic, and slow: sleeps, then writes a row outside any transaction."""
+    time.sleep(seconds)
+    Record.objects.create(label=label)
+
+
+@delayable(atomic=False)
 def outside_call(label: str, fail: bool) -> bool:
     """Not atomic: runs outside any transaction; its writes stay even when it fails."""
     Record.objects.create(label=label)
