@@ -525,23 +525,24 @@ class WorkerProcess:
             self.overran(execution, limit)
 
     def overran(self, execution: Execution, limit: float) -> None:
+        """Stop first: writing the failure may wait on a lock the stuck action holds (its
+        job's row, or SQLite's write lock) for as long as it runs, and the process exits
+        after the shutdown grace whether or not this thread is done."""
         job_id, queue = execution.job_id, execution.queue
+        action = execution.job.action if execution.job is not None else "?"
+        self.die(f"job {job_id} ({action}) ran past MAX_RUN_SECONDS ({limit:g} s)")
         try:
             result = execution.overran(limit)
         except DatabaseError as exc:  # its lease runs out once this process has exited
             logger.error("job %s ran past MAX_RUN_SECONDS; its failure could not be recorded "
                          "(%s)", job_id, exc)  # fmt: skip
-        else:
-            if result.outcome == Outcome.OVERTAKEN and execution.running_since is None:
-                return  # it ended meanwhile, and its own outcome came first
-            if result.outcome != Outcome.OVERTAKEN:
-                with self.held_lock:
-                    self.held.pop(job_id, None)
-                settle(self.engine, queue, job_id, result, outage=self.outage)
-                self.stats.record(result)
-                log_outcome(queue, job_id, result)
-        action = execution.job.action if execution.job is not None else "?"
-        self.die(f"job {job_id} ({action}) ran past MAX_RUN_SECONDS ({limit:g} s)")
+            return
+        if result.outcome != Outcome.OVERTAKEN:  # overtaken: its own outcome came first
+            with self.held_lock:
+                self.held.pop(job_id, None)
+            settle(self.engine, queue, job_id, result, outage=self.outage)
+            self.stats.record(result)
+            log_outcome(queue, job_id, result)
 
     def extend_leases(self) -> None:
         with self.held_lock:

@@ -212,6 +212,26 @@ def test_an_action_that_never_ends_stops_its_worker_past_max_run_seconds(redis_u
         assert (stats.in_flight, stats.pending) == (0, 1)
 
 
+def test_a_stuck_action_that_locks_its_own_row_still_stops_its_worker(redis_url, tmp_path):
+    """The failure cannot be written while the action holds its row's lock (on SQLite,
+    the write lock) and never ends: the worker stops first, so it exits all the same, and
+    the same attempt is delivered again later."""
+    env = {"DELAYJOBS_MAX_RUN_SECONDS": "1", "DELAYJOBS_SHUTDOWN_GRACE_SECONDS": "1"}
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.lock_own_row_then_sleep, in_=0, args=[600.0])
+        assert worker.wait(30) == 1
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert "ran past MAX_RUN_SECONDS (1 s)" in (tmp_path / "w.log").read_text()
+    stats = get_engine().stats("default")
+    assert stats.live_workers == 0
+    job.refresh_from_db()
+    assert job.status == Status.RUNNING and stats.pending + stats.in_flight == 1
+
+
 def test_a_job_that_kills_its_worker_every_time_ends_dead(redis_url, tmp_path):
     env = {"DELAYJOBS_LEASE_SECONDS": "1"}
     job = schedule(tasks.end_process, in_=0, args=[9])

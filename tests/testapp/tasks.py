@@ -232,6 +232,19 @@ def chaos_step(n: int, plan: str, seconds: float) -> int:
     return n
 
 
+@delayable
+def lock_own_row_then_sleep(seconds: float) -> None:
+    """Locks its own job's row (PostgreSQL; SQLite's transaction holds the write lock
+    anyway), then sleeps: nobody else can write that row until it ends."""
+    from django_delayjobs.execution import current_job
+    from django_delayjobs.models import Job
+
+    job = current_job.get()
+    assert job is not None
+    Job.objects.select_for_update().get(pk=job.pk)
+    time.sleep(seconds)
+
+
 @delayable(atomic=False)
 def slow_outside(label: str, seconds: float) -> None:
     """Not atomic, and slow: sleeps, then writes a row outside any transaction."""
