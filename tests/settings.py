@@ -92,9 +92,8 @@ DELAYJOBS = {
     "REDIS_CLUSTER": os.environ.get("DELAYJOBS_TEST_REDIS_CLUSTER") == "1",
     "QUEUE_SHARDS": json.loads(os.environ.get("DELAYJOBS_TEST_QUEUE_SHARDS") or "{}"),
 }
-if os.environ.get("DELAYJOBS_PRUNE_AFTER_SECONDS"):  # a worker started by a retention test
-    DELAYJOBS["PRUNE_AFTER_SECONDS"] = float(os.environ["DELAYJOBS_PRUNE_AFTER_SECONDS"])
-for _name in ("MAX_RUN_SECONDS", "SHUTDOWN_GRACE_SECONDS"):  # a worker started by a test
+# A worker started by a retention or MAX_RUN_SECONDS test.
+for _name in ("PRUNE_AFTER_SECONDS", "MAX_RUN_SECONDS", "SHUTDOWN_GRACE_SECONDS"):
     if os.environ.get(f"DELAYJOBS_{_name}"):
         DELAYJOBS[_name] = float(os.environ[f"DELAYJOBS_{_name}"])
 if os.environ.get("DELAYJOBS_METRICS_TOKEN"):  # a worker started by a metrics test
