@@ -50,6 +50,25 @@ def kill_worker_connections() -> int:
         return len(cursor.fetchall())
 
 
+def unfinished(limit: int = 20) -> str:
+    """What the database and Redis say of the jobs that have not finished: for a timeout."""
+    client, keys = get_engine().client, get_engine().keys("default")
+    out = []
+    for job in Job.objects.exclude(status__in=FINISHED).order_by("run_at")[:limit]:
+        held = [name for name, key in (("pending", keys.pending), ("unack", keys.unack),
+                                       ("garbage", keys.garbage))
+                if client.zscore(key, str(job.pk)) is not None]  # fmt: skip
+        if client.sismember(keys.ready_set, str(job.pk)):
+            held.append("ready")
+        events = job.events.order_by("at", "pk").values_list("kind", "attempt", "actor", "at")
+        out.append(
+            f"{job.pk} {job.status} attempts={job.attempts} deliveries={job.deliveries} "
+            f"run_at={job.run_at:%H:%M:%S.%f} worker={job.worker!r} in Redis: {held}\n  "
+            + "\n  ".join(f"{a:%H:%M:%S.%f} {k} #{n} {who}" for k, n, who, a in events)
+        )
+    return "\n".join(out)
+
+
 def log_tail(path: Path, lines: int = 60) -> str:
     return f"--- the last {lines} lines of {path.name}:\n" + "\n".join(
         path.read_text(errors="replace").splitlines()[-lines:])  # fmt: skip
@@ -57,6 +76,10 @@ def log_tail(path: Path, lines: int = 60) -> str:
 
 def test_chaos(tmp_path, settings):
     rng = random.Random(os.environ.get("DELAYJOBS_CHAOS_SEED", "2026"))
+    # A fault every 0.3-1.5 s, Redis down up to 0.5 s; DELAYJOBS_CHAOS_FAST=1 (by hand):
+    # every 0.05-0.3 s, down up to 0.1 s.
+    fast = bool(os.environ.get("DELAYJOBS_CHAOS_FAST"))
+    pause, outage = ((0.05, 0.3), 0.1) if fast else ((0.3, 1.5), 0.5)
     server = EmbeddedRedis(tmp_path / "redis")
     url = server.start()
     settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
@@ -78,13 +101,19 @@ def test_chaos(tmp_path, settings):
             )  # fmt: skip
         deadline = time.monotonic() + 300
         while Job.objects.exclude(status__in=FINISHED).exists():
-            assert time.monotonic() < deadline, "jobs still unfinished after 5 minutes"
-            time.sleep(rng.uniform(0.3, 1.5))
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    "jobs still unfinished after 5 minutes:\n"
+                    + unfinished()
+                    + "\n"
+                    + "\n".join(log_tail(tmp_path / f"w{n}.log") for n in range(2))
+                )
+            time.sleep(rng.uniform(*pause))
             if rng.random() < 0.6:
                 faults["connections killed"] += kill_worker_connections()
             else:
                 server.stop()  # no persistence: Redis comes back empty
-                time.sleep(rng.uniform(0, 0.5))
+                time.sleep(rng.uniform(0, outage))
                 server.start()
                 faults["redis restarts"] += 1
         dead = {n: w.returncode for n, w in enumerate(workers) if w.poll() is not None}
