@@ -18,6 +18,7 @@ import time
 import uuid
 
 import pytest
+import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, transaction
@@ -170,6 +171,43 @@ def test_outcome_signals_are_sent_when_redis_is_gone_at_that_moment(tmp_path, se
     finally:
         assert stop(worker) == 0
         server.close()
+
+
+def test_a_full_redis_delays_jobs_but_loses_none_and_kills_no_worker(tmp_path, settings):
+    """Redis at maxmemory with noeviction refuses every command that would grow it: adds,
+    heartbeats, leases. Nothing may be lost or crash meanwhile; once it has room again,
+    reconcile puts back what Redis refused, and every job runs once."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    url = server.start()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
+    client = redis.Redis.from_url(url)
+    env = {"DELAYJOBS_RECONCILE_SECONDS": "1"}
+    worker = start_worker(url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        early = schedule(tasks.record, in_=1, args=["early"])  # pending as Redis fills up
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        with pytest.raises(redis.ResponseError, match="maxmemory"):
+            client.set("probe", "x")
+        jobs = [schedule(tasks.record, in_=0, args=[f"full{n}"]) for n in range(10)]
+        time.sleep(3)  # three reconcile sweeps, three heartbeats refused
+        assert worker.poll() is None
+        assert (
+            Job.objects.filter(pk__in=[j.pk for j in jobs], status=Status.SCHEDULED).count() == 10
+        )
+        client.config_set("maxmemory", 0)
+        wait_for(lambda: Record.objects.filter(label__startswith="full").count() == 10, 30)
+        wait_for(lambda: status(early) == Status.SUCCEEDED)
+        wait_for(live_workers)
+    finally:
+        code = stop(worker)
+        server.close()
+    assert code == 0
+    assert Record.objects.count() == 11  # each once
+    log = (tmp_path / "w.log").read_text()
+    assert "Redis refused the command" in log and "maxmemory" in log, log
+    assert "unreachable" not in log and "Traceback" not in log, log  # full, not gone
 
 
 def test_a_dying_thread_takes_the_process_down_and_its_heartbeat_with_it(redis_url, tmp_path):

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
-import redis
 from redis.commands.core import Script
-from redis.exceptions import RedisClusterException
 
 from . import sharding
 from .directory import Directory
-from .errors import EngineUnavailable
+from .errors import guarded
 from .keys import QueueKeys, validate_name
 from .results import QueueStats, merge_stats
 from .routing import Router
@@ -26,7 +24,6 @@ from .validation import check_ids as _ids
 from .validation import opt_int as _opt_int
 from .validation import text as _text
 
-T = TypeVar("T")
 Rows = list[tuple[bytes, float]]  # a WITHSCORES reply
 
 
@@ -40,6 +37,7 @@ class Reader:
     """What every engine method stands on: the client, the shard router, error wrapping."""
 
     _scripts: dict[str, Script]
+    _call = staticmethod(guarded)  # every Redis error becomes EngineUnavailable
 
     def __init__(self, client: Any, prefix: str, shards: Mapping[str, int] | int) -> None:
         self.client = client
@@ -52,16 +50,6 @@ class Reader:
         # Outside every queue's hash tag on purpose: a directory, written beside the
         # scripts (not inside them) so each script still touches a single slot.
         return f"{{{self.prefix}}}:queues"
-
-    def _call(self, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise EngineUnavailable(f"Redis is unreachable: {exc}") from exc
-        except redis.ResponseError as exc:
-            raise EngineUnavailable(f"Redis refused the command: {exc}") from exc
-        except (redis.RedisError, RedisClusterException) as exc:  # ClusterDown, no slots...
-            raise EngineUnavailable(f"the Redis Cluster cannot serve: {exc}") from exc
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[str | float]) -> Any:
         return self._call(lambda: self._scripts[name](keys=keys, args=args))

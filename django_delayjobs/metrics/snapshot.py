@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, cast
 from .. import timing
 from ..conf import delayjobs_settings
 from ..engine import QueueStats
+from ..engine.errors import guarded
 from ..models import Job
 from . import layout, store
 
@@ -84,7 +85,7 @@ def _ready_head_due_ms(engine: Engine, queue: str) -> float | None:
         live = engine.client.smismember(keys.ready_set, entries)
         return [e for e, ok in zip(entries, live, strict=True) if ok]
 
-    for entry in store.guarded(head)[:1]:
+    for entry in guarded(head)[:1]:
         try:
             pk = uuid.UUID(entry.decode())
         except ValueError:

@@ -10,26 +10,16 @@ reset that a Redis which lost its data brings).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
-import redis
-
-from ..engine import EngineUnavailable
+from ..engine.errors import guarded
 from . import layout
 
 if TYPE_CHECKING:
     from ..engine import Engine
 
-T = TypeVar("T")
 Fields = dict[str, float]
-
-
-def guarded(fn: Callable[[], T]) -> T:
-    try:
-        return fn()
-    except redis.RedisError as exc:
-        raise EngineUnavailable(f"Redis is unreachable: {exc}") from exc
 
 
 def totals_key(engine: Engine, queue: str) -> str:
