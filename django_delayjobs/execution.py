@@ -164,9 +164,11 @@ class Execution:
         except (OperationalError, InterfaceError) as exc:
             return self.hand_back(exc)  # nothing was written: no attempt, no delivery used
         except Exception as exc:
-            if not self.poisoned():
-                raise  # a bug here, not the row's fault
-            return self.bury_unreadable(exc)
+            if self.poisoned():
+                return self.bury_unreadable(exc)
+            if isinstance(exc, DatabaseError):  # it refuses writes (read-only, permissions)
+                return self.hand_back(exc)
+            raise  # a bug here, not the row's fault
 
     def started_message(self, job: Job) -> str:
         text = f"attempt {job.attempts} of {job.max_attempts}"
@@ -192,7 +194,8 @@ class Execution:
                 f"attempt {job.attempts} was delivered {job.deliveries} time(s) and never "
                 "recorded an outcome: its worker was lost each time (killed, out of memory, "
                 "stopped when the action ran past MAX_RUN_SECONDS, or the action ends the "
-                "process). Requeue it once the cause is fixed."
+                "process), or the database refused to record it. Requeue it once the cause "
+                "is fixed."
             ))  # fmt: skip
         if job.attempts >= job.max_attempts:
             return self.finish(Outcome.DEAD, "no attempts left", fence=False)
@@ -378,7 +381,6 @@ class Execution:
         fence: bool = True,
     ) -> Result:
         """Write an outcome and its events in one transaction; the fence decides."""
-        connection = Connection()
         try:
             with transaction.atomic(using=sql.db()):
                 if fence:
@@ -388,10 +390,8 @@ class Execution:
                 if won:
                     for kind, message in events:
                         self.event(job, kind, message)
-        except Exception as exc:
-            if connection.lost(exc):
-                return self.hand_back(exc)
-            raise
+        except DatabaseError as exc:  # lost, or refusing writes: the outcome is not the job's
+            return self.hand_back(exc)
         if not won:
             return Result(Outcome.OVERTAKEN, job)
         job.status = values["status"]

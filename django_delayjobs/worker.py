@@ -122,6 +122,14 @@ def keep_connections() -> None:
             conn.close_if_unusable_or_obsolete()
 
 
+def drop_connections() -> None:
+    """Close this thread's database connections whatever their state, so that the next
+    call opens a new one: after a failure or a refusal (a session left read-only, a
+    standby reached during a failover) a kept connection could refuse every claim."""
+    with contextlib.suppress(DatabaseError):  # a database that is gone
+        connections.close_all()
+
+
 class Backoff:
     """Sleep longer after each consecutive infrastructure error (Redis or database down);
     one log line when an outage starts and one when it ends, not one per failed call.
@@ -269,8 +277,7 @@ class WorkerProcess:
                 logger.critical("thread %s died", name, exc_info=True)
                 self.die(f"thread {name} died: {exc!r}")
             finally:  # this thread's connections, however its loop ended
-                with contextlib.suppress(DatabaseError):  # a database that is gone
-                    connections.close_all()
+                drop_connections()
 
         return run
 
@@ -298,7 +305,7 @@ class WorkerProcess:
                 backoff.failed("Redis is unavailable", exc)
                 continue
             except DatabaseError as exc:
-                close_old_connections()
+                drop_connections()
                 backoff.failed("the database is unavailable", exc)
                 continue
             close_old_connections()
@@ -432,7 +439,7 @@ class WorkerProcess:
         self.stats.record(result)
         log_outcome(queue, job_id, result)
         if result.outcome == Outcome.HANDED_BACK:
-            close_old_connections()
+            drop_connections()
             backoff.failed("the database is unavailable", f"job {job_id} handed back")
         else:
             backoff.ok()

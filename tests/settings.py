@@ -57,6 +57,8 @@ if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
     if os.environ.get("DELAYJOBS_TEST_DB_NAME"):  # a worker process started by a test
         DATABASES["default"]["NAME"] = os.environ["DELAYJOBS_TEST_DB_NAME"]
+    if os.environ.get("DELAYJOBS_TEST_PERSISTENT_CONNECTIONS"):  # a worker that keeps them
+        DATABASES["default"]["CONN_MAX_AGE"] = None
     # Which process a session is, in pg_stat_activity (see conftest's django_db_setup).
     DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = (
         f"delayjobs-tests pid {os.getpid()}"

@@ -210,6 +210,69 @@ def test_a_full_redis_delays_jobs_but_loses_none_and_kills_no_worker(tmp_path, s
     assert "unreachable" not in log and "Traceback" not in log, log  # full, not gone
 
 
+def set_read_only(on: bool) -> None:
+    """Make new sessions of the test database read-only (or not again), as a failover
+    onto a standby would, and end the worker's sessions so that they reconnect."""
+    with connection.cursor() as cursor:
+        name = connection.ops.quote_name(connection.settings_dict["NAME"])
+        value = "SET default_transaction_read_only = on" if on else "RESET ALL"
+        cursor.execute(f"ALTER DATABASE {name} {value}")
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+            "current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+@pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
+                    reason="a read-only database (PostgreSQL)")  # fmt: skip
+def test_a_read_only_database_costs_no_attempt_and_kills_no_worker(redis_url, tmp_path):
+    worker = start_worker(redis_url, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.record, in_=1.5, args=["written"], max_attempts=1)
+        set_read_only(True)
+        try:
+            time.sleep(4)  # due, delivered, and refused a few times
+            assert worker.poll() is None
+            assert status(job) == Status.SCHEDULED
+        finally:
+            set_read_only(False)
+        wait_for(lambda: status(job) == Status.SUCCEEDED, timeout=30)
+        wait_for(live_workers)
+    finally:
+        code = stop(worker)
+    assert code == 0
+    job.refresh_from_db()
+    assert job.attempts == 1 and not job.events.filter(kind="failed").exists()
+    assert Record.objects.filter(label="written").count() == 1
+    log = (tmp_path / "w.log").read_text()
+    assert "read-only" in log and "Traceback" not in log, log
+
+
+@pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
+                    reason="a read-only session (PostgreSQL)")  # fmt: skip
+def test_an_outcome_the_database_refuses_is_handed_back_on_a_new_connection(redis_url,
+                                                                            tmp_path):  # fmt: skip
+    """An action leaves its session read-only and fails: its failure cannot be written.
+    The worker hands the job back and drops that connection, even one it would keep, so
+    its next claims are not refused too; after MAX_DELIVERIES the job is dead."""
+    env = {"DELAYJOBS_TEST_PERSISTENT_CONNECTIONS": "1", "DELAYJOBS_MAX_DELIVERIES": "3"}
+    worker = start_worker(redis_url, "--concurrency", "1", env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.read_only_session_then_fail, in_=0)
+        wait_for(lambda: status(job) == Status.DEAD, timeout=30)
+        after = schedule(tasks.record, in_=0, args=["after"])
+        wait_for(lambda: status(after) == Status.SUCCEEDED)
+    finally:
+        assert stop(worker) == 0
+    job.refresh_from_db()
+    assert (job.attempts, job.deliveries) == (1, 3)
+    assert "never recorded an outcome" in job.last_error
+    log = (tmp_path / "w.log").read_text()
+    assert "read-only transaction); handed back" in log and "Traceback" not in log, log
+
+
 def test_a_dying_thread_takes_the_process_down_and_its_heartbeat_with_it(redis_url, tmp_path):
     env = {"DELAYJOBS_TEST_BREAK_THREAD": "promoter"}
     worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")

@@ -253,6 +253,15 @@ def slow_outside(label: str, seconds: float) -> None:
 
 
 @delayable(atomic=False)
+def read_only_session_then_fail() -> None:
+    """Leave this thread's database session refusing writes, then fail: the worker cannot
+    record the failure, and a connection it kept would refuse its next claims too."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+    raise RuntimeError("the failure that cannot be written")
+
+
+@delayable(atomic=False)
 def outside_call(label: str, fail: bool) -> bool:
     """Not atomic: runs outside any transaction; its writes stay even when it fails."""
     Record.objects.create(label=label)
