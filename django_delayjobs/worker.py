@@ -211,6 +211,7 @@ class WorkerProcess:
             if any(t.is_alive() for t in workers):
                 logger.warning("actions still running after %s s; leaving them to their lease",
                                grace)  # fmt: skip
+                self.hand_back_waiting()
         finally:
             self.stopped.set()
             with contextlib.suppress(EngineUnavailable):
@@ -461,14 +462,30 @@ class WorkerProcess:
         return any(self.engine.stats(q).ready for q in self.options.queues)
 
     def hand_back(self, queue: str, ids: Sequence[str]) -> None:
-        """Return claimed ids to pending, due now; if Redis is down their leases do."""
+        """Return claimed ids that this process still holds to pending, due now (ids it
+        handed back already may be another worker's by now); if Redis is down, their
+        leases return them."""
+        with self.held_lock:
+            ids = [job_id for job_id in ids if self.held.pop(job_id, None) is not None]
+        if not ids:
+            return
         try:
             self.engine.nack(queue, dict.fromkeys(ids, self.engine.server_time_ms()))
         except EngineUnavailable as exc:
             self.outage.failed(exc)
+
+    def hand_back_waiting(self) -> None:
+        """Exiting with actions still running: hand back the ids claimed with them that
+        never started, instead of leaving them to wait for their lease to end."""
         with self.held_lock:
-            for job_id in ids:
-                self.held.pop(job_id, None)
+            running = {execution.job_id for execution in self.running.values()}
+            waiting: dict[str, list[str]] = {}
+            for job_id, shard in self.held.items():
+                if job_id not in running:
+                    waiting.setdefault(shard, []).append(job_id)
+        for shard, ids in waiting.items():
+            self.hand_back(shard, ids)
+            logger.warning("handed back %d job(s) that had not started", len(ids))
 
     # -- housekeeping ------------------------------------------------------------
 

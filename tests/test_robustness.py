@@ -16,17 +16,20 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, transaction
+from django.utils import timezone
 
-from django_delayjobs import schedule
+from django_delayjobs import schedule, schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
+from django_delayjobs.services import build_job
 from tests.helpers import ROOT, age_rows, start_worker, stop, wait_for, worker_env
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -311,6 +314,36 @@ def test_an_action_that_never_ends_stops_its_worker_past_max_run_seconds(redis_u
     else:
         assert job.status == Status.RETRYING and "MAX_RUN_SECONDS" in job.last_error
         assert (stats.in_flight, stats.pending) == (0, 1)
+
+
+def test_the_rest_of_a_stuck_threads_batch_is_handed_back_when_its_worker_exits(
+    redis_url, tmp_path
+):
+    """The ids a thread claimed with the one it is stuck in would wait in Redis for their
+    lease to end (LEASE_SECONDS, 5 minutes by default); the exiting worker hands them back."""
+    env = {"DELAYJOBS_MAX_RUN_SECONDS": "1", "DELAYJOBS_SHUTDOWN_GRACE_SECONDS": "1"}
+    worker = start_worker(redis_url, "--concurrency", "1", env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        due = timezone.now() + timedelta(seconds=1)  # promoted together, highest first
+        stuck, *rest = schedule_many(
+            [build_job(tasks.slow_outside, at=due, args=["never", 600.0], priority=10,
+                       max_attempts=1)]
+            + [build_job(tasks.record, at=due, args=[f"rest{n}"]) for n in range(3)]
+        )  # fmt: skip
+        assert worker.wait(30) == 1
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert status(stuck) == Status.DEAD and all(status(job) == Status.SCHEDULED for job in rest)
+    stats = get_engine().stats("default")
+    assert (stats.in_flight, stats.pending + stats.ready, stats.garbage) == (0, 3, 1)
+    assert "handed back 3 job(s) that had not started" in (tmp_path / "w.log").read_text()
+    second = start_worker(redis_url, log=tmp_path / "w2.log")
+    try:
+        wait_for(lambda: Record.objects.filter(label__startswith="rest").count() == 3)
+    finally:
+        assert stop(second) == 0
 
 
 def test_a_stuck_action_that_locks_its_own_row_still_stops_its_worker(redis_url, tmp_path):
