@@ -218,8 +218,9 @@ def set_read_only(on: bool) -> None:
     onto a standby would, and end the worker's sessions so that they reconnect."""
     with connection.cursor() as cursor:
         name = connection.ops.quote_name(connection.settings_dict["NAME"])
-        value = "SET default_transaction_read_only = on" if on else "RESET ALL"
-        cursor.execute(f"ALTER DATABASE {name} {value}")
+        setting = "default_transaction_read_only"
+        change = f"SET {setting} = on" if on else f"RESET {setting}"
+        cursor.execute(f"ALTER DATABASE {name} {change}")
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
             "current_database() AND pid <> pg_backend_pid()"
