@@ -1,12 +1,13 @@
 """Health checks of a deployment, shared by ``manage.py delayjobs_health`` and the
 ``health/`` view.
 
-Each check is cheap: one Redis round trip for Redis, ``SELECT 1`` for the database, and
+Each check is cheap: one Redis round trip for Redis, one ``SELECT`` for the database, and
 per queue one stats script call (counts of sorted sets, no scan) plus at most one
 primary-key lookup (the due time of the oldest ready job, as for the metrics).
 
 - ``redis``: Redis answers (its ``TIME``).
-- ``database``: the jobs' database answers ``SELECT 1``.
+- ``database``: the jobs' database answers, and (PostgreSQL) takes writes: a standby, or a
+  database with ``default_transaction_read_only``, would refuse every claim.
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
   ``run_delayworker`` that serves it, promoter-only ones too; one counts as live for three
   ``HEARTBEAT_SECONDS`` after its last beat).
@@ -122,12 +123,23 @@ def check_redis(engine: Engine) -> Check:
 
 
 def check_database() -> Check:
+    conn = connections[sql.db()]
     try:
-        with connections[sql.db()].cursor() as cursor:
-            cursor.execute("SELECT 1")
-            cursor.fetchone()
+        with conn.cursor() as cursor:
+            if conn.vendor == "postgresql":  # a standby, or default_transaction_read_only
+                cursor.execute("SELECT current_setting('transaction_read_only')")
+            else:
+                cursor.execute("SELECT 'off'")
+            read_only = cursor.fetchone()[0] == "on"
     except DatabaseError as exc:
         return Check("database", False, f"unavailable: {str(exc).strip() or type(exc).__name__}")
+    if read_only:
+        return Check(
+            "database",
+            False,
+            "refuses writes (transaction_read_only is on: a standby "
+            "server, or default_transaction_read_only), so no worker can claim a job",
+        )
     return Check("database", True, "answers")
 
 

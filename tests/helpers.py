@@ -156,3 +156,19 @@ def age_rows(minutes: float = 1.0) -> None:
     from django_delayjobs.models import Job
 
     Job.objects.update(created_at=timezone.now() - timedelta(minutes=minutes))
+
+
+def set_read_only(on: bool) -> None:
+    """Make new sessions of the test database read-only (or not again), as a failover
+    onto a standby would, and end the worker's sessions so that they reconnect."""
+    with connection.cursor() as cursor:
+        if not on:  # this session may be a read-only one, which ALTER DATABASE refuses
+            cursor.execute("SET default_transaction_read_only = off")
+        name = connection.ops.quote_name(connection.settings_dict["NAME"])
+        setting = "default_transaction_read_only"
+        change = f"SET {setting} = on" if on else f"RESET {setting}"
+        cursor.execute(f"ALTER DATABASE {name} {change}")
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+            "current_database() AND pid <> pg_backend_pid()"
+        )

@@ -10,12 +10,14 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job
+from tests.helpers import set_read_only
 from tests.test_retention import database_down
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -124,6 +126,23 @@ def test_database_down_fails(tmp_path):
     with database_down(tmp_path):
         code, lines = health()
     assert code == 1 and names(lines, "FAIL") == ["database"]
+
+
+@pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
+                    reason="a read-only database (PostgreSQL)")  # fmt: skip
+def test_a_database_that_refuses_writes_fails():
+    """A standby answers SELECT 1, yet refuses every claim: not healthy."""
+    beat()
+    set_read_only(True)
+    try:
+        connection.close()  # the next session is a read-only one
+        code, lines = health()
+    finally:
+        set_read_only(False)
+    assert code == 1 and names(lines, "FAIL") == ["database"]
+    assert "refuses writes" in next(line for line in lines if " database " in line)
+    connection.close()
+    assert health()[0] == 0
 
 
 @pytest.mark.parametrize("args", [

@@ -30,7 +30,15 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
-from tests.helpers import ROOT, age_rows, start_worker, stop, wait_for, worker_env
+from tests.helpers import (
+    ROOT,
+    age_rows,
+    set_read_only,
+    start_worker,
+    stop,
+    wait_for,
+    worker_env,
+)
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -211,20 +219,6 @@ def test_a_full_redis_delays_jobs_but_loses_none_and_kills_no_worker(tmp_path, s
     log = (tmp_path / "w.log").read_text()
     assert "Redis refused the command" in log and "maxmemory" in log, log
     assert "unreachable" not in log and "Traceback" not in log, log  # full, not gone
-
-
-def set_read_only(on: bool) -> None:
-    """Make new sessions of the test database read-only (or not again), as a failover
-    onto a standby would, and end the worker's sessions so that they reconnect."""
-    with connection.cursor() as cursor:
-        name = connection.ops.quote_name(connection.settings_dict["NAME"])
-        setting = "default_transaction_read_only"
-        change = f"SET {setting} = on" if on else f"RESET {setting}"
-        cursor.execute(f"ALTER DATABASE {name} {change}")
-        cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-            "current_database() AND pid <> pg_backend_pid()"
-        )
 
 
 @pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
