@@ -1,11 +1,12 @@
 """Health checks of a deployment, shared by ``manage.py delayjobs_health`` and the
 ``health/`` view.
 
-Each check is cheap: one Redis round trip for Redis, one ``SELECT`` for the database, and
-per queue one stats script call (counts of sorted sets, no scan) plus at most one
-primary-key lookup (the due time of the oldest ready job, as for the metrics).
+Each check is cheap: one Redis round trip for Redis (per master), one ``SELECT`` for the
+database, and per queue one stats script call (counts of sorted sets, no scan) plus at
+most one primary-key lookup (the due time of the oldest ready job, as for the metrics).
 
-- ``redis``: Redis answers (its ``TIME``).
+- ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
+  not a replica, and not at ``maxmemory`` with ``noeviction``.
 - ``database``: the jobs' database answers, and (PostgreSQL) takes writes: a standby, or a
   database with ``default_transaction_read_only``, would refuse every claim.
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
@@ -99,10 +100,10 @@ def parse_count(text: str, high: int) -> int:
 
 def run(engine: Engine, limits: Limits) -> list[Check]:
     """Run every check; never raises for an unreachable Redis or database."""
-    redis = check_redis(engine)
+    redis, reachable = check_redis(engine)
     checks = [redis, check_database()]
     for queue in limits.queues:
-        if not redis.ok:
+        if not reachable:
             why = "Redis is unavailable"
             checks += [Check(f"{kind}:{queue}", False, why) for kind in _kinds(limits)]
             continue
@@ -114,12 +115,24 @@ def _kinds(limits: Limits) -> list[str]:
     return ["workers", "overdue"] + (["garbage"] if limits.max_garbage is not None else [])
 
 
-def check_redis(engine: Engine) -> Check:
+def check_redis(engine: Engine) -> tuple[Check, bool]:
+    """Whether Redis answers and takes writes (every master of a Cluster), and whether it
+    answers at all (the queue checks only read)."""
     try:
-        engine.server_time_ms()
+        masters = engine.masters()
     except EngineUnavailable as exc:
-        return Check("redis", False, f"unavailable: {exc}")
-    return Check("redis", True, "answers")
+        return Check("redis", False, f"unavailable: {exc}"), False
+    for address, info in masters.items():
+        where = f" (master {address})" if address else ""
+        if info.get("role", "master") != "master":
+            return Check("redis", False, f"refuses writes{where}: it is a replica"), True
+        used, limit = info.get("used_memory", 0), info.get("maxmemory", 0)
+        if limit and used >= limit and info.get("maxmemory_policy") == "noeviction":
+            return Check("redis", False, (
+                f"full{where}: used_memory {used} of maxmemory {limit} with noeviction, so "
+                "it refuses new jobs (they wait in the database)"
+            )), True  # fmt: skip
+    return Check("redis", True, "answers"), True
 
 
 def check_database() -> Check:

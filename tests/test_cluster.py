@@ -77,6 +77,22 @@ def test_start_up_checks_look_at_every_master(on_cluster, redis_cluster, setting
             node.config_set("maxmemory-policy", "noeviction")
 
 
+def test_the_health_check_looks_at_every_master(on_cluster, redis_cluster):
+    from django_delayjobs import health
+
+    engine = get_engine()
+    assert health.check_redis(engine)[0].ok
+    victim = redis_cluster.master_nodes()[2]
+    with victim.client() as node:
+        node.config_set("maxmemory", 1)
+        try:
+            check, reachable = health.check_redis(engine)
+        finally:
+            node.config_set("maxmemory", 0)
+    assert not check.ok and reachable
+    assert check.detail.startswith(f"full (master {victim.address}): used_memory")
+
+
 def test_the_verbs_find_each_job_in_its_shard(on_cluster):
     engine = get_engine()
     jobs = [schedule(tasks.record, in_=3600, args=[str(n)], queue="orders") for n in range(30)]

@@ -8,6 +8,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
@@ -67,6 +68,21 @@ def stopped_redis():
         yield url
 
 
+@pytest.fixture
+def private_redis():
+    """Settings pointing at a Redis of this test's own, and a client of it."""
+    from django.conf import settings
+
+    server = EmbeddedRedis()
+    server.start()
+    try:
+        with override_settings(DELAYJOBS={**settings.DELAYJOBS, "REDIS_URL": server.url}):
+            beat()
+            yield redis.Redis.from_url(server.url)
+    finally:
+        server.close()
+
+
 # -- the command ---------------------------------------------------------------------------
 
 
@@ -119,6 +135,28 @@ def test_redis_down_fails_every_redis_check(stopped_redis):
     assert code == 1
     assert names(lines, "ok") == ["database"]
     assert names(lines, "FAIL") == ["redis", "workers:a", "overdue:a", "workers:b", "overdue:b"]
+
+
+def test_a_full_redis_fails_but_the_queues_are_still_checked(private_redis):
+    """At maxmemory with noeviction Redis still answers, yet refuses every new job."""
+    private_redis.config_set("maxmemory-policy", "noeviction")
+    private_redis.config_set("maxmemory", 1)
+    code, lines = health()
+    assert code == 1 and names(lines, "FAIL") == ["redis"]
+    assert "full: used_memory" in lines[0] and "noeviction" in lines[0]
+    assert names(lines, "ok") == ["database", "workers:default", "overdue:default"]
+    private_redis.config_set("maxmemory", 0)
+    assert health()[0] == 0
+
+
+def test_a_replica_fails(private_redis):
+    private_redis.replicaof("127.0.0.1", 1)  # a master that never answers: still a replica
+    try:
+        code, lines = health()
+    finally:
+        private_redis.replicaof("NO", "ONE")
+    assert code == 1 and names(lines, "FAIL") == ["redis"]
+    assert "refuses writes: it is a replica" in lines[0]
 
 
 def test_database_down_fails(tmp_path):
