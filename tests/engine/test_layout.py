@@ -126,6 +126,10 @@ def _split(source: str) -> tuple[list[str], str]:
     return header, code
 
 
+#: Commands whose every argument is a key (checked to be KEYS[n], below).
+MULTI_KEY = {"EXISTS"}
+
+
 def test_each_engine_script_is_shipped_and_loaded():
     names = {p.name.removesuffix(".lua") for p in LUA}
     engine_py = (ENGINE_DIR / "engine.py").read_text()
@@ -165,6 +169,13 @@ def test_script_builds_no_key_names(script):
         assert re.fullmatch(r"KEYS\[\d+\]", first.strip()), (
             f"{command}'s key is {first.strip()!r}, not KEYS[n]"
         )
+    # A command of several keys names nothing but KEYS (all in the queue's hash tag).
+    for command in MULTI_KEY:
+        pattern = rf"redis\.p?call\(\s*'{command}'"
+        whole = rf"{pattern}(\s*,\s*KEYS\[\d+\])+\s*\)"
+        assert len(re.findall(pattern, code, re.I)) == len(re.findall(whole, code, re.I)), (
+            f"{command} with an argument that is not KEYS[n]"
+        )
 
 
 def test_scripts_only_use_commands_of_a_single_slot():
@@ -174,7 +185,7 @@ def test_scripts_only_use_commands_of_a_single_slot():
         "LPUSH", "RPUSH", "LPOP", "LTRIM", "LLEN",
         "SADD", "SREM", "SISMEMBER", "SCARD",
         "HSET", "HDEL", "HINCRBY", "HGETALL", "HLEN", "HMGET",
-    }  # fmt: skip
+    } | MULTI_KEY  # fmt: skip
     for script in LUA:
         _, code = _split(script.read_text())
         used = {c.upper() for c in re.findall(r"redis\.p?call\(\s*'(\w+)'", code)}

@@ -8,9 +8,8 @@
 -- KEYS[8] = counters HASH ('added' counts the ids it did not hold), KEYS[9] = priority HASH
 -- ARGV = id1, due1_ms, priority1, id2, due2_ms, priority2, ...
 -- returns {1 if the queue held no ids before this call else 0, the ids it did not hold}
-local held_before = redis.call('ZCARD', KEYS[1]) + redis.call('LLEN', KEYS[2])
-  + redis.call('ZCARD', KEYS[4]) + redis.call('ZCARD', KEYS[5])
-local was_empty = held_before == 0 and 1 or 0
+-- Redis deletes a key once it is empty, so an empty queue is one whose keys do not exist.
+local was_empty = redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4], KEYS[5]) == 0 and 1 or 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000  -- exact: due times hold us
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -21,13 +20,13 @@ for i = 1, #ARGV, 3 do
   local held = redis.call('SISMEMBER', KEYS[3], id) == 1
     or redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEYS[5], id)
   if not held then
-    local was_pending = redis.call('ZSCORE', KEYS[1], id)
+    local was_pending  -- ZREM answers 1 for a member it removed, ZADD 0 for one it moved
     if priority ~= 0 then redis.call('HSET', KEYS[9], id, priority) end
     if due <= now then
-      if was_pending then redis.call('ZREM', KEYS[1], id) end
+      was_pending = redis.call('ZREM', KEYS[1], id) == 1
       readied[#readied + 1] = {-priority, #readied, id}
     else
-      redis.call('ZADD', KEYS[1], due, id)
+      was_pending = redis.call('ZADD', KEYS[1], due, id) == 0
       if earliest == nil or due < earliest then
         earliest = due
         wake = true
