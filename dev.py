@@ -10,7 +10,9 @@
 
 Each task first creates (or refreshes) a virtual environment for the running Python in
 ``.venv/py3.X`` -- or in ``$DELAYJOBS_VENV`` -- and installs the project into it with its
-``dev`` and ``embedded`` extras. It is refreshed only when ``pyproject.toml`` changes.
+``dev`` and ``embedded`` extras (or those ``$DELAYJOBS_EXTRAS`` lists: CI adds ``hiredis``
+on Python 3.13, so the suite runs with both of redis-py's parsers). It is refreshed only
+when ``pyproject.toml`` or the extras change.
 ``compare`` uses its own, ``.venv/bench-py3.X``, with ``bench/requirements.txt`` (the
 peers pin versions that the development tools need not share).
 """
@@ -35,15 +37,17 @@ def venv_dir() -> Path:
 def ensure_venv(where: Path | None = None, requirements: str | None = None) -> Path:
     """Create a virtual environment and install the project; return its python.
 
-    The default is the development venv (``dev`` and ``embedded`` extras); with
-    ``requirements``, the project with ``embedded`` plus that requirements file.
+    The default is the development venv (the extras ``$DELAYJOBS_EXTRAS`` lists, else
+    ``dev`` and ``embedded``); with ``requirements``, the project with ``embedded`` plus
+    that requirements file.
     """
     where = where or venv_dir()
     python = where / "bin" / "python"
     stamp = where / ".installed"
     # The stamp covers ROOT too: the install is editable, so a venv kept outside the clone
     # (CI caches one) must be reinstalled when the clone it points at moves.
-    identity = f"{ROOT}\n".encode() + (ROOT / "pyproject.toml").read_bytes()
+    extras = os.environ.get("DELAYJOBS_EXTRAS") or "dev,embedded"
+    identity = f"{ROOT}\n{extras}\n".encode() + (ROOT / "pyproject.toml").read_bytes()
     if requirements:
         identity += (ROOT / requirements).read_bytes()
     wanted = hashlib.sha256(identity).hexdigest()
@@ -53,7 +57,7 @@ def ensure_venv(where: Path | None = None, requirements: str | None = None) -> P
         print(f"dev.py: creating {where}", flush=True)
         venv.EnvBuilder(with_pip=True, clear=True).create(where)
     install = ["-e", f"{ROOT}[embedded]", "-r", requirements] if requirements else [
-        "-e", f"{ROOT}[dev,embedded]"]  # fmt: skip
+        "-e", f"{ROOT}[{extras}]"]  # fmt: skip
     print(f"dev.py: installing {' '.join(install)} (first run takes a minute)", flush=True)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
