@@ -148,9 +148,18 @@ class Bench:
         q = "single"
         ids = uuids(n)
         due = self.engine.server_time_ms() + HOUR_MS
+        usec, calls = self.script_time()
         seconds = sum(timed(lambda i=i: self.engine.add(q, {i: due})) for i in ids)
         self.row(f"add, one at a time ({n:,} ids)", n / seconds, "ids/s")
+        usec_after, calls_after = self.script_time()
+        self.row("  Redis's own time per add (INFO commandstats)",
+                 (usec_after - usec) / max(calls_after - calls, 1), "us")  # fmt: skip
         self.clean(q)
+
+    def script_time(self) -> tuple[int, int]:
+        """The server's time in EVALSHA so far (microseconds) and its count of calls."""
+        stats = self.r.info("commandstats").get("cmdstat_evalsha", {})
+        return int(stats.get("usec", 0)), int(stats.get("calls", 0))
 
     def promote(self, q: str) -> None:
         """Fill pending with n ids that become due together, then time promote(1000)."""
