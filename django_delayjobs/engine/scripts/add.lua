@@ -20,7 +20,7 @@ for i = 1, #ARGV, 3 do
   local held = redis.call('SISMEMBER', KEYS[3], id) == 1
     or redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEYS[5], id)
   if not held then
-    local was_pending  -- ZREM answers 1 for a member it removed, ZADD 0 for one it moved
+    local was_pending  -- ZREM answers 1 for a member it removed, ZADD 0 for one it held
     if priority ~= 0 then redis.call('HSET', KEYS[9], id, priority) end
     if due <= now then
       was_pending = redis.call('ZREM', KEYS[1], id) == 1
