@@ -20,13 +20,16 @@ for i = 1, #ARGV, 3 do
   local held = redis.call('SISMEMBER', KEYS[3], id) == 1
     or redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEYS[5], id)
   if not held then
-    local was_pending  -- ZREM answers 1 for a member it removed, ZADD 0 for one it held
+    local was_pending
     if priority ~= 0 then redis.call('HSET', KEYS[9], id, priority) end
     if due <= now then
-      was_pending = redis.call('ZREM', KEYS[1], id) == 1
+      -- No ZREM unless pending: a script's first write is the one Redis checks against
+      -- maxmemory, and once it has written, its later writes pass unchecked.
+      was_pending = redis.call('ZSCORE', KEYS[1], id)
+      if was_pending then redis.call('ZREM', KEYS[1], id) end
       readied[#readied + 1] = {-priority, #readied, id}
     else
-      was_pending = redis.call('ZADD', KEYS[1], due, id) == 0
+      was_pending = redis.call('ZADD', KEYS[1], due, id) == 0  -- 0: it held the id
       if earliest == nil or due < earliest then
         earliest = due
         wake = true
