@@ -186,8 +186,9 @@ def test_outcome_signals_are_sent_when_redis_is_gone_at_that_moment(tmp_path, se
 
 def test_a_full_redis_delays_jobs_but_loses_none_and_kills_no_worker(tmp_path, settings):
     """Redis at maxmemory with noeviction refuses every command that would grow it: adds,
-    heartbeats, leases. Nothing may be lost or crash meanwhile; once it has room again,
-    reconcile puts back what Redis refused, and every job runs once."""
+    heartbeats, leases. Nothing may be lost or crash meanwhile, and the jobs Redis holds
+    still run; once it has room again, reconcile puts back what Redis refused, and every
+    job runs once."""
     server = EmbeddedRedis(tmp_path / "redis")
     url = server.start()
     settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
@@ -204,12 +205,12 @@ def test_a_full_redis_delays_jobs_but_loses_none_and_kills_no_worker(tmp_path, s
         jobs = [schedule(tasks.record, in_=0, args=[f"full{n}"]) for n in range(10)]
         time.sleep(3)  # three reconcile sweeps, three heartbeats refused
         assert worker.poll() is None
+        wait_for(lambda: status(early) == Status.SUCCEEDED)  # the moves grow nothing
         assert (
             Job.objects.filter(pk__in=[j.pk for j in jobs], status=Status.SCHEDULED).count() == 10
         )
         client.config_set("maxmemory", 0)
         wait_for(lambda: Record.objects.filter(label__startswith="full").count() == 10, 30)
-        wait_for(lambda: status(early) == Status.SUCCEEDED)
         wait_for(live_workers)
     finally:
         code = stop(worker)

@@ -23,11 +23,8 @@ for i = 1, #ARGV, 3 do
     local was_pending
     if priority ~= 0 then redis.call('HSET', KEYS[9], id, priority) end
     if due <= now then
-      -- No ZREM unless pending: a script's first write is the one Redis checks against
-      -- maxmemory, and once it has written, its later writes pass unchecked.
-      was_pending = redis.call('ZSCORE', KEYS[1], id)
-      if was_pending then redis.call('ZREM', KEYS[1], id) end
-      readied[#readied + 1] = {-priority, #readied, id}
+      was_pending = redis.call('ZSCORE', KEYS[1], id)  -- its ZREM comes last (see below)
+      readied[#readied + 1] = {-priority, #readied, id, was_pending}
     else
       was_pending = redis.call('ZADD', KEYS[1], due, id) == 0  -- 0: it held the id
       if earliest == nil or due < earliest then
@@ -53,6 +50,11 @@ if #readied > 0 then
   end
   for _ = 1, math.min(#readied, 64) do redis.call('LPUSH', KEYS[7], 1) end
   redis.call('LTRIM', KEYS[7], 0, 63)
+  -- Only now the writes that shrink: Redis checks a script against maxmemory at its
+  -- first write alone, so a full Redis refuses the whole call and it changes nothing.
+  for _, entry in ipairs(readied) do
+    if entry[4] then redis.call('ZREM', KEYS[1], entry[3]) end
+  end
 end
 if #added > 0 then redis.call('HINCRBY', KEYS[8], 'added', #added) end
 return {was_empty, added}
