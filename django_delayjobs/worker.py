@@ -461,18 +461,20 @@ class WorkerProcess:
     def engine_has_ready(self) -> bool:
         return any(self.engine.stats(q).ready for q in self.options.queues)
 
-    def hand_back(self, queue: str, ids: Sequence[str]) -> None:
+    def hand_back(self, queue: str, ids: Sequence[str]) -> bool:
         """Return claimed ids that this process still holds to pending, due now (ids it
-        handed back already may be another worker's by now); if Redis is down, their
-        leases return them."""
+        handed back already may be another worker's by now); False if Redis is down:
+        their leases return them."""
         with self.held_lock:
             ids = [job_id for job_id in ids if self.held.pop(job_id, None) is not None]
         if not ids:
-            return
+            return True
         try:
             self.engine.nack(queue, dict.fromkeys(ids, self.engine.server_time_ms()))
         except EngineUnavailable as exc:
             self.outage.failed(exc)
+            return False
+        return True
 
     def hand_back_waiting(self) -> None:
         """Exiting with actions still running: hand back the ids claimed with them that
@@ -484,8 +486,14 @@ class WorkerProcess:
                 if job_id not in running:
                     waiting.setdefault(shard, []).append(job_id)
         for shard, ids in waiting.items():
-            self.hand_back(shard, ids)
-            logger.warning("handed back %d job(s) that had not started", len(ids))
+            if self.hand_back(shard, ids):
+                logger.warning("handed back %d job(s) that had not started", len(ids))
+            else:
+                logger.warning(
+                    "could not hand back %d job(s) that had not started: Redis is "
+                    "unavailable; they come back when their lease ends",
+                    len(ids),
+                )
 
     # -- housekeeping ------------------------------------------------------------
 

@@ -342,6 +342,42 @@ def test_the_rest_of_a_stuck_threads_batch_is_handed_back_when_its_worker_exits(
         assert stop(second) == 0
 
 
+def test_ids_a_worker_cannot_hand_back_as_it_exits_come_back_with_their_lease(tmp_path, settings):
+    """Redis is down as the stuck worker exits: it says it could not hand them back, and
+    once Redis is back (with its data) their leases return them and they run once."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    url = server.start()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
+    env = {"DELAYJOBS_MAX_RUN_SECONDS": "1", "DELAYJOBS_SHUTDOWN_GRACE_SECONDS": "1",
+           "DELAYJOBS_LEASE_SECONDS": "3"}  # fmt: skip
+    worker = start_worker(url, "--concurrency", "1", env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        due = timezone.now() + timedelta(seconds=1)  # promoted together, highest first
+        stuck, *rest = schedule_many(
+            [build_job(tasks.stop_redis_then_hang, at=due, args=[url, 600.0], priority=10,
+                       max_attempts=1)]
+            + [build_job(tasks.record, at=due, args=[f"rest{n}"]) for n in range(3)]
+        )  # fmt: skip
+        assert worker.wait(30) == 1
+        log = (tmp_path / "w.log").read_text()
+        assert "could not hand back 3 job(s) that had not started" in log, log
+        assert "handed back 3" not in log
+        server.start()
+        assert get_engine().stats("default").in_flight == 4  # saved with their leases
+        second = start_worker(url, log=tmp_path / "w2.log")
+        try:
+            wait_for(lambda: Record.objects.filter(label__startswith="rest").count() == 3)
+        finally:
+            assert stop(second) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        server.close()
+    assert status(stuck) == Status.DEAD and all(status(j) == Status.SUCCEEDED for j in rest)
+    assert Record.objects.filter(label__startswith="rest").count() == 3  # each once
+
+
 def test_a_stuck_action_that_locks_its_own_row_still_stops_its_worker(redis_url, tmp_path):
     """The failure cannot be written while the action holds its row's lock (on SQLite,
     the write lock) and never ends: the worker stops first, so it exits all the same, and

@@ -185,6 +185,18 @@ def stop_redis_then_fail(url: str) -> None:
     raise RuntimeError("failing after Redis went away")
 
 
+@delayable(atomic=False)
+def stop_redis_then_hang(url: str, seconds: float) -> None:
+    """Shuts the test's Redis down, saving its data for its restart, then sleeps."""
+    import contextlib
+
+    import redis
+
+    with contextlib.suppress(redis.ConnectionError):  # the server hangs up as it goes
+        redis.Redis.from_url(url).shutdown(save=True)
+    time.sleep(seconds)
+
+
 def _install_test_hooks() -> None:
     """Faults and observers that process tests switch on through the environment."""
     import os
