@@ -25,8 +25,8 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -173,8 +173,9 @@ class WorkerProcess:
         self.stats = Stats()
         self.promoter = Promoter(engine, options.queues, tick=options.tick, stop=self.stopping)
         self.threads: list[threading.Thread] = []
-        # job id -> shard (the queue, for a queue of 1), for the ids this process holds
-        self.held: dict[str, str] = {}
+        # job id -> (its shard: the queue, for a queue of 1; the worker thread that claimed
+        # it), for the ids this process holds in flight: their leases are extended
+        self.held: dict[str, tuple[str, int]] = {}
         self.running: dict[int, Execution] = {}  # by worker thread (guarded by held_lock)
         self.turn = itertools.count()  # which shard of a queue a claim tries first
         self.held_lock = threading.Lock()
@@ -378,7 +379,7 @@ class WorkerProcess:
                     continue
                 if ids:
                     with self.held_lock:
-                        self.held.update(dict.fromkeys(ids, shard))
+                        self.held.update(dict.fromkeys(ids, (shard, threading.get_ident())))
                     return shard, ids
         if failure is not None:
             raise failure
@@ -386,20 +387,19 @@ class WorkerProcess:
 
     def run_batch(self, queue: str, ids: list[str], backoff: Backoff) -> None:
         acks: list[str] = []
-        valid = [job_id for job_id in ids if self.is_job_id(queue, job_id, acks.append)]
+        waiting = deque(job_id for job_id in ids if self.is_job_id(queue, job_id, acks.append))
         claimed: Job | None = None  # the next job's row, claimed by the previous outcome
         try:
-            for n, job_id in enumerate(valid):
-                if self.stopping.is_set() and claimed is None:  # not started: hand back
-                    self.hand_back(queue, valid[n:])
-                    break
-                following = valid[n + 1] if n + 1 < len(valid) else None
+            while waiting and not (self.stopping.is_set() and claimed is None):
+                job_id = waiting.popleft()
+                following = waiting[0] if waiting else None
 
                 def then(following: str | None = following) -> str | None:
                     return None if self.stopping.is_set() else following
 
                 claimed = self.process(queue, job_id, backoff, acks.append, claimed, then)
-        finally:
+        finally:  # what never started (stopping, or this thread dies) goes back at once
+            self.hand_back(queue, list(waiting), threading.get_ident())
             self.settle_batch(queue, ids, acks)
 
     @staticmethod
@@ -437,6 +437,8 @@ class WorkerProcess:
                 del self.running[thread]
             keep_connections()
         settle(self.engine, queue, job_id, result, ack, self.outage)
+        if result.outcome.redis_move != "ack":  # it left flight now, not at the batch's end
+            self.release([job_id], thread)
         self.stats.record(result)
         log_outcome(queue, job_id, result)
         if result.outcome == Outcome.HANDED_BACK:
@@ -454,19 +456,24 @@ class WorkerProcess:
         except EngineUnavailable as exc:
             self.outage.failed(exc)
         finally:
-            with self.held_lock:
-                for job_id in ids:
-                    self.held.pop(job_id, None)
+            self.release(ids, threading.get_ident())
+
+    def release(self, ids: Iterable[str], owner: int | None = None) -> list[str]:
+        """Stop holding ``ids`` (those that worker thread ``owner`` claimed, if given: an
+        id it settled may be another thread's by now); return the ids released."""
+        with self.held_lock:
+            mine = [i for i in ids if i in self.held and owner in (None, self.held[i][1])]
+            for job_id in mine:
+                del self.held[job_id]
+        return mine
 
     def engine_has_ready(self) -> bool:
         return any(self.engine.stats(q).ready for q in self.options.queues)
 
-    def hand_back(self, queue: str, ids: Sequence[str]) -> bool:
-        """Return claimed ids that this process still holds to pending, due now (ids it
-        handed back already may be another worker's by now); False if Redis is down:
-        their leases return them."""
-        with self.held_lock:
-            ids = [job_id for job_id in ids if self.held.pop(job_id, None) is not None]
+    def hand_back(self, queue: str, ids: Sequence[str], owner: int | None = None) -> bool:
+        """Return claimed ids that this process (worker thread ``owner``) still holds to
+        pending, due now; False if Redis is down: their leases return them."""
+        ids = self.release(ids, owner)
         if not ids:
             return True
         try:
@@ -482,7 +489,7 @@ class WorkerProcess:
         with self.held_lock:
             running = {execution.job_id for execution in self.running.values()}
             waiting: dict[str, list[str]] = {}
-            for job_id, shard in self.held.items():
+            for job_id, (shard, _) in self.held.items():
                 if job_id not in running:
                     waiting.setdefault(shard, []).append(job_id)
         for shard, ids in waiting.items():
@@ -570,8 +577,7 @@ class WorkerProcess:
                          "(%s)", job_id, exc)  # fmt: skip
             return
         if result.outcome != Outcome.OVERTAKEN:  # overtaken: its own outcome came first
-            with self.held_lock:
-                self.held.pop(job_id, None)
+            self.release([job_id])
             settle(self.engine, queue, job_id, result, outage=self.outage)
             self.stats.record(result)
             log_outcome(queue, job_id, result)
@@ -579,7 +585,7 @@ class WorkerProcess:
     def extend_leases(self) -> None:
         with self.held_lock:
             by_queue: dict[str, list[str]] = {}
-            for job_id, queue in self.held.items():
+            for job_id, (queue, _) in self.held.items():
                 by_queue.setdefault(queue, []).append(job_id)
         for queue, ids in by_queue.items():
             kept = set(self.engine.extend_lease(queue, ids, self.lease_ms))

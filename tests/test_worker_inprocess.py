@@ -514,3 +514,69 @@ def test_a_second_signal_inside_the_first_ones_log_call_exits(monkeypatch):
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     assert exits == [1] and process.stopping.is_set()
+
+
+# -- the ids a process holds: whose lease it extends, what it hands back ---------------------
+
+
+class Unwind(BaseException):
+    """A bug that ends a worker thread (nothing in the package raises it on purpose)."""
+
+
+def test_a_worker_thread_that_dies_hands_back_the_rest_of_its_batch(monkeypatch):
+    """A thread dies after the first job of a batch of three, whose outcome transaction
+    claimed the second. The second and third never started: they are handed back at once,
+    not left in flight for LEASE_SECONDS, and run once by the next worker."""
+    from django_delayjobs import worker
+
+    def log_outcome(queue, job_id, result):
+        raise Unwind("a bug after the first job")
+
+    jobs = [build_job(tasks.record, in_=0, args=[label]) for label in ("first", "second", "third")]
+    schedule_many(jobs)  # one add: one batch, in this order
+    monkeypatch.setattr(worker, "log_outcome", log_outcome)
+    with pytest.raises(WorkerDied, match="Unwind"):
+        WorkerProcess(get_engine(), Options(queues=["default"], burst=True)).run()
+    stats = get_engine().stats("default")
+    assert (stats.in_flight, stats.pending + stats.ready) == (0, 2)
+    assert Job.objects.get(pk=jobs[0].pk).status == Status.SUCCEEDED
+    monkeypatch.undo()
+    burst()
+    assert [Job.objects.get(pk=j.pk).status for j in jobs] == [Status.SUCCEEDED] * 3
+    assert sorted(Record.objects.values_list("label", flat=True)) == ["first", "second", "third"]
+
+
+def test_a_job_that_left_flight_early_in_its_batch_is_not_reported_as_a_lost_lease(
+    settings, caplog
+):
+    """A failed job goes back to pending at once, while the rest of its batch runs: its
+    lease is no longer this worker's to extend, and no "lost the lease" warning cries wolf."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1.5}  # extended every 0.5 s
+    failing = build_job(tasks.fail, in_=0, args=["first"], max_attempts=3)
+    slow = build_job(tasks.slow, in_=0, args=["slow", 2.0])
+    schedule_many([failing, slow])  # one add: one batch, in this order
+    burst()
+    assert Job.objects.get(pk=failing.pk).status == Status.RETRYING
+    assert Job.objects.get(pk=slow.pk).status == Status.SUCCEEDED
+    assert not [r for r in caplog.records if "lost the lease" in r.getMessage()]
+
+
+def test_a_job_another_thread_claims_again_keeps_its_lease_when_the_first_batch_ends(settings):
+    """Thread 1 takes [A, B]; A asks to be retried at once, and thread 2 claims A again and
+    runs it for 5 s, three leases long. Thread 1's batch ending must not stop the extension
+    of A's lease: A is delivered once more only if it was lost, and its call made twice."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1.5}  # extended every 0.5 s
+    a = build_job(tasks.retry_then_call_out, in_=0, args=[5.0])
+    b = build_job(tasks.slow, in_=0, args=["b", 0.5])
+    schedule_many([a, b])  # one add: one batch, in this order
+    process = WorkerProcess(get_engine(), Options(queues=["default"], concurrency=2, tick=0.1))
+    thread = threading.Thread(target=process.run)
+    thread.start()
+    try:
+        wait_for(lambda: Job.objects.get(pk=a.pk).status == Status.SUCCEEDED, timeout=30)
+        time.sleep(1)  # a second delivery, if A's lease was lost, would start now
+    finally:
+        process.stop()
+        thread.join(30)
+    calls = Record.objects.filter(label__startswith="called out").values_list("label", flat=True)
+    assert list(calls) == ["called out: attempt 2 delivery 1"]

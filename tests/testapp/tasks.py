@@ -197,6 +197,21 @@ def stop_redis_then_hang(url: str, seconds: float) -> None:
     time.sleep(seconds)
 
 
+@delayable(atomic=False)
+def retry_then_call_out(seconds: float) -> None:
+    """Attempt 1 asks to be retried at once; attempt 2 is a long call outside any
+    transaction (an HTTP request, say), recorded once per run."""
+    from django_delayjobs import Retry
+    from django_delayjobs.execution import current_job
+
+    job = current_job.get()
+    assert job is not None
+    if job.attempts == 1:
+        raise Retry("the receiver is busy", after=0)
+    Record.objects.create(label=f"called out: attempt {job.attempts} delivery {job.deliveries}")
+    time.sleep(seconds)
+
+
 def _install_test_hooks() -> None:
     """Faults and observers that process tests switch on through the environment."""
     import os
