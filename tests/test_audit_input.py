@@ -1,0 +1,208 @@
+"""Input audit: hostile or unusual values that an entry point accepts and then cannot
+store, run or show, or that fail with an error other than TypeError/InvalidSchedule.
+
+Each test states what DESIGN.md and the docs promise; each fails on the code it was
+written against (they are reports, not fixes)."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+
+import pytest
+from django.db import DatabaseError, transaction
+from django.dispatch import Signal
+from django.urls import reverse
+
+from django_delayjobs import cancel_on, schedule, schedule_http, schedule_many
+from django_delayjobs.callbacks import policy
+from django_delayjobs.callbacks.signing import new_secret
+from django_delayjobs.checks import check_settings
+from django_delayjobs.exceptions import InvalidSchedule
+from django_delayjobs.models import Job, JobEvent, Status
+from django_delayjobs.services import build_job
+from tests.testapp import tasks
+from tests.testapp.models import Thing
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    """Every test starts from an empty Redis database."""
+
+
+@pytest.fixture
+def thing():
+    return Thing.objects.create(name="t")
+
+
+def refused_cleanly(call, redis_client) -> Exception:
+    """``call()`` raises TypeError or InvalidSchedule (docs/scheduling.md: "catching
+    (TypeError, ValueError) is enough") and writes nothing."""
+    before = Job.objects.count(), JobEvent.objects.count()
+    with pytest.raises(Exception) as info:  # noqa: PT011 - the type is what is checked
+        call()
+    assert isinstance(info.value, TypeError | InvalidSchedule), repr(info.value)
+    assert (Job.objects.count(), JobEvent.objects.count()) == before
+    return info.value
+
+
+# -- 1. a tzinfo that cannot give an offset ------------------------------------------------
+
+
+class NoOffset(datetime.tzinfo):
+    """A tzinfo subclass that forgot utcoffset() (the base class raises
+    NotImplementedError). timing.aware() means to catch "a tzinfo that cannot answer"."""
+
+    def tzname(self, dt):
+        return "XYZ"
+
+
+ODD = datetime.datetime(2030, 1, 1, tzinfo=NoOffset())
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t, job: schedule(t.touch, at=ODD),
+        lambda t, job: schedule(t.touch, in_=1, expires=ODD),
+        lambda t, job: schedule(tasks.echo, in_=1, args=[ODD]),
+        lambda t, job: job.reschedule(at=ODD),
+    ],
+    ids=["at", "expires", "args", "reschedule-at"],
+)
+def test_a_tzinfo_without_utcoffset_is_refused_with_a_documented_error(thing, redis_client, call):
+    """timing.aware() catches ArithmeticError/ValueError/TypeError from a tzinfo "that
+    cannot answer", not NotImplementedError; serialization._datetime() catches nothing.
+    Today NotImplementedError('a tzinfo subclass must implement utcoffset()') escapes."""
+    job = schedule(thing.touch, in_=60)
+    refused_cleanly(lambda: call(thing, job), redis_client)
+    assert Job.objects.get(pk=job.pk).run_at == job.run_at
+
+
+# -- 2. schedule_http: a form with a lone surrogate ---------------------------------------
+
+
+@pytest.fixture
+def http(settings):
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+    }
+    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
+        yield settings
+
+
+@pytest.mark.parametrize("form", [{"a": "\ud800"}, {"\udfff": "x"}])
+def test_schedule_http_refuses_a_form_with_a_lone_surrogate_as_invalid_schedule(
+    http, redis_client, form
+):
+    """docs/scheduling.md: nothing raised for bad input is a bare UnicodeEncodeError.
+    A str body with a surrogate is refused ("the body holds a lone surrogate"); the same
+    text in a data= dict escapes urlencode() as UnicodeEncodeError."""
+    error = refused_cleanly(
+        lambda: schedule_http("https://hooks.example.com/x", in_=10, data=form), redis_client
+    )
+    assert not isinstance(error, UnicodeError), repr(error)
+
+
+# -- 3. schedule_http: a URL with non-ASCII characters is accepted, never delivered --------
+
+
+@pytest.fixture
+def local_http(settings, callback_server):
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [callback_server.netloc],
+        "HTTP_ALLOW_PRIVATE_NETWORKS": True,
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+        "RETRY_BACKOFF_SECONDS": 0.01,
+        "HTTP_READ_TIMEOUT_SECONDS": 2.0,
+    }
+    return settings
+
+
+@pytest.mark.parametrize("path", ["/caf\u00e9", "/x?q=\u202e"])
+def test_a_url_with_non_ascii_characters_is_refused_or_delivered(local_http, callback_server, path):
+    """Either the door refuses the URL (as it refuses a destination path that is not
+    visible ASCII) or the delivery sends it (percent-encoded). Today schedule_http and
+    POST callbacks/ accept it, and every attempt dies in http.client with
+    "UnicodeEncodeError: 'ascii' codec can't encode character"."""
+    from tests.test_callbacks_e2e import run
+
+    try:
+        job = schedule_http(callback_server.url(path), in_=0, max_attempts=1)
+    except (TypeError, ValueError):
+        return  # refused at the door: fine
+    job = run(job)
+    assert job.status == Status.SUCCEEDED, job.last_error.strip().splitlines()[-1]
+    assert len(callback_server.requests) == 1
+
+
+# -- 4. the admin's date drill-down with a day and no year ----------------------------------
+
+
+@pytest.mark.parametrize("day", ["31", "0"])
+def test_admin_job_list_with_a_day_but_no_year_is_no_500(admin_client, day):
+    """All jobs due in one 30-day month: JobChangeList.date_hierarchy_links() takes the
+    year and month from the rows and the day from the query, and datetime.date(2030, 11,
+    31) raises ValueError (a 500). get_filters_params() only validates the day when a
+    year is given."""
+    for at in (datetime.datetime(2030, 11, 5, tzinfo=datetime.UTC),
+               datetime.datetime(2030, 11, 20, tzinfo=datetime.UTC)):  # fmt: skip
+        schedule(tasks.record, at=at, args=["x"])
+    base = reverse("admin:django_delayjobs_job_changelist")
+    response = admin_client.get(base, {"run_at__day": day})
+    assert response.status_code in (200, 302, 400)
+
+
+# -- 5. a float setting given an int beyond a float's range --------------------------------
+
+
+@pytest.mark.parametrize("name", ["TICK_SECONDS", "LEASE_SECONDS", "MAX_RUN_SECONDS"])
+def test_a_huge_int_for_a_float_setting_is_a_check_error(settings, name):
+    """conf._type_error() calls math.isfinite(10**400), which raises OverflowError: the
+    system check (and every use of delayjobs_settings) fails with a traceback instead of
+    reporting django_delayjobs.E003."""
+    settings.DELAYJOBS = {name: 10**400}
+    errors = check_settings()
+    assert [e.id for e in errors] == ["django_delayjobs.E003"]
+
+
+# -- 6. cancel_on: a name whose actor does not fit ------------------------------------------
+
+
+def test_cancel_on_refuses_a_name_whose_actor_cannot_be_stored_when_connecting(thing):
+    """cancel_on() accepts name='n' * 150; its receiver's actor 'signal:' + name is 157
+    characters, which JobEvent.actor (150) refuses. The problem shows only when the signal
+    fires with a job to cancel: InvalidSchedule inside the sender's transaction, which
+    rolls the payment back. It should be refused by cancel_on() itself (or be cut to fit,
+    as the API and admin actors are)."""
+    paid = Signal()  # a signal of this test's own: nothing else is connected to it
+    try:
+        cancel_on(paid, Thing.expire, sender=Thing, name="n" * 150)
+    except (TypeError, ValueError):
+        return  # refused where it was given: fine
+    job = schedule(thing.expire, in_=60)
+    with transaction.atomic():  # the payment, with the auto-cancel job waiting
+        Thing.objects.filter(pk=thing.pk).update(state="paid")
+        paid.send(sender=Thing, instance=thing)
+    assert Thing.objects.get(pk=thing.pk).state == "paid"
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+
+
+# -- 7. schedule_many: the same built job twice ---------------------------------------------
+
+
+def test_schedule_many_refuses_the_same_job_twice_with_a_documented_error(redis_client):
+    """schedule_many([job, job]) fails with the database's IntegrityError (UNIQUE
+    constraint on id), not TypeError/InvalidSchedule; the door (door.check_built) checks
+    each job's values but not that the batch holds each job once."""
+    job = build_job(tasks.echo, in_=60, args=[1])
+    with pytest.raises(Exception) as info:  # noqa: PT011
+        schedule_many([job, job])
+    assert not isinstance(info.value, DatabaseError), repr(info.value)
+    assert isinstance(info.value, TypeError | InvalidSchedule)
+    assert not Job.objects.exists()
