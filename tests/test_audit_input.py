@@ -206,3 +206,20 @@ def test_schedule_many_refuses_the_same_job_twice_with_a_documented_error(redis_
     assert not isinstance(info.value, DatabaseError), repr(info.value)
     assert isinstance(info.value, TypeError | InvalidSchedule)
     assert not Job.objects.exists()
+
+
+# -- 8. schedule_many: a tagged value whose raw text cannot be stored ----------------------
+
+
+@pytest.mark.parametrize(
+    "raw", ["2030-01-01\x0012:00:00", "2030-01-01\ud80012:00:00"], ids=["NUL", "surrogate"]
+)
+def test_schedule_many_refuses_a_tagged_datetime_whose_text_cannot_be_stored(redis_client, raw):
+    """serialization.check_stored() checks that {"$dt": raw} loads and that the loaded
+    datetime could be dumped, but not raw itself: datetime.fromisoformat() takes any
+    character as the date/time separator, NUL and lone surrogates included. The text is
+    then written as it is; PostgreSQL's jsonb refuses both (a DataError from
+    schedule_many), SQLite stores text that build_job would never have written."""
+    job = build_job(tasks.echo, in_=60, args=[1])
+    job.args = [{"$dt": raw}]
+    refused_cleanly(lambda: schedule_many([job]), redis_client)
