@@ -223,3 +223,19 @@ def test_schedule_many_refuses_a_tagged_datetime_whose_text_cannot_be_stored(red
     job = build_job(tasks.echo, in_=60, args=[1])
     job.args = [{"$dt": raw}]
     refused_cleanly(lambda: schedule_many([job]), redis_client)
+
+
+# -- 9. the API's key filter trims the key it is given --------------------------------------
+
+
+def test_the_api_filters_keys_exactly_as_docs_api_md_says(thing):
+    """docs/api.md: `queue`, `action`, `key` filter "exactly". schedule() stores a key
+    with surrounding spaces as it is, but JobFilterSerializer.key is a DRF CharField with
+    trim_whitespace=True: ?key=k%20 finds the job keyed "k" and never the one keyed "k "."""
+    from .test_rest_helpers import client_for, make_user, url
+
+    spaced = schedule(thing.touch, in_=60, key="k ")
+    plain = schedule(thing.expire, in_=60, key="k")
+    api = client_for(make_user(superuser=True))
+    found = api.get(url("jobs"), {"key": "k "}).json()["results"]
+    assert [job["id"] for job in found] == [str(spaced.pk)], (plain.pk, found)
