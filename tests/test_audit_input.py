@@ -295,3 +295,20 @@ def test_a_method_of_a_composite_pk_model_is_refused_or_runs(pair_table, redis_c
     job.refresh_from_db()
     assert job.status == Status.SUCCEEDED, job.last_error.strip().splitlines()[-1:]
     assert Pair.objects.get(a=1, b=2).touched == 1
+
+
+# -- 11. run_delayworker --metrics-host that cannot be encoded --------------------------------
+
+
+@pytest.mark.parametrize("host", ["\u00e9" * 70, "caf\u00e9..example"])
+def test_run_delayworker_refuses_an_unusable_metrics_host_with_a_command_error(host):
+    """start_metrics() turns OSError into CommandError ("cannot listen on"), but a host
+    name that IDNA cannot encode (a label of more than 63 characters once encoded, an
+    empty label) makes socket.bind raise TypeError("encoding of hostname failed"), which
+    escapes the command as a traceback."""
+    from django.core.management import CommandError, call_command
+
+    pytest.importorskip("prometheus_client")
+    with pytest.raises(CommandError, match="metrics"):
+        call_command("run_delayworker", "--burst", "-v", "0", "--metrics-port", "0",
+                     "--metrics-host", host)  # fmt: skip
