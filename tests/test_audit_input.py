@@ -312,3 +312,56 @@ def test_run_delayworker_refuses_an_unusable_metrics_host_with_a_command_error(h
     with pytest.raises(CommandError, match="metrics"):
         call_command("run_delayworker", "--burst", "-v", "0", "--metrics-port", "0",
                      "--metrics-host", host)  # fmt: skip
+
+
+# -- 12. the admin's link to a target whose primary key the admin quotes -------------------
+
+
+class Sku(models.Model):
+    """A model with a text primary key (a table of this test's own, no migration)."""
+
+    code = models.CharField(max_length=40, primary_key=True)
+
+    class Meta:
+        app_label = "testapp"
+
+    @delayable
+    def touch(self) -> None:
+        pass
+
+
+@pytest.fixture
+def sku_admin():
+    from django.contrib import admin
+
+    with connection.schema_editor() as editor:
+        editor.create_model(Sku)
+    admin.site.register(Sku)
+    yield
+    admin.site.unregister(Sku)
+    with connection.schema_editor() as editor:
+        editor.delete_model(Sku)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_sku():
+    yield
+    apps.all_models["testapp"].pop("sku", None)
+    apps.clear_cache()
+
+
+def test_the_admin_links_a_job_to_its_target_whatever_its_primary_key(sku_admin, admin_client):
+    """display.target_url() reverses the target's change URL with the raw pk; the admin
+    unquotes object ids (django.contrib.admin.utils.unquote: '_25' is '%', '_5F' is '_'),
+    so the link of a job on Sku 'sku_25off' opens 'sku%off', which does not exist (the
+    admin redirects with "doesn't exist"). Django's own links use admin.utils.quote()."""
+    import re
+
+    sku = Sku.objects.create(code="sku_25off")
+    job = schedule(sku.touch, in_=60)
+    page = admin_client.get(reverse("admin:django_delayjobs_job_change", args=[job.pk]))
+    assert page.status_code == 200
+    links = set(re.findall(r'href="([^"]*/testapp/sku/[^"]*/change/)"', page.content.decode()))
+    (link,) = links
+    target = admin_client.get(link)
+    assert target.status_code == 200, (link, target.status_code)
