@@ -331,14 +331,24 @@ class Sku(models.Model):
 
 
 @pytest.fixture
-def sku_admin():
+def sku_admin(settings):
+    """Sku registered on the admin site (as test_admin.py's thing_admin does for Thing)."""
+    import sys
+    import types
+
     from django.contrib import admin
+    from django.urls import path
 
     with connection.schema_editor() as editor:
         editor.create_model(Sku)
     admin.site.register(Sku)
+    urls = types.ModuleType("delayjobs_audit_sku_urls")
+    urls.urlpatterns = [path("admin/", admin.site.urls)]  # type: ignore[attr-defined]
+    sys.modules[urls.__name__] = urls
+    settings.ROOT_URLCONF = urls.__name__
     yield
     admin.site.unregister(Sku)
+    del sys.modules[urls.__name__]
     with connection.schema_editor() as editor:
         editor.delete_model(Sku)
 
