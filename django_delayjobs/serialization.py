@@ -28,6 +28,9 @@ INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 #: Floats must be smaller than this in magnitude: PostgreSQL's jsonb keeps numbers as
 #: ``numeric`` and gives 1e16 back as the integer 10000000000000000.
 FLOAT_LIMIT = 1e16
+#: What a tzinfo that cannot answer raises from ``utcoffset()``: the base class raises
+#: NotImplementedError; a broken subclass anything arithmetic or a bad type or value.
+TZINFO_ERRORS = (ArithmeticError, NotImplementedError, TypeError, ValueError)
 
 _LOADERS: dict[str, Callable[[str], Any]] = {
     "$dt": datetime.datetime.fromisoformat,
@@ -124,7 +127,10 @@ def _number(value: int | float, path: str) -> int | float:
 
 
 def _datetime(value: datetime.datetime, path: str) -> str:
-    text = value.isoformat()
+    try:
+        text = value.isoformat()  # asks the tzinfo for its offset
+    except TZINFO_ERRORS as exc:
+        raise InvalidSchedule(f"{path}={value!r} has a time zone that fails: {exc}") from None
     try:
         back: datetime.datetime | None = datetime.datetime.fromisoformat(text)
     except ValueError:

@@ -14,6 +14,7 @@ import math
 from django.utils import timezone
 
 from .exceptions import InvalidSchedule
+from .serialization import TZINFO_ERRORS
 
 #: No due time or expiry before this: Redis scores are ms since the epoch.
 EARLIEST = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -58,7 +59,7 @@ def aware(value: object, what: str) -> datetime.datetime:
         raise TypeError(f"{what} must be a datetime, not {type(value).__name__}")
     try:
         naive = timezone.is_naive(value)
-    except (ArithmeticError, ValueError, TypeError) as exc:  # a tzinfo that cannot answer
+    except TZINFO_ERRORS as exc:  # a tzinfo that cannot answer
         raise InvalidSchedule(f"{what}={value!r} has a time zone that fails: {exc}") from None
     if naive:
         raise InvalidSchedule(
