@@ -183,6 +183,9 @@ def test_a_body_within_http_max_request_bytes_is_still_held_to_max_json_bytes(ht
         ("payments:/a#b", "no '#'"),
         ("payments:/a\r\nb", "visible ASCII"),
         ("https://hooks.example.com/a\r\nHost: x", "control character"),
+        ("https://hooks.example.com/caf\u00e9", "non-ASCII character: percent-encode"),
+        ("https://hooks.example.com/x?q=\u202e", "non-ASCII character: percent-encode"),
+        ("https://h\u00f6oks.example.com/", "xn-- form"),
     ],
 )
 def test_urls_the_policy_refuses_never_become_jobs(url, rule_or_text):
