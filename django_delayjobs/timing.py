@@ -44,10 +44,10 @@ def delay(value: object, what: str) -> datetime.timedelta:
     if isinstance(seconds, float) and not math.isfinite(seconds):
         raise InvalidSchedule(f"{what} must be a finite, non-negative delay, got {value!r}")
     if seconds < 0:
-        raise InvalidSchedule(f"{what} must be a finite, non-negative delay, got {_short(value)}")
+        raise InvalidSchedule(f"{what} must be a finite, non-negative delay, got {short_repr(value)}")
     if seconds > MAX_AHEAD.total_seconds():
         raise InvalidSchedule(
-            f"{what} is more than 100 years away ({_short(value)}): give at most "
+            f"{what} is more than 100 years away ({short_repr(value)}): give at most "
             f"{MAX_AHEAD.days} days"
         )
     return datetime.timedelta(seconds=seconds)
@@ -124,7 +124,7 @@ def to_ms(value: datetime.datetime) -> float:
     return micros // 1000 if micros % 1000 == 0 else micros / 1000
 
 
-def _short(value: object) -> str:
+def short_repr(value: object) -> str:
     """``repr(value)``, cut short; a huge int has no repr (Python refuses > 4,300 digits)."""
     try:
         text = repr(value)
