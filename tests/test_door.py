@@ -288,6 +288,27 @@ def test_build_job_refuses_and_schedule_many_checks_what_it_is_given(thing, redi
     assert redis_client.dbsize() == 0
 
 
+def test_schedule_many_refuses_a_job_given_twice_or_not_new(redis_client):
+    """The same built job twice, a job already scheduled, or one whose run state was
+    changed (inserted as "succeeded", it would never run): InvalidSchedule, nothing
+    written; never the database's IntegrityError."""
+    job = build_job(tasks.echo, in_=60, args=[1])
+    with pytest.raises(InvalidSchedule, match="twice"):
+        schedule_many([job, build_job(tasks.echo, in_=60), job])
+    assert not Job.objects.exists()
+    for field, value in [("status", "succeeded"), ("attempts", 3), ("finished_at", timezone.now()),
+                         ("last_error", "boom"), ("result", 1)]:  # fmt: skip
+        changed = build_job(tasks.echo, in_=60)
+        setattr(changed, field, value)
+        with pytest.raises(InvalidSchedule, match=f"{field} changed"):
+            schedule_many([build_job(tasks.echo, in_=60), changed])
+        assert not Job.objects.exists(), field
+    schedule_many([job])
+    with pytest.raises(InvalidSchedule, match="already saved"):
+        schedule_many([job])
+    assert Job.objects.count() == 1 and JobEvent.objects.count() == 1
+
+
 def test_schedule_many_takes_tagged_values_build_job_made(redis_client):
     values = [datetime.datetime(2030, 1, 1, tzinfo=UTC), Decimal("1.5"), {"a": [1, None]}]
     (job,) = schedule_many([build_job(tasks.echo, in_=60, args=values)])
