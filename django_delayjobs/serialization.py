@@ -191,7 +191,14 @@ def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
             loaded = _LOADERS[tag](raw)
         except (ArithmeticError, TypeError, ValueError):
             raise InvalidSchedule(f"{path} holds {tag} {raw!r}, which does not load") from None
-        _dump(loaded, path, depth)  # e.g. a NaN Decimal, an offset that does not round-trip
+        # e.g. a NaN Decimal, an offset that does not round-trip; and the text itself, which
+        # the loaders take in many forms (fromisoformat: any separator, NUL included)
+        dumped = _dump(loaded, path, depth)
+        if dumped != value:
+            raise InvalidSchedule(
+                f"{path} holds {tag} {raw!r}, which dump() writes as {dumped[tag]!r}: build "
+                "jobs with build_job"
+            )
     elif isinstance(value, list | dict):
         _container(path, depth)
         for key, item in value.items() if isinstance(value, dict) else enumerate(value):

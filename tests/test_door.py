@@ -270,6 +270,10 @@ def test_build_job_refuses_and_schedule_many_checks_what_it_is_given(thing, redi
         ("kwargs", {"n": 2**70}, "64"),
         ("kwargs", {"f": float("nan")}, "NaN"),
         ("args", [object()], "JSON"),
+        # tagged text that loads but is not what build_job writes (NUL: a DataError on PostgreSQL)
+        ("args", [{"$dt": "2030-01-01\x0012:00:00"}], "writes as '2030-01-01T12:00:00'"),
+        ("args", [{"$dt": "2030-01-01\ud80012:00:00"}], "writes as '2030-01-01T12:00:00'"),
+        ("kwargs", {"d": {"$dec": " 1.5"}}, "writes as '1.5'"),
         ("args", ["x" * MIB], "MAX_JSON_BYTES"),
         ("max_attempts", 2**31, "2147483647"),
         ("priority", 2**15, "-100 to 100"),
