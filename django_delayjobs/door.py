@@ -93,8 +93,8 @@ def check_built(job: Job, now: datetime.datetime) -> None:
         raise TypeError(f"schedule_many takes jobs made by build_job, not {job!r}")
     if not job._state.adding:
         raise InvalidSchedule(f"job {job.pk} is already saved: schedule_many inserts new jobs")
-    changed = [name for name in RUN_STATE
-               if getattr(job, name) != Job._meta.get_field(name).get_default()]  # fmt: skip
+    fields = (field for field in Job._meta.concrete_fields if field.name in RUN_STATE)
+    changed = [field.name for field in fields if getattr(job, field.name) != field.get_default()]
     if changed:
         raise InvalidSchedule(
             f"job {job.pk} is not new ({', '.join(changed)} changed): pass jobs as build_job "

@@ -44,7 +44,9 @@ def delay(value: object, what: str) -> datetime.timedelta:
     if isinstance(seconds, float) and not math.isfinite(seconds):
         raise InvalidSchedule(f"{what} must be a finite, non-negative delay, got {value!r}")
     if seconds < 0:
-        raise InvalidSchedule(f"{what} must be a finite, non-negative delay, got {short_repr(value)}")
+        raise InvalidSchedule(
+            f"{what} must be a finite, non-negative delay, got {short_repr(value)}"
+        )
     if seconds > MAX_AHEAD.total_seconds():
         raise InvalidSchedule(
             f"{what} is more than 100 years away ({short_repr(value)}): give at most "
