@@ -8,7 +8,7 @@ refuses to hand out values from a dict that has any. A setting is added here, on
 
 from __future__ import annotations
 
-import math
+import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
@@ -20,6 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .callbacks import config as http
 from .engine.keys import validate_name
 from .exceptions import ConfigurationError
+from .timing import short_repr
 
 Validator = Callable[[Any], object]
 
@@ -175,7 +176,8 @@ def _type_error(value: Any, hint: Any) -> str | None:
         return None if value is None else "None"
     if hint is float:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
-        return None if ok and math.isfinite(value) else "a finite number"
+        # Not math.isfinite(): it converts an int to float, which overflows past 1.8e308.
+        return None if ok and abs(value) <= sys.float_info.max else "a finite number"
     if hint is int:
         return None if isinstance(value, int) and not isinstance(value, bool) else "an int"
     if hint is bool:
@@ -203,13 +205,13 @@ def _field_problem(name: str, value: Any) -> Problem | None:
     kind = _kind(hint, spec.metadata)
     wrong = _type_error(value, hint)
     if wrong is not None:
-        return Problem(name, f"must be {wrong}, not {value!r}", kind)
+        return Problem(name, f"must be {wrong}, not {short_repr(value)}", kind)
     low, high = spec.metadata.get("low"), spec.metadata.get("high")
     # None: an optional setting switched off.
     if value is not None and (
         (low is not None and value < low) or (high is not None and value > high)
     ):
-        return Problem(name, f"must be from {low} to {high}, not {value!r}", kind)
+        return Problem(name, f"must be from {low} to {high}, not {short_repr(value)}", kind)
     check = spec.metadata.get("check")
     if check is not None:
         try:

@@ -70,11 +70,36 @@ def check_key(key: object) -> str | None:
     return check_column(key, "key", "key")
 
 
+#: A job's run state: only the worker and the services change it. A job handed to
+#: ``schedule_many`` must hold the defaults (one inserted as "succeeded" would never run).
+RUN_STATE = ("status", "attempts", "deliveries", "worker", "started_at", "finished_at",
+             "last_error", "result")  # fmt: skip
+
+
+def check_batch(jobs: list[Job], now: datetime.datetime) -> None:
+    """The door for ``schedule_many``: every job passes ``check_built``, and comes once."""
+    seen: set[object] = set()
+    for job in jobs:
+        check_built(job, now)
+        if job.pk in seen:
+            raise InvalidSchedule(f"schedule_many got job {job.pk} twice: pass each job once")
+        seen.add(job.pk)
+
+
 def check_built(job: Job, now: datetime.datetime) -> None:
     """The door for a job handed to ``schedule_many``: what ``build_job`` checks, on the
     values the job holds (it may have been changed, or built without ``build_job``)."""
     if not isinstance(job, Job):
         raise TypeError(f"schedule_many takes jobs made by build_job, not {job!r}")
+    if not job._state.adding:
+        raise InvalidSchedule(f"job {job.pk} is already saved: schedule_many inserts new jobs")
+    fields = (field for field in Job._meta.concrete_fields if field.name in RUN_STATE)
+    changed = [field.name for field in fields if getattr(job, field.name) != field.get_default()]
+    if changed:
+        raise InvalidSchedule(
+            f"job {job.pk} is not new ({', '.join(changed)} changed): pass jobs as build_job "
+            "made them"
+        )
     job.run_at = timing.within_range(timing.aware(job.run_at, "run_at"), "run_at", now)
     if job.expires_at is not None:
         expires_at = timing.aware(job.expires_at, "expires_at")

@@ -6,6 +6,8 @@ from typing import Any
 
 from django.dispatch import Signal
 
+from .door import check_column
+from .models import JobEvent
 from .services import cancel_for
 
 
@@ -25,7 +27,9 @@ def cancel_on(
     job has already started, which rolls the sender's transaction back. Call this from an
     ``AppConfig.ready()``. Returns the receiver.
     """
-    actor = f"signal:{name}" if name else "signal"
+    # Checked now, not when the signal fires inside the sender's transaction.
+    actor = check_column(f"signal:{name}" if name else "signal", "the actor 'signal:' + name",
+                         "actor", JobEvent)  # fmt: skip
 
     def receiver(sender: Any, **kwargs: Any) -> None:
         instance = kwargs.get(instance_kwarg)

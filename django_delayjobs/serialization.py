@@ -28,6 +28,9 @@ INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 #: Floats must be smaller than this in magnitude: PostgreSQL's jsonb keeps numbers as
 #: ``numeric`` and gives 1e16 back as the integer 10000000000000000.
 FLOAT_LIMIT = 1e16
+#: What a tzinfo that cannot answer raises from ``utcoffset()``: the base class raises
+#: NotImplementedError; a broken subclass anything arithmetic or a bad type or value.
+TZINFO_ERRORS = (ArithmeticError, NotImplementedError, TypeError, ValueError)
 
 _LOADERS: dict[str, Callable[[str], Any]] = {
     "$dt": datetime.datetime.fromisoformat,
@@ -124,7 +127,10 @@ def _number(value: int | float, path: str) -> int | float:
 
 
 def _datetime(value: datetime.datetime, path: str) -> str:
-    text = value.isoformat()
+    try:
+        text = value.isoformat()  # asks the tzinfo for its offset
+    except TZINFO_ERRORS as exc:
+        raise InvalidSchedule(f"{path}={value!r} has a time zone that fails: {exc}") from None
     try:
         back: datetime.datetime | None = datetime.datetime.fromisoformat(text)
     except ValueError:
@@ -185,7 +191,14 @@ def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
             loaded = _LOADERS[tag](raw)
         except (ArithmeticError, TypeError, ValueError):
             raise InvalidSchedule(f"{path} holds {tag} {raw!r}, which does not load") from None
-        _dump(loaded, path, depth)  # e.g. a NaN Decimal, an offset that does not round-trip
+        # e.g. a NaN Decimal, an offset that does not round-trip; and the text itself, which
+        # the loaders take in many forms (fromisoformat: any separator, NUL included)
+        dumped = _dump(loaded, path, depth)
+        if dumped != value:
+            raise InvalidSchedule(
+                f"{path} holds {tag} {raw!r}, which dump() writes as {dumped[tag]!r}: build "
+                "jobs with build_job"
+            )
     elif isinstance(value, list | dict):
         _container(path, depth)
         for key, item in value.items() if isinstance(value, dict) else enumerate(value):

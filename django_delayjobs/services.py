@@ -223,9 +223,7 @@ def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
     batch = list(jobs)
     if any(getattr(job, "key", None) is not None for job in batch):
         raise InvalidSchedule("schedule_many does not take keyed jobs; use schedule(key=...)")
-    now = timezone.now()
-    for job in batch:
-        door.check_built(job, now)
+    door.check_batch(batch, timezone.now())
     actor = door.check_actor(actor)
     with transaction.atomic(using=sql.db()):
         sql.insert_jobs(batch)

@@ -14,6 +14,7 @@ import math
 from django.utils import timezone
 
 from .exceptions import InvalidSchedule
+from .serialization import TZINFO_ERRORS
 
 #: No due time or expiry before this: Redis scores are ms since the epoch.
 EARLIEST = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -43,10 +44,12 @@ def delay(value: object, what: str) -> datetime.timedelta:
     if isinstance(seconds, float) and not math.isfinite(seconds):
         raise InvalidSchedule(f"{what} must be a finite, non-negative delay, got {value!r}")
     if seconds < 0:
-        raise InvalidSchedule(f"{what} must be a finite, non-negative delay, got {_short(value)}")
+        raise InvalidSchedule(
+            f"{what} must be a finite, non-negative delay, got {short_repr(value)}"
+        )
     if seconds > MAX_AHEAD.total_seconds():
         raise InvalidSchedule(
-            f"{what} is more than 100 years away ({_short(value)}): give at most "
+            f"{what} is more than 100 years away ({short_repr(value)}): give at most "
             f"{MAX_AHEAD.days} days"
         )
     return datetime.timedelta(seconds=seconds)
@@ -58,7 +61,7 @@ def aware(value: object, what: str) -> datetime.datetime:
         raise TypeError(f"{what} must be a datetime, not {type(value).__name__}")
     try:
         naive = timezone.is_naive(value)
-    except (ArithmeticError, ValueError, TypeError) as exc:  # a tzinfo that cannot answer
+    except TZINFO_ERRORS as exc:  # a tzinfo that cannot answer
         raise InvalidSchedule(f"{what}={value!r} has a time zone that fails: {exc}") from None
     if naive:
         raise InvalidSchedule(
@@ -123,7 +126,7 @@ def to_ms(value: datetime.datetime) -> float:
     return micros // 1000 if micros % 1000 == 0 else micros / 1000
 
 
-def _short(value: object) -> str:
+def short_repr(value: object) -> str:
     """``repr(value)``, cut short; a huge int has no repr (Python refuses > 4,300 digits)."""
     try:
         text = repr(value)

@@ -57,6 +57,8 @@ def test_a_plain_url_parses_into_scheme_host_port_and_target():
         ("http://allowed.example:80@127.0.0.1/", "userinfo"),
         ("http://127.0.0.1\\@allowed.example/", "url"),
         ("http://example.com/a b", "url"),
+        ("http://example.com/caf\u00e9", "url"),
+        ("http://example.com/x?q=\u202e", "url"),
         ("http://example.com/\r\nX-Injected: 1", "url"),
         ("http://exa\x00mple.com/", "url"),
         ("http://example.com/#frag", "url"),

@@ -112,6 +112,7 @@ def test_expires_may_be_a_time(admin):
         ({"url": "http://2130706433/", "in": 1}, "url"),
         ({"url": "nowhere:/x", "in": 1}, "url"),
         ({"url": "shop:/../admin", "in": 1}, "url"),
+        ({"url": HOOK + "caf\u00e9", "in": 1}, "url"),
         ({"url": 5, "in": 1}, "url"),
     ],
 )

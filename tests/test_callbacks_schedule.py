@@ -111,6 +111,8 @@ def test_the_same_key_returns_the_active_job():
         ({"data": "a\x00b"}, ValueError, "NUL"),
         ({"data": "\ud800"}, ValueError, "surrogate"),
         ({"json": {"a": "\ud800"}}, ValueError, "surrogate"),
+        ({"data": {"a": "\ud800"}}, ValueError, "surrogate"),
+        ({"data": {"\udfff": "x"}}, ValueError, "surrogate"),
         ({"data": 5}, TypeError, "data= must be"),
         ({"data": {"a": [1]}}, TypeError, "form"),
         ({"data": "x" * 70_000}, ValueError, "HTTP_MAX_REQUEST_BYTES"),
@@ -143,8 +145,9 @@ def test_the_same_key_returns_the_active_job():
 )
 def test_hostile_arguments_are_refused_and_nothing_is_written(kwargs, error, match):
     call = {"in_": 10, **kwargs}
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as info:
         schedule_http("https://hooks.example.com/x", **call)
+    assert not isinstance(info.value, UnicodeError), repr(info.value)  # a ValueError too
     assert not Job.objects.exists() and not JobEvent.objects.exists()
 
 
@@ -180,6 +183,9 @@ def test_a_body_within_http_max_request_bytes_is_still_held_to_max_json_bytes(ht
         ("payments:/a#b", "no '#'"),
         ("payments:/a\r\nb", "visible ASCII"),
         ("https://hooks.example.com/a\r\nHost: x", "control character"),
+        ("https://hooks.example.com/caf\u00e9", "non-ASCII character: percent-encode"),
+        ("https://hooks.example.com/x?q=\u202e", "non-ASCII character: percent-encode"),
+        ("https://h\u00f6oks.example.com/", "xn-- form"),
     ],
 )
 def test_urls_the_policy_refuses_never_become_jobs(url, rule_or_text):

@@ -29,6 +29,16 @@ UTC = datetime.UTC
 MINUS_5 = datetime.timezone(datetime.timedelta(hours=-5))
 PLUS_5 = datetime.timezone(datetime.timedelta(hours=5))
 CENTURY = datetime.timedelta(days=36500)
+
+
+class NoOffset(datetime.tzinfo):
+    """A tzinfo subclass that forgot utcoffset() (the base class raises NotImplementedError)."""
+
+    def tzname(self, dt):
+        return "XYZ"
+
+
+NO_OFFSET = datetime.datetime(2030, 1, 1, tzinfo=NoOffset())
 #: The nesting limit docs/scheduling.md promises (lists and dicts, args itself included).
 MAX_DEPTH = 32
 #: MAX_JSON_BYTES's default: args and kwargs together, as json.dumps writes them.
@@ -86,6 +96,7 @@ HOSTILE = [
      "1970"),
     ("at max UTC", lambda t: schedule(t.touch, at=datetime.datetime.max.replace(tzinfo=UTC)),
      "100 years"),
+    ("at a tzinfo without utcoffset", lambda t: schedule(t.touch, at=NO_OFFSET), "time zone"),
     # delays: overflowing, infinite, huge timedeltas
     ("in 10**400", lambda t: schedule(t.touch, in_=10**400), "100 years"),
     ("in -10**400", lambda t: schedule(t.touch, in_=-(10**400)), "non-negative"),
@@ -108,6 +119,8 @@ HOSTILE = [
     ("expires at max -05:00",
      lambda t: schedule(t.touch, in_=1, expires=datetime.datetime.max.replace(tzinfo=MINUS_5)),
      "100 years"),
+    ("expires a tzinfo without utcoffset", lambda t: schedule(t.touch, in_=1, expires=NO_OFFSET),
+     "time zone"),
     # strings that no database stores faithfully: lone surrogates and NUL
     ("surrogate in args", lambda t: schedule(tasks.echo, in_=1, args=["\ud800"]), "surrogate"),
     ("NUL in args", lambda t: schedule(tasks.echo, in_=1, args=["a\x00b"]), "NUL"),
@@ -147,6 +160,8 @@ HOSTILE = [
      lambda t: schedule(tasks.echo, in_=1, args=[datetime.datetime(
          2030, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(microseconds=1)))]),
      "offset"),
+    ("datetime a tzinfo without utcoffset",
+     lambda t: schedule(tasks.echo, in_=1, args=[NO_OFFSET]), "time zone"),
     # columns: max_attempts beyond a 32-bit integer column, target ids beyond 64 characters
     ("max_attempts 2**31", lambda t: schedule(t.touch, in_=1, max_attempts=2**31), "2147483647"),
     ("max_attempts 10**400", lambda t: schedule(t.touch, in_=1, max_attempts=10**400),
@@ -229,6 +244,7 @@ def test_reschedule_refuses_the_same_values(thing, redis_client):
         ({"at": datetime.datetime.min.replace(tzinfo=PLUS_5)}, "1970"),
         ({"in_": 10**400}, "100 years"),
         ({"in_": datetime.timedelta.max}, "100 years"),
+        ({"at": NO_OFFSET}, "time zone"),
     ]:
         with pytest.raises(InvalidSchedule, match=match):
             job.reschedule(**when)
@@ -254,6 +270,10 @@ def test_build_job_refuses_and_schedule_many_checks_what_it_is_given(thing, redi
         ("kwargs", {"n": 2**70}, "64"),
         ("kwargs", {"f": float("nan")}, "NaN"),
         ("args", [object()], "JSON"),
+        # tagged text that loads but is not what build_job writes (NUL: a DataError on PostgreSQL)
+        ("args", [{"$dt": "2030-01-01\x0012:00:00"}], "writes as '2030-01-01T12:00:00'"),
+        ("args", [{"$dt": "2030-01-01\ud80012:00:00"}], "writes as '2030-01-01T12:00:00'"),
+        ("kwargs", {"d": {"$dec": " 1.5"}}, "writes as '1.5'"),
         ("args", ["x" * MIB], "MAX_JSON_BYTES"),
         ("max_attempts", 2**31, "2147483647"),
         ("priority", 2**15, "-100 to 100"),
@@ -270,6 +290,27 @@ def test_build_job_refuses_and_schedule_many_checks_what_it_is_given(thing, redi
     with pytest.raises(InvalidSchedule, match="NUL"):
         schedule_many([build_job(tasks.echo, in_=1)], actor="\x00")
     assert redis_client.dbsize() == 0
+
+
+def test_schedule_many_refuses_a_job_given_twice_or_not_new(redis_client):
+    """The same built job twice, a job already scheduled, or one whose run state was
+    changed (inserted as "succeeded", it would never run): InvalidSchedule, nothing
+    written; never the database's IntegrityError."""
+    job = build_job(tasks.echo, in_=60, args=[1])
+    with pytest.raises(InvalidSchedule, match="twice"):
+        schedule_many([job, build_job(tasks.echo, in_=60), job])
+    assert not Job.objects.exists()
+    for field, value in [("status", "succeeded"), ("attempts", 3), ("finished_at", timezone.now()),
+                         ("last_error", "boom"), ("result", 1)]:  # fmt: skip
+        changed = build_job(tasks.echo, in_=60)
+        setattr(changed, field, value)
+        with pytest.raises(InvalidSchedule, match=f"{field} changed"):
+            schedule_many([build_job(tasks.echo, in_=60), changed])
+        assert not Job.objects.exists(), field
+    schedule_many([job])
+    with pytest.raises(InvalidSchedule, match="already saved"):
+        schedule_many([job])
+    assert Job.objects.count() == 1 and JobEvent.objects.count() == 1
 
 
 def test_schedule_many_takes_tagged_values_build_job_made(redis_client):

@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import pytest
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from django_delayjobs import cancel_for, cancel_on, delayable, schedule
@@ -319,6 +320,21 @@ def test_cancel_on_signal_cancels_inside_the_senders_transaction(thing):
     job.refresh_from_db()
     assert job.status == Status.CANCELLED
     assert job.events.get(kind=EventKind.CANCELLED).actor == "signal:thing_paid"
+
+
+def test_cancel_on_refuses_a_name_whose_actor_does_not_fit_when_connecting(thing):
+    """The actor 'signal:' + name must fit JobEvent.actor (150): refused by cancel_on()
+    itself, not when the signal fires inside the sender's transaction."""
+    paid = Signal()  # a signal of this test's own: nothing else is connected to it
+    with pytest.raises(InvalidSchedule, match="at most 150"):
+        cancel_on(paid, Thing.expire, sender=Thing, name="n" * 150)
+    with pytest.raises(InvalidSchedule, match="NUL"):
+        cancel_on(paid, Thing.expire, sender=Thing, name="\x00")
+    assert not paid.has_listeners(Thing)
+    cancel_on(paid, Thing.expire, sender=Thing, name="n" * 143)  # 150 with 'signal:'
+    job = schedule(thing.expire, in_=60)
+    paid.send(sender=Thing, instance=thing)
+    assert job.events.get(kind=EventKind.CANCELLED).actor == "signal:" + "n" * 143
 
 
 def test_cancel_for_can_refuse_when_the_job_already_runs(thing):

@@ -69,6 +69,10 @@ def test_cluster_mode_refuses_a_cache_that_is_not_a_cluster_client(settings, red
         ({"MAX_RUN_SECONDS": "60"}, "django_delayjobs.E006"),
         ({"MAX_RUN_SECONDS": float("inf")}, "django_delayjobs.E006"),
         ({"TICK_SECONDS": "1"}, "django_delayjobs.E003"),
+        ({"TICK_SECONDS": 10**400}, "django_delayjobs.E003"),  # beyond a float: no OverflowError
+        ({"LEASE_SECONDS": -(10**400)}, "django_delayjobs.E003"),
+        ({"MAX_RUN_SECONDS": 10**400}, "django_delayjobs.E006"),  # optional: E006, as for inf
+        ({"MAX_ATTEMPTS": 10**5000}, "django_delayjobs.E004"),  # an int with no repr
         ({"MAX_ATTEMPTS": 0}, "django_delayjobs.E004"),
         ({"BATCH_SIZE": 10_000}, "django_delayjobs.E004"),
         ({"PREFETCH": 0}, "django_delayjobs.E004"),

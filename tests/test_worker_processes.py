@@ -316,6 +316,18 @@ def test_worker_refuses_unreachable_redis_with_a_clear_error(settings):
         call_command("run_delayworker", "--burst", "-v", "0")
 
 
+@pytest.mark.parametrize("host", ["\u00e9" * 70, "caf\u00e9..example", "a\x00b"])
+def test_worker_refuses_a_metrics_host_it_cannot_listen_on_with_a_command_error(host):
+    """A name IDNA cannot encode (a label over 63 characters once encoded, an empty
+    label) or a NUL: socket.bind raises TypeError, not OSError."""
+    from django.core.management.base import CommandError
+
+    pytest.importorskip("prometheus_client")
+    with pytest.raises(CommandError, match="--metrics-port: cannot listen on"):
+        call_command("run_delayworker", "--burst", "-v", "0", "--metrics-port", "0",
+                     "--metrics-host", host)  # fmt: skip
+
+
 def test_worker_warns_or_refuses_an_evicting_redis(tmp_path, settings, capsys):
     from django.core.management.base import CommandError
 

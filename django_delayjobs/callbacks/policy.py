@@ -32,7 +32,9 @@ MAX_URL_LENGTH = 2048
 _LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
 # WHATWG URL: a host whose last label is a number is parsed as an IPv4 address.
 _NUMERIC_LABEL = re.compile(r"[0-9]+|0x[0-9a-f]*")
-_BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f\\]")
+# Anything but visible ASCII, and the backslash: http.client sends the request target as
+# ASCII, and a URL is stored and shown as the text it will be sent as.
+_BAD_URL_CHARS = re.compile(r"[^\x21-\x7e]|\\")
 
 
 class Refused(InvalidSchedule):
@@ -83,8 +85,8 @@ def parse_url(url: object) -> Target:
         raise Refused(f"the URL must have 1 to {MAX_URL_LENGTH} characters", "url")
     if _BAD_URL_CHARS.search(url):
         raise Refused(
-            f"the URL {url!r} holds a space, a control character or a backslash: "
-            "percent-encode them",
+            f"the URL {url!r} holds a space, a control character, a backslash or a "
+            "non-ASCII character: percent-encode them (a host name in its xn-- form)",
             "url",
         )
     try:

@@ -152,7 +152,10 @@ def _body(method: str, json: Any, data: Any) -> tuple[str | None, str | None]:
             isinstance(k, str) and isinstance(v, str | int | float) for k, v in data.items()
         ):
             raise TypeError("data= as a dict must map str to str or numbers (a form)")
-        return urlencode(data), "application/x-www-form-urlencoded"
+        try:
+            return urlencode(data), "application/x-www-form-urlencoded"
+        except UnicodeEncodeError:  # urlencode writes the form's text as UTF-8
+            raise InvalidCallback("the form holds a lone surrogate: not UTF-8", "data") from None
     if isinstance(data, str):
         return data, "text/plain; charset=utf-8"
     raise TypeError(f"data= must be str, bytes or a dict, not {type(data).__name__}")

@@ -141,7 +141,7 @@ class Command(BaseCommand):
         except ImportError as exc:
             raise CommandError("--metrics-port needs prometheus_client: "
                                "pip install 'django-delayjobs[metrics]'") from exc  # fmt: skip
-        except OSError as exc:
+        except (OSError, TypeError) as exc:  # TypeError: a host the socket cannot encode
             raise CommandError(f"--metrics-port: cannot listen on {host}:{port}: {exc}") from exc
         if opts["verbosity"]:
             self.stdout.write(f"delayjobs metrics: http://{host}:{server.port}/metrics")
