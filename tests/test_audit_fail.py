@@ -72,3 +72,83 @@ def test_a_row_whose_queue_is_not_a_valid_name_does_not_stop_the_worker(redis_cl
     finally:
         process.stop()
         thread.join(10)
+
+
+@delayable
+def retry_after_nan() -> None:
+    from django_delayjobs import Retry
+
+    raise Retry("receiver busy", after=float("nan"))  # e.g. computed from a bad header
+
+
+def test_retry_with_a_nan_delay_is_still_the_actions_failure(caplog):
+    job = schedule(retry_after_nan, in_=0, max_attempts=2)
+    burst()
+    job.refresh_from_db()
+    lines = [r.getMessage() for r in caplog.records]
+    assert not any("database is unavailable" in line for line in lines), lines
+    assert (job.status, job.attempts) == (Status.RETRYING, 1), (job.status, job.last_error)
+    assert job.last_error == "Retry: receiver busy"
+
+
+class Unwind(BaseException):
+    """What a library may raise to unwind everything (gevent's Timeout, trio's Cancelled)."""
+
+
+def test_a_signal_receiver_raising_a_base_exception_is_logged_and_the_worker_goes_on(caplog):
+    """signals.send: "a failing receiver is logged, never raised to the worker"."""
+    from django_delayjobs import signals
+    from django.core.management.base import CommandError
+
+    from django_delayjobs.connection import get_engine
+    from tests.testapp import tasks
+
+    def receiver(sender, job, **kwargs):
+        if job.args == ["first"]:
+            raise Unwind("receiver unwinds")
+
+    signals.job_succeeded.connect(receiver)
+    try:
+        first = schedule(tasks.record, in_=0, args=["first"])
+        second = schedule(tasks.record, in_=0, args=["second"])
+        try:
+            burst()
+        except CommandError as exc:
+            died = str(exc)
+        else:
+            died = ""
+    finally:
+        signals.job_succeeded.disconnect(receiver)
+    assert not died
+    assert Job.objects.get(pk=first.pk).status == Status.SUCCEEDED
+    assert Job.objects.get(pk=second.pk).status == Status.SUCCEEDED
+
+
+def test_a_worker_thread_that_dies_hands_back_the_rest_of_its_batch():
+    """worker.md: when a thread dies the process "finishes or hands back what it holds and
+    exits 1". Here a job_succeeded receiver kills the thread after the first job of a
+    batch of three: the second was already claimed in the first's outcome transaction,
+    the third not at all. Neither may wait LEASE_SECONDS (300 s) in unack."""
+    from django.core.management.base import CommandError
+
+    from django_delayjobs import schedule_many, signals
+    from django_delayjobs.connection import get_engine
+    from django_delayjobs.services import build_job
+    from tests.testapp import tasks
+
+    def receiver(sender, job, **kwargs):
+        if job.args == ["first"]:
+            raise Unwind("receiver unwinds")
+
+    jobs = [build_job(tasks.record, in_=0, args=[label]) for label in ("first", "second", "third")]
+    schedule_many(jobs)  # one add: one batch, in this order
+    signals.job_succeeded.connect(receiver)
+    try:
+        with pytest.raises(CommandError, match="died"):
+            burst()
+    finally:
+        signals.job_succeeded.disconnect(receiver)
+    statuses = [Job.objects.get(pk=j.pk).status for j in jobs]
+    stats = get_engine().stats("default")
+    assert statuses[0] == Status.SUCCEEDED
+    assert stats.in_flight == 0, (statuses, stats.in_flight, stats.pending, stats.ready)
