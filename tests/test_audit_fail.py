@@ -152,3 +152,35 @@ def test_a_worker_thread_that_dies_hands_back_the_rest_of_its_batch():
     stats = get_engine().stats("default")
     assert statuses[0] == Status.SUCCEEDED
     assert stats.in_flight == 0, (statuses, stats.in_flight, stats.pending, stats.ready)
+
+
+def test_a_receivers_redirect_with_a_nul_in_location_ends_the_callback_dead_once(
+    settings, redis_client, callback_server
+):
+    """A 302 is GiveUp: dead at once, one request. The receiver's Location header goes
+    into the job's error; PostgreSQL refuses a NUL in text, so the outcome is "handed
+    back" as if the database were down, the request is sent again on every delivery, and
+    the job finally dies for a reason that is not true."""
+    from django.db import connection
+
+    from django_delayjobs import schedule_http
+    from django_delayjobs.callbacks.signing import new_secret
+    from tests.callback_server import Reply
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite stores a NUL")
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [callback_server.netloc],
+        "HTTP_ALLOW_PRIVATE_NETWORKS": True,
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+    }
+    callback_server.script("/hook", *[Reply(302, b"", {"Location": "/next\x00"})] * 5)
+    job = schedule_http(callback_server.url(), in_=0, max_attempts=5)
+    for _ in range(6):
+        burst()
+        time.sleep(1.1)  # a hand-back is due again in 1 s
+    job.refresh_from_db()
+    print(job.status, job.attempts, job.deliveries, callback_server.count(), job.last_error[:200])
+    assert job.status == Status.DEAD and "redirect is not followed" in job.last_error
+    assert callback_server.count() == 1
