@@ -184,3 +184,22 @@ def test_a_receivers_redirect_with_a_nul_in_location_ends_the_callback_dead_once
     print(job.status, job.attempts, job.deliveries, callback_server.count(), job.last_error[:200])
     assert job.status == Status.DEAD and "redirect is not followed" in job.last_error
     assert callback_server.count() == 1
+
+
+def test_a_job_settled_earlier_in_the_batch_is_not_reported_as_a_lost_lease(settings, caplog):
+    """A failed job is nacked to pending at once, but stays in the worker's held ids until
+    its whole batch ends: the housekeeping thread then warns that its lease was lost and
+    "another worker may take it", which is false (and cries wolf on a real lost lease)."""
+    from django_delayjobs import schedule_many
+    from django_delayjobs.services import build_job
+    from tests.testapp import tasks
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1.5}  # extended every 0.5 s
+    failing = build_job(tasks.fail, in_=0, args=["first"], max_attempts=3)
+    slow = build_job(tasks.slow, in_=0, args=["slow", 2.0])
+    schedule_many([failing, slow])  # one add: one batch, in this order
+    burst()
+    assert Job.objects.get(pk=failing.pk).status == Status.RETRYING
+    assert Job.objects.get(pk=slow.pk).status == Status.SUCCEEDED
+    lost = [r.getMessage() for r in caplog.records if "lost the lease" in r.getMessage()]
+    assert lost == []
