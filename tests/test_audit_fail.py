@@ -203,3 +203,54 @@ def test_a_job_settled_earlier_in_the_batch_is_not_reported_as_a_lost_lease(sett
     assert Job.objects.get(pk=slow.pk).status == Status.SUCCEEDED
     lost = [r.getMessage() for r in caplog.records if "lost the lease" in r.getMessage()]
     assert lost == []
+
+
+@delayable(atomic=False)
+def retry_then_call_out(seconds: float) -> None:
+    """Attempt 1 asks to be retried at once; attempt 2 is a long outside call (an HTTP
+    request, say), recorded once per run."""
+    from django_delayjobs import Retry
+    from django_delayjobs.execution import current_job
+    from tests.testapp.models import Record
+
+    job = current_job.get()
+    assert job is not None
+    if job.attempts == 1:
+        raise Retry("the receiver is busy", after=0)
+    Record.objects.create(label=f"called out: attempt {job.attempts} delivery {job.deliveries}")
+    time.sleep(seconds)
+
+
+def test_a_job_another_thread_runs_keeps_its_lease_when_its_first_batch_ends(settings):
+    """Thread 1 takes a batch [A, B]. A fails and asks to be retried at once; thread 2
+    (same process) claims A and runs it. When thread 1's batch ends it forgets A's lease
+    (settle_batch pops every id of its batch from the shared ``held``), so nobody extends
+    it: the lease runs out while A runs, A is delivered again and its outside call is
+    made twice, as if the worker had died (worker.md: "the worker extends the lease every
+    LEASE_SECONDS / 3 while it runs, so nobody else takes it")."""
+    import threading
+
+    from django_delayjobs import schedule_many
+    from django_delayjobs.connection import get_engine
+    from django_delayjobs.services import build_job
+    from django_delayjobs.worker import Options, WorkerProcess
+    from tests.helpers import wait_for
+    from tests.testapp import tasks
+    from tests.testapp.models import Record
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1.5}  # extended every 0.5 s
+    a = build_job(retry_then_call_out, in_=0, args=[5.0])
+    b = build_job(tasks.slow, in_=0, args=["b", 0.5])
+    schedule_many([a, b])  # one add: one batch, in this order
+    process = WorkerProcess(get_engine(), Options(queues=["default"], concurrency=2, tick=0.1))
+    thread = threading.Thread(target=process.run)
+    thread.start()
+    try:
+        wait_for(lambda: Job.objects.get(pk=a.pk).status == Status.SUCCEEDED, timeout=30)
+        time.sleep(1)
+    finally:
+        process.stop()
+        thread.join(30)
+    calls = sorted(Record.objects.filter(label__startswith="called out")
+                   .values_list("label", flat=True))  # fmt: skip
+    assert calls == ["called out: attempt 2 delivery 1"]
