@@ -254,3 +254,52 @@ def test_a_job_another_thread_runs_keeps_its_lease_when_its_first_batch_ends(set
     calls = sorted(Record.objects.filter(label__startswith="called out")
                    .values_list("label", flat=True))  # fmt: skip
     assert calls == ["called out: attempt 2 delivery 1"]
+
+
+def test_a_database_locked_for_a_moment_costs_no_attempt(settings):
+    """SQLite: another process holds the write lock a little longer than the worker's busy
+    timeout, just as the action's transaction begins (BEGIN IMMEDIATE). That is the
+    database refusing, not the action failing: worker.md says no attempt is used and the
+    delivery is handed back. Instead the attempt fails with "database is locked" and a
+    job with max_attempts=1 is dead although its action never ran."""
+    import sqlite3
+    import threading
+
+    from django.db import connection, connections
+
+    from django_delayjobs import signals
+    from tests.testapp import tasks
+    from tests.testapp.models import Record
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's write lock")
+    path = connection.settings_dict["NAME"]
+    options = connections.settings["default"].setdefault("OPTIONS", {})
+    saved = options.get("timeout")
+    locked = threading.Event()
+
+    def hold_the_write_lock() -> None:
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        locked.set()
+        time.sleep(1.0)  # twice the worker's busy timeout
+        other.execute("COMMIT")
+        other.close()
+
+    def on_started(sender, job, **kwargs):
+        threading.Thread(target=hold_the_write_lock, daemon=True).start()
+        locked.wait(5)
+
+    job = schedule(tasks.record, in_=0, args=["ran"], max_attempts=1)
+    options["timeout"] = 0.5  # the burst's worker thread opens its connection with it
+    signals.job_started.connect(on_started)
+    try:
+        burst()
+    finally:
+        signals.job_started.disconnect(on_started)
+        options["timeout"] = saved
+    job.refresh_from_db()
+    print(job.status, job.attempts, job.deliveries, job.last_error.strip().splitlines()[-1:])
+    assert job.status != Status.DEAD, job.last_error.strip().splitlines()[-1]
+    assert [e.kind for e in job.events.all()].count("failed") == 0
+    assert not Record.objects.exists() or job.status == Status.SUCCEEDED
