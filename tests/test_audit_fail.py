@@ -47,7 +47,7 @@ def test_a_row_whose_queue_is_not_a_valid_name_does_not_stop_the_worker(redis_cl
     from tests.testapp import tasks
     from tests.testapp.models import Record
 
-    bad = schedule(tasks.record, in_=0, args=["poison"])
+    bad = schedule(tasks.record, in_=60, args=["poison"])  # due within the sweep's horizon
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {Job._meta.db_table} SET queue = %s WHERE id = %s",
                        ["old queue", Job._meta.pk.get_db_prep_value(bad.pk, connection)])
