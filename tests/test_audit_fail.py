@@ -124,36 +124,6 @@ def test_a_signal_receiver_raising_a_base_exception_is_logged_and_the_worker_goe
     assert Job.objects.get(pk=second.pk).status == Status.SUCCEEDED
 
 
-def test_a_worker_thread_that_dies_hands_back_the_rest_of_its_batch():
-    """worker.md: when a thread dies the process "finishes or hands back what it holds and
-    exits 1". Here a job_succeeded receiver kills the thread after the first job of a
-    batch of three: the second was already claimed in the first's outcome transaction,
-    the third not at all. Neither may wait LEASE_SECONDS (300 s) in unack."""
-    from django.core.management.base import CommandError
-
-    from django_delayjobs import schedule_many, signals
-    from django_delayjobs.connection import get_engine
-    from django_delayjobs.services import build_job
-    from tests.testapp import tasks
-
-    def receiver(sender, job, **kwargs):
-        if job.args == ["first"]:
-            raise Unwind("receiver unwinds")
-
-    jobs = [build_job(tasks.record, in_=0, args=[label]) for label in ("first", "second", "third")]
-    schedule_many(jobs)  # one add: one batch, in this order
-    signals.job_succeeded.connect(receiver)
-    try:
-        with pytest.raises(CommandError, match="died"):
-            burst()
-    finally:
-        signals.job_succeeded.disconnect(receiver)
-    statuses = [Job.objects.get(pk=j.pk).status for j in jobs]
-    stats = get_engine().stats("default")
-    assert statuses[0] == Status.SUCCEEDED
-    assert stats.in_flight == 0, (statuses, stats.in_flight, stats.pending, stats.ready)
-
-
 def test_a_receivers_redirect_with_a_nul_in_location_ends_the_callback_dead_once(
     settings, redis_client, callback_server
 ):
@@ -184,76 +154,6 @@ def test_a_receivers_redirect_with_a_nul_in_location_ends_the_callback_dead_once
     print(job.status, job.attempts, job.deliveries, callback_server.count(), job.last_error[:200])
     assert job.status == Status.DEAD and "redirect is not followed" in job.last_error
     assert callback_server.count() == 1
-
-
-def test_a_job_settled_earlier_in_the_batch_is_not_reported_as_a_lost_lease(settings, caplog):
-    """A failed job is nacked to pending at once, but stays in the worker's held ids until
-    its whole batch ends: the housekeeping thread then warns that its lease was lost and
-    "another worker may take it", which is false (and cries wolf on a real lost lease)."""
-    from django_delayjobs import schedule_many
-    from django_delayjobs.services import build_job
-    from tests.testapp import tasks
-
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1.5}  # extended every 0.5 s
-    failing = build_job(tasks.fail, in_=0, args=["first"], max_attempts=3)
-    slow = build_job(tasks.slow, in_=0, args=["slow", 2.0])
-    schedule_many([failing, slow])  # one add: one batch, in this order
-    burst()
-    assert Job.objects.get(pk=failing.pk).status == Status.RETRYING
-    assert Job.objects.get(pk=slow.pk).status == Status.SUCCEEDED
-    lost = [r.getMessage() for r in caplog.records if "lost the lease" in r.getMessage()]
-    assert lost == []
-
-
-@delayable(atomic=False)
-def retry_then_call_out(seconds: float) -> None:
-    """Attempt 1 asks to be retried at once; attempt 2 is a long outside call (an HTTP
-    request, say), recorded once per run."""
-    from django_delayjobs import Retry
-    from django_delayjobs.execution import current_job
-    from tests.testapp.models import Record
-
-    job = current_job.get()
-    assert job is not None
-    if job.attempts == 1:
-        raise Retry("the receiver is busy", after=0)
-    Record.objects.create(label=f"called out: attempt {job.attempts} delivery {job.deliveries}")
-    time.sleep(seconds)
-
-
-def test_a_job_another_thread_runs_keeps_its_lease_when_its_first_batch_ends(settings):
-    """Thread 1 takes a batch [A, B]. A fails and asks to be retried at once; thread 2
-    (same process) claims A and runs it. When thread 1's batch ends it forgets A's lease
-    (settle_batch pops every id of its batch from the shared ``held``), so nobody extends
-    it: the lease runs out while A runs, A is delivered again and its outside call is
-    made twice, as if the worker had died (worker.md: "the worker extends the lease every
-    LEASE_SECONDS / 3 while it runs, so nobody else takes it")."""
-    import threading
-
-    from django_delayjobs import schedule_many
-    from django_delayjobs.connection import get_engine
-    from django_delayjobs.services import build_job
-    from django_delayjobs.worker import Options, WorkerProcess
-    from tests.helpers import wait_for
-    from tests.testapp import tasks
-    from tests.testapp.models import Record
-
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1.5}  # extended every 0.5 s
-    a = build_job(retry_then_call_out, in_=0, args=[5.0])
-    b = build_job(tasks.slow, in_=0, args=["b", 0.5])
-    schedule_many([a, b])  # one add: one batch, in this order
-    process = WorkerProcess(get_engine(), Options(queues=["default"], concurrency=2, tick=0.1))
-    thread = threading.Thread(target=process.run)
-    thread.start()
-    try:
-        wait_for(lambda: Job.objects.get(pk=a.pk).status == Status.SUCCEEDED, timeout=30)
-        time.sleep(1)
-    finally:
-        process.stop()
-        thread.join(30)
-    calls = sorted(Record.objects.filter(label__startswith="called out")
-                   .values_list("label", flat=True))  # fmt: skip
-    assert calls == ["called out: attempt 2 delivery 1"]
 
 
 def test_a_database_locked_for_a_moment_costs_no_attempt(settings):
