@@ -217,7 +217,7 @@ class Execution:
         return False
 
     def bury_unreadable(self, exc: BaseException) -> Result:
-        error = f"this job's row cannot be read back, so it cannot run: {exc!r}"
+        error = sql.clean_text(f"this job's row cannot be read back, so it cannot run: {exc!r}")
         logger.error("job %s: %s", self.job_id, error,
                      extra=job_fields(self.job_id, self.queue, outcome="dead"))  # fmt: skip
         try:
@@ -344,7 +344,9 @@ class Execution:
     def failed(self, exc: BaseException, notes: list[str], duration: float) -> Result:
         job = self.job
         assert job is not None
-        error = "\n".join([*notes, describe(exc)])
+        # The exception's text (a receiver's header, say) as the database can store it: a
+        # NUL or a lone surrogate must not turn the action's failure into a refused write.
+        error = sql.clean_text("\n".join([*notes, describe(exc)]))
         outcome, retry_at = after_failure(job, exc)
         if outcome == Outcome.DEAD:
             return self.finish(Outcome.DEAD, error, failed=True, duration=duration)
@@ -364,6 +366,7 @@ class Execution:
         """Record a final outcome other than success (skipped or dead)."""
         job = self.job
         assert job is not None
+        message = sql.clean_text(message)  # it may quote an exception
         final = {"status": Status(outcome.value), "finished_at": timezone.now(),
                  "last_error": message}  # fmt: skip
         events: list[tuple[str, str]] = [(EventKind.FAILED, message)] if failed else []
