@@ -126,6 +126,8 @@ class Execution:
         self.next_job: Job | None = None
         #: When the action started (``time.monotonic()``), while it runs; else None.
         self.running_since: float | None = None
+        #: Whether the action was called (a failure before that is never the action's).
+        self.called = False
 
     def run(self) -> Result:
         """Process the job and return what became of it. Never raises for the job's sake."""
@@ -266,7 +268,9 @@ class Execution:
             return self.hand_back(exc.__cause__ or exc)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
             duration = time.perf_counter() - started
-            if connection.lost(exc):
+            # A lost connection, or a database that refused to begin the action's
+            # transaction (SQLite's write lock held past the busy timeout): not the action.
+            if connection.lost(exc) or (not self.called and isinstance(exc, DatabaseError)):
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
         # Only now, committed: a next job claimed in an outcome transaction that did not
@@ -311,7 +315,7 @@ class Execution:
     ) -> Any:
         """Run the action; return its value as stored (JSON), or raise."""
         job_token, notes_token = current_job.set(self.job), _notes.set(notes)
-        self.running_since = time.monotonic()
+        self.running_since, self.called = time.monotonic(), True
         try:
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):
