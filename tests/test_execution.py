@@ -104,9 +104,7 @@ def test_a_retry_delay_that_is_not_a_number_is_refused_where_it_is_raised():
 
 
 @pytest.mark.parametrize("escaped", ["r\\udce9sum", "a\\x00b"])
-def test_an_error_text_the_database_cannot_store_is_still_the_actions_failure(
-    caplog, escaped
-):
+def test_an_error_text_the_database_cannot_store_is_still_the_actions_failure(caplog, escaped):
     """A lone surrogate (and, on PostgreSQL, a NUL) is stored escaped: the failure is
     recorded and signalled, not handed back as a database outage until the job dies
     for a reason that is not true."""

@@ -179,10 +179,10 @@ def test_a_worker_keeps_repairing_with_a_poison_row_in_the_table(redis_url, redi
 
 def plant_queue(job: Job, queue: str) -> None:
     """Give ``job`` a queue no Redis key can carry, with raw SQL (an older version's)."""
-    quote = connection.ops.quote_name
+    table, quote = connection.ops.quote_name(Job._meta.db_table), connection.ops.quote_name
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {quote(Job._meta.db_table)} SET {quote('queue')} = %s WHERE {quote('id')} = %s",
+            f"UPDATE {table} SET {quote('queue')} = %s WHERE {quote('id')} = %s",
             [queue, Job._meta.pk.get_db_prep_value(job.pk, connection)],
         )
 
