@@ -235,7 +235,7 @@ def autocheckpoint() -> int:
         return cursor.fetchone()[0]
 
 
-@sqlite_only
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's write lock")
 def test_a_database_locked_for_a_moment_as_the_action_begins_costs_no_attempt(settings):
     """Another connection holds SQLite's write lock past the worker's busy timeout just as
     the action's transaction begins (BEGIN IMMEDIATE): the database refused, the action
