@@ -36,12 +36,15 @@ class ConfigurationError(DelayJobsError, ImproperlyConfigured):
 
 class Retry(DelayJobsError):
     """Raised by an action: this attempt failed; try again after ``after`` (a timedelta or
-    seconds; default: the usual backoff). The job is still dead after ``max_attempts``."""
+    seconds, at most a day, a negative one meaning now; default, and for NaN: the usual
+    backoff). The job is still dead after ``max_attempts``."""
 
     def __init__(self, message: str = "", *, after: datetime.timedelta | float | None = None):
         super().__init__(message)
         if isinstance(after, datetime.timedelta):
             after = after.total_seconds()
+        elif after is not None and (isinstance(after, bool) or not isinstance(after, int | float)):
+            raise TypeError(f"after must be a timedelta or seconds, not {type(after).__name__}")
         self.after = after
 
 

@@ -126,6 +126,8 @@ class Execution:
         self.next_job: Job | None = None
         #: When the action started (``time.monotonic()``), while it runs; else None.
         self.running_since: float | None = None
+        #: Whether the action was called (a failure before that is never the action's).
+        self.called = False
 
     def run(self) -> Result:
         """Process the job and return what became of it. Never raises for the job's sake."""
@@ -217,7 +219,7 @@ class Execution:
         return False
 
     def bury_unreadable(self, exc: BaseException) -> Result:
-        error = f"this job's row cannot be read back, so it cannot run: {exc!r}"
+        error = sql.clean_text(f"this job's row cannot be read back, so it cannot run: {exc!r}")
         logger.error("job %s: %s", self.job_id, error,
                      extra=job_fields(self.job_id, self.queue, outcome="dead"))  # fmt: skip
         try:
@@ -266,7 +268,9 @@ class Execution:
             return self.hand_back(exc.__cause__ or exc)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
             duration = time.perf_counter() - started
-            if connection.lost(exc):
+            # A lost connection, or a database that refused to begin the action's
+            # transaction (SQLite's write lock held past the busy timeout): not the action.
+            if connection.lost(exc) or (not self.called and isinstance(exc, DatabaseError)):
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
         # Only now, committed: a next job claimed in an outcome transaction that did not
@@ -311,7 +315,7 @@ class Execution:
     ) -> Any:
         """Run the action; return its value as stored (JSON), or raise."""
         job_token, notes_token = current_job.set(self.job), _notes.set(notes)
-        self.running_since = time.monotonic()
+        self.running_since, self.called = time.monotonic(), True
         try:
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):
@@ -344,7 +348,9 @@ class Execution:
     def failed(self, exc: BaseException, notes: list[str], duration: float) -> Result:
         job = self.job
         assert job is not None
-        error = "\n".join([*notes, describe(exc)])
+        # The exception's text (a receiver's header, say) as the database can store it: a
+        # NUL or a lone surrogate must not turn the action's failure into a refused write.
+        error = sql.clean_text("\n".join([*notes, describe(exc)]))
         outcome, retry_at = after_failure(job, exc)
         if outcome == Outcome.DEAD:
             return self.finish(Outcome.DEAD, error, failed=True, duration=duration)
@@ -364,6 +370,7 @@ class Execution:
         """Record a final outcome other than success (skipped or dead)."""
         job = self.job
         assert job is not None
+        message = sql.clean_text(message)  # it may quote an exception
         final = {"status": Status(outcome.value), "finished_at": timezone.now(),
                  "last_error": message}  # fmt: skip
         events: list[tuple[str, str]] = [(EventKind.FAILED, message)] if failed else []

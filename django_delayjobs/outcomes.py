@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import enum
 import logging
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,9 +91,10 @@ def after_failure(job: Job, exc: BaseException) -> tuple[Outcome, datetime.datet
     """
     if isinstance(exc, GiveUp) or job.attempts >= job.max_attempts:
         return Outcome.DEAD, None
-    if isinstance(exc, Retry) and exc.after is not None:
-        delay = datetime.timedelta(seconds=min(max(exc.after, 0.0), 86_400.0))
-    else:
+    after = exc.after if isinstance(exc, Retry) else None
+    if after is not None and not (isinstance(after, float) and math.isnan(after)):
+        delay = datetime.timedelta(seconds=min(max(after, 0.0), 86_400.0))
+    else:  # no delay given, or NaN (computed from a bad header, say): the usual backoff
         delay = datetime.timedelta(seconds=backoff_seconds(job.attempts))
     return Outcome.RETRYING, timezone.now() + min(delay, MAX_RETRY_AFTER)
 

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from . import timing
 from .conf import delayjobs_settings
-from .engine import PRIORITY_RANGE, Engine
+from .engine import PRIORITY_RANGE, Engine, validate_name
 from .models import ACTIVE, WAITING, Job, Status
 from .rows import parse_time
 
@@ -37,7 +37,8 @@ FRESH = timedelta(seconds=10)
 
 class Reconciled(Counter[str]):
     """Jobs re-added per queue; ``unusable``: rows whose due time cannot be used (poison
-    rows: id -> why), handed to a worker due now; ``skipped``: rows whose id is not one."""
+    rows: id -> why), handed to a worker due now; ``skipped``: rows no worker can claim,
+    whose id is not a job id or whose queue cannot name Redis keys."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,7 +58,9 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     others, nor wait forever: it is handed to Redis due now, counted in ``unusable`` and
     named in one log line. The worker then runs it if its row reads back (a job due in
     1969 is overdue), or settles it dead with the reason. Ids and due times are read as
-    text, which cannot fail, and converted here, row by row.
+    text, which cannot fail, and converted here, row by row. A row Redis cannot hold at
+    all (its id is not a job id, its queue cannot name keys) is left out, counted in
+    ``skipped`` and named in one log line.
 
     After a queue's shard count changed (``QUEUE_SHARDS``), a job still waiting in a shard
     of the old count is moved to its shard under the new one: added there, then removed
@@ -94,6 +97,11 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
                 result.skipped[str(raw_id)] = f"not a job id: {exc}"
                 continue
             try:
+                validate_name(queue, "queue")
+            except (TypeError, ValueError) as exc:  # an older version's, or hand-written
+                result.skipped[job_id] = str(exc)
+                continue
+            try:
                 batch[queue][job_id] = timing.to_ms(parse_time(raw_run_at, conn))
             except (ArithmeticError, ValueError) as exc:
                 result.unusable[job_id] = str(exc)
@@ -120,7 +128,7 @@ def _report(result: Reconciled, moved: Counter[str]) -> None:
     for rows, what in (
         (result.unusable, "whose due time cannot be used; handed them to a worker due now, "
                           "which runs each one or settles it dead"),
-        (result.skipped, "whose id is not a job id; fix or delete them"),
+        (result.skipped, "that no worker can claim; fix or delete them"),
     ):  # fmt: skip
         if rows:
             shown = "; ".join(f"{pk}: {why}" for pk, why in list(rows.items())[:10])

@@ -21,8 +21,19 @@ job_dead = Signal()
 
 def send(signal: Signal, job: Any, **kwargs: Any) -> None:
     """Send ``signal`` for ``job``; a failing receiver is logged, never raised to the
-    worker or to a transaction that already committed."""
-    for receiver, result in signal.send_robust(sender=type(job), job=job, **kwargs):
+    worker or to a transaction that already committed.
+
+    A receiver that raises a ``BaseException`` (``SystemExit``, a library's exception
+    that unwinds everything) is logged too, as the worker treats an action that does;
+    ``send_robust`` catches only ``Exception``, so the receivers after it miss this one.
+    """
+    try:
+        results = signal.send_robust(sender=type(job), job=job, **kwargs)
+    except BaseException as exc:
+        logger.error("a receiver of a django-delayjobs signal raised %r; the receivers "
+                     "after it were not called", exc, exc_info=exc)  # fmt: skip
+        return
+    for receiver, result in results:
         if isinstance(result, Exception):
             logger.error("receiver %r of a django-delayjobs signal failed", receiver,
                          exc_info=result)  # fmt: skip

@@ -185,12 +185,15 @@ def bury_unreadable(job_id: str, error: str, actor: str, now: datetime) -> bool:
 
 def clean_text(text: str, limit: int = 65_536) -> str:
     """``text`` as any database can store it: no NUL, no lone surrogates, at most
-    ``limit`` characters (the head and the tail of a longer one)."""
+    ``limit`` characters (the head and the tail of a longer one). Cleaning it again
+    changes nothing, so each writer may clean what it writes."""
     text = text.replace("\x00", "\\x00")
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) > limit:
-        half = limit // 2
-        text = f"{text[:half]}\n[... {len(text) - limit} characters cut ...]\n{text[-half:]}"
+        kept = max(0, limit - 64)  # room for the line that says how much was cut
+        head, tail = kept // 2, kept - kept // 2
+        cut = f"\n[... {len(text) - kept} characters cut ...]\n"
+        text = f"{text[:head]}{cut}{text[len(text) - tail :]}"
     return text
 
 

@@ -427,11 +427,14 @@ class WorkerProcess:
         thread = threading.get_ident()
         with self.held_lock:
             self.running[thread] = execution
+        bug = False
         try:
             result = execution.run()
         except Exception:  # a bug in this package: keep the thread, try the job later
-            logger.exception("job %s: unexpected error; handing it back", job_id)
+            logger.exception("job %s: unexpected error; handed back, due again in %s s",
+                             job_id, BUG_DELAY.total_seconds())  # fmt: skip
             result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
+            bug = True
         finally:
             with self.held_lock:
                 del self.running[thread]
@@ -443,7 +446,8 @@ class WorkerProcess:
         log_outcome(queue, job_id, result)
         if result.outcome == Outcome.HANDED_BACK:
             drop_connections()
-            backoff.failed("the database is unavailable", f"job {job_id} handed back")
+            if not bug:  # a bug is logged above: it is no outage
+                backoff.failed("the database is unavailable", f"job {job_id} handed back")
         else:
             backoff.ok()
         return execution.next_job

@@ -210,6 +210,23 @@ def test_a_redirect_is_not_followed_and_ends_the_job(callback_server):
     assert [r.path for r in callback_server.requests] == ["/hook"]
 
 
+def test_a_redirect_whose_location_holds_a_nul_ends_the_job_dead_after_one_request(
+    callback_server,
+):
+    """The receiver's header goes into the job's error. PostgreSQL refuses a NUL in text:
+    unless it is escaped, the outcome is handed back as if the database were down, the
+    request is sent again at every delivery and the job dies for a reason that is not
+    true."""
+    callback_server.script("/hook", *[Reply(302, b"", {"Location": "/next\x00"})] * 5)
+    job = schedule_http(callback_server.url(), in_=0, max_attempts=5)
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.deliveries) == (Status.DEAD, 1, 1)
+    assert "a redirect is not followed (Location: /next\\x00)" in job.last_error
+    time.sleep(0.2)
+    assert callback_server.count() == 1
+
+
 def test_a_server_that_never_answers_times_out_and_is_retried(callback_server, settings):
     settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_READ_TIMEOUT_SECONDS": 0.5,
                           "RETRY_BACKOFF_SECONDS": 60}  # fmt: skip

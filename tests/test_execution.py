@@ -72,6 +72,61 @@ def test_retry_is_still_bounded_by_max_attempts():
     assert job.status == Status.DEAD and "not yet" in job.last_error
 
 
+@pytest.mark.parametrize(
+    ("after", "least", "most"),
+    [
+        ("nan", 5, 10),  # no delay at all: the usual backoff (RETRY_BACKOFF_SECONDS 10)
+        ("inf", 86_399, 86_400),  # at most a day
+        ("1e308", 86_399, 86_400),
+    ],
+)
+def test_a_retry_delay_out_of_range_is_bounded_and_still_the_actions_failure(
+    caplog, after, least, most
+):
+    job = schedule(tasks.retry_after_text, in_=0, args=[after], max_attempts=2)
+    before = timezone.now()
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.RETRYING, 1), job.last_error
+    assert job.last_error == "Retry: receiver busy"
+    assert [k for k, _ in events(job)] == ["scheduled", "started", "failed"]
+    assert before + timedelta(seconds=least) <= job.run_at
+    assert job.run_at <= timezone.now() + timedelta(seconds=most)
+    assert "database is unavailable" not in caplog.text
+
+
+def test_a_retry_delay_that_is_not_a_number_is_refused_where_it_is_raised():
+    from django_delayjobs import Retry
+
+    with pytest.raises(TypeError, match="after must be a timedelta or seconds, not str"):
+        Retry("busy", after="60")  # type: ignore[arg-type]
+    assert Retry("busy", after=timedelta(minutes=1)).after == 60
+
+
+@pytest.mark.parametrize("escaped", ["r\\udce9sum", "a\\x00b"])
+def test_an_error_text_the_database_cannot_store_is_still_the_actions_failure(caplog, escaped):
+    """A lone surrogate (and, on PostgreSQL, a NUL) is stored escaped: the failure is
+    recorded and signalled, not handed back as a database outage until the job dies
+    for a reason that is not true."""
+    failed = []
+
+    def on_failed(sender, job, error, **kwargs):
+        failed.append(error)
+
+    signals.job_failed.connect(on_failed)
+    try:
+        job = schedule(tasks.raise_text, in_=0, args=[escaped], max_attempts=1)
+        burst()
+    finally:
+        signals.job_failed.disconnect(on_failed)
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.deliveries) == (Status.DEAD, 1, 1)
+    assert f"RuntimeError: {escaped}\n" in job.last_error  # as written, escaped
+    assert [k for k, _ in events(job)] == ["scheduled", "started", "failed", "dead"]
+    assert failed == [job.last_error]
+    assert "database is unavailable" not in caplog.text
+
+
 def test_give_up_ends_the_job_dead_with_attempts_left():
     received = []
 

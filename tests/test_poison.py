@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from io import StringIO
@@ -23,6 +24,7 @@ from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import horizon, reconcile
+from django_delayjobs.worker import Options, WorkerProcess
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -173,6 +175,56 @@ def test_a_worker_keeps_repairing_with_a_poison_row_in_the_table(redis_url, redi
         assert stop(worker) == 0
     assert Record.objects.count() == 6
     assert Job.objects.get(pk=bad.pk).status == Status.SUCCEEDED
+
+
+def plant_queue(job: Job, queue: str) -> None:
+    """Give ``job`` a queue no Redis key can carry, with raw SQL (an older version's)."""
+    table, quote = connection.ops.quote_name(Job._meta.db_table), connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET {quote('queue')} = %s WHERE {quote('id')} = %s",
+            [queue, Job._meta.pk.get_db_prep_value(job.pk, connection)],
+        )
+
+
+def test_reconcile_skips_a_row_whose_queue_cannot_name_redis_keys_and_names_it(redis_client,
+                                                                              caplog):  # fmt: skip
+    bad = schedule(tasks.record, in_=0, args=["poison"])
+    plant_queue(bad, "old queue")
+    [schedule(tasks.record, in_=0, args=[f"good-{i}"]) for i in range(5)]
+    age_rows()
+    redis_client.flushall()
+    with caplog.at_level(logging.WARNING, logger="django_delayjobs.reconcile"):
+        repaired = reconcile(get_engine(), horizon=horizon())
+    assert repaired["default"] == 5
+    assert list(repaired.skipped) == [str(bad.pk)]
+    assert "'old queue' is not valid" in repaired.skipped[str(bad.pk)]
+    (line,) = [r.getMessage() for r in caplog.records if "no worker can claim" in r.getMessage()]
+    assert str(bad.pk) in line and "1 job(s)" in line
+    out = StringIO()
+    call_command("delayjobs_reconcile", stdout=out)
+    assert f"{str(bad.pk)!r}: skipped (queue 'old queue' is not valid" in out.getvalue()
+    burst()
+    assert Record.objects.count() == 5
+    assert Job.objects.get(pk=bad.pk).status == Status.SCHEDULED  # left for a person to fix
+
+
+def test_a_worker_keeps_running_beside_a_row_whose_queue_cannot_name_redis_keys(caplog):
+    """The reconcile thread used to die on such a row, and the worker with it (exit 1)
+    at every start."""
+    bad = schedule(tasks.record, in_=60, args=["poison"])  # within the sweep's horizon
+    plant_queue(bad, "old queue")
+    process = WorkerProcess(get_engine(), Options(queues=["default"], tick=0.1))
+    thread = threading.Thread(target=process.run)
+    thread.start()
+    try:
+        wait_for(lambda: "no worker can claim" in caplog.text)
+        schedule(tasks.record, in_=0, args=["healthy"])
+        wait_for(lambda: Record.objects.filter(label="healthy").exists())
+        assert process.fatal is None and thread.is_alive()
+    finally:
+        process.stop()
+        thread.join(10)
 
 
 # -- the admin and the API render poison rows ---------------------------------------------

@@ -177,6 +177,25 @@ def test_a_failing_signal_receiver_neither_breaks_the_job_nor_the_worker(caplog)
     assert "receiver" in caplog.text and "receiver bug" in caplog.text
 
 
+def test_a_signal_receiver_raising_a_base_exception_is_logged_and_the_worker_goes_on(caplog):
+    """As an action's ``SystemExit`` is: it used to kill the worker thread (exit 1)."""
+    from django_delayjobs import signals
+
+    def unwinds(sender, job, **kwargs):
+        if job.args == ["first"]:
+            raise tasks.CustomBaseException("receiver unwinds")
+
+    signals.job_succeeded.connect(unwinds)
+    try:
+        jobs = [schedule(tasks.record, in_=0, args=[label]) for label in ("first", "second")]
+        burst()  # one worker thread: it must survive the first job to run the second
+    finally:
+        signals.job_succeeded.disconnect(unwinds)
+    assert [Job.objects.get(pk=j.pk).status for j in jobs] == [Status.SUCCEEDED] * 2
+    assert "CustomBaseException('receiver unwinds')" in caplog.text
+    assert "died" not in caplog.text
+
+
 def test_a_prefetched_job_is_claimed_only_when_it_starts_so_a_cancel_still_wins():
     past = timezone.now() - timedelta(seconds=1)
     victim = build_job(tasks.record, at=past, args=["victim ran"])
@@ -214,6 +233,53 @@ def autocheckpoint() -> int:
     with connection.cursor() as cursor:
         cursor.execute("PRAGMA wal_autocheckpoint")
         return cursor.fetchone()[0]
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's write lock")
+def test_a_database_locked_for_a_moment_as_the_action_begins_costs_no_attempt(settings):
+    """Another connection holds SQLite's write lock past the worker's busy timeout just as
+    the action's transaction begins (BEGIN IMMEDIATE): the database refused, the action
+    never ran. It used to fail the attempt ("database is locked"), and a job with
+    max_attempts=1 was dead although its action never ran."""
+    from django_delayjobs import signals
+
+    options = connections.settings["default"].setdefault("OPTIONS", {})
+    saved = options.get("timeout")
+    locked = threading.Event()
+
+    def hold_the_write_lock() -> None:
+        other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        locked.set()
+        time.sleep(0.75)  # past the busy timeout, not past the next write's
+        other.execute("COMMIT")
+        other.close()
+
+    def on_started(sender, job, **kwargs):
+        threading.Thread(target=hold_the_write_lock, daemon=True).start()
+        locked.wait(5)
+
+    job = schedule(tasks.record, in_=0, args=["ran"], max_attempts=1)
+    options["timeout"] = 0.5  # the burst's worker thread opens its connection with it
+    signals.job_started.connect(on_started)
+    try:
+        burst()
+    finally:
+        signals.job_started.disconnect(on_started)
+        options["timeout"] = saved
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.deliveries) == (Status.RUNNING, 1, 1)
+    assert not Record.objects.exists()
+
+    def run_again() -> bool:  # the hand-back is due again in 1 s
+        burst()
+        job.refresh_from_db()
+        return job.status != Status.RUNNING
+
+    wait_for(run_again, timeout=10, every=0.2)
+    assert (job.status, job.attempts, job.deliveries) == (Status.SUCCEEDED, 1, 2)
+    assert "failed" not in job.events.values_list("kind", flat=True)
+    assert Record.objects.filter(label="ran").count() == 1
 
 
 @sqlite_only

@@ -128,6 +128,21 @@ def retry_later(seconds: float, label: str) -> str:
 
 
 @delayable
+def retry_after_text(after: str) -> None:
+    """Asks to be retried after ``float(after)`` seconds (JSON holds no NaN or inf)."""
+    from django_delayjobs import Retry
+
+    raise Retry("receiver busy", after=float(after))
+
+
+@delayable
+def raise_text(escaped: str) -> None:
+    """Raises with ``escaped``, its escapes decoded, as its message: a NUL or a lone
+    surrogate, which no argument may hold."""
+    raise RuntimeError(escaped.encode().decode("unicode_escape"))
+
+
+@delayable
 def give_up(reason: str) -> None:
     from django_delayjobs import GiveUp
 
