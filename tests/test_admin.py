@@ -199,6 +199,26 @@ def test_date_hierarchy_drills_down_by_run_at(admin_client):
     assert f"run_at__month={job.run_at.month}" in html
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"run_at__day": "31"}, {"run_at__day": "0"}, {"run_at__day": "9" * 30},
+        {"run_at__month": "11"}, {"run_at__year": "2030", "run_at__day": "5"},
+        {"run_at__year": "2030", "run_at__month": "11", "run_at__day": "9" * 30},
+    ],
+)  # fmt: skip
+def test_date_hierarchy_redirects_a_day_or_month_without_a_year_as_a_bad_filter(
+    admin_client, query
+):
+    """All jobs in one 30-day month used to put its year and month with the query's day 31:
+    a 500. A drill-down that is not year[, month[, day]] is Django's "?e=1" redirect."""
+    for day in (5, 20):
+        schedule(tasks.record, at=datetime.datetime(2030, 11, day, tzinfo=datetime.UTC), args=["x"])
+    response = admin_client.get(reverse(CHANGELIST), query)
+    assert response.status_code == 302
+    assert response.url.endswith("?e=1")
+
+
 def test_lateness_is_start_minus_due_time(admin_client):
     job = schedule(tasks.record, in_=60, args=["a"])
     Job.objects.filter(pk=job.pk).update(
