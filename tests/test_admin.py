@@ -183,6 +183,17 @@ def test_search_finds_a_job_by_exact_id_key_or_target_id(admin_client, by):
     assert str(job.pk)[-8:] in html and str(other.pk)[-8:] not in html
 
 
+@pytest.mark.parametrize(("term", "expected"), [("k ", "spaced"), ("k", "plain"), (" k", None)])
+def test_search_matches_a_key_exactly_spaces_included(admin_client, term, expected):
+    jobs = {
+        "spaced": schedule(tasks.record, in_=60, args=["a"], key="k "),
+        "plain": schedule(tasks.record, in_=60, args=["b"], key="k"),
+    }
+    response = admin_client.get(reverse(CHANGELIST), {"q": term})
+    found = [job.pk for job in response.context["cl"].result_list]
+    assert found == ([jobs[expected].pk] if expected else [])
+
+
 def test_search_for_nothing_known_finds_nothing(admin_client):
     schedule(tasks.record, in_=60, args=["a"])
     response = admin_client.get(reverse(CHANGELIST), {"q": "no-such-thing"})
