@@ -126,6 +126,7 @@ def describe(fn: object) -> ActionRef:
             raise InvalidSchedule(
                 f"{fn!r} is bound to an unsaved {type(instance).__name__}; save it first"
             )
+        check_single_pk(instance)
         return ActionRef(f"{instance._meta.label}.{fn.method.name}", instance)
     name = getattr(fn, "delayable_name", None)
     if name is not None and _functions.get(name) is fn:
@@ -135,6 +136,15 @@ def describe(fn: object) -> ActionRef:
     if getattr(fn, "__name__", None) == "<lambda>":
         raise NotDelayable("a lambda cannot be scheduled: it has no stable name to store")
     raise NotDelayable(f"{fn!r} is not registered: decorate it with @delayable")
+
+
+def check_single_pk(instance: Model) -> None:
+    """Raise ``NotDelayable`` if a job cannot name ``instance`` by one primary key value."""
+    if instance._meta.is_composite_pk:
+        raise NotDelayable(
+            f"{type(instance).__name__} has a composite primary key, and a job names its "
+            "target by one value: schedule a @delayable function that takes the key's parts"
+        )
 
 
 def resolve(name: str, target: Model | None) -> Callable[..., Any]:

@@ -15,6 +15,7 @@ import uuid
 import pytest
 from django.contrib import admin
 from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.db import connection
@@ -28,7 +29,7 @@ from django_delayjobs.admin.pagination import EstimatedCountPaginator
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import EventKind, Job, JobEvent, Status
 from tests.testapp import tasks
-from tests.testapp.models import Thing
+from tests.testapp.models import Sku, Thing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,15 +91,15 @@ def nobody(client, django_user_model):
 
 
 @pytest.fixture
-def thing_admin(settings):
-    """Thing registered on the admin site, so a job's target links to its change page."""
-    admin.site.register(Thing)
+def target_admin(settings):
+    """Thing and Sku registered on the admin site, so a job's target links to its page."""
+    admin.site.register([Thing, Sku])
     urls = types.ModuleType("delayjobs_admin_test_urls")
     urls.urlpatterns = [path("admin/", admin.site.urls)]  # type: ignore[attr-defined]
     sys.modules[urls.__name__] = urls
     settings.ROOT_URLCONF = urls.__name__
     yield
-    admin.site.unregister(Thing)
+    admin.site.unregister([Thing, Sku])
     del sys.modules[urls.__name__]
 
 
@@ -118,7 +119,7 @@ def actors(job: Job) -> list[tuple[str, str]]:
 # -- the job list --------------------------------------------------------------------
 
 
-def test_changelist_shows_columns_filters_and_queue_link(admin_client, thing_admin):
+def test_changelist_shows_columns_filters_and_queue_link(admin_client, target_admin):
     thing = Thing.objects.create(name="t")
     job = schedule(thing.expire, in_=3600, queue="orders", key="order-1")
     response = admin_client.get(reverse(CHANGELIST))
@@ -183,6 +184,17 @@ def test_search_finds_a_job_by_exact_id_key_or_target_id(admin_client, by):
     assert str(job.pk)[-8:] in html and str(other.pk)[-8:] not in html
 
 
+@pytest.mark.parametrize(("term", "expected"), [("k ", "spaced"), ("k", "plain"), (" k", None)])
+def test_search_matches_a_key_exactly_spaces_included(admin_client, term, expected):
+    jobs = {
+        "spaced": schedule(tasks.record, in_=60, args=["a"], key="k "),
+        "plain": schedule(tasks.record, in_=60, args=["b"], key="k"),
+    }
+    response = admin_client.get(reverse(CHANGELIST), {"q": term})
+    found = [job.pk for job in response.context["cl"].result_list]
+    assert found == ([jobs[expected].pk] if expected else [])
+
+
 def test_search_for_nothing_known_finds_nothing(admin_client):
     schedule(tasks.record, in_=60, args=["a"])
     response = admin_client.get(reverse(CHANGELIST), {"q": "no-such-thing"})
@@ -197,6 +209,26 @@ def test_date_hierarchy_drills_down_by_run_at(admin_client):
     html = admin_client.get(reverse(CHANGELIST), {"run_at__year": year}).content.decode()
     assert str(job.pk)[-8:] in html and str(past.pk)[-8:] not in html
     assert f"run_at__month={job.run_at.month}" in html
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"run_at__day": "31"}, {"run_at__day": "0"}, {"run_at__day": "9" * 30},
+        {"run_at__month": "11"}, {"run_at__year": "2030", "run_at__day": "5"},
+        {"run_at__year": "2030", "run_at__month": "11", "run_at__day": "9" * 30},
+    ],
+)  # fmt: skip
+def test_date_hierarchy_redirects_a_day_or_month_without_a_year_as_a_bad_filter(
+    admin_client, query
+):
+    """All jobs in one 30-day month used to put its year and month with the query's day 31:
+    a 500. A drill-down that is not year[, month[, day]] is Django's "?e=1" redirect."""
+    for day in (5, 20):
+        schedule(tasks.record, at=datetime.datetime(2030, 11, day, tzinfo=datetime.UTC), args=["x"])
+    response = admin_client.get(reverse(CHANGELIST), query)
+    assert response.status_code == 302
+    assert response.url.endswith("?e=1")
 
 
 def test_lateness_is_start_minus_due_time(admin_client):
@@ -239,13 +271,24 @@ def test_detail_is_read_only_with_history_and_error(admin_client):
     assert Job.objects.get(pk=job.pk).status == before.status == Status.DEAD
 
 
-def test_detail_links_the_target(admin_client, thing_admin):
+def test_detail_links_the_target(admin_client, target_admin):
     thing = Thing.objects.create(name="linked")
     job = schedule(thing.expire, in_=60)
     html = admin_client.get(
         reverse("admin:django_delayjobs_job_change", args=[job.pk])
     ).content.decode()
     assert reverse("admin:testapp_thing_change", args=[thing.pk]) in html
+
+
+def test_detail_links_a_target_whose_primary_key_the_admin_quotes(admin_client, target_admin):
+    """The admin unquotes object ids ("_25" is "%"): an unquoted link to Sku "sku_25off"
+    opened "sku%off", which does not exist."""
+    sku = Sku.objects.create(code="sku_25off")
+    job = schedule(sku.touch, in_=60)
+    page = admin_client.get(reverse("admin:django_delayjobs_job_change", args=[job.pk]))
+    link = reverse("admin:testapp_sku_change", args=[quote(sku.pk)])
+    assert f'href="{link}"' in page.content.decode()
+    assert admin_client.get(link).status_code == 200
 
 
 def test_viewer_sees_the_history_too(viewer):

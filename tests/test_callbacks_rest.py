@@ -183,6 +183,19 @@ def test_cancel_by_id_and_by_key_in_a_queue(admin):
     assert done.status_code == 200 and done.json()["id"] == b
 
 
+def test_a_key_with_spaces_is_kept_and_found_exactly(admin):
+    """DRF's CharField trimmed keys: "k " was stored, cancelled and moved as "k"."""
+    spaced = post(admin, "callbacks", {"url": HOOK, "in": 60, "key": "k "})
+    plain = post(admin, "callbacks", {"url": HOOK, "in": 60, "key": "k"})
+    assert (spaced.status_code, plain.status_code) == (201, 201)
+    assert Job.objects.get(pk=spaced.json()["id"]).key == "k "
+    moved = post(admin, "callbacks/reschedule", {"key": "k", "in": 3600})
+    assert moved.status_code == 200 and moved.json()["id"] == plain.json()["id"]
+    cancelled = post(admin, "callbacks/cancel", {"key": "k "})
+    assert cancelled.status_code == 200 and cancelled.json()["id"] == spaced.json()["id"]
+    assert Job.objects.get(pk=plain.json()["id"]).status == Status.SCHEDULED
+
+
 def test_only_callbacks_are_found_here(admin):
     python_job = schedule(tasks.record, in_=60, args=["x"], key="k")
     assert post(admin, "callbacks/cancel", {"id": str(python_job.pk)}).status_code == 404

@@ -103,6 +103,22 @@ def test_filters(api, assorted, query, expected):
     assert ids(api.get(url("jobs") + "?" + query)) == [str(assorted[k].pk) for k in expected]
 
 
+@pytest.mark.parametrize(("query", "expected"), [("k ", "spaced"), ("k", "plain")])
+def test_the_key_filter_is_exact_spaces_included(api, query, expected):
+    """docs/api.md: `key` filters exactly; DRF's CharField trimmed "k " to "k"."""
+    thing = Thing.objects.create()
+    jobs = {
+        "spaced": schedule(thing.touch, in_=60, key="k "),
+        "plain": schedule(thing.expire, in_=60, key="k"),
+    }
+    assert ids(api.get(url("jobs"), {"key": query})) == [str(jobs[expected].pk)]
+
+
+@pytest.mark.parametrize("query", [{"queue": "orders "}, {"action": " tests.testapp.tasks.record"}])
+def test_the_queue_and_action_filters_are_exact_too(api, assorted, query):
+    assert ids(api.get(url("jobs"), query)) == []
+
+
 def test_action_names_match_what_schedule_stored(assorted):
     # the parametrized action filter above relies on this name
     assert assorted["c"].action == "tests.testapp.tasks.record"

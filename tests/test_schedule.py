@@ -17,7 +17,7 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
 from django_delayjobs.models import EventKind, Job, JobEvent, Status, time_ordered_uuid
 from tests.testapp import tasks
-from tests.testapp.models import Thing, thing_paid
+from tests.testapp.models import Pair, Thing, thing_paid
 
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 MS = datetime.timedelta(milliseconds=1)
@@ -163,6 +163,19 @@ class Unsaved:
 def test_bad_input_raises_and_writes_nothing(thing, redis_client, call, error, message):
     with pytest.raises(error, match=message):
         call(thing)
+    assert not Job.objects.exists()
+    assert not JobEvent.objects.exists()
+    assert redis_client.dbsize() == 0
+
+
+def test_a_method_of_a_composite_primary_key_model_is_refused(redis_client):
+    """A job names its target by one primary key value. Pair's pk (1, 2) was stored as
+    "(1, 2)", which the worker could never look up: the job went dead."""
+    pair = Pair.objects.create(a=1, b=2)
+    with pytest.raises(NotDelayable, match="composite primary key"):
+        schedule(pair.touch, in_=0)
+    with pytest.raises(NotDelayable, match="composite primary key"):
+        cancel_for(pair)
     assert not Job.objects.exists()
     assert not JobEvent.objects.exists()
     assert redis_client.dbsize() == 0

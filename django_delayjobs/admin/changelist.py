@@ -81,17 +81,22 @@ class JobChangeList(ChangeList):
 
     def get_filters_params(self, params: Any = None) -> Any:
         """Turn the drill-down's year/month/day into bounds here: Django's own conversion
-        overflows on year 9999 (and on year 1 in a zone ahead of UTC)."""
+        overflows on year 9999 (and on year 1 in a zone ahead of UTC).
+
+        The drill-down is a year, a year and month, or a full date; anything else (a day
+        without a year, a day that no month has) is Django's "?e=1", never a 500.
+        """
         lookup = super().get_filters_params(params)
         field = self.date_hierarchy
         parts = [lookup.pop(f"{field}__{part}", None) for part in ("year", "month", "day")]
-        if parts[0] is None:
+        if parts == [None, None, None]:
             return lookup
         try:
             year, month, day = (None if p is None else int(p[-1]) for p in parts)
-            assert year is not None
+            if year is None or (month is None and day is not None):
+                raise ValueError("the date drill-down takes a year, then a month, then a day")
             datetime.date(year, month or 1, day or 1)  # a real date
-        except ValueError as exc:
+        except (OverflowError, ValueError) as exc:
             raise IncorrectLookupParameters(exc) from exc
         start, end = period(year, month, day)
         if start is None and end is None:

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.utils import quote
 from django.contrib.contenttypes.models import ContentType
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
@@ -103,7 +104,7 @@ def target_url(job: Job, site: admin.AdminSite) -> str | None:
         return None
     name = f"{site.name}:{model._meta.app_label}_{model._meta.model_name}_change"
     try:
-        return reverse(name, args=[job.target_id])
+        return reverse(name, args=[quote(job.target_id)])  # the admin unquotes object ids
     except NoReverseMatch:
         return None
 

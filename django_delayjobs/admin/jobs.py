@@ -163,17 +163,17 @@ class JobAdmin(JobModelAdmin):
         """Exact matches of id, key or target id; at most ``search_limit`` jobs.
 
         The matching ids are read once: the count, the page and the date hierarchy then
-        look them up by primary key instead of each searching the table again.
+        look them up by primary key instead of each searching the table again. The term
+        is not stripped: a key may begin or end with a space.
         """
-        term = search_term.strip()
-        if not term:
+        if not search_term:
             return queryset, False
         with contextlib.suppress(ValueError):  # not a UUID: no job has it as its id
             # A job's own id is not also some other job's key or target: done.
-            by_id = queryset.filter(pk=uuid.UUID(term))
+            by_id = queryset.filter(pk=uuid.UUID(search_term))
             if by_id.exists():
                 return by_id, False
-        match = Q(key=term) | Q(target_id=term)
+        match = Q(key=search_term) | Q(target_id=search_term)
         found = list(queryset.filter(match).values_list("pk", flat=True)[: self.search_limit])
         return queryset.filter(pk__in=found), False
 

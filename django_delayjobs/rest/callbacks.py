@@ -69,7 +69,7 @@ class CallbackSerializer(s.StrictSerializer):
     )  # fmt: skip
     at = s.AwareDateTimeField(required=False, help_text="When to call (ISO 8601 with offset).")
     key = serializers.CharField(
-        max_length=255, required=False,
+        max_length=255, required=False, trim_whitespace=False,  # a key is kept as it is
         help_text="Idempotency key: while a job with this key is active, it is returned (200).",
     )  # fmt: skip
     queue = serializers.CharField(max_length=64, required=False)
@@ -105,7 +105,7 @@ class LookupSerializer(s.StrictSerializer):
     """Which callback: its ``id``, or its ``key`` (in ``queue``, default the default queue)."""
 
     id = serializers.UUIDField(required=False)
-    key = serializers.CharField(max_length=255, required=False)
+    key = serializers.CharField(max_length=255, required=False, trim_whitespace=False)
     queue = serializers.CharField(max_length=64, required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

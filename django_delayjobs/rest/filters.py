@@ -20,15 +20,17 @@ class JobFilterSerializer(serializers.Serializer[Any]):
         child=serializers.CharField(), required=False,
         help_text="One or more statuses: repeat the parameter or separate them by commas.",
     )  # fmt: skip
-    queue = serializers.CharField(required=False, max_length=64)
-    action = serializers.CharField(required=False, max_length=255)
-    key = serializers.CharField(required=False, max_length=255)
+    # Exact values: DRF would trim "k " to "k" and find another job's key.
+    queue = serializers.CharField(required=False, max_length=64, trim_whitespace=False)
+    action = serializers.CharField(required=False, max_length=255, trim_whitespace=False)
+    key = serializers.CharField(required=False, max_length=255, trim_whitespace=False)
     target_type = serializers.CharField(
         required=False, help_text="The target's model as app_label.model, e.g. shop.order."
     )
     target_id = serializers.CharField(
-        required=False, max_length=64, help_text="The target's primary key; needs target_type."
-    )
+        required=False, max_length=64, trim_whitespace=False,
+        help_text="The target's primary key; needs target_type.",
+    )  # fmt: skip
     run_at_after = AwareDateTimeField(
         required=False, help_text="Only jobs due at or after this time (ISO 8601 with offset)."
     )

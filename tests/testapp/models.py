@@ -40,3 +40,26 @@ class Record(models.Model):
 
     label = models.CharField(max_length=100)
     created = models.DateTimeField(auto_now_add=True)
+
+
+class Pair(models.Model):
+    """A model with Django 5.2's composite primary key: ``pk`` is a tuple."""
+
+    pk = models.CompositePrimaryKey("a", "b")
+    a = models.IntegerField()
+    b = models.IntegerField()
+    touched = models.IntegerField(default=0)
+
+    @delayable
+    def touch(self) -> None:
+        Pair.objects.filter(pk=self.pk).update(touched=models.F("touched") + 1)
+
+
+class Sku(models.Model):
+    """A model with a text primary key, which the admin quotes in its URLs."""
+
+    code = models.CharField(max_length=40, primary_key=True)
+
+    @delayable
+    def touch(self) -> None:
+        pass
