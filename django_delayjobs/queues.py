@@ -15,7 +15,7 @@ from typing import Any
 
 from .conf import delayjobs_settings
 from .connection import get_engine
-from .engine import Engine, QueueStats
+from .engine import Engine, QueueStats, validate_name
 from .models import ACTIVE, Job, Status
 from .rows import tolerant
 
@@ -98,14 +98,23 @@ class QueueState:
 
 
 def queue_names(engine: Engine | None = None) -> list[str]:
-    """Every queue Redis knows of, plus those of active jobs and the default queue."""
+    """Every queue Redis knows of, plus those of active jobs and the default queue; not a
+    name no Redis key can carry (a row written by hand: reconcile names it)."""
     engine = engine or get_engine()
     names = set(engine.known_queues()) | {delayjobs_settings.DEFAULT_QUEUE}
     # order_by(): with Meta.ordering's run_at, DISTINCT would be over (queue, run_at) and
     # return a row per active job.
     active = Job.objects.filter(status__in=ACTIVE).order_by().values_list("queue", flat=True)
     names |= set(active.distinct())
-    return sorted(names)
+    return sorted(name for name in names if _valid(name))
+
+
+def _valid(name: str) -> bool:
+    try:
+        validate_name(name, "queue")
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) -> QueueState:

@@ -237,6 +237,25 @@ def superuser_clients(client):
     return client, client_for(user)
 
 
+def test_the_pages_that_list_queues_leave_out_a_queue_that_cannot_name_redis_keys(
+    superuser_clients, settings
+):
+    """Every queue of an active job is listed, each read from Redis: a name Redis keys
+    cannot carry raised ValueError in the queue page, the API and the metrics (500s)."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}
+    admin, api = superuser_clients
+    plant_queue(schedule(tasks.record, in_=60, args=["poison"]), "old queue")
+    pages = {
+        "admin queues": admin.get(reverse(QUEUES)),
+        "admin queues, charts": admin.get(reverse(QUEUES), {"charts": "1h"}),
+        "api queues": api.get(url("queues")),
+        "metrics": admin.get(reverse("delayjobs_metrics"), HTTP_AUTHORIZATION="Bearer " + "t" * 32),
+    }
+    for page, response in pages.items():
+        assert response.status_code == 200, (page, response.content[:300])
+    assert [q["queue"] for q in pages["api queues"].json()["queues"]] == ["default"]
+
+
 @pytest.mark.parametrize("name", list(POISON))
 def test_admin_and_api_render_a_poison_row(name, superuser_clients):
     admin, api = superuser_clients
