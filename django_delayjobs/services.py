@@ -27,7 +27,7 @@ from .engine import MAX_BATCH, EngineUnavailable
 from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, Status
 from .outcomes import Outage
-from .registry import BoundAction, DelayableMethod, check_single_pk, describe
+from .registry import BoundAction, DelayableMethod, describe
 from .rows import Unreadable
 
 logger = logging.getLogger("django_delayjobs")
@@ -277,7 +277,8 @@ def cancel_for(
     """
     if obj.pk is None:
         raise ValueError(f"{obj!r} is not saved, so no job can target it")
-    check_single_pk(obj)  # no job can target it either
+    if obj._meta.is_composite_pk:  # schedule() refuses it: no job can target it
+        return 0
     jobs = Job.objects.filter(
         target_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
         target_id=str(obj.pk),
