@@ -198,6 +198,12 @@ def test_bad_allowlist_entries_are_refused(entry):
         ("2002:a9fe:a9fe::", "6to4 IPv6: link-local (169.254.0.0/16, cloud metadata)", False),
         ("::127.0.0.1", "IPv4-compatible IPv6: loopback", True),
         ("2001:db8::1", "not globally routable", False),
+        # Ranges Python 3.11.7's is_global still calls global (fixed in 3.11.10, 3.12.4):
+        ("192.0.0.8", "IETF protocol assignments (192.0.0.0/24)", False),
+        ("64:ff9b:1::a9fe:a9fe", "local-use NAT64 (64:ff9b:1::/48)", False),  # the metadata one
+        ("64:ff9b:1::7f00:1", "local-use NAT64 (64:ff9b:1::/48)", False),
+        ("3fff::1", "IPv6 documentation (3fff::/20)", False),
+        ("5f00::1", "IPv6 segment routing (5f00::/16)", False),
     ],
 )  # fmt: skip
 def test_address_rules(address, rule, private_ok):

@@ -178,6 +178,12 @@ def test_a_body_within_http_max_request_bytes_is_still_held_to_max_json_bytes(ht
         ("payments:/../admin", "'..' segments"),
         ("payments:/a/%2e%2e/b", "'..' segments"),
         ("payments:/./a", "'..' segments"),
+        # A backslash is a '/' to WHATWG parsers (Node, proxies) and IIS: /v2/hooks/..\..\x
+        # would be /x there; raw it is refused, percent-encoded it ends a segment.
+        ("payments:/..\\..\\admin", "no '#' or backslash"),
+        ("payments:/x/..\\/admin", "no '#' or backslash"),
+        ("payments:/..%5c..%5cadmin", "'..' segments"),
+        ("payments:/a/..%2Fadmin", "'..' segments"),
         ("payments://evil.example/x", "not http or https"),
         ("payments:/a b", "visible ASCII"),
         ("payments:/a#b", "no '#'"),

@@ -219,7 +219,8 @@ _V4 = ipaddress.IPv4Network
 _V6 = ipaddress.IPv6Network
 
 #: (network, rule name, allowed by HTTP_ALLOW_PRIVATE_NETWORKS). The first match decides;
-#: an address in none of them must still be globally routable.
+#: an address in none of them must still be globally routable (``is_global``, which older
+#: Pythons do not know for every range: those that matter are listed here).
 RULES: tuple[tuple[_V4 | _V6, str, bool], ...] = (
     (_V4("0.0.0.0/8"), "this network (0.0.0.0/8)", False),
     (_V4("10.0.0.0/8"), "private network (RFC 1918)", True),
@@ -228,6 +229,7 @@ RULES: tuple[tuple[_V4 | _V6, str, bool], ...] = (
     (_V4("127.0.0.0/8"), "loopback", True),
     (_V4("169.254.0.0/16"), "link-local (169.254.0.0/16, cloud metadata)", False),
     (_V4("172.16.0.0/12"), "private network (RFC 1918)", True),
+    (_V4("192.0.0.0/24"), "IETF protocol assignments (192.0.0.0/24)", False),
     (_V4("192.168.0.0/16"), "private network (RFC 1918)", True),
     (_V4("224.0.0.0/4"), "multicast", False),
     (_V4("255.255.255.255/32"), "broadcast", False),
@@ -235,6 +237,10 @@ RULES: tuple[tuple[_V4 | _V6, str, bool], ...] = (
     (_V6("::/128"), "unspecified address", False),
     (_V6("::1/128"), "IPv6 loopback", True),
     (_V6("fd00:ec2::254/128"), "cloud metadata address", False),
+    # A site's own NAT64 (RFC 8215): it may carry any IPv4 address, the metadata one too.
+    (_V6("64:ff9b:1::/48"), "local-use NAT64 (64:ff9b:1::/48)", False),
+    (_V6("3fff::/20"), "IPv6 documentation (3fff::/20)", False),
+    (_V6("5f00::/16"), "IPv6 segment routing (5f00::/16)", False),
     (_V6("fc00::/7"), "IPv6 unique local (fc00::/7)", True),
     (_V6("fe80::/10"), "IPv6 link-local (fe80::/10)", False),
     (_V6("fec0::/10"), "IPv6 site-local (fec0::/10)", False),

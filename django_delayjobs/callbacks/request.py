@@ -27,8 +27,11 @@ from .policy import MAX_URL_LENGTH, Target, addresses, check_host, parse_url
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 _NO_BODY = frozenset({"GET", "HEAD"})
 _DESTINATION_URL = re.compile(r"([a-z][a-z0-9_-]{0,63}):(/.*)", re.DOTALL)
-_PATH = re.compile(r"/[\x21-\x7e]*")
+_PATH = re.compile(r"/[\x21-\x5b\x5d-\x7e]*")  # visible ASCII but the backslash
 _DOT_SEGMENT = re.compile(r"(?:\.|%2e){1,2}", re.IGNORECASE)
+# Where a segment ends for some receiver: a slash, or one percent-encoded (a server that
+# decodes it first), or a backslash so encoded (WHATWG and IIS read a backslash as '/').
+_SEPARATOR = re.compile(r"/|%2f|%5c", re.IGNORECASE)
 
 
 class InvalidCallback(InvalidSchedule):
@@ -92,11 +95,11 @@ class CallbackRequest:
 def _check_path(path: str) -> str:
     if len(path) > MAX_URL_LENGTH or not _PATH.fullmatch(path) or "#" in path:
         raise InvalidCallback(
-            f"the path {path!r} must start with '/' and hold visible ASCII only (no '#'; "
-            "percent-encode the rest)",
+            f"the path {path!r} must start with '/' and hold visible ASCII only (no '#' or "
+            "backslash; percent-encode the rest)",
             "url",
         )
-    segments = path.partition("?")[0].split("/")
+    segments = _SEPARATOR.split(path.partition("?")[0])
     if path.startswith("//") or any(_DOT_SEGMENT.fullmatch(s) for s in segments):
         raise InvalidCallback(
             f"the path {path!r} must not start with '//' or hold '.' or '..' segments: it "
