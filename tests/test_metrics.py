@@ -22,6 +22,7 @@ from django_delayjobs.metrics import exposition, layout, snapshot, store
 from django_delayjobs.metrics.recorder import Recorder, fields_of
 from django_delayjobs.models import Job
 from django_delayjobs.outcomes import Outcome, Result
+from tests.test_retention import database_down
 from tests.testapp import tasks
 
 parser = pytest.importorskip("prometheus_client.parser")
@@ -379,6 +380,26 @@ def test_redis_down_gives_503(with_token, settings):
     response = get(Client(), TOKEN)
     assert response.status_code == 503
     assert response.content == b"Redis is unavailable\n"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_database_down_gives_503_from_the_view_and_the_workers_port(with_token, tmp_path):
+    """A ready job's due time is its row's: with the database down the scrape failed
+    with a 500 (the view) or a traceback (the worker's port) instead of saying why."""
+    from django_delayjobs.metrics import server
+
+    schedule(tasks.record, in_=0, args=["ready"])
+    assert get_engine().stats("default").ready == 1
+    statuses: list[str] = []
+    environ = {"PATH_INFO": "/metrics", "REQUEST_METHOD": "GET",
+               "HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}  # fmt: skip
+    with database_down(tmp_path):
+        response = get(Client(), TOKEN)
+        body = server.app(environ, lambda status, headers: statuses.append(status))
+    assert response.status_code == 503
+    assert response.content == b"the database is unavailable\n"
+    assert statuses == ["503 Service Unavailable"]
+    assert b"".join(body) == b"the database is unavailable\n"
 
 
 @pytest.mark.django_db

@@ -241,7 +241,7 @@ def test_the_pages_that_list_queues_leave_out_a_queue_that_cannot_name_redis_key
     superuser_clients, settings
 ):
     """Every queue of an active job is listed, each read from Redis: a name Redis keys
-    cannot carry raised ValueError in the queue page, the API and the metrics (500s)."""
+    cannot carry raised ValueError in the queue page and the API (500s)."""
     settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}
     admin, api = superuser_clients
     plant_queue(schedule(tasks.record, in_=60, args=["poison"]), "old queue")

@@ -15,7 +15,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from ..conf import delayjobs_settings
 from ..connection import get_engine
@@ -60,6 +60,9 @@ def app(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
     except EngineUnavailable as exc:
         logger.warning("metrics: Redis is unavailable (%s)", exc)
         return _plain(start, "503 Service Unavailable", "Redis is unavailable")
+    except DatabaseError as exc:  # the due time of a ready job is its row's
+        logger.warning("metrics: the database is unavailable (%s)", exc)
+        return _plain(start, "503 Service Unavailable", "the database is unavailable")
     finally:
         connections.close_all()  # this thread's; the next scrape runs in a new one
     start("200 OK", [("Content-Type", exposition.CONTENT_TYPE), ("Cache-Control", "no-store")])

@@ -2,14 +2,15 @@
 
 Every answer is uncached: 401 (with ``WWW-Authenticate: Bearer``) without a staff session
 or the right token, 403 for a logged-in user who is not a staff user allowed to view jobs,
-503 when Redis is unreachable (Prometheus then records the target as down, the signal to
-alert on), 501 when ``prometheus_client`` is missing.
+503 when Redis or the database is unreachable (Prometheus then records the target as
+down, the signal to alert on), 501 when ``prometheus_client`` is missing.
 """
 
 from __future__ import annotations
 
 import logging
 
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -45,4 +46,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     except EngineUnavailable as exc:
         logger.warning("metrics: Redis is unavailable (%s)", exc)
         return _text(503, "Redis is unavailable")
+    except DatabaseError as exc:  # the due time of a ready job is its row's
+        logger.warning("metrics: the database is unavailable (%s)", exc)
+        return _text(503, "the database is unavailable")
     return HttpResponse(exposition.render(readings), content_type=exposition.CONTENT_TYPE)
