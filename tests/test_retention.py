@@ -283,6 +283,8 @@ def test_nothing_to_prune():
 def test_database_down_is_a_command_error(tmp_path):
     with database_down(tmp_path), pytest.raises(CommandError, match="database is unavailable"):
         prune("--older-than", "1d")
+    with database_down(tmp_path), pytest.raises(CommandError, match="database is unavailable"):
+        call_command("delayjobs_reconcile")  # a traceback before
 
 
 @contextlib.contextmanager

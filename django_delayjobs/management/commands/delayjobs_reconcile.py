@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import Error as DatabaseError
 
 from ...connection import get_engine
 from ...engine import DelayJobsError
@@ -19,6 +20,8 @@ class Command(BaseCommand):
             repaired = reconcile(get_engine(), horizon=None)
         except DelayJobsError as exc:
             raise CommandError(str(exc)) from exc
+        except DatabaseError as exc:
+            raise CommandError(f"the database is unavailable: {exc}") from exc
         for queue, count in sorted(repaired.items()):
             self.stdout.write(f"{queue}: re-added {count} job(s)")
         self.stdout.write(f"repaired {sum(repaired.values())} job(s)")
