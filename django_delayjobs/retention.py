@@ -11,6 +11,10 @@ events, then the jobs. Both deletes restate the conditions, so a job requeued be
 select and the delete is left alone on every database. On PostgreSQL the three are one
 statement. Rows are deleted without loading them (no ``pre_delete``/``post_delete``
 signals): a row that cannot be read back cannot stop the pruning.
+
+A deleted ``dead`` job's id is then purged from its queue's Redis garbage, once the
+batch's transaction has committed. Redis down or refusing does not stop the prune (the
+rows are gone already): the ids it could not purge are counted in one warning at the end.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import datetime
 import logging
 import re
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -31,7 +36,9 @@ from django.utils import timezone
 
 from . import sql
 from .conf import delayjobs_settings
-from .engine import EngineUnavailable
+from .connection import get_engine
+from .engine import MAX_BATCH as MAX_IDS
+from .engine import EngineUnavailable, validate_name
 from .models import FINISHED, Job, JobEvent, Status
 
 if TYPE_CHECKING:
@@ -117,6 +124,8 @@ class Pruned:
     jobs: int = 0
     events: int = 0
     batches: int = 0
+    #: A batch's deleted dead jobs, (queue, id): ids their queue's Redis garbage holds.
+    dead: list[tuple[str, str]] = field(default_factory=list)
 
 
 def count(cutoff: datetime.datetime, statuses: Sequence[str]) -> Pruned:
@@ -145,10 +154,14 @@ def delete_batch(cutoff: datetime.datetime, statuses: Sequence[str], size: int) 
             return Pruned()
         # Restated: on a database without row locks a job may have been requeued since.
         still = _finished(cutoff, statuses).filter(pk__in=pks)
+        dead = []
+        if Status.DEAD in statuses:
+            dead = [(q, str(pk)) for q, pk in still.filter(status=Status.DEAD)
+                    .values_list("queue", "pk")]  # fmt: skip
         events = JobEvent.objects.using(alias).filter(job__in=still.values("pk"))
         deleted_events = events._raw_delete(alias)
         deleted_jobs = still._raw_delete(alias)
-    return Pruned(jobs=deleted_jobs, events=deleted_events, batches=1)
+    return Pruned(jobs=deleted_jobs, events=deleted_events, batches=1, dead=dead)
 
 
 @cache
@@ -167,8 +180,11 @@ def _batch_sql(alias: str, statuses: int) -> str:
         f" events AS (DELETE FROM {event} WHERE {job_id} IN (SELECT {c('id')} FROM chosen)"
         f" RETURNING 1),"
         f" jobs AS (DELETE FROM {job} WHERE {c('id')} IN (SELECT {c('id')} FROM chosen)"
-        f" RETURNING 1)"
-        f" SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM events)"
+        f" RETURNING {c('id')}, {c('queue')}, {c('status')})"
+        f" SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM events),"
+        # The dead jobs only (few), for their ids in Redis's garbage: [[queue, id], ...].
+        f" ARRAY(SELECT ARRAY[{c('queue')}::text, {c('id')}::text] FROM jobs"
+        f" WHERE {c('status')} = %s)"
     )
 
 
@@ -176,13 +192,16 @@ def _delete_batch_postgresql(
     alias: str, cutoff: datetime.datetime, statuses: Sequence[str], size: int
 ) -> Pruned:
     """The batch as one statement: the rows are chosen, locked (locked ones skipped) and
-    deleted with their events by the server. Sending the keys through Python and back
-    cost the command about 3 s of CPU per 100,000 jobs, on cores that the workers share,
-    and made the prune 2.3 times slower (docs/performance.md)."""
+    deleted with their events by the server, which returns the dead ones' queues and ids.
+    Sending the keys through Python and back cost the command about 3 s of CPU per
+    100,000 jobs, on cores that the workers share, and made the prune 2.3 times slower
+    (docs/performance.md)."""
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(_batch_sql(alias, len(statuses)), [*statuses, cutoff, size])
-        jobs, events = cursor.fetchone()
-    return Pruned(jobs=jobs, events=events, batches=1) if jobs else Pruned()
+        cursor.execute(_batch_sql(alias, len(statuses)), [*statuses, cutoff, size, Status.DEAD])
+        jobs, events, dead = cursor.fetchone()
+    if not jobs:
+        return Pruned()
+    return Pruned(jobs=jobs, events=events, batches=1, dead=[(q, i) for q, i in dead])
 
 
 def prune(
@@ -202,6 +221,9 @@ def prune(
     as its jobs take at that rate, so that the CPU, the WAL and the I/O of the deletes
     (and a replica's replay of them) are spread out. A slow batch (the database busy, or
     the process stopped) is not made up for by running faster afterwards.
+
+    The deleted dead jobs' ids are purged from Redis's garbage after each batch; those
+    Redis did not take (down or refusing) are counted in one warning, and never raise.
     """
     check_batch(batch)
     rate = None if max_rate is None else check_rate(max_rate)
@@ -210,20 +232,66 @@ def prune(
     ):
         raise ValueError(f"max_batches must be None or an int of at least 1, not {max_batches!r}")
     total = Pruned()
-    while True:
-        started = time.monotonic()
-        done = delete_batch(cutoff, statuses, batch)
-        if not done.batches:
-            return total
-        total.jobs += done.jobs
-        total.events += done.events
-        total.batches += 1
-        if progress is not None:
-            progress(total)
-        if done.jobs < batch or total.batches == max_batches:
-            return total
-        if rate is not None:
-            time.sleep(max(0.0, started + done.jobs / rate - time.monotonic()))
+    garbage = GarbagePurge()
+    try:
+        while True:
+            started = time.monotonic()
+            done = delete_batch(cutoff, statuses, batch)
+            if not done.batches:
+                return total
+            garbage.purge(done.dead)
+            total.jobs += done.jobs
+            total.events += done.events
+            total.batches += 1
+            if progress is not None:
+                progress(total)
+            if done.jobs < batch or total.batches == max_batches:
+                return total
+            if rate is not None:
+                time.sleep(max(0.0, started + done.jobs / rate - time.monotonic()))
+    finally:
+        garbage.report()
+
+
+class GarbagePurge:
+    """Purges a prune's deleted dead jobs from Redis's garbage, where the health check,
+    the metrics and the admin would count them for ever; counts the ids it could not."""
+
+    def __init__(self) -> None:
+        self.left = 0
+        self.error: EngineUnavailable | None = None
+
+    def purge(self, dead: Iterable[tuple[str, str]]) -> None:
+        by_queue: dict[str, list[str]] = defaultdict(list)
+        for queue, job_id in dead:
+            by_queue[queue].append(job_id)
+        for queue, ids in by_queue.items():
+            try:
+                validate_name(queue, "queue")
+            except (TypeError, ValueError):
+                continue  # a row written by hand: no Redis key holds its id
+            for start in range(0, len(ids), MAX_IDS):
+                part = ids[start : start + MAX_IDS]
+                if not self.purged(queue, part):
+                    self.left += len(part)
+
+    def purged(self, queue: str, ids: list[str]) -> bool:
+        if self.error is not None:  # one failure per prune: no more waits on a dead Redis
+            return False
+        try:
+            get_engine().purge(queue, ids)  # looks in every shard of the queue
+        except EngineUnavailable as exc:
+            self.error = exc
+            return False
+        return True
+
+    def report(self) -> None:
+        if self.left:
+            logger.warning(
+                "pruning left %d deleted dead job id(s) in the Redis garbage (%s): they "
+                "count as garbage until purged, see docs/operations.md#retention",
+                self.left, self.error,
+            )  # fmt: skip
 
 
 class AutoPrune:

@@ -220,6 +220,23 @@ def test_counts_survive_a_failed_flush_and_are_written_once(engine, redis_client
     assert store.totals(engine, ["q"])["q"]["jobs:succeeded"] == 2
 
 
+def test_a_flush_failing_for_one_queue_keeps_only_that_queues_counts(engine, redis_client):
+    """One MULTI/EXEC per queue: when ``b``'s fails (its Cluster master down, say), ``a``'s
+    counts are in Redis already and no later flush adds them again; ``b``'s are kept until
+    ``b`` can be written."""
+    recorder = Recorder()
+    for queue in ("a", "b"):
+        recorder.record(queue, result(Outcome.SUCCEEDED), now=T0.timestamp())
+    redis_client.set(store.totals_key(engine, "b"), "x")  # b cannot be written
+    for second in range(3):
+        with pytest.raises(EngineUnavailable):
+            recorder.flush(engine, ["a", "b"], now=T0.timestamp() + second)
+    redis_client.delete(store.totals_key(engine, "b"))
+    recorder.flush(engine, ["a", "b"], now=T0.timestamp() + 3)
+    totals = store.totals(engine, ["a", "b"])
+    assert (totals["a"]["jobs:succeeded"], totals["b"]["jobs:succeeded"]) == (1, 1)
+
+
 def test_minutes_older_than_the_history_are_not_written(engine):
     recorder = Recorder()
     old = T0.timestamp() - 4 * 3600  # HISTORY_HOURS is 3

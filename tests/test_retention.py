@@ -17,7 +17,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_delayjobs import retention
+from django_delayjobs import retention, schedule
 from django_delayjobs.checks import check_settings
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
@@ -25,6 +25,7 @@ from django_delayjobs.engine import Engine
 from django_delayjobs.models import Job, JobEvent, Status
 from django_delayjobs.retention import AutoPrune, parse_duration
 from tests.helpers import start_worker, stop, wait_for
+from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -127,6 +128,51 @@ def test_dead_jobs_are_pruned_only_when_named():
     assert "deleted 1 dead jobs" in out
     assert list(Job.objects.values_list("pk", flat=True)) == [done.pk]
     assert not JobEvent.objects.filter(job_id=dead.pk).exists()
+
+
+def dead_in_garbage(queue: str, n: int = 1) -> list[Job]:
+    """``n`` jobs that died in a worker (their ids in the queue's Redis garbage), old."""
+    jobs = [schedule(tasks.fail, in_=0, queue=queue, max_attempts=1) for _ in range(n)]
+    call_command("run_delayworker", "--burst", "-v", "0", "--queues", queue)
+    assert {j.status for j in Job.objects.filter(pk__in=[j.pk for j in jobs])} == {Status.DEAD}
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(finished_at=timezone.now() - OLD)
+    return jobs
+
+
+def test_pruning_dead_jobs_purges_their_ids_from_the_redis_garbage():
+    """A pruned dead job is gone for good: the health check's ``garbage:<queue>``, the
+    metrics and the admin must stop counting it (reconcile would not remove it)."""
+    dead_in_garbage("orders", 2)
+    assert get_engine().stats("orders").garbage == 2
+    out = prune("--older-than", "30d", "--status", "dead", "--batch", "1")
+    assert "deleted 2 dead jobs" in out
+    assert not Job.objects.exists()
+    assert get_engine().stats("orders").garbage == 0
+    get_engine().heartbeat("orders", "w1", 30_000, {"host": "test"})  # the workers check
+    health = StringIO()
+    call_command("delayjobs_health", "--queues", "orders", "--max-garbage", "0", stdout=health)
+    assert "ok   garbage:orders" in health.getvalue()
+
+
+def test_redis_down_while_pruning_dead_jobs_leaves_their_ids_and_one_warning(
+    tmp_path, settings, caplog
+):
+    """The rows are deleted already: Redis down must not fail or stop the prune; how many
+    ids stay in the garbage is said once, however many batches there were."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": server.start()}
+    try:
+        dead_in_garbage("orders", 3)
+        server.stop()
+        with caplog.at_level(logging.WARNING, logger="django_delayjobs.retention"):
+            out = prune("--older-than", "30d", "--status", "dead", "--batch", "1")
+    finally:
+        server.close()
+    assert "deleted 3 dead jobs" in out and "in 3 batch(es)" in out
+    assert not Job.objects.exists()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "django_delayjobs.retention"]
+    assert len(warnings) == 1
+    assert "left 3 deleted dead job id(s) in the Redis garbage" in warnings[0]
 
 
 RATE = f"(at most {retention.DEFAULT_RATE} jobs/s)"

@@ -109,20 +109,23 @@ class Recorder:
 
     def flush(self, engine: Engine, queues: Sequence[str], now: float | None = None) -> None:
         """Write what was tallied to Redis; snapshot the engine counters of ``queues`` once
-        a minute. Raises ``EngineUnavailable`` (the counts are kept for the next try)."""
+        a minute. Raises ``EngineUnavailable`` (the counts of the queues not written are kept
+        for the next try)."""
         now = time.time() if now is None else now
         minute = int(now // 60)
         history = int(delayjobs_settings.METRICS_HISTORY_HOURS * 60)
         # Minutes that would expire at once are dropped (a flush failing for hours).
         tallies = {k: t for k, t in self.take().items() if k[1] is None or k[1] > minute - history}
         snap = [q for q in queues if self.snapped.get(q) != minute]
+        written: set[str] = set()
         try:
-            store.write(engine, tallies, snap, minute, ttl=history * 60 + 120)
-        except BaseException:
-            self.give_back(tallies)
-            raise
-        for queue in snap:
-            self.snapped[queue] = minute
+            store.write(engine, tallies, snap, minute, ttl=history * 60 + 120, written=written)
+        finally:
+            # Only the queues not written: the others' counts are in Redis already, and
+            # giving them back would add them again at every flush that fails.
+            self.give_back({k: t for k, t in tallies.items() if k[0] not in written})
+            for queue in written.intersection(snap):
+                self.snapped[queue] = minute
 
 
 #: The one recorder of this process.

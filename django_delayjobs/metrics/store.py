@@ -41,15 +41,18 @@ def write(
     snapshot: Sequence[str],
     minute: int,
     ttl: int,
+    written: set[str],
 ) -> None:
     """Add the tallies; give ``minute`` of each queue in ``snapshot`` its snapshot of the
-    engine counters unless one is there already."""
+    engine counters unless one is there already. Each queue goes into ``written`` once its
+    MULTI/EXEC is applied: a failure raises with the queues before it already written."""
     by_queue: dict[str, list[tuple[int | None, Mapping[str, float]]]] = defaultdict(list)
     for (queue, at), tally in tallies.items():
         by_queue[queue].append((at, tally))
     counters = _counters(engine, snapshot) if snapshot else {}
     for queue in sorted(set(by_queue) | set(snapshot)):
         _write_queue(engine, queue, by_queue.get(queue, []), counters.get(queue), minute, ttl)
+        written.add(queue)
 
 
 def _counters(engine: Engine, queues: Sequence[str]) -> dict[str, list[Any]]:
