@@ -1,4 +1,4 @@
-"""The verbs: schedule, cancel, reschedule, requeue, purge. Admin, API and user code all
+"""The verbs: schedule, cancel, reschedule, requeue, purge, forget. Admin, API and user code all
 call these; nothing else writes Job rows outside the worker.
 
 Every change is a conditional UPDATE (the database is the judge), recorded by a JobEvent in
@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import logging
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
@@ -23,7 +24,7 @@ from django.utils import timezone
 from . import door, serialization, signals, sql, timing
 from .conf import delayjobs_settings
 from .connection import get_engine
-from .engine import MAX_BATCH, EngineUnavailable
+from .engine import MAX_BATCH, EngineUnavailable, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, Status
 from .outcomes import Outage
@@ -374,3 +375,16 @@ def purge(job: Job | Any) -> bool:
         if deleted:
             _after_commit(_redis(lambda: get_engine().purge(job.queue, [str(job.pk)])))
     return bool(deleted)
+
+
+def forget(queue: str, ids: Iterable[uuid.UUID]) -> int:
+    """Remove ids without a row from a queue's Redis garbage; return how many were there.
+
+    Only ids whose row is gone (deleted by hand, or pruned while Redis was down): an id
+    with a row is left alone, its dead job goes with its history through ``purge``.
+    Raises ``EngineUnavailable`` when Redis cannot be reached.
+    """
+    validate_name(queue, "queue")
+    wanted = set(ids)
+    wanted -= set(Job.objects.filter(pk__in=wanted).values_list("pk", flat=True))
+    return get_engine().purge(queue, [str(pk) for pk in wanted]) if wanted else 0

@@ -37,6 +37,7 @@ CHANGELIST = "admin:django_delayjobs_job_changelist"
 QUEUES = "admin:django_delayjobs_queues"
 REQUEUE = "admin:django_delayjobs_queues_requeue"
 PURGE = "admin:django_delayjobs_queues_purge"
+FORGET = "admin:django_delayjobs_queues_forget"
 
 
 @pytest.fixture(autouse=True)
@@ -457,14 +458,16 @@ def test_queue_page_shows_counts_next_due_and_garbage(admin_client):
     assert 'name="csrfmiddlewaretoken"' in garbage
 
 
-def test_queue_page_shows_a_buried_id_without_a_row_and_offers_no_button(admin_client):
-    engine, orphan = get_engine(), str(uuid.uuid4())
-    engine.add("default", {orphan: 0})
+def test_queue_page_shows_buried_ids_without_a_row_and_offers_only_forget(admin_client):
+    engine, orphan, foreign = get_engine(), str(uuid.uuid4()), "not-one-of-ours"
+    engine.add("default", {orphan: 0, foreign: 0})
     engine.promote("default")
-    assert engine.bury("default", engine.claim("default")) == 1
+    assert engine.bury("default", engine.claim("default", count=2)) == 2
     html = admin_client.get(reverse(QUEUES)).content.decode()
-    assert summary(html, "default", "garbage") == "1"
+    assert summary(html, "default", "garbage") == "2"
     row = re.search(rf'<tr data-job="{orphan}">(.*?)</tr>', html, re.S).group(1)
+    assert "(no database row)" in row and re.findall(r"<button[^>]*>(\w+)<", row) == ["Forget"]
+    row = re.search(rf'<tr data-job="{foreign}">(.*?)</tr>', html, re.S).group(1)
     assert "(no database row)" in row and "<button" not in row
 
 
@@ -577,6 +580,83 @@ def test_purge_button_asks_then_deletes(admin_client, admin_user):
     assert not Job.objects.filter(pk=dead.pk).exists()
     assert garbage_count() == 0
     assert LogEntry.objects.get(object_id=str(dead.pk)).user == admin_user
+
+
+def orphan_id() -> str:
+    """A dead job's id left in the garbage after its row was deleted by hand."""
+    dead = dead_job()
+    Job.objects.filter(pk=dead.pk).delete()
+    assert garbage_count() == 1
+    return str(dead.pk)
+
+
+def test_forget_button_removes_an_id_without_a_row_from_the_garbage(admin_client):
+    orphan = orphan_id()
+    html = admin_client.get(reverse(QUEUES)).content.decode()
+    row = re.search(rf'<tr data-job="{orphan}">(.*?)</tr>', html, re.S).group(1)
+    assert "(no database row)" in row
+    assert f'name="one" value="{orphan}" formaction="{reverse(FORGET)}"' in row
+    garbage = re.search(r'id="garbage-default"(.*?)</form>', html, re.S).group(1)
+    assert '<input type="hidden" name="queue" value="default">' in garbage
+    response = admin_client.post(reverse(FORGET), {"queue": "default", "one": orphan}, follow=True)
+    assert response.redirect_chain == [(reverse(QUEUES), 302)]
+    assert messages_of(response) == [
+        "1 id without a job forgotten from the garbage of queue default."
+    ]
+    assert garbage_count() == 0
+    assert summary(response.content.decode(), "default", "garbage") == "0"
+
+
+def test_forget_leaves_a_dead_job_with_a_row_to_purge(admin_client):
+    dead = dead_job()
+    html = admin_client.get(reverse(QUEUES)).content.decode()
+    assert reverse(FORGET) not in re.search(rf'<tr data-job="{dead.pk}">(.*?)</tr>', html, re.S)[1]
+    response = admin_client.post(
+        reverse(FORGET), {"queue": "default", "one": str(dead.pk)}, follow=True
+    )
+    assert messages_of(response) == [f"Job {dead.pk} has a database row: purge it instead."]
+    assert garbage_count() == 1 and Job.objects.get(pk=dead.pk).status == Status.DEAD
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {},
+        {"queue": "default"},
+        {"queue": "default", "one": "not-a-uuid"},
+        {"one": "ORPHAN"},
+        {"queue": "", "one": "ORPHAN"},
+        {"queue": "no}such:queue", "one": "ORPHAN"},
+        {"queue": "x" * 65, "one": "ORPHAN"},
+    ],
+)
+def test_forget_of_hostile_input_says_so_and_changes_nothing(admin_client, data):
+    orphan = orphan_id()
+    data = {key: value.replace("ORPHAN", orphan) for key, value in data.items()}
+    response = admin_client.post(reverse(FORGET), data, follow=True)
+    assert response.redirect_chain == [(reverse(QUEUES), 302)]
+    assert messages_of(response) == ["No valid queue and job id were posted."]
+    assert garbage_count() == 1
+
+
+def test_forget_in_another_queue_or_of_an_unknown_id_says_so(admin_client):
+    orphan = orphan_id()
+    for queue, job_id in (("orders", orphan), ("default", str(uuid.uuid4()))):
+        response = admin_client.post(reverse(FORGET), {"queue": queue, "one": job_id}, follow=True)
+        assert messages_of(response) == [f"{job_id} is not in the garbage of queue {queue}."]
+    assert garbage_count() == 1
+
+
+def test_forget_needs_purge_permission_post_and_csrf(operator, admin_user):
+    orphan = orphan_id()
+    html = operator.get(reverse(QUEUES)).content.decode()
+    assert reverse(FORGET) not in html
+    assert operator.post(reverse(FORGET), {"queue": "default", "one": orphan}).status_code == 403
+    csrf = Client(enforce_csrf_checks=True)
+    csrf.force_login(admin_user)
+    assert csrf.get(reverse(FORGET)).status_code == 405
+    assert csrf.post(reverse(FORGET), {"queue": "default", "one": orphan}).status_code == 403
+    assert garbage_count() == 1
 
 
 # -- counting a big table ------------------------------------------------------------------

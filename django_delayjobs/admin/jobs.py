@@ -320,6 +320,7 @@ class JobAdmin(JobModelAdmin):
             path("queues/", wrap(self.queues_view), name=f"{name}_queues"),
             path("queues/requeue/", wrap(self.requeue_view), name=f"{name}_queues_requeue"),
             path("queues/purge/", wrap(self.purge_view), name=f"{name}_queues_purge"),
+            path("queues/forget/", wrap(self.forget_view), name=f"{name}_queues_forget"),
             *super().get_urls(),
         ]
 
@@ -331,3 +332,6 @@ class JobAdmin(JobModelAdmin):
 
     def purge_view(self, request: HttpRequest) -> HttpResponse:
         return queue_views.purge(self, request)
+
+    def forget_view(self, request: HttpRequest) -> HttpResponse:
+        return queue_views.forget(self, request)

@@ -1,4 +1,5 @@
-"""The queue-state page (``admin:django_delayjobs_queues``) and its requeue/purge POSTs.
+"""The queue-state page (``admin:django_delayjobs_queues``) and its requeue/purge/forget
+POSTs.
 
 Counts come from Redis through ``queues.py``; with Redis unreachable the page says so
 (the database and the job list still work). Buttons post to views that check the
@@ -20,9 +21,9 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from .. import queues
+from .. import queues, services
 from ..conf import delayjobs_settings
-from ..engine import EngineUnavailable
+from ..engine import EngineUnavailable, validate_name
 from ..models import Job, Status
 from . import charts, display, operations
 
@@ -59,6 +60,17 @@ class Entry:
     @property
     def is_dead(self) -> bool:
         return self.job is not None and self.job.status == Status.DEAD
+
+    @property
+    def is_orphan(self) -> bool:
+        """One of our ids (a UUID) without a row: all that is left of it is this entry."""
+        if self.job is not None:
+            return False
+        try:
+            uuid.UUID(self.id)
+        except ValueError:
+            return False  # not written by us: left to whoever wrote it
+        return True
 
 
 @dataclass
@@ -207,6 +219,7 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         "changelist_url": reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist"),
         "requeue_url": reverse(f"{admin.admin_site.name}:django_delayjobs_queues_requeue"),
         "purge_url": reverse(f"{admin.admin_site.name}:django_delayjobs_queues_purge"),
+        "forget_url": reverse(f"{admin.admin_site.name}:django_delayjobs_queues_forget"),
         **_permissions(admin, request),
     }
     request.current_app = admin.admin_site.name
@@ -274,4 +287,45 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
             cancel_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues"),
         )
     operations.purge(request, jobs, admin.message_user)
+    return _back(admin)
+
+
+def forget(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
+    """POST: remove a garbage id without a row from its queue's Redis garbage, back to the
+    page.
+
+    No confirmation step, unlike purge: the id has no row (the service checks again), so
+    no job and no history is lost, only an entry that would count as garbage for ever.
+    """
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    if not admin.has_purge_permission(request):
+        raise PermissionDenied
+    queue = request.POST.get("queue", "")
+    try:
+        validate_name(queue, "queue")
+        pk = uuid.UUID(request.POST.get("one", ""))
+    except ValueError:
+        admin.message_user(request, _("No valid queue and job id were posted."), "warning")
+        return _back(admin)
+    if Job.objects.filter(pk=pk).exists():
+        admin.message_user(
+            request, _("Job %s has a database row: purge it instead.") % pk, "warning"
+        )
+        return _back(admin)
+    try:
+        gone = services.forget(queue, [pk])
+    except EngineUnavailable as exc:
+        admin.message_user(request, _("Redis is unreachable: %s") % exc, "error")
+        return _back(admin)
+    if gone:
+        text = ngettext(
+            "%(count)d id without a job forgotten from the garbage of queue %(queue)s.",
+            "%(count)d ids without a job forgotten from the garbage of queue %(queue)s.",
+            gone,
+        )
+        admin.message_user(request, text % {"count": gone, "queue": queue}, "success")
+    else:
+        text = _("%(id)s is not in the garbage of queue %(queue)s.")
+        admin.message_user(request, text % {"id": pk, "queue": queue}, "warning")
     return _back(admin)
