@@ -15,7 +15,7 @@ from typing import Any
 
 from .conf import delayjobs_settings
 from .connection import get_engine
-from .engine import Engine, QueueStats, validate_name
+from .engine import Engine, QueueStats, is_valid_name
 from .models import ACTIVE, Job, Status
 from .rows import tolerant
 
@@ -106,15 +106,7 @@ def queue_names(engine: Engine | None = None) -> list[str]:
     # return a row per active job.
     active = Job.objects.filter(status__in=ACTIVE).order_by().values_list("queue", flat=True)
     names |= set(active.distinct())
-    return sorted(name for name in names if _valid(name))
-
-
-def _valid(name: str) -> bool:
-    try:
-        validate_name(name, "queue")
-    except (TypeError, ValueError):
-        return False
-    return True
+    return sorted(name for name in names if is_valid_name(name))
 
 
 def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) -> QueueState:

@@ -38,7 +38,7 @@ from . import sql
 from .conf import delayjobs_settings
 from .connection import get_engine
 from .engine import MAX_BATCH as MAX_IDS
-from .engine import EngineUnavailable, validate_name
+from .engine import EngineUnavailable, is_valid_name
 from .models import FINISHED, Job, JobEvent, Status
 
 if TYPE_CHECKING:
@@ -266,9 +266,7 @@ class GarbagePurge:
         for queue, job_id in dead:
             by_queue[queue].append(job_id)
         for queue, ids in by_queue.items():
-            try:
-                validate_name(queue, "queue")
-            except (TypeError, ValueError):
+            if not is_valid_name(queue):
                 continue  # a row written by hand: no Redis key holds its id
             for start in range(0, len(ids), MAX_IDS):
                 part = ids[start : start + MAX_IDS]

@@ -2,7 +2,7 @@
 
 from .engine import MAX_BATCH, Engine, close_client, script_source
 from .errors import DelayJobsError, EngineUnavailable
-from .keys import QueueKeys, validate_name
+from .keys import QueueKeys, is_valid_name, validate_name
 from .results import PromoteResult, QueueStats
 from .sharding import MAX_SHARDS, Shard, queue_of
 from .validation import PRIORITY_RANGE
@@ -19,6 +19,7 @@ __all__ = [
     "QueueStats",
     "Shard",
     "close_client",
+    "is_valid_name",
     "queue_of",
     "script_source",
     "validate_name",

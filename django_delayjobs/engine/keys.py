@@ -22,6 +22,11 @@ def validate_name(value: object, what: str) -> str:
     return value
 
 
+def is_valid_name(value: object) -> bool:
+    """Whether ``validate_name`` accepts ``value`` (for names read back, never trusted)."""
+    return isinstance(value, str) and _NAME.fullmatch(value) is not None
+
+
 @dataclass(frozen=True)
 class QueueKeys:
     """Names of the keys that hold one queue."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import django_delayjobs.engine as engine_pkg
-from django_delayjobs.engine import QueueKeys
+from django_delayjobs.engine import QueueKeys, is_valid_name, validate_name
 
 ENGINE_DIR = Path(engine_pkg.__file__).parent
 SCRIPTS = sorted(resources.files(engine_pkg).joinpath("scripts").iterdir(), key=lambda p: p.name)
@@ -93,6 +93,20 @@ def test_every_key_of_a_queue_shares_one_hash_slot(prefix, queue):
 def test_queues_of_one_prefix_are_not_forced_into_one_slot():
     slots = {key_slot(QueueKeys.for_queue("delayjobs", f"q{i}").pending) for i in range(50)}
     assert len(slots) > 40  # each queue can live on its own node
+
+
+NAMES = ["orders", "a", "A.b-c_9", "x" * 64, "", "x" * 65, "a b", "a:b", "{a}", "a#1/2", "é",
+         "a\n", "a\x00", None, 7, b"orders"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_is_valid_name_answers_what_validate_name_does(name):
+    try:
+        validate_name(name, "queue")
+    except (TypeError, ValueError):
+        assert is_valid_name(name) is False
+    else:
+        assert is_valid_name(name) is True
 
 
 def test_the_key_names_of_a_queue():
