@@ -647,6 +647,17 @@ def test_forget_in_another_queue_or_of_an_unknown_id_says_so(admin_client):
     assert garbage_count() == 1
 
 
+def test_forget_with_redis_unreachable_says_so(admin_client, settings):
+    orphan, reachable = orphan_id(), settings.DELAYJOBS
+    settings.DELAYJOBS = {**reachable, "REDIS_URL": "redis://127.0.0.1:1/0"}
+    response = admin_client.post(reverse(FORGET), {"queue": "default", "one": orphan}, follow=True)
+    assert response.redirect_chain == [(reverse(QUEUES), 302)]
+    [message] = messages_of(response)
+    assert message.startswith("Redis is unreachable: ")
+    settings.DELAYJOBS = reachable
+    assert garbage_count() == 1
+
+
 def test_forget_needs_purge_permission_post_and_csrf(operator, admin_user):
     orphan = orphan_id()
     html = operator.get(reverse(QUEUES)).content.decode()
