@@ -64,7 +64,8 @@ class Command(BaseCommand):
         self.verbosity = options["verbosity"]
         self.last_progress: float | None = None
         cutoff = timezone.now() - age
-        what = f"{','.join(statuses)} jobs finished before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
+        zone = cutoff.tzname() or timezone.get_default_timezone_name()  # naive: USE_TZ=False
+        what = f"{','.join(statuses)} jobs finished before {cutoff:%Y-%m-%d %H:%M:%S} {zone}"
         try:
             if options["dry_run"]:
                 found = count(cutoff, statuses)
