@@ -225,16 +225,18 @@ def test_a_flush_failing_for_one_queue_keeps_only_that_queues_counts(engine, red
     counts are in Redis already and no later flush adds them again; ``b``'s are kept until
     ``b`` can be written."""
     recorder = Recorder()
-    for queue in ("a", "b"):
+    for queue in ("a", "b", "c"):
         recorder.record(queue, result(Outcome.SUCCEEDED), now=T0.timestamp())
     redis_client.set(store.totals_key(engine, "b"), "x")  # b cannot be written
     for second in range(3):
         with pytest.raises(EngineUnavailable):
-            recorder.flush(engine, ["a", "b"], now=T0.timestamp() + second)
+            recorder.flush(engine, ["a", "b", "c"], now=T0.timestamp() + second)
+        # The queues after the failing one are written too, once.
+        assert store.totals(engine, ["c"])["c"]["jobs:succeeded"] == 1
     redis_client.delete(store.totals_key(engine, "b"))
-    recorder.flush(engine, ["a", "b"], now=T0.timestamp() + 3)
-    totals = store.totals(engine, ["a", "b"])
-    assert (totals["a"]["jobs:succeeded"], totals["b"]["jobs:succeeded"]) == (1, 1)
+    recorder.flush(engine, ["a", "b", "c"], now=T0.timestamp() + 3)
+    totals = store.totals(engine, ["a", "b", "c"])
+    assert [totals[q]["jobs:succeeded"] for q in "abc"] == [1, 1, 1]
 
 
 def test_minutes_older_than_the_history_are_not_written(engine):

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..engine.errors import guarded
+from ..engine.errors import EngineUnavailable, guarded
 from . import layout
 
 if TYPE_CHECKING:
@@ -45,14 +45,22 @@ def write(
 ) -> None:
     """Add the tallies; give ``minute`` of each queue in ``snapshot`` its snapshot of the
     engine counters unless one is there already. Each queue goes into ``written`` once its
-    MULTI/EXEC is applied: a failure raises with the queues before it already written."""
+    MULTI/EXEC is applied; every queue is tried (on a Cluster, one master down stops only
+    its own queues), then the first failure is raised."""
     by_queue: dict[str, list[tuple[int | None, Mapping[str, float]]]] = defaultdict(list)
     for (queue, at), tally in tallies.items():
         by_queue[queue].append((at, tally))
     counters = _counters(engine, snapshot) if snapshot else {}
+    failure: EngineUnavailable | None = None
     for queue in sorted(set(by_queue) | set(snapshot)):
-        _write_queue(engine, queue, by_queue.get(queue, []), counters.get(queue), minute, ttl)
-        written.add(queue)
+        try:
+            _write_queue(engine, queue, by_queue.get(queue, []), counters.get(queue), minute, ttl)
+        except EngineUnavailable as exc:
+            failure = failure or exc
+        else:
+            written.add(queue)
+    if failure is not None:
+        raise failure
 
 
 def _counters(engine: Engine, queues: Sequence[str]) -> dict[str, list[Any]]:
