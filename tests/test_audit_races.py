@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
+from django.db import connection, transaction
 
-from django_delayjobs import schedule
+from django_delayjobs import schedule, signals
 from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, Status
 from tests.testapp import tasks
@@ -42,3 +43,39 @@ def test_requeue_of_a_dead_job_whose_key_is_held_again_is_refused_cleanly():
     assert won is False
     assert Job.objects.get(pk=dead.pk).status == Status.DEAD
     assert Job.objects.get(pk=fresh.pk).status == Status.SCHEDULED
+
+
+def _plant_queue(job: Job, queue: str) -> None:
+    """Give ``job`` a queue no Redis key can carry, with raw SQL (an older version's)."""
+    table, quote = connection.ops.quote_name(Job._meta.db_table), connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET {quote('queue')} = %s WHERE {quote('id')} = %s",
+            [queue, Job._meta.pk.get_db_prep_value(job.pk, connection)],
+        )
+
+
+def test_cancel_of_a_row_whose_queue_cannot_name_redis_keys_does_not_raise_after_commit():
+    """docs/scheduling.md ("Rows that did not pass the door"): such a job can be cancelled.
+    The cancel commits, but its on-commit Redis hook (services.cancel -> ``_redis``) only
+    catches ``EngineUnavailable``: the engine's ``ValueError`` for the queue name escapes
+    from the caller's ``atomic()`` after the commit, and Django then drops every later
+    on-commit hook of that transaction: the caller's own and ``job_cancelled``. The cancel
+    should return True, nothing should be raised, and the other hooks should run."""
+    job = schedule(tasks.record, in_=60, args=["poison"])
+    _plant_queue(job, "old queue")
+    ran: list[str] = []
+
+    def cancelled(sender, job, **kwargs):
+        ran.append("job_cancelled")
+
+    signals.job_cancelled.connect(cancelled, weak=False, dispatch_uid="audit-cancelled")
+    try:
+        with transaction.atomic():
+            won = Job.objects.get(pk=job.pk).cancel()
+            transaction.on_commit(lambda: ran.append("caller's hook"))
+    finally:
+        signals.job_cancelled.disconnect(dispatch_uid="audit-cancelled")
+    assert won is True
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+    assert sorted(ran) == ["caller's hook", "job_cancelled"]
