@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
+from django.db.models.signals import pre_delete
 
 from django_delayjobs import schedule, signals
+from django_delayjobs.services import purge, requeue
 from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, Status
 from tests.testapp import tasks
@@ -79,3 +83,42 @@ def test_cancel_of_a_row_whose_queue_cannot_name_redis_keys_does_not_raise_after
     assert won is True
     assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
     assert sorted(ran) == ["caller's hook", "job_cancelled"]
+
+
+def test_purge_racing_a_requeue_never_deletes_the_requeued_job():
+    """``purge`` is ``Job.objects.filter(pk=..., status=DEAD).delete()``: Django's collector
+    SELECTs the dead row, then DELETEs by primary key alone, without the status condition
+    and without a row lock. A ``requeue`` that commits in between (PostgreSQL, two
+    connections) returns True, and then purge deletes the job it revived, with its
+    ``requeued`` event: the admin said "requeued" and the job is silently gone. The verbs
+    are conditional UPDATEs judged by the row: exactly one of the two should win (requeue
+    True leaves a scheduled row; purge True means requeue found nothing dead).
+
+    The interleaving is forced with a ``pre_delete`` receiver, which Django's collector
+    calls after its SELECT and before its DELETEs."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite's IMMEDIATE transactions serialize purge and requeue")
+    dead = _dead_keyed_job("purge-vs-requeue")
+    requeued: list[bool] = []
+
+    def requeue_in_another_connection() -> None:
+        try:
+            requeued.append(requeue(dead.pk, actor="admin:other"))
+        finally:
+            connection.close()
+
+    def between_select_and_delete(sender, instance, **kwargs):
+        if instance.pk == dead.pk and not requeued:
+            other = threading.Thread(target=requeue_in_another_connection)
+            other.start()
+            other.join(30)
+
+    pre_delete.connect(between_select_and_delete, sender=Job, weak=False,
+                       dispatch_uid="audit-purge-race")  # fmt: skip
+    try:
+        purged = purge(dead.pk)
+    finally:
+        pre_delete.disconnect(sender=Job, dispatch_uid="audit-purge-race")
+    assert requeued == [True]  # it committed before purge's DELETE
+    assert not purged, "purge deleted a job that a committed requeue had just revived"
+    assert Job.objects.get(pk=dead.pk).status == Status.SCHEDULED
