@@ -10,9 +10,9 @@ from django.db import connection, transaction
 from django.db.models.signals import pre_delete
 
 from django_delayjobs import schedule, signals
-from django_delayjobs.services import purge, requeue
 from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, Status
+from django_delayjobs.services import purge, requeue
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
