@@ -9,9 +9,9 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.models.signals import pre_delete
 
-from django_delayjobs import schedule, signals
+from django_delayjobs import schedule, services, signals
 from django_delayjobs.exceptions import InvalidSchedule
-from django_delayjobs.models import Job, Status
+from django_delayjobs.models import ACTIVE, Job, Status
 from django_delayjobs.services import purge, requeue
 from tests.testapp import tasks
 
@@ -122,3 +122,53 @@ def test_purge_racing_a_requeue_never_deletes_the_requeued_job():
     assert requeued == [True]  # it committed before purge's DELETE
     assert not purged, "purge deleted a job that a committed requeue had just revived"
     assert Job.objects.get(pk=dead.pk).status == Status.SCHEDULED
+
+
+def test_two_replacing_schedules_with_one_key_never_return_a_cancelled_job(monkeypatch):
+    """``schedule(key=..., replace=True)`` reads the job holding the key (``_existing``),
+    then cancels it. When another replacing schedule commits in between (PostgreSQL, two
+    connections: it cancels the same old job and inserts its own), this call's cancel
+    finds the old job already cancelled, returns False, and ``_insert`` returns that
+    *cancelled* job as if it held the key: the caller's schedule silently did nothing and
+    it is handed a dead-end job. It should return the job that holds the key now (the
+    other call's, or its own replacing it), an active one.
+
+    The interleaving is forced by pausing this call right after its ``_existing`` read."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite's IMMEDIATE transactions serialize the two schedules")
+    old = schedule(tasks.record, in_=60, args=["old"], key="replaced")
+    read, other_done = threading.Event(), threading.Event()
+    real_existing = services._existing
+
+    def existing(job: Job) -> Job | None:
+        found = real_existing(job)
+        if threading.current_thread().name == "paused" and not read.is_set():
+            read.set()
+            assert other_done.wait(30)
+        return found
+
+    monkeypatch.setattr(services, "_existing", existing)
+    returned: list[Job] = []
+
+    def paused() -> None:
+        try:
+            returned.append(
+                schedule(tasks.record, in_=60, args=["mine"], key="replaced", replace=True)
+            )
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=paused, name="paused")
+    thread.start()
+    assert read.wait(30)
+    try:
+        other = schedule(tasks.record, in_=60, args=["other"], key="replaced", replace=True)
+    finally:
+        other_done.set()
+        thread.join(30)
+    assert other.pk != old.pk
+    (mine,) = returned
+    mine.refresh_from_db()
+    assert mine.pk != old.pk, "a replacing schedule returned the job it meant to replace"
+    assert mine.status in ACTIVE
+    assert Job.objects.filter(key="replaced", status__in=ACTIVE).count() == 1
