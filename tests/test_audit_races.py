@@ -172,3 +172,18 @@ def test_two_replacing_schedules_with_one_key_never_return_a_cancelled_job(monke
     assert mine.pk != old.pk, "a replacing schedule returned the job it meant to replace"
     assert mine.status in ACTIVE
     assert Job.objects.filter(key="replaced", status__in=ACTIVE).count() == 1
+
+
+def test_cancel_through_the_job_schedule_returned_records_the_attempt_the_row_is_at():
+    """The usual code keeps the Job that ``schedule()`` returned and later calls
+    ``job.cancel()``. By then the job may have failed and be ``retrying`` (attempts 1),
+    but ``services.cancel`` writes its ``cancelled`` event with the attempt number of the
+    caller's in-memory copy (``_event(job, ...)`` -> ``sql.insert_events`` reads
+    ``job.attempts``, 0): the history goes "started 1, failed 1, cancelled 0". Every
+    event should carry the row's attempt (1), whatever copy the caller holds."""
+    job = schedule(tasks.fail, in_=0, max_attempts=3)
+    call_command("run_delayworker", "--burst", "-v", "0")
+    assert Job.objects.get(pk=job.pk).status == Status.RETRYING
+    assert job.cancel() is True
+    history = list(job.events.values_list("kind", "attempt"))
+    assert history == [("scheduled", 0), ("started", 1), ("failed", 1), ("cancelled", 1)]
