@@ -187,3 +187,64 @@ def test_cancel_through_the_job_schedule_returned_records_the_attempt_the_row_is
     assert job.cancel() is True
     history = list(job.events.values_list("kind", "attempt"))
     assert history == [("scheduled", 0), ("started", 1), ("failed", 1), ("cancelled", 1)]
+
+
+def test_a_keyed_schedule_whose_rival_finished_meanwhile_does_not_raise_integrity_error(
+    monkeypatch,
+):
+    """``_insert`` (services.py) reads no active job for the key, then its INSERT hits the
+    constraint because a concurrent schedule committed one first; it reads the key again
+    and, if that job has meanwhile left the active statuses (cancelled, or run by a fast
+    worker), re-raises the ``IntegrityError`` out of ``schedule()``: an undocumented
+    database error for a valid call. The key is free at that point: the schedule should
+    insert its own job (or return the job holding the key), never raise.
+
+    The interleaving (PostgreSQL, two connections) is forced by pausing the schedule
+    before each of its two reads of the key."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite's IMMEDIATE transactions serialize the two schedules")
+    first_read, rival_committed = threading.Event(), threading.Event()
+    second_read, rival_cancelled = threading.Event(), threading.Event()
+    real_existing = services._existing
+    reads = 0
+
+    def existing(job: Job) -> Job | None:
+        nonlocal reads
+        if threading.current_thread().name == "paused":
+            reads += 1
+            if reads == 1:
+                found = real_existing(job)  # nothing holds the key yet
+                first_read.set()
+                assert rival_committed.wait(30)
+                return found
+            second_read.set()
+            assert rival_cancelled.wait(30)
+        return real_existing(job)
+
+    monkeypatch.setattr(services, "_existing", existing)
+    outcome: list[object] = []
+
+    def paused() -> None:
+        try:
+            outcome.append(schedule(tasks.record, in_=60, args=["mine"], key="contested"))
+        except Exception as exc:
+            outcome.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=paused, name="paused")
+    thread.start()
+    try:
+        assert first_read.wait(30)
+        rival = schedule(tasks.record, in_=60, args=["rival"], key="contested")
+        rival_committed.set()
+        assert second_read.wait(30)  # its INSERT failed on the rival's committed row
+        assert rival.cancel() is True
+        rival_cancelled.set()
+    finally:
+        rival_committed.set()
+        rival_cancelled.set()
+        thread.join(30)
+    (mine,) = outcome
+    assert isinstance(mine, Job), f"schedule() raised {mine!r}"
+    assert Job.objects.filter(key="contested", status__in=ACTIVE).count() == 1
