@@ -29,7 +29,7 @@ from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, Status
 from .outcomes import Outage
 from .registry import BoundAction, DelayableMethod, describe
-from .rows import Unreadable
+from .rows import Unreadable, tolerant
 
 logger = logging.getLogger("django_delayjobs")
 
@@ -49,7 +49,7 @@ def _send(signal: Any, job: Job, **kwargs: Any) -> None:
 
 
 def _event(job: Job, kind: str, actor: str, message: str = "") -> None:
-    sql.insert_event(job, kind, actor, message)
+    sql.insert_event_at_row(job, kind, actor, message)
 
 
 # -- Redis side, after commit ---------------------------------------------------------
@@ -82,12 +82,17 @@ def push(jobs: Iterable[Job]) -> int:
 
 
 def _redis(fn: Callable[[], Any]) -> Callable[[], None]:
+    """``fn`` as an on-commit hook that never raises: a hook raising after the commit
+    would reach the caller, and Django would skip the transaction's later hooks."""
+
     def run() -> None:
         try:
             fn()
             _outage.ok()
         except EngineUnavailable as exc:
             _outage.failed(exc)
+        except Exception:  # a bug, or a row no Redis key can name: reconcile skips it too
+            logger.exception("could not update Redis after a commit; reconcile will")
 
     return run
 
@@ -164,22 +169,40 @@ def _insert(job: Job, replace: bool, actor: str) -> Job:
     """Insert one job honouring its key; return the job now holding the key."""
     if job.key is None:
         sql.insert_jobs([job])
-    else:
-        current = _existing(job)
-        if current is not None and not (replace and cancel(current, actor=actor)):
-            return current
-        try:
-            with transaction.atomic(using=sql.db()):
-                sql.insert_jobs([job])
-        except IntegrityError:
-            # A concurrent schedule with the same key committed first: its job is the one.
-            current = _existing(job)
-            if current is None:
-                raise
-            return current
+    elif (holder := _insert_keyed(job, replace, actor)) is not None:
+        return holder
     _event(job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}")
     _send(signals.job_scheduled, job)
     return job
+
+
+def _insert_keyed(job: Job, replace: bool, actor: str) -> Job | None:
+    """Insert ``job`` unless an active job holds its key; return that job, or None once
+    ``job`` is in. ``replace`` cancels a waiting holder first; a running one stays.
+
+    Concurrent calls with the key make what was read stale: the holder was cancelled or
+    finished meanwhile (another ``replace``, a worker), or a rival's job committed first
+    (the INSERT hits the key's constraint). Each time, the key is read again.
+    """
+    refused = 0
+    while True:
+        current = _existing(job)
+        if current is not None:
+            if not replace:
+                return current
+            if not cancel(current, actor=actor):
+                still = Job.objects.filter(pk=current.pk, status__in=ACTIVE).first()
+                if still is not None:  # running: it cannot be replaced
+                    return still
+                continue
+        try:
+            with transaction.atomic(using=sql.db()):
+                sql.insert_jobs([job])
+            return None
+        except IntegrityError:
+            refused += 1
+            if refused == 3:  # not the key's constraint (or a storm of rivals): say so
+                raise
 
 
 def schedule(
@@ -314,9 +337,14 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
             f"the new due time {run_at} is after the job expires ({job.expires_at})"
         )
     with transaction.atomic(using=sql.db()):
-        won = Job.objects.filter(pk=job.pk, status__in=WAITING).update(run_at=run_at)
+        # The row as it is now, locked until the UPDATE: its due time is the one replaced,
+        # whatever copy of the job the caller holds (a poison row's: Unreadable).
+        waiting = Job.objects.select_for_update().filter(pk=job.pk, status__in=WAITING)
+        row = tolerant(waiting.only("run_at")).first()
+        won = row is not None and waiting.update(run_at=run_at)
         if won:
-            before, job.run_at = job.run_at, run_at
+            assert row is not None
+            before, job.run_at = row.run_at, run_at
             _event(
                 job,
                 EventKind.RESCHEDULED,
@@ -346,11 +374,20 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
     actor = door.check_actor(actor)
     now = timezone.now()
     with transaction.atomic(using=sql.db()):
-        won = Job.objects.filter(pk=job.pk, status=Status.DEAD).update(
-            status=Status.SCHEDULED, run_at=now, finished_at=None,
-            # Attempts only grow: the attempt number is the fencing token of outcomes.
-            max_attempts=F("attempts") + extra,
-        )  # fmt: skip
+        try:
+            with transaction.atomic(using=sql.db()):  # the key's constraint may refuse it
+                won = Job.objects.filter(pk=job.pk, status=Status.DEAD).update(
+                    status=Status.SCHEDULED, run_at=now, finished_at=None,
+                    # Attempts only grow: the attempt number is the fencing token of outcomes.
+                    max_attempts=F("attempts") + extra,
+                )  # fmt: skip
+        except IntegrityError:
+            holder = _existing(job)
+            if holder is None:
+                raise
+            raise InvalidSchedule(
+                f"job {holder.pk} holds the key {job.key!r} now: cancel it first"
+            ) from None
         if won:
             job.refresh_from_db()
             _event(job, EventKind.REQUEUED, actor, f"{extra} more attempt(s)")
@@ -365,13 +402,18 @@ def _requeue_in_redis(job: Job) -> None:
         _outage.ok()
     except EngineUnavailable as exc:
         _outage.failed(exc)
+    except Exception:  # as in _redis: an on-commit hook never raises
+        logger.exception("could not requeue job %s in Redis; reconcile will", job.pk)
 
 
 def purge(job: Job | Any) -> bool:
     """Delete a dead job and its history for good; True when it was dead and is gone."""
     job = _job(job)
     with transaction.atomic(using=sql.db()):
-        deleted, _ = Job.objects.filter(pk=job.pk, status=Status.DEAD).delete()
+        # Locked first: Django's delete reads the rows, then deletes by primary key alone,
+        # so a requeue committing in between would be deleted with its revived job.
+        dead = Job.objects.select_for_update().filter(pk=job.pk, status=Status.DEAD)
+        deleted = bool(dead.values_list("pk", flat=True)) and dead.delete()[0]
         if deleted:
             _after_commit(_redis(lambda: get_engine().purge(job.queue, [str(job.pk)])))
     return bool(deleted)

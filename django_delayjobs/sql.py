@@ -256,6 +256,31 @@ def insert_events(events: Iterable[tuple[Job, str, str, str]]) -> None:
         cursor.executemany(_event_sql(alias), rows)
 
 
+@cache
+def _row_event_sql(alias: str) -> str:
+    conn = connections[alias]
+    columns = ", ".join(_q(conn, _EVENT, name) for name in _EVENT_FIELDS)
+    values = ", ".join("%s" if name != "attempt" else _q(conn, _JOB, "attempts")
+                       for name in _EVENT_FIELDS)  # fmt: skip
+    events, jobs = conn.ops.quote_name(_EVENT.db_table), conn.ops.quote_name(_JOB.db_table)
+    return (f"INSERT INTO {events} ({columns}) SELECT {values} FROM {jobs} "
+            f"WHERE {_q(conn, _JOB, 'id')} = %s")  # fmt: skip
+
+
+def insert_event_at_row(job: Job, kind: str, actor: str, message: str = "") -> None:
+    """Append one JobEvent for ``job`` at the attempt its row holds, in the same statement:
+    the caller's copy of the job may be older than the row (``schedule()``'s return value,
+    kept while a worker ran an attempt)."""
+    alias = db()
+    conn = connections[alias]
+    pk = _JOB.pk.get_db_prep_save(job.pk, conn)
+    params = [_EVENT.get_field("job").get_db_prep_save(job.pk, conn), kind,
+              _prep(conn, _EVENT, "at", timezone.now()), clean_text(actor, 150),
+              clean_text(message), pk]  # fmt: skip
+    with conn.cursor() as cursor:
+        cursor.execute(_row_event_sql(alias), params)
+
+
 class _RowPlan:
     """How to read whole Job rows on one connection: the column list, and per column the
     converters the ORM would apply (they may be bound to the connection, and each thread

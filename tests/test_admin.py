@@ -357,6 +357,20 @@ def test_requeue_action_revives_dead_jobs_only(admin_client):
     assert garbage_count() == 0
 
 
+def test_requeue_action_says_why_a_dead_job_whose_key_is_held_again_stays_dead(admin_client):
+    dead, other = dead_job(), dead_job("other")
+    Job.objects.filter(pk=dead.pk).update(key="order-7")
+    holder = schedule(tasks.record, in_=3600, args=["a"], key="order-7")
+    response = action(admin_client, "requeue_dead", dead, other)
+    assert messages_of(response) == [
+        f"Job {dead.pk} was not requeued: job {holder.pk} holds the key 'order-7' now: "
+        "cancel it first.",
+        "1 dead job requeued.",
+    ]
+    assert Job.objects.get(pk=dead.pk).status == Status.DEAD
+    assert Job.objects.get(pk=other.pk).status == Status.SCHEDULED
+
+
 def test_purge_action_asks_then_deletes_dead_jobs_and_logs_who(admin_client, admin_user):
     dead = dead_job()
     alive = schedule(tasks.record, in_=3600, args=["a"])

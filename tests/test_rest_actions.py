@@ -206,6 +206,18 @@ def test_requeue_of_a_job_that_is_not_dead_is_409(api, job):
     assert response.data == {"detail": "Only dead jobs can be requeued.", "status": "scheduled"}
 
 
+def test_requeue_of_a_dead_job_whose_key_another_job_holds_is_409(api):
+    job = dead_job()
+    Job.objects.filter(pk=job.pk).update(key="order-7")
+    holder = schedule(tasks.record, in_=60, args=["x"], key="order-7")
+    response = post(api, job, "requeue")
+    assert response.status_code == 409
+    assert response.data == {
+        "detail": f"Cannot requeue: job {holder.pk} holds the key 'order-7' now: cancel it first.",
+        "status": "dead",
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [({"attempts": 0}, "attempts"), ({"attempts": "many"}, "attempts"),

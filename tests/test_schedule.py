@@ -8,11 +8,12 @@ import uuid
 from decimal import Decimal
 
 import pytest
+from django.core.management import call_command
 from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
-from django_delayjobs import cancel_for, cancel_on, delayable, schedule
+from django_delayjobs import cancel_for, cancel_on, delayable, schedule, signals
 from django_delayjobs.connection import get_engine
 from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
 from django_delayjobs.models import EventKind, Job, JobEvent, Status, time_ordered_uuid
@@ -384,6 +385,66 @@ def test_signals_are_sent_after_commit(thing):
         signals.job_scheduled.disconnect(on_scheduled)
         signals.job_cancelled.disconnect(on_cancelled)
     assert [kind for kind, _ in seen] == ["scheduled", "cancelled"]
+
+
+def test_requeue_of_a_dead_job_whose_key_another_job_holds_now_is_refused():
+    """Only active jobs hold a key, so a new job may take a dead job's key. Requeueing the
+    dead one would then make two active jobs with one key: ``InvalidSchedule`` names the
+    holder (the database's IntegrityError escaped before), and both jobs stay as they are."""
+    dead = schedule(tasks.fail, in_=0, key="order-1-autocancel", max_attempts=1)
+    call_command("run_delayworker", "--burst", "-v", "0")
+    assert Job.objects.get(pk=dead.pk).status == Status.DEAD
+    fresh = schedule(tasks.record, in_=60, args=["x"], key="order-1-autocancel")
+    with pytest.raises(InvalidSchedule, match=f"job {fresh.pk} holds the key 'order-1-autocancel'"):
+        dead.requeue()
+    assert Job.objects.get(pk=dead.pk).status == Status.DEAD
+    assert Job.objects.get(pk=fresh.pk).status == Status.SCHEDULED
+    assert list(dead.events.values_list("kind", flat=True)) == ["scheduled", "started", "failed",
+                                                                "dead"]  # fmt: skip
+
+
+def test_cancel_of_a_row_whose_queue_names_no_redis_key_runs_the_later_commit_hooks():
+    """A row that did not pass the door can be cancelled (docs/scheduling.md). Its
+    on-commit Redis hook fails on the queue name; the failure is logged, not raised out of
+    the caller's ``atomic()`` after the commit, where Django would skip the transaction's
+    later hooks (the caller's own, ``job_cancelled``)."""
+    job = schedule(tasks.record, in_=60, args=["poison"])
+    Job.objects.filter(pk=job.pk).update(queue="old queue")  # an older version's
+    ran: list[str] = []
+
+    def cancelled(sender, job, **kwargs):
+        ran.append("job_cancelled")
+
+    signals.job_cancelled.connect(cancelled, weak=False, dispatch_uid="audit-cancelled")
+    try:
+        with transaction.atomic():
+            won = Job.objects.get(pk=job.pk).cancel()
+            transaction.on_commit(lambda: ran.append("caller's hook"))
+    finally:
+        signals.job_cancelled.disconnect(dispatch_uid="audit-cancelled")
+    assert won is True
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+    assert sorted(ran) == ["caller's hook", "job_cancelled"]
+
+
+def test_cancel_through_an_old_copy_of_the_job_records_the_rows_attempt():
+    """The usual code keeps the Job that ``schedule()`` returned and cancels it later, when
+    an attempt may have failed meanwhile: the event carries the row's attempt (1), not the
+    copy's (0). A reschedule through an old copy says the due time it replaced."""
+    job = schedule(tasks.fail, in_=0, max_attempts=3)
+    call_command("run_delayworker", "--burst", "-v", "0")
+    assert Job.objects.get(pk=job.pk).status == Status.RETRYING
+    copy = Job.objects.get(pk=job.pk)
+    moved_to = copy.run_at + datetime.timedelta(hours=1)
+    assert copy.reschedule(at=moved_to) is True
+    assert job.reschedule(at=moved_to + datetime.timedelta(hours=1)) is True  # the old copy
+    assert job.cancel() is True
+    history = list(job.events.values_list("kind", "attempt", "message"))
+    assert [(kind, attempt) for kind, attempt, _ in history] == [
+        ("scheduled", 0), ("started", 1), ("failed", 1), ("rescheduled", 1), ("rescheduled", 1),
+        ("cancelled", 1),
+    ]  # fmt: skip
+    assert history[4][2].startswith(f"from {moved_to.isoformat()} to ")
 
 
 def test_public_api_imports_without_models():

@@ -83,9 +83,19 @@ def run_now(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
 
 def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
     who = actor(request)
-    outcome = _each(
-        jobs, lambda j: j.status == Status.DEAD, lambda j: services.requeue(j, actor=who)
-    )
+    refused: list[str] = []
+
+    def again(job: Job) -> bool:
+        try:
+            return services.requeue(job, actor=who)
+        except InvalidSchedule as exc:  # its key is held again, or too many attempts
+            refused.append(f"Job {job.pk} was not requeued: {exc}.")
+            return False
+
+    outcome = _each(jobs, lambda j: j.status == Status.DEAD, again)
+    outcome.lost -= len(refused)
+    for text in refused:
+        report(request, text, messages.WARNING)
     _report(
         report, request, outcome,
         ngettext("%d dead job requeued.", "%d dead jobs requeued.", outcome.won),

@@ -150,11 +150,16 @@ class JobViewSet(
     @document(operation_id="jobs_requeue", request=s.RequeueSerializer, responses=_CHANGED)
     @action(detail=True, methods=["post"])
     def requeue(self, request: Request, pk: str | None = None) -> Response:
-        """Give a dead job more attempts, due now (200); any other job gives 409."""
+        """Give a dead job more attempts, due now (200); any other job gives 409, and so
+        does a dead job whose key another active job holds now."""
         job = self.get_object()
         body = s.RequeueSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        if services.requeue(job, actor=actor(request), **body.validated_data):
+        try:
+            won = services.requeue(job, actor=actor(request), **body.validated_data)
+        except InvalidSchedule as exc:  # its key is held again, or too many attempts
+            return _conflict(job, f"Cannot requeue: {exc}.")
+        if won:
             return self._detail(job)
         return _conflict(job, "Only dead jobs can be requeued.")
 
