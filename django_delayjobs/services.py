@@ -49,6 +49,7 @@ def _send(signal: Any, job: Job, **kwargs: Any) -> None:
 
 
 def _event(job: Job, kind: str, actor: str, message: str = "") -> None:
+    """Append an event at the attempt the row holds (the caller's copy may be older)."""
     sql.insert_event_at_row(job, kind, actor, message)
 
 
@@ -171,7 +172,8 @@ def _insert(job: Job, replace: bool, actor: str) -> Job:
         sql.insert_jobs([job])
     elif (holder := _insert_keyed(job, replace, actor)) is not None:
         return holder
-    _event(job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}")
+    # The row was just written from ``job``: its copy is exact (no read of the row).
+    sql.insert_event(job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}")
     _send(signals.job_scheduled, job)
     return job
 
