@@ -369,6 +369,8 @@ def test_requeue_action_says_why_a_dead_job_whose_key_is_held_again_stays_dead(a
     ]
     assert Job.objects.get(pk=dead.pk).status == Status.DEAD
     assert Job.objects.get(pk=other.pk).status == Status.SCHEDULED
+    response = action(admin_client, "requeue_dead", dead)  # alone: only why
+    assert [m.split(":")[0] for m in messages_of(response)] == [f"Job {dead.pk} was not requeued"]
 
 
 def test_purge_action_asks_then_deletes_dead_jobs_and_logs_who(admin_client, admin_user):
