@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import subprocess
+import sys
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -12,6 +14,7 @@ from django.utils import timezone
 from django_delayjobs import GiveUp
 from django_delayjobs.backends import DelayJobsBackend, InvalidTask, TaskResultStatus
 from django_delayjobs.models import Job
+from tests.helpers import ROOT, worker_env
 from tests.testapp import task_functions as t
 
 try:
@@ -130,3 +133,40 @@ def test_options_that_are_not_a_dict_are_improperly_configured(options):
     except ImproperlyConfigured:
         return
     assert backend.max_attempts == 1
+
+
+#: A web process: Django set up and its URLconf loaded, no worker, no task module imported
+#: by hand; it reads a result by id only, as a status endpoint does.
+READ_RESULT = """
+import sys
+import django
+django.setup()
+from django.urls import get_resolver
+get_resolver().url_patterns
+try:
+    from django.tasks import default_task_backend
+except ImportError:
+    from django_tasks import default_task_backend
+print(default_task_backend.get_result(sys.argv[1]).status)
+"""
+
+
+def test_a_result_can_be_read_from_a_process_that_did_not_import_the_task(redis_url):
+    """docs/tasks.md: ``supports_get_result`` "from any process: the result is read from the
+    job's row and events" (the framework's meaning too: results from any thread/process;
+    Django's docs show ``default_task_backend.get_result(result_id)``). But to_result()
+    (backends.py:188-192) raises TaskResultDoesNotExist "... is not imported in this
+    process" unless the task's module happens to be imported, and nothing imports it in a
+    web process (only run_delayworker autodiscovers ``tasks`` modules). So a status view
+    answers "does not exist" for a task that succeeded. Right: the result (e.g. autodiscover
+    installed apps' ``tasks`` modules like the worker does, in ready() or on a miss)."""
+    result = t.add.enqueue(2, 3)
+    burst()
+    assert t.add.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    child = subprocess.run(
+        [sys.executable, "-c", READ_RESULT, result.id],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip() == "SUCCESSFUL"
