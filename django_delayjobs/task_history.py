@@ -77,15 +77,27 @@ def _due(message: str) -> datetime.datetime | None:
 
 
 def exception_path(traceback_text: str) -> str:
-    """Return the class path of the exception a formatted traceback reports.
+    """Return the class path of the exception a failure's text reports.
 
-    The exception line is the first unindented line after the frames of the last
-    top-level ``Traceback`` header (a message may span lines, and notes follow it).
+    The worker writes it as the text's first line (``builtins.ValueError: boom``, see
+    ``execution.describe``), before anything the exception or the action supplied, so
+    a message that quotes another traceback cannot change it. A text written before that
+    (a bare Python traceback) is read from its last top-level ``Traceback`` header: the
+    first unindented line after its frames.
+
     The path is returned only if it names an exception class this process has already
     loaded: the text comes from the database, and ``TaskError.exception_class`` imports
     what the path names. Otherwise ``builtins.Exception`` (the traceback tells more).
     """
     lines = traceback_text.splitlines()
+    path = lines[0].split(": ", 1)[0] if lines else ""
+    if "." in path and _CLASS_PATH.fullmatch(path):  # the worker's first line
+        return path if _loaded_exception(path) else UNKNOWN_ERROR
+    return _legacy_path(lines)
+
+
+def _legacy_path(lines: list[str]) -> str:
+    """The class path a bare formatted traceback reports (the history of older versions)."""
     body, start = "", 0
     for n, line in enumerate(lines):
         header = _HEADER.fullmatch(line)

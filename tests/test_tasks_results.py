@@ -206,6 +206,16 @@ def with_note() -> str:
         ("Traceback (most recent call last):\nnot_imported_pkg.Boom: x\n", "builtins.Exception"),
         ("Traceback (most recent call last):\nos.system: x\n", "builtins.Exception"),
         ("Traceback (most recent call last):\nbuiltins.print: x\n", "builtins.Exception"),
+        # The worker's first line decides, whatever the notes and the traceback quote.
+        (
+            "builtins.OSError: a\nKeyError: b\nTraceback (most recent call last):\nKeyError: b\n",
+            "builtins.OSError",
+        ),
+        ("django_delayjobs.exceptions.GiveUp: gone", "django_delayjobs.exceptions.GiveUp"),
+        (
+            "not_imported_pkg.Boom: x\nTraceback (most recent call last):\nKeyError: x\n",
+            "builtins.Exception",
+        ),
         ("attempt 3 of 3 never finished (worker lost)", "builtins.Exception"),
         ("", "builtins.Exception"),
     ],
