@@ -124,6 +124,11 @@ class DelayJobsBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         self.validate_task(task)
+        try:  # before normalize_json, which recurses: schedule()'s depth limit, no RecursionError
+            serialization.check_depth(list(args), "args")
+            serialization.check_depth(dict(kwargs), "kwargs")
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
         # The framework's rule for arguments (TypeError "Unsupported type" otherwise),
         # applied before anything is written.
         args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
