@@ -145,7 +145,8 @@ class DelayJobsBackend(BaseTaskBackend):
                 kwargs=kwargs,
                 queue=task.queue_name,
                 max_attempts=self.max_attempts,
-                priority=task.priority,
+                # validate_task (the framework's rule) allows any whole number (50.0, True)
+                priority=int(task.priority),
                 actor=ACTOR + self.alias,
             )
         except (TypeError, ValueError) as exc:
