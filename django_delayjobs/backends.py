@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import uuid
+from collections.abc import Iterable, Mapping
 from inspect import Signature, signature
 from typing import Any
 
@@ -97,7 +98,7 @@ class DelayJobsBackend(BaseTaskBackend):
     supports_priority = True  # among jobs of a queue that become ready together (docs/tasks.md)
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
-        super().__init__(alias, params)
+        super().__init__(alias, _params(alias, params))
         for queue in self.queues:
             try:
                 validate_name(queue, "queue name")
@@ -168,7 +169,35 @@ class DelayJobsBackend(BaseTaskBackend):
         return to_result(job)
 
 
-def _options(alias: str, options: dict[str, Any]) -> dict[str, Any]:
+def _params(alias: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with OPTIONS None read as {} (as Django's backends read a missing one),
+    or ImproperlyConfigured for QUEUES or OPTIONS of the wrong shape, not the TypeError
+    (or, for a bare string, the set of its letters) the base class would make of them."""
+    params = dict(params)
+    options = params.get("OPTIONS")
+    if options is None:
+        params["OPTIONS"] = {}
+    elif not isinstance(options, Mapping):
+        raise ImproperlyConfigured(
+            f"TASKS[{alias!r}]['OPTIONS'] must be a dict, not {type(options).__name__}"
+        )
+    if "QUEUES" in params:
+        queues = params["QUEUES"]
+        if isinstance(queues, str | bytes) or not isinstance(queues, Iterable):
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['QUEUES'] must be a list of queue names, "
+                f"not {type(queues).__name__}"
+            )
+        params["QUEUES"] = queues = list(queues)
+        for queue in queues:
+            if not isinstance(queue, str):
+                raise ImproperlyConfigured(
+                    f"TASKS[{alias!r}]['QUEUES']: a queue name must be a str, not {queue!r}"
+                )
+    return params
+
+
+def _options(alias: str, options: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ImproperlyConfigured(

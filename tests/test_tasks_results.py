@@ -155,6 +155,27 @@ def test_bad_options_are_refused(options, message):
         DelayJobsBackend("bad", {"OPTIONS": options})
 
 
+def test_options_none_reads_as_no_options_and_a_non_dict_is_refused():
+    assert DelayJobsBackend("none", {"OPTIONS": None}).max_attempts == 1
+    with pytest.raises(ImproperlyConfigured, match=r"\['OPTIONS'\] must be a dict, not list"):
+        DelayJobsBackend("bad", {"OPTIONS": ["MAX_ATTEMPTS"]})
+
+
+@pytest.mark.parametrize(
+    ("queues", "message"),
+    [
+        (None, "must be a list of queue names, not NoneType"),
+        ("default", "must be a list of queue names, not str"),  # not the set of its letters
+        ([["default"]], "a queue name must be a str, not \\['default'\\]"),
+        ([1], "a queue name must be a str, not 1"),
+    ],
+)
+def test_queues_of_the_wrong_shape_are_refused(queues, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        DelayJobsBackend("bad", {"QUEUES": queues})
+    assert DelayJobsBackend("ok", {"QUEUES": ("default", "other")}).queues == {"default", "other"}
+
+
 def test_bad_queue_names_are_refused():
     with pytest.raises(ImproperlyConfigured, match="QUEUES"):
         DelayJobsBackend("bad", {"QUEUES": ["no spaces"]})
