@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import threading
 import uuid
 from collections.abc import Iterable, Mapping
 from inspect import Signature, signature
@@ -23,6 +24,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
+from django.utils.module_loading import autodiscover_modules
 
 from . import registry, serialization, signals, sql
 from .engine import DelayJobsError, validate_name
@@ -220,7 +222,7 @@ def to_result(job: Job, task: Task[Any, Any] | None = None) -> TaskResult[Any, A
     ``task`` is the Task that was enqueued, when the caller has it; otherwise it is
     rebuilt from the registered task and what the job recorded of it.
     """
-    registered = _tasks.get(job.action)
+    registered = _tasks.get(job.action) or _discovered(job.action)
     if registered is None:
         raise TaskResultDoesNotExist(
             f"{job.pk}: task {job.action.removeprefix(PREFIX)} is not imported in this process"
@@ -252,6 +254,22 @@ def to_result(job: Job, task: Task[Any, Any] | None = None) -> TaskResult[Any, A
     if job.status == Status.SUCCEEDED:
         object.__setattr__(result, "_return_value", serialization.load(job.result))
     return result
+
+
+_discovery = threading.Lock()
+_discovered_once = False
+
+
+def _discovered(name: str) -> Task[Any, Any] | None:
+    """The task ``name`` after importing every installed app's ``tasks`` module, as the
+    worker does at start-up (once per process): a web process that reads a result by id
+    has not necessarily imported the module of the task that made it."""
+    global _discovered_once
+    with _discovery:
+        if not _discovered_once:
+            autodiscover_modules("tasks")
+            _discovered_once = True
+    return _tasks.get(name)
 
 
 def _as_enqueued(task: Task[Any, Any], **fields: Any) -> Task[Any, Any]:
