@@ -9,6 +9,7 @@ from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
+from django_delayjobs import sql
 from django_delayjobs.backends import InvalidTask, TaskResultDoesNotExist, TaskResultStatus
 from django_delayjobs.models import Job, Status
 from tests.testapp import task_functions as t
@@ -67,6 +68,22 @@ def test_running_task_sees_its_context():
     result = t.introspect.enqueue("ctx")
     burst()
     assert t.introspect.get_result(result.id).return_value == {"attempt": 1, "status": "RUNNING"}
+
+
+def test_an_attempt_delivered_twice_is_one_attempt_run_by_its_last_worker():
+    """A worker claimed the attempt and was lost before it recorded an outcome; the
+    attempt is delivered again. The task sees attempt 1, and its result one attempt."""
+    result = t.introspect.enqueue("ctx")
+    with transaction.atomic():  # the lost worker's claim, as Execution.claim writes it
+        job = sql.claim(result.id, "lost", timezone.now(), 5)
+        assert job is not None and job.attempts == 1
+        sql.insert_event(job, "started", "worker:lost", "attempt 1 of 1")
+    burst()
+    read = t.introspect.get_result(result.id)
+    assert Job.objects.get(pk=result.id).deliveries == 2
+    assert read.return_value == {"attempt": 1, "status": "RUNNING"}
+    assert read.attempts == 1 and len(read.worker_ids) == 1
+    assert read.worker_ids != ["lost"]
 
 
 def test_a_task_that_raises_is_failed_with_its_error():
