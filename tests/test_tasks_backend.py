@@ -125,6 +125,41 @@ def test_a_task_priority_is_stored_and_read_back():
     assert t.add.get_result(result.id).task.priority == -100
 
 
+def test_a_whole_number_priority_that_validate_task_accepts_is_enqueued_as_an_int():
+    """The framework's validate_task accepts any whole number (int(p) == p): 50.0, True."""
+    future = timezone.now() + datetime.timedelta(hours=1)
+    for priority, stored in [(50.0, 50), (True, 1)]:
+        result = t.add.using(priority=priority, run_after=future).enqueue(1, 2)
+        job = Job.objects.get(pk=result.id)
+        assert job.priority == stored and type(job.priority) is int
+
+
+def nested(depth: int) -> list[object]:
+    deep: list[object] = []
+    inner = deep
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]  # type: ignore[assignment]
+    return deep
+
+
+def containing_itself() -> dict[str, object]:
+    loop: dict[str, object] = {}
+    loop["me"] = [loop]
+    return loop
+
+
+@pytest.mark.parametrize("make", [lambda: nested(5000), containing_itself, lambda: nested(40)])
+def test_arguments_nested_too_deep_are_refused_not_a_recursion_error(make):
+    """schedule()'s depth limit (32), before the framework's recursive normalize_json."""
+    value = make()
+    with pytest.raises(InvalidTask, match="levels deep"):
+        t.add.enqueue(value, 1)
+    with pytest.raises(InvalidTask, match="levels deep"):
+        t.add.enqueue(1, b=value)
+    assert not Job.objects.exists()
+
+
 def test_bad_arguments_are_refused_and_nothing_is_written():
     with pytest.raises(InvalidTask):
         t.add.enqueue(1)  # missing b
