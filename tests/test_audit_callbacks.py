@@ -1,0 +1,198 @@
+"""Audit of the HTTP callbacks: failing reproductions of bugs (each test fails on the
+current code for the reason in its docstring, and passes once the bug is fixed)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import pytest
+from django.core.management import call_command
+
+from django_delayjobs import schedule, schedule_http
+from django_delayjobs.callbacks.action import deliver
+from django_delayjobs.callbacks.signing import new_secret
+from django_delayjobs.models import Job, Status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECRET = new_secret()
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 that reads one HTTP request per connection and answers
+    it with scripted raw bytes (what an ordinary server framework would not send)."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.requests: list[bytes] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def netloc(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://{self.netloc}{path}"
+
+    def _serve(self) -> None:
+        while not self.closing.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(5)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(body) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    body += chunk
+                self.requests.append(head + b"\r\n\r\n" + body)
+                conn.sendall(self.answer)
+                conn.shutdown(socket.SHUT_WR)
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.thread.join(2)
+        self.sock.close()
+
+
+@pytest.fixture
+def raw_server():
+    servers: list[RawServer] = []
+
+    def make(answer: bytes) -> RawServer:
+        server = RawServer(answer)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture(autouse=True)
+def http(settings, redis_client, callback_server):
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [callback_server.netloc],
+        "HTTP_ALLOW_PRIVATE_NETWORKS": True,  # the servers are on 127.0.0.1
+        "HTTP_SIGNING_SECRETS": [SECRET],
+        "RETRY_BACKOFF_SECONDS": 60,
+        "HTTP_READ_TIMEOUT_SECONDS": 2.0,
+        "HTTP_TIMEOUT_SECONDS": 5.0,
+    }
+    return settings
+
+
+def allow(settings, *servers: RawServer) -> None:
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [
+            *settings.DELAYJOBS["HTTP_ALLOWED_HOSTS"],
+            *(s.netloc for s in servers),
+        ],
+    }
+
+
+def burst() -> None:
+    call_command("run_delayworker", "--burst", "-v", "0")
+
+
+def history(job: Job) -> list[tuple[str, str]]:
+    return list(job.events.order_by("at", "id").values_list("kind", "message"))
+
+
+# -- a planted row whose headers or URL are of the wrong JSON type ------------------------
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        {"method": "POST", "url": "http://127.0.0.1/", "headers": {"X-A": 1}},
+        {"method": "POST", "url": "http://127.0.0.1/", "headers": ["X-A"]},
+        {"method": "POST", "url": 5},
+    ],
+)
+def test_a_planted_row_of_the_wrong_types_dies_at_once(callback_server, stored):
+    """docs/callbacks.md: "refused by the policy, or a stored request that is malformed:
+    dead at once, nothing sent". ``request.load`` lets the ``TypeError`` of
+    ``check_headers``/``split_url`` through (request.py:216/227) and ``deliver`` only turns
+    ``Refused``/``InvalidCallback`` into ``GiveUp`` (action.py:52-56), so such a row is
+    retried with backoff like a passing failure, up to ``max_attempts``. It should die at
+    the first attempt with "refused, nothing sent"."""
+    job = schedule(deliver, in_=0, kwargs=stored, max_attempts=5)
+    burst()
+    job.refresh_from_db()
+    assert callback_server.count() == 0
+    assert (job.status, job.attempts) == (Status.DEAD, 1), (job.status, job.last_error)
+    assert "refused, nothing sent" in job.last_error
+
+
+# -- an informational (1xx) answer before the real one ------------------------------------
+
+
+def test_an_early_hints_answer_before_the_final_200_is_not_taken_as_the_answer(
+    settings, raw_server
+):
+    """RFC 9110 15.2: a client must parse any number of 1xx answers before the final one.
+    ``http.client`` skips only ``100 Continue``, so ``delivery.send`` returns a ``103
+    Early Hints`` (or ``102 Processing``) as the answer and ``outcome.judge`` ends the job
+    dead ("not retried") although the receiver handled the request and answered 200. The
+    job should succeed with the 200."""
+    server = raw_server(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+    )
+    allow(settings, server)
+    job = schedule_http(server.url(), json={"a": 1}, in_=0, max_attempts=5)
+    burst()
+    job.refresh_from_db()
+    assert len(server.requests) == 1
+    assert job.status == Status.SUCCEEDED, job.last_error
+    assert job.result["status"] == 200 and job.result["body"] == "ok"
+
+
+# -- a Retry-After the worker cannot parse ------------------------------------------------
+
+
+def test_a_retry_after_of_superscript_digits_leaves_the_attempts_history_line(settings, raw_server):
+    """``outcome.retry_after`` takes ``str.isdigit()`` for "a number of seconds"
+    (outcome.py:38), but a header is read as Latin-1 and ``"\\xb2"`` (superscript two) is a
+    digit to ``isdigit`` while ``float("\\xb2")`` raises ``ValueError``. So a hostile 503
+    answer makes ``judge`` raise a ``ValueError`` out of the action: the attempt's error is
+    a Python exception instead of the documented history line (``POST ... -> 503 ...``),
+    and the admin's last status cannot be read from it. A garbage Retry-After should be
+    ignored (the job's own backoff) and the line recorded."""
+    server = raw_server(
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: \xb2\r\n"
+        b"Content-Length: 4\r\nConnection: close\r\n\r\nbusy"
+    )
+    allow(settings, server)
+    job = schedule_http(server.url(), json={"a": 1}, in_=0, max_attempts=5)
+    burst()
+    job.refresh_from_db()
+    assert len(server.requests) == 1
+    assert job.status == Status.RETRYING
+    assert "-> 503 Service Unavailable in " in job.last_error, job.last_error
