@@ -4,17 +4,23 @@ current code for the reason in its docstring, and passes once the bug is fixed).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
 import threading
 import time
 
 import pytest
 from django.core.management import call_command
+from rest_framework.test import APIClient
 
 from django_delayjobs import schedule, schedule_http
+from django_delayjobs.callbacks import policy
 from django_delayjobs.callbacks.action import deliver
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.models import Job, Status
+from tests.testapp import tasks
+
+from .test_rest_helpers import make_user, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -196,3 +202,31 @@ def test_a_retry_after_of_superscript_digits_leaves_the_attempts_history_line(se
     assert len(server.requests) == 1
     assert job.status == Status.RETRYING
     assert "-> 503 Service Unavailable in " in job.last_error, job.last_error
+
+
+# -- callbacks/ answering with a job that is not a callback -------------------------------
+
+
+def test_callbacks_create_never_answers_with_a_python_job_holding_the_key(settings):
+    """docs/callbacks.md: the callbacks endpoints "see callback jobs only", and
+    ``POST callbacks/`` answers 200 with "the active job that already holds key". But
+    ``create`` (callbacks/service.py:43) hands the key to ``submit``, which returns any
+    active job of that (queue, key) (services.py:160), whatever its action. So when a
+    Python job holds the key, the clock service is told 200 with that job (its args and
+    kwargs shown) as if its callback were scheduled: no request will ever be sent, and
+    ``callbacks/cancel/`` with that id answers 404. It should not report a foreign job as
+    the callback (for example a 409 saying the key is held by a job that is not one)."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_ALLOWED_HOSTS": ["hooks.example.com"]}
+    python_job = schedule(tasks.record, in_=60, args=["private"], key="order-42")
+    client = APIClient()
+    client.force_login(make_user(superuser=True))
+    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
+        response = client.post(
+            url("callbacks"),
+            {"url": "https://hooks.example.com/expire", "in": 60, "key": "order-42"},
+            format="json",
+        )
+    answered = response.json().get("id")
+    assert answered != str(python_job.pk), (response.status_code, response.json())
+    if response.status_code in (200, 201):
+        assert Job.objects.get(pk=answered).action == deliver.delayable_name
