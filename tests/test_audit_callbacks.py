@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
+import struct
 import threading
 import time
 
@@ -31,8 +32,9 @@ class RawServer:
     """A TCP server on 127.0.0.1 that reads one HTTP request per connection and answers
     it with scripted raw bytes (what an ordinary server framework would not send)."""
 
-    def __init__(self, answer: bytes) -> None:
+    def __init__(self, answer: bytes, reset: bool = False) -> None:
         self.answer = answer
+        self.reset = reset  # end the connection with a TCP reset after the answer
         self.requests: list[bytes] = []
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.sock.settimeout(0.1)
@@ -75,6 +77,11 @@ class RawServer:
                     body += chunk
                 self.requests.append(head + b"\r\n\r\n" + body)
                 conn.sendall(self.answer)
+                if self.reset:
+                    time.sleep(0.3)  # the client has read the status line and headers
+                    linger = struct.pack("ii", 1, 0)
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+                    continue  # closed by the with: a reset, not a FIN
                 conn.shutdown(socket.SHUT_WR)
                 time.sleep(0.05)
 
@@ -88,8 +95,8 @@ class RawServer:
 def raw_server():
     servers: list[RawServer] = []
 
-    def make(answer: bytes) -> RawServer:
-        server = RawServer(answer)
+    def make(answer: bytes, reset: bool = False) -> RawServer:
+        server = RawServer(answer, reset)
         servers.append(server)
         return server
 
@@ -230,3 +237,53 @@ def test_callbacks_create_never_answers_with_a_python_job_holding_the_key(settin
     assert answered != str(python_job.pk), (response.status_code, response.json())
     if response.status_code in (200, 201):
         assert Job.objects.get(pk=answered).action == deliver.delayable_name
+
+
+# -- a 2xx answer whose body the receiver cuts off ------------------------------------------
+
+
+def test_a_200_whose_body_is_cut_by_a_reset_is_an_answer_not_no_answer(settings, raw_server):
+    """The receiver sent ``200 OK`` and its headers, then reset the connection in the
+    middle of the body. ``delivery._exchange`` (delivery.py:139-145) counts a body cut
+    short as an answer only when the total timeout cut it; a reset (or a broken chunk)
+    makes ``send`` raise ``DeliveryFailed`` "network", so the job is retried as "no answer
+    (network)" and the request is sent again although the receiver answered 200 (with a
+    FIN instead of the reset the same answer succeeds). The documented table: 2xx
+    succeeds; only "no answer" (refused, timeout, TLS, DNS) is retried. The job should
+    succeed with a truncated body."""
+    server = raw_server(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nConnection: close\r\n\r\npartial",
+        reset=True,
+    )
+    allow(settings, server)
+    job = schedule_http(server.url(), json={"a": 1}, in_=0, max_attempts=5)
+    burst()
+    job.refresh_from_db()
+    assert len(server.requests) == 1
+    assert job.status == Status.SUCCEEDED, job.last_error
+    assert job.result["status"] == 200 and job.result["truncated"] is True
+
+
+# -- a path that leaves its destination on common Java receivers ---------------------------
+
+
+@pytest.mark.parametrize("path", ["/..;/admin", "/a/..;/..;/admin", "/%2e%2e;/admin"])
+def test_a_dot_dot_segment_with_a_path_parameter_cannot_leave_the_destination(settings, path):
+    """docs/callbacks.md: the path "may not leave" the destination's URL: ``..`` segments
+    (even percent-encoded) are refused, and separators that "some receivers decode" count.
+    ``request._check_path`` (request.py:96-106) compares whole segments with
+    ``(\\.|%2e){1,2}``, so ``..;`` passes; Tomcat, Jetty and Spring drop the ``;``
+    parameter first and read ``/base/..;/admin`` as ``/admin``, outside the destination
+    (the classic ``/..;/`` bypass). ``/a;/../b`` is already refused; a ``..`` segment with
+    a path parameter should be refused too."""
+    from django_delayjobs.callbacks.request import InvalidCallback
+
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
+        "HTTP_DESTINATIONS": {"shop": {"url": "https://hooks.example.com/shop"}},
+    }
+    resolver = policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")])
+    with resolver, pytest.raises(InvalidCallback):
+        schedule_http(f"shop:{path}", in_=60)
+    assert not Job.objects.exists()
