@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 from django_delayjobs import schedule, schedule_http
 from django_delayjobs.callbacks import policy
 from django_delayjobs.callbacks.action import deliver
-from django_delayjobs.callbacks.signing import new_secret
+from django_delayjobs.callbacks.signing import new_secret, verify
 from django_delayjobs.models import Job, Status
 from tests.testapp import tasks
 
@@ -287,3 +287,26 @@ def test_a_dot_dot_segment_with_a_path_parameter_cannot_leave_the_destination(se
     with resolver, pytest.raises(InvalidCallback):
         schedule_http(f"shop:{path}", in_=60)
     assert not Job.objects.exists()
+
+
+# -- secret rotation as documented ---------------------------------------------------------
+
+
+def test_the_documented_rotation_does_not_lock_out_a_receiver_not_yet_updated(
+    settings, callback_server
+):
+    """docs/callbacks.md, Signing: "a secret is rotated by putting the new one first,
+    updating the receivers, then removing the old one". But ``signing.sign`` signs with
+    ``secrets[0]`` only (signing.py:77-78), so from the first step on, a receiver that
+    still holds only the old secret refuses every callback (401, which ends the job dead
+    at once). The module's own docstring says several space-separated signatures may be
+    sent, and ``verify`` takes up to 16 "(a sender rotating secrets sends two or
+    three)": during the rotation every listed secret should sign, so the old receiver
+    still verifies the request."""
+    old, new = new_secret(), new_secret()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_SIGNING_SECRETS": [new, old]}
+    job = schedule_http(callback_server.url(), json={"order": 42}, in_=0)
+    burst()
+    (request,) = callback_server.wait_for(1)
+    assert verify(request.headers, request.body, [new]) == str(job.pk)
+    assert verify(request.headers, request.body, [old]) == str(job.pk)
