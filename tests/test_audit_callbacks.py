@@ -151,8 +151,8 @@ def history(job: Job) -> list[tuple[str, str]]:
 def test_a_planted_row_of_the_wrong_types_dies_at_once(callback_server, stored):
     """docs/callbacks.md: "refused by the policy, or a stored request that is malformed:
     dead at once, nothing sent". ``request.load`` lets the ``TypeError`` of
-    ``check_headers``/``split_url`` through (request.py:216/227) and ``deliver`` only turns
-    ``Refused``/``InvalidCallback`` into ``GiveUp`` (action.py:52-56), so such a row is
+    ``check_headers``/``split_url`` through (request.py:220/229) and ``deliver`` only turns
+    ``Refused``/``InvalidCallback`` into ``GiveUp`` (action.py:55-58), so such a row is
     retried with backoff like a passing failure, up to ``max_attempts``. It should die at
     the first attempt with "refused, nothing sent"."""
     job = schedule(deliver, in_=0, kwargs=stored, max_attempts=5)
@@ -217,7 +217,7 @@ def test_a_retry_after_of_superscript_digits_leaves_the_attempts_history_line(se
 def test_callbacks_create_never_answers_with_a_python_job_holding_the_key(settings):
     """docs/callbacks.md: the callbacks endpoints "see callback jobs only", and
     ``POST callbacks/`` answers 200 with "the active job that already holds key". But
-    ``create`` (callbacks/service.py:43) hands the key to ``submit``, which returns any
+    ``create`` (callbacks/service.py:42) hands the key to ``submit``, which returns any
     active job of that (queue, key) (services.py:160), whatever its action. So when a
     Python job holds the key, the clock service is told 200 with that job (its args and
     kwargs shown) as if its callback were scheduled: no request will ever be sent, and
@@ -244,7 +244,7 @@ def test_callbacks_create_never_answers_with_a_python_job_holding_the_key(settin
 
 def test_a_200_whose_body_is_cut_by_a_reset_is_an_answer_not_no_answer(settings, raw_server):
     """The receiver sent ``200 OK`` and its headers, then reset the connection in the
-    middle of the body. ``delivery._exchange`` (delivery.py:139-145) counts a body cut
+    middle of the body. ``delivery._exchange`` (delivery.py:142-147) counts a body cut
     short as an answer only when the total timeout cut it; a reset (or a broken chunk)
     makes ``send`` raise ``DeliveryFailed`` "network", so the job is retried as "no answer
     (network)" and the request is sent again although the receiver answered 200 (with a
@@ -271,7 +271,7 @@ def test_a_200_whose_body_is_cut_by_a_reset_is_an_answer_not_no_answer(settings,
 def test_a_dot_dot_segment_with_a_path_parameter_cannot_leave_the_destination(settings, path):
     """docs/callbacks.md: the path "may not leave" the destination's URL: ``..`` segments
     (even percent-encoded) are refused, and separators that "some receivers decode" count.
-    ``request._check_path`` (request.py:96-106) compares whole segments with
+    ``request._check_path`` (request.py:95-105) compares whole segments with
     ``(\\.|%2e){1,2}``, so ``..;`` passes; Tomcat, Jetty and Spring drop the ``;``
     parameter first and read ``/base/..;/admin`` as ``/admin``, outside the destination
     (the classic ``/..;/`` bypass). ``/a;/../b`` is already refused; a ``..`` segment with
