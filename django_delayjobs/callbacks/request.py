@@ -209,7 +209,15 @@ def build(
 
 
 def load(stored: Mapping[str, Any]) -> CallbackRequest:
-    """Read a job's kwargs back into a request, validating them again."""
+    """Read a job's kwargs back into a request, validating them again: anything malformed,
+    values of the wrong JSON type included, raises ``InvalidCallback``."""
+    try:
+        return _load(stored)
+    except TypeError as exc:
+        raise InvalidCallback(f"the stored request is malformed: {exc}", "url") from None
+
+
+def _load(stored: Mapping[str, Any]) -> CallbackRequest:
     unknown = set(stored) - {"method", "url", "destination", "path", "headers", "body"}
     method, body = stored.get("method"), stored.get("body")
     if unknown or method not in METHODS or not isinstance(body, str | None):
