@@ -32,6 +32,9 @@ _DOT_SEGMENT = re.compile(r"(?:\.|%2e){1,2}", re.IGNORECASE)
 # Where a segment ends for some receiver: a slash, or one percent-encoded (a server that
 # decodes it first), or a backslash so encoded (WHATWG and IIS read a backslash as '/').
 _SEPARATOR = re.compile(r"/|%2f|%5c", re.IGNORECASE)
+# Where a segment's path parameters start (RFC 3986 3.3): Tomcat, Jetty and Spring drop
+# them before resolving dot segments, so '..;x' (or '..%3bx') is a '..' segment to them.
+_PARAMETERS = re.compile(r";|%3b", re.IGNORECASE)
 
 
 class InvalidCallback(InvalidSchedule):
@@ -100,9 +103,11 @@ def _check_path(path: str) -> str:
             "url",
         )
     segments = _SEPARATOR.split(path.partition("?")[0])
-    if path.startswith("//") or any(_DOT_SEGMENT.fullmatch(s) for s in segments):
+    bare = (_PARAMETERS.split(segment, 1)[0] for segment in segments)
+    if path.startswith("//") or any(_DOT_SEGMENT.fullmatch(s) for s in bare):
         raise InvalidCallback(
-            f"the path {path!r} must not start with '//' or hold '.' or '..' segments: it "
+            f"the path {path!r} must not start with '//' or hold '.' or '..' segments (path "
+            "parameters such as '..;x' included): it "
             "stays under its destination's URL",
             "url",
         )
