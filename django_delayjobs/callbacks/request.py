@@ -164,6 +164,8 @@ def _body(method: str, json: Any, data: Any) -> tuple[str | None, str | None]:
             return urlencode(data), "application/x-www-form-urlencoded"
         except UnicodeEncodeError:  # urlencode writes the form's text as UTF-8
             raise InvalidCallback("the form holds a lone surrogate: not UTF-8", "data") from None
+        except ValueError as exc:  # an int of more digits than int.__str__ writes
+            raise InvalidCallback(f"the form cannot be written: {exc}", "data") from None
     if isinstance(data, str):
         return data, "text/plain; charset=utf-8"
     raise TypeError(f"data= must be str, bytes or a dict, not {type(data).__name__}")
