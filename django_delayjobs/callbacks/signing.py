@@ -7,8 +7,9 @@ A secret is ``whsec_`` + base64 of 24 to 64 random bytes. A request carries
 ``webhook-id`` (the job id: the same on every retry, so it is the receiver's idempotency
 key), ``webhook-timestamp`` (Unix seconds of this attempt) and ``webhook-signature``
 (``v1,`` + base64 of HMAC-SHA256 over ``id.timestamp.body``; one per secret,
-space-separated, so that a receiver holding any of the secrets verifies it). The HMAC is the standard library's; the reference library
-(``standardwebhooks``) is used by the test suite to check both directions.
+space-separated, so that a receiver holding any of the secrets verifies it). The HMAC is
+the standard library's; the reference library (``standardwebhooks``) is used by the test
+suite to check both directions.
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ class CallbackCreateView(CallbackView):
             400: dict,
             409: s.DetailSerializer,
             **_REFUSED,
-        },  # fmt: skip
+        },
     )
     def post(self, request: Request) -> Response:
         body = CallbackSerializer(data=request.data)
