@@ -311,6 +311,14 @@ def test_bad_http_settings_are_check_errors(settings, http, expected):
     assert f"django_delayjobs.{expected}" in ids(settings, **http)
 
 
+def test_an_http_ca_bundle_that_cannot_be_loaded_is_a_check_error(settings, tmp_path, tls_ca):
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("not a certificate\n")
+    assert "django_delayjobs.E014" in ids(settings, HTTP_CA_BUNDLE=str(tmp_path / "missing.pem"))
+    assert "django_delayjobs.E014" in ids(settings, HTTP_CA_BUNDLE=str(not_pem))
+    assert "django_delayjobs.E014" not in ids(settings, HTTP_CA_BUNDLE=tls_ca[1])
+
+
 def test_without_urllib3_callbacks_are_refused_and_check_says_why(settings, monkeypatch):
     from django_delayjobs.callbacks import action
     from django_delayjobs.exceptions import ConfigurationError
