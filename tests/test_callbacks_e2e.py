@@ -329,7 +329,6 @@ def test_a_destination_removed_from_the_settings_ends_the_job(callback_server, s
         {"method": "POST", "url": "http://127.0.0.1/", "headers": {"X-A": 1}},
         {"method": "POST", "url": "http://127.0.0.1/", "headers": ["X-A"]},
         {"method": "POST", "url": 5},
-        {"method": "POST", "destination": 5, "path": "/x"},
     ],
 )
 def test_a_planted_malformed_row_dies_and_sends_nothing(callback_server, stored):
