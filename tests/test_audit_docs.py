@@ -49,5 +49,33 @@ def test_expired_job_is_skipped_instead_of_started():
     assert not Record.objects.exists()
     kinds = list(job.events.values_list("kind", flat=True))
     assert (kinds, job.attempts, job.started_at, started) == (
-        ["scheduled", "skipped"], 0, None, []
+        ["scheduled", "skipped"],
+        0,
+        None,
+        [],
     ), f"an expired job was started: events {kinds}, attempts {job.attempts}, job_started {started}"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HTTP_CONNECT_TIMEOUT_SECONDS", 0),
+        ("HTTP_TIMEOUT_SECONDS", 10_000),
+        ("HTTP_RESPONSE_KEEP_BYTES", -1),
+        ("HTTP_ALLOW_PRIVATE_NETWORKS", "yes"),
+    ],
+)
+def test_bad_http_setting_is_e009(settings, name, value):
+    """docs/callbacks.md:298 (under the table of every ``HTTP_*`` and ``API_CALLBACK_*``
+    setting): "All are checked by `manage.py check` (`django_delayjobs.E009` for a bad
+    value, ...".
+
+    Only the ``HTTP_*`` settings declared with ``_http()`` (conf.py:80-82, kind "http")
+    get E009. The numeric ones (conf.py:139-146) are plain ``setting(..., low, high)``, so a
+    bad value is E003 (float) or E004 (int) (checks.py:20-23, conf.py:194-199), and the
+    bool ``HTTP_ALLOW_PRIVATE_NETWORKS`` (conf.py:135) is E006."""
+    from django_delayjobs.checks import check_settings
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, name: value}
+    ids = sorted({e.id for e in check_settings() if name in e.msg})
+    assert ids == ["django_delayjobs.E009"], f"DELAYJOBS[{name!r}] = {value!r} gives {ids}"
