@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from django_delayjobs import schedule, signals
-from django_delayjobs.models import Job, Status
+from django_delayjobs.models import Status
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
