@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from django_delayjobs import schedule, signals
-from django_delayjobs.models import Status
+from django_delayjobs.models import Job, Status
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -79,3 +79,20 @@ def test_bad_http_setting_is_e009(settings, name, value):
     settings.DELAYJOBS = {**settings.DELAYJOBS, name: value}
     ids = sorted({e.id for e in check_settings() if name in e.msg})
     assert ids == ["django_delayjobs.E009"], f"DELAYJOBS[{name!r}] = {value!r} gives {ids}"
+
+
+def test_a_json_argument_shaped_like_a_tag_is_accepted():
+    """docs/tasks.md:53: task arguments are "JSON | normalised as the framework does
+    (`normalize_json` ...); anything else raises `TypeError` ... arguments that do not
+    fit the function raise `InvalidTask`" (and docs/scheduling.md:87: ``args``/``kwargs``
+    are "JSON values plus `datetime`, `date`, `Decimal`, `UUID`").
+
+    A JSON object whose only key is one of the door's tags (``$dt``, ``$d``, ``$dec``,
+    ``$uuid``) is plain JSON that fits the function, yet serialization.py:167-169 refuses it
+    ("uses the reserved key"), so ``schedule()`` raises ``TypeError`` and the backend
+    turns it into ``InvalidTask`` (backends.py:146-147): ``{"$d": "2030-01-01"}`` cannot
+    be enqueued, though Django's own backends take it."""
+    from tests.testapp import task_functions as t
+
+    result = t.introspect.enqueue({"$d": "2030-01-01"})
+    assert Job.objects.filter(pk=result.id).exists()
