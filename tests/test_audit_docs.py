@@ -96,3 +96,22 @@ def test_a_json_argument_shaped_like_a_tag_is_accepted():
 
     result = t.introspect.enqueue({"$d": "2030-01-01"})
     assert Job.objects.filter(pk=result.id).exists()
+
+
+def test_metrics_answer_a_logged_in_non_staff_user_403():
+    """docs/metrics.md:44 (who may read ``metrics/``): "anyone else logged in | 403"; only
+    a wrong or unexpected *Bearer* token is 401 (docs/metrics.md:42).
+
+    views.py:35 answers 403 only when the request has no ``Authorization`` header at all:
+    a logged-in user who is not allowed and whose browser sends any other credentials (a
+    site behind HTTP Basic auth sends ``Authorization: Basic ...`` on every request) gets
+    401 with ``WWW-Authenticate: Bearer`` (views.py:37-39), as an anonymous caller does."""
+    from django.test import Client
+
+    from tests.test_rest_helpers import make_user
+
+    client = Client()
+    client.force_login(make_user("bob", staff=False))
+    assert client.get("/delayjobs/metrics/").status_code == 403  # no header: as documented
+    answer = client.get("/delayjobs/metrics/", HTTP_AUTHORIZATION="Basic Ym9iOnB3")
+    assert answer.status_code == 403, (answer.status_code, answer.headers.get("WWW-Authenticate"))
