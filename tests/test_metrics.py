@@ -323,6 +323,16 @@ def test_a_wrong_token_is_refused_even_with_a_staff_session(with_token):
 
 
 @pytest.mark.django_db
+def test_other_credentials_leave_a_logged_in_user_who_may_not_read_metrics_403(with_token):
+    """A site behind HTTP Basic auth sends ``Authorization: Basic ...`` on every request:
+    only a Bearer token makes a scrape a token's (a wrong one is 401)."""
+    client = Client()
+    client.force_login(user("bob", staff=False))
+    assert get(client, Authorization="Basic Ym9iOnB3").status_code == 403
+    assert get(client, "wrong-token").status_code == 401
+
+
+@pytest.mark.django_db
 def test_without_a_token_setting_no_token_opens_it():
     assert get(Client(), "").status_code == 401
     assert get(Client(), "None").status_code == 401

@@ -32,7 +32,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
     """GET/HEAD: the whole deployment's metrics, for a staff user or the token's holder."""
     user = getattr(request, "user", None)
     if not access.allowed(request.headers, user):
-        if user is not None and user.is_authenticated and "Authorization" not in request.headers:
+        # A Bearer token that is wrong is 401; other credentials (a site behind HTTP Basic
+        # auth sends them on every request) do not make a logged-in user anonymous.
+        given = access.bearer(request.headers.get("Authorization"))
+        if given is None and user is not None and user.is_authenticated:
             return _text(403, "metrics need a staff user who may view jobs")
         response = _text(401, "metrics need a staff login or the METRICS_TOKEN bearer token")
         response["WWW-Authenticate"] = 'Bearer realm="delayjobs metrics"'
