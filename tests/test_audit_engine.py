@@ -1,0 +1,56 @@
+"""Audit of the engine's timing and the Django layer's time handling: each test is a
+failing reproduction of one bug (see its docstring for what is wrong and what is right)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+from django.test import override_settings
+
+from django_delayjobs import schedule
+from django_delayjobs.connection import SOCKET_TIMEOUT
+from django_delayjobs.engine import Engine, close_client
+from django_delayjobs.promoter import Promoter
+from tests.testapp.models import Thing
+
+
+def test_promoter_is_woken_by_an_earlier_job_after_its_blpop_was_cut_short(redis_url):
+    """The package's client has ``socket_timeout=1`` s, so ``wait_for_wake`` blocks at most
+    0.5 s and returns False. ``Promoter.sleep`` (promoter.py:81-87) then sleeps the rest of
+    the wait on ``self.stop.wait(remaining)``, where no wake token can reach it: with
+    ``TICK_SECONDS = 5`` (allowed up to 60) a job scheduled 1 s into an idle promoter's
+    sleep, due 100 ms later, is promoted about 4 s late (up to a whole tick). The design
+    promises the promoter "is woken early when a job with an earlier due time is
+    scheduled". Right: keep waiting on the wake list (in a loop) until the deadline less
+    ``PRECISE_STRETCH``, so a wake token ends the sleep at any moment."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=SOCKET_TIMEOUT)
+    engine = Engine(client, prefix="audit")
+    stop = threading.Event()
+    promoter = Promoter(engine, ["q"], tick=5.0, stop=stop)
+
+    def loop() -> None:
+        while not stop.is_set():
+            promoter.sleep(promoter.step())
+
+    thread = threading.Thread(target=loop, daemon=True)
+    try:
+        thread.start()
+        time.sleep(1.0)  # the promoter is idle, sleeping one tick (nothing is pending)
+        due = engine.server_time_ms() + 100
+        engine.add("q", {"job": due})  # the earliest pending id: pushes a wake token
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline and not client.sismember(
+            engine.keys("q").ready_set, "job"
+        ):
+            time.sleep(0.01)
+        late_ms = engine.server_time_ms() - due
+        assert client.sismember(engine.keys("q").ready_set, "job"), (
+            f"due 100 ms after it was added, still not promoted {late_ms} ms after its due time"
+        )
+    finally:
+        stop.set()
+        thread.join(10)
+        close_client(client)
