@@ -1,0 +1,41 @@
+"""Audit of the engine: each test is a failing reproduction of one bug (see its docstring
+for what is wrong and what is right). Runs on the session's private Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_delayjobs.engine import Engine
+
+
+def test_promote_reports_a_positive_wait_for_a_far_future_due_time(engine: Engine):
+    """``add`` accepts any finite, non-negative due time, but ``promote.lua`` returns the
+    wait until the next due time as a Lua number that Redis converts to a 64-bit integer:
+    for a due time more than 2^63 us (about 292,000 years) away the conversion overflows
+    (promote.lua:30-31) and ``PromoteResult.next_due_in_us`` is -9223372036854775808.
+    The promoter then sleeps ``min(tick, negative)``, i.e. not at all, and spins on
+    ``promote`` at full speed; ``--burst`` never ends (``burst_done`` waits a negative time
+    and loops). Right: a wait that is never negative (clamp it to what fits, or refuse due
+    times that far away in ``check_due``)."""
+    engine.add("q", {"far": 1e16})  # year ~318,000: accepted by the engine
+    result = engine.promote("q")
+    assert result.next_due_ms == 10**16
+    assert result.next_due_in_us is not None and result.next_due_in_us > 0
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda e: e.add("q", {"a": 10**400}), id="add-due"),
+        pytest.param(lambda e: e.claim("q", 1, lease_ms=10**400), id="claim-lease"),
+        pytest.param(lambda e: e.wait_for_work(["q"], 10**400), id="wait-timeout"),
+    ],
+)
+def test_a_huge_int_time_is_refused_with_a_value_error(engine: Engine, call):
+    """The engine refuses bad times with ``TypeError``/``ValueError`` (the contract its
+    tests check: nan, inf, negative...), but an int too large for a float makes
+    ``math.isfinite`` raise ``OverflowError`` (validation.py:51, waiting.py:41), an
+    exception no caller expects. Right: ``ValueError`` ("must be a finite, non-negative
+    number"), as for ``math.inf``."""
+    with pytest.raises(ValueError):
+        call(engine)
