@@ -72,3 +72,44 @@ def test_schedule_in_works_with_use_tz_false():
         job = schedule(thing.expire, in_=60)
         job.refresh_from_db()
         assert job.status == "scheduled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reschedule_between_a_failure_and_its_nack_is_not_overwritten():
+    """A failed attempt commits ``status='retrying', run_at=<retry time>`` first, and the
+    worker nacks the id into pending afterwards, with the retry time it computed
+    (outcomes.py:153-155: ``result.retry_at``). A ``job.reschedule(in_=0)`` committed in
+    between wins in the database (the row is ``retrying``) and returns True, but its
+    ``add`` finds the id in flight and leaves it alone; then the nack puts the id in
+    pending at the *old* retry time. The job rescheduled to "now" runs only at the old
+    retry time or when the next reconcile sweep re-adds it (up to ``RECONCILE_SECONDS``,
+    60 s, later), not within tens of ms. Right: the nack (or reschedule) must leave Redis due at the row's
+    current ``run_at``, e.g. nack with the due time read back from the row, or have
+    reschedule of an in-flight id take effect when it is nacked."""
+    from django_delayjobs.connection import get_engine
+    from django_delayjobs.execution import Execution
+    from django_delayjobs.models import Job
+    from django_delayjobs.outcomes import Outcome, settle
+    from django_delayjobs.timing import to_ms
+    from tests.testapp import tasks
+
+    engine = get_engine()
+    job = schedule(tasks.fail, in_=0, max_attempts=3)
+    (job_id,) = _wait(lambda: engine.promote("default") and engine.claim("default", 1))
+    result = Execution("default", job_id, "w").run()  # the failure is committed
+    assert result.outcome == Outcome.RETRYING
+    assert job.reschedule(in_=0) is True  # a user asks for the retry now
+    settle(engine, "default", job_id, result)  # the worker nacks its delivery
+    row = Job.objects.get(pk=job.pk)
+    score = engine.client.zscore(engine.keys("default").pending, job_id)
+    assert score is not None
+    late_s = (score - to_ms(row.run_at)) / 1000
+    assert late_s <= 1, f"the row is due at {row.run_at}, Redis holds it {late_s:.1f} s later"
+
+
+def _wait(check, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, "still false"
+        time.sleep(0.005)
+    return value
