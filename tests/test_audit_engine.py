@@ -83,9 +83,9 @@ def test_a_reschedule_between_a_failure_and_its_nack_is_not_overwritten():
     ``add`` finds the id in flight and leaves it alone; then the nack puts the id in
     pending at the *old* retry time. The job rescheduled to "now" runs only at the old
     retry time or when the next reconcile sweep re-adds it (up to ``RECONCILE_SECONDS``,
-    60 s, later), not within tens of ms. Right: the nack (or reschedule) must leave Redis due at the row's
-    current ``run_at``, e.g. nack with the due time read back from the row, or have
-    reschedule of an in-flight id take effect when it is nacked."""
+    60 s, later), not within tens of ms. Right: the nack (or reschedule) must leave Redis
+    due at the row's current ``run_at``, e.g. nack with the due time read back from the
+    row, or have reschedule of an in-flight id take effect when it is nacked."""
     from django_delayjobs.connection import get_engine
     from django_delayjobs.execution import Execution
     from django_delayjobs.models import Job

@@ -37,5 +37,5 @@ def test_a_huge_int_time_is_refused_with_a_value_error(engine: Engine, call):
     ``math.isfinite`` raise ``OverflowError`` (validation.py:51, waiting.py:41), an
     exception no caller expects. Right: ``ValueError`` ("must be a finite, non-negative
     number"), as for ``math.inf``."""
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="finite"):
         call(engine)
