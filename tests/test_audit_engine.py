@@ -113,3 +113,48 @@ def _wait(check, timeout: float = 5.0):
         assert time.monotonic() < deadline, "still false"
         time.sleep(0.005)
     return value
+
+
+def _places(engine, queue: str, job_id: str) -> list[str]:
+    """Every (shard, structure) of ``queue`` that holds ``job_id``."""
+    found = []
+    for shard in engine.shards(queue):
+        k = engine.keys(shard)
+        for name, held in (
+            ("pending", engine.client.zscore(k.pending, job_id) is not None),
+            ("ready", engine.client.sismember(k.ready_set, job_id)),
+            ("unack", engine.client.zscore(k.unack, job_id) is not None),
+            ("garbage", engine.client.zscore(k.garbage, job_id) is not None),
+        ):
+            if held:
+                found.append(f"{shard}:{name}")
+    return found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reconcile_after_a_shard_count_change_does_not_copy_an_id_in_flight(settings):
+    """After ``QUEUE_SHARDS`` changes, reconcile moves each waiting job to its shard under
+    the new count: ``add`` there, then ``remove`` from the old shards (reconcile.py:151-157).
+    A waiting row whose id is *in flight* in an old shard (claimed by a worker in a batch
+    it has not reached yet, or the id of a running job past its lease, which reconcile
+    also re-adds while its worker extends the lease) is not held by the new shard, so
+    ``add`` puts a second copy there, and ``remove`` cannot take the in-flight one: Redis
+    now holds the id twice. Two workers receive it; the second finds the row ``running``
+    with ``deliveries < MAX_DELIVERIES`` and delivers the same attempt again while the
+    first still runs it: the action runs twice. Right: an id held in flight (or ready) in
+    an old shard is left there, as ``add`` leaves one held in its own shard: one place
+    at a time, as the engine promises."""
+    from django_delayjobs.connection import get_engine
+    from django_delayjobs.reconcile import reconcile
+    from tests.testapp import tasks
+
+    job = schedule(tasks.record, in_=0, args=["once"], queue="orders")
+    engine = get_engine()
+    job_id = str(job.pk)
+    (claimed,) = _wait(lambda: engine.promote("orders") and engine.claim("orders", 1))
+    assert claimed == job_id  # a worker holds it in its batch; the row is still waiting
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 3}}
+    engine = get_engine()
+    assert engine.shard_count("orders") == 3
+    reconcile(engine, horizon=None)
+    assert _places(engine, "orders", job_id) == ["orders#0/1:unack"]
