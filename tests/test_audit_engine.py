@@ -158,3 +158,28 @@ def test_reconcile_after_a_shard_count_change_does_not_copy_an_id_in_flight(sett
     assert engine.shard_count("orders") == 3
     reconcile(engine, horizon=None)
     assert _places(engine, "orders", job_id) == ["orders#0/1:unack"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reschedule_after_a_shard_count_change_leaves_one_copy(settings):
+    """``job.reschedule()`` hands the new due time to Redis with ``push`` -> ``Engine.add``
+    (services.py:359), which routes the id to its shard under the *current* count and never
+    looks at the shard of the old count that still holds it (``Engine.reschedule`` and
+    ``Engine.remove`` do try those shards). After a ``QUEUE_SHARDS`` change the id is then
+    pending twice: at the old time in the old shard, at the new time in the new one, and
+    reconcile does not merge them (the new shard already holds it, so it is not "added"
+    and not removed from the old one). The old copy fires at the old time and is deferred
+    to the new ``run_at`` in the old shard; at that time both copies are delivered, and the
+    second worker finds the row ``running`` with ``deliveries < MAX_DELIVERIES`` and runs
+    the same attempt again. Right: one copy, due at the new time (move the id out of the
+    old shard, as cancel finds it there)."""
+    from django_delayjobs.connection import get_engine
+    from tests.testapp import tasks
+
+    job = schedule(tasks.record, in_=60, args=["once"], queue="orders")
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 3}}
+    engine = get_engine()
+    assert engine.shard_count("orders") == 3
+    assert job.reschedule(in_=120) is True
+    places = _places(engine, "orders", str(job.pk))
+    assert len(places) == 1, f"held {len(places)} times: {places}"
