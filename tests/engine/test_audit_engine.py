@@ -3,6 +3,8 @@ for what is wrong and what is right). Runs on the session's private Redis."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from django_delayjobs.engine import Engine
@@ -39,3 +41,21 @@ def test_a_huge_int_time_is_refused_with_a_value_error(engine: Engine, call):
     number"), as for ``math.inf``."""
     with pytest.raises(ValueError, match="finite"):
         call(engine)
+
+
+def test_re_adding_a_pending_id_with_priority_0_forgets_its_old_priority(engine: Engine):
+    """``add`` gives an id already pending "the new due time" and takes "0 for ids left
+    out" of ``priorities``, but add.lua:23 only writes a priority that is not 0 and never
+    deletes one: an id added with priority 100 and re-added with priority 0 keeps 100 in
+    the ``priority`` hash (documented to hold "only ids whose priority is not 0") and is
+    promoted ahead of an id of priority 50 due at the same time. Right: a re-add sets
+    the priority it is given (HDEL when it is 0)."""
+    due = engine.server_time_ms() + 200
+    engine.add("q", {"a": due + 3_600_000}, {"a": 100})
+    engine.add("q", {"a": due})  # the same id, now of priority 0 (and due sooner)
+    engine.add("q", {"b": due}, {"b": 50})
+    deadline = time.monotonic() + 5
+    while engine.promote("q").moved < 2:  # both are due at the same time
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert engine.claim("q", 2) == ["b", "a"]
