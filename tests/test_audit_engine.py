@@ -75,7 +75,7 @@ def test_schedule_in_works_with_use_tz_false():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_reschedule_between_a_failure_and_its_nack_is_not_overwritten():
+def test_a_reschedule_between_a_failure_and_its_nack_is_not_overwritten(settings):
     """A failed attempt commits ``status='retrying', run_at=<retry time>`` first, and the
     worker nacks the id into pending afterwards, with the retry time it computed
     (outcomes.py:153-155: ``result.retry_at``). A ``job.reschedule(in_=0)`` committed in
@@ -93,6 +93,7 @@ def test_a_reschedule_between_a_failure_and_its_nack_is_not_overwritten():
     from django_delayjobs.timing import to_ms
     from tests.testapp import tasks
 
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "RETRY_BACKOFF_SECONDS": 60}
     engine = get_engine()
     job = schedule(tasks.fail, in_=0, max_attempts=3)
     (job_id,) = _wait(lambda: engine.promote("default") and engine.claim("default", 1))
