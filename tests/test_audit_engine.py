@@ -19,7 +19,7 @@ from tests.testapp.models import Thing
 
 def test_promoter_is_woken_by_an_earlier_job_after_its_blpop_was_cut_short(redis_url):
     """The package's client has ``socket_timeout=1`` s, so ``wait_for_wake`` blocks at most
-    0.5 s and returns False. ``Promoter.sleep`` (promoter.py:81-87) then sleeps the rest of
+    0.5 s and returns False. ``Promoter.sleep`` (promoter.py:78-87) then sleeps the rest of
     the wait on ``self.stop.wait(remaining)``, where no wake token can reach it: with
     ``TICK_SECONDS = 5`` (allowed up to 60) a job scheduled 1 s into an idle promoter's
     sleep, due 100 ms later, is promoted about 4 s late (up to a whole tick). The design
@@ -135,7 +135,7 @@ def _places(engine, queue: str, job_id: str) -> list[str]:
 @pytest.mark.django_db(transaction=True)
 def test_reconcile_after_a_shard_count_change_does_not_copy_an_id_in_flight(settings):
     """After ``QUEUE_SHARDS`` changes, reconcile moves each waiting job to its shard under
-    the new count: ``add`` there, then ``remove`` from the old shards (reconcile.py:151-157).
+    the new count: ``add`` there, then ``remove`` from the old shards (reconcile.py:151-158).
     A waiting row whose id is *in flight* in an old shard (claimed by a worker in a batch
     it has not reached yet, or the id of a running job past its lease, which reconcile
     also re-adds while its worker extends the lease) is not held by the new shard, so

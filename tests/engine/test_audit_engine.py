@@ -36,7 +36,7 @@ def test_promote_reports_a_positive_wait_for_a_far_future_due_time(engine: Engin
 def test_a_huge_int_time_is_refused_with_a_value_error(engine: Engine, call):
     """The engine refuses bad times with ``TypeError``/``ValueError`` (the contract its
     tests check: nan, inf, negative...), but an int too large for a float makes
-    ``math.isfinite`` raise ``OverflowError`` (validation.py:51, waiting.py:41), an
+    ``math.isfinite`` raise ``OverflowError`` (validation.py:47, waiting.py:41), an
     exception no caller expects. Right: ``ValueError`` ("must be a finite, non-negative
     number"), as for ``math.inf``."""
     with pytest.raises(ValueError, match="finite"):
@@ -45,7 +45,7 @@ def test_a_huge_int_time_is_refused_with_a_value_error(engine: Engine, call):
 
 def test_re_adding_a_pending_id_with_priority_0_forgets_its_old_priority(engine: Engine):
     """``add`` gives an id already pending "the new due time" and takes "0 for ids left
-    out" of ``priorities``, but add.lua:23 only writes a priority that is not 0 and never
+    out" of ``priorities``, but add.lua:24 only writes a priority that is not 0 and never
     deletes one: an id added with priority 100 and re-added with priority 0 keeps 100 in
     the ``priority`` hash (documented to hold "only ids whose priority is not 0") and is
     promoted ahead of an id of priority 50 due at the same time. Right: a re-add sets
