@@ -17,7 +17,10 @@ import pytest
 from django_delayjobs.embedded_cluster import EmbeddedCluster, Node
 from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from django_delayjobs.promoter import Promoter
+from django_delayjobs.reconcile import reconcile
+from django_delayjobs.services import build_job, schedule_many
 from tests.conftest import cluster_client
+from tests.testapp import tasks
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -91,3 +94,44 @@ def test_promoter_keeps_promoting_shards_on_healthy_masters_while_one_master_is_
         time.sleep(0.1)
     ready = {s: engine.stats(s).ready for s in healthy}
     assert ready == {s: held[s] for s in healthy}
+
+
+@pytest.mark.django_db
+def test_reconcile_repairs_the_shards_on_healthy_masters_while_one_master_is_down(
+    lonely_cluster, engine, settings
+):
+    """DESIGN.md rule 5 and docs/cluster.md (Failover): "schedule() keeps committing: a job
+    whose add failed is added by reconcile", and a sharded queue keeps running on the
+    other masters.
+
+    ``reconcile._repair`` calls ``engine.requeue`` and ``engine.add`` for a whole chunk of
+    ids at once, and ``Engine.add`` / ``Engine._garbage_op`` (engine/engine.py) run one
+    script per shard with no per-shard error handling: the first shard whose master is
+    down raises ``EngineUnavailable``, the sweep ends there, and no id of any other shard
+    (nor of any later queue) is re-added, sweep after sweep, for as long as that master is
+    down. Jobs whose shard lives on a healthy master wait for a master they have nothing
+    to do with. Right: repair every shard that can be reached, then report the failure.
+    """
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": lonely_cluster.url,
+                          "REDIS_CLUSTER": True, "QUEUE_SHARDS": SHARDS}  # fmt: skip
+    # django_db without transaction=True: the on-commit adds never run, so Redis holds
+    # none of these jobs (as after adds that failed, or a Redis that lost its data).
+    jobs = schedule_many(
+        build_job(tasks.record, in_=0, args=[str(n)], queue="q") for n in range(200)
+    )
+    homes = {str(job.pk): engine.home("q", str(job.pk)) for job in jobs}
+    victim = master_of(lonely_cluster, engine, engine.shards("q")[0])
+    healthy = {s for s in engine.shards("q") if master_of(lonely_cluster, engine, s) is not victim}
+    wanted = {id_ for id_, shard in homes.items() if shard in healthy}
+    assert wanted
+
+    lonely_cluster.kill(victim)
+    with contextlib.suppress(EngineUnavailable):
+        reconcile(engine)
+    held = {id_ for shard in healthy for id_, _ in engine.next_due(shard, 1000)}
+    held |= {
+        i.decode()
+        for shard in healthy
+        for i in engine.client.smembers(engine.keys(shard).ready_set)
+    }
+    assert held == wanted
