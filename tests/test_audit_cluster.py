@@ -19,6 +19,7 @@ from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from django_delayjobs.promoter import Promoter
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import build_job, schedule_many
+from django_delayjobs.worker import Options, WorkerProcess
 from tests.conftest import cluster_client
 from tests.testapp import tasks
 
@@ -135,3 +136,40 @@ def test_reconcile_repairs_the_shards_on_healthy_masters_while_one_master_is_dow
         for i in engine.client.smembers(engine.keys(shard).ready_set)
     }
     assert held == wanted
+
+
+def test_lease_extension_goes_on_for_shards_on_healthy_masters_while_one_master_is_down(
+    lonely_cluster, engine
+):
+    """DESIGN.md: "A worker's lease is extended while its action runs, so a long action is
+    not redelivered to a second worker"; docs/cluster.md: the worker keeps serving the
+    shards on the other masters while one is down.
+
+    ``WorkerProcess.extend_leases`` (worker.py) calls ``engine.extend_lease`` shard after
+    shard with no per-shard error handling: while a running job's shard is on a dead master,
+    every pass raises ``EngineUnavailable`` at that shard, and the jobs held from shards
+    after it (on healthy masters) never get their lease extended; the housekeeping loop
+    also skips its heartbeat and metrics flush in the same ``try``. Once the lease ends,
+    ``recover_expired`` hands those still-running jobs to another worker. Right: extend
+    every lease that can be reached, then report the failure.
+    """
+    shards = engine.shards("q")
+    victim = master_of(lonely_cluster, engine, shards[0])
+    healthy = next(s for s in shards if master_of(lonely_cluster, engine, s) is not victim)
+    now = engine.server_time_ms()
+    held = {}
+    for shard in (shards[0], healthy):  # the dead master's shard first
+        job_id = str(uuid.uuid4())
+        engine.add(shard, {job_id: now})
+        assert engine.claim(shard, 1, lease_ms=2000) == [job_id]
+        held[job_id] = shard
+    process = WorkerProcess(engine, Options(queues=["q"]))
+    process.lease_ms = 600_000
+    process.held.update({job_id: (shard, 0) for job_id, shard in held.items()})
+
+    lonely_cluster.kill(victim)
+    with contextlib.suppress(EngineUnavailable):
+        process.extend_leases()
+    (healthy_id,) = [i for i, s in held.items() if s == healthy]
+    deadline = engine.client.zscore(engine.keys(healthy).unack, healthy_id)
+    assert deadline is not None and deadline > now + 300_000  # extended, not 2 s
