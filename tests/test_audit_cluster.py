@@ -173,3 +173,40 @@ def test_lease_extension_goes_on_for_shards_on_healthy_masters_while_one_master_
     (healthy_id,) = [i for i, s in held.items() if s == healthy]
     deadline = engine.client.zscore(engine.keys(healthy).unack, healthy_id)
     assert deadline is not None and deadline > now + 300_000  # extended, not 2 s
+
+
+def test_a_worker_started_while_the_directory_master_is_down_serves_the_other_masters(
+    lonely_cluster, engine
+):
+    """docs/cluster.md (Failover): "A worker passes over a shard whose master it cannot
+    reach and keeps serving the other shards".
+
+    Every worker and promoter pass starts with ``engine.shards(queue)``, which reads the
+    directory ``{<prefix>}:queues`` (``Router.served`` -> ``Directory.listed``,
+    engine/directory.py): a process that has never read it yet (one started, or restarted
+    by its supervisor, while the directory's master is down) raises ``EngineUnavailable``
+    there, outside the per-shard ``try`` of ``WorkerProcess.claim`` (worker.py). So it
+    serves no queue at all, not even one of a single shard on a healthy master. Right:
+    without a listing, serve at least the current count's shards, which the settings name.
+    """
+    directory_master = engine.client.get_node_from_key(engine.queues_key).name
+    queue = next(
+        name
+        for name in (f"solo{n}" for n in range(200))
+        if engine.node_of(name) != directory_master
+    )
+    job_id = str(uuid.uuid4())
+    engine.add(queue, {job_id: engine.server_time_ms()})  # due now: in ready
+    victim = next(n for n in lonely_cluster.nodes if n.address == directory_master)
+
+    lonely_cluster.kill(victim)
+    seed = next(n for n in lonely_cluster.nodes if n is not victim)
+    client = cluster_client(
+        f"redis://{seed.address}/0", socket_timeout=1.0, socket_connect_timeout=1.0
+    )
+    fresh = Engine(client, prefix="audit", shards=SHARDS)  # a worker process just started
+    try:
+        process = WorkerProcess(fresh, Options(queues=[queue]))
+        assert process.claim([queue]) == (queue, [job_id])
+    finally:
+        fresh.close()
