@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded_cluster import EmbeddedCluster, Node
 from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from django_delayjobs.promoter import Promoter
@@ -173,3 +174,36 @@ def test_lease_extension_goes_on_for_shards_on_healthy_masters_while_one_master_
     (healthy_id,) = [i for i, s in held.items() if s == healthy]
     deadline = engine.client.zscore(engine.keys(healthy).unack, healthy_id)
     assert deadline is not None and deadline > now + 300_000  # extended, not 2 s
+
+
+@pytest.mark.django_db(transaction=True)
+def test_schedule_many_hands_the_jobs_of_healthy_masters_to_redis_while_one_master_is_down(
+    lonely_cluster, engine, settings
+):
+    """docs/cluster.md (Failover): while a master is down "commands to its slots fail" and
+    the shards on the other masters keep running; ``schedule()`` keeps committing.
+
+    ``services.push`` (the on-commit add) calls ``Engine.add`` once per queue, and
+    ``Engine.add`` (engine/engine.py) runs the add script shard after shard with no
+    per-shard error handling: the first group of ids whose shard is on the dead master
+    raises ``EngineUnavailable`` and the ids of every later group, on healthy masters, are
+    never added. They are left to reconcile, which stops at the dead master the same way,
+    so jobs that belong to healthy masters do not run until the dead one is back. Right:
+    add every group that can be reached, and leave only the unreachable shards' ids to
+    reconcile.
+    """
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": lonely_cluster.url,
+                          "REDIS_CLUSTER": True, "QUEUE_SHARDS": SHARDS}  # fmt: skip
+    assert get_engine().shards("q")  # the process's engine has read the slot table
+    victim = master_of(lonely_cluster, engine, engine.shards("q")[0])
+    healthy = {s for s in engine.shards("q") if master_of(lonely_cluster, engine, s) is not victim}
+
+    lonely_cluster.kill(victim)
+    built = [build_job(tasks.record, in_=3600, args=[str(n)], queue="q") for n in range(200)]
+    # The first id on the dead master (the ids are grouped by shard in order of appearance).
+    built.sort(key=lambda job: engine.home("q", str(job.pk)) in healthy)
+    jobs = schedule_many(built)
+    wanted = {str(job.pk) for job in jobs if engine.home("q", str(job.pk)) in healthy}
+    assert len(wanted) > 100
+    held = {id_ for shard in healthy for id_, _ in get_engine().next_due(shard, 1000)}
+    assert held == wanted
