@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any, cast
 
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from . import sharding
 from .directory import Directory
@@ -52,7 +53,18 @@ class Reader:
         return f"{{{self.prefix}}}:queues"
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[str | float]) -> Any:
-        return self._call(lambda: self._scripts[name](keys=keys, args=args))
+        script = self._scripts[name]
+
+        def run() -> Any:
+            try:
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                # EVAL, not redis-py's SCRIPT LOAD: on a Cluster that goes to every master,
+                # so one master that is down would stop every shard's first run of a
+                # script. EVAL goes to the shard's master only and caches the script there.
+                return self.client.eval(script.script, len(keys), *keys, *args)
+
+        return self._call(run)
 
     # -- shards --------------------------------------------------------------------
 
