@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import threading
 import uuid
+from collections.abc import Iterable, Mapping
 from inspect import Signature, signature
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
+from django.utils.module_loading import autodiscover_modules
 
 from . import registry, serialization, signals, sql
 from .engine import DelayJobsError, validate_name
@@ -97,7 +100,7 @@ class DelayJobsBackend(BaseTaskBackend):
     supports_priority = True  # among jobs of a queue that become ready together (docs/tasks.md)
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
-        super().__init__(alias, params)
+        super().__init__(alias, _params(alias, params))
         for queue in self.queues:
             try:
                 validate_name(queue, "queue name")
@@ -124,6 +127,11 @@ class DelayJobsBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         self.validate_task(task)
+        try:  # before normalize_json, which recurses: schedule()'s depth limit, no RecursionError
+            serialization.check_depth(list(args), "args")
+            serialization.check_depth(dict(kwargs), "kwargs")
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
         # The framework's rule for arguments (TypeError "Unsupported type" otherwise),
         # applied before anything is written.
         args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
@@ -140,7 +148,8 @@ class DelayJobsBackend(BaseTaskBackend):
                 kwargs=kwargs,
                 queue=task.queue_name,
                 max_attempts=self.max_attempts,
-                priority=task.priority,
+                # validate_task (the framework's rule) allows any whole number (50.0, True)
+                priority=int(task.priority),
                 actor=ACTOR + self.alias,
             )
         except (TypeError, ValueError) as exc:
@@ -162,7 +171,35 @@ class DelayJobsBackend(BaseTaskBackend):
         return to_result(job)
 
 
-def _options(alias: str, options: dict[str, Any]) -> dict[str, Any]:
+def _params(alias: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with OPTIONS None read as {} (as Django's backends read a missing one),
+    or ImproperlyConfigured for QUEUES or OPTIONS of the wrong shape, not the TypeError
+    (or, for a bare string, the set of its letters) the base class would make of them."""
+    params = dict(params)
+    options = params.get("OPTIONS")
+    if options is None:
+        params["OPTIONS"] = {}
+    elif not isinstance(options, Mapping):
+        raise ImproperlyConfigured(
+            f"TASKS[{alias!r}]['OPTIONS'] must be a dict, not {type(options).__name__}"
+        )
+    if "QUEUES" in params:
+        queues = params["QUEUES"]
+        if isinstance(queues, str | bytes) or not isinstance(queues, Iterable):
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['QUEUES'] must be a list of queue names, "
+                f"not {type(queues).__name__}"
+            )
+        params["QUEUES"] = queues = list(queues)
+        for queue in queues:
+            if not isinstance(queue, str):
+                raise ImproperlyConfigured(
+                    f"TASKS[{alias!r}]['QUEUES']: a queue name must be a str, not {queue!r}"
+                )
+    return params
+
+
+def _options(alias: str, options: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ImproperlyConfigured(
@@ -185,7 +222,7 @@ def to_result(job: Job, task: Task[Any, Any] | None = None) -> TaskResult[Any, A
     ``task`` is the Task that was enqueued, when the caller has it; otherwise it is
     rebuilt from the registered task and what the job recorded of it.
     """
-    registered = _tasks.get(job.action)
+    registered = _tasks.get(job.action) or _discovered(job.action)
     if registered is None:
         raise TaskResultDoesNotExist(
             f"{job.pk}: task {job.action.removeprefix(PREFIX)} is not imported in this process"
@@ -217,6 +254,22 @@ def to_result(job: Job, task: Task[Any, Any] | None = None) -> TaskResult[Any, A
     if job.status == Status.SUCCEEDED:
         object.__setattr__(result, "_return_value", serialization.load(job.result))
     return result
+
+
+_discovery = threading.Lock()
+_discovered_once = False
+
+
+def _discovered(name: str) -> Task[Any, Any] | None:
+    """The task ``name`` after importing every installed app's ``tasks`` module, as the
+    worker does at start-up (once per process): a web process that reads a result by id
+    has not necessarily imported the module of the task that made it."""
+    global _discovered_once
+    with _discovery:
+        if not _discovered_once:
+            autodiscover_modules("tasks")
+            _discovered_once = True
+    return _tasks.get(name)
 
 
 def _as_enqueued(task: Task[Any, Any], **fields: Any) -> Task[Any, Any]:

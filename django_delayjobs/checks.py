@@ -87,6 +87,19 @@ def _http_checks(loaded: Settings) -> list[Error | Warning]:
     config = HttpConfig.of(loaded)
     if (config.allowed or config.destinations) and not client_installed():
         found.append(_error(f"DELAYJOBS: {MISSING_CLIENT}.", "HTTP callbacks are configured.", 11))
+    bundle = loaded.HTTP_CA_BUNDLE
+    if bundle is not None:
+        import ssl
+
+        try:
+            ssl.create_default_context(cafile=bundle)
+        except OSError as exc:  # missing, unreadable, or not PEM (ssl.SSLError)
+            found.append(_error(
+                f"DELAYJOBS['HTTP_CA_BUNDLE'] = {bundle!r} cannot be loaded: {exc}.",
+                "Give the path of a readable PEM file of CA certificates, or None for the "
+                "system's trust store: every HTTPS callback fails (TLS) until then.",
+                14,
+            ))  # fmt: skip
     unsigned = [d.name for d in config.destinations.values() if not config.secrets_for(d)]
     if config.allowed and not config.secrets:
         unsigned.insert(0, "URLs")

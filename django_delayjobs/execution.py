@@ -86,12 +86,32 @@ class Connection:
         return conn.connection is None or conn.connection is not self.raw or not conn.is_usable()
 
 
-def describe(exc: BaseException) -> str:
-    """The history's text for a failure: the message of a deliberate ``Retry``/``GiveUp``
-    and of a ``TimeLimitExceeded``, the traceback of anything else."""
-    if isinstance(exc, Retry | GiveUp | TimeLimitExceeded):
-        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return "".join(traceback.format_exception(exc))
+def class_path(exc: BaseException) -> str:
+    """The dotted path of ``exc``'s class, builtins included (``builtins.ValueError``)."""
+    cls = type(exc)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def describe(exc: BaseException, notes: list[str] | tuple[str, ...] = ()) -> str:
+    """The history's text for a failure.
+
+    Its first line is written here and nowhere else: the raised exception's class path and
+    the first line of its message (``builtins.ValueError: boom``). The task backend reads
+    the class from it and the worker logs it, so a message or a note that quotes another
+    traceback cannot pass for the failure. Then the action's notes; then, for anything but
+    a deliberate ``Retry``/``GiveUp`` and a ``TimeLimitExceeded`` (whose message is the
+    reason), the traceback as Python formats it.
+    """
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<exception str() failed>"
+    deliberate = isinstance(exc, Retry | GiveUp | TimeLimitExceeded)
+    head = message if deliberate else next(iter(message.splitlines()), "")
+    lines = [f"{class_path(exc)}: {head}" if head else class_path(exc), *notes]
+    if not deliberate:
+        lines.append("".join(traceback.format_exception(exc)))
+    return "\n".join(lines)
 
 
 async def _await(awaitable: Awaitable[Any]) -> Any:
@@ -350,7 +370,7 @@ class Execution:
         assert job is not None
         # The exception's text (a receiver's header, say) as the database can store it: a
         # NUL or a lone surrogate must not turn the action's failure into a refused write.
-        error = sql.clean_text("\n".join([*notes, describe(exc)]))
+        error = sql.clean_text(describe(exc, notes))
         outcome, retry_at = after_failure(job, exc)
         if outcome == Outcome.DEAD:
             return self.finish(Outcome.DEAD, error, failed=True, duration=duration)

@@ -171,7 +171,8 @@ def log_outcome(queue: str, job_id: str, result: Result) -> None:
     level = _LEVELS.get(result.outcome, logging.DEBUG)
     if not logger.isEnabledFor(level):
         return
-    why = result.error.strip().splitlines()[-1] if result.error.strip() else ""
+    # The first line: for a failure, the raised exception's class and message (execution.describe).
+    why = result.error.strip().splitlines()[0] if result.error.strip() else ""
     fields = job_fields(job_id, queue, result.job, result.outcome.value)
     if why:
         logger.log(level, "job %s: %s (%s)", job_id, result.outcome.value, why, extra=fields)

@@ -14,7 +14,7 @@ import datetime
 import json
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -162,6 +162,22 @@ def _container(path: str, depth: int) -> None:
             f"{path} nests lists and dicts more than {MAX_DEPTH} levels deep: flatten it, or "
             "store the data in a model and pass its pk"
         )
+
+
+def check_depth(value: Any, path: str = "value") -> None:
+    """Raise ``InvalidSchedule`` if ``value`` nests lists, tuples and mappings (keys
+    included) as deep as ``dump`` refuses. Walked without recursion, so a value nested
+    thousands deep, or one that contains itself, is refused rather than a RecursionError
+    (for callers that walk a value recursively before ``dump`` does)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            _container(path, depth)
+            stack.extend((child, depth + 1) for pair in item.items() for child in pair)
+        elif isinstance(item, list | tuple):
+            _container(path, depth)
+            stack.extend((child, depth + 1) for child in item)
 
 
 def _items(value: dict[Any, Any], path: str) -> list[tuple[str, Any]]:

@@ -1,8 +1,9 @@
 """What a task's job history says in the task framework's terms (attempts, errors).
 
 A ``TaskResult`` is read from the job's row and its events: who enqueued it and for when
-(the ``scheduled`` event), each attempt's worker and start (``started`` events), each
-failure's traceback (``failed`` events). One query per result.
+(the ``scheduled`` event), each attempt's worker and start (``started`` events, one per
+delivery: an attempt's last delivery counts), each failure's traceback (``failed``
+events). One query per result.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class History:
     actor: str  # who scheduled the job ("django.tasks:<alias>" for a task)
     first_due: datetime.datetime | None  # the due time it was scheduled with
     deferred: bool  # scheduled for later than it was created (a run_after)
-    started: list[Attempt]
+    started: list[Attempt]  # one per attempt (not per delivery), oldest first
     failures: list[str]  # the traceback of each failed attempt, oldest first
 
     @classmethod
@@ -47,16 +48,20 @@ class History:
             job=job, kind__in=[EventKind.SCHEDULED, EventKind.STARTED, EventKind.FAILED]
         ).order_by("at", "id")
         actor, first_due = "", None
-        started, failures = [], []
-        for kind, who, message, at in events.values_list("kind", "actor", "message", "at"):
+        started: dict[int, Attempt] = {}
+        failures = []
+        rows = events.values_list("kind", "actor", "message", "at", "attempt")
+        for kind, who, message, at, attempt in rows:
             if kind == EventKind.SCHEDULED and not actor:
                 actor, first_due = who, _due(message)
             elif kind == EventKind.STARTED:
-                started.append(Attempt(who.removeprefix("worker:"), at))
+                # One per delivery: an attempt delivered again (its worker lost, say) is
+                # still one attempt, run by its last delivery's worker.
+                started[attempt] = Attempt(who.removeprefix("worker:"), at)
             elif kind == EventKind.FAILED:
                 failures.append(message)
         deferred = first_due is not None and first_due > job.created_at
-        return cls(actor, first_due, deferred, started, failures)
+        return cls(actor, first_due, deferred, list(started.values()), failures)
 
     def errors(self, job: Job) -> list[TaskError]:
         """One TaskError per failed attempt; one for a job that ended without any."""
@@ -77,15 +82,27 @@ def _due(message: str) -> datetime.datetime | None:
 
 
 def exception_path(traceback_text: str) -> str:
-    """Return the class path of the exception a formatted traceback reports.
+    """Return the class path of the exception a failure's text reports.
 
-    The exception line is the first unindented line after the frames of the last
-    top-level ``Traceback`` header (a message may span lines, and notes follow it).
+    The worker writes it as the text's first line (``builtins.ValueError: boom``, see
+    ``execution.describe``), before anything the exception or the action supplied, so
+    a message that quotes another traceback cannot change it. A text written before that
+    (a bare Python traceback) is read from its last top-level ``Traceback`` header: the
+    first unindented line after its frames.
+
     The path is returned only if it names an exception class this process has already
     loaded: the text comes from the database, and ``TaskError.exception_class`` imports
     what the path names. Otherwise ``builtins.Exception`` (the traceback tells more).
     """
     lines = traceback_text.splitlines()
+    path = lines[0].split(": ", 1)[0] if lines else ""
+    if "." in path and _CLASS_PATH.fullmatch(path):  # the worker's first line
+        return path if _loaded_exception(path) else UNKNOWN_ERROR
+    return _legacy_path(lines)
+
+
+def _legacy_path(lines: list[str]) -> str:
+    """The class path a bare formatted traceback reports (the history of older versions)."""
     body, start = "", 0
     for n, line in enumerate(lines):
         header = _HEADER.fullmatch(line)

@@ -11,9 +11,11 @@ import contextlib
 import json
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -186,3 +188,70 @@ def _handler(server: CallbackServer) -> type[BaseHTTPRequestHandler]:
 
 def json_body(request: Recorded) -> Any:
     return json.loads(request.body)
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 that reads one HTTP request per connection and answers
+    it with scripted raw bytes (what an ordinary server framework would not send), or by
+    calling ``answer(conn)`` to write whatever it likes."""
+
+    def __init__(self, answer: bytes | Callable[[socket.socket], None], reset: bool = False):
+        self.answer = answer
+        self.reset = reset  # end the connection with a TCP reset after the answer
+        self.requests: list[bytes] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def netloc(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://{self.netloc}{path}"
+
+    def _serve(self) -> None:
+        while not self.closing.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(5)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(body) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    body += chunk
+                self.requests.append(head + b"\r\n\r\n" + body)
+                if callable(self.answer):
+                    self.answer(conn)
+                else:
+                    conn.sendall(self.answer)
+                if self.reset:
+                    time.sleep(0.3)  # the client has read the status line and headers
+                    linger = struct.pack("ii", 1, 0)
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+                    continue  # closed by the with: a reset, not a FIN
+                conn.shutdown(socket.SHUT_WR)
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.thread.join(2)
+        self.sock.close()

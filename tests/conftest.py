@@ -28,7 +28,7 @@ from redis.cluster import RedisCluster
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.embedded_cluster import EmbeddedCluster
 from django_delayjobs.engine import Engine, close_client
-from tests.callback_server import CallbackServer
+from tests.callback_server import CallbackServer, RawServer
 
 
 @pytest.fixture(scope="session")
@@ -132,6 +132,21 @@ def callback_server() -> Iterator[CallbackServer]:
     server = CallbackServer()
     yield server
     server.close()
+
+
+@pytest.fixture
+def raw_server() -> Iterator[Any]:
+    """Make ``RawServer``s (tests/callback_server.py) that answer with scripted bytes."""
+    servers: list[RawServer] = []
+
+    def make(answer: Any, reset: bool = False) -> RawServer:
+        server = RawServer(answer, reset)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
 
 
 @pytest.fixture(scope="session")

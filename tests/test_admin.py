@@ -25,6 +25,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from django_delayjobs import schedule
+from django_delayjobs.admin import display
 from django_delayjobs.admin.pagination import EstimatedCountPaginator
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import EventKind, Job, JobEvent, Status
@@ -251,6 +252,28 @@ def test_no_add_and_no_bulk_delete(admin_client):
     assert Job.objects.filter(pk=job.pk).exists()
 
 
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        # the worker's first line, whatever the message and notes quote after it
+        (
+            "builtins.ValueError: a\nnote\nTraceback (most recent call last):\nKeyError: b\n",
+            "builtins.ValueError: a",
+        ),
+        (
+            "django_delayjobs.exceptions.GiveUp: gone\nHTTP 404",
+            "django_delayjobs.exceptions.GiveUp: gone",
+        ),
+        # an older version's bare traceback, and other reasons: the last line
+        ("Traceback (most recent call last):\n  File x\nValueError: v\n", "ValueError: v"),
+        ("the target object no longer exists", "the target object no longer exists"),
+        ("", ""),
+    ],
+)
+def test_an_errors_summary_is_the_workers_first_line(text, line):
+    assert display.error_summary(text) == line
+
+
 # -- the detail page -------------------------------------------------------------------
 
 
@@ -261,7 +284,8 @@ def test_detail_is_read_only_with_history_and_error(admin_client):
     assert response.status_code == 200
     html = response.content.decode()
     assert 'name="_save"' not in html and 'name="queue"' not in html
-    assert re.search(r'<pre class="delayjobs-pre">Traceback.*failing on purpose: kaput', html, re.S)
+    head = '<pre class="delayjobs-pre">builtins.RuntimeError: failing on purpose: kaput\n'
+    assert re.search(re.escape(head) + r"Traceback.*failing on purpose: kaput", html, re.S)
     assert "History" in html
     kinds = re.findall(r'<tr class="form-row" data-kind="(\w+)">', html)
     assert kinds == ["scheduled", "started", "failed", "dead"]
@@ -369,6 +393,8 @@ def test_requeue_action_says_why_a_dead_job_whose_key_is_held_again_stays_dead(a
     ]
     assert Job.objects.get(pk=dead.pk).status == Status.DEAD
     assert Job.objects.get(pk=other.pk).status == Status.SCHEDULED
+    response = action(admin_client, "requeue_dead", dead)  # alone: only why
+    assert [m.split(":")[0] for m in messages_of(response)] == [f"Job {dead.pk} was not requeued"]
 
 
 def test_purge_action_asks_then_deletes_dead_jobs_and_logs_who(admin_client, admin_user):
@@ -467,7 +493,7 @@ def test_queue_page_shows_counts_next_due_and_garbage(admin_client):
     assert str(upcoming.pk)[-8:] in html and "in 60 min" in html
     garbage = re.search(r'id="garbage-default"(.*?)</form>', html, re.S).group(1)
     assert f'data-job="{dead.pk}"' in garbage
-    assert "failing on purpose: kaput" in garbage
+    assert "<summary>builtins.RuntimeError: failing on purpose: kaput</summary>" in garbage
     assert f'name="one" value="{dead.pk}"' in garbage and ">Purge</button>" in garbage
     assert 'name="csrfmiddlewaretoken"' in garbage
 

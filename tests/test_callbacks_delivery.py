@@ -151,3 +151,125 @@ def test_an_unknown_authority_is_refused(tls_server):
     with pytest.raises(DeliveryFailed, match="TLS failed"):
         deliver(tls_server, url=f"https://callback.test:{tls_server.port}/")
     assert tls_server.count() == 0
+
+
+# -- answers no server framework sends: scripted bytes ------------------------------------
+
+FINAL = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+
+
+@pytest.mark.parametrize(
+    "interim",
+    [
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n",
+        b"HTTP/1.1 102 Processing\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n\r\n"
+        b"HTTP/1.1 199 Misc\r\nX-A: 1\r\n\r\nHTTP/1.1 103 Early Hints\r\n\r\n",
+    ],
+)
+def test_informational_answers_are_read_past_to_the_final_one(raw_server, interim):
+    """RFC 9110 15.2: any number of 1xx answers may come before the final one."""
+    server = raw_server(interim + FINAL)
+    response = deliver(server)
+    assert (response.status, response.reason, response.body) == (200, "OK", b"ok")
+    assert len(server.requests) == 1
+
+
+def test_an_endless_stream_of_informational_answers_is_cut_by_the_total_timeout(raw_server):
+    def early_hints_forever(conn):
+        while True:
+            conn.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n")
+            time.sleep(0.01)
+
+    server = raw_server(early_hints_forever)
+    start = time.monotonic()
+    with pytest.raises(DeliveryFailed, match="total") as failed:
+        deliver(server, limits=Limits(connect=2, read=2, total=1, keep_bytes=4096))
+    assert failed.value.kind == "timeout"
+    assert time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize(
+    "status_line", [b"HTTP/1.1 600 Odd", b"HTTP/1.1 999 Odd", b"HTTP/1.1 20x Odd"]
+)
+def test_a_status_outside_100_to_599_is_a_bad_status_line_not_an_answer(raw_server, status_line):
+    """600-999 were answers (retried as if 5xx); they fail like any malformed status line."""
+    server = raw_server(status_line + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    with pytest.raises(DeliveryFailed, match="BadStatusLine") as failed:
+        deliver(server)
+    assert failed.value.kind == "network"
+
+
+@pytest.mark.parametrize(
+    ("answer", "kept"),
+    [
+        # a reset in the middle of the body
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\npartial", b"partial"),
+        # a broken chunked body
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nZZ\r\n", b"hello"),
+    ],
+)
+def test_a_body_cut_after_the_headers_is_a_truncated_answer_not_no_answer(raw_server, answer, kept):
+    server = raw_server(answer, reset=True)
+    response = deliver(server)
+    assert (response.status, response.body, response.truncated) == (200, kept, True)
+
+
+def test_a_body_cut_short_by_a_normal_close_is_marked_truncated(raw_server):
+    server = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\nab")
+    response = deliver(server)
+    assert (response.status, response.body, response.truncated) == (200, b"ab", True)
+
+
+def test_a_body_ended_by_the_close_without_a_length_is_whole(raw_server):
+    server = raw_server(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nabc")
+    response = deliver(server)
+    assert (response.status, response.body, response.truncated) == (200, b"abc", False)
+
+
+@pytest.mark.parametrize("name", ["user-agent", "USER-AGENT", "User-Agent"])
+def test_a_user_agent_header_of_any_case_replaces_the_default(raw_server, name):
+    server = raw_server(FINAL)
+    deliver(server, headers={name: "shop/1.0"})
+    (request,) = server.requests
+    head = request.partition(b"\r\n\r\n")[0].lower()
+    assert head.count(b"\r\nuser-agent:") == 1
+    assert b"\r\nuser-agent: shop/1.0" in head
+
+
+# -- the CA bundle -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bundle", ["missing", "not-pem"])
+def test_a_ca_bundle_that_cannot_be_loaded_is_a_tls_failure(tls_server, tmp_path, bundle):
+    path = tmp_path / "ca.pem"
+    if bundle == "not-pem":
+        path.write_text("not a certificate\n")
+    limits = Limits(2, 2, 5, 4096, ca_file=str(path))
+    with pytest.raises(DeliveryFailed, match="HTTP_CA_BUNDLE") as failed:
+        deliver(tls_server, url=f"https://callback.test:{tls_server.port}/", limits=limits)
+    assert failed.value.kind == "tls"
+    assert tls_server.count() == 0
+
+
+# -- the total time, between the TCP connect and the TLS handshake --------------------------
+
+
+def test_a_total_time_used_up_during_the_connect_stops_before_the_tls_handshake(raw_server):
+    """The timer fired while the socket was connecting (nothing to shut down then): the
+    handshake must not start, bounded by the connect timeout only. The server never speaks
+    TLS, so a handshake would wait the whole connect timeout."""
+    from django_delayjobs.callbacks.delivery import _connection, _Deadline
+
+    server = raw_server(lambda conn: time.sleep(5))
+    target = parse_url(f"https://callback.test:{server.port}/")
+    limits = Limits(connect=3, read=3, total=5, keep_bytes=10)
+    conn = _connection(target, LOOPBACK[0], limits)
+    conn.deadline = deadline = _Deadline(conn, 0)
+    deadline.timer.join()
+    assert deadline.fired
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="connecting"):
+        conn.connect()
+    assert time.monotonic() - start < 1
+    assert conn.sock is None

@@ -325,6 +325,10 @@ def test_a_destination_removed_from_the_settings_ends_the_job(callback_server, s
         {"method": "POST", "url": "http://127.0.0.1/", "body": 5},
         {"method": "POST", "url": "http://127.0.0.1/", "extra": 1},
         {"method": "POST", "destination": "local", "path": "/../x"},
+        # values of the wrong JSON type: a TypeError at load was retried like a failure
+        {"method": "POST", "url": "http://127.0.0.1/", "headers": {"X-A": 1}},
+        {"method": "POST", "url": "http://127.0.0.1/", "headers": ["X-A"]},
+        {"method": "POST", "url": 5},
     ],
 )
 def test_a_planted_malformed_row_dies_and_sends_nothing(callback_server, stored):
@@ -332,3 +336,86 @@ def test_a_planted_malformed_row_dies_and_sends_nothing(callback_server, stored)
     assert job.status == Status.DEAD and job.attempts == 1
     assert "refused, nothing sent" in job.last_error
     assert callback_server.count() == 0
+
+
+# -- answers no server framework sends (tests/callback_server.py RawServer) ----------------
+
+
+def allow(settings, *servers) -> None:
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [
+            *settings.DELAYJOBS["HTTP_ALLOWED_HOSTS"],
+            *(s.netloc for s in servers),
+        ],
+        "RETRY_BACKOFF_SECONDS": 60,  # one attempt per burst
+    }
+
+
+def test_an_early_hints_answer_before_the_final_200_is_not_taken_as_the_answer(
+    settings, raw_server
+):
+    """RFC 9110 15.2: the 103 was taken as the answer and ended the job dead."""
+    server = raw_server(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+    )
+    allow(settings, server)
+    job = schedule_http(server.url(), json={"a": 1}, in_=0, max_attempts=5)
+    burst()
+    job.refresh_from_db()
+    assert len(server.requests) == 1
+    assert job.status == Status.SUCCEEDED, job.last_error
+    assert job.result["status"] == 200 and job.result["body"] == "ok"
+
+
+def test_a_retry_after_that_is_not_ascii_digits_is_ignored_and_the_line_recorded(
+    settings, raw_server
+):
+    """'\xb2' (superscript two) is a digit to str.isdigit() but not to float(): the
+    ValueError left the attempt instead of its history line."""
+    server = raw_server(
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: \xb2\r\n"
+        b"Content-Length: 4\r\nConnection: close\r\n\r\nbusy"
+    )
+    allow(settings, server)
+    job = schedule_http(server.url(), json={"a": 1}, in_=0, max_attempts=5)
+    burst()
+    job.refresh_from_db()
+    assert len(server.requests) == 1
+    assert job.status == Status.RETRYING
+    assert "-> 503 Service Unavailable in " in job.last_error, job.last_error
+    assert "Retry-After" not in job.last_error
+
+
+def test_a_200_whose_body_is_cut_by_a_reset_succeeds_truncated_and_is_not_sent_again(
+    settings, raw_server
+):
+    """The receiver answered 200 and its headers, then reset the connection: that was
+    "no answer (network)", retried, although the receiver had handled the request."""
+    server = raw_server(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nConnection: close\r\n\r\npartial",
+        reset=True,
+    )
+    allow(settings, server)
+    job = schedule_http(server.url(), json={"a": 1}, in_=0, max_attempts=5)
+    burst()
+    job.refresh_from_db()
+    assert len(server.requests) == 1
+    assert job.status == Status.SUCCEEDED, job.last_error
+    assert job.result["status"] == 200 and job.result["truncated"] is True
+    assert job.result["body"] == "partial..."
+
+
+def test_during_a_rotation_a_receiver_holding_only_the_old_secret_still_verifies(
+    settings, callback_server
+):
+    """Rotation as documented: the new secret added first, the receivers updated after.
+    Only the first secret signed, so a receiver not yet updated answered 401."""
+    old, new = new_secret(), new_secret()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_SIGNING_SECRETS": [new, old]}
+    job = schedule_http(callback_server.url(), json={"order": 42}, in_=0)
+    burst()
+    (request,) = callback_server.wait_for(1)
+    assert verify(request.headers, request.body, [new]) == str(job.pk)
+    assert verify(request.headers, request.body, [old]) == str(job.pk)

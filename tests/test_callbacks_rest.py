@@ -76,6 +76,17 @@ def test_the_same_key_answers_200_with_the_active_job(admin):
     assert other_queue.status_code == 201
 
 
+def test_a_key_held_by_a_python_job_answers_409_without_showing_that_job(admin):
+    python_job = schedule(tasks.record, in_=60, args=["private"], key="order-42")
+    response = post(admin, "callbacks", {"url": HOOK, "in": 60, "key": "order-42"})
+    assert response.status_code == 409, response.json()
+    assert response.json() == {"detail": "The key is held by an active job that is not a callback."}
+    assert str(python_job.pk) not in response.content.decode()
+    assert list(Job.objects.values_list("pk", flat=True)) == [python_job.pk]
+    assert post(admin, "callbacks", {"url": HOOK, "in": 60, "key": "order-42",
+                                     "queue": "other"}).status_code == 201  # fmt: skip
+
+
 def test_expires_may_be_a_time(admin):
     response = post(admin, "callbacks", {"url": HOOK, "at": "2031-01-01T00:00:00Z",
                                          "expires": "2031-01-01T01:00:00+00:00"})  # fmt: skip

@@ -9,13 +9,15 @@ from decimal import Decimal
 
 import pytest
 
-from django_delayjobs import schedule_http
+from django_delayjobs import schedule, schedule_http
 from django_delayjobs.callbacks import policy
 from django_delayjobs.callbacks.action import ACTION
-from django_delayjobs.callbacks.request import load
+from django_delayjobs.callbacks.request import InvalidCallback, load
+from django_delayjobs.callbacks.service import KeyHeld
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.checks import check_settings
 from django_delayjobs.models import Job, JobEvent
+from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -184,6 +186,14 @@ def test_a_body_within_http_max_request_bytes_is_still_held_to_max_json_bytes(ht
         ("payments:/x/..\\/admin", "no '#' or backslash"),
         ("payments:/..%5c..%5cadmin", "'..' segments"),
         ("payments:/a/..%2Fadmin", "'..' segments"),
+        # Tomcat, Jetty and Spring drop a segment's ';' parameters before '..' is resolved:
+        # /v2/..;/admin is /admin to them.
+        ("payments:/..;/admin", "'..' segments"),
+        ("payments:/a/..;/..;/admin", "'..' segments"),
+        ("payments:/%2e%2e;/admin", "'..' segments"),
+        ("payments:/..;jsessionid=x/admin", "'..' segments"),
+        ("payments:/..%3b/admin", "'..' segments"),
+        ("payments:/.;x/admin", "'..' segments"),
         ("payments://evil.example/x", "not http or https"),
         ("payments:/a b", "visible ASCII"),
         ("payments:/a#b", "no '#'"),
@@ -198,6 +208,26 @@ def test_urls_the_policy_refuses_never_become_jobs(url, rule_or_text):
     with pytest.raises(ValueError, match=rule_or_text.replace("(", r"\(").replace(".", r"\.")):
         schedule_http(url, in_=10)
     assert not Job.objects.exists()
+
+
+def test_a_path_parameter_on_an_ordinary_segment_is_kept():
+    job = schedule_http("payments:/a;v=1/..x/b;c", in_=10)
+    assert job.kwargs["path"] == "/a;v=1/..x/b;c"
+
+
+def test_a_form_number_too_long_to_write_is_invalid_callback_naming_data():
+    with pytest.raises(InvalidCallback, match="form cannot be written") as info:
+        schedule_http("https://hooks.example.com/x", data={"a": 10**5000}, in_=10)
+    assert info.value.field == "data"
+    assert not Job.objects.exists()
+
+
+def test_a_key_held_by_a_python_job_is_refused_not_returned_as_the_callback():
+    python_job = schedule(tasks.record, in_=60, args=["private"], key="order-42")
+    with pytest.raises(KeyHeld, match="not a callback") as info:
+        schedule_http("https://hooks.example.com/x", in_=10, key="order-42")
+    assert info.value.job.pk == python_job.pk
+    assert list(Job.objects.values_list("pk", flat=True)) == [python_job.pk]
 
 
 def test_a_url_that_is_not_a_str_is_a_type_error():
@@ -279,6 +309,14 @@ def test_a_good_http_configuration_passes(settings):
 )  # fmt: skip
 def test_bad_http_settings_are_check_errors(settings, http, expected):
     assert f"django_delayjobs.{expected}" in ids(settings, **http)
+
+
+def test_an_http_ca_bundle_that_cannot_be_loaded_is_a_check_error(settings, tmp_path, tls_ca):
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("not a certificate\n")
+    assert "django_delayjobs.E014" in ids(settings, HTTP_CA_BUNDLE=str(tmp_path / "missing.pem"))
+    assert "django_delayjobs.E014" in ids(settings, HTTP_CA_BUNDLE=str(not_pem))
+    assert "django_delayjobs.E014" not in ids(settings, HTTP_CA_BUNDLE=tls_ca[1])
 
 
 def test_without_urllib3_callbacks_are_refused_and_check_says_why(settings, monkeypatch):

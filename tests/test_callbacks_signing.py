@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from django_delayjobs.callbacks.signing import (
+    MAX_SIGNATURES,
     InvalidSecret,
     InvalidSignature,
     new_secret,
@@ -51,15 +52,27 @@ def test_the_reference_library_verifies_what_we_sign_and_we_verify_what_it_signs
     assert verify(headers, body, [secret]) == "msg_1"
 
 
-def test_the_first_secret_signs_and_every_secret_verifies():
+def test_every_secret_signs_so_a_receiver_holding_any_one_of_them_verifies():
     old, new = new_secret(), new_secret()
     body = b"{}"
     headers = sign("id-1", body, [new, old])
     stamp = int(headers["webhook-timestamp"])
-    assert headers["webhook-signature"] == signature(new, "id-1", stamp, body)
+    assert headers["webhook-signature"] == (
+        f"{signature(new, 'id-1', stamp, body)} {signature(old, 'id-1', stamp, body)}"
+    )
     assert verify(headers, body, [old, new]) == "id-1"  # a receiver rotating keys
+    assert verify(headers, body, [new]) == "id-1"  # a receiver already updated
+    assert verify(headers, body, [old]) == "id-1"  # a receiver not yet updated
+    for secret in (new, old):  # the reference library takes the list too
+        assert standardwebhooks.Webhook(secret).verify(body, headers) == {}
     with pytest.raises(InvalidSignature, match="no webhook-signature matches"):
-        verify(headers, body, [old])
+        verify(headers, body, [new_secret()])
+
+
+def test_at_most_max_signatures_are_sent():
+    secrets = [new_secret() for _ in range(MAX_SIGNATURES + 2)]
+    headers = sign("id-1", b"x", secrets, timestamp=5)
+    assert len(headers["webhook-signature"].split(" ")) == MAX_SIGNATURES
 
 
 def test_without_secrets_no_signature_header_is_sent():

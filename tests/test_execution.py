@@ -56,7 +56,7 @@ def test_retry_after_sets_the_next_attempt_time_and_its_message_is_the_history()
     assert job.status == Status.RETRYING and job.attempts == 1
     assert before + timedelta(seconds=29) < job.run_at < timezone.now() + timedelta(seconds=31)
     failed = job.events.get(kind="failed").message
-    assert failed == "Retry: not yet, try in 30 s"  # the reason, not a traceback
+    assert failed == "django_delayjobs.exceptions.Retry: not yet, try in 30 s"  # not a traceback
     assert get_engine().stats("default").pending == 1
     Job.objects.filter(pk=job.pk).update(run_at=timezone.now() - timedelta(seconds=1))
     get_engine().add("default", {str(job.pk): 0})  # due now
@@ -88,7 +88,7 @@ def test_a_retry_delay_out_of_range_is_bounded_and_still_the_actions_failure(
     burst()
     job.refresh_from_db()
     assert (job.status, job.attempts) == (Status.RETRYING, 1), job.last_error
-    assert job.last_error == "Retry: receiver busy"
+    assert job.last_error == "django_delayjobs.exceptions.Retry: receiver busy"
     assert [k for k, _ in events(job)] == ["scheduled", "started", "failed"]
     assert before + timedelta(seconds=least) <= job.run_at
     assert job.run_at <= timezone.now() + timedelta(seconds=most)
@@ -141,8 +141,8 @@ def test_give_up_ends_the_job_dead_with_attempts_left():
         signals.job_dead.disconnect(on_dead)
     job.refresh_from_db()
     assert (job.status, job.attempts) == (Status.DEAD, 1)
-    assert job.last_error == "GiveUp: the receiver said 404"
-    assert received == ["GiveUp: the receiver said 404"]
+    assert job.last_error == "django_delayjobs.exceptions.GiveUp: the receiver said 404"
+    assert received == ["django_delayjobs.exceptions.GiveUp: the receiver said 404"]
     assert not Record.objects.exists()
 
 

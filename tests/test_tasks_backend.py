@@ -9,6 +9,7 @@ from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
+from django_delayjobs import sql
 from django_delayjobs.backends import InvalidTask, TaskResultDoesNotExist, TaskResultStatus
 from django_delayjobs.models import Job, Status
 from tests.testapp import task_functions as t
@@ -69,6 +70,22 @@ def test_running_task_sees_its_context():
     assert t.introspect.get_result(result.id).return_value == {"attempt": 1, "status": "RUNNING"}
 
 
+def test_an_attempt_delivered_twice_is_one_attempt_run_by_its_last_worker():
+    """A worker claimed the attempt and was lost before it recorded an outcome; the
+    attempt is delivered again. The task sees attempt 1, and its result one attempt."""
+    result = t.introspect.enqueue("ctx")
+    with transaction.atomic():  # the lost worker's claim, as Execution.claim writes it
+        job = sql.claim(result.id, "lost", timezone.now(), 5)
+        assert job is not None and job.attempts == 1
+        sql.insert_event(job, "started", "worker:lost", "attempt 1 of 1")
+    burst()
+    read = t.introspect.get_result(result.id)
+    assert Job.objects.get(pk=result.id).deliveries == 2
+    assert read.return_value == {"attempt": 1, "status": "RUNNING"}
+    assert read.attempts == 1 and len(read.worker_ids) == 1
+    assert read.worker_ids != ["lost"]
+
+
 def test_a_task_that_raises_is_failed_with_its_error():
     result = t.explode.enqueue("bad input")
     burst()
@@ -106,6 +123,41 @@ def test_a_task_priority_is_stored_and_read_back():
                          ).enqueue(1, 2)  # fmt: skip
     assert Job.objects.get(pk=result.id).priority == -100
     assert t.add.get_result(result.id).task.priority == -100
+
+
+def test_a_whole_number_priority_that_validate_task_accepts_is_enqueued_as_an_int():
+    """The framework's validate_task accepts any whole number (int(p) == p): 50.0, True."""
+    future = timezone.now() + datetime.timedelta(hours=1)
+    for priority, stored in [(50.0, 50), (True, 1)]:
+        result = t.add.using(priority=priority, run_after=future).enqueue(1, 2)
+        job = Job.objects.get(pk=result.id)
+        assert job.priority == stored and type(job.priority) is int
+
+
+def nested(depth: int) -> list[object]:
+    deep: list[object] = []
+    inner = deep
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]  # type: ignore[assignment]
+    return deep
+
+
+def containing_itself() -> dict[str, object]:
+    loop: dict[str, object] = {}
+    loop["me"] = [loop]
+    return loop
+
+
+@pytest.mark.parametrize("make", [lambda: nested(5000), containing_itself, lambda: nested(40)])
+def test_arguments_nested_too_deep_are_refused_not_a_recursion_error(make):
+    """schedule()'s depth limit (32), before the framework's recursive normalize_json."""
+    value = make()
+    with pytest.raises(InvalidTask, match="levels deep"):
+        t.add.enqueue(value, 1)
+    with pytest.raises(InvalidTask, match="levels deep"):
+        t.add.enqueue(1, b=value)
+    assert not Job.objects.exists()
 
 
 def test_bad_arguments_are_refused_and_nothing_is_written():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import subprocess
 import sys
 import traceback
 
@@ -12,9 +13,11 @@ from django.core.management import call_command
 from django.test import override_settings
 from django.utils import timezone
 
+from django_delayjobs import GiveUp
 from django_delayjobs.backends import DelayJobsBackend, TaskResultStatus
 from django_delayjobs.models import Job, Status
 from django_delayjobs.task_history import exception_path
+from tests.helpers import ROOT, worker_env
 from tests.testapp import task_functions as t
 from tests.testapp.models import Record
 
@@ -68,6 +71,66 @@ def test_a_retried_task_keeps_each_attempt_and_its_error():
     assert result.backend == "twice" and result.task.backend == "twice"
     assert labels() == ["f:2"]  # the failed attempt's write was rolled back
     assert default_task_backend.get_result(result.id) == result
+
+
+def test_a_traceback_quoted_in_the_message_does_not_change_the_error_class(caplog):
+    """The class is the first line the worker writes, not the last 'Traceback' header
+    anywhere in the text (here, inside the message: KeyError)."""
+    result = t.fail_quoting_a_traceback.enqueue()
+    burst()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    (error,) = result.errors
+    assert "KeyError: 'sku'" in error.traceback
+    assert error.exception_class_path == "builtins.ValueError"
+    assert error.exception_class is ValueError
+    # and the worker logs that line, not the message's last one
+    assert "dead (builtins.ValueError: the pricing service answered 500:)" in caplog.text
+    assert "(KeyError: 'sku')" not in caplog.text
+
+
+def test_a_task_that_gives_up_reads_with_the_class_it_raised():
+    """GiveUp (like a final Retry and TimeLimitExceeded) is written with its message only,
+    but with its full class path, so it reads back as GiveUp, not builtins.Exception."""
+    result = t.give_up.enqueue("the order is gone")
+    burst()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    (error,) = result.errors
+    assert error.traceback == "django_delayjobs.exceptions.GiveUp: the order is gone"
+    assert error.exception_class_path == "django_delayjobs.exceptions.GiveUp"
+    assert error.exception_class is GiveUp
+
+
+#: A web process: Django set up and its URLconf loaded, no worker, no task module imported
+#: by hand; it reads a result by id only, as a status endpoint does.
+READ_RESULT = """
+import sys
+import django
+django.setup()
+from django.urls import get_resolver
+get_resolver().url_patterns
+assert "tests.testapp.task_functions" not in sys.modules
+try:
+    from django.tasks import default_task_backend
+except ImportError:
+    from django_tasks import default_task_backend
+print(default_task_backend.get_result(sys.argv[1]).status)
+"""
+
+
+def test_a_result_can_be_read_from_a_process_that_did_not_import_the_task(redis_url):
+    """supports_get_result: from any process. The backend imports the installed apps'
+    tasks modules once, as the worker does, when it meets a task it has not imported."""
+    result = t.add.enqueue(2, 3)
+    burst()
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    child = subprocess.run(
+        [sys.executable, "-c", READ_RESULT, result.id],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip() == "SUCCESSFUL"
 
 
 def test_async_tasks_run_to_completion_in_the_worker():
@@ -155,6 +218,27 @@ def test_bad_options_are_refused(options, message):
         DelayJobsBackend("bad", {"OPTIONS": options})
 
 
+def test_options_none_reads_as_no_options_and_a_non_dict_is_refused():
+    assert DelayJobsBackend("none", {"OPTIONS": None}).max_attempts == 1
+    with pytest.raises(ImproperlyConfigured, match=r"\['OPTIONS'\] must be a dict, not list"):
+        DelayJobsBackend("bad", {"OPTIONS": ["MAX_ATTEMPTS"]})
+
+
+@pytest.mark.parametrize(
+    ("queues", "message"),
+    [
+        (None, "must be a list of queue names, not NoneType"),
+        ("default", "must be a list of queue names, not str"),  # not the set of its letters
+        ([["default"]], "a queue name must be a str, not \\['default'\\]"),
+        ([1], "a queue name must be a str, not 1"),
+    ],
+)
+def test_queues_of_the_wrong_shape_are_refused(queues, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        DelayJobsBackend("bad", {"QUEUES": queues})
+    assert DelayJobsBackend("ok", {"QUEUES": ("default", "other")}).queues == {"default", "other"}
+
+
 def test_bad_queue_names_are_refused():
     with pytest.raises(ImproperlyConfigured, match="QUEUES"):
         DelayJobsBackend("bad", {"QUEUES": ["no spaces"]})
@@ -206,6 +290,16 @@ def with_note() -> str:
         ("Traceback (most recent call last):\nnot_imported_pkg.Boom: x\n", "builtins.Exception"),
         ("Traceback (most recent call last):\nos.system: x\n", "builtins.Exception"),
         ("Traceback (most recent call last):\nbuiltins.print: x\n", "builtins.Exception"),
+        # The worker's first line decides, whatever the notes and the traceback quote.
+        (
+            "builtins.OSError: a\nKeyError: b\nTraceback (most recent call last):\nKeyError: b\n",
+            "builtins.OSError",
+        ),
+        ("django_delayjobs.exceptions.GiveUp: gone", "django_delayjobs.exceptions.GiveUp"),
+        (
+            "not_imported_pkg.Boom: x\nTraceback (most recent call last):\nKeyError: x\n",
+            "builtins.Exception",
+        ),
         ("attempt 3 of 3 never finished (worker lost)", "builtins.Exception"),
         ("", "builtins.Exception"),
     ],

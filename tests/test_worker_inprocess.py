@@ -513,7 +513,9 @@ def test_an_action_past_max_run_seconds_fails_its_attempt_and_stops_the_worker(
     job.refresh_from_db()
     assert job.status == (Status.RETRYING if max_attempts == 2 else Status.DEAD)
     assert job.attempts == 1
-    assert job.last_error.startswith("TimeLimitExceeded: the action ran for more than 1 s")
+    assert job.last_error.startswith(
+        "django_delayjobs.exceptions.TimeLimitExceeded: the action ran for more than 1 s"
+    )
     kinds = list(job.events.values_list("kind", flat=True))
     assert kinds == ["scheduled", "started", "failed", *(["dead"] if max_attempts == 1 else [])]
     assert Record.objects.filter(label="late").count() == 1  # it did end, once

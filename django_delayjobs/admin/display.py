@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from typing import Any
 
 from django.contrib import admin
@@ -151,7 +152,16 @@ def as_json(value: Any) -> SafeString | str:
     return pre(text.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
-def last_line(text: str) -> str:
-    """The last non-empty line of a traceback: the exception and its message."""
+#: The first line the worker writes for a failure: the exception's class path, a colon.
+_FAILURE_HEAD = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_<>][\w<>]*)+(?::|$)")
+
+
+def error_summary(text: str) -> str:
+    """One line of an error: a failure's first line (the raised exception's class and
+    message, as the worker writes it); for other text, and a bare traceback written by an
+    older version, its last non-empty line."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
+    if not lines:
+        return ""
+    first = lines[0].strip()
+    return first if _FAILURE_HEAD.match(first.split(" ", 1)[0]) else lines[-1].strip()

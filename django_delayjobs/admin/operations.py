@@ -96,6 +96,8 @@ def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
     outcome.lost -= len(refused)
     for text in refused:
         report(request, text, messages.WARNING)
+    if refused and not (outcome.won or outcome.lost):
+        return outcome  # said already
     _report(
         report, request, outcome,
         ngettext("%d dead job requeued.", "%d dead jobs requeued.", outcome.won),

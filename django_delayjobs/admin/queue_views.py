@@ -51,7 +51,7 @@ class Entry:
 
     @property
     def error_summary(self) -> str:
-        return display.last_line(self.error)
+        return display.error_summary(self.error)
 
     @property
     def at_text(self) -> str:

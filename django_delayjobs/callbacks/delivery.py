@@ -29,6 +29,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
+from urllib3.response import BaseHTTPResponse
 
 from .policy import IPAddress, Target
 
@@ -50,7 +51,7 @@ class Response:
     reason: str
     headers: Mapping[str, str]  # lower-case names; the first value of each
     body: bytes  # at most keep_bytes
-    truncated: bool  # the body went on past keep_bytes
+    truncated: bool  # the body went on past keep_bytes, or was cut short
     seconds: float
     address: str
 
@@ -70,6 +71,23 @@ def tls_context(ca_file: str | None) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=ca_file)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
+
+
+class _FinalResponse(http.client.HTTPResponse):
+    """``http.client``'s response, reading past every informational (1xx) answer to the
+    final one (RFC 9110 15.2: any number may come first; ``http.client`` skips only ``100
+    Continue``). ``101 Switching Protocols`` is final (we never ask to switch). A status
+    outside 100-599 is not HTTP: a bad status line, like any other malformed one. An
+    endless stream of 1xx answers is cut by the total time, like a trickled body."""
+
+    def _read_status(self) -> tuple[str, int, str]:
+        while True:
+            version, status, reason = super()._read_status()  # type: ignore[misc]
+            if status > 599:
+                raise http.client.BadStatusLine(f"{version} {status} {reason}".strip())
+            if not 100 < status < 200 or status == 101:  # 100 is skipped by begin()
+                return version, status, reason
+            http.client.parse_headers(self.fp)  # the interim answer's headers: skipped
 
 
 class _Deadline:
@@ -95,14 +113,41 @@ class _Deadline:
         self.timer.cancel()
 
 
+class _Checked:
+    """A connection that reads past 1xx answers, and checks the total time between the
+    TCP connect and the TLS handshake: a timer that fired while the socket was being
+    connected (nothing to shut down yet) must not leave the handshake bounded only by the
+    connect timeout."""
+
+    deadline: _Deadline | None = None
+    sock: socket.socket | None
+
+    def _new_conn(self) -> socket.socket:
+        sock: socket.socket = super()._new_conn()  # type: ignore[misc]
+        self.sock = sock  # from here the timer can shut it down ...
+        if self.deadline is not None and self.deadline.fired:  # ... or it already fired
+            self.sock = None
+            sock.close()
+            raise TimeoutError("total time used up while connecting")
+        return sock
+
+
+class _Connection(_Checked, HTTPConnection):
+    response_class = _FinalResponse
+
+
+class _TLSConnection(_Checked, HTTPSConnection):
+    response_class = _FinalResponse
+
+
 def _connection(target: Target, address: IPAddress, limits: Limits) -> HTTPConnection:
     timeout = min(limits.connect, limits.total)
     if target.scheme == "https":
-        return HTTPSConnection(
+        return _TLSConnection(
             str(address), target.port, timeout=timeout,
             server_hostname=target.host, ssl_context=tls_context(limits.ca_file),
         )  # fmt: skip
-    return HTTPConnection(str(address), target.port, timeout=timeout)
+    return _Connection(str(address), target.port, timeout=timeout)
 
 
 def _failure(exc: BaseException, timed_out: bool, limits: Limits) -> DeliveryFailed:
@@ -126,7 +171,10 @@ def _exchange(
     limits: Limits,
     deadline: _Deadline,
 ) -> tuple[int, str, dict[str, str], bytes, bool]:
-    sent = {"Host": target.netloc, "User-Agent": USER_AGENT, **headers}
+    sent = {"Host": target.netloc, "User-Agent": USER_AGENT}
+    if any(name.lower() == "user-agent" for name in headers):  # names are case-insensitive
+        del sent["User-Agent"]  # the job's or the destination's replaces ours
+    sent.update(headers)
     conn.timeout = limits.read  # from now on, each wait for data
     conn.request(method, target.target, body=body or None, headers=sent,
                  preload_content=False, decode_content=False)  # fmt: skip
@@ -139,16 +187,28 @@ def _exchange(
             names.setdefault(name.lower(), value)
         kept, truncated = b"", False
         if method != "HEAD":
-            try:
-                kept = response.read(limits.keep_bytes + 1, decode_content=False)
-            except (OSError, Urllib3Error, http.client.HTTPException):
-                if not deadline.fired:
-                    raise
-                truncated = True  # the answer came; only its body was cut short by the total
-            truncated = truncated or len(kept) > limits.keep_bytes
+            kept, truncated = _body(response, limits.keep_bytes)
     finally:
         response.close()
     return response.status, response.reason or "", names, kept[: limits.keep_bytes], truncated
+
+
+def _body(response: BaseHTTPResponse, keep_bytes: int) -> tuple[bytes, bool]:
+    """Read the first ``keep_bytes`` of the body; return them and whether the body was
+    longer or cut short. The status and headers have come, so the answer stands whatever
+    happens to its body: a reset, a broken chunk, a close before ``Content-Length`` bytes
+    or the total time only mark it truncated (its bytes so far are kept)."""
+    kept = bytearray()
+    try:
+        while len(kept) <= keep_bytes:
+            chunk = response.read1(keep_bytes + 1 - len(kept), decode_content=False)
+            if not chunk:
+                break
+            kept += chunk
+    except (OSError, Urllib3Error, http.client.HTTPException):
+        return bytes(kept[:keep_bytes]), True
+    truncated = len(kept) > keep_bytes or bool(response.length_remaining)
+    return bytes(kept[:keep_bytes]), truncated
 
 
 def send(
@@ -167,8 +227,14 @@ def send(
         left = limits.total - (time.monotonic() - start)
         if left <= 0:
             break
-        conn = _connection(target, address, limits)
+        try:
+            conn = _connection(target, address, limits)
+        except OSError as exc:  # HTTP_CA_BUNDLE missing or unreadable (SSLError: not PEM)
+            raise DeliveryFailed(
+                f"TLS failed: HTTP_CA_BUNDLE {limits.ca_file!r} cannot be loaded: {exc}", "tls"
+            ) from None
         deadline = _Deadline(conn, left)
+        conn.deadline = deadline  # type: ignore[attr-defined]
         try:
             conn.connect()
             if deadline.fired:

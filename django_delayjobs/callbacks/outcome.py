@@ -21,6 +21,7 @@ from ..exceptions import GiveUp, Retry
 if TYPE_CHECKING:  # not at run time: the admin reads status_in() without urllib3
     from .delivery import DeliveryFailed, Response
 
+_SECONDS = re.compile(r"[0-9]{1,12}")  # ASCII digits only: str.isdigit() takes "\xb2"
 _STATUS = re.compile(r" -> ([1-5][0-9][0-9]) |-> (no answer \([a-z]+\))")
 
 
@@ -31,11 +32,12 @@ def excerpt(body: bytes, truncated: bool) -> str:
 
 
 def retry_after(value: str | None, bound: float, now: float | None = None) -> float | None:
-    """Seconds from a ``Retry-After`` value (seconds or an HTTP date), at most ``bound``."""
+    """Seconds from a ``Retry-After`` value (seconds or an HTTP date), at most ``bound``;
+    ``None`` for anything else."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit() and len(value) <= 12:
+    if _SECONDS.fullmatch(value):
         seconds = float(value)
     else:
         try:

@@ -32,6 +32,9 @@ _DOT_SEGMENT = re.compile(r"(?:\.|%2e){1,2}", re.IGNORECASE)
 # Where a segment ends for some receiver: a slash, or one percent-encoded (a server that
 # decodes it first), or a backslash so encoded (WHATWG and IIS read a backslash as '/').
 _SEPARATOR = re.compile(r"/|%2f|%5c", re.IGNORECASE)
+# Where a segment's path parameters start (RFC 3986 3.3): Tomcat, Jetty and Spring drop
+# them before resolving dot segments, so '..;x' (or '..%3bx') is a '..' segment to them.
+_PARAMETERS = re.compile(r";|%3b", re.IGNORECASE)
 
 
 class InvalidCallback(InvalidSchedule):
@@ -100,9 +103,11 @@ def _check_path(path: str) -> str:
             "url",
         )
     segments = _SEPARATOR.split(path.partition("?")[0])
-    if path.startswith("//") or any(_DOT_SEGMENT.fullmatch(s) for s in segments):
+    bare = (_PARAMETERS.split(segment, 1)[0] for segment in segments)
+    if path.startswith("//") or any(_DOT_SEGMENT.fullmatch(s) for s in bare):
         raise InvalidCallback(
-            f"the path {path!r} must not start with '//' or hold '.' or '..' segments: it "
+            f"the path {path!r} must not start with '//' or hold '.' or '..' segments (path "
+            "parameters such as '..;x' included): it "
             "stays under its destination's URL",
             "url",
         )
@@ -159,6 +164,8 @@ def _body(method: str, json: Any, data: Any) -> tuple[str | None, str | None]:
             return urlencode(data), "application/x-www-form-urlencoded"
         except UnicodeEncodeError:  # urlencode writes the form's text as UTF-8
             raise InvalidCallback("the form holds a lone surrogate: not UTF-8", "data") from None
+        except ValueError as exc:  # an int of more digits than int.__str__ writes
+            raise InvalidCallback(f"the form cannot be written: {exc}", "data") from None
     if isinstance(data, str):
         return data, "text/plain; charset=utf-8"
     raise TypeError(f"data= must be str, bytes or a dict, not {type(data).__name__}")
@@ -209,7 +216,15 @@ def build(
 
 
 def load(stored: Mapping[str, Any]) -> CallbackRequest:
-    """Read a job's kwargs back into a request, validating them again."""
+    """Read a job's kwargs back into a request, validating them again: anything malformed,
+    values of the wrong JSON type included, raises ``InvalidCallback``."""
+    try:
+        return _load(stored)
+    except TypeError as exc:
+        raise InvalidCallback(f"the stored request is malformed: {exc}", "url") from None
+
+
+def _load(stored: Mapping[str, Any]) -> CallbackRequest:
     unknown = set(stored) - {"method", "url", "destination", "path", "headers", "body"}
     method, body = stored.get("method"), stored.get("body")
     if unknown or method not in METHODS or not isinstance(body, str | None):

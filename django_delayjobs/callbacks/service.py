@@ -5,11 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from ..conf import delayjobs_settings
+from ..exceptions import InvalidSchedule
 from ..models import ACTIVE, Job
 from ..services import build_job, submit
 from . import config
 from .action import ACTION, deliver, require_client
 from .request import build
+
+
+class KeyHeld(InvalidSchedule):
+    """The key is held by an active job that is not a callback: no callback is scheduled,
+    and that job is not answered as if it were one. ``job`` is the holder."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(
+            f"the key {job.key!r} of queue {job.queue!r} is held by an active job that is "
+            "not a callback"
+        )
+        self.job = job
 
 
 def create(
@@ -28,8 +41,9 @@ def create(
     priority: int = 0,
     actor: str = "code",
 ) -> tuple[Job, bool]:
-    """Schedule a callback; return its job and whether it is new (False: the active job
-    that already holds ``key``)."""
+    """Schedule a callback; return its job and whether it is new (False: the active
+    callback job that already holds ``key``). Raise ``KeyHeld`` when the key is held by an
+    active job that is not a callback (nothing is written)."""
     require_client()
     request = build(
         url, method=method, json=json, data=data, headers=headers,
@@ -40,6 +54,8 @@ def create(
         max_attempts=max_attempts, expires=expires, priority=priority,
     )  # fmt: skip
     stored = submit(job, actor=actor)
+    if stored is not job and not is_callback(stored):
+        raise KeyHeld(stored)
     return stored, stored is job
 
 

@@ -6,9 +6,10 @@ Plain Python with no Django import: a receiver in any Python program can
 A secret is ``whsec_`` + base64 of 24 to 64 random bytes. A request carries
 ``webhook-id`` (the job id: the same on every retry, so it is the receiver's idempotency
 key), ``webhook-timestamp`` (Unix seconds of this attempt) and ``webhook-signature``
-(``v1,`` + base64 of HMAC-SHA256 over ``id.timestamp.body``; several, space-separated,
-may be sent). The HMAC is the standard library's; the reference library
-(``standardwebhooks``) is used by the test suite to check both directions.
+(``v1,`` + base64 of HMAC-SHA256 over ``id.timestamp.body``; one per secret,
+space-separated, so that a receiver holding any of the secrets verifies it). The HMAC is
+the standard library's; the reference library (``standardwebhooks``) is used by the test
+suite to check both directions.
 """
 
 from __future__ import annotations
@@ -70,11 +71,15 @@ def signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
 def sign(
     msg_id: str, body: bytes, secrets: Sequence[str], timestamp: int | None = None
 ) -> dict[str, str]:
-    """Return the three webhook headers; the first secret signs (none: no signature)."""
+    """Return the three webhook headers. Every secret signs (the first ``MAX_SIGNATURES``),
+    its signature space-separated from the others, so a receiver that holds any one of
+    them verifies the request while secrets are rotated. No secret: no signature."""
     when = int(time.time()) if timestamp is None else timestamp
     headers = {"webhook-id": msg_id, "webhook-timestamp": str(when)}
     if secrets:
-        headers["webhook-signature"] = signature(secrets[0], msg_id, when, body)
+        headers["webhook-signature"] = " ".join(
+            signature(secret, msg_id, when, body) for secret in secrets[:MAX_SIGNATURES]
+        )
     return headers
 
 

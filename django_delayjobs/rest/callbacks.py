@@ -24,7 +24,7 @@ from .. import services
 from ..callbacks.action import ACTION
 from ..callbacks.policy import Refused
 from ..callbacks.request import METHODS, InvalidCallback
-from ..callbacks.service import active_callback, create
+from ..callbacks.service import KeyHeld, active_callback, create
 from ..conf import delayjobs_settings
 from ..models import Job
 from . import serializers as s
@@ -165,12 +165,19 @@ _REFUSED: dict[int, Any] = {403: s.DetailSerializer, 429: s.DetailSerializer}
 
 
 class CallbackCreateView(CallbackView):
-    """Create a callback job (201), or return the active one holding ``key`` (200)."""
+    """Create a callback job (201), or return the active one holding ``key`` (200); 409
+    when a job that is not a callback holds ``key``."""
 
     @document(
         operation_id="callbacks_create",
         request=CallbackSerializer,
-        responses={201: s.JobSerializer, 200: s.JobSerializer, 400: dict, **_REFUSED},
+        responses={
+            201: s.JobSerializer,
+            200: s.JobSerializer,
+            400: dict,
+            409: s.DetailSerializer,
+            **_REFUSED,
+        },
     )
     def post(self, request: Request) -> Response:
         body = CallbackSerializer(data=request.data)
@@ -179,6 +186,11 @@ class CallbackCreateView(CallbackView):
         when = {"in_": given.pop("in")} if "in" in given else {"at": given.pop("at")}
         try:
             job, created = create(given.pop("url"), **when, **given, actor=actor(request))
+        except KeyHeld:  # say nothing of that job: it is not this endpoint's to show
+            return Response(
+                {"detail": "The key is held by an active job that is not a callback."},
+                status=status.HTTP_409_CONFLICT,
+            )
         except InvalidCallback as exc:
             raise ValidationError({exc.field: [str(exc)]}) from None
         except Refused as exc:

@@ -5,7 +5,18 @@ try:
 except ImportError:  # Django 5.2: the backport
     from django_tasks import task
 
+from django_delayjobs import GiveUp
+
 from .models import Record
+
+#: What a task might put in its message: the body of a remote service's error page, a
+#: subprocess's stderr, a traceback logged by another program.
+REMOTE_TRACEBACK = (
+    "the pricing service answered 500:\n"
+    "Traceback (most recent call last):\n"
+    '  File "/srv/pricing/views.py", line 12, in quote\n'
+    "KeyError: 'sku'"
+)
 
 
 @task
@@ -55,3 +66,13 @@ def returns_object(label: str) -> object:
 @task
 def returns_tuple() -> tuple[int, str]:
     return (1, "two")
+
+
+@task
+def fail_quoting_a_traceback() -> None:
+    raise ValueError(REMOTE_TRACEBACK)
+
+
+@task
+def give_up(reason: str) -> None:
+    raise GiveUp(reason)
