@@ -13,7 +13,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..engine.errors import EngineUnavailable, guarded
 from ..engine.errors import PerShard, guarded
 from . import layout
 
@@ -46,22 +45,6 @@ def write(
 ) -> None:
     """Add the tallies; give ``minute`` of each queue in ``snapshot`` its snapshot of the
     engine counters unless one is there already. Each queue goes into ``written`` once its
-    MULTI/EXEC is applied; every queue is tried (on a Cluster, one master down stops only
-    its own queues), then the first failure is raised."""
-    by_queue: dict[str, list[tuple[int | None, Mapping[str, float]]]] = defaultdict(list)
-    for (queue, at), tally in tallies.items():
-        by_queue[queue].append((at, tally))
-    counters = _counters(engine, snapshot) if snapshot else {}
-    failure: EngineUnavailable | None = None
-    for queue in sorted(set(by_queue) | set(snapshot)):
-        try:
-            _write_queue(engine, queue, by_queue.get(queue, []), counters.get(queue), minute, ttl)
-        except EngineUnavailable as exc:
-            failure = failure or exc
-        else:
-            written.add(queue)
-    if failure is not None:
-        raise failure
     MULTI/EXEC is applied. A queue whose master (or one of whose shards' masters) cannot be
     reached does not stop the others: they are written, then the failure is raised."""
     by_queue: dict[str, list[tuple[int | None, Mapping[str, float]]]] = defaultdict(list)
