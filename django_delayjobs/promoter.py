@@ -97,10 +97,15 @@ class Promoter:
     def sleep(self, seconds: float) -> None:
         """Sleep ``seconds``, waking early if an earlier job is scheduled meanwhile."""
         deadline = time.monotonic() + seconds
-        if seconds > PRECISE_STRETCH and self.engine.wait_for_wake(
-            self.queues, seconds - PRECISE_STRETCH
-        ):
-            return
+        # A wait on the wake list may end early without a token (it never outlasts the
+        # client's socket timeout), so wait again until the last precise stretch: a wake
+        # token must be able to end the sleep at any moment until then.
+        while not self.stop.is_set():
+            blocking = deadline - time.monotonic() - PRECISE_STRETCH
+            if blocking <= 0:
+                break
+            if self.engine.wait_for_wake(self.queues, blocking):
+                return
         remaining = deadline - time.monotonic()
         if remaining > 0:
             self.stop.wait(remaining)
