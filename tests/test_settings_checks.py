@@ -7,7 +7,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from django_delayjobs import schedule
-from django_delayjobs.checks import check_settings
+from django_delayjobs.checks import check_settings, check_use_tz
 from django_delayjobs.conf import delayjobs_settings
 from django_delayjobs.connection import get_engine
 from tests.testapp import tasks
@@ -146,3 +146,27 @@ def test_cache_alias_reuses_the_django_redis_connection(settings, redis_url, red
     assert get_engine().client is get_redis_connection("jobs")
     job = schedule(tasks.record, in_=60, args=["x"])
     assert redis_client.zscore("{viacache:default}:pending", str(job.pk)) is not None
+
+
+def test_use_tz_false_is_refused_by_a_check_naming_the_setting(settings):
+    """Due times are instants compared as aware datetimes: under ``USE_TZ = False`` the
+    first ``schedule()`` would fail on a naive/aware comparison, so E015 says so first."""
+    settings.USE_TZ = False
+    (error,) = [e for e in check_use_tz() if e.id == "django_delayjobs.E015"]
+    assert "USE_TZ" in error.msg
+    settings.USE_TZ = True
+    assert check_use_tz() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_schedule_under_use_tz_false_raises_a_configuration_error(settings):
+    """A WSGI server runs no system checks: ``schedule()`` itself names the setting (and
+    the check) instead of a naive/aware ``TypeError``, and writes nothing."""
+    from django_delayjobs.exceptions import ConfigurationError
+    from django_delayjobs.models import Job
+
+    settings.USE_TZ = False
+    settings.TIME_ZONE = "America/Chicago"
+    with pytest.raises(ConfigurationError, match=r"USE_TZ = True.*E015"):
+        schedule(tasks.record, in_=60, args=["x"])
+    assert not Job.objects.exists()
