@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from . import metrics, signals, timing
+from . import metrics, signals, sql, timing
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, queue_of
 from .exceptions import GiveUp, Retry
@@ -153,12 +153,47 @@ def settle(
         elif move == "nack":
             due = result.retry_at or timezone.now()
             engine.nack(queue, {job_id: timing.to_ms(due)})
+            if result.outcome in _FOLLOW_ROW:
+                follow_row(engine, queue, job_id, timing.to_ms(due))
         outage.ok()
     except EngineUnavailable as exc:
         outage.failed(exc)
     # In memory; the worker's housekeeping flushes it. Counted per queue, whatever shard.
     metrics.record(queue_of(queue), result)
     send_signals(result)
+
+
+#: The nacks whose due time was read from the row, which a reschedule may change before
+#: the nack: the row's ``run_at`` is read again after it (one query, on these paths only).
+_FOLLOW_ROW = frozenset({Outcome.RETRYING, Outcome.DEFERRED})
+
+
+def follow_row(engine: Engine, queue: str, job_id: str, nacked_ms: float) -> None:
+    """Leave ``job_id`` due at its row's ``run_at`` after a nack at ``nacked_ms``.
+
+    A ``reschedule`` committed between the attempt's commit and the nack finds the id in
+    flight, and its ``add`` leaves it alone; the nack then puts it back at the old time.
+    Read after the nack, the row shows any such reschedule, and ``add`` (which moves a
+    pending id) applies it; one committed after the read adds the id itself, now pending.
+    A row that cannot be read is left to reconcile. Raises only ``EngineUnavailable``.
+    """
+    from .models import WAITING, Job
+
+    try:
+        row = (
+            Job.objects.using(sql.db())
+            .filter(pk=job_id, status__in=WAITING)
+            .values_list("run_at", "priority")
+            .first()
+        )
+        if row is None or row[0] is None:
+            return
+        run_at_ms = timing.to_ms(row[0])
+    except Exception:  # a poison row or the database down: reconcile repairs Redis
+        logger.debug("job %s: could not read its due time after the nack", job_id, exc_info=True)
+        return
+    if run_at_ms != nacked_ms:
+        engine.add(queue, {job_id: run_at_ms}, {job_id: row[1]} if row[1] else None)
 
 
 #: The level of each outcome's log line; the rest are DEBUG (``-v 3``).

@@ -79,7 +79,7 @@ def test_a_reschedule_between_a_failure_and_its_nack_is_not_overwritten(settings
     (job_id,) = _wait(lambda: engine.promote("default") and engine.claim("default", 1))
     result = Execution("default", job_id, "w").run()  # the failure is committed
     assert result.outcome == Outcome.RETRYING
-    assert job.reschedule(in_=0) is True  # a user asks for the retry now
+    assert job.reschedule(in_=5) is True  # a user asks for the retry sooner
     settle(engine, "default", job_id, result)  # the worker nacks its delivery
     row = Job.objects.get(pk=job.pk)
     score = engine.client.zscore(engine.keys("default").pending, job_id)
