@@ -9,7 +9,9 @@
 -- ARGV = id1, due1_ms, priority1, id2, due2_ms, priority2, ...
 -- returns {1 if the queue held no ids before this call else 0, the ids it did not hold}
 -- Redis deletes a key once it is empty, so an empty queue is one whose keys do not exist.
-local was_empty = redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4], KEYS[5]) == 0 and 1 or 0
+-- Ready is read from ready_set, not from the ready LIST, which may hold only tombstones:
+-- the same notion of empty as stats (and so forget_empty_shards).
+local was_empty = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) == 0 and 1 or 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000  -- exact: due times hold us
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
