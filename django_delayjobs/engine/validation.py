@@ -34,19 +34,47 @@ def check_ms(value: object, what: str = "time") -> int:
     return int(_number(value, what))
 
 
+#: The latest due time accepted: 9999-12-31 23:59:59.999 UTC in ms since the epoch, the
+#: last millisecond a Python ``datetime`` can hold. The scripts turn the wait until a due
+#: time into microseconds held by a 64-bit integer, which overflows past about 292,000
+#: years; no due time comes near that.
+MAX_DUE_MS = 253_402_300_799_999
+
+
 def check_due(value: object) -> float:
     """A due time in ms since the epoch, kept as given: its fraction (microseconds) is
     the difference between a job promoted on time and one promoted up to 1 ms early or
-    late. A score (a double) tells microseconds apart for the next two centuries."""
-    return _number(value, "due time")
+    late. A score (a double) tells microseconds apart for the next two centuries.
+    At most ``MAX_DUE_MS`` (the end of year 9999)."""
+    due = _number(value, "due time")
+    if due > MAX_DUE_MS:
+        raise ValueError(
+            f"due time must be at most {MAX_DUE_MS} ms (the end of year 9999 UTC), got {due!r}"
+        )
+    return due
 
 
 def _number(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{what} must be a number of milliseconds, not {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} must be a finite, non-negative number of ms, got {value!r}")
+    if not finite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite, non-negative number of ms, got {brief(value)}")
     return value
+
+
+def finite(value: int | float) -> bool:
+    """Whether ``value`` is a finite number a float can hold (an int too large for one,
+    ``10**400``, is not: Redis would read it as infinity)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def brief(value: object) -> str:
+    """``repr(value)``, shortened: a 400-digit int in a message helps nobody."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def check_batch(value: object) -> int:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from .validation import brief, finite
 
 #: A doorbell's ``BLPOP`` lasts at most this long, so a doorbell nobody waits on any more
 #: ends within a second.
@@ -38,8 +39,8 @@ class Waiter(Protocol):
 def check_timeout(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"timeout must be a number of seconds, not {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"timeout must be a finite, non-negative number of s, got {value!r}")
+    if not finite(value) or value < 0:
+        raise ValueError(f"timeout must be a finite, non-negative number of s, got {brief(value)}")
     return float(value)
 
 

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from django_delayjobs.engine import Engine
+from django_delayjobs.engine.validation import MAX_DUE_MS
 
 
 def test_promote_reports_a_positive_wait_for_a_far_future_due_time(engine: Engine):
@@ -19,9 +20,13 @@ def test_promote_reports_a_positive_wait_for_a_far_future_due_time(engine: Engin
     ``promote`` at full speed; ``--burst`` never ends (``burst_done`` waits a negative time
     and loops). Right: a wait that is never negative (clamp it to what fits, or refuse due
     times that far away in ``check_due``)."""
-    engine.add("q", {"far": 1e16})  # year ~318,000: accepted by the engine
+    with pytest.raises(ValueError, match="year 9999"):
+        engine.add("q", {"far": 1e16})  # year ~318,000
+    with pytest.raises(ValueError, match="year 9999"):
+        engine.nack("q", {"far": MAX_DUE_MS + 1})
+    engine.add("q", {"last": MAX_DUE_MS})  # the latest due time accepted
     result = engine.promote("q")
-    assert result.next_due_ms == 10**16
+    assert result.next_due_ms == MAX_DUE_MS
     assert result.next_due_in_us is not None and result.next_due_in_us > 0
 
 
