@@ -29,6 +29,8 @@ for i = 1, #ARGV, 3 do
       readied[#readied + 1] = {-priority, #readied, id, was_pending}
     else
       was_pending = redis.call('ZADD', KEYS[1], due, id) == 0  -- 0: it held the id
+      -- a pending id re-added with priority 0 forgets its old one (after the ZADD: see below)
+      if was_pending and priority == 0 then redis.call('HDEL', KEYS[9], id) end
       if earliest == nil or due < earliest then
         earliest = due
         wake = true
@@ -55,7 +57,10 @@ if #readied > 0 then
   -- Only now the writes that shrink: Redis checks a script against maxmemory at its
   -- first write alone, so a full Redis refuses the whole call and it changes nothing.
   for _, entry in ipairs(readied) do
-    if entry[4] then redis.call('ZREM', KEYS[1], entry[3]) end
+    if entry[4] then
+      redis.call('ZREM', KEYS[1], entry[3])
+      if entry[1] == 0 then redis.call('HDEL', KEYS[9], entry[3]) end  -- as above
+    end
   end
 end
 if #added > 0 then redis.call('HINCRBY', KEYS[8], 'added', #added) end
