@@ -17,9 +17,12 @@ from django.utils import timezone
 
 from django_delayjobs import schedule, schedule_many, signals
 from django_delayjobs.connection import get_engine
-from django_delayjobs.execution import note
+from django_delayjobs.execution import Execution, note
 from django_delayjobs.models import Job, Status
+from django_delayjobs.outcomes import Outcome, settle
 from django_delayjobs.services import build_job
+from django_delayjobs.timing import to_ms
+from tests.helpers import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -266,3 +269,24 @@ def test_the_job_claimed_with_the_previous_outcome_may_be_a_poison_row():
     assert sorted(Record.objects.values_list("label", flat=True)) == ["after", "first"]
     started = Job.objects.get(pk=after.pk).events.filter(kind="started").count()
     assert started == 1
+
+
+def test_a_reschedule_between_a_failure_and_its_nack_is_not_overwritten(settings):
+    """A failed attempt commits ``status='retrying', run_at=<retry time>`` first; the worker
+    nacks the id afterwards with that retry time. A ``reschedule`` committed in between
+    wins in the database, but its ``add`` finds the id in flight and leaves it alone: the
+    nack must not leave the id due at the old retry time (30-60 s away here), so the
+    worker reads the row's ``run_at`` again after the nack and moves the id there."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "RETRY_BACKOFF_SECONDS": 60}
+    engine = get_engine()
+    job = schedule(tasks.fail, in_=0, max_attempts=3)
+    (job_id,) = wait_for(lambda: engine.promote("default") and engine.claim("default", 1))
+    result = Execution("default", job_id, "w").run()  # the failure is committed
+    assert result.outcome == Outcome.RETRYING
+    assert job.reschedule(in_=5) is True  # a user asks for the retry sooner
+    settle(engine, "default", job_id, result)  # the worker nacks its delivery
+    row = Job.objects.get(pk=job.pk)
+    score = engine.client.zscore(engine.keys("default").pending, job_id)
+    assert score is not None
+    late_s = (score - to_ms(row.run_at)) / 1000
+    assert late_s <= 1, f"the row is due at {row.run_at}, Redis holds it {late_s:.1f} s later"

@@ -13,14 +13,17 @@ from datetime import timedelta
 from typing import TypeVar
 
 import pytest
+import redis
 from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from django_delayjobs import schedule, schedule_many, walcheckpoint
-from django_delayjobs.connection import get_engine
+from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
+from django_delayjobs.engine import Engine, close_client
 from django_delayjobs.models import Job, Status
+from django_delayjobs.promoter import Promoter
 from django_delayjobs.services import build_job
 from django_delayjobs.worker import Options, WorkerDied, WorkerProcess
 from tests.helpers import wait_for
@@ -682,3 +685,39 @@ def test_a_job_another_thread_claims_again_keeps_its_lease_when_the_first_batch_
         thread.join(30)
     calls = Record.objects.filter(label__startswith="called out").values_list("label", flat=True)
     assert list(calls) == ["called out: attempt 2 delivery 1"]
+
+
+def test_a_sleeping_promoter_is_woken_by_an_earlier_job_after_its_blpop_was_cut_short(redis_url):
+    """The package's client has ``socket_timeout=1`` s, so one ``wait_for_wake`` blocks at
+    most 0.5 s. With a 5 s tick, a job added 1 s into an idle promoter's sleep, due 100 ms
+    later, must still wake it: ``Promoter.sleep`` waits on the wake list again and again
+    until the last precise stretch (it once slept the rest of the tick where no wake token
+    could reach it, and started such a job up to a tick late)."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=SOCKET_TIMEOUT)
+    engine = Engine(client, prefix="t")
+    stop = threading.Event()
+    promoter = Promoter(engine, ["q"], tick=5.0, stop=stop)
+
+    def loop() -> None:
+        while not stop.is_set():
+            promoter.sleep(promoter.step())
+
+    thread = threading.Thread(target=loop, daemon=True)
+    try:
+        thread.start()
+        time.sleep(1.0)  # the promoter is idle, sleeping one tick (nothing is pending)
+        due = engine.server_time_ms() + 100
+        engine.add("q", {"job": due})  # the earliest pending id: pushes a wake token
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline and not client.sismember(
+            engine.keys("q").ready_set, "job"
+        ):
+            time.sleep(0.01)
+        late_ms = engine.server_time_ms() - due
+        assert client.sismember(engine.keys("q").ready_set, "job"), (
+            f"due 100 ms after it was added, still not promoted {late_ms} ms after its due time"
+        )
+    finally:
+        stop.set()
+        thread.join(10)
+        close_client(client)

@@ -29,6 +29,7 @@ from redis.retry import Retry
 
 from django_delayjobs.engine import MAX_BATCH, Engine, EngineUnavailable, close_client
 from django_delayjobs.engine.sharding import parse
+from django_delayjobs.engine.validation import MAX_DUE_MS
 
 from .conftest import Backend, on_cluster, open_backend
 
@@ -520,6 +521,30 @@ def test_a_priority_is_forgotten_when_its_id_leaves_redis(engine, redis_client, 
     assert not redis_client.exists(k.priority)
 
 
+def test_re_adding_a_pending_id_with_priority_0_forgets_its_old_priority(engine, redis_client, now):
+    """Re-added with priority 0 (later, or due now), a pending id is no longer promoted
+    ahead of ids it does not outrank: ``add`` deletes the priority it had."""
+    k = engine.keys(Q)
+    engine.add(Q, {"a": now + HOUR, "n": now + HOUR}, {"a": 100, "n": 100})
+    engine.add(Q, {"a": now + 1000})  # the same id, now of priority 0 (and due sooner)
+    assert redis_client.hkeys(k.priority) == [b"n"]
+    engine.add(Q, {"n": 0})  # due now: straight to ready, and its priority forgotten too
+    assert not redis_client.exists(k.priority)
+    engine.add(Q, {"b": now + 1000}, {"b": 50})
+    wait_until(lambda: engine.promote(Q).moved)
+    assert engine.claim(Q, 3) == ["n", "b", "a"]
+
+
+def test_the_latest_due_time_accepted_gives_a_positive_wait(engine, now):
+    """``MAX_DUE_MS`` (the end of year 9999) is accepted; a due time some 292,000 years
+    away, refused by the same check, overflowed the wait in us that ``promote`` returns
+    (negative, so the promoter spun)."""
+    engine.add(Q, {"last": MAX_DUE_MS})
+    result = engine.promote(Q)
+    assert result.next_due_ms == MAX_DUE_MS
+    assert result.next_due_in_us is not None and result.next_due_in_us > 0
+
+
 # -- turns --------------------------------------------------------------------------------
 
 
@@ -840,10 +865,12 @@ _BAD_TIMES = [
     (math.inf, ValueError),
     (-math.inf, ValueError),
     (-1, ValueError),
+    (10**400, ValueError),  # too large for a float: not OverflowError
     (True, TypeError),
     ("1", TypeError),
     (None, TypeError),
 ]
+_FAR_DUES = [MAX_DUE_MS + 1, 1e16]  # after year 9999; 1e16: year ~318,000
 _BAD_IDS = [
     ("a", TypeError),  # a single string, not a collection
     (b"a", TypeError),
@@ -879,6 +906,13 @@ for _i, (_t, _exc) in enumerate(_BAD_TIMES):
         (f"claim-lease{_i}", lambda e, t=_t: e.claim(Q, 1, lease_ms=t), _exc),
         (f"extend-lease{_i}", lambda e, t=_t: e.extend_lease(Q, ["u"], t), _exc),
         (f"heartbeat-ttl{_i}", lambda e, t=_t: e.heartbeat(Q, "w", t), _exc),
+    ]
+for _i, _t in enumerate(_FAR_DUES):
+    BAD_CALLS += [
+        (f"add-far{_i}", lambda e, t=_t: e.add(Q, {"ok": 1, "a": t}), ValueError),
+        (f"nack-far{_i}", lambda e, t=_t: e.nack(Q, {"u": t}), ValueError),
+        (f"reschedule-far{_i}", lambda e, t=_t: e.reschedule(Q, "p", t), ValueError),
+        (f"requeue-far{_i}", lambda e, t=_t: e.requeue(Q, ["g"], due_ms=t), ValueError),
     ]
 for _i, (_b, _exc) in enumerate(
     [(0, ValueError), (-1, ValueError), (MAX_BATCH + 1, ValueError), (True, TypeError),

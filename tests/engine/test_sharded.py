@@ -322,6 +322,23 @@ def test_a_shard_refilled_while_it_is_forgotten_is_listed_again(redis_client):
     assert new.claim(shard, 1, HOUR) == ["b"]
 
 
+def test_a_shard_holding_only_tombstones_is_listed_again_by_its_next_add(redis_client):
+    """An id removed while ready leaves a tombstone in the ready list, but the shard holds
+    no id: ``forget_empty_shards`` forgets it, and an old process's add to it must find it
+    empty (``ready_set``, not the list) and list it again."""
+    old, new = make(redis_client, 2), make(redis_client, 3)
+    shard = old.home(Q, "a")
+    old.add(Q, {"a": 0})
+    assert old.remove(Q, ["a"]) == 1  # removed while ready: a tombstone stays in ready
+    assert redis_client.llen(old.keys(shard).ready) == 1
+    assert shard in new.forget_empty_shards(Q)
+    b = next(f"b{i}" for i in range(100) if old.home(Q, f"b{i}") == shard)
+    assert old.add(Q, {b: 0}) == [b]  # an old process adds to the shard it knows
+    assert shard.encode() in redis_client.smembers(new.queues_key)
+    new.known_queues()
+    assert shard in new.shards(Q)
+
+
 # -- placement --------------------------------------------------------------------------
 
 
