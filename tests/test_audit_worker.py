@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -10,6 +12,8 @@ from django.core.management import call_command
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
+from django_delayjobs.embedded import EmbeddedRedis
+from tests.helpers import ROOT, worker_env
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -56,3 +60,36 @@ def test_a_process_that_has_stopped_never_heartbeats_again(monkeypatch):
     burst()  # nothing due: ends at once, while housekeeping is still in its owner check
     time.sleep(1.0)  # housekeeping finishes its step
     assert get_engine().stats("default").live_workers == 0
+
+
+def test_a_burst_ends_when_redis_goes_away_under_it(tmp_path, settings):
+    """docs/worker.md: ``--burst`` "process[es] what is due now, then exit[s] 0 (it always
+    ends ...)". If Redis goes away during a burst, every worker thread's ``claim`` raises
+    ``EngineUnavailable`` and ``work_loop`` backs off and tries again forever
+    (worker.py ``work_loop``: ``burst_done`` is only reached when a claim succeeds), so
+    a burst run from cron or a CI step never ends and the next ones pile up behind it.
+    Right: a burst that cannot reach Redis for a bounded time gives up and exits
+    (non-zero, saying why), as it refuses an unreachable Redis at start-up."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    url = server.start()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
+    try:
+        job = schedule(tasks.stop_redis_then_fail, in_=0, args=[url], max_attempts=1)
+        cmd = [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+               "-v", "1", "--burst"]  # fmt: skip
+        with open(tmp_path / "w.log", "wb") as log:
+            burst = subprocess.Popen(cmd, cwd=ROOT, env=worker_env(url), stdout=log,
+                                     stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            burst.wait(8)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            still_running = burst.poll() is None
+            if still_running:
+                burst.kill()
+                burst.wait()
+        assert Job.objects.get(pk=job.pk).status == Status.DEAD  # it did run the job
+        assert not still_running, "the burst was still running 8 s after Redis went away"
+    finally:
+        server.close()
