@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,3 +95,40 @@ def test_a_burst_ends_when_redis_goes_away_under_it(tmp_path, settings):
         assert not still_running, "the burst was still running 8 s after Redis went away"
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_start_up_exits_0_without_a_traceback(signum, tmp_path):
+    """DESIGN.md and docs/worker.md: on SIGTERM/SIGINT the worker stops and exits 0. The
+    handlers are only installed in ``WorkerProcess.run()`` (worker.py ``run`` ->
+    ``install_signal_handlers``), after the start-up checks of Redis and the database
+    (run_delayworker.py ``run``: ``check_redis``, ``check_owner``, the metrics port). A
+    stop that arrives meanwhile (a rolling update, Ctrl-C while Redis is slow to answer)
+    kills the process by SIGTERM (-15, nothing logged; as PID 1 in a container it is
+    ignored until the SIGKILL) or ends it with a KeyboardInterrupt traceback from
+    redis-py. Right: handlers installed first thing in ``handle()``; a stop during
+    start-up ends the process by its own exit (0, or 1 with the one-line error of a
+    start-up check cut short), never by the signal and never with a traceback."""
+    listener = socket.socket()  # a Redis that accepts and is slow to answer
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(30)
+    url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    cmd = [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+           "-v", "1"]  # fmt: skip
+    worker = subprocess.Popen(cmd, cwd=ROOT, env=worker_env(url), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        conn, _ = listener.accept()  # the worker is in its start-up check of Redis
+        worker.send_signal(signum)
+        out, _ = worker.communicate(timeout=20)
+        conn.close()
+    finally:
+        listener.close()
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    text = out.decode(errors="replace")
+    assert "Traceback" not in text, text[-800:]
+    # 0, or 1 with the start-up check's one-line error: not killed by the signal
+    assert worker.returncode in (0, 1), (worker.returncode, text[-800:])
