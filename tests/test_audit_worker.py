@@ -13,8 +13,8 @@ from django.core.management import call_command
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
-from django_delayjobs.models import Job, Status
 from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.models import Job, Status
 from tests.helpers import ROOT, worker_env
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -55,12 +55,12 @@ def test_a_process_that_has_stopped_never_heartbeats_again(monkeypatch):
     real = worker.check_owner
 
     def slow_database(engine):  # the owner check waits on a busy database
-        time.sleep(0.6)
+        time.sleep(1.5)
         real(engine)
 
     monkeypatch.setattr(worker, "check_owner", slow_database)
     burst()  # nothing due: ends at once, while housekeeping is still in its owner check
-    time.sleep(1.0)  # housekeeping finishes its step
+    time.sleep(2.0)  # housekeeping finishes its step
     assert get_engine().stats("default").live_workers == 0
 
 
