@@ -13,6 +13,7 @@ from redis.retry import Retry
 
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable
+from .redact import without_userinfo
 
 #: Every command is answered in well under a millisecond unless Redis is frozen or gone; a
 #: caller (``schedule()`` committing, say) must then not wait for long. Blocking waits are
@@ -74,18 +75,20 @@ def _cache_client(alias: str) -> Any:
 
 
 def cluster_url_problem(url: str) -> str | None:
-    """What keeps ``url`` from naming a Cluster node, or None."""
+    """What keeps ``url`` from naming a Cluster node, or None. The text shows ``url``
+    without its user information (a password must not reach ``manage.py check``)."""
+    shown = without_userinfo(url)
     try:
         parts = urlsplit(url)
         _ = parts.port  # a port that is not a number raises ValueError
     except ValueError as exc:
         return f"is not a valid URL ({exc})"
     if parts.scheme not in ("redis", "rediss"):
-        return f"{url!r} is not a redis:// or rediss:// URL (a Cluster is reached over TCP)"
+        return f"{shown!r} is not a redis:// or rediss:// URL (a Cluster is reached over TCP)"
     if not parts.hostname:
-        return f"{url!r} names no host"
+        return f"{shown!r} names no host"
     if parts.path.strip("/") not in ("", "0") or "db=" in parts.query:
-        return f"{url!r} names a database other than 0 (a Cluster has only database 0)"
+        return f"{shown!r} names a database other than 0 (a Cluster has only database 0)"
     return None
 
 

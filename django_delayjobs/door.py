@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 
+from django.contrib.contenttypes.models import ContentType
 from django.db import models
 
 from . import serialization, timing
@@ -86,6 +87,29 @@ def check_batch(jobs: list[Job], now: datetime.datetime) -> None:
         seen.add(job.pk)
 
 
+def check_target(job: Job) -> None:
+    """Refuse a job whose target is half set, or of another model than its action names
+    (``app_label.Model.method``, as ``build_job`` stores it, proxy models included): it
+    would run that other model's method of the same name, or go dead."""
+    if (job.target_type_id is None) != (job.target_id is None):
+        raise InvalidSchedule(
+            f"job {job.pk} has a target_type without a target_id or the other way round: "
+            "use build_job"
+        )
+    if job.target_type_id is None:
+        return
+    try:
+        model = ContentType.objects.get_for_id(job.target_type_id).model_class()
+    except ContentType.DoesNotExist:
+        model = None
+    label = model._meta.label if model is not None else "an uninstalled model"
+    if job.action.rpartition(".")[0] != label:
+        raise InvalidSchedule(
+            f"job {job.pk}'s action {job.action!r} is not a method of its target's model "
+            f"({label}): use build_job"
+        )
+
+
 def check_built(job: Job, now: datetime.datetime) -> None:
     """The door for a job handed to ``schedule_many``: what ``build_job`` checks, on the
     values the job holds (it may have been changed, or built without ``build_job``)."""
@@ -110,6 +134,7 @@ def check_built(job: Job, now: datetime.datetime) -> None:
     check_column(job.action, "action", "action")
     if job.target_id is not None:
         check_column(job.target_id, "the target's primary key", "target_id")
+    check_target(job)
     check_positive(job.max_attempts, "max_attempts")
     check_priority(job.priority)
     if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from .conf import delayjobs_settings
-from .engine import Engine
+from .engine import Engine, PerShard
 
 logger = logging.getLogger("django_delayjobs.promoter")
 
@@ -44,36 +44,55 @@ class Promoter:
 
     def promote_due(self) -> tuple[int, float | None]:
         """Promote everything due now; return (ids moved, seconds until the next due id
-        over every shard, or None when nothing is pending)."""
+        over every shard, or None when nothing is pending). A shard that cannot be reached
+        is passed over: ``PartlyUnavailable`` (with that pair) once the others are done."""
+        each = PerShard()
+        found = self._promote(each)
+        each.check(found)
+        return found
+
+    def _promote(self, each: PerShard) -> tuple[int, float | None]:
         moved, next_due = 0, None
         for shard in self.shards():
-            while True:
-                result = self.engine.promote(shard, self.batch)
-                moved += result.moved
-                if result.moved < self.batch:
-                    break
-            if result.next_due_in_us is not None:
-                due = result.next_due_in_us / 1e6
-                next_due = due if next_due is None else min(next_due, due)
+            with each.attempt():
+                while True:
+                    result = self.engine.promote(shard, self.batch)
+                    moved += result.moved
+                    if result.moved < self.batch:
+                        break
+                if result.next_due_in_us is not None:
+                    due = result.next_due_in_us / 1e6
+                    next_due = due if next_due is None else min(next_due, due)
         return moved, next_due
 
-    def housekeeping(self, now: float) -> None:
-        """Recover expired leases and forget emptied shards of older counts (each second)."""
+    def housekeeping(self, now: float, each: PerShard) -> None:
+        """Recover expired leases and forget emptied shards of older counts (each second),
+        passing over the shards that cannot be reached (noted in ``each``)."""
         if now - self._last_recover >= RECOVER_EVERY:
             self._last_recover = now
             for shard in self.shards():
-                while len(self.engine.recover_expired(shard, self.batch)) == self.batch:
-                    pass
+                with each.attempt():
+                    while len(self.engine.recover_expired(shard, self.batch)) == self.batch:
+                        pass
             for queue in self.queues:
-                for shard in self.engine.forget_empty_shards(queue):
-                    logger.info("queue %s: shard %s of an older shard count is empty; "
-                                "no longer served", queue, shard)  # fmt: skip
+                with each.attempt():
+                    for shard in self.engine.forget_empty_shards(queue):
+                        logger.info("queue %s: shard %s of an older shard count is empty; "
+                                    "no longer served", queue, shard)  # fmt: skip
 
     def step(self) -> float:
-        """One pass; return how long to sleep before the next."""
-        self.housekeeping(time.monotonic())
-        next_due = self.promote_due()[1]
-        return self.tick if next_due is None else min(self.tick, next_due)
+        """One pass; return how long to sleep before the next.
+
+        A shard whose master cannot be reached (a Cluster failing over) does not stop the
+        pass: the others are served, then ``PartlyUnavailable`` is raised with the time to
+        sleep as ``done``, so that the caller keeps their pace while it logs the outage.
+        """
+        each = PerShard()
+        self.housekeeping(time.monotonic(), each)
+        next_due = self._promote(each)[1]
+        wait = self.tick if next_due is None else min(self.tick, next_due)
+        each.check(wait)
+        return wait
 
     def sleep(self, seconds: float) -> None:
         """Sleep ``seconds``, waking early if an earlier job is scheduled meanwhile."""

@@ -13,6 +13,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Generator
 from datetime import timedelta
+from functools import partial
 from typing import Any, cast
 
 from django.db import connections
@@ -22,7 +23,7 @@ from django.utils import timezone
 
 from . import timing
 from .conf import delayjobs_settings
-from .engine import PRIORITY_RANGE, Engine, validate_name
+from .engine import PRIORITY_RANGE, Engine, PerShard, validate_name
 from .models import ACTIVE, WAITING, Job, Status
 from .rows import parse_time
 
@@ -52,6 +53,8 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     Also re-adds ``running`` jobs whose lease should long have ended, in case Redis lost
     them together with their worker; ``add`` skips any that Redis still holds in flight.
     A job created less than ``FRESH`` ago is re-added if Redis lacks it, but not counted.
+    A shard whose master cannot be reached does not stop the sweep: every other one is
+    repaired, then ``PartlyUnavailable`` is raised with the result as ``done``.
 
     A row whose due time cannot be used (a time before 1970, one PostgreSQL holds but
     Python cannot represent, text SQLite cannot parse) must never stop the repair of the
@@ -82,6 +85,12 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     batch: dict[str, dict[str, float]] = defaultdict(dict)
     priorities: dict[str, int] = {}  # of the batched ids whose priority is not 0
     young: set[str] = set()  # batched ids of rows created within FRESH
+    each = PerShard()  # a queue or shard whose master is down does not stop the sweep
+
+    def repair(queue: str, items: dict[str, float]) -> None:
+        work = partial(_repair, engine, queue, items, priorities, young, moved)
+        result[queue] += each.run(work, 0)
+
     conn = connections[rows.db]
     # On PostgreSQL iterator() reads through a server-side cursor, which Django closes
     # with the driver's own close(), outside its error wrapping: a connection lost just
@@ -111,10 +120,11 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
             if is_young:
                 young.add(job_id)
             if len(batch[queue]) >= CHUNK:
-                result[queue] += _repair(engine, queue, batch.pop(queue), priorities, young, moved)
+                repair(queue, batch.pop(queue))
     for queue, items in batch.items():
-        result[queue] += _repair(engine, queue, items, priorities, young, moved)
+        repair(queue, items)
     _report(result, moved)
+    each.check(result)
     return result
 
 
@@ -147,22 +157,26 @@ def _repair(
     """Make Redis hold ``items`` (with their ``priorities``); return how many it did not
     hold, leaving out ids of ``young`` rows (see ``FRESH``). An id found in a shard of an
     older count is moved (added to its shard, removed from the old one), not counted."""
+    each = PerShard()  # the shards whose master is down wait; the others are repaired
     # A waiting job found in garbage was requeued while Redis was unreachable.
-    revived = engine.requeue(queue, list(items))
+    revived = each.run(partial(engine.requeue, queue, list(items)), 0)
     ranks = {id_: priorities.pop(id_) for id_ in items if id_ in priorities}
-    added = _still_active(queue, engine, engine.add(queue, items, ranks))
+    added = each.run(partial(engine.add, queue, items, ranks), list[str]())
+    added = _still_active(queue, engine, added, each)
     relocated = 0
     if added:
         for shard in engine.old_shards(queue):  # none unless the shard count changed
-            relocated += engine.remove(shard, added)
+            relocated += each.run(partial(engine.remove, shard, added), 0)
     relocated = min(relocated, len(added))
     moved[queue] += relocated
     arriving = sum(1 for id_ in added if id_ in young)
     young.difference_update(items)
-    return revived + max(0, len(added) - relocated - arriving)
+    repaired = revived + max(0, len(added) - relocated - arriving)
+    each.check(repaired)
+    return repaired
 
 
-def _still_active(queue: str, engine: Engine, added: list[str]) -> list[str]:
+def _still_active(queue: str, engine: Engine, added: list[str], each: PerShard) -> list[str]:
     """The re-added ids whose job is still active. The rows were read before the add, and
     a worker may have finished a job (and acked its id) in between: such an id is taken
     out again, so that it is neither counted as repaired nor delivered for nothing."""
@@ -172,7 +186,7 @@ def _still_active(queue: str, engine: Engine, added: list[str]) -> list[str]:
               .values_list("pk", flat=True)}  # fmt: skip
     finished = [id_ for id_ in added if id_ not in active]
     if finished:
-        engine.remove(queue, finished)
+        each.run(partial(engine.remove, queue, finished), 0)
     return [id_ for id_ in added if id_ in active]
 
 

@@ -158,7 +158,14 @@ def resolve(name: str, target: Model | None) -> Callable[..., Any]:
                 "(is its module imported by the worker? put it in an app's models.py or "
                 "tasks.py)"
             ) from None
-    attr = name.rpartition(".")[2]
+    label, _, attr = name.rpartition(".")
+    if label != target._meta.label:
+        # The action names its model: a row whose target is of another model (or a proxy
+        # the method was not scheduled on) must not run that model's method of the name.
+        raise UnknownAction(
+            f"{name!r} is a method of {label or 'no model'}, but the job's target is a "
+            f"{target._meta.label}: nothing runs"
+        )
     for klass in type(target).__mro__:
         if attr in vars(klass):
             marked = vars(klass)[attr]

@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
@@ -24,7 +24,7 @@ from django.utils import timezone
 from . import door, serialization, signals, sql, timing
 from .conf import delayjobs_settings
 from .connection import get_engine
-from .engine import MAX_BATCH, EngineUnavailable, validate_name
+from .engine import MAX_BATCH, EngineUnavailable, PerShard, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, Status
 from .outcomes import Outage
@@ -67,12 +67,14 @@ def push(jobs: Iterable[Job]) -> int:
     added = 0
     try:
         engine = get_engine()
+        each = PerShard()  # a shard whose master is down leaves the others' adds be
         for queue, items in by_queue.items():
             ids = list(items)
             for start in range(0, len(ids), MAX_BATCH):
                 chunk = {i: items[i] for i in ids[start : start + MAX_BATCH]}
                 ranks = {i: priorities[i] for i in chunk if i in priorities}
-                added += len(engine.add(queue, chunk, ranks))
+                added += len(each.run(partial(engine.add, queue, chunk, ranks), list[str]()))
+        each.check()
         _outage.ok()
     except EngineUnavailable as exc:
         # The rows are committed and scheduled: reconcile re-adds what Redis lacks.

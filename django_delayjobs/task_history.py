@@ -13,6 +13,7 @@ import inspect
 import re
 import sys
 from dataclasses import dataclass
+from typing import cast
 
 from .models import EventKind, Job, JobEvent, Status
 from .task_api import TaskError
@@ -118,7 +119,11 @@ def _legacy_path(lines: list[str]) -> str:
 
 
 def _loaded_exception(path: str) -> bool:
-    """True if ``path`` names a BaseException subclass, found without importing anything."""
+    """True if ``path`` names a BaseException subclass, found without importing anything
+    and without running any code: ``path`` is read from the database, so the walk looks
+    only in the ``__dict__`` of loaded modules and classes (``inspect.getattr_static``),
+    never through ``getattr``, which would run a module ``__getattr__`` (PEP 562; lazy
+    loaders import a submodule of the name asked for), a metaclass's or a property."""
     if not _CLASS_PATH.fullmatch(path):
         return False
     parts = path.split(".")
@@ -127,8 +132,9 @@ def _loaded_exception(path: str) -> bool:
         if obj is None:
             continue
         for name in parts[split:]:
-            obj = getattr(obj, name, None)
-        return inspect.isclass(obj) and issubclass(obj, BaseException)
+            obj = inspect.getattr_static(obj, name, None)
+        # type(obj), not isinstance(obj, type): the latter may read a __class__ property
+        return issubclass(type(obj), type) and issubclass(cast(type, obj), BaseException)
     return False
 
 

@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from . import metrics, walcheckpoint
 from .conf import delayjobs_settings
-from .engine import Engine, EngineUnavailable
+from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution
 from .models import Job
@@ -146,14 +146,16 @@ class Backoff:
         self.failures = 0
         self.last_failure = 0.0
 
-    def failed(self, problem: str, exc: BaseException | str) -> None:
+    def failed(self, problem: str, exc: BaseException | str, pause: float | None = None) -> None:
+        """Log the outage's start, then sleep the backoff's delay, or ``pause`` seconds if
+        given: a caller whose pass served the shards it could reach keeps its own pace."""
         self.delay = min(max(self.delay * 2, 0.2), 5.0)
         self.failures += 1
         self.last_failure = time.monotonic()
         if self.failures == 1:
             logger.warning("%s: %s (%s); retrying every %.1f-5 s until it is back", self.what,
                            problem, exc, self.delay)  # fmt: skip
-        self.stop.wait(self.delay)
+        self.stop.wait(self.delay if pause is None else pause)
 
     def ok(self) -> None:
         self.delay = 0.0
@@ -292,6 +294,8 @@ class WorkerProcess:
                 wait = self.promoter.step()
                 backoff.ok()
                 self.promoter.sleep(wait)
+            except PartlyUnavailable as exc:  # the other shards were served: keep their pace
+                backoff.failed("Redis is unavailable", exc, pause=exc.done)
             except EngineUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc)
 
@@ -303,6 +307,9 @@ class WorkerProcess:
             try:
                 reconcile(self.engine, horizon=horizon())
                 backoff.ok()
+            except PartlyUnavailable as exc:  # the shards it reached were repaired
+                backoff.failed("Redis is unavailable", exc, delayjobs_settings.RECONCILE_SECONDS)
+                continue
             except EngineUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc)
                 continue
@@ -520,17 +527,25 @@ class WorkerProcess:
         backoff = Backoff(self.stopped, "housekeeping")
         while not self.stopped.is_set():
             now = time.monotonic()
-            try:
-                self.check_run_times()
-                if now - last_leases >= leases_every:
-                    last_leases = now
+            each = PerShard()  # a master that is down stops none of the chores on the others
+            self.check_run_times()
+            if now - last_leases >= leases_every:
+                last_leases = now
+                with each.attempt():
                     self.extend_leases()
-                if now - last_beat >= beat_every and self.fatal is None:
-                    last_beat = now
+            if now - last_beat >= beat_every and self.fatal is None:
+                last_beat = now
+                with each.attempt():
                     self.check_owner()
+                with each.attempt():
                     self.heartbeat(ttl_ms=beat_every * 3000)
+            with each.attempt():
                 metrics.flush(self.engine, self.options.queues)
+            try:
+                each.check()
                 backoff.ok()
+            except PartlyUnavailable as exc:
+                backoff.failed("Redis is unavailable", exc, pause=0)
             except EngineUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc)
             settled = self.stats.count()
@@ -591,12 +606,16 @@ class WorkerProcess:
             by_queue: dict[str, list[str]] = {}
             for job_id, (queue, _) in self.held.items():
                 by_queue.setdefault(queue, []).append(job_id)
+        each = PerShard()  # a shard whose master is down must not stop the others' leases
         for queue, ids in by_queue.items():
-            kept = set(self.engine.extend_lease(queue, ids, self.lease_ms))
-            with self.held_lock:
-                lost = [i for i in ids if i not in kept and i in self.held]
-            for job_id in lost:  # still running here, yet Redis no longer has it in flight
-                logger.warning("lost the lease of job %s; another worker may take it", job_id)
+            with each.attempt():
+                kept = set(self.engine.extend_lease(queue, ids, self.lease_ms))
+                with self.held_lock:
+                    lost = [i for i in ids if i not in kept and i in self.held]
+                for job_id in lost:  # still running here, yet Redis no longer has it in flight
+                    logger.warning("lost the lease of job %s; another worker may take it",
+                                   job_id)  # fmt: skip
+        each.check()
 
     def heartbeat(self, ttl_ms: float) -> None:
         """Record this process as live for ``ttl_ms`` (0: remove it); a process that is
@@ -611,8 +630,11 @@ class WorkerProcess:
         with self.beat_lock:
             if ttl_ms and self.fatal is not None:
                 return
+            each = PerShard()
             for queue in self.options.queues:
-                self.engine.heartbeat(queue, self.id, ttl_ms, info)
+                with each.attempt():
+                    self.engine.heartbeat(queue, self.id, ttl_ms, info)
+            each.check()
 
     def unregister(self) -> None:
         with contextlib.suppress(EngineUnavailable):

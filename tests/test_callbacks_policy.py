@@ -91,6 +91,24 @@ def test_hostile_url_forms_are_refused_by_rule(url, rule):
     assert isinstance(refused.value, InvalidSchedule) and isinstance(refused.value, ValueError)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://user:s3cret-pw@example.com/",  # refused for its user information
+        "http://user:s3cret-pw@example.com/#frag",
+        "http://user:s3cret-pw@example.com/a b",  # refused before it is parsed
+        "ftp://user:s3cret-pw@example.com/",
+        "http://user:s3cret-pw@example.com:0/",
+        "http://user:s3cret-pw@2130706433/",  # the host's message shows the URL too
+    ],
+)
+def test_a_refused_url_is_shown_without_its_password(url):
+    with pytest.raises(Refused) as refused:
+        parse_url(url)
+    assert "s3cret-pw" not in str(refused.value)
+    assert "***@" in str(refused.value)
+
+
 def test_non_str_url_is_a_type_error():
     with pytest.raises(TypeError):
         parse_url(b"http://example.com/")

@@ -159,6 +159,39 @@ def test_permissions_add_job_on_top_of_the_configured_classes(settings):
     assert post(client_for(staff), "callbacks", body).status_code == 403
 
 
+RECEIPT = {"id", "queue", "key", "status", "run_at"}
+
+
+def test_add_job_alone_does_not_read_another_callers_callback(settings):
+    """A user with add_job only (a service account) learns of a callback, created, found
+    by its key, cancelled or rescheduled, only its receipt: never its request (URL,
+    headers, body), result, error or history, which may be another caller's."""
+    authenticated = ["rest_framework.permissions.IsAuthenticated"]
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "API_PERMISSION_CLASSES": authenticated}
+    payments = client_for(make_user("payments", staff=False, perms=("add_job",)))
+    marketing = client_for(make_user("marketing", staff=False, perms=("add_job",)))
+    body = {"url": f"{HOOK}?pay", "in": 600, "key": "order-42",
+            "json": {"card_token": "tok_live_PRIVATE"}}  # fmt: skip
+    first = post(payments, "callbacks", body)
+    assert first.status_code == 201 and set(first.json()) == RECEIPT
+    probe = post(marketing, "callbacks", {"url": HOOK, "in": 600, "key": "order-42"})
+    assert probe.status_code == 200 and probe.json() == first.json()
+    assert "tok_live_PRIVATE" not in probe.content.decode() and "?pay" not in probe.content.decode()
+    moved = post(marketing, "callbacks/reschedule", {"key": "order-42", "in": 900})
+    assert moved.status_code == 200 and set(moved.json()) == RECEIPT
+    cancelled = post(marketing, "callbacks/cancel", {"key": "order-42"})
+    assert cancelled.status_code == 200 and set(cancelled.json()) == RECEIPT
+    assert cancelled.json()["status"] == "cancelled"
+    # view_job (or change_job) reads them in full, as the admin and jobs/ would show them
+    viewer = client_for(make_user("viewer", staff=False, perms=("add_job", "view_job")))
+    again = post(viewer, "callbacks", body)
+    assert again.status_code == 201 and "tok_live_PRIVATE" in again.content.decode()
+    found = post(viewer, "callbacks", {"url": HOOK, "in": 600, "key": "order-42"})
+    assert found.status_code == 200 and "tok_live_PRIVATE" in found.content.decode()
+    cancelled = post(viewer, "callbacks/cancel", {"key": "order-42"})
+    assert [e["kind"] for e in cancelled.json()["events"]] == ["scheduled", "cancelled"]
+
+
 def test_a_session_needs_its_csrf_token():
     client = client_for(make_user(superuser=True), csrf=True)
     response = post(client, "callbacks", {"url": HOOK, "in": 60})

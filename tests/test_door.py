@@ -10,6 +10,7 @@ import datetime
 from decimal import Decimal
 
 import pytest
+from django.contrib.contenttypes.models import ContentType
 from django.db import DatabaseError
 from django.utils import timezone
 
@@ -19,7 +20,7 @@ from django_delayjobs.models import Job, JobEvent
 from django_delayjobs.serialization import load
 from django_delayjobs.services import build_job
 from tests.testapp import tasks
-from tests.testapp.models import Thing
+from tests.testapp.models import Sku, SpecialThing, Thing
 
 from .test_rest_helpers import client_for, make_user, snapshot, url
 
@@ -311,6 +312,31 @@ def test_schedule_many_refuses_a_job_given_twice_or_not_new(redis_client):
     with pytest.raises(InvalidSchedule, match="already saved"):
         schedule_many([job])
     assert Job.objects.count() == 1 and JobEvent.objects.count() == 1
+
+
+def test_schedule_many_refuses_a_job_whose_target_is_not_its_actions_model(thing, redis_client):
+    """A built job whose target_type was changed to another model (or half cleared) would
+    run another model's method of the same name: InvalidSchedule, nothing written."""
+    sku = Sku.objects.create(code="SKU-1")
+    moved = build_job(thing.touch, in_=60)
+    moved.target_type = ContentType.objects.get_for_model(Sku)
+    moved.target_id = sku.pk
+    with pytest.raises(InvalidSchedule, match="not a method of its target's model"):
+        schedule_many([build_job(thing.touch, in_=60), moved])
+    function_on_a_row = build_job(tasks.echo, in_=60)
+    function_on_a_row.target_type = ContentType.objects.get_for_model(Sku)
+    function_on_a_row.target_id = sku.pk
+    with pytest.raises(InvalidSchedule, match="not a method of its target's model"):
+        schedule_many([function_on_a_row])
+    half = build_job(thing.touch, in_=60)
+    half.target_id = None
+    with pytest.raises(InvalidSchedule, match="target_type without a target_id"):
+        schedule_many([half])
+    assert not Job.objects.exists()
+    special = SpecialThing.objects.create(name="s")
+    assert (
+        len(schedule_many([build_job(special.touch, in_=60), build_job(thing.touch, in_=60)])) == 2
+    )
 
 
 def test_schedule_many_takes_tagged_values_build_job_made(redis_client):

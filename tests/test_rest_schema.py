@@ -73,6 +73,20 @@ def test_status_codes_and_bodies_are_documented(schema):
     queues = paths["/api/delayjobs/queues/"]["get"]
     assert set(queues["responses"]) == {"200", "403", "503"}
     assert set(components["JobDetail"]["properties"]) == set(JobDetailSerializer().fields)
+    # the callbacks answer the full job with view_job, else a receipt: both are documented
+    create = paths["/api/delayjobs/callbacks/"]["post"]["responses"]
+    assert ref(create["200"]) == ref(create["201"]) == "CallbackJobOrReceipt"
+    either = components["CallbackJobOrReceipt"]["oneOf"]
+    assert [one["$ref"].rsplit("/", 1)[1] for one in either] == ["Job", "CallbackReceipt"]
+    assert set(components["CallbackReceipt"]["properties"]) == {
+        "id",
+        "queue",
+        "key",
+        "status",
+        "run_at",
+    }
+    cancel = paths["/api/delayjobs/callbacks/cancel/"]["post"]["responses"]
+    assert ref(cancel["200"]) == "CallbackJobDetailOrReceipt"
 
 
 def test_list_documents_every_filter_and_the_paging(schema):

@@ -48,6 +48,24 @@ def test_an_unreachable_cluster_is_a_clear_error(settings):
         get_engine()
 
 
+def test_a_cluster_url_problem_never_shows_the_redis_password(settings):
+    """check E013 (printed by ``manage.py check``, ``migrate``, every deploy) and the
+    ImproperlyConfigured at run time name the URL without its user information."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    secret = "hunter2-s3cret-pw"
+    url = f"redis://:{secret}@redis.internal:6379/3"
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url, "REDIS_CLUSTER": True}
+    with pytest.raises(SystemCheckError) as raised:
+        call_command("check")
+    assert "E013" in str(raised.value)
+    assert secret not in str(raised.value)
+    assert "redis://***@redis.internal:6379/3" in str(raised.value)
+    with pytest.raises(ImproperlyConfigured, match="database other than 0") as raised_at_run:
+        get_engine()
+    assert secret not in str(raised_at_run.value)
+
+
 def test_cluster_mode_refuses_a_cache_that_is_not_a_cluster_client(settings, redis_url):
     from django.core.exceptions import ImproperlyConfigured
 

@@ -307,3 +307,28 @@ def with_note() -> str:
 def test_exception_path_reads_the_class_off_a_traceback(text, path):
     assert exception_path(text) == path
     assert "not_imported_pkg" not in sys.modules
+
+
+def test_a_stored_traceback_cannot_make_the_process_import_a_module(tmp_path, monkeypatch):
+    """The class path of a stored traceback is looked up in loaded modules' and classes'
+    own ``__dict__``: never through ``getattr``, which would run a module ``__getattr__``
+    (the lazy-loader pattern imports a submodule of the name asked for)."""
+    package = tmp_path / "auditlazy"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import importlib\n\n"
+        "def __getattr__(name):  # the lazy-loader pattern\n"
+        "    return importlib.import_module(f'{__name__}.{name}')\n"
+    )
+    (package / "payload.py").write_text("class Error(Exception):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import auditlazy  # noqa: F401  (loaded, as a library the project uses would be)
+
+    try:
+        text = "Traceback (most recent call last):\nauditlazy.payload.Error: from the row\n"
+        assert exception_path(text) == "builtins.Exception"
+        assert exception_path(f"auditlazy.payload.Error: x\n{text}") == "builtins.Exception"
+        assert "auditlazy.payload" not in sys.modules
+    finally:
+        for name in [n for n in sys.modules if n == "auditlazy" or n.startswith("auditlazy.")]:
+            del sys.modules[name]

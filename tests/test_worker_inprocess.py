@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import TypeVar
 
 import pytest
+from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
@@ -24,7 +25,7 @@ from django_delayjobs.services import build_job
 from django_delayjobs.worker import Options, WorkerDied, WorkerProcess
 from tests.helpers import wait_for
 from tests.testapp import tasks
-from tests.testapp.models import Record, Thing
+from tests.testapp.models import Record, Sku, SpecialThing, Thing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,6 +115,39 @@ def test_unknown_action_goes_dead():
     job.refresh_from_db()
     assert job.status == Status.DEAD
     assert "no @delayable function named 'os.system'" in job.last_error
+
+
+def test_a_method_job_runs_only_on_the_model_its_action_names():
+    """The action ``testapp.Thing.touch`` names its model: a row whose target_type points
+    at another model with a ``touch`` (Sku) is dead as an unknown action, nothing runs."""
+    thing = Thing.objects.create(name="t")
+    sku = Sku.objects.create(code="SKU-1")
+    job = schedule(thing.touch, in_=0)
+    assert job.action == "testapp.Thing.touch"
+    Job.objects.filter(pk=job.pk).update(
+        target_type=ContentType.objects.get_for_model(Sku), target_id=sku.pk
+    )
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    assert "'testapp.Thing.touch' is a method of testapp.Thing" in job.last_error
+    assert "testapp.Sku" in job.last_error
+
+
+def test_a_method_job_on_a_proxy_runs_on_the_proxy_and_only_there():
+    """A job scheduled on a proxy instance names the proxy; it runs (target_type is the
+    proxy's), and the same action on the concrete model's content type is dead."""
+    special = SpecialThing.objects.create(name="s")
+    job = schedule(special.touch, in_=0)
+    assert job.action == "testapp.SpecialThing.touch"
+    burst()
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    assert Thing.objects.get(pk=special.pk).touched == 1
+    moved = schedule(special.touch, in_=0)
+    Job.objects.filter(pk=moved.pk).update(target_type=ContentType.objects.get_for_model(Thing))
+    burst()
+    assert Job.objects.get(pk=moved.pk).status == Status.DEAD
+    assert Thing.objects.get(pk=special.pk).touched == 1
 
 
 def test_rescheduled_after_promotion_waits_for_new_time():

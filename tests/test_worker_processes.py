@@ -317,15 +317,37 @@ def test_worker_refuses_unreachable_redis_with_a_clear_error(settings):
 
 
 @pytest.mark.parametrize("host", ["\u00e9" * 70, "caf\u00e9..example", "a\x00b"])
-def test_worker_refuses_a_metrics_host_it_cannot_listen_on_with_a_command_error(host):
+def test_worker_refuses_a_metrics_host_it_cannot_listen_on_with_a_command_error(host, settings):
     """A name IDNA cannot encode (a label over 63 characters once encoded, an empty
     label) or a NUL: socket.bind raises TypeError, not OSError."""
     from django.core.management.base import CommandError
 
     pytest.importorskip("prometheus_client")
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}  # not loopback
     with pytest.raises(CommandError, match="--metrics-port: cannot listen on"):
         call_command("run_delayworker", "--burst", "-v", "0", "--metrics-port", "0",
                      "--metrics-host", host)  # fmt: skip
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "10.1.2.3", "metrics.internal"])
+def test_worker_refuses_metrics_beyond_loopback_without_a_token(host, settings):
+    """The worker's metrics port has no sessions: on any address but loopback it needs
+    METRICS_TOKEN, else anyone who reaches it reads the deployment's metrics. Refused
+    before anything listens or runs."""
+    from django.core.management.base import CommandError
+
+    job = schedule(tasks.record, in_=0, args=["x"])
+    with pytest.raises(CommandError, match="METRICS_TOKEN"):
+        call_command("run_delayworker", "--burst", "-v", "0", "--metrics-port", "0",
+                     "--metrics-host", host)  # fmt: skip
+    assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED  # nothing ran
+    from django_delayjobs.management.commands.run_delayworker import check_metrics_host
+
+    for loopback in ["127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost", "LOCALHOST."]:
+        check_metrics_host({"metrics_host": loopback, "metrics_port": 9808})
+    check_metrics_host({"metrics_host": host, "metrics_port": None})  # no metrics: no check
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}
+    check_metrics_host({"metrics_host": host, "metrics_port": 9808})
 
 
 def test_worker_warns_or_refuses_an_evicting_redis(tmp_path, settings, capsys):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..exceptions import InvalidSchedule
+from ..redact import without_userinfo
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Sequence[IPAddress]]
@@ -83,9 +84,10 @@ def parse_url(url: object) -> Target:
         raise TypeError(f"the URL must be a str, not {type(url).__name__}")
     if not 0 < len(url) <= MAX_URL_LENGTH:
         raise Refused(f"the URL must have 1 to {MAX_URL_LENGTH} characters", "url")
+    shown = without_userinfo(url)  # no password in a message, a log line or a 400
     if _BAD_URL_CHARS.search(url):
         raise Refused(
-            f"the URL {url!r} holds a space, a control character, a backslash or a "
+            f"the URL {shown!r} holds a space, a control character, a backslash or a "
             "non-ASCII character: percent-encode them (a host name in its xn-- form)",
             "url",
         )
@@ -93,21 +95,21 @@ def parse_url(url: object) -> Target:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise Refused(f"the URL {url!r} cannot be parsed: {exc}", "url") from None
+        raise Refused(f"the URL {shown!r} cannot be parsed: {exc}", "url") from None
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
-        raise Refused(f"the URL {url!r} is not http or https", "scheme")
+        raise Refused(f"the URL {shown!r} is not http or https", "scheme")
     if "@" in parts.netloc:
         raise Refused(
-            f"the URL {url!r} holds user information (user@host): not allowed, since it "
+            f"the URL {shown!r} holds user information (user@host): not allowed, since it "
             "hides the real host; put credentials in HTTP_DESTINATIONS headers",
             "userinfo",
         )
     if parts.fragment or url.endswith("#"):
-        raise Refused(f"the URL {url!r} has a fragment (#...), which is never sent", "url")
+        raise Refused(f"the URL {shown!r} has a fragment (#...), which is never sent", "url")
     if port == 0:
-        raise Refused(f"the URL {url!r} has port 0", "url")
-    host = normalise_host(parts.hostname or "", url)
+        raise Refused(f"the URL {shown!r} has port 0", "url")
+    host = normalise_host(parts.hostname or "", shown)
     target = parts.path or "/"
     if parts.query or url.endswith("?"):
         target += "?" + parts.query

@@ -1,7 +1,7 @@
 """The Redis engine: ids and due times moved by Lua scripts. Never imports Django."""
 
 from .engine import MAX_BATCH, Engine, close_client, script_source
-from .errors import DelayJobsError, EngineUnavailable
+from .errors import DelayJobsError, EngineUnavailable, PartlyUnavailable, PerShard
 from .keys import QueueKeys, is_valid_name, validate_name
 from .results import PromoteResult, QueueStats
 from .sharding import MAX_SHARDS, Shard, queue_of
@@ -14,6 +14,8 @@ __all__ = [
     "DelayJobsError",
     "Engine",
     "EngineUnavailable",
+    "PartlyUnavailable",
+    "PerShard",
     "PromoteResult",
     "QueueKeys",
     "QueueStats",

@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import cache
+from functools import cache, partial
 from importlib import resources
 from typing import Any
 
 from redis.commands.core import Script
 
 from . import sharding
+from .errors import PerShard
 from .keys import QueueKeys, validate_name
 from .reader import Reader
 from .results import PromoteResult, merge_promoted
@@ -98,37 +99,50 @@ class Engine(Reader):
 
         ``priorities`` (id -> -100..100, 0 for ids left out): among ids that enter ready
         together (one promote call, or one add of ids due now), higher goes first.
+
+        A shard that cannot be reached does not stop the others: their ids are added, then
+        ``PartlyUnavailable`` is raised with the list of ids added as ``done``.
         """
         dues = _dues(items)
         ranks = _priorities(priorities, dues)
         added: set[str] = set()
+        each = PerShard()
         for shard, ids in self._router.route(queue, list(dues)):
             k = self._keys(shard)
             keys = [k.pending, k.ready, k.ready_set, k.unack, k.garbage, k.wake, k.notify,
                     k.counters, k.priority]  # fmt: skip
             args = [value for id_ in ids for value in (id_, dues[id_], ranks[id_])]
-            was_empty, new = self._run("add", keys, args)
-            if was_empty:
-                # The directory lies outside the queue's hash tag, so the script cannot
-                # write it; a shard is listed from the first add that finds it empty
-                # (after a flush too), which keeps the common add at one round trip.
-                self._router.directory.register(shard)
-            added.update(_text(id_) for id_ in new)
-        return [id_ for id_ in dues if id_ in added]
+            with each.attempt():
+                was_empty, new = self._run("add", keys, args)
+                added.update(_text(id_) for id_ in new)
+                if was_empty:
+                    # The directory lies outside the queue's hash tag, so the script cannot
+                    # write it; a shard is listed from the first add that finds it empty
+                    # (after a flush too), which keeps the common add at one round trip.
+                    self._router.directory.register(shard)
+        result = [id_ for id_ in dues if id_ in added]
+        each.check(result)
+        return result
 
     def remove(self, queue: str, ids: Iterable[str]) -> int:
-        """Remove ids not yet claimed (pending or ready); return how many were removed."""
+        """Remove ids not yet claimed (pending or ready); return how many were removed.
+        (A shard that cannot be reached: ``PartlyUnavailable``, as ``add`` says.)"""
         given = _ids(ids)
         removed, tried = 0, []
+        each = PerShard()
+
+        def run(shard: Shard, part: list[str]) -> int:
+            return int(self._run("remove", self._remove_keys(self._keys(shard)), part))
+
         for shard, part in self._router.route(queue, given):
-            k = self._keys(shard)
-            removed += int(self._run("remove", self._remove_keys(k), part))
+            removed += each.run(partial(run, shard, part), 0)
             tried.append(shard)
         if removed < len(given):  # added under an older shard count?
             for shard in self._router.others(queue, tried):
-                k = self._keys(shard)
-                removed += int(self._run("remove", self._remove_keys(k), given))
-        return min(removed, len(given))
+                removed += each.run(partial(run, shard, given), 0)
+        removed = min(removed, len(given))
+        each.check(removed)
+        return removed
 
     @staticmethod
     def _remove_keys(k: QueueKeys) -> list[str]:
@@ -279,15 +293,17 @@ class Engine(Reader):
     ) -> int:
         """Run ``run`` on each id's shard, then on the shards of older counts for ids not
         found: an id buried before the count changed stays where it died until requeued
-        or purged."""
+        or purged. (A shard that cannot be reached: ``PartlyUnavailable``, as ``add`` says.)"""
         done, tried = 0, []
+        each = PerShard()
         for shard, part in self._router.route(queue, ids):
-            done += run(shard, part)
+            done += each.run(partial(run, shard, part), 0)
             tried.append(shard)
         for shard in self._router.others(queue, tried):
             if done >= len(ids):
                 break
-            done += run(shard, ids)
+            done += each.run(partial(run, shard, ids), 0)
+        each.check(done)
         return done
 
     def heartbeat(

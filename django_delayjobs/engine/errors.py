@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -17,6 +18,61 @@ class DelayJobsError(Exception):
 
 class EngineUnavailable(DelayJobsError):
     """Redis could not be reached or answered with an error; nothing was changed."""
+
+
+class PartlyUnavailable(EngineUnavailable):
+    """Some shards could not be reached (a master of a Cluster is down); the call went on
+    with the others and changed them. ``done`` is what it did there: what it returns when
+    every shard answers (the ids added, a count...)."""
+
+    def __init__(self, message: str, done: Any) -> None:
+        super().__init__(message)
+        self.done = done
+
+
+class PerShard:
+    """Go on past the shards (or queues) whose master cannot be reached, then report the
+    first failure: one dead master must not stop the work on the healthy ones::
+
+        each = PerShard()
+        for shard in shards:
+            with each.attempt():
+                ...
+        each.check(done)  # PartlyUnavailable(done) if a shard failed, or the failure
+                          # itself if none answered
+    """
+
+    def __init__(self) -> None:
+        self.failure: EngineUnavailable | None = None
+        self.reached = False  # a call succeeded, at least in part
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[None]:
+        try:
+            yield
+        except EngineUnavailable as exc:
+            self.failure = self.failure or exc
+            self.reached = self.reached or isinstance(exc, PartlyUnavailable)
+        else:
+            self.reached = True
+
+    def run(self, fn: Callable[[], T], default: T) -> T:
+        """``fn()``; if it fails, what it did (``PartlyUnavailable.done``) or ``default``."""
+        result = default
+        with self.attempt():
+            try:
+                result = fn()
+            except PartlyUnavailable as exc:
+                result = exc.done
+                raise
+        return result
+
+    def check(self, done: Any = None) -> None:
+        if self.failure is None:
+            return
+        if not self.reached:
+            raise self.failure
+        raise PartlyUnavailable(str(self.failure), done) from self.failure
 
 
 def guarded(fn: Callable[[], T]) -> T:

@@ -11,10 +11,11 @@ from functools import partial
 from typing import Any, cast
 
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from . import sharding
 from .directory import Directory
-from .errors import guarded
+from .errors import PerShard, guarded
 from .keys import QueueKeys, validate_name
 from .results import QueueStats, merge_stats
 from .routing import Router
@@ -52,7 +53,18 @@ class Reader:
         return f"{{{self.prefix}}}:queues"
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[str | float]) -> Any:
-        return self._call(lambda: self._scripts[name](keys=keys, args=args))
+        script = self._scripts[name]
+
+        def run() -> Any:
+            try:
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                # EVAL, not redis-py's SCRIPT LOAD: on a Cluster that goes to every master,
+                # so one master that is down would stop every shard's first run of a
+                # script. EVAL goes to the shard's master only and caches the script there.
+                return self.client.eval(script.script, len(keys), *keys, *args)
+
+        return self._call(run)
 
     # -- shards --------------------------------------------------------------------
 
@@ -86,18 +98,22 @@ class Reader:
 
         An old process may add to such a shard meanwhile: its add finds the shard empty
         and lists it again, and a shard found not empty after it was dropped is listed
-        again here, so a shard that holds ids is never left unlisted.
+        again here, so a shard that holds ids is never left unlisted. A shard that cannot
+        be reached is left listed (``PartlyUnavailable`` once the others are done).
         """
-        forgotten = []
+        forgotten: list[str] = []
         directory = self._router.directory
+        each = PerShard()
         for shard in self._router.stale(queue):
-            if not self._empty(shard):
-                continue
-            directory.forget(shard)
-            if self._empty(shard):
-                forgotten.append(self._router.name(shard))
-            else:
-                directory.register(shard)
+            with each.attempt():
+                if not self._empty(shard):
+                    continue
+                directory.forget(shard)
+                if self._empty(shard):
+                    forgotten.append(self._router.name(shard))
+                else:
+                    directory.register(shard)
+        each.check(forgotten)
         return forgotten
 
     def _empty(self, shard: Shard) -> bool:

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..engine.errors import EngineUnavailable, guarded
+from ..engine.errors import PerShard, guarded
 from . import layout
 
 if TYPE_CHECKING:
@@ -45,45 +45,34 @@ def write(
 ) -> None:
     """Add the tallies; give ``minute`` of each queue in ``snapshot`` its snapshot of the
     engine counters unless one is there already. Each queue goes into ``written`` once its
-    MULTI/EXEC is applied; every queue is tried (on a Cluster, one master down stops only
-    its own queues), then the first failure is raised."""
+    MULTI/EXEC is applied. A queue whose master (or one of whose shards' masters) cannot be
+    reached does not stop the others: they are written, then the failure is raised."""
     by_queue: dict[str, list[tuple[int | None, Mapping[str, float]]]] = defaultdict(list)
     for (queue, at), tally in tallies.items():
         by_queue[queue].append((at, tally))
-    counters = _counters(engine, snapshot) if snapshot else {}
-    failure: EngineUnavailable | None = None
+    each = PerShard()
     for queue in sorted(set(by_queue) | set(snapshot)):
-        try:
-            _write_queue(engine, queue, by_queue.get(queue, []), counters.get(queue), minute, ttl)
-        except EngineUnavailable as exc:
-            failure = failure or exc
-        else:
+        with each.attempt():
+            counters = _counters(engine, queue) if queue in snapshot else None
+            _write_queue(engine, queue, by_queue.get(queue, []), counters, minute, ttl)
             written.add(queue)
-    if failure is not None:
-        raise failure
+    each.check()
 
 
-def _counters(engine: Engine, queues: Sequence[str]) -> dict[str, list[Any]]:
-    """The engine's ``added``/``removed`` counters of each queue (summed over its shards),
-    in one round trip."""
+def _counters(engine: Engine, queue: str) -> list[int]:
+    """The engine's ``added``/``removed`` counters of a queue (summed over its shards), in
+    one round trip."""
     names = list(layout.SNAPSHOT_FIELDS)
-    shards = {queue: engine.shards(queue) for queue in queues}
+    shards = engine.shards(queue)
 
     def run() -> list[Any]:
         pipe = engine.client.pipeline(transaction=False)
-        for queue in queues:
-            for shard in shards[queue]:
-                pipe.hmget(engine.keys(shard).counters, names)
+        for shard in shards:
+            pipe.hmget(engine.keys(shard).counters, names)
         return cast(list[Any], pipe.execute())
 
-    replies = iter(guarded(run))
-    summed: dict[str, list[Any]] = {}
-    for queue in queues:
-        per_shard = [next(replies) for _ in shards[queue]]
-        summed[queue] = [
-            sum(int(v or 0) for v in column) for column in zip(*per_shard, strict=True)
-        ]
-    return summed
+    per_shard = guarded(run)
+    return [sum(int(v or 0) for v in column) for column in zip(*per_shard, strict=True)]
 
 
 def _write_queue(

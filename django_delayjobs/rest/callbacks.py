@@ -29,8 +29,8 @@ from ..conf import delayjobs_settings
 from ..models import Job
 from . import serializers as s
 from .formats import SafeFormats
-from .permissions import configured_permissions
-from .schema import auto_schema, document, field_schema
+from .permissions import can_view, configured_permissions
+from .schema import auto_schema, document, field_schema, one_of
 from .views import actor
 
 
@@ -142,6 +142,28 @@ class CanManageCallbacks(BasePermission):
         return bool(request.user and request.user.has_perms(needed))
 
 
+class CallbackReceiptSerializer(s.ShownModelSerializer):
+    """What a caller without ``view_job`` learns of a callback: enough to know it and its
+    state, nothing of its request, result, error or history (it may be another caller's,
+    found by its key)."""
+
+    class Meta:
+        model = Job
+        fields = ["id", "queue", "key", "status", "run_at"]
+        read_only_fields = fields
+
+
+def shown(request: Request, job: Job, detail: bool = False) -> Any:
+    """The answer about ``job``: in full (with its events when ``detail``) to a user who
+    may read jobs (``view_job`` or ``change_job``, the admin's rule), else its receipt."""
+    if not can_view(request):
+        return CallbackReceiptSerializer(job).data
+    if detail:
+        job = Job.objects.prefetch_related("events").get(pk=job.pk)
+        return s.JobDetailSerializer(job).data
+    return s.JobSerializer(job).data
+
+
 class CallbackThrottle(UserRateThrottle):
     """``API_CALLBACK_THROTTLE_RATE`` per user (or per address when anonymous); None: off."""
 
@@ -162,6 +184,11 @@ class CallbackView(SafeFormats, APIView):
 
 
 _REFUSED: dict[int, Any] = {403: s.DetailSerializer, 429: s.DetailSerializer}
+#: The full job with view_job (or change_job), else the receipt.
+_JOB_OR_RECEIPT = one_of("CallbackJobOrReceipt", s.JobSerializer, CallbackReceiptSerializer)
+_DETAIL_OR_RECEIPT = one_of(
+    "CallbackJobDetailOrReceipt", s.JobDetailSerializer, CallbackReceiptSerializer
+)
 
 
 class CallbackCreateView(CallbackView):
@@ -172,8 +199,8 @@ class CallbackCreateView(CallbackView):
         operation_id="callbacks_create",
         request=CallbackSerializer,
         responses={
-            201: s.JobSerializer,
-            200: s.JobSerializer,
+            201: _JOB_OR_RECEIPT,
+            200: _JOB_OR_RECEIPT,
             400: dict,
             409: s.DetailSerializer,
             **_REFUSED,
@@ -198,7 +225,7 @@ class CallbackCreateView(CallbackView):
         except (TypeError, ValueError) as exc:
             raise ValidationError({"non_field_errors": [str(exc)]}) from None
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        return Response(s.JobSerializer(job).data, status=code)
+        return Response(shown(request, job), status=code)
 
 
 def _find(lookup: dict[str, Any]) -> Job:
@@ -217,10 +244,9 @@ def _find(lookup: dict[str, Any]) -> Job:
     return job
 
 
-def _changed(job: Job, won: bool, verb: str) -> Response:
+def _changed(request: Request, job: Job, won: bool, verb: str) -> Response:
     if won:
-        job = Job.objects.prefetch_related("events").get(pk=job.pk)
-        return Response(s.JobDetailSerializer(job).data)
+        return Response(shown(request, job, detail=True))
     job.refresh_from_db(fields=["status"])
     return Response(
         {"detail": f"Too late to {verb}: the callback has started or finished.",
@@ -229,7 +255,7 @@ def _changed(job: Job, won: bool, verb: str) -> Response:
     )  # fmt: skip
 
 
-_CHANGED = {200: s.JobDetailSerializer, 400: dict, 404: s.DetailSerializer,
+_CHANGED = {200: _DETAIL_OR_RECEIPT, 400: dict, 404: s.DetailSerializer,
             409: s.ConflictSerializer, **_REFUSED}  # fmt: skip
 
 
@@ -241,7 +267,7 @@ class CallbackCancelView(CallbackView):
         body = LookupSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         job = _find(body.validated_data)
-        return _changed(job, services.cancel(job, actor=actor(request)), "cancel")
+        return _changed(request, job, services.cancel(job, actor=actor(request)), "cancel")
 
 
 class CallbackRescheduleView(CallbackView):
@@ -262,7 +288,7 @@ class CallbackRescheduleView(CallbackView):
             won = services.reschedule(job, **when, actor=actor(request))
         except (TypeError, ValueError) as exc:
             raise ValidationError({field: [str(exc)]}) from None
-        return _changed(job, won, "reschedule")
+        return _changed(request, job, won, "reschedule")
 
 
 #: The views whose endpoints the OpenAPI schema describes (with ``views.API_VIEWS``).

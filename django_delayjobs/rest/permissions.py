@@ -66,8 +66,13 @@ class CanViewJobs(BasePermission):
     message = f"Reading jobs needs the {VIEW_PERMISSION} (or {CHANGE_PERMISSION}) permission."
 
     def has_permission(self, request: Request, view: APIView) -> bool:
-        user = request.user
-        return bool(user and (user.has_perm(VIEW_PERMISSION) or user.has_perm(CHANGE_PERMISSION)))
+        return can_view(request)
+
+
+def can_view(request: Request) -> bool:
+    """The request's user may see jobs: ``view_job`` or ``change_job``, the admin's rule."""
+    user = request.user
+    return bool(user and (user.has_perm(VIEW_PERMISSION) or user.has_perm(CHANGE_PERMISSION)))
 
 
 def permissions_for(write: bool) -> list[Any]:

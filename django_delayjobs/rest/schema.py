@@ -44,6 +44,18 @@ def field_schema(schema: dict[str, Any]) -> Callable[[F], F]:
     return extend_schema_field(schema)
 
 
+def one_of(name: str, *serializers: Any) -> Any:
+    """A response that is one of ``serializers`` (``oneOf`` in the schema, as component
+    ``name``) when drf-spectacular is installed; else the first, which nothing reads."""
+    if not spectacular_installed():
+        return serializers[0]
+    from drf_spectacular.utils import PolymorphicProxySerializer
+
+    return PolymorphicProxySerializer(
+        component_name=name, serializers=list(serializers), resource_type_field_name=None
+    )
+
+
 def auto_schema() -> Any:
     """The schema inspector for our views: drf-spectacular's, so that the project need not
     set ``DEFAULT_SCHEMA_CLASS`` for our endpoints; DRF's default otherwise."""

@@ -63,3 +63,10 @@ class Sku(models.Model):
     @delayable
     def touch(self) -> None:
         pass
+
+
+class SpecialThing(Thing):
+    """A proxy model: a job scheduled on one names the proxy (``testapp.SpecialThing``)."""
+
+    class Meta:
+        proxy = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import sys
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,31 @@ from ...worker import Options, WorkerProcess
 
 if TYPE_CHECKING:
     from ...metrics.server import MetricsServer
+
+
+def loopback(host: str) -> bool:
+    """True if only this machine reaches ``host``: a loopback address or ``localhost``."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:  # any other name may resolve to any address
+        return False
+
+
+def check_metrics_host(opts: dict[str, Any]) -> None:
+    """Refuse to serve the metrics beyond this machine without ``METRICS_TOKEN``: there are
+    no sessions on the worker's port, so without a token anyone who reaches it reads them."""
+    host = opts["metrics_host"]
+    if opts["metrics_port"] is None or loopback(host):
+        return
+    if delayjobs_settings.METRICS_TOKEN is None:
+        raise CommandError(
+            f"--metrics-host {host!r} is not a loopback address, and without "
+            "DELAYJOBS['METRICS_TOKEN'] anyone who reaches it would read the metrics: set "
+            "METRICS_TOKEN, or keep the default 127.0.0.1"
+        )
+
 
 MAX_CONCURRENCY = 1000
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
@@ -66,7 +92,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--metrics-host", default="127.0.0.1",
             help="Address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all, "
-                 "with METRICS_TOKEN set).",
+                 "which needs METRICS_TOKEN: any non-loopback address does).",
         )  # fmt: skip
 
     def handle(self, *args: Any, **opts: Any) -> None:
@@ -92,6 +118,7 @@ class Command(BaseCommand):
                                "not --promoter-only")  # fmt: skip
 
     def run(self, opts: dict[str, Any]) -> None:
+        check_metrics_host(opts)  # here: reading the settings may raise DelayJobsError
         verbosity = opts["verbosity"]
         self.configure_logging(verbosity, opts["log_format"])
         autodiscover_modules("tasks")  # the @delayable functions of installed apps
