@@ -345,9 +345,14 @@ class WorkerProcess:
             self.run_batch(*claimed, backoff)
 
     def burst_done(self, backoff: Backoff) -> bool:
-        """In burst mode with nothing ready: promote what is due; True when nothing is
-        due within ``BURST_SLACK`` (so a burst always ends, whatever the tick)."""
+        """In burst mode with nothing ready: recover expired leases (a burst runs no
+        promoter thread, and the id of a worker that was killed is due again once its
+        lease ends) and promote what is due; True when nothing is due within
+        ``BURST_SLACK`` (so a burst always ends, whatever the tick)."""
         try:
+            each = PerShard()
+            self.promoter.housekeeping(time.monotonic(), each)
+            each.check()
             moved, next_due = self.promoter.promote_due()
             if moved or self.engine_has_ready():
                 return False
