@@ -187,6 +187,7 @@ class WorkerProcess:
             "worker", "outcomes are in the database; ids come back with their lease"
         )
         self.beat_lock = threading.Lock()  # a last heartbeat never follows unregister()
+        self.unregistered = False  # guarded by beat_lock: no heartbeat is written after
         self.pruner = AutoPrune(engine)  # PRUNE_AFTER_SECONDS; never raises
 
     # -- lifecycle ---------------------------------------------------------------
@@ -633,7 +634,8 @@ class WorkerProcess:
             "queues": list(self.options.queues),
         }
         with self.beat_lock:
-            if ttl_ms and self.fatal is not None:
+            ended = self.unregistered or self.stopped.is_set() or self.fatal is not None
+            if ttl_ms and ended:
                 return
             each = PerShard()
             for queue in self.options.queues:
@@ -642,5 +644,9 @@ class WorkerProcess:
             each.check()
 
     def unregister(self) -> None:
+        """Remove this process's heartbeat, for good: a heartbeat that was on its way (the
+        housekeeping thread between its owner check and its beat) writes nothing after."""
+        with self.beat_lock:
+            self.unregistered = True
         with contextlib.suppress(EngineUnavailable):
             self.heartbeat(ttl_ms=0)
