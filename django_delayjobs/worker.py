@@ -55,6 +55,9 @@ BURST_SLACK = 0.01
 SETTLED_SECONDS = 2.0
 #: How long a delivery that hit a bug in this package waits before it is tried again.
 BUG_DELAY = datetime.timedelta(seconds=5)
+#: A ``--burst`` run gives up (exit 1) once Redis has been unreachable this long (seconds):
+#: a burst always ends.
+BURST_REDIS_SECONDS = 5.0
 #: Seconds between two flushes of this process's metrics to Redis.
 METRICS_FLUSH_SECONDS = 1.0
 #: Seconds between two checkpoints of a SQLite database's WAL (see walcheckpoint), run
@@ -149,13 +152,17 @@ class Backoff:
     def failed(self, problem: str, exc: BaseException | str, pause: float | None = None) -> None:
         """Log the outage's start, then sleep the backoff's delay, or ``pause`` seconds if
         given: a caller whose pass served the shards it could reach keeps its own pace."""
-        self.delay = min(max(self.delay * 2, 0.2), 5.0)
+        self.delay = self.next_delay()
         self.failures += 1
         self.last_failure = time.monotonic()
         if self.failures == 1:
             logger.warning("%s: %s (%s); retrying every %.1f-5 s until it is back", self.what,
                            problem, exc, self.delay)  # fmt: skip
         self.stop.wait(self.delay if pause is None else pause)
+
+    def next_delay(self) -> float:
+        """The delay the next failure sleeps: 0.2 s, doubling up to 5 s."""
+        return min(max(self.delay * 2, 0.2), 5.0)
 
     def ok(self) -> None:
         self.delay = 0.0
@@ -226,6 +233,11 @@ class WorkerProcess:
                 signal.signal(signum, handler)
         if self.fatal:
             raise WorkerDied(self.fatal)
+        handed_back = self.stats.outcomes[Outcome.HANDED_BACK.value]
+        if self.options.burst and handed_back:  # cron must see that a burst fell short
+            raise WorkerDied(f"--burst: handed back {handed_back} job(s) that could not run "
+                             "(the database was unavailable, see the log); they are due "
+                             "again")  # fmt: skip
 
     def stop(self) -> None:
         self.stopping.set()
@@ -324,18 +336,22 @@ class WorkerProcess:
     def work_loop(self) -> None:
         backoff = Backoff(self.stopping, "worker")
         queues = list(self.options.queues)
+        redis_lost: float | None = None  # when Redis became unreachable, in a burst
         while not self.stopping.is_set():
             try:
                 claimed = self.claim(queues)
+                if claimed is None and self.options.burst and self.burst_done():
+                    close_old_connections()
+                    return
                 backoff.ok()
+                redis_lost = None
             except EngineUnavailable as exc:
-                backoff.failed("Redis is unavailable", exc)
+                redis_lost = redis_lost or time.monotonic()
+                if not self.redis_failed(backoff, exc, redis_lost):
+                    return
                 continue
             if claimed is None:
                 if self.options.burst:
-                    if self.burst_done(backoff):
-                        close_old_connections()
-                        return
                     continue
                 try:
                     if not self.engine.wait_for_work(queues, self.promoter.tick):
@@ -345,20 +361,32 @@ class WorkerProcess:
                 continue
             self.run_batch(*claimed, backoff)
 
-    def burst_done(self, backoff: Backoff) -> bool:
+    def redis_failed(self, backoff: Backoff, exc: EngineUnavailable, since: float) -> bool:
+        """Back off after a failed call to Redis; False when the loop must end instead: a
+        burst gives up (and dies) once Redis has been unreachable for
+        ``BURST_REDIS_SECONDS``, since a burst always ends."""
+        if not self.options.burst:
+            backoff.failed("Redis is unavailable", exc)
+            return True
+        left = since + BURST_REDIS_SECONDS - time.monotonic()
+        if left <= 0:
+            self.die(f"--burst: Redis has been unreachable for {BURST_REDIS_SECONDS:g} s "
+                     f"({exc})")  # fmt: skip
+            return False
+        backoff.failed("Redis is unavailable", exc, pause=min(backoff.next_delay(), left))
+        return True
+
+    def burst_done(self) -> bool:
         """In burst mode with nothing ready: recover expired leases (a burst runs no
         promoter thread, and the id of a worker that was killed is due again once its
         lease ends) and promote what is due; True when nothing is due within
-        ``BURST_SLACK`` (so a burst always ends, whatever the tick)."""
-        try:
-            each = PerShard()
-            self.promoter.housekeeping(time.monotonic(), each)
-            each.check()
-            moved, next_due = self.promoter.promote_due()
-            if moved or self.engine_has_ready():
-                return False
-        except EngineUnavailable as exc:
-            backoff.failed("Redis is unavailable", exc)
+        ``BURST_SLACK`` (so a burst always ends, whatever the tick). Raises
+        ``EngineUnavailable``."""
+        each = PerShard()
+        self.promoter.housekeeping(time.monotonic(), each)
+        each.check()
+        moved, next_due = self.promoter.promote_due()
+        if moved or self.engine_has_ready():
             return False
         if next_due is None or next_due > BURST_SLACK:
             return True
