@@ -179,6 +179,7 @@ class WorkerProcess:
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # everything is done
         self.fatal: str | None = None  # why the process must exit non-zero
+        self.signalled = False  # a SIGTERM/SIGINT was received: the next one exits at once
         self.stats = Stats()
         self.promoter = Promoter(engine, options.queues, tick=options.tick, stop=self.stopping)
         self.threads: list[threading.Thread] = []
@@ -260,17 +261,20 @@ class WorkerProcess:
     def install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}
+        return {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
 
-        def handle(signum: int, frame: FrameType | None) -> None:
-            if self.stopping.is_set():
-                logger.warning("second signal: exiting now")
-                os._exit(1)
-            # Stopping first: a second signal may run this handler again inside the log
-            # call below (Python handlers are re-entered), and must find it set.
-            self.stopping.set()
-            logger.warning("signal %s: finishing running actions, then exiting", signum)
-
-        return {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    def on_signal(self, signum: int, frame: FrameType | None = None) -> None:
+        """SIGTERM/SIGINT: stop; a second one exits at once. Counted by signals received,
+        not by ``stopping``: a process that is stopping because something broke (its
+        fatal grace) still finishes and hands back on the first one."""
+        if self.signalled:
+            logger.warning("second signal: exiting now")
+            os._exit(1)
+        # Flags first: a second signal may run this handler again inside the log call
+        # below (Python handlers are re-entered), and must find them set.
+        self.signalled = True
+        self.stopping.set()
+        logger.warning("signal %s: finishing running actions, then exiting", signum)
 
     def start_threads(self) -> list[threading.Thread]:
         targets: list[tuple[str, Callable[[], None]]] = [("delayjobs-housekeeping", self.housekeep)]

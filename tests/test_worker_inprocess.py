@@ -620,6 +620,21 @@ def test_a_second_signal_inside_the_first_ones_log_call_exits(monkeypatch):
     assert exits == [1] and process.stopping.is_set()
 
 
+def test_the_first_signal_after_a_fatal_error_still_lets_the_process_finish(monkeypatch):
+    """A process that is stopping because something broke (an action past
+    MAX_RUN_SECONDS: ``die()``) has ``stopping`` set for its grace period; a SIGTERM then
+    (systemd stopping it meanwhile) is the first signal, not the second: it must not
+    ``os._exit(1)`` at once, skipping the hand-back of what never started."""
+    process = WorkerProcess(get_engine(), Options(queues=["default"]))
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    process.die("an action ran past MAX_RUN_SECONDS")
+    process.on_signal(signal.SIGTERM)
+    assert exits == []
+    process.on_signal(signal.SIGTERM)  # a real second signal still exits at once
+    assert exits == [1]
+
+
 # -- the ids a process holds: whose lease it extends, what it hands back ---------------------
 
 
