@@ -205,8 +205,8 @@ class WorkerProcess:
         ``WorkerDied`` if a thread died."""
         previous = self.install_signal_handlers()
         walcheckpoint.take_over()
-        self.threads = self.start_threads()
         try:
+            self.threads = self.start_threads()
             workers = [t for t in self.threads if t.name.startswith("delayjobs-worker")]
             while not self.stopping.is_set():
                 if self.options.burst and not any(t.is_alive() for t in workers):
@@ -286,9 +286,15 @@ class WorkerProcess:
                         for n in range(self.options.concurrency)]  # fmt: skip
         threads = [threading.Thread(target=self.guarded(name, fn), name=name, daemon=True)
                    for name, fn in targets]  # fmt: skip
+        started = []
         for thread in threads:
-            thread.start()
-        return threads
+            try:
+                thread.start()
+            except RuntimeError as exc:  # "can't start new thread": a process or memory limit
+                self.die(f"cannot start thread {thread.name}: {exc}")  # the others stop
+                break
+            started.append(thread)
+        return started
 
     def guarded(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:

@@ -620,6 +620,25 @@ def test_a_second_signal_inside_the_first_ones_log_call_exits(monkeypatch):
     assert exits == [1] and process.stopping.is_set()
 
 
+def test_a_thread_that_cannot_start_stops_the_others_and_exits_1(monkeypatch):
+    """``Thread.start()`` raises RuntimeError ("can't start new thread") at a process or
+    memory limit. Part-way through, it used to escape as a traceback and leave the threads
+    already started claiming jobs: the process stops them and exits 1 with one line."""
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "delayjobs-worker-1":
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(CommandError, match="cannot start thread delayjobs-worker-1: can't"):
+        call_command("run_delayworker", "--concurrency", "2", "-v", "0")
+    monkeypatch.undo()
+    alive = lambda: [t.name for t in threading.enumerate() if t.name.startswith("delayjobs")]  # noqa: E731
+    wait_for(lambda: not alive(), timeout=5)
+
+
 def test_the_first_signal_after_a_fatal_error_still_lets_the_process_finish(monkeypatch):
     """A process that is stopping because something broke (an action past
     MAX_RUN_SECONDS: ``die()``) has ``stopping`` set for its grace period; a SIGTERM then
