@@ -118,11 +118,13 @@ def keep_connections() -> None:
     ``CONN_MAX_AGE = 0`` means one connection per request; a worker's "request" lasts
     until it has had no work for a whole tick (``close_old_connections()`` runs then),
     since a new connection per job costs more than a short job. Broken connections, and
-    ones older than a non-zero ``CONN_MAX_AGE``, are closed here too.
+    ones older than a non-zero ``CONN_MAX_AGE``, are closed here too (closing a broken
+    one may fail: the next call opens a new one all the same).
     """
     for conn in connections.all(initialized_only=True):
         if conn.errors_occurred or conn.settings_dict["CONN_MAX_AGE"]:
-            conn.close_if_unusable_or_obsolete()
+            with contextlib.suppress(DatabaseError):
+                conn.close_if_unusable_or_obsolete()
 
 
 def drop_connections() -> None:

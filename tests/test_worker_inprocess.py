@@ -639,6 +639,23 @@ def test_a_thread_that_cannot_start_stops_the_others_and_exits_1(monkeypatch):
     wait_for(lambda: not alive(), timeout=5)
 
 
+def test_a_broken_connection_that_fails_to_close_between_jobs_kills_no_thread(monkeypatch):
+    """After a job, a connection that saw an error is closed if unusable; closing a
+    broken one can itself raise a DatabaseError, which used to escape ``process()`` and
+    kill the worker thread (and so the process)."""
+    from django.db import DatabaseError
+
+    from django_delayjobs.worker import keep_connections
+
+    def close_if_unusable_or_obsolete() -> None:
+        raise DatabaseError("server closed the connection unexpectedly")
+
+    connection.ensure_connection()
+    monkeypatch.setattr(connection, "errors_occurred", True)
+    monkeypatch.setattr(connection, "close_if_unusable_or_obsolete", close_if_unusable_or_obsolete)
+    keep_connections()
+
+
 def test_the_first_signal_after_a_fatal_error_still_lets_the_process_finish(monkeypatch):
     """A process that is stopping because something broke (an action past
     MAX_RUN_SECONDS: ``die()``) has ``stopping`` set for its grace period; a SIGTERM then
