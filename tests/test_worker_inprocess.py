@@ -620,6 +620,47 @@ def test_a_second_signal_inside_the_first_ones_log_call_exits(monkeypatch):
     assert exits == [1] and process.stopping.is_set()
 
 
+def test_a_burst_runs_a_job_whose_lease_ran_out():
+    """A worker killed (kill -9, OOM) after claiming an id leaves it in flight until its
+    lease ends. A burst runs no promoter thread, yet it recovers expired leases as the
+    promoter does: a deployment that drains with bursts (cron) runs that job."""
+    job = schedule(tasks.record, in_=0, args=["orphan"])
+    engine = get_engine()
+    engine.promote("default", 10)
+    assert engine.claim("default", 1, 1) == [str(job.pk)]  # a worker that died at once
+    time.sleep(0.05)  # its 1 ms lease is over
+    burst()
+    assert Record.objects.filter(label="orphan").count() == 1
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+
+
+def test_a_process_that_has_stopped_never_heartbeats_again(monkeypatch):
+    """The housekeeping thread is between its owner check (a database query) and its
+    heartbeat as the process stops: the main thread unregisters first, and the heartbeat
+    that follows must write nothing (it used to record the stopped process as live for
+    three HEARTBEAT_SECONDS, counted by the admin and ``delayjobs_health``)."""
+    from django_delayjobs import worker
+
+    real_check, real_beat = worker.check_owner, WorkerProcess.heartbeat
+    released, beaten = threading.Event(), threading.Event()
+
+    def slow_database(engine):  # the owner check waits on a busy database
+        released.wait(10)
+        real_check(engine)
+
+    def heartbeat(self, ttl_ms):
+        real_beat(self, ttl_ms)
+        if ttl_ms:
+            beaten.set()
+
+    monkeypatch.setattr(worker, "check_owner", slow_database)
+    monkeypatch.setattr(WorkerProcess, "heartbeat", heartbeat)
+    burst()  # nothing due: ends at once, while housekeeping is still in its owner check
+    released.set()
+    assert beaten.wait(10)  # housekeeping went on to its heartbeat
+    assert get_engine().stats("default").live_workers == 0
+
+
 def test_a_thread_that_cannot_start_stops_the_others_and_exits_1(monkeypatch):
     """``Thread.start()`` raises RuntimeError ("can't start new thread") at a process or
     memory limit. Part-way through, it used to escape as a traceback and leave the threads
