@@ -55,6 +55,9 @@ BURST_SLACK = 0.01
 SETTLED_SECONDS = 2.0
 #: How long a delivery that hit a bug in this package waits before it is tried again.
 BUG_DELAY = datetime.timedelta(seconds=5)
+#: A ``--burst`` run gives up (exit 1) once Redis has been unreachable this long (seconds):
+#: a burst always ends.
+BURST_REDIS_SECONDS = 5.0
 #: Seconds between two flushes of this process's metrics to Redis.
 METRICS_FLUSH_SECONDS = 1.0
 #: Seconds between two checkpoints of a SQLite database's WAL (see walcheckpoint), run
@@ -115,11 +118,13 @@ def keep_connections() -> None:
     ``CONN_MAX_AGE = 0`` means one connection per request; a worker's "request" lasts
     until it has had no work for a whole tick (``close_old_connections()`` runs then),
     since a new connection per job costs more than a short job. Broken connections, and
-    ones older than a non-zero ``CONN_MAX_AGE``, are closed here too.
+    ones older than a non-zero ``CONN_MAX_AGE``, are closed here too (closing a broken
+    one may fail: the next call opens a new one all the same).
     """
     for conn in connections.all(initialized_only=True):
         if conn.errors_occurred or conn.settings_dict["CONN_MAX_AGE"]:
-            conn.close_if_unusable_or_obsolete()
+            with contextlib.suppress(DatabaseError):
+                conn.close_if_unusable_or_obsolete()
 
 
 def drop_connections() -> None:
@@ -149,13 +154,17 @@ class Backoff:
     def failed(self, problem: str, exc: BaseException | str, pause: float | None = None) -> None:
         """Log the outage's start, then sleep the backoff's delay, or ``pause`` seconds if
         given: a caller whose pass served the shards it could reach keeps its own pace."""
-        self.delay = min(max(self.delay * 2, 0.2), 5.0)
+        self.delay = self.next_delay()
         self.failures += 1
         self.last_failure = time.monotonic()
         if self.failures == 1:
             logger.warning("%s: %s (%s); retrying every %.1f-5 s until it is back", self.what,
                            problem, exc, self.delay)  # fmt: skip
         self.stop.wait(self.delay if pause is None else pause)
+
+    def next_delay(self) -> float:
+        """The delay the next failure sleeps: 0.2 s, doubling up to 5 s."""
+        return min(max(self.delay * 2, 0.2), 5.0)
 
     def ok(self) -> None:
         self.delay = 0.0
@@ -172,6 +181,7 @@ class WorkerProcess:
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # everything is done
         self.fatal: str | None = None  # why the process must exit non-zero
+        self.signalled = False  # a SIGTERM/SIGINT was received: the next one exits at once
         self.stats = Stats()
         self.promoter = Promoter(engine, options.queues, tick=options.tick, stop=self.stopping)
         self.threads: list[threading.Thread] = []
@@ -187,6 +197,7 @@ class WorkerProcess:
             "worker", "outcomes are in the database; ids come back with their lease"
         )
         self.beat_lock = threading.Lock()  # a last heartbeat never follows unregister()
+        self.unregistered = False  # guarded by beat_lock: no heartbeat is written after
         self.pruner = AutoPrune(engine)  # PRUNE_AFTER_SECONDS; never raises
 
     # -- lifecycle ---------------------------------------------------------------
@@ -196,8 +207,8 @@ class WorkerProcess:
         ``WorkerDied`` if a thread died."""
         previous = self.install_signal_handlers()
         walcheckpoint.take_over()
-        self.threads = self.start_threads()
         try:
+            self.threads = self.start_threads()
             workers = [t for t in self.threads if t.name.startswith("delayjobs-worker")]
             while not self.stopping.is_set():
                 if self.options.burst and not any(t.is_alive() for t in workers):
@@ -225,6 +236,11 @@ class WorkerProcess:
                 signal.signal(signum, handler)
         if self.fatal:
             raise WorkerDied(self.fatal)
+        handed_back = self.stats.outcomes[Outcome.HANDED_BACK.value]
+        if self.options.burst and handed_back:  # cron must see that a burst fell short
+            raise WorkerDied(f"--burst: handed back {handed_back} job(s) that could not run "
+                             "(the database was unavailable, see the log); they are due "
+                             "again")  # fmt: skip
 
     def stop(self) -> None:
         self.stopping.set()
@@ -247,17 +263,20 @@ class WorkerProcess:
     def install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}
+        return {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
 
-        def handle(signum: int, frame: FrameType | None) -> None:
-            if self.stopping.is_set():
-                logger.warning("second signal: exiting now")
-                os._exit(1)
-            # Stopping first: a second signal may run this handler again inside the log
-            # call below (Python handlers are re-entered), and must find it set.
-            self.stopping.set()
-            logger.warning("signal %s: finishing running actions, then exiting", signum)
-
-        return {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    def on_signal(self, signum: int, frame: FrameType | None = None) -> None:
+        """SIGTERM/SIGINT: stop; a second one exits at once. Counted by signals received,
+        not by ``stopping``: a process that is stopping because something broke (its
+        fatal grace) still finishes and hands back on the first one."""
+        if self.signalled:
+            logger.warning("second signal: exiting now")
+            os._exit(1)
+        # Flags first: a second signal may run this handler again inside the log call
+        # below (Python handlers are re-entered), and must find them set.
+        self.signalled = True
+        self.stopping.set()
+        logger.warning("signal %s: finishing running actions, then exiting", signum)
 
     def start_threads(self) -> list[threading.Thread]:
         targets: list[tuple[str, Callable[[], None]]] = [("delayjobs-housekeeping", self.housekeep)]
@@ -269,9 +288,15 @@ class WorkerProcess:
                         for n in range(self.options.concurrency)]  # fmt: skip
         threads = [threading.Thread(target=self.guarded(name, fn), name=name, daemon=True)
                    for name, fn in targets]  # fmt: skip
+        started = []
         for thread in threads:
-            thread.start()
-        return threads
+            try:
+                thread.start()
+            except RuntimeError as exc:  # "can't start new thread": a process or memory limit
+                self.die(f"cannot start thread {thread.name}: {exc}")  # the others stop
+                break
+            started.append(thread)
+        return started
 
     def guarded(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -323,18 +348,22 @@ class WorkerProcess:
     def work_loop(self) -> None:
         backoff = Backoff(self.stopping, "worker")
         queues = list(self.options.queues)
+        redis_lost: float | None = None  # when Redis became unreachable, in a burst
         while not self.stopping.is_set():
             try:
                 claimed = self.claim(queues)
+                if claimed is None and self.options.burst and self.burst_done():
+                    close_old_connections()
+                    return
                 backoff.ok()
+                redis_lost = None
             except EngineUnavailable as exc:
-                backoff.failed("Redis is unavailable", exc)
+                redis_lost = redis_lost or time.monotonic()
+                if not self.redis_failed(backoff, exc, redis_lost):
+                    return
                 continue
             if claimed is None:
                 if self.options.burst:
-                    if self.burst_done(backoff):
-                        close_old_connections()
-                        return
                     continue
                 try:
                     if not self.engine.wait_for_work(queues, self.promoter.tick):
@@ -344,15 +373,32 @@ class WorkerProcess:
                 continue
             self.run_batch(*claimed, backoff)
 
-    def burst_done(self, backoff: Backoff) -> bool:
-        """In burst mode with nothing ready: promote what is due; True when nothing is
-        due within ``BURST_SLACK`` (so a burst always ends, whatever the tick)."""
-        try:
-            moved, next_due = self.promoter.promote_due()
-            if moved or self.engine_has_ready():
-                return False
-        except EngineUnavailable as exc:
+    def redis_failed(self, backoff: Backoff, exc: EngineUnavailable, since: float) -> bool:
+        """Back off after a failed call to Redis; False when the loop must end instead: a
+        burst gives up (and dies) once Redis has been unreachable for
+        ``BURST_REDIS_SECONDS``, since a burst always ends."""
+        if not self.options.burst:
             backoff.failed("Redis is unavailable", exc)
+            return True
+        left = since + BURST_REDIS_SECONDS - time.monotonic()
+        if left <= 0:
+            self.die(f"--burst: Redis has been unreachable for {BURST_REDIS_SECONDS:g} s "
+                     f"({exc})")  # fmt: skip
+            return False
+        backoff.failed("Redis is unavailable", exc, pause=min(backoff.next_delay(), left))
+        return True
+
+    def burst_done(self) -> bool:
+        """In burst mode with nothing ready: recover expired leases (a burst runs no
+        promoter thread, and the id of a worker that was killed is due again once its
+        lease ends) and promote what is due; True when nothing is due within
+        ``BURST_SLACK`` (so a burst always ends, whatever the tick). Raises
+        ``EngineUnavailable``."""
+        each = PerShard()
+        self.promoter.housekeeping(time.monotonic(), each)
+        each.check()
+        moved, next_due = self.promoter.promote_due()
+        if moved or self.engine_has_ready():
             return False
         if next_due is None or next_due > BURST_SLACK:
             return True
@@ -628,7 +674,8 @@ class WorkerProcess:
             "queues": list(self.options.queues),
         }
         with self.beat_lock:
-            if ttl_ms and self.fatal is not None:
+            ended = self.unregistered or self.stopped.is_set() or self.fatal is not None
+            if ttl_ms and ended:
                 return
             each = PerShard()
             for queue in self.options.queues:
@@ -637,5 +684,9 @@ class WorkerProcess:
             each.check()
 
     def unregister(self) -> None:
+        """Remove this process's heartbeat, for good: a heartbeat that was on its way (the
+        housekeeping thread between its owner check and its beat) writes nothing after."""
+        with self.beat_lock:
+            self.unregistered = True
         with contextlib.suppress(EngineUnavailable):
             self.heartbeat(ttl_ms=0)

@@ -16,6 +16,7 @@ import pytest
 import redis
 from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
@@ -300,7 +301,8 @@ def test_a_database_locked_for_a_moment_as_the_action_begins_costs_no_attempt(se
     options["timeout"] = 0.5  # the burst's worker thread opens its connection with it
     signals.job_started.connect(on_started)
     try:
-        burst()
+        with pytest.raises(CommandError, match=r"--burst: handed back 1 job\(s\)"):
+            burst()  # a burst that fell short exits 1
     finally:
         signals.job_started.disconnect(on_started)
         options["timeout"] = saved
@@ -619,6 +621,98 @@ def test_a_second_signal_inside_the_first_ones_log_call_exits(monkeypatch):
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     assert exits == [1] and process.stopping.is_set()
+
+
+def test_a_burst_runs_a_job_whose_lease_ran_out():
+    """A worker killed (kill -9, OOM) after claiming an id leaves it in flight until its
+    lease ends. A burst runs no promoter thread, yet it recovers expired leases as the
+    promoter does: a deployment that drains with bursts (cron) runs that job."""
+    job = schedule(tasks.record, in_=0, args=["orphan"])
+    engine = get_engine()
+    engine.promote("default", 10)
+    assert engine.claim("default", 1, 1) == [str(job.pk)]  # a worker that died at once
+    time.sleep(0.05)  # its 1 ms lease is over
+    burst()
+    assert Record.objects.filter(label="orphan").count() == 1
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+
+
+def test_a_process_that_has_stopped_never_heartbeats_again(monkeypatch):
+    """The housekeeping thread is between its owner check (a database query) and its
+    heartbeat as the process stops: the main thread unregisters first, and the heartbeat
+    that follows must write nothing (it used to record the stopped process as live for
+    three HEARTBEAT_SECONDS, counted by the admin and ``delayjobs_health``)."""
+    from django_delayjobs import worker
+
+    real_check, real_beat = worker.check_owner, WorkerProcess.heartbeat
+    released, beaten = threading.Event(), threading.Event()
+
+    def slow_database(engine):  # the owner check waits on a busy database
+        released.wait(10)
+        real_check(engine)
+
+    def heartbeat(self, ttl_ms):
+        real_beat(self, ttl_ms)
+        if ttl_ms:
+            beaten.set()
+
+    monkeypatch.setattr(worker, "check_owner", slow_database)
+    monkeypatch.setattr(WorkerProcess, "heartbeat", heartbeat)
+    burst()  # nothing due: ends at once, while housekeeping is still in its owner check
+    released.set()
+    assert beaten.wait(10)  # housekeeping went on to its heartbeat
+    assert get_engine().stats("default").live_workers == 0
+
+
+def test_a_thread_that_cannot_start_stops_the_others_and_exits_1(monkeypatch):
+    """``Thread.start()`` raises RuntimeError ("can't start new thread") at a process or
+    memory limit. Part-way through, it used to escape as a traceback and leave the threads
+    already started claiming jobs: the process stops them and exits 1 with one line."""
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "delayjobs-worker-1":
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(CommandError, match="cannot start thread delayjobs-worker-1: can't"):
+        call_command("run_delayworker", "--concurrency", "2", "-v", "0")
+    monkeypatch.undo()
+    alive = lambda: [t.name for t in threading.enumerate() if t.name.startswith("delayjobs")]  # noqa: E731
+    wait_for(lambda: not alive(), timeout=5)
+
+
+def test_a_broken_connection_that_fails_to_close_between_jobs_kills_no_thread(monkeypatch):
+    """After a job, a connection that saw an error is closed if unusable; closing a
+    broken one can itself raise a DatabaseError, which used to escape ``process()`` and
+    kill the worker thread (and so the process)."""
+    from django.db import DatabaseError
+
+    from django_delayjobs.worker import keep_connections
+
+    def close_if_unusable_or_obsolete() -> None:
+        raise DatabaseError("server closed the connection unexpectedly")
+
+    connection.ensure_connection()
+    monkeypatch.setattr(connection, "errors_occurred", True)
+    monkeypatch.setattr(connection, "close_if_unusable_or_obsolete", close_if_unusable_or_obsolete)
+    keep_connections()
+
+
+def test_the_first_signal_after_a_fatal_error_still_lets_the_process_finish(monkeypatch):
+    """A process that is stopping because something broke (an action past
+    MAX_RUN_SECONDS: ``die()``) has ``stopping`` set for its grace period; a SIGTERM then
+    (systemd stopping it meanwhile) is the first signal, not the second: it must not
+    ``os._exit(1)`` at once, skipping the hand-back of what never started."""
+    process = WorkerProcess(get_engine(), Options(queues=["default"]))
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    process.die("an action ran past MAX_RUN_SECONDS")
+    process.on_signal(signal.SIGTERM)
+    assert exits == []
+    process.on_signal(signal.SIGTERM)  # a real second signal still exits at once
+    assert exits == [1]
 
 
 # -- the ids a process holds: whose lease it extends, what it hands back ---------------------

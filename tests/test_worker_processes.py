@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import itertools
 import signal
+import socket
 import sqlite3
+import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -25,7 +28,7 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
-from tests.helpers import TcpProxy, age_rows, start_worker, stop, wait_for
+from tests.helpers import ROOT, TcpProxy, age_rows, start_worker, stop, wait_for, worker_env
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -273,6 +276,64 @@ def test_a_second_signal_exits_at_once(redis_url, tmp_path):
     # the action's transaction died with the process; the job is still there to retry
     assert Job.objects.get(pk=job.pk).status == Status.RUNNING
     assert not Record.objects.filter(label="interrupted").exists()
+
+
+def test_a_burst_exits_1_when_redis_stays_unreachable(tmp_path, settings):
+    """A burst always ends: when Redis goes away under it, its worker threads back off
+    only for BURST_REDIS_SECONDS, then it exits 1 saying why (it used to retry forever,
+    and bursts run from cron piled up behind it)."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    url = server.start()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
+    try:
+        job = schedule(tasks.stop_redis_then_fail, in_=0, args=[url], max_attempts=1)
+        cmd = [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+               "-v", "1", "--burst"]  # fmt: skip
+        with open(tmp_path / "w.log", "wb") as log:
+            burst = subprocess.Popen(cmd, cwd=ROOT, env=worker_env(url), stdout=log,
+                                     stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            code = burst.wait(15)
+        finally:
+            if burst.poll() is None:
+                burst.kill()
+                burst.wait()
+        assert Job.objects.get(pk=job.pk).status == Status.DEAD  # it did run the job
+        text = (tmp_path / "w.log").read_text()
+        assert code == 1 and "--burst: Redis has been unreachable for 5 s" in text, text
+        assert "Traceback" not in text, text
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_start_up_exits_without_a_traceback(signum):
+    """SIGTERM/SIGINT while the start-up checks wait on a Redis slow to answer (a rolling
+    update, Ctrl-C): the process ends by its own exit, 0 or 1 with the start-up check's
+    one-line error, never by the signal (as PID 1 in a container: ignored until SIGKILL)
+    nor with a KeyboardInterrupt traceback."""
+    listener = socket.socket()  # a Redis that accepts and is slow to answer
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(30)
+    url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    cmd = [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+           "-v", "1"]  # fmt: skip
+    worker = subprocess.Popen(cmd, cwd=ROOT, env=worker_env(url), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        conn, _ = listener.accept()  # the worker is in its start-up check of Redis
+        worker.send_signal(signum)
+        out, _ = worker.communicate(timeout=20)
+        conn.close()
+    finally:
+        listener.close()
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    text = out.decode(errors="replace")
+    assert "Traceback" not in text, text[-800:]
+    assert worker.returncode in (0, 1), (worker.returncode, text[-800:])
 
 
 def test_verbosity_2_logs_a_status_line(redis_url, tmp_path):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
+import signal
 import sys
+import threading
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -44,6 +48,10 @@ def check_metrics_host(opts: dict[str, Any]) -> None:
             "DELAYJOBS['METRICS_TOKEN'] anyone who reaches it would read the metrics: set "
             "METRICS_TOKEN, or keep the default 127.0.0.1"
         )
+
+
+class StoppedDuringStartUp(Exception):
+    """A SIGTERM/SIGINT came before the worker started: exit 0."""
 
 
 MAX_CONCURRENCY = 1000
@@ -96,13 +104,46 @@ class Command(BaseCommand):
         )  # fmt: skip
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        self.check_options(opts)
+        # First thing: a stop during the start-up checks (a rolling update, Ctrl-C while
+        # Redis is slow to answer) ends the process by its own exit, never by the signal.
+        self.signalled = False
+        self.process: WorkerProcess | None = None
+        previous = self.install_signal_handlers()
         try:
+            self.check_options(opts)
             self.run(opts)
+        except StoppedDuringStartUp:
+            return
         except DelayJobsError as exc:  # bad settings, Redis refused, a thread died
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
             raise CommandError(f"the database is unavailable: {exc}") from exc
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def install_signal_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Until the worker process exists, note the signal (checked after each start-up
+        step); then it is the process's (the handler it installs itself, from then on)."""
+        if self.process is not None:
+            self.process.on_signal(signum, frame)
+            return
+        if self.signalled:
+            os._exit(1)  # a second signal: at once, as once running
+        self.signalled = True
+
+    def started(self, step: str) -> None:
+        """After a start-up step: stop here (exit 0) if a signal came meanwhile."""
+        if self.signalled:
+            logging.getLogger("django_delayjobs.worker").warning(
+                "signal received during start-up (%s): exiting", step
+            )
+            raise StoppedDuringStartUp
 
     def check_options(self, opts: dict[str, Any]) -> None:
         if not 1 <= opts["concurrency"] <= MAX_CONCURRENCY:
@@ -121,7 +162,9 @@ class Command(BaseCommand):
         check_metrics_host(opts)  # here: reading the settings may raise DelayJobsError
         verbosity = opts["verbosity"]
         self.configure_logging(verbosity, opts["log_format"])
+        self.started("settings")
         autodiscover_modules("tasks")  # the @delayable functions of installed apps
+        self.started("loading tasks")
         options = Options(
             queues=opts["queues"] or [delayjobs_settings.DEFAULT_QUEUE],
             concurrency=opts["concurrency"],
@@ -136,7 +179,9 @@ class Command(BaseCommand):
             warnings = check_redis(engine)
         except DelayJobsError as exc:
             raise CommandError(f"cannot use Redis at {describe_redis(engine)}: {exc}") from exc
+        self.started("checking Redis")
         check_owner(engine)
+        self.started("checking the database")
         for warning in warnings:
             self.stderr.write(self.style.WARNING(f"WARNING: {warning}"))
         process = WorkerProcess(engine, options)
@@ -150,6 +195,8 @@ class Command(BaseCommand):
             self.stdout.flush()
         server = self.start_metrics(opts)
         try:
+            self.process = process  # from here on a signal stops the process itself
+            self.started("starting")  # after: a signal in between is seen by one of them
             process.run()
         finally:
             if server is not None:
