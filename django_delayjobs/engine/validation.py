@@ -34,11 +34,11 @@ def check_ms(value: object, what: str = "time") -> int:
     return int(_number(value, what))
 
 
-#: The latest due time accepted: 9999-12-31 23:59:59.999 UTC in ms since the epoch, the
-#: last millisecond a Python ``datetime`` can hold. The scripts turn the wait until a due
-#: time into microseconds held by a 64-bit integer, which overflows past about 292,000
-#: years; no due time comes near that.
-MAX_DUE_MS = 253_402_300_799_999
+#: The latest due time accepted: 10000-01-01 00:00 UTC in ms since the epoch, which the
+#: latest Python ``datetime`` (9999-12-31 23:59:59.999999) rounds to as a double, so that
+#: every time a row can hold is accepted. The scripts turn the wait until a due time into
+#: microseconds held by a 64-bit integer, which overflows past about 292,000 years.
+MAX_DUE_MS = 253_402_300_800_000
 
 
 def check_due(value: object) -> float:
