@@ -57,8 +57,13 @@ def deployment_uid() -> str:
     """This database's deployment id (created by the first worker that asks)."""
     from .models import Deployment
 
-    with transaction.atomic(using=Deployment.objects.db):
-        deployment, _ = Deployment.objects.get_or_create(pk=1)
+    # Read first, outside a transaction: the housekeeping thread asks at every beat, and on
+    # SQLite a transaction (BEGIN IMMEDIATE) would wait for the write lock that a running
+    # atomic action holds, delaying the lease extensions and MAX_RUN_SECONDS checks.
+    deployment = Deployment.objects.filter(pk=1).first()
+    if deployment is None:
+        with transaction.atomic(using=Deployment.objects.db):
+            deployment, _ = Deployment.objects.get_or_create(pk=1)
     return str(deployment.uid)
 
 

@@ -24,6 +24,7 @@ from django_delayjobs import schedule, schedule_many, walcheckpoint
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
 from django_delayjobs.engine import Engine, close_client
 from django_delayjobs.models import Job, Status
+from django_delayjobs.preflight import check_owner
 from django_delayjobs.promoter import Promoter
 from django_delayjobs.services import build_job
 from django_delayjobs.worker import Options, WorkerDied, WorkerProcess
@@ -529,6 +530,7 @@ def run_past_the_limit() -> float:
     """Run a worker with MAX_RUN_SECONDS = 1 until it stops with an error; the seconds
     that took (the shutdown grace lets an action that ends within it end). The actions
     run 4 s: the housekeeping thread, which looks once a second, has 3 s to see them."""
+    check_owner(get_engine())  # as run_delayworker does before its threads start
     process = WorkerProcess(get_engine(), Options(queues=["default"], burst=True))
     started = time.monotonic()
     with pytest.raises(WorkerDied, match=r"ran past MAX_RUN_SECONDS \(1 s\)"):
