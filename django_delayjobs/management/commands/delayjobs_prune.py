@@ -64,8 +64,7 @@ class Command(BaseCommand):
         self.verbosity = options["verbosity"]
         self.last_progress: float | None = None
         cutoff = timezone.now() - age
-        zone = cutoff.tzname() or timezone.get_default_timezone_name()  # naive: USE_TZ=False
-        what = f"{','.join(statuses)} jobs finished before {cutoff:%Y-%m-%d %H:%M:%S} {zone}"
+        what = f"{','.join(statuses)} jobs finished before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
         try:
             if options["dry_run"]:
                 found = count(cutoff, statuses)
