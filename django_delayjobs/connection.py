@@ -13,7 +13,7 @@ from redis.retry import Retry
 
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable
-from .redact import without_userinfo
+from .redact import url_problem, without_userinfo
 
 #: Every command is answered in well under a millisecond unless Redis is frozen or gone; a
 #: caller (``schedule()`` committing, say) must then not wait for long. Blocking waits are
@@ -78,11 +78,10 @@ def cluster_url_problem(url: str) -> str | None:
     """What keeps ``url`` from naming a Cluster node, or None. The text shows ``url``
     without its user information (a password must not reach ``manage.py check``)."""
     shown = without_userinfo(url)
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # a port that is not a number raises ValueError
-    except ValueError as exc:
-        return f"is not a valid URL ({exc})"
+    problem = url_problem(url)
+    if problem:
+        return f"{shown!r} is not a valid URL ({problem})"
+    parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss"):
         return f"{shown!r} is not a redis:// or rediss:// URL (a Cluster is reached over TCP)"
     if not parts.hostname:

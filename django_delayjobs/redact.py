@@ -1,20 +1,57 @@
-"""Text of a URL fit for a message: its user information (a password) masked."""
+"""Text of a URL fit for a message: its user information and secret query values masked."""
 
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
-# scheme "//" authority: the authority runs to the first "/", "?" or "#" (RFC 3986 3.2);
+# [scheme "://"] authority: the authority runs to the first "/", "?" or "#" (RFC 3986 3.2);
 # its user information is everything before its last "@".
-_AUTHORITY = re.compile(r"^(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*:)?//)(?P<authority>[^/?#]*)")
+_AUTHORITY = re.compile(r"^(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?(?P<authority>[^/?#]*)")
+# Query parameters that carry credentials (redis-py reads ?password=, webhooks ?token=).
+_SECRET_QUERY = re.compile(
+    r"(?i)([?&;](?:password|passwd|pwd|pass|secret|token|access_token|api_?key|auth|sig|"
+    r"signature)=)[^&;#]*"
+)
 
 
 def without_userinfo(url: str) -> str:
     """``url`` with the user information of its authority (``user:password@``) replaced
-    by ``***``, so that no message, check or log line shows a password; otherwise as is.
-    Works on any text, parseable or not."""
-    found = _AUTHORITY.match(url)
-    if found is None or "@" not in found["authority"]:
-        return url
-    host = found["authority"].rpartition("@")[2]
-    return f"{found['head']}***@{host}{url[found.end() :]}"
+    by ``***``, and the values of query parameters named like credentials
+    (``?password=``, ``?token=``...) too, so that no message, check or log line shows a
+    password. Works on any text, parseable or not: a password holding an unencoded ``/``,
+    ``?`` or ``#`` (which ends the authority early) is masked up to the last ``@``."""
+    shown = _SECRET_QUERY.sub(r"\1***", url)
+    found = _AUTHORITY.match(shown)
+    assert found is not None  # every part may be empty
+    authority = found["authority"]
+    if "@" in authority:
+        end = found.start("authority") + authority.rindex("@")
+    elif "@" in shown[found.end() :] and _looks_like_userinfo(authority):
+        end = shown.rindex("@")  # "u:pa/ss@host": a malformed password, masked whole
+    else:
+        return shown
+    return f"{shown[: found.start('authority')]}***{shown[end:]}"
+
+
+def _looks_like_userinfo(authority: str) -> bool:
+    """True if ``authority`` (it holds no "@") reads as the start of ``user:password``:
+    a colon followed by something other than a port number (or an IPv6 host's colons)."""
+    _, colon, port = authority.rpartition(":")
+    return bool(colon) and not port.isdigit() and not authority.endswith("]")
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be split (or its port read), in words that show no secret;
+    None if it can. ``urlsplit``'s own message quotes the port's text, which for a
+    password holding a "/" is part of that password."""
+    try:
+        urlsplit(url).port  # noqa: B018 -- a port that is not a number raises ValueError
+        return None
+    except ValueError:
+        pass
+    try:
+        urlsplit(without_userinfo(url)).port  # noqa: B018
+    except ValueError as exc:
+        return str(exc)
+    return "its user information holds a '/', '?', '#' or '@': percent-encode them"

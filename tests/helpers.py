@@ -7,11 +7,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from django.db import connection
+from django.db import connection, connections
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -172,3 +172,20 @@ def set_read_only(on: bool) -> None:
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
             "current_database() AND pid <> pg_backend_pid()"
         )
+
+
+@contextlib.contextmanager
+def database_down(tmp_path: Path) -> Iterator[None]:
+    """Point the default connection at a database that cannot be opened."""
+    conn = connections["default"]
+    conn.close()
+    old = conn.settings_dict["NAME"]
+    missing = "delayjobs_no_such_db"
+    conn.settings_dict["NAME"] = (
+        str(tmp_path / "missing" / "db.sqlite3") if conn.vendor == "sqlite" else missing
+    )
+    try:
+        yield
+    finally:
+        conn.close()
+        conn.settings_dict["NAME"] = old

@@ -210,6 +210,12 @@ def test_urls_the_policy_refuses_never_become_jobs(url, rule_or_text):
     assert not Job.objects.exists()
 
 
+def test_an_unknown_destination_is_named_without_its_token():
+    with pytest.raises(ValueError, match="names no destination") as refused:
+        schedule_http("nowhere:/x?token=s3cret-t0ken", in_=10)
+    assert "s3cret-t0ken" not in str(refused.value)
+
+
 def test_a_path_parameter_on_an_ordinary_segment_is_kept():
     job = schedule_http("payments:/a;v=1/..x/b;c", in_=10)
     assert job.kwargs["path"] == "/a;v=1/..x/b;c"

@@ -20,9 +20,10 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.execution import Execution, note
 from django_delayjobs.models import Job, Status
 from django_delayjobs.outcomes import Outcome, settle
+from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import build_job
 from django_delayjobs.timing import to_ms
-from tests.helpers import wait_for
+from tests.helpers import database_down, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -290,3 +291,23 @@ def test_a_reschedule_between_a_failure_and_its_nack_is_not_overwritten(settings
     assert score is not None
     late_s = (score - to_ms(row.run_at)) / 1000
     assert late_s <= 1, f"the row is due at {row.run_at}, Redis holds it {late_s:.1f} s later"
+
+
+def test_a_row_unreadable_after_the_nack_is_left_to_reconcile(settings, tmp_path, caplog):
+    """The read of ``run_at`` after the nack fails (the database went away): the settle
+    neither raises nor loses the id, which stays due at the nacked retry time, and the
+    next reconcile sweep moves it to the row's rescheduled time."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "RETRY_BACKOFF_SECONDS": 60}
+    engine = get_engine()
+    job = schedule(tasks.fail, in_=0, max_attempts=3)
+    (job_id,) = wait_for(lambda: engine.promote("default") and engine.claim("default", 1))
+    result = Execution("default", job_id, "w").run()
+    assert job.reschedule(in_=5) is True
+    nacked = to_ms(result.retry_at)
+    with caplog.at_level("DEBUG", "django_delayjobs"), database_down(tmp_path):
+        settle(engine, "default", job_id, result)
+    assert "could not read its due time after the nack" in caplog.text
+    pending = engine.keys("default").pending
+    assert engine.client.zscore(pending, job_id) == nacked  # the old retry time, not lost
+    reconcile(engine)
+    assert engine.client.zscore(pending, job_id) == to_ms(Job.objects.get(pk=job.pk).run_at)

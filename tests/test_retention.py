@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -24,7 +23,7 @@ from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import Engine
 from django_delayjobs.models import Job, JobEvent, Status
 from django_delayjobs.retention import AutoPrune, parse_duration
-from tests.helpers import start_worker, stop, wait_for
+from tests.helpers import database_down, start_worker, stop, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -331,23 +330,6 @@ def test_database_down_is_a_command_error(tmp_path):
         prune("--older-than", "1d")
     with database_down(tmp_path), pytest.raises(CommandError, match="database is unavailable"):
         call_command("delayjobs_reconcile")  # a traceback before
-
-
-@contextlib.contextmanager
-def database_down(tmp_path):
-    """Point the default connection at a database that cannot be opened."""
-    conn = connections["default"]
-    conn.close()
-    old = conn.settings_dict["NAME"]
-    missing = "delayjobs_no_such_db"
-    conn.settings_dict["NAME"] = (
-        str(tmp_path / "missing" / "db.sqlite3") if conn.vendor == "sqlite" else missing
-    )
-    try:
-        yield
-    finally:
-        conn.close()
-        conn.settings_dict["NAME"] = old
 
 
 # -- the setting ----------------------------------------------------------------------------

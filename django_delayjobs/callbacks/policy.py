@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..exceptions import InvalidSchedule
-from ..redact import without_userinfo
+from ..redact import url_problem, without_userinfo
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Sequence[IPAddress]]
@@ -91,11 +91,11 @@ def parse_url(url: object) -> Target:
             "non-ASCII character: percent-encode them (a host name in its xn-- form)",
             "url",
         )
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise Refused(f"the URL {shown!r} cannot be parsed: {exc}", "url") from None
+    problem = url_problem(url)
+    if problem:
+        raise Refused(f"the URL {shown!r} cannot be parsed: {problem}", "url")
+    parts = urlsplit(url)
+    port = parts.port
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
         raise Refused(f"the URL {shown!r} is not http or https", "scheme")

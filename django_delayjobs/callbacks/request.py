@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 from django.core.serializers.json import DjangoJSONEncoder
 
 from ..exceptions import InvalidSchedule
+from ..redact import without_userinfo
 from .config import Destination, HttpConfig
 from .headers import InvalidHeader, check_headers, merged
 from .policy import MAX_URL_LENGTH, Target, addresses, check_host, parse_url
@@ -125,8 +126,9 @@ def split_url(url: object, config: HttpConfig | None) -> CallbackRequest:
             parse_url(url)
         if config is not None and name not in config.destinations:
             known = ", ".join(sorted(config.destinations)) or "none are configured"
+            shown = without_userinfo(url)  # a ?token= of the path
             raise InvalidCallback(
-                f"{url!r} names no destination of HTTP_DESTINATIONS (known: {known})", "url"
+                f"{shown!r} names no destination of HTTP_DESTINATIONS (known: {known})", "url"
             )
         return CallbackRequest("POST", destination=name, path=_check_path(path))
     parse_url(url)  # raises Refused for anything that is not an absolute http(s) URL
