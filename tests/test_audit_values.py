@@ -1,0 +1,213 @@
+"""Audit of the values the public entry points accept: each test here fails on the code
+it was written against, and its docstring says what is wrong."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+
+import pytest
+from django.core.cache import cache
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from django_delayjobs import cancel_for, schedule, schedule_many
+from django_delayjobs.callbacks import policy
+from django_delayjobs.callbacks.signing import new_secret
+from django_delayjobs.exceptions import InvalidSchedule
+from django_delayjobs.models import Job, JobEvent, Status
+from django_delayjobs.services import build_job, requeue
+from tests.testapp import tasks
+from tests.testapp.models import Sku, Thing
+
+from .test_rest_helpers import client_for, dead_job, make_user, snapshot, url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+UTC = datetime.UTC
+MINUS_5 = datetime.timezone(datetime.timedelta(hours=-5))
+PLUS_5 = datetime.timezone(datetime.timedelta(hours=5))
+HUGE = 10**5000  # more digits than int.__str__ writes (4,300)
+HOOK = "https://hooks.example.com/orders/42/expire"
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    """Every test starts from an empty Redis database."""
+
+
+@pytest.fixture
+def thing():
+    return Thing.objects.create(name="t")
+
+
+def nothing_written(redis_client) -> None:
+    assert not Job.objects.exists()
+    assert not JobEvent.objects.exists()
+    assert redis_client.dbsize() == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"priority": HUGE}, {"priority": -HUGE}, {"max_attempts": -HUGE}],
+)
+def test_an_int_too_long_to_print_is_invalid_schedule_not_a_bare_value_error(
+    thing, redis_client, options
+):
+    """priority/max_attempts of more than 4,300 digits: the refusal's message formats the
+    value with str(), which raises Python's bare ValueError (integer string conversion
+    limit) instead of InvalidSchedule."""
+    with pytest.raises(InvalidSchedule) as info:
+        schedule(thing.touch, in_=1, **options)
+    assert type(info.value) is InvalidSchedule, repr(info.value)
+    nothing_written(redis_client)
+
+
+def test_requeue_with_attempts_too_long_to_print_is_invalid_schedule():
+    """requeue(attempts=-10**5000): the same bare ValueError from the message."""
+    job = dead_job()
+    with pytest.raises(InvalidSchedule) as info:
+        requeue(job, attempts=-HUGE)
+    assert type(info.value) is InvalidSchedule, repr(info.value)
+    assert Job.objects.get(pk=job.pk).status == Status.DEAD
+
+
+def test_cancel_for_refuses_what_is_not_a_model_instance():
+    """cancel_for(42) raises AttributeError ('int' has no attribute 'pk'), not TypeError."""
+    with pytest.raises(TypeError, match="model instance"):
+        cancel_for(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("action", ["testapp.Thing.touch\x00", "testapp.Thing.\ud800"])
+def test_cancel_for_refuses_an_action_name_no_job_can_hold(thing, action):
+    """An action name with NUL or a lone surrogate reaches the database: a UnicodeEncodeError
+    (SQLite, PostgreSQL) or a DataError that aborts the caller's transaction (PostgreSQL),
+    or on SQLite a NUL passes unnoticed; it must be InvalidSchedule, before any query."""
+    job = schedule(thing.touch, in_=60)
+    with transaction.atomic():
+        with pytest.raises(InvalidSchedule):
+            cancel_for(thing, action)
+        assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED  # still usable
+
+
+def test_cancel_for_refuses_a_bad_actor_even_when_no_job_matches(thing):
+    """cancel_for(obj, actor="\x00") returns 0 when no job is waiting, and raises only when
+    one is: the actor is checked per job, not at the entry point."""
+    with pytest.raises(InvalidSchedule, match="NUL"):
+        cancel_for(thing, actor="\x00")
+    with pytest.raises(InvalidSchedule, match="150"):
+        cancel_for(thing, actor="a" * 151)
+
+
+@pytest.mark.parametrize("pk", ["a\ud800", "a\x00"])
+def test_cancel_for_an_object_whose_pk_no_job_can_hold_cancels_nothing(pk):
+    """A primary key with a lone surrogate or a NUL (an instance built with it, never
+    saved on PostgreSQL) is sent to the database, which raises UnicodeEncodeError or
+    DataError (PostgreSQL, aborting the caller's transaction); no job can target it: 0."""
+    Sku.objects.create(code="a")
+    with transaction.atomic():
+        assert cancel_for(Sku(code=pk)) == 0
+        assert Sku.objects.count() == 1  # the transaction is still usable
+
+
+def test_reschedule_to_the_expiry_itself_is_refused(thing):
+    """schedule() refuses expires_at == run_at ("must be later"), but reschedule() takes a
+    due time equal to the job's expiry: the job can then never run (the worker finds it
+    expired and skips it)."""
+    at = timezone.now() + datetime.timedelta(hours=1)
+    job = schedule(thing.touch, at=at, expires=datetime.timedelta(minutes=5))
+    before = snapshot(job)
+    with pytest.raises(InvalidSchedule, match="expires"):
+        job.reschedule(at=job.expires_at)
+    assert snapshot(job) == before
+
+
+@pytest.fixture
+def http(settings):
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+        "API_CALLBACK_THROTTLE_RATE": None,
+    }
+    cache.clear()
+    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
+        yield settings
+
+
+@pytest.mark.parametrize("queue", [" default", "default ", "default\n"])
+def test_callbacks_queue_is_taken_as_given_not_trimmed(http, queue):
+    """POST callbacks/ with queue " default" creates a job in queue "default": DRF's
+    CharField trims the name, a silent change (schedule() refuses such a name)."""
+    api = client_for(make_user(superuser=True))
+    response = api.post(url("callbacks"), {"url": HOOK, "in": 60, "queue": queue}, format="json")
+    assert response.status_code == 400, response.json()
+    assert not Job.objects.exists()
+
+
+def test_callbacks_cancel_by_key_does_not_trim_the_queue(http):
+    """POST callbacks/cancel/ {"key": "k", "queue": " default"} cancels the callback with
+    key "k" of queue "default": the queue named was trimmed to another queue's name."""
+    api = client_for(make_user(superuser=True))
+    created = api.post(url("callbacks"), {"url": HOOK, "in": 60, "key": "k"}, format="json")
+    assert created.status_code == 201
+    body = {"key": "k", "queue": " default"}
+    response = api.post(url("callbacks", "cancel"), body, format="json")
+    assert 400 <= response.status_code < 500, response.json()
+    assert Job.objects.get().status == Status.SCHEDULED
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (datetime.datetime.max.replace(tzinfo=MINUS_5), "100 years"),
+        (datetime.datetime.min.replace(tzinfo=PLUS_5), "1970"),
+        (datetime.datetime(2030, 1, 1), "naive"),
+        ("2030-01-01", "datetime"),
+        (None, "datetime"),
+    ],
+)
+def test_schedule_many_checks_created_at(redis_client, value, match):
+    """A built job's created_at is not checked: year 9999 -05:00 is an OverflowError on
+    SQLite and a row PostgreSQL stores in year 10000 and cannot read back; a naive one is
+    silently read in the default zone; a str is Django's ValidationError; None an
+    IntegrityError."""
+    job = build_job(tasks.echo, in_=60)
+    job.created_at = value
+    with pytest.raises((TypeError, InvalidSchedule), match=match) as info:
+        schedule_many([build_job(tasks.echo, in_=60), job])
+    assert type(info.value) in (TypeError, InvalidSchedule), repr(info.value)
+    nothing_written(redis_client)
+
+
+@pytest.mark.parametrize("value", ["not-a-uuid", None, 42])
+def test_schedule_many_checks_the_id(redis_client, value):
+    """A built job's id is not checked: a str is Django's ValidationError, None an
+    IntegrityError, an int a ValidationError."""
+    job = build_job(tasks.echo, in_=60)
+    job.id = value
+    with pytest.raises((TypeError, InvalidSchedule)) as info:
+        schedule_many([job])
+    assert type(info.value) in (TypeError, InvalidSchedule), repr(info.value)
+    nothing_written(redis_client)
+
+
+def test_schedule_many_refuses_the_id_of_a_job_already_in_the_table(redis_client):
+    """A built job given the id of a stored job: IntegrityError from the INSERT instead of
+    InvalidSchedule."""
+    stored = schedule(tasks.echo, in_=60)
+    job = build_job(tasks.echo, in_=60)
+    job.id = stored.pk
+    with pytest.raises(InvalidSchedule, match="already"):
+        schedule_many([build_job(tasks.echo, in_=60), job])
+    assert Job.objects.count() == 1
+
+
+def test_admin_action_on_a_selected_id_that_is_not_a_uuid_is_no_500(admin_client, thing):
+    """The changelist's action form posts ids; one that is not a UUID makes Django's
+    filter(pk__in=...) raise ValidationError: a 500."""
+    job = schedule(thing.touch, in_=60)
+    data = {"action": "cancel_jobs", "_selected_action": [str(job.pk), "nope"], "index": "0"}
+    response = admin_client.post(reverse("admin:django_delayjobs_job_changelist"), data)
+    assert response.status_code < 500
