@@ -25,7 +25,8 @@ def check_positive(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int, not {type(value).__name__}")
     if value < 1:
-        raise InvalidSchedule(f"{what} must be at least 1, got {value}")
+        # short_repr: str() of an int of more than 4,300 digits raises ValueError
+        raise InvalidSchedule(f"{what} must be at least 1, got {timing.short_repr(value)}")
     if value > MAX_ATTEMPTS_LIMIT:
         raise InvalidSchedule(f"{what} must be at most {MAX_ATTEMPTS_LIMIT} (a 32-bit column)")
     return value
@@ -36,7 +37,7 @@ def check_priority(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"priority must be an int, not {type(value).__name__}")
     if value not in PRIORITY_RANGE:
-        raise InvalidSchedule(f"priority must be from -100 to 100, got {value}")
+        raise InvalidSchedule(f"priority must be from -100 to 100, got {timing.short_repr(value)}")
     return value
 
 

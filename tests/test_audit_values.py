@@ -17,11 +17,11 @@ from django_delayjobs.callbacks import policy
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, JobEvent, Status
-from django_delayjobs.services import build_job, requeue
+from django_delayjobs.services import build_job
 from tests.testapp import tasks
 from tests.testapp.models import Sku, Thing
 
-from .test_rest_helpers import client_for, dead_job, make_user, snapshot, url
+from .test_rest_helpers import client_for, make_user, snapshot, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,31 +46,6 @@ def nothing_written(redis_client) -> None:
     assert not Job.objects.exists()
     assert not JobEvent.objects.exists()
     assert redis_client.dbsize() == 0
-
-
-@pytest.mark.parametrize(
-    "options",
-    [{"priority": HUGE}, {"priority": -HUGE}, {"max_attempts": -HUGE}],
-)
-def test_an_int_too_long_to_print_is_invalid_schedule_not_a_bare_value_error(
-    thing, redis_client, options
-):
-    """priority/max_attempts of more than 4,300 digits: the refusal's message formats the
-    value with str(), which raises Python's bare ValueError (integer string conversion
-    limit) instead of InvalidSchedule."""
-    with pytest.raises(InvalidSchedule) as info:
-        schedule(thing.touch, in_=1, **options)
-    assert type(info.value) is InvalidSchedule, repr(info.value)
-    nothing_written(redis_client)
-
-
-def test_requeue_with_attempts_too_long_to_print_is_invalid_schedule():
-    """requeue(attempts=-10**5000): the same bare ValueError from the message."""
-    job = dead_job()
-    with pytest.raises(InvalidSchedule) as info:
-        requeue(job, attempts=-HUGE)
-    assert type(info.value) is InvalidSchedule, repr(info.value)
-    assert Job.objects.get(pk=job.pk).status == Status.DEAD
 
 
 def test_cancel_for_refuses_what_is_not_a_model_instance():

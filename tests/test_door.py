@@ -16,13 +16,13 @@ from django.utils import timezone
 
 from django_delayjobs import schedule, schedule_many
 from django_delayjobs.exceptions import InvalidSchedule
-from django_delayjobs.models import Job, JobEvent
+from django_delayjobs.models import Job, JobEvent, Status
 from django_delayjobs.serialization import load
-from django_delayjobs.services import build_job
+from django_delayjobs.services import build_job, requeue
 from tests.testapp import tasks
 from tests.testapp.models import Sku, SpecialThing, Thing
 
-from .test_rest_helpers import client_for, make_user, snapshot, url
+from .test_rest_helpers import client_for, dead_job, make_user, snapshot, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -172,6 +172,12 @@ HOSTILE = [
     ("priority 101", lambda t: schedule(t.touch, in_=1, priority=101), "-100 to 100"),
     ("priority -2**15", lambda t: schedule(t.touch, in_=1, priority=-(2**15)), "-100 to 100"),
     ("priority 10**400", lambda t: schedule(t.touch, in_=1, priority=10**400), "-100 to 100"),
+    # more digits than str() writes (4,300): the message must not format them
+    ("priority 10**5000", lambda t: schedule(t.touch, in_=1, priority=10**5000), "-100 to 100"),
+    ("priority -10**5000", lambda t: schedule(t.touch, in_=1, priority=-(10**5000)),
+     "-100 to 100"),
+    ("max_attempts -10**5000", lambda t: schedule(t.touch, in_=1, max_attempts=-(10**5000)),
+     "at least 1"),
     ("priority float", lambda t: schedule(t.touch, in_=1, priority=1.0), "int"),
     ("priority bool", lambda t: schedule(t.touch, in_=1, priority=True), "int"),
     ("priority str", lambda t: schedule(t.touch, in_=1, priority="5"), "int"),
@@ -254,6 +260,16 @@ def test_reschedule_refuses_the_same_values(thing, redis_client):
     with pytest.raises(InvalidSchedule, match="surrogate"):
         job.cancel(actor="admin:\ud800")
     assert snapshot(job) == before
+
+
+def test_requeue_refuses_attempts_too_long_to_print():
+    """requeue(attempts=-10**5000): InvalidSchedule, not the bare ValueError str() raises
+    for an int of more than 4,300 digits."""
+    job = dead_job()
+    with pytest.raises(InvalidSchedule, match="at least 1") as info:
+        requeue(job, attempts=-(10**5000))
+    assert type(info.value) is InvalidSchedule
+    assert Job.objects.get(pk=job.pk).status == Status.DEAD
 
 
 def test_build_job_refuses_and_schedule_many_checks_what_it_is_given(thing, redis_client):
