@@ -303,16 +303,29 @@ def cancel_for(
     started: inside the caller's transaction that rolls the caller back too (a payment that
     arrives while the auto-cancel runs is refused, instead of racing it).
     """
+    if not isinstance(obj, models.Model):
+        raise TypeError(f"cancel_for takes a model instance, not {type(obj).__name__}")
+    actor = door.check_actor(actor)  # here, not only when a job is found
+    name = None if action is None else _action_name(obj, action)
+    if name is not None:
+        # before any query: the database refuses a NUL or a lone surrogate (PostgreSQL
+        # aborting the caller's transaction)
+        serialization.check_text(name, "action")
     if obj.pk is None:
         raise ValueError(f"{obj!r} is not saved, so no job can target it")
     if obj._meta.is_composite_pk:  # schedule() refuses it: no job can target it
         return 0
+    target_id = str(obj.pk)
+    try:
+        serialization.check_text(target_id, "the target's primary key")
+    except InvalidSchedule:  # schedule() refuses it: no job can target it
+        return 0
     jobs = Job.objects.filter(
         target_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
-        target_id=str(obj.pk),
+        target_id=target_id,
     )
-    if action is not None:
-        jobs = jobs.filter(action=_action_name(obj, action))
+    if name is not None:
+        jobs = jobs.filter(action=name)
     cancelled = sum(cancel(job, actor=actor) for job in jobs.filter(status__in=WAITING))
     if fail_if_running:
         running = jobs.filter(status=Status.RUNNING).first()

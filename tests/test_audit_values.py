@@ -8,18 +8,17 @@ import ipaddress
 
 import pytest
 from django.core.cache import cache
-from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from django_delayjobs import cancel_for, schedule, schedule_many
+from django_delayjobs import schedule, schedule_many
 from django_delayjobs.callbacks import policy
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, JobEvent, Status
 from django_delayjobs.services import build_job
 from tests.testapp import tasks
-from tests.testapp.models import Sku, Thing
+from tests.testapp.models import Thing
 
 from .test_rest_helpers import client_for, make_user, snapshot, url
 
@@ -46,44 +45,6 @@ def nothing_written(redis_client) -> None:
     assert not Job.objects.exists()
     assert not JobEvent.objects.exists()
     assert redis_client.dbsize() == 0
-
-
-def test_cancel_for_refuses_what_is_not_a_model_instance():
-    """cancel_for(42) raises AttributeError ('int' has no attribute 'pk'), not TypeError."""
-    with pytest.raises(TypeError, match="model instance"):
-        cancel_for(42)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("action", ["testapp.Thing.touch\x00", "testapp.Thing.\ud800"])
-def test_cancel_for_refuses_an_action_name_no_job_can_hold(thing, action):
-    """An action name with NUL or a lone surrogate reaches the database: a UnicodeEncodeError
-    (SQLite, PostgreSQL) or a DataError that aborts the caller's transaction (PostgreSQL),
-    or on SQLite a NUL passes unnoticed; it must be InvalidSchedule, before any query."""
-    job = schedule(thing.touch, in_=60)
-    with transaction.atomic():
-        with pytest.raises(InvalidSchedule):
-            cancel_for(thing, action)
-        assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED  # still usable
-
-
-def test_cancel_for_refuses_a_bad_actor_even_when_no_job_matches(thing):
-    """cancel_for(obj, actor="\x00") returns 0 when no job is waiting, and raises only when
-    one is: the actor is checked per job, not at the entry point."""
-    with pytest.raises(InvalidSchedule, match="NUL"):
-        cancel_for(thing, actor="\x00")
-    with pytest.raises(InvalidSchedule, match="150"):
-        cancel_for(thing, actor="a" * 151)
-
-
-@pytest.mark.parametrize("pk", ["a\ud800", "a\x00"])
-def test_cancel_for_an_object_whose_pk_no_job_can_hold_cancels_nothing(pk):
-    """A primary key with a lone surrogate or a NUL (an instance built with it, never
-    saved on PostgreSQL) is sent to the database, which raises UnicodeEncodeError or
-    DataError (PostgreSQL, aborting the caller's transaction); no job can target it: 0."""
-    Sku.objects.create(code="a")
-    with transaction.atomic():
-        assert cancel_for(Sku(code=pk)) == 0
-        assert Sku.objects.count() == 1  # the transaction is still usable
 
 
 def test_reschedule_to_the_expiry_itself_is_refused(thing):

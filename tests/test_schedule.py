@@ -18,7 +18,7 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
 from django_delayjobs.models import EventKind, Job, JobEvent, Status, time_ordered_uuid
 from tests.testapp import tasks
-from tests.testapp.models import Pair, Thing, thing_paid
+from tests.testapp.models import Pair, Sku, Thing, thing_paid
 
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 MS = datetime.timedelta(milliseconds=1)
@@ -320,6 +320,44 @@ def test_cancel_for_cancels_only_that_objects_waiting_jobs(thing):
     }  # fmt: skip
     with pytest.raises(ValueError, match="not saved"):
         cancel_for(Thing())
+
+
+def test_cancel_for_refuses_what_is_not_a_model_instance():
+    """cancel_for(42) raises AttributeError ('int' has no attribute 'pk'), not TypeError."""
+    with pytest.raises(TypeError, match="model instance"):
+        cancel_for(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("action", ["testapp.Thing.touch\x00", "testapp.Thing.\ud800"])
+def test_cancel_for_refuses_an_action_name_no_job_can_hold(thing, action):
+    """An action name with NUL or a lone surrogate reaches the database: a UnicodeEncodeError
+    (SQLite, PostgreSQL) or a DataError that aborts the caller's transaction (PostgreSQL),
+    or on SQLite a NUL passes unnoticed; it must be InvalidSchedule, before any query."""
+    job = schedule(thing.touch, in_=60)
+    with transaction.atomic():
+        with pytest.raises(InvalidSchedule):
+            cancel_for(thing, action)
+        assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED  # still usable
+
+
+def test_cancel_for_refuses_a_bad_actor_even_when_no_job_matches(thing):
+    """cancel_for(obj, actor="\x00") returns 0 when no job is waiting, and raises only when
+    one is: the actor is checked per job, not at the entry point."""
+    with pytest.raises(InvalidSchedule, match="NUL"):
+        cancel_for(thing, actor="\x00")
+    with pytest.raises(InvalidSchedule, match="150"):
+        cancel_for(thing, actor="a" * 151)
+
+
+@pytest.mark.parametrize("pk", ["a\ud800", "a\x00"])
+def test_cancel_for_an_object_whose_pk_no_job_can_hold_cancels_nothing(pk):
+    """A primary key with a lone surrogate or a NUL (an instance built with it, never
+    saved on PostgreSQL) is sent to the database, which raises UnicodeEncodeError or
+    DataError (PostgreSQL, aborting the caller's transaction); no job can target it: 0."""
+    Sku.objects.create(code="a")
+    with transaction.atomic():
+        assert cancel_for(Sku(code=pk)) == 0
+        assert Sku.objects.count() == 1  # the transaction is still usable
 
 
 def test_cancel_on_signal_cancels_inside_the_senders_transaction(thing):
