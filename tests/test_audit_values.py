@@ -4,22 +4,16 @@ it was written against, and its docstring says what is wrong."""
 from __future__ import annotations
 
 import datetime
-import ipaddress
 
 import pytest
-from django.core.cache import cache
 from django.urls import reverse
 
 from django_delayjobs import schedule, schedule_many
-from django_delayjobs.callbacks import policy
-from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.exceptions import InvalidSchedule
-from django_delayjobs.models import Job, JobEvent, Status
+from django_delayjobs.models import Job, JobEvent
 from django_delayjobs.services import build_job
 from tests.testapp import tasks
 from tests.testapp.models import Thing
-
-from .test_rest_helpers import client_for, make_user, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,41 +38,6 @@ def nothing_written(redis_client) -> None:
     assert not Job.objects.exists()
     assert not JobEvent.objects.exists()
     assert redis_client.dbsize() == 0
-
-
-@pytest.fixture
-def http(settings):
-    settings.DELAYJOBS = {
-        **settings.DELAYJOBS,
-        "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
-        "HTTP_SIGNING_SECRETS": [new_secret()],
-        "API_CALLBACK_THROTTLE_RATE": None,
-    }
-    cache.clear()
-    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
-        yield settings
-
-
-@pytest.mark.parametrize("queue", [" default", "default ", "default\n"])
-def test_callbacks_queue_is_taken_as_given_not_trimmed(http, queue):
-    """POST callbacks/ with queue " default" creates a job in queue "default": DRF's
-    CharField trims the name, a silent change (schedule() refuses such a name)."""
-    api = client_for(make_user(superuser=True))
-    response = api.post(url("callbacks"), {"url": HOOK, "in": 60, "queue": queue}, format="json")
-    assert response.status_code == 400, response.json()
-    assert not Job.objects.exists()
-
-
-def test_callbacks_cancel_by_key_does_not_trim_the_queue(http):
-    """POST callbacks/cancel/ {"key": "k", "queue": " default"} cancels the callback with
-    key "k" of queue "default": the queue named was trimmed to another queue's name."""
-    api = client_for(make_user(superuser=True))
-    created = api.post(url("callbacks"), {"url": HOOK, "in": 60, "key": "k"}, format="json")
-    assert created.status_code == 201
-    body = {"key": "k", "queue": " default"}
-    response = api.post(url("callbacks", "cancel"), body, format="json")
-    assert 400 <= response.status_code < 500, response.json()
-    assert Job.objects.get().status == Status.SCHEDULED
 
 
 @pytest.mark.parametrize(

@@ -118,6 +118,9 @@ def test_expires_may_be_a_time(admin):
         ({"url": HOOK, "in": 1, "data": "a\u0000b"}, "data"),
         ({"url": HOOK, "in": 1, "key": ""}, "key"),
         ({"url": HOOK, "in": 1, "queue": "a:b"}, "non_field_errors"),
+        # not trimmed to "default": schedule() refuses such a name too
+        ({"url": HOOK, "in": 1, "queue": " default"}, "non_field_errors"),
+        ({"url": HOOK, "in": 1, "queue": "default\n"}, "non_field_errors"),
         ({"url": "https://evil.example/", "in": 1}, "url"),
         ({"url": "http://hooks.example.com@127.0.0.1/", "in": 1}, "url"),
         ({"url": "http://2130706433/", "in": 1}, "url"),
@@ -238,6 +241,16 @@ def test_a_key_with_spaces_is_kept_and_found_exactly(admin):
     cancelled = post(admin, "callbacks/cancel", {"key": "k "})
     assert cancelled.status_code == 200 and cancelled.json()["id"] == spaced.json()["id"]
     assert Job.objects.get(pk=plain.json()["id"]).status == Status.SCHEDULED
+
+
+def test_a_queue_with_spaces_is_not_trimmed_to_another_queue(admin):
+    """DRF's CharField trimmed the queue: cancel by key in queue " default" cancelled the
+    callback of queue "default"."""
+    assert post(admin, "callbacks", {"url": HOOK, "in": 60, "key": "k"}).status_code == 201
+    for path in ("callbacks/cancel", "callbacks/reschedule"):
+        body = {"key": "k", "queue": " default", **({"in": 5} if "resched" in path else {})}
+        assert post(admin, path, body).status_code == 404
+    assert Job.objects.get().status == Status.SCHEDULED
 
 
 def test_only_callbacks_are_found_here(admin):

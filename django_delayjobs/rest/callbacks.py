@@ -72,7 +72,8 @@ class CallbackSerializer(s.StrictSerializer):
         max_length=255, required=False, trim_whitespace=False,  # a key is kept as it is
         help_text="Idempotency key: while a job with this key is active, it is returned (200).",
     )  # fmt: skip
-    queue = serializers.CharField(max_length=64, required=False)
+    # Not trimmed: " orders" is refused, as schedule() refuses it, not made "orders".
+    queue = serializers.CharField(max_length=64, required=False, trim_whitespace=False)
     expires = ExpiresField(
         required=False, help_text="Never call after this: seconds after the due time, or a time."
     )
@@ -106,7 +107,7 @@ class LookupSerializer(s.StrictSerializer):
 
     id = serializers.UUIDField(required=False)
     key = serializers.CharField(max_length=255, required=False, trim_whitespace=False)
-    queue = serializers.CharField(max_length=64, required=False)
+    queue = serializers.CharField(max_length=64, required=False, trim_whitespace=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("id" in attrs) == ("key" in attrs):
