@@ -5,6 +5,7 @@ that every value they accept fits its column on SQLite and PostgreSQL alike."""
 from __future__ import annotations
 
 import datetime
+import uuid
 
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
@@ -111,6 +112,17 @@ def check_target(job: Job) -> None:
         )
 
 
+def check_created(value: object, now: datetime.datetime) -> datetime.datetime:
+    """``value`` in UTC if it is an aware time from 1970 to ``now``, else raise: a year
+    near 1 or 9999 overflows when converted (SQLite) or cannot be read back (PostgreSQL)."""
+    created = timing.aware(value, "created_at")
+    if not timing.EARLIEST <= created <= now:
+        raise InvalidSchedule(
+            f"created_at ({created.isoformat()}) is not from 1970 to now: use build_job"
+        )
+    return created.astimezone(datetime.UTC)
+
+
 def check_built(job: Job, now: datetime.datetime) -> None:
     """The door for a job handed to ``schedule_many``: what ``build_job`` checks, on the
     values the job holds (it may have been changed, or built without ``build_job``)."""
@@ -125,6 +137,9 @@ def check_built(job: Job, now: datetime.datetime) -> None:
             f"job {job.pk} is not new ({', '.join(changed)} changed): pass jobs as build_job "
             "made them"
         )
+    if not isinstance(job.pk, uuid.UUID):  # Django would convert 42, and Redis get "42"
+        raise TypeError(f"a job's id must be a UUID, not {job.pk!r}: use build_job")
+    job.created_at = check_created(job.created_at, now)
     job.run_at = timing.within_range(timing.aware(job.run_at, "run_at"), "run_at", now)
     if job.expires_at is not None:
         expires_at = timing.aware(job.expires_at, "expires_at")

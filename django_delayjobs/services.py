@@ -254,7 +254,16 @@ def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
     door.check_batch(batch, timezone.now())
     actor = door.check_actor(actor)
     with transaction.atomic(using=sql.db()):
-        sql.insert_jobs(batch)
+        try:
+            with transaction.atomic(using=sql.db()):  # a job's id may be taken already
+                sql.insert_jobs(batch)
+        except IntegrityError:
+            taken = Job.objects.filter(pk__in=[job.pk for job in batch]).first()
+            if taken is None:
+                raise
+            raise InvalidSchedule(
+                f"job {taken.pk} is already scheduled: schedule_many inserts new jobs"
+            ) from None
         sql.insert_events(
             (job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}") for job in batch
         )

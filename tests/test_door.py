@@ -296,6 +296,17 @@ def test_build_job_refuses_and_schedule_many_checks_what_it_is_given(thing, redi
         ("priority", 2**15, "-100 to 100"),
         ("queue", "a b", "queue"),
         ("target_id", "x" * 65, "64"),
+        # created_at in year 9999 -05:00: an OverflowError on SQLite, a row PostgreSQL stores
+        # in year 10000 and cannot read back; naive: read in the default zone
+        ("created_at", datetime.datetime.max.replace(tzinfo=MINUS_5), "created_at"),
+        ("created_at", datetime.datetime.min.replace(tzinfo=PLUS_5), "created_at"),
+        ("created_at", datetime.datetime(2030, 1, 1), "naive"),
+        ("created_at", "2030-01-01", "datetime"),
+        ("created_at", None, "datetime"),
+        # an id Django converts (42 to UUID(int=42), while Redis got "42") or refuses late
+        ("id", 42, "UUID"),
+        ("id", "not-a-uuid", "UUID"),
+        ("id", None, "UUID"),
     ]
     for field, value, match in tampered:
         good = build_job(tasks.echo, in_=1, args=[1])
@@ -327,6 +338,10 @@ def test_schedule_many_refuses_a_job_given_twice_or_not_new(redis_client):
     schedule_many([job])
     with pytest.raises(InvalidSchedule, match="already saved"):
         schedule_many([job])
+    again = build_job(tasks.echo, in_=60)
+    again.id = job.pk  # a new job given the id of a stored one: not the IntegrityError
+    with pytest.raises(InvalidSchedule, match=f"job {job.pk} is already scheduled"):
+        schedule_many([build_job(tasks.echo, in_=60), again])
     assert Job.objects.count() == 1 and JobEvent.objects.count() == 1
 
 
