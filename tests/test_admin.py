@@ -342,6 +342,18 @@ def test_cancel_action_cancels_through_the_service(admin_client):
     assert get_engine().stats("default").pending == 0
 
 
+def test_an_action_on_a_selected_id_that_is_not_a_uuid_is_a_bad_request(admin_client):
+    """The ids an action form posts go to filter(pk__in=...): one that is not a UUID raised
+    Django's ValidationError, a 500."""
+    waiting = schedule(tasks.record, in_=3600, args=["a"])
+    for bad in ("nope", "\x00", "9" * 5000):
+        data = {"action": "cancel_jobs", "_selected_action": [str(waiting.pk), bad],
+                "index": "0"}  # fmt: skip
+        response = admin_client.post(reverse(CHANGELIST), data)
+        assert response.status_code == 400, bad
+    assert Job.objects.get(pk=waiting.pk).status == Status.SCHEDULED
+
+
 def test_run_now_moves_the_due_time_to_now(admin_client):
     job = schedule(tasks.record, in_=3600, args=["a"])
     before = timezone.now()

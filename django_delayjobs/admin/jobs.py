@@ -47,6 +47,14 @@ def has_job_permission(request: HttpRequest, action: str) -> bool:
     return request.user.has_perm(f"{Job._meta.app_label}.{codename}")
 
 
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
 class JobEventInline(EventInline):
     """A job's history: append-only, so shown and never edited."""
 
@@ -147,6 +155,11 @@ class JobAdmin(JobModelAdmin):
         # a DataError (a 500); no stored value holds one, so it is a bad request.
         if any("\x00" in key + "".join(values) for key, values in request.GET.lists()):
             return HttpResponseBadRequest("NUL characters are not allowed in the query string.")
+        # An action's selected ids go to filter(pk__in=...), whose ValidationError for one
+        # that is not a UUID would be a 500.
+        selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        if request.method == "POST" and not all(map(_is_uuid, selected)):
+            return HttpResponseBadRequest("The selected job ids must be UUIDs.")
         return super().changelist_view(request, extra_context)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
