@@ -402,6 +402,17 @@ def test_cancel_on_refuses_a_name_whose_actor_does_not_fit_when_connecting(thing
     assert job.events.get(kind=EventKind.CANCELLED).actor == "signal:" + "n" * 143
 
 
+def test_cancel_on_refuses_an_action_it_could_not_cancel_when_connecting(thing):
+    """An action name with a NUL or a lone surrogate, or a callable that is not a
+    registered action, was only refused when the signal fired: inside the sender's
+    transaction, which the error then rolled back (the payment with it)."""
+    paid = Signal()
+    for action in ("testapp.Thing.expire\x00", "testapp.Thing.\ud800", tasks.plain, print):
+        with pytest.raises((TypeError, InvalidSchedule)):
+            cancel_on(paid, action, sender=Thing, name="paid")
+    assert not paid.has_listeners(Thing)
+
+
 def test_cancel_for_can_refuse_when_the_job_already_runs(thing):
     from django_delayjobs.exceptions import AlreadyRunning
 
