@@ -8,6 +8,8 @@ from django.dispatch import Signal
 
 from .door import check_column
 from .models import JobEvent
+from .registry import DelayableMethod, describe
+from .serialization import check_text
 from .services import cancel_for
 
 
@@ -30,6 +32,10 @@ def cancel_on(
     # Checked now, not when the signal fires inside the sender's transaction.
     actor = check_column(f"signal:{name}" if name else "signal", "the actor 'signal:' + name",
                          "actor", JobEvent)  # fmt: skip
+    if isinstance(action, str):
+        check_text(action, "action")
+    elif action is not None and not isinstance(action, DelayableMethod):
+        describe(action)  # NotDelayable for a callable that is not a registered action
 
     def receiver(sender: Any, **kwargs: Any) -> None:
         instance = kwargs.get(instance_kwarg)
