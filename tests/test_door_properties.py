@@ -19,8 +19,10 @@ import os
 import uuid
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
+from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 from hypothesis import HealthCheck, event, given, settings
@@ -282,3 +284,40 @@ def test_uuid_and_decimal_values_round_trip(clients):  # a fixed example of the 
     job = schedule(tasks.keep, in_=0, args=values)
     assert same(load(Job.objects.get(pk=job.pk).args), values)
     assert_shown(clients, Job.objects.get(pk=job.pk))
+
+
+EDGE = [
+    "\uffff\ufffe", "\u202eevil\u202c", "\U0010ffff", "x" * 100_000, "", " ",
+    2**63 - 1, -(2**63), 5e-324, 9.999999999999998e15, 1e-300, 0.30000000000000004,
+    Decimal("1e999999"), Decimal("9" * 10000), Decimal("1." + "0" * 5000 + "1"),
+    datetime.datetime(1, 1, 1, tzinfo=UTC),
+    datetime.datetime(1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=5))),
+    datetime.datetime(9999, 12, 31, 23, 59, 59, 999999,
+                      tzinfo=datetime.timezone(datetime.timedelta(hours=-5))),
+    datetime.datetime(2030, 11, 3, 1, 30, fold=1, tzinfo=ZoneInfo("America/New_York")),
+    datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(seconds=30))),
+    datetime.datetime.min, datetime.datetime.max, datetime.date(1, 1, 1),
+    uuid.UUID(int=2**128 - 1), {"$dt": 1, "x": 2}, {"$dtx": "a"}, {"": None},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("key", ["k" * 255, "\u202e" + "\U0001f600" * 254, " k ", "\uffff"])
+def test_edge_values_round_trip_run_and_show(clients, key):  # fixed examples of the property
+    admin, _ = clients
+    kwargs = {"k\uffff": EDGE[:5], "d": {"n": EDGE}}
+    queue = "Q.-_" * 16  # 64 characters
+    job = schedule(tasks.keep, in_=0, args=EDGE, kwargs=kwargs, key=key, queue=queue,
+                   priority=-100, max_attempts=2**31 - 1, actor="a\u202e" * 75,
+                   expires=datetime.timedelta(days=36499))  # fmt: skip
+    row = Job.objects.get(pk=job.pk)
+    assert same(load(row.args), EDGE) and same(load(row.kwargs), kwargs)
+    assert (row.key, row.queue) == (key, queue)
+    assert_shown(clients, row)
+    assert admin.get(reverse("admin:django_delayjobs_queues")).status_code == 200
+    tasks.kept.clear()
+    call_command("run_delayworker", "--burst", "-v", "0", "--queues", queue)
+    row.refresh_from_db()
+    assert row.status == Status.SUCCEEDED, row.last_error
+    ((args, got),) = tasks.kept
+    assert same(list(args), EDGE) and same(got, kwargs)
+    assert_shown(clients, row)
