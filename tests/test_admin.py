@@ -354,6 +354,20 @@ def test_an_action_on_a_selected_id_that_is_not_a_uuid_is_a_bad_request(admin_cl
     assert Job.objects.get(pk=waiting.pk).status == Status.SCHEDULED
 
 
+@pytest.mark.skipif(connection.vendor == "postgresql", reason="PostgreSQL stores no such name")
+def test_an_action_by_a_user_whose_name_the_actor_column_cannot_hold_is_recorded(
+    client, django_user_model
+):
+    """A username with a NUL (SQLite stores one; a custom user model may make one) made
+    the actor "admin:a\\x00b", which the service refused: the action was a 500."""
+    user = django_user_model.objects.create_superuser("a\x00b", password="pw")
+    client.force_login(user)
+    waiting = schedule(tasks.record, in_=3600, args=["a"])
+    response = action(client, "cancel_jobs", waiting)
+    assert messages_of(response) == ["1 job cancelled."]
+    assert actors(waiting)[-1] == (EventKind.CANCELLED, "admin:a\\x00b")
+
+
 def test_run_now_moves_the_due_time_to_now(admin_client):
     job = schedule(tasks.record, in_=3600, args=["a"])
     before = timezone.now()

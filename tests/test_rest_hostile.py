@@ -207,6 +207,22 @@ def test_hostile_form_bodies_get_400(api, body):
     assert snapshot(job) == before
 
 
+@pytest.mark.skipif(connection.vendor == "postgresql", reason="PostgreSQL stores no such name")
+@pytest.mark.parametrize("verb", ["cancel", "reschedule", "requeue"])
+def test_a_user_whose_name_the_actor_column_cannot_hold_gets_no_500(verb):
+    """A username with a NUL (SQLite stores one; a custom user model may make one) made
+    the actor "api:a\\x00b", which the service refused: a 500 (cancel), a 400 blaming
+    "in" (reschedule), a 409 (requeue)."""
+    from django.contrib.auth.models import User
+
+    user = User.objects.create_user("a\x00b", password="pw", is_staff=True, is_superuser=True)
+    job = dead_job() if verb == "requeue" else schedule(tasks.record, in_=3600, args=["x"])
+    body = {"in": 60} if verb == "reschedule" else {}
+    response = client_for(user).post(url("jobs", job.pk, verb), body, format="json")
+    assert response.status_code == 200, response.content[:300]
+    assert job.events.last().actor == "api:a\\x00b"
+
+
 def test_hostile_queries_of_the_admin_job_list_get_no_500(admin_client, job):
     base = reverse("admin:django_delayjobs_job_changelist")
     for query in [
