@@ -17,6 +17,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import capfirst
 
+from .. import sql
 from ..models import Job
 from ..rows import Unreadable
 from ..serialization import showable
@@ -25,8 +26,9 @@ EMPTY = "-"
 
 
 def actor(request: HttpRequest) -> str:
-    """The ``JobEvent.actor`` naming the admin user behind a change."""
-    return f"admin:{request.user.get_username()}"[:150]
+    """The ``JobEvent.actor`` naming the admin user behind a change (cleaned: a username
+    the column cannot hold must not refuse the change)."""
+    return sql.clean_text(f"admin:{request.user.get_username()}")[:150]
 
 
 def duration(delta: datetime.timedelta) -> str:

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from .. import services
+from .. import services, sql
 from ..engine import EngineUnavailable
 from ..exceptions import InvalidSchedule
 from ..models import Job, JobEvent
@@ -47,8 +47,9 @@ class RedisUnavailable(APIException):
 
 
 def actor(request: Request) -> str:
-    """The name recorded in the JobEvent of a change made through the API."""
-    return f"api:{request.user.get_username()}"[:_ACTOR_LENGTH]
+    """The name recorded in the JobEvent of a change made through the API (cleaned: a
+    username the column cannot hold must not refuse the change)."""
+    return sql.clean_text(f"api:{request.user.get_username()}")[:_ACTOR_LENGTH]
 
 
 def _conflict(job: Job, detail: str) -> Response:
