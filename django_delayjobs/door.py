@@ -113,12 +113,14 @@ def check_target(job: Job) -> None:
 
 
 def check_created(value: object, now: datetime.datetime) -> datetime.datetime:
-    """``value`` in UTC if it is an aware time from 1970 to ``now``, else raise: a year
-    near 1 or 9999 overflows when converted (SQLite) or cannot be read back (PostgreSQL)."""
+    """``value`` in UTC if it is an aware time from 1970 to ``MAX_AHEAD`` from ``now`` (a
+    clock stepped back since ``build_job`` is no reason to refuse), else raise: a year near
+    1 or 9999 overflows when converted (SQLite) or cannot be read back (PostgreSQL)."""
     created = timing.aware(value, "created_at")
-    if not timing.EARLIEST <= created <= now:
+    if not timing.EARLIEST <= created <= now + timing.MAX_AHEAD:
         raise InvalidSchedule(
-            f"created_at ({created.isoformat()}) is not from 1970 to now: use build_job"
+            f"created_at ({created.isoformat()}) is not from 1970 to 100 years from now: "
+            "use build_job"
         )
     return created.astimezone(datetime.UTC)
 

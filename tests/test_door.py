@@ -301,6 +301,7 @@ def test_build_job_refuses_and_schedule_many_checks_what_it_is_given(thing, redi
         ("created_at", datetime.datetime.max.replace(tzinfo=MINUS_5), "created_at"),
         ("created_at", datetime.datetime.min.replace(tzinfo=PLUS_5), "created_at"),
         ("created_at", datetime.datetime(2030, 1, 1), "naive"),
+        ("created_at", far(), "100 years from now"),
         ("created_at", "2030-01-01", "datetime"),
         ("created_at", None, "datetime"),
         # an id Django converts (42 to UUID(int=42), while Redis got "42") or refuses late
