@@ -30,7 +30,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from django.db import Error as DatabaseError
-from django.db import close_old_connections, connections, transaction
+from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -334,7 +334,7 @@ class AutoPrune:
             self.failed(exc)
             return None
         finally:
-            close_old_connections()
+            sql.close_stale()
         if done.jobs:
             logger.info("automatic pruning: deleted %d job(s) and %d event(s)", done.jobs,
                         done.events)  # fmt: skip
