@@ -1,0 +1,145 @@
+"""Audit of the operations side (commands, health): reproductions that fail today."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import zipfile
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+import redis
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+from django_delayjobs.connection import get_engine
+from django_delayjobs.embedded import EmbeddedRedis, find_redis_server
+from django_delayjobs.models import Job, Status
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def health(*args: str) -> tuple[int, list[str]]:
+    out = StringIO()
+    try:
+        call_command("delayjobs_health", *args, stdout=out)
+        code = 0
+    except CommandError as exc:
+        code = exc.returncode
+    return code, out.getvalue().splitlines()
+
+
+def test_health_fails_when_redis_cannot_persist_and_refuses_every_write(tmp_path, settings):
+    """A Redis whose last RDB save failed (disk full, its directory gone) refuses every
+    write with MISCONF (stop-writes-on-bgsave-error, on by default): no job can be added,
+    claimed or acked. The ``redis`` check promises "answers and takes writes" but read only
+    the role and maxmemory of INFO: on a connection in use (the view of a web process
+    probed every few seconds; redis-py PINGs only a connection idle for 30 s) it said ok."""
+    data = tmp_path / "data"
+    data.mkdir()
+    sock = tmp_path / "redis.sock"
+    process = subprocess.Popen(
+        [find_redis_server(), "--port", "0", "--unixsocket", str(sock), "--dir", str(data),
+         "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction",
+         "--logfile", str(tmp_path / "redis.log")],
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        client = redis.Redis(unix_socket_path=str(sock))
+        wait_for(lambda: sock.exists() and client.ping())
+        settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": f"unix://{sock}"}
+        assert health("--min-workers", "0")[0] == 0  # and the connection is in use
+        client.config_set("save", "3600 1")  # saves are on: a failed one stops writes
+        shutil.rmtree(data)  # the save cannot create its file
+        client.bgsave()
+        wait_for(lambda: client.info("persistence")["rdb_last_bgsave_status"] == "err")
+        with pytest.raises(redis.ResponseError, match="MISCONF"):
+            client.set("probe", 1)
+        code, lines = health("--min-workers", "0")
+    finally:
+        process.kill()  # SIGTERM would save first, fail and not exit
+        process.wait(5)
+    assert code == 1, lines
+    assert lines[0].startswith("FAIL redis") and "MISCONF" in lines[0], lines
+
+
+def test_health_fails_when_the_migrations_are_not_applied():
+    """With the app's migrations not applied (a new version deployed before ``migrate``),
+    every schedule() and every claim fails, yet the ``database`` check ran only
+    ``SELECT 'off'`` and said ok: the web's probe (``min_workers=0``) passed."""
+    call_command("migrate", "django_delayjobs", "0002", verbosity=0)
+    try:
+        code, lines = health("--min-workers", "0")
+    finally:
+        call_command("migrate", "django_delayjobs", verbosity=0)
+    assert code == 1, lines
+    assert lines[1].startswith("FAIL database") and "migrate" in lines[1], lines
+
+
+def test_reconcile_does_not_wait_for_a_frozen_redis_chunk_after_chunk(tmp_path, settings):
+    """A full pass against a Redis that accepts connections and never answers waited for
+    the socket timeouts of every 1000-job chunk in turn (about 2 s each: 100,000 waiting
+    jobs, over 3 minutes) before its one-line error: ``delayjobs_reconcile`` hung."""
+    now = timezone.now()
+    Job.objects.bulk_create(
+        Job(queue="default", action="tests.nothing", run_at=now + timedelta(hours=1),
+            status=Status.SCHEDULED)
+        for _ in range(6000)
+    )  # fmt: skip
+    server = EmbeddedRedis(tmp_path / "redis")
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": server.start()}
+    get_engine().known_queues()  # connected while it answers
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(CommandError, match="unreachable"):
+            call_command("delayjobs_reconcile", stdout=StringIO())
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.close()
+    assert elapsed < 5, elapsed
+
+
+@pytest.mark.slow
+def test_the_dockerfile_copies_what_pip_install_needs(tmp_path):
+    """The Dockerfile copies ``pyproject.toml``, ``README.md`` and the package before
+    ``pip install ".[http,metrics]"``, but not ``LICENSE``, which pyproject.toml's
+    ``license-files`` names: every build warned ``Pattern 'LICENSE' did not match any
+    files`` and the image's package came without its license (which MIT asks copies to
+    carry)."""
+    import sys
+
+    from tests.test_deploy_files import DEPLOY, ROOT, dockerfile_instructions
+
+    context = tmp_path / "context"
+    for instruction, rest in dockerfile_instructions(DEPLOY / "Dockerfile"):
+        if instruction == "RUN" and "pip install" in rest:
+            break
+        if instruction == "COPY":
+            for source in rest.split()[:-1]:
+                for path in ROOT.glob(source):
+                    target = context / path.relative_to(ROOT)
+                    if path.is_dir():
+                        shutil.copytree(path, target, ignore=shutil.ignore_patterns(
+                            "__pycache__", "*.pyc"))  # fmt: skip
+                    else:
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copy2(path, target)
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"),
+         str(context)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "did not match any files" not in result.stdout + result.stderr
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert any(name.endswith(".dist-info/licenses/LICENSE") for name in archive.namelist())
