@@ -1,12 +1,14 @@
 """Health checks of a deployment, shared by ``manage.py delayjobs_health`` and the
 ``health/`` view.
 
-Each check is cheap: one Redis round trip for Redis (per master), one ``SELECT`` for the
-database, and per queue one stats script call (counts of sorted sets, no scan) plus at
-most one primary-key lookup (the due time of the oldest ready job, as for the metrics).
+Each check is cheap: two Redis round trips for Redis (``INFO`` and ``PING``, per master),
+one ``SELECT`` for the database, and per queue one stats script call (counts of sorted
+sets, no scan) plus at most one primary-key lookup (the due time of the oldest ready job,
+as for the metrics).
 
 - ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
-  not a replica, and not at ``maxmemory`` with ``noeviction``.
+  not a replica, not at ``maxmemory`` with ``noeviction``, and not unable to persist
+  (``MISCONF``, which it answers to ``PING`` as to every write).
 - ``database``: the jobs' database answers, and (PostgreSQL) takes writes: a standby, or a
   database with ``default_transaction_read_only``, would refuse every claim.
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
@@ -132,6 +134,10 @@ def check_redis(engine: Engine) -> tuple[Check, bool]:
                 f"full{where}: used_memory {used} of maxmemory {limit} with noeviction, so "
                 "it refuses new jobs (they wait in the database)"
             )), True  # fmt: skip
+    try:
+        engine.ping_masters()
+    except EngineUnavailable as exc:  # MISCONF: it cannot persist, so it takes no write
+        return Check("redis", False, f"refuses writes: {exc}"), True
     return Check("redis", True, "answers"), True
 
 
