@@ -33,19 +33,6 @@ def health(*args: str) -> tuple[int, list[str]]:
     return code, out.getvalue().splitlines()
 
 
-def test_health_fails_when_the_migrations_are_not_applied():
-    """With the app's migrations not applied (a new version deployed before ``migrate``),
-    every schedule() and every claim fails, yet the ``database`` check ran only
-    ``SELECT 'off'`` and said ok: the web's probe (``min_workers=0``) passed."""
-    call_command("migrate", "django_delayjobs", "0002", verbosity=0)
-    try:
-        code, lines = health("--min-workers", "0")
-    finally:
-        call_command("migrate", "django_delayjobs", verbosity=0)
-    assert code == 1, lines
-    assert lines[1].startswith("FAIL database") and "migrate" in lines[1], lines
-
-
 def test_reconcile_does_not_wait_for_a_frozen_redis_chunk_after_chunk(tmp_path, settings):
     """A full pass against a Redis that accepts connections and never answers waited for
     the socket timeouts of every 1000-job chunk in turn (about 2 s each: 100,000 waiting

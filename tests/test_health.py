@@ -201,6 +201,20 @@ def test_database_down_fails(tmp_path):
     assert code == 1 and names(lines, "FAIL") == ["database"]
 
 
+def test_a_database_without_the_apps_migrations_fails():
+    """Migrations not applied (a new version started before ``migrate``): schedule() and
+    every claim fail, yet ``SELECT 'off'`` answered and the web's probe passed."""
+    beat()
+    call_command("migrate", "django_delayjobs", "0002", verbosity=0)
+    try:
+        code, lines = health()
+    finally:
+        call_command("migrate", "django_delayjobs", verbosity=0)
+    assert code == 1 and names(lines, "FAIL") == ["database"]
+    assert "cannot read the job table (are the migrations applied? manage.py migrate)" in lines[1]
+    assert health()[0] == 0
+
+
 @pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
                     reason="a read-only database (PostgreSQL)")  # fmt: skip
 def test_a_database_that_refuses_writes_fails():
