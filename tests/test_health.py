@@ -17,7 +17,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_delayjobs.connection import get_engine
+from django_delayjobs.connection import get_engine, reset_engine
 from django_delayjobs.embedded import EmbeddedRedis, find_redis_server
 from django_delayjobs.models import Job
 from tests.helpers import set_read_only, wait_for
@@ -187,11 +187,16 @@ def test_a_redis_that_cannot_persist_fails(tmp_path, settings):
         with pytest.raises(redis.ResponseError, match="MISCONF"):
             client.set("probe", 1)
         code, lines = health("--min-workers", "0")
+        reset_engine()  # a new connection: redis-py PINGs it before the INFO
+        fresh = health("--min-workers", "0")[1]
     finally:
         process.kill()  # SIGTERM would save first, fail and not exit
         process.wait(5)
     assert code == 1 and names(lines, "FAIL")[0] == "redis", lines
     assert "refuses writes: Redis refused the command: MISCONF" in lines[0]
+    # It answered, if with an error: the queue checks still run (they only read).
+    assert names(fresh, "FAIL")[0] == "redis" and "MISCONF" in fresh[0], fresh
+    assert "0 live worker process(es)" in fresh[2], fresh
 
 
 def test_database_down_fails(tmp_path):
