@@ -38,6 +38,7 @@ from django.views.decorators.http import require_safe
 
 from . import sql
 from .engine import DelayJobsError, EngineUnavailable, validate_name
+from .engine.errors import unreachable
 from .models import Job
 
 if TYPE_CHECKING:
@@ -125,8 +126,8 @@ def check_redis(engine: Engine) -> tuple[Check, bool]:
     answers at all (the queue checks only read)."""
     try:
         masters = engine.masters()
-    except EngineUnavailable as exc:
-        return Check("redis", False, f"unavailable: {exc}"), False
+    except EngineUnavailable as exc:  # a refusal (MISCONF to redis-py's PING) is an answer
+        return Check("redis", False, f"unavailable: {exc}"), not unreachable(exc)
     for address, info in masters.items():
         where = f" (master {address})" if address else ""
         if info.get("role", "master") != "master":
