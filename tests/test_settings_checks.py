@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError, SystemCheckError
 
@@ -170,7 +171,7 @@ def test_a_cache_alias_that_is_not_django_redis_is_a_one_line_error(settings, ar
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_health_view_says_settings_fail_for_a_cache_alias_that_is_not_django_redis(
+def test_health_and_metrics_views_say_settings_fail_for_a_cache_alias_that_is_not_django_redis(
     settings, client
 ):
     """It answered 500 (an ImproperlyConfigured it did not catch)."""
@@ -180,6 +181,11 @@ def test_the_health_view_says_settings_fail_for_a_cache_alias_that_is_not_django
     response = client.get("/delayjobs/health/")
     assert response.status_code == 503
     assert response.json() == {"status": "fail", "checks": {"settings": "fail"}}
+    admin = User.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(admin)
+    response = client.get("/delayjobs/metrics/")  # was a 500 and a traceback per scrape
+    assert response.status_code == 503
+    assert b"settings cannot work" in response.content
 
 
 def test_use_tz_false_is_refused_by_a_check_naming_the_setting(settings):
