@@ -500,6 +500,17 @@ def test_staff_without_permission_gets_403_and_anonymous_goes_to_login(nobody):
     assert response.status_code == 302 and response["Location"].startswith(reverse("admin:login"))
 
 
+@pytest.mark.parametrize("selected", ["not-a-uuid", "1", "\x00"])
+def test_an_action_on_a_selection_that_is_not_a_job_id_is_400(admin_client, selected):
+    """A posted _selected_action that is not a UUID raised ValidationError in Django's
+    queryset.filter(pk__in=...): a 500. Now a 400, and nothing changes."""
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    data = {"action": "cancel_jobs", "_selected_action": [selected, str(job.pk)], "index": "0"}
+    response = admin_client.post(reverse(CHANGELIST), data)
+    assert response.status_code == 400
+    assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
+
+
 def test_action_post_without_csrf_token_is_403(admin_user):
     job = schedule(tasks.record, in_=3600, args=["a"])
     client = Client(enforce_csrf_checks=True)

@@ -156,6 +156,13 @@ class JobAdmin(JobModelAdmin):
         # a DataError (a 500); no stored value holds one, so it is a bad request.
         if any("\x00" in key + "".join(values) for key, values in request.GET.lists()):
             return HttpResponseBadRequest("NUL characters are not allowed in the query string.")
+        # Django filters the selection with pk__in, which raises ValidationError (a 500)
+        # for a value that is not a UUID: no checkbox of the list posts one.
+        try:
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                uuid.UUID(value)
+        except ValueError:
+            return HttpResponseBadRequest("The selected jobs must be given by their ids.")
         return super().changelist_view(request, extra_context)
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
