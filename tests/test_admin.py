@@ -19,6 +19,7 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.db import connection
+from django.db.models import Count
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import path, reverse
@@ -29,6 +30,7 @@ from django_delayjobs.admin import display
 from django_delayjobs.admin.pagination import EstimatedCountPaginator
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import EventKind, Job, JobEvent, Status
+from django_delayjobs.services import build_job, schedule_many
 from tests.testapp import tasks
 from tests.testapp.models import Sku, Thing
 
@@ -402,6 +404,25 @@ def test_run_now_moves_the_due_time_to_now(admin_client):
     assert stats.overdue + stats.ready == 1 and stats.pending == stats.overdue  # due, not later
     burst()
     assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+
+
+def test_run_now_across_every_job_moves_each_once(admin_client):
+    """Run now on "select all" (select_across) walked the list ordered by run_at while
+    moving each job's run_at: on SQLite the cursor met the moved rows again, so 2,100
+    jobs were reported as 4,100 due now and 2,000 got two "rescheduled" events."""
+    now = timezone.now()
+    jobs = [build_job(tasks.record, at=now + datetime.timedelta(hours=1, seconds=i), args=[i])
+            for i in range(2100)]  # fmt: skip
+    schedule_many(jobs)
+    data = {"action": "run_now", "_selected_action": [str(jobs[0].pk)], "select_across": "1",
+            "index": "0"}  # fmt: skip
+    response = admin_client.post(reverse(CHANGELIST), data, follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["2100 jobs are due now."]
+    twice = (
+        JobEvent.objects.filter(kind=EventKind.RESCHEDULED)
+        .values("job").annotate(n=Count("id")).filter(n__gt=1)
+    )  # fmt: skip
+    assert not twice.exists()
 
 
 def test_run_now_of_an_expired_job_is_refused(admin_client):

@@ -280,15 +280,15 @@ class JobAdmin(JobModelAdmin):
 
     @admin.action(description=_("Cancel selected jobs"), permissions=["operate"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        operations.cancel(request, queryset.iterator(), self.message_user)
+        operations.cancel(request, operations.walk(queryset), self.message_user)
 
     @admin.action(description=_("Run selected jobs now"), permissions=["operate"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        operations.run_now(request, queryset.iterator(), self.message_user)
+        operations.run_now(request, operations.walk(queryset), self.message_user)
 
     @admin.action(description=_("Requeue selected dead jobs"), permissions=["operate"])
     def requeue_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        operations.requeue(request, queryset.iterator(), self.message_user)
+        operations.requeue(request, operations.walk(queryset), self.message_user)
 
     @admin.action(description=_("Purge selected dead jobs"), permissions=["purge"])
     def purge_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
@@ -298,7 +298,7 @@ class JobAdmin(JobModelAdmin):
             return self.purge_confirmation(
                 request, queryset.iterator(), form_url="", hidden=hidden, cancel_url=""
             )
-        operations.purge(request, queryset.iterator(), self.message_user)
+        operations.purge(request, operations.walk(queryset), self.message_user)
         return None
 
     def purge_confirmation(
