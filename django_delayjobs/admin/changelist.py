@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.admin import AllValuesFieldListFilter
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Max, Min, QuerySet
@@ -84,10 +85,14 @@ class JobChangeList(ChangeList):
         overflows on year 9999 (and on year 1 in a zone ahead of UTC).
 
         The drill-down is a year, a year and month, or a full date; anything else (a day
-        without a year, a day that no month has) is Django's "?e=1", never a 500.
+        without a year, a day that no month has) is Django's "?e=1", never a 500. Bounds
+        given directly are refused (400): unchecked, a time whose UTC falls outside years
+        1-9999 overflows on its way to the database.
         """
         lookup = super().get_filters_params(params)
         field = self.date_hierarchy
+        if f"{field}__gte" in lookup or f"{field}__lt" in lookup:
+            raise DisallowedModelAdminLookup(f"Filter {field} with the date drill-down")
         parts = [lookup.pop(f"{field}__{part}", None) for part in ("year", "month", "day")]
         if parts == [None, None, None]:
             return lookup
