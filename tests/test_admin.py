@@ -506,6 +506,21 @@ def test_purge_action_asks_then_deletes_dead_jobs_and_logs_who(admin_client, adm
     assert (entry.user, entry.action_flag) == (admin_user, DELETION)
 
 
+def test_the_purge_confirmation_of_every_job_reads_only_the_jobs_it_lists(admin_client):
+    """Asking to purge every job of the list (select_across) read the selection with an
+    unbounded iterator to list its first 100: on PostgreSQL a server-side cursor WITH HOLD
+    copies every selected row (a million) before the first is read. It reads 101 now."""
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    data = {"action": "purge_dead", "_selected_action": [str(job.pk)], "select_across": "1",
+            "index": "0"}  # fmt: skip
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.post(reverse(CHANGELIST), data)
+    assert response.status_code == 200 and b"None of the selected jobs is dead" in response.content
+    column = '"django_delayjobs_job"."kwargs"'  # a read of whole job rows
+    reads = [q["sql"] for q in queries.captured_queries if column in q["sql"]]
+    assert reads and all("LIMIT 101" in sql for sql in reads), reads
+
+
 def test_viewer_is_not_offered_actions_and_cannot_post_one(viewer):
     job = schedule(tasks.record, in_=3600, args=["a"])
     response = viewer.get(reverse(CHANGELIST))

@@ -295,8 +295,11 @@ class JobAdmin(JobModelAdmin):
         if request.POST.get("post") != "yes":
             keep = ["action", "index", "select_across", helpers.ACTION_CHECKBOX_NAME]
             hidden = [(name, value) for name in keep for value in request.POST.getlist(name)]
+            # Sliced: an open iterator over a million selected jobs would have PostgreSQL
+            # copy them all (a cursor WITH HOLD) to list the first ones.
+            listed = queryset[: PURGE_LISTED + 1]
             return self.purge_confirmation(
-                request, queryset.iterator(), form_url="", hidden=hidden, cancel_url=""
+                request, listed, form_url="", hidden=hidden, cancel_url=""
             )
         operations.purge(request, operations.walk(queryset), self.message_user)
         return None
