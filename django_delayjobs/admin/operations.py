@@ -40,15 +40,14 @@ def walk(queryset: QuerySet[Job], batch: int = BATCH) -> Iterator[Job]:
     Not ``queryset.iterator()``: that walks the list's order (run_at) while the actions
     change run_at and status, and SQLite's cursor meets a moved row again (run now moved
     2,000 of 2,100 jobs twice). The primary key never changes, so a walk by it meets each
-    row once, and holds one batch in memory however many jobs are selected.
+    row once, and holds one batch in memory however many jobs are selected. It ends at an
+    empty batch, not a short one: a poison row without a readable id is left out of its
+    batch.
     """
     jobs = queryset.order_by("pk")
     last = None
-    while True:
-        rows = list((jobs if last is None else jobs.filter(pk__gt=last))[:batch])
+    while rows := list((jobs if last is None else jobs.filter(pk__gt=last))[:batch]):
         yield from rows
-        if len(rows) < batch:
-            return
         last = rows[-1].pk
 
 
