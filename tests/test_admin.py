@@ -199,6 +199,19 @@ def test_search_matches_a_key_exactly_spaces_included(admin_client, term, expect
     assert found == ([jobs[expected].pk] if expected else [])
 
 
+@pytest.mark.parametrize("term", ["\x00", "k\x00"])
+def test_the_admin_autocomplete_of_jobs_takes_a_nul_without_a_500(admin_client, term):
+    """Django's autocomplete view searches jobs through JobAdmin.get_search_results (for
+    JobEvent.job), past the job list's refusal of NUL characters: PostgreSQL refused the
+    term with a DataError, a 500. No stored key or target id holds a NUL: nothing found."""
+    schedule(tasks.record, in_=3600, args=["x"], key="k")
+    query = {"app_label": "django_delayjobs", "model_name": "jobevent", "field_name": "job",
+             "term": term}  # fmt: skip
+    response = admin_client.get("/admin/autocomplete/", query)
+    assert response.status_code == 200
+    assert response.json()["results"] == []
+
+
 def test_search_for_nothing_known_finds_nothing(admin_client):
     schedule(tasks.record, in_=60, args=["a"])
     response = admin_client.get(reverse(CHANGELIST), {"q": "no-such-thing"})

@@ -187,6 +187,8 @@ class JobAdmin(JobModelAdmin):
         """
         if not search_term:
             return queryset, False
+        if "\x00" in search_term:  # PostgreSQL refuses it (a 500), and no key holds one
+            return queryset.none(), False
         with contextlib.suppress(ValueError):  # not a UUID: no job has it as its id
             # A job's own id is not also some other job's key or target: done.
             by_id = queryset.filter(pk=uuid.UUID(search_term))
