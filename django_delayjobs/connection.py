@@ -7,12 +7,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
-from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable
+from .exceptions import ConfigurationError
 from .redact import url_problem, without_userinfo
 
 #: Every command is answered in well under a millisecond unless Redis is frozen or gone; a
@@ -32,7 +32,9 @@ _engine: Engine | None = None
 
 def redis_client() -> Any:
     """Return a Redis client for ``CACHE_ALIAS`` (django-redis) or ``REDIS_URL``: a
-    ``RedisCluster`` when ``REDIS_CLUSTER`` is on, else a ``Redis``."""
+    ``RedisCluster`` when ``REDIS_CLUSTER`` is on, else a ``Redis``. Settings that cannot
+    give one raise ``ConfigurationError`` (an ``ImproperlyConfigured`` and a
+    ``DelayJobsError``, which the commands and views report in one line)."""
     alias = delayjobs_settings.CACHE_ALIAS
     if alias:
         return _cache_client(alias)
@@ -51,24 +53,24 @@ def _cache_client(alias: str) -> Any:
     try:
         from django_redis import get_redis_connection
     except ImportError as exc:  # pragma: no cover - django-redis is a dependency
-        raise ImproperlyConfigured("CACHE_ALIAS needs django-redis") from exc
+        raise ConfigurationError("CACHE_ALIAS needs django-redis") from exc
     try:
         client = get_redis_connection(alias)
     except NotImplementedError as exc:
-        raise ImproperlyConfigured(
+        raise ConfigurationError(
             f"DELAYJOBS['CACHE_ALIAS'] = {alias!r} is not a django-redis cache"
         ) from exc
     from redis.cluster import RedisCluster
 
     if delayjobs_settings.REDIS_CLUSTER and not isinstance(client, RedisCluster):
-        raise ImproperlyConfigured(
+        raise ConfigurationError(
             f"DELAYJOBS['REDIS_CLUSTER'] is on but the cache {alias!r} gives a "
             f"{type(client).__name__}, not a redis.cluster.RedisCluster: django-redis has no "
             "cluster client of its own; give the cache a CONNECTION_FACTORY that makes one "
             "(docs/cluster.md), or use REDIS_URL"
         )
     if isinstance(client, RedisCluster) and not delayjobs_settings.REDIS_CLUSTER:
-        raise ImproperlyConfigured(
+        raise ConfigurationError(
             f"the cache {alias!r} is a Redis Cluster client: set DELAYJOBS['REDIS_CLUSTER'] = True"
         )
     return client
@@ -97,7 +99,7 @@ def cluster_client(url: str) -> Any:
 
     problem = cluster_url_problem(url)
     if problem:
-        raise ImproperlyConfigured(f"DELAYJOBS['REDIS_URL'] {problem}")
+        raise ConfigurationError(f"DELAYJOBS['REDIS_URL'] {problem}")
     try:
         return RedisCluster.from_url(
             url,

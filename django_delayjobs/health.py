@@ -1,14 +1,17 @@
 """Health checks of a deployment, shared by ``manage.py delayjobs_health`` and the
 ``health/`` view.
 
-Each check is cheap: one Redis round trip for Redis (per master), one ``SELECT`` for the
-database, and per queue one stats script call (counts of sorted sets, no scan) plus at
-most one primary-key lookup (the due time of the oldest ready job, as for the metrics).
+Each check is cheap: two Redis round trips for Redis (``INFO`` and ``PING``, per master),
+two ``SELECT`` for the database (one a primary-key lookup), and per queue one stats script
+call (counts of sorted sets, no scan) plus at most one primary-key lookup (the due time of
+the oldest ready job, as for the metrics).
 
 - ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
-  not a replica, and not at ``maxmemory`` with ``noeviction``.
+  not a replica, not at ``maxmemory`` with ``noeviction``, and not unable to persist
+  (``MISCONF``, which it answers to ``PING`` as to every write).
 - ``database``: the jobs' database answers, and (PostgreSQL) takes writes: a standby, or a
-  database with ``default_transaction_read_only``, would refuse every claim.
+  database with ``default_transaction_read_only``, would refuse every claim; and the job
+  table has every column (not so until the app's migrations are applied).
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
   ``run_delayworker`` that serves it, promoter-only ones too; one counts as live for three
   ``HEARTBEAT_SECONDS`` after its last beat).
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,6 +38,8 @@ from django.views.decorators.http import require_safe
 
 from . import sql
 from .engine import DelayJobsError, EngineUnavailable, validate_name
+from .engine.errors import unreachable
+from .models import Job
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -120,8 +126,8 @@ def check_redis(engine: Engine) -> tuple[Check, bool]:
     answers at all (the queue checks only read)."""
     try:
         masters = engine.masters()
-    except EngineUnavailable as exc:
-        return Check("redis", False, f"unavailable: {exc}"), False
+    except EngineUnavailable as exc:  # a refusal (MISCONF to redis-py's PING) is an answer
+        return Check("redis", False, f"unavailable: {exc}"), not unreachable(exc)
     for address, info in masters.items():
         where = f" (master {address})" if address else ""
         if info.get("role", "master") != "master":
@@ -132,6 +138,10 @@ def check_redis(engine: Engine) -> tuple[Check, bool]:
                 f"full{where}: used_memory {used} of maxmemory {limit} with noeviction, so "
                 "it refuses new jobs (they wait in the database)"
             )), True  # fmt: skip
+    try:
+        engine.ping_masters()
+    except EngineUnavailable as exc:  # MISCONF: it cannot persist, so it takes no write
+        return Check("redis", False, f"refuses writes: {exc}"), True
     return Check("redis", True, "answers"), True
 
 
@@ -153,6 +163,13 @@ def check_database() -> Check:
             "refuses writes (transaction_read_only is on: a standby "
             "server, or default_transaction_read_only), so no worker can claim a job",
         )
+    try:  # every column, by primary key: a table or column missing fails here
+        list(Job.objects.using(conn.alias).filter(pk=uuid.UUID(int=0)))
+    except DatabaseError as exc:
+        return Check("database", False, (
+            "cannot read the job table (are the migrations applied? manage.py migrate): "
+            f"{str(exc).strip() or type(exc).__name__}"
+        ))  # fmt: skip
     return Check("database", True, "answers")
 
 

@@ -23,7 +23,15 @@ from django.utils import timezone
 
 from . import timing
 from .conf import delayjobs_settings
-from .engine import PRIORITY_RANGE, Engine, PerShard, validate_name
+from .engine import (
+    PRIORITY_RANGE,
+    Engine,
+    EngineUnavailable,
+    PartlyUnavailable,
+    PerShard,
+    validate_name,
+)
+from .engine.errors import unreachable
 from .models import ACTIVE, WAITING, Job, Status
 from .rows import parse_time
 
@@ -54,7 +62,9 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     them together with their worker; ``add`` skips any that Redis still holds in flight.
     A job created less than ``FRESH`` ago is re-added if Redis lacks it, but not counted.
     A shard whose master cannot be reached does not stop the sweep: every other one is
-    repaired, then ``PartlyUnavailable`` is raised with the result as ``done``.
+    repaired, then ``PartlyUnavailable`` is raised with the result as ``done``. A queue
+    none of whose shards answered (on one Redis that does not answer: every queue) is left
+    for the next sweep after that chunk.
 
     A row whose due time cannot be used (a time before 1970, one PostgreSQL holds but
     Python cannot represent, text SQLite cannot parse) must never stop the repair of the
@@ -86,10 +96,26 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     priorities: dict[str, int] = {}  # of the batched ids whose priority is not 0
     young: set[str] = set()  # batched ids of rows created within FRESH
     each = PerShard()  # a queue or shard whose master is down does not stop the sweep
+    down: set[str | None] = set()  # queues no shard of which answered (None: every queue)
 
     def repair(queue: str, items: dict[str, float]) -> None:
-        work = partial(_repair, engine, queue, items, priorities, young, moved)
-        result[queue] += each.run(work, 0)
+        """Repair one chunk of ``queue``. Once none of its shards answered, the queue's
+        other chunks (every queue's, on one Redis) are left for the next sweep: each would
+        wait out the same timeouts, and a full pass of a frozen Redis would hang."""
+        if None in down or queue in down:
+            for id_ in items:
+                priorities.pop(id_, None)
+            young.difference_update(items)
+            return
+        with each.attempt():
+            try:
+                result[queue] += _repair(engine, queue, items, priorities, young, moved)
+            except PartlyUnavailable as exc:
+                result[queue] += exc.done
+                raise
+            except EngineUnavailable as exc:  # on a Cluster, other queues' masters may answer
+                down.add(None if unreachable(exc) and not engine.is_cluster else queue)
+                raise
 
     conn = connections[rows.db]
     # On PostgreSQL iterator() reads through a server-side cursor, which Django closes

@@ -30,7 +30,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from django.db import Error as DatabaseError
-from django.db import close_old_connections, connections, transaction
+from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -38,7 +38,7 @@ from . import sql
 from .conf import delayjobs_settings
 from .connection import get_engine
 from .engine import MAX_BATCH as MAX_IDS
-from .engine import EngineUnavailable, is_valid_name
+from .engine import DelayJobsError, EngineUnavailable, is_valid_name
 from .models import FINISHED, Job, JobEvent, Status
 
 if TYPE_CHECKING:
@@ -259,7 +259,7 @@ class GarbagePurge:
 
     def __init__(self) -> None:
         self.left = 0
-        self.error: EngineUnavailable | None = None
+        self.error: DelayJobsError | None = None
 
     def purge(self, dead: Iterable[tuple[str, str]]) -> None:
         by_queue: dict[str, list[str]] = defaultdict(list)
@@ -278,7 +278,7 @@ class GarbagePurge:
             return False
         try:
             get_engine().purge(queue, ids)  # looks in every shard of the queue
-        except EngineUnavailable as exc:
+        except DelayJobsError as exc:  # Redis down or refusing, or no client (settings)
             self.error = exc
             return False
         return True
@@ -334,7 +334,7 @@ class AutoPrune:
             self.failed(exc)
             return None
         finally:
-            close_old_connections()
+            sql.close_stale()
         if done.jobs:
             logger.info("automatic pruning: deleted %d job(s) and %d event(s)", done.jobs,
                         done.events)  # fmt: skip

@@ -253,27 +253,26 @@ def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
         raise InvalidSchedule("schedule_many does not take keyed jobs; use schedule(key=...)")
     door.check_batch(batch, timezone.now())
     actor = door.check_actor(actor)
-    with transaction.atomic(using=sql.db()):
-        try:
-            with transaction.atomic(using=sql.db()):  # a job's id may be taken already
-                sql.insert_jobs(batch)
-        except IntegrityError:
-            taken = Job.objects.filter(pk__in=[job.pk for job in batch]).first()
-            if taken is None:
-                raise
-            raise InvalidSchedule(
-                f"job {taken.pk} is already scheduled: schedule_many inserts new jobs"
-            ) from None
-        sql.insert_events(
-            (job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}") for job in batch
-        )
+    try:
+        with transaction.atomic(using=sql.db()):
+            sql.insert_jobs(batch)
+            sql.insert_events(
+                (job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}") for job in batch
+            )
 
-        def after() -> None:
-            push(batch)
-            for job in batch:
-                signals.send(signals.job_scheduled, job)
+            def after() -> None:
+                push(batch)
+                for job in batch:
+                    signals.send(signals.job_scheduled, job)
 
-        _after_commit(after)
+            _after_commit(after)
+    except IntegrityError:  # rolled back (to the savepoint, in the caller's transaction)
+        taken = Job.objects.filter(pk__in=[job.pk for job in batch]).first()
+        if taken is None:
+            raise
+        raise InvalidSchedule(
+            f"job {taken.pk} is already scheduled: schedule_many inserts new jobs"
+        ) from None
     return batch
 
 

@@ -9,6 +9,7 @@ and each means exactly what the ORM call it replaces meant.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import cache
@@ -28,6 +29,15 @@ _EVENT = JobEvent._meta
 def db() -> str:
     """The database alias that Job rows are written to (and read from, by the worker)."""
     return router.db_for_write(Job)
+
+
+def close_stale() -> None:
+    """Django's ``close_old_connections()`` for a worker's threads, which must not die of
+    it: closing a broken connection can itself raise ``DatabaseError``, and the next
+    query opens a new connection all the same."""
+    for conn in connections.all(initialized_only=True):
+        with contextlib.suppress(DatabaseError):
+            conn.close_if_unusable_or_obsolete()
 
 
 def _q(conn: BaseDatabaseWrapper, model_meta: Any, name: str) -> str:

@@ -32,10 +32,10 @@ from types import FrameType
 from typing import Any
 
 from django.db import Error as DatabaseError
-from django.db import close_old_connections, connections
+from django.db import connections
 from django.utils import timezone
 
-from . import metrics, walcheckpoint
+from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard
 from .exceptions import ConfigurationError, DelayJobsError
@@ -116,7 +116,7 @@ def keep_connections() -> None:
     """Between two jobs: keep the database connections for the next one.
 
     ``CONN_MAX_AGE = 0`` means one connection per request; a worker's "request" lasts
-    until it has had no work for a whole tick (``close_old_connections()`` runs then),
+    until it has had no work for a whole tick (``sql.close_stale()`` runs then),
     since a new connection per job costs more than a short job. Broken connections, and
     ones older than a non-zero ``CONN_MAX_AGE``, are closed here too (closing a broken
     one may fail: the next call opens a new one all the same).
@@ -342,7 +342,7 @@ class WorkerProcess:
                 drop_connections()
                 backoff.failed("the database is unavailable", exc)
                 continue
-            close_old_connections()
+            sql.close_stale()
             self.stopping.wait(delayjobs_settings.RECONCILE_SECONDS)
 
     def work_loop(self) -> None:
@@ -353,7 +353,7 @@ class WorkerProcess:
             try:
                 claimed = self.claim(queues)
                 if claimed is None and self.options.burst and self.burst_done():
-                    close_old_connections()
+                    sql.close_stale()
                     return
                 backoff.ok()
                 redis_lost = None
@@ -367,7 +367,7 @@ class WorkerProcess:
                     continue
                 try:
                     if not self.engine.wait_for_work(queues, self.promoter.tick):
-                        close_old_connections()  # idle for a tick: Django's rules apply
+                        sql.close_stale()  # idle for a tick: Django's rules apply
                 except EngineUnavailable as exc:
                     backoff.failed("Redis is unavailable", exc)
                 continue
@@ -598,7 +598,7 @@ class WorkerProcess:
             if settled != checkpointed and now - last_checkpoint >= CHECKPOINT_SECONDS:
                 last_checkpoint, checkpointed = now, settled  # only after work: no idle I/O
                 walcheckpoint.checkpoint()
-                close_old_connections()
+                sql.close_stale()
             self.pruner.step()
             if status_every and now - last_status >= status_every:
                 last_status = now
@@ -614,7 +614,7 @@ class WorkerProcess:
         except ConfigurationError as exc:
             self.die(str(exc))
         finally:
-            close_old_connections()  # this thread's connection: closed between beats
+            sql.close_stale()  # this thread's connection: closed between beats
 
     def check_run_times(self) -> None:
         """Fail the attempt of an action that has run past ``MAX_RUN_SECONDS``, and stop."""

@@ -19,6 +19,7 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.db import connection
+from django.db.models import Count
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import path, reverse
@@ -29,6 +30,7 @@ from django_delayjobs.admin import display
 from django_delayjobs.admin.pagination import EstimatedCountPaginator
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import EventKind, Job, JobEvent, Status
+from django_delayjobs.services import build_job, schedule_many
 from tests.testapp import tasks
 from tests.testapp.models import Sku, Thing
 
@@ -197,6 +199,19 @@ def test_search_matches_a_key_exactly_spaces_included(admin_client, term, expect
     assert found == ([jobs[expected].pk] if expected else [])
 
 
+@pytest.mark.parametrize("term", ["\x00", "k\x00"])
+def test_the_admin_autocomplete_of_jobs_takes_a_nul_without_a_500(admin_client, term):
+    """Django's autocomplete view searches jobs through JobAdmin.get_search_results (for
+    JobEvent.job), past the job list's refusal of NUL characters: PostgreSQL refused the
+    term with a DataError, a 500. No stored key or target id holds a NUL: nothing found."""
+    schedule(tasks.record, in_=3600, args=["x"], key="k")
+    query = {"app_label": "django_delayjobs", "model_name": "jobevent", "field_name": "job",
+             "term": term}  # fmt: skip
+    response = admin_client.get("/admin/autocomplete/", query)
+    assert response.status_code == 200
+    assert response.json()["results"] == []
+
+
 def test_search_for_nothing_known_finds_nothing(admin_client):
     schedule(tasks.record, in_=60, args=["a"])
     response = admin_client.get(reverse(CHANGELIST), {"q": "no-such-thing"})
@@ -231,6 +246,72 @@ def test_date_hierarchy_redirects_a_day_or_month_without_a_year_as_a_bad_filter(
     response = admin_client.get(reverse(CHANGELIST), query)
     assert response.status_code == 302
     assert response.url.endswith("?e=1")
+
+
+def test_the_job_list_sorts_only_by_run_at_whatever_o_says(admin_client):
+    """?o=<column index> sorted by any column (queue, status, action, id): Django's
+    ChangeList ignores sortable_by, so a hostile ?o= made every page a sort of the whole
+    table, which only run_at's index can serve."""
+    schedule(tasks.record, in_=3600, args=["x"], queue="a")
+    schedule(tasks.record, in_=7200, args=["x"], queue="b")
+    for o in ("2", "-2", "1.2", "0"):  # queue, queue desc, status then queue, id
+        response = admin_client.get(reverse(CHANGELIST), {"o": o})
+        assert response.status_code == 200
+        queues = [job.queue for job in response.context["cl"].result_list]
+        assert queues == ["b", "a"], o  # latest due first, as without ?o=
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"kwargs__contains": "x"},  # SQLite: NotSupportedError, a 500
+        {"args__contains": "x"},
+        {"key__regex": "("},  # a malformed regex: a 500 on SQLite and PostgreSQL
+        {"last_error__regex": "(a+)+$"},  # a regex run over every row
+        {"last_error__icontains": "password"},  # a scan of the whole table
+        {"kwargs__reason": "x"},
+        {"id__startswith": "0"},
+    ],
+)
+def test_the_job_list_refuses_lookups_its_filters_do_not_offer(admin_client, query):
+    """Django's admin lets ?<field>__<lookup>= through for any local field: a JSON
+    contains (500 on SQLite), a malformed regex (500), a regex or a substring search run
+    over every row of a big table. Only the filters' own lookups are offered."""
+    schedule(tasks.record, in_=3600, args=["x"])
+    response = admin_client.get(reverse(CHANGELIST), query)
+    assert response.status_code == 400
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"run_at__gte": "0001-01-01T00:00:00+05:00"},
+        {"run_at__lt": "9999-12-31T23:59:59.999999-05:00"},
+        {"run_at__gte": "2030-01-01T00:00:00Z"},
+    ],
+)
+def test_the_job_list_takes_run_at_bounds_only_from_the_date_drill_down(admin_client, query):
+    """?run_at__gte= and ?run_at__lt= straight from the query string reached the database
+    as given: a time whose UTC is outside years 1-9999 was an OverflowError on SQLite (a
+    500). The bounds are the drill-down's (year, month, day), which are checked; given
+    directly they are refused like any other lookup (400)."""
+    schedule(tasks.record, in_=3600, args=["x"])
+    response = admin_client.get(reverse("admin:django_delayjobs_job_changelist"), query)
+    assert response.status_code == 400
+
+
+def test_the_job_list_filters_still_work(admin_client):
+    """The allowed lookups: every filter and the date drill-down (guards the fix above)."""
+    job = schedule(tasks.record, in_=3600, args=["x"], queue="orders")
+    year = timezone.localtime(job.run_at).year
+    for query in [
+        {"status__exact": "scheduled"}, {"queue": "orders"}, {"action": job.action},
+        {"kind": "python"}, {"run_at__year": str(year)}, {"q": str(job.pk)},
+        {"queue__isnull": "False"}, {"status__isnull": "False"}, {"action__isnull": "False"},
+    ]:  # fmt: skip
+        response = admin_client.get(reverse(CHANGELIST), query)
+        assert response.status_code == 200, query
+        assert [j.queue for j in response.context["cl"].result_list] == ["orders"], query
 
 
 def test_lateness_is_start_minus_due_time(admin_client):
@@ -342,18 +423,6 @@ def test_cancel_action_cancels_through_the_service(admin_client):
     assert get_engine().stats("default").pending == 0
 
 
-def test_an_action_on_a_selected_id_that_is_not_a_uuid_is_a_bad_request(admin_client):
-    """The ids an action form posts go to filter(pk__in=...): one that is not a UUID raised
-    Django's ValidationError, a 500."""
-    waiting = schedule(tasks.record, in_=3600, args=["a"])
-    for bad in ("nope", "\x00", "9" * 5000):
-        data = {"action": "cancel_jobs", "_selected_action": [str(waiting.pk), bad],
-                "index": "0"}  # fmt: skip
-        response = admin_client.post(reverse(CHANGELIST), data)
-        assert response.status_code == 400, bad
-    assert Job.objects.get(pk=waiting.pk).status == Status.SCHEDULED
-
-
 @pytest.mark.skipif(connection.vendor == "postgresql", reason="PostgreSQL stores no such name")
 def test_an_action_by_a_user_whose_name_the_actor_column_cannot_hold_is_recorded(
     client, django_user_model
@@ -380,6 +449,25 @@ def test_run_now_moves_the_due_time_to_now(admin_client):
     assert stats.overdue + stats.ready == 1 and stats.pending == stats.overdue  # due, not later
     burst()
     assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+
+
+def test_run_now_across_every_job_moves_each_once(admin_client):
+    """Run now on "select all" (select_across) walked the list ordered by run_at while
+    moving each job's run_at: on SQLite the cursor met the moved rows again, so 2,100
+    jobs were reported as 4,100 due now and 2,000 got two "rescheduled" events."""
+    now = timezone.now()
+    jobs = [build_job(tasks.record, at=now + datetime.timedelta(hours=1, seconds=i), args=[i])
+            for i in range(2100)]  # fmt: skip
+    schedule_many(jobs)
+    data = {"action": "run_now", "_selected_action": [str(jobs[0].pk)], "select_across": "1",
+            "index": "0"}  # fmt: skip
+    response = admin_client.post(reverse(CHANGELIST), data, follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["2100 jobs are due now."]
+    twice = (
+        JobEvent.objects.filter(kind=EventKind.RESCHEDULED)
+        .values("job").annotate(n=Count("id")).filter(n__gt=1)
+    )  # fmt: skip
+    assert not twice.exists()
 
 
 def test_run_now_of_an_expired_job_is_refused(admin_client):
@@ -445,6 +533,21 @@ def test_purge_action_asks_then_deletes_dead_jobs_and_logs_who(admin_client, adm
     assert (entry.user, entry.action_flag) == (admin_user, DELETION)
 
 
+def test_the_purge_confirmation_of_every_job_reads_only_the_jobs_it_lists(admin_client):
+    """Asking to purge every job of the list (select_across) read the selection with an
+    unbounded iterator to list its first 100: on PostgreSQL a server-side cursor WITH HOLD
+    copies every selected row (a million) before the first is read. It reads 101 now."""
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    data = {"action": "purge_dead", "_selected_action": [str(job.pk)], "select_across": "1",
+            "index": "0"}  # fmt: skip
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.post(reverse(CHANGELIST), data)
+    assert response.status_code == 200 and b"None of the selected jobs is dead" in response.content
+    column = '"django_delayjobs_job"."kwargs"'  # a read of whole job rows
+    reads = [q["sql"] for q in queries.captured_queries if column in q["sql"]]
+    assert reads and all("LIMIT 101" in sql for sql in reads), reads
+
+
 def test_viewer_is_not_offered_actions_and_cannot_post_one(viewer):
     job = schedule(tasks.record, in_=3600, args=["a"])
     response = viewer.get(reverse(CHANGELIST))
@@ -476,6 +579,17 @@ def test_staff_without_permission_gets_403_and_anonymous_goes_to_login(nobody):
     anonymous = Client()
     response = anonymous.get(reverse(CHANGELIST))
     assert response.status_code == 302 and response["Location"].startswith(reverse("admin:login"))
+
+
+@pytest.mark.parametrize("selected", ["not-a-uuid", "1", "\x00"])
+def test_an_action_on_a_selection_that_is_not_a_job_id_is_400(admin_client, selected):
+    """A posted _selected_action that is not a UUID raised ValidationError in Django's
+    queryset.filter(pk__in=...): a 500. Now a 400, and nothing changes."""
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    data = {"action": "cancel_jobs", "_selected_action": [selected, str(job.pk)], "index": "0"}
+    response = admin_client.post(reverse(CHANGELIST), data)
+    assert response.status_code == 400
+    assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
 
 
 def test_action_post_without_csrf_token_is_403(admin_user):

@@ -11,7 +11,7 @@ import pytest
 from django.core.cache import cache
 from django.utils import timezone
 
-from django_delayjobs import schedule
+from django_delayjobs import schedule, services
 from django_delayjobs.callbacks import policy
 from django_delayjobs.callbacks.action import ACTION
 from django_delayjobs.callbacks.signing import new_secret
@@ -228,6 +228,23 @@ def test_cancel_by_id_and_by_key_in_a_queue(admin):
     assert post(admin, "callbacks/cancel", {"key": "k"}).status_code == 404  # default queue
     done = post(admin, "callbacks/cancel", {"key": "k", "queue": "q2"})
     assert done.status_code == 200 and done.json()["id"] == b
+
+
+@pytest.mark.parametrize(("verb", "body"), [("cancel", {}), ("reschedule", {"in": 5})])
+def test_a_callback_purged_while_the_verb_lost_is_404(admin, monkeypatch, verb, body):
+    """callbacks/cancel/ and callbacks/reschedule/ read the status of a callback they were
+    too late for: one purged meanwhile (dead, then purged from the admin) raised
+    Job.DoesNotExist there, a 500. jobs/<id>/cancel/ answers 404 then, and so do they."""
+    job_id = post(admin, "callbacks", {"url": HOOK, "in": 60}).json()["id"]
+
+    def lost_then_purged(job: Job, **kwargs: object) -> bool:
+        Job.objects.filter(pk=job.pk).delete()  # a purge between the verb and the answer
+        return False
+
+    monkeypatch.setattr(services, verb, lost_then_purged)
+    response = post(admin, f"callbacks/{verb}", {"id": job_id, **body})
+    assert response.status_code == 404
+    assert "detail" in response.json()
 
 
 def test_a_key_with_spaces_is_kept_and_found_exactly(admin):

@@ -6,7 +6,8 @@ probes, systemd ``Exec*=`` lines, the Dockerfile's ``CMD``) is looked up with Dj
 ``get_commands()`` under the test settings and its arguments parsed by the command's own
 parser. The commands must then be Django's or django-delayjobs' own (the example shop's
 are not installed in the test settings). The Dockerfile's ``COPY`` sources must exist in
-the build context (the repository root).
+the build context (the repository root), and those copied before its ``pip install`` must
+build the package's wheel.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ import fnmatch
 import json
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,6 +315,45 @@ def test_dockerfile_installs_extras_that_exist() -> None:
                 wanted |= set(match.group(1).split(","))
     assert wanted
     assert wanted <= extras
+
+
+@pytest.mark.slow
+def test_the_dockerfile_copies_what_pip_install_needs(tmp_path: Path) -> None:
+    """The files the Dockerfile copies before its ``pip install .`` build a wheel with its
+    license: without ``LICENSE`` (pyproject.toml's ``license-files``) every build warned
+    "Pattern 'LICENSE' did not match any files" (an error from setuptools' 2027 releases)
+    and the image's package came without the license MIT asks copies to carry."""
+    from tests.test_packaging import backend_unavailable
+
+    context = tmp_path / "context"
+    for instruction, rest in dockerfile_instructions(DEPLOY / "Dockerfile"):
+        if instruction == "RUN" and "pip install" in rest:
+            break
+        if instruction == "COPY":
+            for source in shlex.split(rest)[:-1]:
+                for path in ROOT.glob(source):
+                    target = context / path.relative_to(ROOT)
+                    if path.is_dir():
+                        shutil.copytree(path, target, ignore=shutil.ignore_patterns(
+                            "__pycache__", "*.pyc"))  # fmt: skip
+                    else:
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copy2(path, target)
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"),
+         str(context)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    if result.returncode != 0:
+        requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
+        reason = backend_unavailable(tmp_path, requires["requires"])
+        if reason:
+            pytest.skip(reason)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "did not match any files" not in result.stdout + result.stderr
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert any(name.endswith(".dist-info/licenses/LICENSE") for name in archive.namelist())
 
 
 @pytest.mark.parametrize("path", sorted((DEPLOY / "systemd").glob("*.timer")), ids=str)

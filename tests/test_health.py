@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import uuid
 from datetime import timedelta
 from io import StringIO
@@ -15,10 +17,10 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_delayjobs.connection import get_engine
-from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.connection import get_engine, reset_engine
+from django_delayjobs.embedded import EmbeddedRedis, find_redis_server
 from django_delayjobs.models import Job
-from tests.helpers import set_read_only
+from tests.helpers import set_read_only, wait_for
 from tests.test_retention import database_down
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -159,11 +161,63 @@ def test_a_replica_fails(private_redis):
     assert "refuses writes: it is a replica" in lines[0]
 
 
+def test_a_redis_that_cannot_persist_fails(tmp_path, settings):
+    """A Redis whose last RDB save failed (disk full, its directory gone) refuses every
+    write with MISCONF, yet INFO reads as usual: on a connection in use (redis-py PINGs
+    only one idle for 30 s: the view of a web process probed every few seconds) the check
+    said ok. It PINGs, which such a Redis refuses too."""
+    data = tmp_path / "data"
+    data.mkdir()
+    sock = tmp_path / "redis.sock"
+    process = subprocess.Popen(
+        [find_redis_server(), "--port", "0", "--unixsocket", str(sock), "--dir", str(data),
+         "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction",
+         "--logfile", str(tmp_path / "redis.log")],
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        client = redis.Redis(unix_socket_path=str(sock))
+        wait_for(lambda: sock.exists() and client.ping())
+        settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": f"unix://{sock}"}
+        assert health("--min-workers", "0")[0] == 0  # and the connection is in use
+        client.config_set("save", "3600 1")  # saves are on: a failed one stops writes
+        shutil.rmtree(data)  # the save cannot create its file
+        client.bgsave()
+        wait_for(lambda: client.info("persistence")["rdb_last_bgsave_status"] == "err")
+        with pytest.raises(redis.ResponseError, match="MISCONF"):
+            client.set("probe", 1)
+        code, lines = health("--min-workers", "0")
+        reset_engine()  # a new connection: redis-py PINGs it before the INFO
+        fresh = health("--min-workers", "0")[1]
+    finally:
+        process.kill()  # SIGTERM would save first, fail and not exit
+        process.wait(5)
+    assert code == 1 and names(lines, "FAIL")[0] == "redis", lines
+    assert "refuses writes: Redis refused the command: MISCONF" in lines[0]
+    # It answered, if with an error: the queue checks still run (they only read).
+    assert names(fresh, "FAIL")[0] == "redis" and "MISCONF" in fresh[0], fresh
+    assert "0 live worker process(es)" in fresh[2], fresh
+
+
 def test_database_down_fails(tmp_path):
     beat()
     with database_down(tmp_path):
         code, lines = health()
     assert code == 1 and names(lines, "FAIL") == ["database"]
+
+
+def test_a_database_without_the_apps_migrations_fails():
+    """Migrations not applied (a new version started before ``migrate``): schedule() and
+    every claim fail, yet ``SELECT 'off'`` answered and the web's probe passed."""
+    beat()
+    call_command("migrate", "django_delayjobs", "0002", verbosity=0)
+    try:
+        code, lines = health()
+    finally:
+        call_command("migrate", "django_delayjobs", verbosity=0)
+    assert code == 1 and names(lines, "FAIL") == ["database"]
+    assert "cannot read the job table (are the migrations applied? manage.py migrate)" in lines[1]
+    assert health()[0] == 0
 
 
 @pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",

@@ -96,6 +96,19 @@ def test_staff_with_change_job_can_write(job):
     assert list(job.events.values_list("actor", flat=True)) == ["code", "api:bob", "api:bob"]
 
 
+@pytest.mark.parametrize("verb", ["cancel", "reschedule", "requeue"])
+def test_options_does_not_offer_a_write_to_a_user_who_may_only_read(job, verb):
+    """OPTIONS on jobs/<id>/cancel/ (reschedule/, requeue/) answered a view_job holder with
+    "actions": {"POST": ...}, as if it could POST: the permissions were those of the
+    "metadata" action (a read), not of the verb the method names."""
+    viewer = client_for(make_user("viewer", perms=("view_job",)))
+    response = viewer.options(url("jobs", job.pk, verb))
+    assert response.status_code == 200
+    assert "actions" not in response.json()
+    operator = client_for(make_user("operator", perms=("change_job",)))
+    assert "POST" in operator.options(url("jobs", job.pk, verb)).json()["actions"]
+
+
 def test_a_superuser_holds_change_job_without_being_given_it(job):
     api = client_for(make_user(superuser=True))
     assert read_statuses(api, job) == [200, 200, 200]

@@ -174,6 +174,21 @@ def test_redis_down_while_pruning_dead_jobs_leaves_their_ids_and_one_warning(
     assert "left 3 deleted dead job id(s) in the Redis garbage" in warnings[0]
 
 
+def test_redis_settings_that_cannot_work_while_pruning_dead_jobs_warn_once(settings, caplog):
+    """As with Redis down: settings that give no Redis client (a ``CACHE_ALIAS`` that is
+    not django-redis's) raised out of the garbage purge after the first batch."""
+    for _ in range(3):
+        make(Status.DEAD, events=0)
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "default"}
+    with caplog.at_level(logging.WARNING, logger="django_delayjobs.retention"):
+        out = prune("--older-than", "30d", "--status", "dead", "--batch", "1")
+    assert "deleted 3 dead jobs" in out and not Job.objects.exists()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "django_delayjobs.retention"]
+    assert len(warnings) == 1 and "left 3 deleted dead job id(s)" in warnings[0]
+    assert "is not a django-redis cache" in warnings[0]
+
+
 RATE = f"(at most {retention.DEFAULT_RATE} jobs/s)"
 
 

@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from datetime import timedelta
+from io import StringIO
 
 import pytest
 import redis
@@ -438,6 +439,33 @@ def test_schedule_does_not_block_on_a_frozen_redis_and_logs_one_line(tmp_path, s
     assert Job.objects.filter(status=Status.SCHEDULED).count() == 3  # reconcile's to add
     warnings = [r for r in caplog.records if "Redis is unavailable" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].exc_info is None
+
+
+def test_a_full_reconcile_does_not_wait_for_a_frozen_redis_chunk_after_chunk(tmp_path, settings):
+    """A full pass against a Redis that accepts connections and never answers waited for
+    the socket timeouts of every 1000-job chunk in turn (about 2 s each: 100,000 waiting
+    jobs, over 3 minutes) before its one-line error: ``delayjobs_reconcile`` hung. It
+    gives up on a queue whose first chunk got no answer, and on one Redis on every queue."""
+    now = timezone.now()
+    Job.objects.bulk_create(
+        Job(queue=queue, action="tests.nothing", run_at=now + timedelta(hours=1),
+            status=Status.SCHEDULED)
+        for queue in ("default", "b", "c") for _ in range(2000)
+    )  # fmt: skip
+    server = EmbeddedRedis(tmp_path / "redis")
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": server.start()}
+    get_engine().known_queues()  # connected while it answers
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(CommandError, match="unreachable"):
+            call_command("delayjobs_reconcile", stdout=StringIO())
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.close()
+    assert elapsed < 5, elapsed
 
 
 def test_a_job_whose_add_may_still_be_on_its_way_is_re_added_but_not_reported(caplog):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command
-from django.core.management.base import SystemCheckError
+from django.core.management.base import CommandError, SystemCheckError
 
 from django_delayjobs import schedule
 from django_delayjobs.checks import check_settings, check_use_tz
@@ -146,6 +147,45 @@ def test_cache_alias_reuses_the_django_redis_connection(settings, redis_url, red
     assert get_engine().client is get_redis_connection("jobs")
     job = schedule(tasks.record, in_=60, args=["x"])
     assert redis_client.zscore("{viacache:default}:pending", str(job.pk)) is not None
+
+
+COMMANDS = [
+    ("delayjobs_health",),
+    ("delayjobs_stats",),
+    ("delayjobs_reconcile",),
+    ("run_delayworker", "--burst", "-v", "0"),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda argv: argv[0])
+def test_a_cache_alias_that_is_not_django_redis_is_a_one_line_error(settings, argv):
+    """``CACHE_ALIAS`` naming a cache that is not django-redis's (or a cache that does not
+    match ``REDIS_CLUSTER``) passes ``manage.py check``, then connection.py raised Django's
+    ImproperlyConfigured, which no command catches (they catch DelayJobsError): every
+    command ended in a traceback, and the ``health/`` view in a 500."""
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "default"}
+    with pytest.raises(CommandError, match="is not a django-redis cache"):
+        call_command(*argv)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_and_metrics_views_say_settings_fail_for_a_cache_alias_that_is_not_django_redis(
+    settings, client
+):
+    """It answered 500 (an ImproperlyConfigured it did not catch)."""
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "default"}
+    client.raise_request_exception = False
+    response = client.get("/delayjobs/health/")
+    assert response.status_code == 503
+    assert response.json() == {"status": "fail", "checks": {"settings": "fail"}}
+    admin = User.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(admin)
+    response = client.get("/delayjobs/metrics/")  # was a 500 and a traceback per scrape
+    assert response.status_code == 503
+    assert b"settings cannot work" in response.content
 
 
 def test_use_tz_false_is_refused_by_a_check_naming_the_setting(settings):

@@ -20,12 +20,13 @@ from django.core.management.base import CommandError
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_delayjobs import schedule, schedule_many, walcheckpoint
+from django_delayjobs import schedule, schedule_many, sql, walcheckpoint
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
 from django_delayjobs.engine import Engine, close_client
 from django_delayjobs.models import Job, Status
 from django_delayjobs.preflight import check_owner
 from django_delayjobs.promoter import Promoter
+from django_delayjobs.retention import AutoPrune
 from django_delayjobs.services import build_job
 from django_delayjobs.worker import Options, WorkerDied, WorkerProcess
 from tests.helpers import wait_for
@@ -685,7 +686,9 @@ def test_a_thread_that_cannot_start_stops_the_others_and_exits_1(monkeypatch):
     wait_for(lambda: not alive(), timeout=5)
 
 
-def test_a_broken_connection_that_fails_to_close_between_jobs_kills_no_thread(monkeypatch):
+def test_a_broken_connection_that_fails_to_close_between_jobs_kills_no_thread(
+    monkeypatch, settings
+):
     """After a job, a connection that saw an error is closed if unusable; closing a
     broken one can itself raise a DatabaseError, which used to escape ``process()`` and
     kill the worker thread (and so the process)."""
@@ -700,6 +703,12 @@ def test_a_broken_connection_that_fails_to_close_between_jobs_kills_no_thread(mo
     monkeypatch.setattr(connection, "errors_occurred", True)
     monkeypatch.setattr(connection, "close_if_unusable_or_obsolete", close_if_unusable_or_obsolete)
     keep_connections()
+    # Django's close_old_connections() closes the same way, unguarded: the worker's
+    # idle/burst/reconcile/heartbeat paths and the automatic prune (whose step() "never
+    # raises") called it, and died of it.
+    sql.close_stale()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "PRUNE_AFTER_SECONDS": 3600}
+    AutoPrune(get_engine()).step()  # nothing to prune; it closes, and must not raise
 
 
 def test_the_first_signal_after_a_fatal_error_still_lets_the_process_finish(monkeypatch):

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.admin import AllValuesFieldListFilter
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Max, Min, QuerySet
@@ -84,10 +85,14 @@ class JobChangeList(ChangeList):
         overflows on year 9999 (and on year 1 in a zone ahead of UTC).
 
         The drill-down is a year, a year and month, or a full date; anything else (a day
-        without a year, a day that no month has) is Django's "?e=1", never a 500.
+        without a year, a day that no month has) is Django's "?e=1", never a 500. Bounds
+        given directly are refused (400): unchecked, a time whose UTC falls outside years
+        1-9999 overflows on its way to the database.
         """
         lookup = super().get_filters_params(params)
         field = self.date_hierarchy
+        if f"{field}__gte" in lookup or f"{field}__lt" in lookup:
+            raise DisallowedModelAdminLookup(f"Filter {field} with the date drill-down")
         parts = [lookup.pop(f"{field}__{part}", None) for part in ("year", "month", "day")]
         if parts == [None, None, None]:
             return lookup
@@ -106,6 +111,13 @@ class JobChangeList(ChangeList):
         if end is not None:
             lookup[f"{field}__lt"] = [end]
         return lookup
+
+    def get_ordering_field(self, field_name: Any) -> Any:
+        """None (not sortable) for a column ``sortable_by`` leaves out: Django sorts by any
+        column a ``?o=`` names, and only ``run_at``'s index serves a sorted page."""
+        if self.sortable_by is not None and field_name not in self.sortable_by:
+            return None
+        return super().get_ordering_field(field_name)
 
     def _holds(self, start: datetime.datetime | None, end: datetime.datetime | None) -> bool:
         field = self.date_hierarchy

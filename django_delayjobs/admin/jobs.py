@@ -47,14 +47,6 @@ def has_job_permission(request: HttpRequest, action: str) -> bool:
     return request.user.has_perm(f"{Job._meta.app_label}.{codename}")
 
 
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True
-
-
 class JobEventInline(EventInline):
     """A job's history: append-only, so shown and never edited."""
 
@@ -107,6 +99,15 @@ class JobAdmin(JobModelAdmin):
     search_limit = 1000
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # facet counts would scan the whole table
+    #: The lookups the filters and the date drill-down make (its year, month and day are
+    #: turned into run_at bounds first); any other is refused (400). Django lets a lookup
+    #: of any field through: ?last_error__regex= or ?kwargs__contains= would run over
+    #: every row of a big table, and some are a 500 (a malformed regex; a JSON contains
+    #: on SQLite).
+    filter_lookups = frozenset({
+        "status__exact", "status__isnull", "kind", "queue", "queue__isnull", "action",
+        "action__isnull", "run_at__gte", "run_at__lt",
+    })  # fmt: skip
     paginator = EstimatedCountPaginator
     list_per_page = 100
     actions = ["cancel_jobs", "run_now", "requeue_dead", "purge_dead"]
@@ -155,12 +156,17 @@ class JobAdmin(JobModelAdmin):
         # a DataError (a 500); no stored value holds one, so it is a bad request.
         if any("\x00" in key + "".join(values) for key, values in request.GET.lists()):
             return HttpResponseBadRequest("NUL characters are not allowed in the query string.")
-        # An action's selected ids go to filter(pk__in=...), whose ValidationError for one
-        # that is not a UUID would be a 500.
-        selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
-        if request.method == "POST" and not all(map(_is_uuid, selected)):
-            return HttpResponseBadRequest("The selected job ids must be UUIDs.")
+        # Django filters the selection with pk__in, which raises ValidationError (a 500)
+        # for a value that is not a UUID: no checkbox of the list posts one.
+        try:
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                uuid.UUID(value)
+        except ValueError:
+            return HttpResponseBadRequest("The selected jobs must be given by their ids.")
         return super().changelist_view(request, extra_context)
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        return lookup in self.filter_lookups
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         # A row the door would refuse (an older version, a manual edit) is listed and
@@ -181,6 +187,8 @@ class JobAdmin(JobModelAdmin):
         """
         if not search_term:
             return queryset, False
+        if "\x00" in search_term:  # PostgreSQL refuses it (a 500), and no key holds one
+            return queryset.none(), False
         with contextlib.suppress(ValueError):  # not a UUID: no job has it as its id
             # A job's own id is not also some other job's key or target: done.
             by_id = queryset.filter(pk=uuid.UUID(search_term))
@@ -274,25 +282,28 @@ class JobAdmin(JobModelAdmin):
 
     @admin.action(description=_("Cancel selected jobs"), permissions=["operate"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        operations.cancel(request, queryset.iterator(), self.message_user)
+        operations.cancel(request, operations.walk(queryset), self.message_user)
 
     @admin.action(description=_("Run selected jobs now"), permissions=["operate"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        operations.run_now(request, queryset.iterator(), self.message_user)
+        operations.run_now(request, operations.walk(queryset), self.message_user)
 
     @admin.action(description=_("Requeue selected dead jobs"), permissions=["operate"])
     def requeue_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        operations.requeue(request, queryset.iterator(), self.message_user)
+        operations.requeue(request, operations.walk(queryset), self.message_user)
 
     @admin.action(description=_("Purge selected dead jobs"), permissions=["purge"])
     def purge_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         if request.POST.get("post") != "yes":
             keep = ["action", "index", "select_across", helpers.ACTION_CHECKBOX_NAME]
             hidden = [(name, value) for name in keep for value in request.POST.getlist(name)]
+            # Sliced: an open iterator over a million selected jobs would have PostgreSQL
+            # copy them all (a cursor WITH HOLD) to list the first ones.
+            listed = queryset[: PURGE_LISTED + 1]
             return self.purge_confirmation(
-                request, queryset.iterator(), form_url="", hidden=hidden, cancel_url=""
+                request, listed, form_url="", hidden=hidden, cancel_url=""
             )
-        operations.purge(request, queryset.iterator(), self.message_user)
+        operations.purge(request, operations.walk(queryset), self.message_user)
         return None
 
     def purge_confirmation(

@@ -75,6 +75,12 @@ class PerShard:
         raise PartlyUnavailable(str(self.failure), done) from self.failure
 
 
+def unreachable(exc: BaseException) -> bool:
+    """Whether an ``EngineUnavailable`` is Redis not reached or not answering, rather than
+    a refusal (out of memory, a wrong type): every other call to it would fail alike."""
+    return isinstance(exc.__cause__, redis.ConnectionError | redis.TimeoutError)
+
+
 def guarded(fn: Callable[[], T]) -> T:
     """Call ``fn``; a Redis error becomes ``EngineUnavailable``, saying which kind it was
     (a server that is out of memory refuses, it is not unreachable)."""

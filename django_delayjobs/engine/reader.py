@@ -201,6 +201,15 @@ class Reader:
         return cast(dict[str, dict[str, Any]], self._call(
             lambda: self.client.info(target_nodes=self.client.PRIMARIES)))  # fmt: skip
 
+    def ping_masters(self) -> None:
+        """PING every master. One that cannot persist (a failed RDB save or AOF write, with
+        ``stop-writes-on-bgsave-error``) refuses it with MISCONF, as it refuses every write,
+        while its ``INFO`` reads as usual."""
+        if not self.is_cluster:
+            self._call(self.client.ping)
+            return
+        self._call(lambda: self.client.ping(target_nodes=self.client.PRIMARIES))
+
     def node_of(self, name: str) -> str:
         """The address of the master that holds a shard ("" on one Redis)."""
         if not self.is_cluster:

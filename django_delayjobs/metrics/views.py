@@ -2,8 +2,9 @@
 
 Every answer is uncached: 401 (with ``WWW-Authenticate: Bearer``) without a staff session
 or the right token, 403 for a logged-in user who is not a staff user allowed to view jobs,
-503 when Redis or the database is unreachable (Prometheus then records the target as
-down, the signal to alert on), 501 when ``prometheus_client`` is missing.
+503 when Redis or the database is unreachable, or the settings give no Redis client
+(Prometheus then records the target as down, the signal to alert on), 501 when
+``prometheus_client`` is missing.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.views.decorators.http import require_safe
 
 from ..connection import get_engine
 from ..engine import EngineUnavailable
+from ..exceptions import ConfigurationError
 from . import access, snapshot
 
 logger = logging.getLogger("django_delayjobs.metrics")
@@ -46,6 +48,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return _text(501, "metrics need prometheus_client: pip install 'django-delayjobs[metrics]'")
     try:
         readings = snapshot.read(get_engine())
+    except ConfigurationError as exc:  # passed manage.py check, yet gives no Redis client
+        logger.error("metrics: the DELAYJOBS settings cannot work (%s)", exc)
+        return _text(503, "the DELAYJOBS settings cannot work")
     except EngineUnavailable as exc:
         logger.warning("metrics: Redis is unavailable (%s)", exc)
         return _text(503, "Redis is unavailable")

@@ -248,7 +248,10 @@ def _find(lookup: dict[str, Any]) -> Job:
 def _changed(request: Request, job: Job, won: bool, verb: str) -> Response:
     if won:
         return Response(shown(request, job, detail=True))
-    job.refresh_from_db(fields=["status"])
+    try:
+        job.refresh_from_db(fields=["status"])
+    except Job.DoesNotExist:  # purged meanwhile, as jobs/<id>/ says too
+        raise NotFound("No callback with this id or key.") from None
     return Response(
         {"detail": f"Too late to {verb}: the callback has started or finished.",
          "status": job.status},

@@ -74,7 +74,11 @@ class JobViewSet(
     lookup_value_regex = "[^/]+"
 
     def get_permissions(self) -> list[Any]:
-        return permissions_for(write=self.action in _WRITES)
+        # The verb of the request's method, not self.action: for OPTIONS that is
+        # "metadata", a read, also while DRF asks (with a copy of the request for each
+        # method) whether to offer a POST.
+        verb = self.action_map.get((self.request.method or "").lower(), self.action)
+        return permissions_for(write=verb in _WRITES)
 
     def get_queryset(self) -> QuerySet[Job]:
         # A row the door would refuse is shown with its unreadable values as text.
