@@ -72,6 +72,14 @@ class Output:
             time.sleep(0.05)
         raise AssertionError(f"{pattern!r} not printed within {timeout} s:\n{self.text}")
 
+    def close(self, process: subprocess.Popen[str]) -> None:
+        """Kill ``process`` if it still runs, and close its output (read to the end)."""
+        process.kill()
+        process.wait()
+        self.thread.join(10)
+        assert process.stdout is not None
+        process.stdout.close()
+
     @property
     def text(self) -> str:
         return "".join(self.lines)
@@ -130,9 +138,8 @@ def test_demo_stops_its_worker_and_redis_on_sigterm(shop_env, tmp_path):
         assert not directory.exists(), out.text
         assert "interrupted" in out.text
     finally:
-        demo.kill()
-        demo.wait()
         kill_all(pids)
+        out.close(demo)
 
 
 @pytest.mark.skipif(not LINUX, reason="PR_SET_PDEATHSIG is Linux's")
@@ -151,9 +158,8 @@ def test_demo_killed_leaves_no_redis_server_running(shop_env, tmp_path):
         demo.wait()
         assert wait_gone(pids, 15) == [], out.text
     finally:
-        demo.kill()
-        demo.wait()
         kill_all(pids)
+        out.close(demo)
 
 
 # -- dev.py ----------------------------------------------------------------------------
@@ -318,8 +324,7 @@ def test_demo_interrupted_does_not_wait_for_its_payments(shop_env, tmp_path):
         assert time.monotonic() - started < 15, out.text
         assert "interrupted" in out.text
     finally:
-        demo.kill()
-        demo.wait()
+        out.close(demo)
 
 
 @pytest.mark.timeout(180)
@@ -347,6 +352,5 @@ def test_two_demos_started_together_on_a_new_database(shop_env, tmp_path):
         assert codes == [0, 0], "\n".join(out.text for _, out in demos)
     finally:
         database.close()
-        for demo, _ in demos:
-            demo.kill()
-            demo.wait()
+        for demo, out in demos:
+            out.close(demo)
