@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -102,8 +103,13 @@ class Command(BaseCommand):
         )
         call_command("migrate", interactive=False, verbosity=0)
         self.say(f"  database: {simulation.describe_database()} (migrated)")
+        self.stop_paying = threading.Event()
         try:
-            with simulation.redis_for_run() as (redis_url, where), simulation.shop_server() as web:
+            with (
+                simulation.sigterm_interrupts(),
+                simulation.redis_for_run() as (redis_url, where),
+                simulation.shop_server() as web,
+            ):
                 self.say(f"  redis:    {where}")
                 self.say(f"  web:      the shop at {web} (receives its signed payment reminders)")
                 workers = simulation.start_workers(
@@ -119,6 +125,7 @@ class Command(BaseCommand):
                     finished, groups, payments = self.play(plan, workers, log)
                     self.forged = simulation.forged_reminder(web)
                 finally:
+                    self.stop_paying.set()
                     codes = simulation.stop_workers(workers)
         except KeyboardInterrupt:
             raise CommandError("interrupted; the worker and Redis were stopped") from None
@@ -156,7 +163,7 @@ class Command(BaseCommand):
         ]
         payments += [Payment(pk, due[pk]) for pk in groups["at_deadline"]]
 
-        payer = simulation.pay_in_background(payments)
+        payer = simulation.pay_in_background(payments, self.stop_paying)
         finished = simulation.wait_for_outcomes(
             list(due), payments, workers, log, max(due.values()), self.progress
         )
