@@ -22,6 +22,7 @@ from pathlib import Path
 
 import redis
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.db.models import Count
@@ -78,6 +79,22 @@ def redis_for_run() -> Iterator[tuple[str, str]]:
             yield url, f"a private redis-server (pid {server.pid}, stopped at exit)"
     finally:
         server.close()
+
+
+def migrate() -> None:
+    """``migrate``, one process at a time: two demos started together on a new database
+    would both create the tables, and the second fail ("table ... already exists")."""
+    if connection.vendor == "sqlite":  # the lock sits next to the database it guards
+        lock_path = Path(f"{connection.settings_dict['NAME']}.migrate-lock")
+    else:
+        lock_path = Path(settings.VAR_DIR) / "migrate.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        if sys.platform != "win32":  # no fcntl there
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        call_command("migrate", interactive=False, verbosity=0)
 
 
 def describe_database() -> str:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.urls import NoReverseMatch, reverse
 
@@ -101,7 +100,7 @@ class Command(BaseCommand):
             f"django-delayjobs demo {plan.run}: {n} orders, each cancelled {deadline:g} s after "
             "it is placed unless it is paid"
         )
-        call_command("migrate", interactive=False, verbosity=0)
+        simulation.migrate()
         self.say(f"  database: {simulation.describe_database()} (migrated)")
         self.stop_paying = threading.Event()
         try:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 from django.utils import timezone
@@ -62,7 +61,7 @@ class Command(BaseCommand):
         if n < 1 or opts["workers"] < 1 or opts["concurrency"] < 1 or opts["threads"] < 1:
             raise CommandError("--orders, --workers, --concurrency and --threads must be >= 1")
         log = opts["worker_log"] or Path(settings.VAR_DIR) / "race-worker.log"
-        call_command("migrate", interactive=False, verbosity=0)
+        simulation.migrate()
         stop_paying = threading.Event()
         with simulation.sigterm_interrupts(), simulation.redis_for_run() as (redis_url, where):
             self.note(f"race: {n} orders, {simulation.describe_database()}, redis {where}")
