@@ -381,3 +381,24 @@ def test_no_install_command_looks_for_this_project_on_pypi():
         for match in FROM_PYPI.finditer(path.read_text())
     ]
     assert found == []
+
+
+# -- an extra that is missing ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_callbacks_endpoint_without_urllib3_says_what_to_install(settings, monkeypatch):
+    """Without the ``http`` extra (urllib3), POST callbacks/ answered 500: the
+    ConfigurationError that names the extra escaped the view, so the API client got a
+    server error page and the reason went only to the server's log."""
+    from django_delayjobs.models import Job
+    from tests.test_rest_helpers import client_for, make_user, url
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_ALLOWED_HOSTS": ["hooks.example.com"]}
+    monkeypatch.setitem(sys.modules, "urllib3", None)  # import urllib3 fails: not installed
+    admin = client_for(make_user(superuser=True))
+    response = admin.post(url("callbacks"), {"url": "https://hooks.example.com/x", "in": 60},
+                          format="json")  # fmt: skip
+    assert response.status_code == 501
+    assert "django-delayjobs[http]" in response.json()["detail"]
+    assert not Job.objects.exists()
