@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -402,3 +403,19 @@ def test_two_demos_started_together_on_a_new_database(newcomer_env, tmp_path):
         database.close()
         for demo, out in demos:
             out.close(demo)
+
+
+def test_the_report_commands_can_be_pasted_from_a_path_with_spaces(newcomer_env):
+    """The report's closing commands (createsuperuser, runserver) printed the venv's python
+    unquoted: from a venv or clone whose path has a space, pasting them ran "/tmp/my"."""
+    program = (
+        "import sys\n"
+        "sys.executable = '/tmp/my venv/bin/python'\n"
+        "from shop.management.commands.demo import Command\n"
+        "Command().where_to_look('abc123')\n"
+    )
+    done = shop(newcomer_env, program)
+    assert done.returncode == 0, done.stderr[-3000:]
+    commands = [line.strip() for line in done.stdout.splitlines() if "manage.py" in line]
+    assert shlex.split(commands[0])[0] == "/tmp/my venv/bin/python", done.stdout
+    assert shlex.split(commands[0])[-1] == "createsuperuser", done.stdout
