@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import subprocess
 import sys
 import threading
@@ -274,7 +275,8 @@ class Command(BaseCommand):
         python = os.path.relpath(sys.executable)
         if python.startswith(".."):
             python = sys.executable
-        manage = os.path.relpath(simulation.MANAGE)
+        # Quoted for the shell: ready to paste from a path with spaces.
+        python, manage = shlex.quote(python), shlex.quote(os.path.relpath(simulation.MANAGE))
         jobs = self.url("admin:django_delayjobs_job_changelist", "/admin/django_delayjobs/job/")
         orders = self.url("admin:shop_order_changelist", "/admin/shop/order/")
         self.say("")
