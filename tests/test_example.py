@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -301,9 +302,11 @@ def test_demo_killed_leaves_no_redis_server_running(newcomer_env, tmp_path):
     holding memory and a socket in /tmp); its workers did die (PR_SET_PDEATHSIG)."""
     demo, out = start_demo(newcomer_env, tmp_path)
     pids: list[int] = []
+    directory = None
     try:
         server = int(out.wait_for(r"redis-server \(pid (\d+)", 120)[1])
         pids.append(server)
+        directory = redis_dir(server)
         workers = out.wait_for(r"run_delayworker process\(es\) \(pid ([\d, ]+)\)", 120)[1]
         pids += [int(pid) for pid in workers.split(", ")]
         demo.kill()
@@ -312,6 +315,8 @@ def test_demo_killed_leaves_no_redis_server_running(newcomer_env, tmp_path):
     finally:
         kill_all(pids)
         out.close(demo)
+        if directory is not None:  # the demo had no time to delete it (its redis.log)
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 # -- the shop's views ----------------------------------------------------------------------
