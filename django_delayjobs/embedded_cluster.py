@@ -22,7 +22,7 @@ from types import TracebackType
 
 import redis
 
-from .embedded import find_redis_server
+from .embedded import find_redis_server, start_server
 
 SLOTS = 16384
 
@@ -148,7 +148,7 @@ class EmbeddedCluster:
             "--loglevel", "warning",
             "--logfile", str(node.directory / "redis.log"),
         ]  # fmt: skip
-        node.process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        node.process = start_server(args)
 
     def _wait_answers(self, node: Node, timeout: float) -> None:
         deadline = time.monotonic() + timeout

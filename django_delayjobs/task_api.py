@@ -1,8 +1,8 @@
 """The ``django.tasks`` names the backend uses: Django 6's own, or the backport's.
 
 One place for the import dance: Django 6.0+ has ``django.tasks``; Django 5.2 gets the
-same API from the ``django-tasks`` backport (``pip install "django-delayjobs[tasks]"``),
-where ``InvalidTask`` is called ``InvalidTaskError``.
+same API from the ``django-tasks`` backport (the ``tasks`` extra), where ``InvalidTask``
+is called ``InvalidTaskError``.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import sys
 import uuid
 
 import pytest
@@ -302,3 +303,12 @@ def test_reschedule_by_key(admin):
     post(admin, "callbacks/cancel", {"key": "k"})
     late = post(admin, "callbacks/reschedule", {"key": "k", "in": 5})
     assert late.status_code == 409 and late.json()["status"] == "cancelled"
+
+
+def test_without_urllib3_create_answers_501_naming_the_extra(admin, monkeypatch):
+    """Without the ``http`` extra the ConfigurationError that names it was a 500."""
+    monkeypatch.setitem(sys.modules, "urllib3", None)  # import urllib3 fails: not installed
+    response = post(admin, "callbacks", {"url": HOOK, "in": 60})
+    assert response.status_code == 501
+    assert "django-delayjobs[http]" in response.json()["detail"]
+    assert not Job.objects.exists()

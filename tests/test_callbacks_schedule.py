@@ -330,7 +330,7 @@ def test_without_urllib3_callbacks_are_refused_and_check_says_why(settings, monk
     from django_delayjobs.exceptions import ConfigurationError
 
     monkeypatch.setattr(action, "client_installed", lambda: False)
-    with pytest.raises(ConfigurationError, match=r"pip install 'django-delayjobs\[http\]'"):
+    with pytest.raises(ConfigurationError, match=r"django-delayjobs\[http\]: pip install urllib3"):
         schedule_http("https://hooks.example.com/", in_=1)
     assert not Job.objects.exists()
     assert "django_delayjobs.E011" in ids(settings, HTTP_ALLOWED_HOSTS=["a.example"])

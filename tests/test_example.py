@@ -13,8 +13,14 @@ import contextlib
 import json
 import os
 import re
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import textwrap
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +32,7 @@ from tests.helpers import ROOT
 
 MANAGE = ROOT / "example_project" / "manage.py"
 POSTGRES_SCHEMES = ("postgres", "postgresql", "pgsql")
+LINUX = sys.platform.startswith("linux")
 
 pytestmark = pytest.mark.slow
 
@@ -167,3 +174,253 @@ def test_race_paid_at_exactly_the_deadline_postgresql(
     assert summary["payment_errors"] == [], detail
     assert summary["deadlocks_in_worker_logs"] == 0, detail
     assert summary["ok"] and run.returncode == 0, detail
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not reaped, does not count)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait until none of ``pids`` runs; return those still running after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+class Output:
+    """Collects a child's stdout lines in a thread; ``wait_for`` a line matching a regex."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        assert process.stdout is not None
+        self.thread = threading.Thread(target=self._read, args=(process.stdout,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if match := re.search(pattern, line):
+                    return match
+            time.sleep(0.05)
+        raise AssertionError(f"{pattern!r} not printed within {timeout} s:\n{self.text}")
+
+    def close(self, process: subprocess.Popen[str]) -> None:
+        """Kill ``process`` if it still runs, and close its output (read to the end)."""
+        process.kill()
+        process.wait()
+        self.thread.join(10)
+        assert process.stdout is not None
+        process.stdout.close()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def redis_dir(pid: int) -> Path:
+    return Path(os.readlink(f"/proc/{pid}/cwd"))  # redis-server works in its --dir
+
+
+def start_demo(
+    env: dict[str, str], tmp_path: Path, *extra: str
+) -> tuple[subprocess.Popen[str], Output]:
+    """``manage.py demo`` with deadlines far enough away that it is still running."""
+    process = subprocess.Popen(
+        [sys.executable, str(MANAGE), "demo", "--orders", "4", "--deadline", "60",
+         "--arrivals", "0.2", *extra, "--worker-log", str(tmp_path / "worker.log")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    return process, Output(process)
+
+
+@pytest.fixture
+def newcomer_env(tmp_path: Path) -> dict[str, str]:
+    """A newcomer's environment: no REDIS_URL (the demo starts its own private Redis,
+    whose process these tests watch), a fresh SQLite file."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
+    }
+    env["SHOP_SQLITE_PATH"] = str(tmp_path / "shop.sqlite3")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+# -- the demo and signals ----------------------------------------------------------------
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+@pytest.mark.timeout(180)
+def test_demo_stops_its_worker_and_redis_on_sigterm(newcomer_env, tmp_path):
+    """SIGTERM (``kill <pid>``, a CI time-out, systemd) ended the demo at once, without
+    stopping its private redis-server: the server ran on as an orphan, its temporary
+    directory stayed in /tmp. Ctrl-C (SIGINT) was handled, SIGTERM was not."""
+    demo, out = start_demo(newcomer_env, tmp_path)
+    pids: list[int] = []
+    try:
+        server = int(out.wait_for(r"redis-server \(pid (\d+)", 120)[1])
+        pids.append(server)
+        directory = redis_dir(server)
+        workers = out.wait_for(r"run_delayworker process\(es\) \(pid ([\d, ]+)\)", 120)[1]
+        pids += [int(pid) for pid in workers.split(", ")]
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(60) != 0
+        out.thread.join(10)
+        assert wait_gone(pids, 10) == [], out.text
+        assert not directory.exists(), out.text
+        assert "interrupted" in out.text
+    finally:
+        kill_all(pids)
+        out.close(demo)
+
+
+@pytest.mark.skipif(not LINUX, reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.timeout(180)
+def test_demo_killed_leaves_no_redis_server_running(newcomer_env, tmp_path):
+    """kill -9 of the demo left its private redis-server running for ever (an orphan
+    holding memory and a socket in /tmp); its workers did die (PR_SET_PDEATHSIG)."""
+    demo, out = start_demo(newcomer_env, tmp_path)
+    pids: list[int] = []
+    directory = None
+    try:
+        server = int(out.wait_for(r"redis-server \(pid (\d+)", 120)[1])
+        pids.append(server)
+        directory = redis_dir(server)
+        workers = out.wait_for(r"run_delayworker process\(es\) \(pid ([\d, ]+)\)", 120)[1]
+        pids += [int(pid) for pid in workers.split(", ")]
+        demo.kill()
+        demo.wait()
+        assert wait_gone(pids, 15) == [], out.text
+    finally:
+        kill_all(pids)
+        out.close(demo)
+        if directory is not None:  # the demo had no time to delete it (its redis.log)
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- the shop's views ----------------------------------------------------------------------
+
+SHOP_PROGRAM = textwrap.dedent(
+    """
+    from django.core.management import call_command
+    from django.test import Client
+    call_command("migrate", verbosity=0)
+    client = Client(HTTP_HOST="localhost", raise_request_exception=False)
+    for amount in AMOUNTS:
+        created = client.post("/orders/", {"amount": amount})
+        page = client.get("/")
+        text = page.content.decode()
+        print(amount, created.status_code, page.status_code, "must be a positive" in text)
+    """
+)
+
+
+def shop(env: dict[str, str], program: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(MANAGE), "shell", "-c", program],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_shop_refuses_an_amount_its_column_cannot_hold(newcomer_env, redis_url):
+    """The shop's "Create an order" form accepted an amount of 100,000,000 or more, which
+    ``Order.amount`` (10 digits, 2 after the point) cannot hold: SQLite stored it anyway,
+    and from then on the shop's home page answered 500 to everyone (InvalidOperation
+    reading the row back); PostgreSQL refuses it with a 500 at once."""
+    env = {**newcomer_env, "REDIS_URL": redis_url}
+    amounts = ["12.5", "100000000", "99999999.995", "1e9"]
+    done = shop(env, f"AMOUNTS = {amounts!r}\n" + SHOP_PROGRAM)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-4:] == [
+        "12.5 302 200 False",
+        "100000000 302 200 True",
+        "99999999.995 302 200 True",
+        "1e9 302 200 True",
+    ], done.stderr[-3000:]
+
+
+# -- the demo, continued -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_demo_interrupted_does_not_wait_for_its_payments(newcomer_env, tmp_path):
+    """After Ctrl-C the demo said "interrupted; the worker and Redis were stopped" and then
+    hung until the last planned payment's moment (a minute with ``--deadline 60``): the
+    payments' ThreadPoolExecutor threads, joined at exit, slept on and then paid orders
+    (against the shop's default Redis, the demo's being gone)."""
+    demo, out = start_demo(newcomer_env, tmp_path)
+    try:
+        out.wait_for(r"orders:\s+\d+ pending", 120)  # the payments are on their way
+        demo.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        demo.wait(90)
+        assert time.monotonic() - started < 15, out.text
+        assert "interrupted" in out.text
+    finally:
+        out.close(demo)
+
+
+@pytest.mark.timeout(180)
+def test_two_demos_started_together_on_a_new_database(newcomer_env, tmp_path):
+    """Two demos started together on a new database both ran ``migrate``: the second failed
+    with 'table "django_delayjobs_job" already exists' (or could not create
+    django_migrations). Here the test holds SQLite's write lock until both are migrating,
+    so that they always meet."""
+    import sqlite3
+
+    database = sqlite3.connect(newcomer_env["SHOP_SQLITE_PATH"], isolation_level=None)
+    database.execute("PRAGMA journal_mode=WAL")
+    database.execute("BEGIN IMMEDIATE")
+    demos = []
+    try:
+        for n in range(2):
+            demos.append(
+                start_demo(newcomer_env, tmp_path / str(n), "--orders", "2", "--deadline", "2")
+            )
+        for _, out in demos:
+            out.wait_for(r"django-delayjobs demo", 60)
+        time.sleep(3)  # both are in migrate, waiting for the lock
+        database.execute("COMMIT")
+        codes = [demo.wait(150) for demo, _ in demos]
+        assert codes == [0, 0], "\n".join(out.text for _, out in demos)
+    finally:
+        database.close()
+        for demo, out in demos:
+            out.close(demo)
+
+
+def test_the_report_commands_can_be_pasted_from_a_path_with_spaces(newcomer_env):
+    """The report's closing commands (createsuperuser, runserver) printed the venv's python
+    unquoted: from a venv or clone whose path has a space, pasting them ran "/tmp/my"."""
+    program = (
+        "import sys\n"
+        "sys.executable = '/tmp/my venv/bin/python'\n"
+        "from shop.management.commands.demo import Command\n"
+        "Command().where_to_look('abc123')\n"
+    )
+    done = shop(newcomer_env, program)
+    assert done.returncode == 0, done.stderr[-3000:]
+    commands = [line.strip() for line in done.stdout.splitlines() if "manage.py" in line]
+    assert shlex.split(commands[0])[0] == "/tmp/my venv/bin/python", done.stdout
+    assert shlex.split(commands[0])[-1] == "createsuperuser", done.stdout

@@ -17,6 +17,7 @@ obtained at all, and says so.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -200,3 +201,30 @@ def test_the_build_left_the_source_tree_alone(built: Built) -> None:
     assert built.source.resolve() != ROOT
     assert build_leftovers() - LEFTOVERS_BEFORE == set()
     assert (built.source / f"{PACKAGE}.egg-info").exists()  # the build did write there
+
+
+# -- install commands ----------------------------------------------------------------------
+
+#: ``pip install 'django-delayjobs[x]'``: a requirement by name alone, which pip looks up on
+#: PyPI (``... @ git+URL`` and a path are fine).
+FROM_PYPI = re.compile(
+    r"""pip install (['"]?)django-delayjobs(\[[^\]]*\])?\1(?=[\s`)]|$)(?!\s*@)"""
+)
+
+
+def test_no_install_command_looks_for_this_project_on_pypi():
+    """django-delayjobs is not on PyPI ("install it from a clone", says the README), yet
+    docs/callbacks.md, metrics.md, tasks.md, api.md, the README's metrics line and the
+    messages for a missing extra (metrics/, run_delayworker --metrics-port, HTTP callbacks,
+    the embedded Redis, the example's DATABASE_URL) said ``pip install
+    'django-delayjobs[...]'``: "No matching distribution found", or, once someone else
+    takes the name there, their package."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    files += sorted((ROOT / "django_delayjobs").rglob("*.py"))
+    files += sorted((ROOT / "example_project").rglob("*.py"))
+    found = [
+        f"{path.relative_to(ROOT)}: {match[0]}"
+        for path in files
+        for match in FROM_PYPI.finditer(path.read_text())
+    ]
+    assert found == []

@@ -19,7 +19,9 @@ from .request import InvalidCallback, load
 
 #: The action's registered name: what a callback job's ``action`` column holds.
 ACTION = "django_delayjobs.callbacks.deliver"
-MISSING_CLIENT = "HTTP callbacks need urllib3: pip install 'django-delayjobs[http]'"
+MISSING_CLIENT = (
+    "HTTP callbacks need urllib3, the extra django-delayjobs[http]: pip install urllib3"
+)
 
 
 def client_installed() -> bool:

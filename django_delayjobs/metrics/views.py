@@ -45,7 +45,11 @@ def metrics(request: HttpRequest) -> HttpResponse:
     try:
         from . import exposition
     except ImportError:
-        return _text(501, "metrics need prometheus_client: pip install 'django-delayjobs[metrics]'")
+        return _text(
+            501,
+            "metrics need prometheus_client, the extra django-delayjobs[metrics]: "
+            "pip install prometheus-client",
+        )
     try:
         readings = snapshot.read(get_engine())
     except ConfigurationError as exc:  # passed manage.py check, yet gives no Redis client

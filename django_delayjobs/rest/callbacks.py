@@ -26,6 +26,7 @@ from ..callbacks.policy import Refused
 from ..callbacks.request import METHODS, InvalidCallback
 from ..callbacks.service import KeyHeld, active_callback, create
 from ..conf import delayjobs_settings
+from ..exceptions import ConfigurationError
 from ..models import Job
 from . import serializers as s
 from .formats import SafeFormats
@@ -204,6 +205,7 @@ class CallbackCreateView(CallbackView):
             200: _JOB_OR_RECEIPT,
             400: dict,
             409: s.DetailSerializer,
+            501: s.DetailSerializer,
             **_REFUSED,
         },
     )
@@ -214,6 +216,8 @@ class CallbackCreateView(CallbackView):
         when = {"in_": given.pop("in")} if "in" in given else {"at": given.pop("at")}
         try:
             job, created = create(given.pop("url"), **when, **given, actor=actor(request))
+        except ConfigurationError as exc:  # the http extra (urllib3) is not installed
+            return Response({"detail": str(exc)}, status=status.HTTP_501_NOT_IMPLEMENTED)
         except KeyHeld:  # say nothing of that job: it is not this endpoint's to show
             return Response(
                 {"detail": "The key is held by an active job that is not a callback."},

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import redis
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.db.models import Count
@@ -49,6 +50,22 @@ def redis_answers(url: str) -> bool:
 
 
 @contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside the block SIGTERM raises ``KeyboardInterrupt``, as Ctrl-C does, so that the
+    ``finally`` clauses stop the workers and Redis (by default SIGTERM ends the process on
+    the spot and leaves the redis-server running)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def redis_for_run() -> Iterator[tuple[str, str]]:
     """Yield (url, description): ``REDIS_URL``, or a private server stopped (by pid) at exit."""
     url = os.environ.get("REDIS_URL")
@@ -62,6 +79,22 @@ def redis_for_run() -> Iterator[tuple[str, str]]:
             yield url, f"a private redis-server (pid {server.pid}, stopped at exit)"
     finally:
         server.close()
+
+
+def migrate() -> None:
+    """``migrate``, one process at a time: two demos started together on a new database
+    would both create the tables, and the second fail ("table ... already exists")."""
+    if connection.vendor == "sqlite":  # the lock sits next to the database it guards
+        lock_path = Path(f"{connection.settings_dict['NAME']}.migrate-lock")
+    else:
+        lock_path = Path(settings.VAR_DIR) / "migrate.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        if sys.platform != "win32":  # no fcntl there
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        call_command("migrate", interactive=False, verbosity=0)
 
 
 def describe_database() -> str:
@@ -225,12 +258,11 @@ class Payment:
     paid_at: float = 0.0  # when pay() was called
 
 
-def _pay(payment: Payment) -> None:
+def _pay(payment: Payment, stop: threading.Event) -> None:
     try:
         connection.ensure_connection()  # connect before the moment, not at it
-        delay = payment.at - time.time()
-        if delay > 0:
-            time.sleep(delay)
+        if stop.wait(max(0.0, payment.at - time.time())):
+            return  # the run was interrupted: no more payments
         payment.paid_at = time.time()
         Order(pk=payment.order_id).pay()
         payment.outcome = "paid"
@@ -242,13 +274,17 @@ def _pay(payment: Payment) -> None:
         connection.close()
 
 
-def pay_in_background(payments: Sequence[Payment], threads: int = 16) -> threading.Thread:
-    """Pay each order at its moment, from a pool of threads; return the running thread."""
+def pay_in_background(
+    payments: Sequence[Payment], stop: threading.Event, threads: int = 16
+) -> threading.Thread:
+    """Pay each order at its moment, from a pool of threads, until ``stop`` is set (the
+    payments not made by then are dropped: the pool's threads would otherwise keep the
+    process alive until the last one); return the running thread."""
     ordered = sorted(payments, key=lambda p: p.at)
 
     def run() -> None:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pay") as pool:
-            list(pool.map(_pay, ordered))
+            list(pool.map(lambda payment: _pay(payment, stop), ordered))
 
     thread = threading.Thread(target=run, name="payments", daemon=True)
     thread.start()

@@ -5,6 +5,7 @@ import json
 from decimal import Decimal, InvalidOperation
 
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -13,6 +14,10 @@ from django_delayjobs.callbacks.receiving import verify_webhook
 from django_delayjobs.models import Job
 
 from .models import Order, PaymentRefused
+
+AMOUNT = Order._meta.get_field("amount")
+#: The first amount that ``Order.amount`` (max_digits, decimal_places) cannot hold.
+TOO_MUCH = 10 ** (AMOUNT.max_digits - AMOUNT.decimal_places)  # type: ignore[attr-defined]
 
 
 @require_GET
@@ -38,8 +43,11 @@ def create_order(request: HttpRequest) -> HttpResponse:
         amount = Decimal(request.POST.get("amount", "")).quantize(Decimal("0.01"))
         if not amount.is_finite() or amount <= 0:
             raise InvalidOperation
-    except InvalidOperation:
-        messages.error(request, "The amount must be a positive number, e.g. 19.90.")
+        AMOUNT.run_validators(amount)  # what the column holds (SQLite stores more)
+    except (InvalidOperation, ValidationError):
+        messages.error(
+            request, f"The amount must be a positive number below {TOO_MUCH:,}, e.g. 19.90."
+        )
         return redirect("shop:order_list")
     order = Order.place(amount)
     job = order.auto_cancel_job

@@ -76,7 +76,7 @@ if os.environ.get("DATABASE_URL"):
     except ImportError as exc:  # pragma: no cover - the dev extra has it
         raise ImproperlyConfigured(
             "DATABASE_URL is set but dj-database-url is not installed: "
-            "pip install 'django-delayjobs[dev]' (or dj-database-url)"
+            "pip install dj-database-url (it is in the extra django-delayjobs[dev])"
         ) from exc
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
 else:

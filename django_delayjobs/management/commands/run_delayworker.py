@@ -213,8 +213,9 @@ class Command(BaseCommand):
         try:
             server = MetricsServer(host, port).start()
         except ImportError as exc:
-            raise CommandError("--metrics-port needs prometheus_client: "
-                               "pip install 'django-delayjobs[metrics]'") from exc  # fmt: skip
+            raise CommandError("--metrics-port needs prometheus_client, the extra "
+                               "django-delayjobs[metrics]: pip install prometheus-client"
+                               ) from exc  # fmt: skip
         except (OSError, TypeError) as exc:  # TypeError: a host the socket cannot encode
             raise CommandError(f"--metrics-port: cannot listen on {host}:{port}: {exc}") from exc
         if opts["verbosity"]:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -21,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.urls import NoReverseMatch, reverse
 
@@ -100,10 +101,15 @@ class Command(BaseCommand):
             f"django-delayjobs demo {plan.run}: {n} orders, each cancelled {deadline:g} s after "
             "it is placed unless it is paid"
         )
-        call_command("migrate", interactive=False, verbosity=0)
+        simulation.migrate()
         self.say(f"  database: {simulation.describe_database()} (migrated)")
+        self.stop_paying = threading.Event()
         try:
-            with simulation.redis_for_run() as (redis_url, where), simulation.shop_server() as web:
+            with (
+                simulation.sigterm_interrupts(),
+                simulation.redis_for_run() as (redis_url, where),
+                simulation.shop_server() as web,
+            ):
                 self.say(f"  redis:    {where}")
                 self.say(f"  web:      the shop at {web} (receives its signed payment reminders)")
                 workers = simulation.start_workers(
@@ -119,6 +125,7 @@ class Command(BaseCommand):
                     finished, groups, payments = self.play(plan, workers, log)
                     self.forged = simulation.forged_reminder(web)
                 finally:
+                    self.stop_paying.set()
                     codes = simulation.stop_workers(workers)
         except KeyboardInterrupt:
             raise CommandError("interrupted; the worker and Redis were stopped") from None
@@ -156,7 +163,7 @@ class Command(BaseCommand):
         ]
         payments += [Payment(pk, due[pk]) for pk in groups["at_deadline"]]
 
-        payer = simulation.pay_in_background(payments)
+        payer = simulation.pay_in_background(payments, self.stop_paying)
         finished = simulation.wait_for_outcomes(
             list(due), payments, workers, log, max(due.values()), self.progress
         )
@@ -268,7 +275,8 @@ class Command(BaseCommand):
         python = os.path.relpath(sys.executable)
         if python.startswith(".."):
             python = sys.executable
-        manage = os.path.relpath(simulation.MANAGE)
+        # Quoted for the shell: ready to paste from a path with spaces.
+        python, manage = shlex.quote(python), shlex.quote(os.path.relpath(simulation.MANAGE))
         jobs = self.url("admin:django_delayjobs_job_changelist", "/admin/django_delayjobs/job/")
         orders = self.url("admin:shop_order_changelist", "/admin/shop/order/")
         self.say("")

@@ -11,6 +11,7 @@ Exit status 0 only then. Meant for PostgreSQL (``DATABASE_URL``); runs on SQLite
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from datetime import timedelta
 from decimal import Decimal
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 from django.utils import timezone
@@ -61,8 +61,9 @@ class Command(BaseCommand):
         if n < 1 or opts["workers"] < 1 or opts["concurrency"] < 1 or opts["threads"] < 1:
             raise CommandError("--orders, --workers, --concurrency and --threads must be >= 1")
         log = opts["worker_log"] or Path(settings.VAR_DIR) / "race-worker.log"
-        call_command("migrate", interactive=False, verbosity=0)
-        with simulation.redis_for_run() as (redis_url, where):
+        simulation.migrate()
+        stop_paying = threading.Event()
+        with simulation.sigterm_interrupts(), simulation.redis_for_run() as (redis_url, where):
             self.note(f"race: {n} orders, {simulation.describe_database()}, redis {where}")
             workers = simulation.start_workers(opts["workers"], redis_url, log, opts["concurrency"])
             try:
@@ -70,12 +71,13 @@ class Command(BaseCommand):
                 spread = n * 0.05 if opts["spread"] is None else opts["spread"]
                 ids, payments = self.place(n, opts["lead"], spread)
                 self.note(f"race: placed {n} orders; paying each exactly at its deadline")
-                payer = simulation.pay_in_background(payments, threads=opts["threads"])
+                payer = simulation.pay_in_background(payments, stop_paying, opts["threads"])
                 finished = simulation.wait_for_outcomes(
                     ids, payments, workers, log, max(p.at for p in payments), self.progress
                 )
                 payer.join(10)
             finally:
+                stop_paying.set()
                 codes = simulation.stop_workers(workers)
         summary = self.summary(ids, payments, finished, codes, log)
         self.stdout.write(json.dumps(summary))
