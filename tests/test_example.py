@@ -244,13 +244,29 @@ def redis_dir(pid: int) -> Path:
 def start_demo(
     env: dict[str, str], tmp_path: Path, *extra: str
 ) -> tuple[subprocess.Popen[str], Output]:
-    """``manage.py demo`` with deadlines far enough away that it is still running."""
+    """``manage.py demo`` with deadlines far enough away that it is still running.
+
+    Its SIGINT is set back to the default: a shell without job control (``cmd &`` in a
+    script, CI) starts a process with SIGINT ignored, and Python then never turns a
+    SIGINT into KeyboardInterrupt, so the Ctrl-C these tests send would do nothing."""
     process = subprocess.Popen(
         [sys.executable, str(MANAGE), "demo", "--orders", "4", "--deadline", "60",
          "--arrivals", "0.2", *extra, "--worker-log", str(tmp_path / "worker.log")],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     return process, Output(process)
+
+
+def demo_processes(out: Output, pids: list[int]) -> Path:
+    """Add the pids of the demo's redis-server and workers to ``pids`` as it prints them
+    (the caller kills what is listed if the test fails); return the server's directory."""
+    server = int(out.wait_for(r"redis-server \(pid (\d+)", 120)[1])
+    pids.append(server)
+    directory = redis_dir(server)
+    workers = out.wait_for(r"run_delayworker process\(es\) \(pid ([\d, ]+)\)", 120)[1]
+    pids += [int(pid) for pid in workers.split(", ")]
+    return directory
 
 
 @pytest.fixture
@@ -279,11 +295,7 @@ def test_demo_stops_its_worker_and_redis_on_sigterm(newcomer_env, tmp_path):
     demo, out = start_demo(newcomer_env, tmp_path)
     pids: list[int] = []
     try:
-        server = int(out.wait_for(r"redis-server \(pid (\d+)", 120)[1])
-        pids.append(server)
-        directory = redis_dir(server)
-        workers = out.wait_for(r"run_delayworker process\(es\) \(pid ([\d, ]+)\)", 120)[1]
-        pids += [int(pid) for pid in workers.split(", ")]
+        directory = demo_processes(out, pids)
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(60) != 0
         out.thread.join(10)
@@ -304,11 +316,7 @@ def test_demo_killed_leaves_no_redis_server_running(newcomer_env, tmp_path):
     pids: list[int] = []
     directory = None
     try:
-        server = int(out.wait_for(r"redis-server \(pid (\d+)", 120)[1])
-        pids.append(server)
-        directory = redis_dir(server)
-        workers = out.wait_for(r"run_delayworker process\(es\) \(pid ([\d, ]+)\)", 120)[1]
-        pids += [int(pid) for pid in workers.split(", ")]
+        directory = demo_processes(out, pids)
         demo.kill()
         demo.wait()
         assert wait_gone(pids, 15) == [], out.text
