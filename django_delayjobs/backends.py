@@ -26,7 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules
 
-from . import registry, serialization, signals, sql
+from . import door, registry, serialization, signals, sql
 from .engine import DelayJobsError, validate_name
 from .execution import current_job
 from .models import Job, Status
@@ -106,6 +106,13 @@ class DelayJobsBackend(BaseTaskBackend):
                 validate_name(queue, "queue name")
             except (TypeError, ValueError) as exc:
                 raise ImproperlyConfigured(f"TASKS[{alias!r}]['QUEUES']: {exc}") from None
+        try:  # every enqueue writes it: refused here, not by each enqueue
+            door.check_actor(ACTOR + alias)
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]: the alias cannot name the actor 'django.tasks:<alias>' of "
+                f"its tasks' history ({exc})"
+            ) from None
         self.max_attempts = _options(alias, self.options)["MAX_ATTEMPTS"]
         # Idempotent (dispatch_uid): every backend instance translates the same signals.
         signals.job_started.connect(_started, dispatch_uid="delayjobs-tasks-started")

@@ -224,6 +224,15 @@ def test_options_none_reads_as_no_options_and_a_non_dict_is_refused():
         DelayJobsBackend("bad", {"OPTIONS": ["MAX_ATTEMPTS"]})
 
 
+def test_an_alias_the_actor_column_cannot_hold_is_refused_at_start_up():
+    """Every enqueue writes the actor "django.tasks:<alias>" (at most 150 characters):
+    a longer alias, or one with a NUL, was refused by each enqueue instead."""
+    assert DelayJobsBackend("a" * 137, {}).alias == "a" * 137
+    for alias in ("a" * 138, "a\x00b"):
+        with pytest.raises(ImproperlyConfigured, match="cannot name the actor"):
+            DelayJobsBackend(alias, {})
+
+
 @pytest.mark.parametrize(
     ("queues", "message"),
     [

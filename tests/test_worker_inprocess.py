@@ -175,6 +175,12 @@ def test_queue_priority_is_strict():
     assert labels == ["high0", "high1", "high2", "low0", "low1", "low2"]
 
 
+def test_a_queue_given_twice_is_served_once_in_its_first_place():
+    from django_delayjobs.management.commands.run_delayworker import queue_list
+
+    assert queue_list("high,low,high, low") == ["high", "low"]  # was claimed from twice
+
+
 def test_due_jobs_of_a_queue_start_highest_priority_first():
     past = timezone.now() - timedelta(seconds=1)  # all due in the same promote pass
     for n, priority in enumerate([0, -10, 100, 5, 0, 5]):

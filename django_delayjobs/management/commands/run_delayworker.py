@@ -64,7 +64,7 @@ def queue_list(value: str) -> list[str]:
         raise ValueError("no queue given")
     for queue in queues:
         validate_name(queue, "queue name")
-    return queues
+    return list(dict.fromkeys(queues))  # "a,a": served once, in the order first given
 
 
 class Command(BaseCommand):
