@@ -34,6 +34,19 @@ def venv_dir() -> Path:
     return Path(os.environ.get("DELAYJOBS_VENV") or ROOT / ".venv" / PY)
 
 
+def venv_python_version(where: Path) -> str | None:
+    """The "3.X" of the Python that made the venv at ``where`` (its pyvenv.cfg), or None."""
+    try:
+        config = (where / "pyvenv.cfg").read_text()
+    except OSError:
+        return None
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() in ("version", "version_info"):
+            return ".".join(value.strip().split(".")[:2])
+    return None
+
+
 def ensure_venv(where: Path | None = None, requirements: str | None = None) -> Path:
     """Create a virtual environment and install the project; return its python.
 
@@ -51,6 +64,13 @@ def ensure_venv(where: Path | None = None, requirements: str | None = None) -> P
     if requirements:
         identity += (ROOT / requirements).read_bytes()
     wanted = hashlib.sha256(identity).hexdigest()
+    made_by, running = venv_python_version(where), f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if made_by and made_by != running:
+        # DELAYJOBS_VENV set for one Python and used from another: its python would run
+        # silently instead of this one.
+        raise SystemExit(f"dev.py: {where} is a Python {made_by} environment and this is "
+                         f"Python {running}: unset DELAYJOBS_VENV, or point it at an "
+                         "environment of this Python")  # fmt: skip
     if stamp.exists() and stamp.read_text() == wanted and python.exists():
         return python
     if not python.exists():

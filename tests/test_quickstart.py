@@ -187,3 +187,17 @@ def test_dev_py_repairs_a_venv_left_without_pip(tmp_path):
     pip = subprocess.run([str(where / "bin" / "python"), "-m", "pip", "--version"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert pip.returncode == 0, pip.stderr
+
+
+def test_dev_py_refuses_a_venv_of_another_python(tmp_path):
+    """``DELAYJOBS_VENV`` set for one Python and used from another (say the 3.11 venv, run
+    under 3.13) ran the tests on the venv's Python without a word."""
+    where = tmp_path / "venv"
+    where.mkdir()
+    (where / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 2.7.18\n")
+    env = {**os.environ, "DELAYJOBS_VENV": str(where)}
+    done = subprocess.run([sys.executable, str(ROOT / "dev.py"), "test"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1
+    assert "is a Python 2.7 environment and this is Python 3." in done.stderr
+    assert not (where / "bin").exists()  # nothing created or installed there
