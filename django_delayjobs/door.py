@@ -10,7 +10,7 @@ import uuid
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
 
-from . import serialization, timing
+from . import serialization, sql, timing
 from .conf import delayjobs_settings
 from .engine import PRIORITY_RANGE, validate_name
 from .exceptions import InvalidSchedule
@@ -54,6 +54,14 @@ def check_column(value: object, what: str, field: str, model: type[models.Model]
 def check_actor(actor: object) -> str:
     """``actor`` if ``JobEvent.actor`` stores it as it is, else raise."""
     return check_column(actor, "actor", "actor", JobEvent)
+
+
+def user_actor(prefix: str, username: str) -> str:
+    """The ``JobEvent.actor`` of a change a user makes in the admin or the API:
+    ``<prefix>:<username>``, cleaned and cut to the column (a username the column cannot
+    hold must not refuse the change)."""
+    length = JobEvent._meta.get_field("actor").max_length
+    return sql.clean_text(f"{prefix}:{username}")[:length]
 
 
 def check_queue(value: object) -> str:

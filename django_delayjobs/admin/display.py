@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import capfirst
 
-from .. import sql
+from .. import door
 from ..models import Job
 from ..rows import Unreadable
 from ..serialization import showable
@@ -28,7 +28,7 @@ EMPTY = "-"
 def actor(request: HttpRequest) -> str:
     """The ``JobEvent.actor`` naming the admin user behind a change (cleaned: a username
     the column cannot hold must not refuse the change)."""
-    return sql.clean_text(f"admin:{request.user.get_username()}")[:150]
+    return door.user_actor("admin", request.user.get_username())
 
 
 def duration(delta: datetime.timedelta) -> str:

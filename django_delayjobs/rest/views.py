@@ -15,10 +15,10 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 from rest_framework.views import APIView
 
-from .. import services, sql
+from .. import door, services
 from ..engine import EngineUnavailable
 from ..exceptions import InvalidSchedule
-from ..models import Job, JobEvent
+from ..models import Job
 from ..queues import all_queue_states
 from ..rows import tolerant
 from . import serializers as s
@@ -30,7 +30,6 @@ from .schema import auto_schema, document
 
 logger = logging.getLogger("django_delayjobs")
 
-_ACTOR_LENGTH = JobEvent._meta.get_field("actor").max_length or 150
 _WRITES = frozenset({"cancel", "reschedule", "requeue"})
 # For the OpenAPI schema: a 400 body maps field names to lists of messages.
 _REFUSED: dict[int, Any] = {403: s.DetailSerializer, 404: s.DetailSerializer}
@@ -49,7 +48,7 @@ class RedisUnavailable(APIException):
 def actor(request: Request) -> str:
     """The name recorded in the JobEvent of a change made through the API (cleaned: a
     username the column cannot hold must not refuse the change)."""
-    return sql.clean_text(f"api:{request.user.get_username()}")[:_ACTOR_LENGTH]
+    return door.user_actor("api", request.user.get_username())
 
 
 def _conflict(job: Job, detail: str) -> Response:
