@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_delayjobs import cancel_for, cancel_on, delayable, schedule, signals
 from django_delayjobs.connection import get_engine
-from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
+from django_delayjobs.exceptions import AlreadyRunning, InvalidSchedule, NotDelayable
 from django_delayjobs.models import EventKind, Job, JobEvent, Status, time_ordered_uuid
 from tests.testapp import tasks
 from tests.testapp.models import Pair, Sku, Thing, thing_paid
@@ -413,9 +413,24 @@ def test_cancel_on_refuses_an_action_it_could_not_cancel_when_connecting(thing):
     assert not paid.has_listeners(Thing)
 
 
-def test_cancel_for_can_refuse_when_the_job_already_runs(thing):
-    from django_delayjobs.exceptions import AlreadyRunning
+def test_cancel_on_returns_a_receiver_that_disconnects_and_honours_each_options(thing):
+    """cancel_on "returns the receiver": signal.disconnect(receiver) left it connected
+    (it was connected under a dispatch_uid), and a second cancel_on for the same signal,
+    action and sender with another name or fail_if_running was silently not connected."""
+    paid = Signal()
+    plain = cancel_on(paid, Thing.expire, sender=Thing, name="paid")
+    assert cancel_on(paid, Thing.expire, sender=Thing, name="paid") is plain  # ready() twice
+    strict = cancel_on(paid, Thing.expire, sender=Thing, name="paid", fail_if_running=True)
+    running = schedule(thing.expire, in_=60)
+    Job.objects.filter(pk=running.pk).update(status=Status.RUNNING)
+    with pytest.raises(AlreadyRunning), transaction.atomic():
+        paid.send(sender=Thing, instance=thing)
+    assert paid.disconnect(strict, sender=Thing)
+    assert paid.disconnect(plain, sender=Thing)
+    assert not paid.has_listeners(Thing)
 
+
+def test_cancel_for_can_refuse_when_the_job_already_runs(thing):
     waiting = schedule(thing.touch, in_=60)
     running = schedule(thing.expire, in_=60)
     Job.objects.filter(pk=running.pk).update(status=Status.RUNNING)
