@@ -441,6 +441,28 @@ def test_cancel_for_can_refuse_when_the_job_already_runs(thing):
     assert cancel_for(thing, Thing.touch, fail_if_running=True) == 1
 
 
+def test_cancel_for_that_refuses_cancels_nothing_outside_a_transaction(thing):
+    """cancel_for(fail_if_running=True) cancelled the waiting jobs (each in its own commit,
+    job_cancelled sent) and then raised AlreadyRunning: outside a caller's transaction
+    nothing rolled the cancels back, so a refused call had changed jobs."""
+    waiting = schedule(thing.touch, in_=60)
+    running = schedule(thing.expire, in_=60)
+    Job.objects.filter(pk=running.pk).update(status=Status.RUNNING)
+    seen: list[Job] = []
+
+    def on_cancelled(sender, job, **kwargs):
+        seen.append(job)
+
+    signals.job_cancelled.connect(on_cancelled)
+    try:
+        with pytest.raises(AlreadyRunning):
+            cancel_for(thing, fail_if_running=True)
+    finally:
+        signals.job_cancelled.disconnect(on_cancelled)
+    assert Job.objects.get(pk=waiting.pk).status == Status.SCHEDULED
+    assert seen == []
+
+
 def test_signals_are_sent_after_commit(thing):
     from django_delayjobs import signals
 
