@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import re
+from pathlib import Path
+
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
@@ -9,7 +13,7 @@ from django.core.management.base import CommandError, SystemCheckError
 
 from django_delayjobs import schedule
 from django_delayjobs.checks import check_settings, check_use_tz
-from django_delayjobs.conf import delayjobs_settings
+from django_delayjobs.conf import DEFAULTS, NAMES, Settings, delayjobs_settings
 from django_delayjobs.connection import get_engine
 from tests.testapp import tasks
 
@@ -210,3 +214,29 @@ def test_schedule_under_use_tz_false_raises_a_configuration_error(settings):
     with pytest.raises(ConfigurationError, match=r"USE_TZ = True.*E015"):
         schedule(tasks.record, in_=60, args=["x"])
     assert not Job.objects.exists()
+
+
+def _documented_settings() -> dict[str, tuple[str, str]]:
+    """docs/settings.md's table: name -> (meaning, default as written)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "settings.md").read_text()
+    rows = re.findall(r"^\| `([A-Z_]+)` \| (.*) \| `(.*)` \|$", text, re.MULTILINE)
+    return {name: (meaning, default) for name, meaning, default in rows}
+
+
+def test_docs_settings_table_names_every_setting_with_its_default_and_range():
+    """docs/settings.md lists each setting once, with the default and the bounds that
+    conf.Settings (the one schema) gives it."""
+    documented = _documented_settings()
+    assert set(documented) == NAMES
+    for name, (meaning, written) in documented.items():
+        try:
+            default = ast.literal_eval(written)
+        except (ValueError, SyntaxError):
+            default = written  # a bare URL
+        assert default == DEFAULTS[name], name
+        metadata = Settings.__dataclass_fields__[name].metadata
+        low, high = metadata.get("low"), metadata.get("high")
+        if low is not None:
+            found = re.search(r"(\d[\d.]*) ?(?:-|to) ?(\d[\d.]*)", meaning)
+            assert found is not None, name
+            assert (float(found[1]), float(found[2])) == (low, high), name
