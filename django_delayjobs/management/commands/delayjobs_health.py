@@ -42,12 +42,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            limits = self.limits(options)
-        except ValueError as exc:
-            raise CommandError(str(exc), returncode=2) from exc
-        try:
+            limits = self.limits(options)  # reads DEFAULT_QUEUE
             engine = get_engine()
-        except DelayJobsError as exc:  # bad settings
+        except (ValueError, DelayJobsError) as exc:  # a bad option, or bad settings
             raise CommandError(str(exc), returncode=2) from exc
         checks = health.run(engine, limits)
         width = max(len(c.name) for c in checks)
