@@ -40,6 +40,9 @@ def redis_client() -> Any:
         return _cache_client(alias)
     if delayjobs_settings.REDIS_CLUSTER:
         return cluster_client(delayjobs_settings.REDIS_URL)
+    problem = redis_url_problem(delayjobs_settings.REDIS_URL)
+    if problem:
+        raise ConfigurationError(f"DELAYJOBS['REDIS_URL'] {problem}")
     return redis.Redis.from_url(
         delayjobs_settings.REDIS_URL,
         socket_timeout=SOCKET_TIMEOUT,
@@ -74,6 +77,19 @@ def _cache_client(alias: str) -> Any:
             f"the cache {alias!r} is a Redis Cluster client: set DELAYJOBS['REDIS_CLUSTER'] = True"
         )
     return client
+
+
+def redis_url_problem(url: str) -> str | None:
+    """What keeps redis-py from using ``url`` (parsed as it parses it, nothing connected),
+    or None; in words that show no part of a password (check E016)."""
+    problem = url_problem(url)
+    if problem:
+        return f"is not a valid URL ({problem})"
+    try:
+        redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:  # its scheme, a port out of range, a bad query value
+        return f"cannot be used by redis-py: {exc}"
+    return None
 
 
 def cluster_url_problem(url: str) -> str | None:

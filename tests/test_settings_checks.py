@@ -220,6 +220,21 @@ def test_health_and_metrics_views_say_settings_fail_for_invalid_settings(setting
     assert b"settings cannot work" in response.content
 
 
+@pytest.mark.parametrize("url", ["foo://localhost:6379/0", "localhost:6379", "redis://h:99999/0"])
+def test_a_redis_url_redis_py_cannot_use_is_a_check_error(settings, url):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
+    assert [e.id for e in check_settings()] == ["django_delayjobs.E016"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_delayworker_refuses_such_a_redis_url_with_one_line(settings):
+    """settings.md and worker.md: an invalid setting makes run_delayworker refuse to start
+    with one line; redis-py's ValueError ended it in a traceback."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": "foo://localhost:6379/0"}
+    with pytest.raises(CommandError, match="REDIS_URL"):
+        call_command("run_delayworker", "--burst", "-v", "0")
+
+
 def test_use_tz_false_is_refused_by_a_check_naming_the_setting(settings):
     """Due times are instants compared as aware datetimes: under ``USE_TZ = False`` the
     first ``schedule()`` would fail on a naive/aware comparison, so E015 says so first."""
