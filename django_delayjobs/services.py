@@ -244,7 +244,7 @@ def submit(job: Job, *, replace: bool = False, actor: str = "code") -> Job:
 
 
 def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
-    """Insert jobs built by ``build_job`` in one transaction and one Redis round trip.
+    """Insert jobs built by ``build_job`` in one transaction; one Redis call per queue.
 
     Keys are not allowed here (use ``schedule`` for deduplicated jobs).
     """
