@@ -48,8 +48,7 @@ def cancel_on(
     # is connected once; other options give a receiver of their own. No dispatch_uid: the
     # receiver returned must disconnect as any other, signal.disconnect(receiver, sender).
     # Ids, as Django's own lookup keys; the entry holds the objects, so no id is reused.
-    named = action if isinstance(action, str) else id(action)
-    key = (id(signal), named, id(sender), instance_kwarg, actor, fail_if_running)
+    key = (id(signal), repr(action), id(sender), instance_kwarg, actor, fail_if_running)
     connected = _receivers.setdefault(key, (signal, action, sender, receiver))[3]
     signal.connect(connected, sender=sender, weak=False)  # already connected: nothing
     return connected
