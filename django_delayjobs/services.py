@@ -351,6 +351,12 @@ def _action_name(obj: models.Model, action: Any) -> str:
     if isinstance(action, str):
         return action
     if isinstance(action, DelayableMethod):
+        # The name is the object's model's (a proxy's own, as schedule() stores it): a
+        # method of an unrelated model would name the object's own method of that name.
+        if action.owner is not None and not isinstance(obj, action.owner):
+            raise TypeError(
+                f"{action!r} is a method of {action.owner.__name__}, and {obj!r} is not one"
+            )
         return f"{obj._meta.label}.{action.name}"
     return describe(action).name
 

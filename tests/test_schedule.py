@@ -441,6 +441,19 @@ def test_cancel_for_can_refuse_when_the_job_already_runs(thing):
     assert cancel_for(thing, Thing.touch, fail_if_running=True) == 1
 
 
+def test_cancel_for_refuses_a_method_of_another_model(thing):
+    """cancel_for(thing, Sku.touch) named the action 'testapp.Thing.touch' from the
+    object's model and the method's name alone: it cancelled thing's Thing.touch jobs,
+    which the caller did not name."""
+    job = schedule(thing.touch, in_=60)
+    with pytest.raises(TypeError, match="Sku"):
+        cancel_for(thing, Sku.touch)
+    assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
+    assert cancel_for(thing, Thing.touch) == 1
+    with pytest.raises(TypeError, match="Sku"):  # when it connects, not in the sender's
+        cancel_on(Signal(), Sku.touch, sender=Thing)  # transaction when it fires
+
+
 def test_cancel_for_that_refuses_cancels_nothing_outside_a_transaction(thing):
     """cancel_for(fail_if_running=True) cancelled the waiting jobs (each in its own commit,
     job_cancelled sent) and then raised AlreadyRunning: outside a caller's transaction
