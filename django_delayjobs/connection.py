@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+from django.core.cache.backends.base import InvalidCacheBackendError
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
@@ -59,6 +60,8 @@ def _cache_client(alias: str) -> Any:
         raise ConfigurationError("CACHE_ALIAS needs django-redis") from exc
     try:
         client = get_redis_connection(alias)
+    except InvalidCacheBackendError as exc:  # check E007, which a web process does not run
+        raise ConfigurationError(f"DELAYJOBS['CACHE_ALIAS'] = {alias!r} is not in CACHES") from exc
     except NotImplementedError as exc:
         raise ConfigurationError(
             f"DELAYJOBS['CACHE_ALIAS'] = {alias!r} is not a django-redis cache"

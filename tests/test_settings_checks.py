@@ -235,6 +235,26 @@ def test_run_delayworker_refuses_such_a_redis_url_with_one_line(settings):
         call_command("run_delayworker", "--burst", "-v", "0")
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda argv: argv[0])
+def test_a_cache_alias_not_in_caches_is_a_one_line_error(settings, argv):
+    """Check E007 says so, but call_command and --skip-checks skip it: Django's
+    InvalidCacheBackendError, which no command caught, ended each in a traceback."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "nope"}
+    with pytest.raises(CommandError, match="nope"):
+        call_command(*argv)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_view_says_settings_fail_for_a_cache_alias_not_in_caches(settings, client):
+    """A web process runs no system checks: it answered 500."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "nope"}
+    client.raise_request_exception = False
+    response = client.get("/delayjobs/health/")
+    assert response.status_code == 503
+    assert response.json() == {"status": "fail", "checks": {"settings": "fail"}}
+
+
 def test_use_tz_false_is_refused_by_a_check_naming_the_setting(settings):
     """Due times are instants compared as aware datetimes: under ``USE_TZ = False`` the
     first ``schedule()`` would fail on a naive/aware comparison, so E015 says so first."""
