@@ -1,7 +1,7 @@
 """``manage.py delayjobs_health``: one line per check; exit 0 when all pass, 1 if not.
 
-Bad options, and settings that cannot work (past the system checks), exit 2. The checks are those of ``django_delayjobs.health`` (and of the
-``health/`` view).
+Bad options, and settings that cannot work (past the system checks), exit 2. The checks
+are those of ``django_delayjobs.health`` (and of the ``health/`` view).
 """
 
 from __future__ import annotations
