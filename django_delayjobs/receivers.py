@@ -35,10 +35,6 @@ def cancel_on(
                          "actor", JobEvent)  # fmt: skip
     if isinstance(action, str):
         check_text(action, "action")
-    elif isinstance(action, DelayableMethod):
-        owner = action.owner
-        if owner is not None and isinstance(sender, type) and not issubclass(sender, owner):
-            raise TypeError(f"{action!r} is a method of {owner.__name__}, not of {sender!r}")
     elif action is not None and not isinstance(action, DelayableMethod):
         describe(action)  # NotDelayable for a callable that is not a registered action
 

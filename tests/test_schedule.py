@@ -450,8 +450,14 @@ def test_cancel_for_refuses_a_method_of_another_model(thing):
         cancel_for(thing, Sku.touch)
     assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
     assert cancel_for(thing, Thing.touch) == 1
-    with pytest.raises(TypeError, match="Sku"):  # when it connects, not in the sender's
-        cancel_on(Signal(), Sku.touch, sender=Thing)  # transaction when it fires
+    # cancel_on's sender need not be the instance's model (sender=Invoice, order=...):
+    # its receiver refuses a wrong pair when the signal fires
+    again = schedule(thing.touch, in_=60)
+    paid = Signal()
+    cancel_on(paid, Sku.touch, sender=Thing)
+    with pytest.raises(TypeError, match="Sku"):
+        paid.send(sender=Thing, instance=thing)
+    assert Job.objects.get(pk=again.pk).status == Status.SCHEDULED
 
 
 def test_cancel_for_that_refuses_cancels_nothing_outside_a_transaction(thing):
