@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
 from .conf import DEFAULTS, NAMES, Problem, Settings, describe, validate
-from .connection import cluster_url_problem
+from .connection import cluster_url_problem, redis_url_problem
 
 #: Check id of each kind of problem (ids are stable: users silence them by id).
 _IDS = {
@@ -63,6 +63,14 @@ def check_settings(
                     13,
                 )
             )
+    elif loaded is not None and not loaded.CACHE_ALIAS:
+        problem = redis_url_problem(loaded.REDIS_URL)
+        if problem:
+            errors.append(_error(
+                f"DELAYJOBS['REDIS_URL'] {problem}.",
+                "Give redis://host:port/db, rediss://... or unix:///path/to/socket.",
+                16,
+            ))  # fmt: skip
     if loaded is not None and loaded.RECONCILE_HORIZON_SECONDS < loaded.RECONCILE_SECONDS:
         errors.append(Warning(
             "DELAYJOBS['RECONCILE_HORIZON_SECONDS'] is shorter than RECONCILE_SECONDS: a job "

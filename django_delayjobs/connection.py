@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+from django.core.cache.backends.base import InvalidCacheBackendError
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
@@ -40,6 +41,9 @@ def redis_client() -> Any:
         return _cache_client(alias)
     if delayjobs_settings.REDIS_CLUSTER:
         return cluster_client(delayjobs_settings.REDIS_URL)
+    problem = redis_url_problem(delayjobs_settings.REDIS_URL)
+    if problem:
+        raise ConfigurationError(f"DELAYJOBS['REDIS_URL'] {problem}")
     return redis.Redis.from_url(
         delayjobs_settings.REDIS_URL,
         socket_timeout=SOCKET_TIMEOUT,
@@ -56,6 +60,8 @@ def _cache_client(alias: str) -> Any:
         raise ConfigurationError("CACHE_ALIAS needs django-redis") from exc
     try:
         client = get_redis_connection(alias)
+    except InvalidCacheBackendError as exc:  # check E007, which a web process does not run
+        raise ConfigurationError(f"DELAYJOBS['CACHE_ALIAS'] = {alias!r} is not in CACHES") from exc
     except NotImplementedError as exc:
         raise ConfigurationError(
             f"DELAYJOBS['CACHE_ALIAS'] = {alias!r} is not a django-redis cache"
@@ -74,6 +80,19 @@ def _cache_client(alias: str) -> Any:
             f"the cache {alias!r} is a Redis Cluster client: set DELAYJOBS['REDIS_CLUSTER'] = True"
         )
     return client
+
+
+def redis_url_problem(url: str) -> str | None:
+    """What keeps redis-py from using ``url`` (parsed as it parses it, nothing connected),
+    or None; in words that show no part of a password (check E016)."""
+    problem = url_problem(url)
+    if problem:
+        return f"is not a valid URL ({problem})"
+    try:
+        redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:  # its scheme, a port out of range, a bad query value
+        return f"cannot be used by redis-py: {exc}"
+    return None
 
 
 def cluster_url_problem(url: str) -> str | None:

@@ -234,12 +234,12 @@ def health_view(request: HttpRequest) -> HttpResponse:
     from .connection import get_engine
 
     try:
-        limits = limits_from_query(request.GET)
-    except ValueError as exc:
-        return JsonResponse({"error": f"bad query: {exc}"}, status=400)
-    try:
+        try:
+            limits = limits_from_query(request.GET)  # reads DEFAULT_QUEUE
+        except ValueError as exc:
+            return JsonResponse({"error": f"bad query: {exc}"}, status=400)
         engine = get_engine()
-    except DelayJobsError:
+    except DelayJobsError:  # invalid settings (a web process runs no system checks)
         logger.warning("health: DELAYJOBS settings are invalid")
         return JsonResponse({"status": "fail", "checks": {"settings": "fail"}}, status=503)
     checks = run(engine, limits)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.dispatch import Signal
@@ -43,6 +44,14 @@ def cancel_on(
             raise TypeError(f"cancel_on: the signal was sent without {instance_kwarg}=")
         cancel_for(instance, action, actor=actor, fail_if_running=fail_if_running)
 
-    uid = f"django_delayjobs.cancel_on:{id(signal)}:{action!r}:{sender!r}:{instance_kwarg}"
-    signal.connect(receiver, sender=sender, weak=False, dispatch_uid=uid)
-    return receiver
+    # The same call again (an AppConfig.ready() run twice) gives the same receiver, so it
+    # is connected once; other options give a receiver of their own. No dispatch_uid: the
+    # receiver returned must disconnect as any other, signal.disconnect(receiver, sender).
+    # Ids, as Django's own lookup keys; the entry holds the objects, so no id is reused.
+    key = (id(signal), repr(action), id(sender), instance_kwarg, actor, fail_if_running)
+    connected = _receivers.setdefault(key, (signal, action, sender, receiver))[3]
+    signal.connect(connected, sender=sender, weak=False)  # already connected: nothing
+    return connected
+
+
+_receivers: dict[tuple[Any, ...], tuple[Any, Any, Any, Callable[..., None]]] = {}

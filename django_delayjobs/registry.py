@@ -32,10 +32,12 @@ class DelayableMethod(Generic[R]):
         self.func = func
         self.name = func.__name__
         self.atomic = atomic
+        self.owner: type | None = None
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
+        self.owner = owner
 
     @overload
     def __get__(self, instance: None, owner: type | None = None) -> DelayableMethod[R]: ...

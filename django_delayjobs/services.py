@@ -244,7 +244,7 @@ def submit(job: Job, *, replace: bool = False, actor: str = "code") -> Job:
 
 
 def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
-    """Insert jobs built by ``build_job`` in one transaction and one Redis round trip.
+    """Insert jobs built by ``build_job`` in one transaction; one Redis call per queue.
 
     Keys are not allowed here (use ``schedule`` for deduplicated jobs).
     """
@@ -308,8 +308,9 @@ def cancel_for(
     """Cancel the waiting jobs bound to ``obj`` (only ``action``'s, if given); return how many.
 
     With ``fail_if_running``, raise ``AlreadyRunning`` if a matching job has already
-    started: inside the caller's transaction that rolls the caller back too (a payment that
-    arrives while the auto-cancel runs is refused, instead of racing it).
+    started, with this call's cancels undone: inside the caller's transaction that rolls
+    the caller back too (a payment that arrives while the auto-cancel runs is refused,
+    instead of racing it).
     """
     if not isinstance(obj, models.Model):
         raise TypeError(f"cancel_for takes a model instance, not {type(obj).__name__}")
@@ -334,8 +335,12 @@ def cancel_for(
     )
     if name is not None:
         jobs = jobs.filter(action=name)
-    cancelled = sum(cancel(job, actor=actor) for job in jobs.filter(status__in=WAITING))
-    if fail_if_running:
+    if not fail_if_running:
+        return sum(cancel(job, actor=actor) for job in jobs.filter(status__in=WAITING))
+    # One transaction: a refusal undoes this call's cancels even where no caller's
+    # transaction would (autocommit), so a call that raises has changed nothing.
+    with transaction.atomic(using=sql.db()):
+        cancelled = sum(cancel(job, actor=actor) for job in jobs.filter(status__in=WAITING))
         running = jobs.filter(status=Status.RUNNING).first()
         if running is not None:
             raise AlreadyRunning(f"{running.action} for {obj!r} is already running ({running.pk})")
@@ -346,6 +351,12 @@ def _action_name(obj: models.Model, action: Any) -> str:
     if isinstance(action, str):
         return action
     if isinstance(action, DelayableMethod):
+        # The name is the object's model's (a proxy's own, as schedule() stores it): a
+        # method of an unrelated model would name the object's own method of that name.
+        if action.owner is not None and not isinstance(obj, action.owner):
+            raise TypeError(
+                f"{action!r} is a method of {action.owner.__name__}, and {obj!r} is not one"
+            )
         return f"{obj._meta.label}.{action.name}"
     return describe(action).name
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_delayjobs import cancel_for, cancel_on, delayable, schedule, signals
 from django_delayjobs.connection import get_engine
-from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
+from django_delayjobs.exceptions import AlreadyRunning, InvalidSchedule, NotDelayable
 from django_delayjobs.models import EventKind, Job, JobEvent, Status, time_ordered_uuid
 from tests.testapp import tasks
 from tests.testapp.models import Pair, Sku, Thing, thing_paid
@@ -413,9 +413,24 @@ def test_cancel_on_refuses_an_action_it_could_not_cancel_when_connecting(thing):
     assert not paid.has_listeners(Thing)
 
 
-def test_cancel_for_can_refuse_when_the_job_already_runs(thing):
-    from django_delayjobs.exceptions import AlreadyRunning
+def test_cancel_on_returns_a_receiver_that_disconnects_and_honours_each_options(thing):
+    """cancel_on "returns the receiver": signal.disconnect(receiver) left it connected
+    (it was connected under a dispatch_uid), and a second cancel_on for the same signal,
+    action and sender with another name or fail_if_running was silently not connected."""
+    paid = Signal()
+    plain = cancel_on(paid, Thing.expire, sender=Thing, name="paid")
+    assert cancel_on(paid, Thing.expire, sender=Thing, name="paid") is plain  # ready() twice
+    strict = cancel_on(paid, Thing.expire, sender=Thing, name="paid", fail_if_running=True)
+    running = schedule(thing.expire, in_=60)
+    Job.objects.filter(pk=running.pk).update(status=Status.RUNNING)
+    with pytest.raises(AlreadyRunning), transaction.atomic():
+        paid.send(sender=Thing, instance=thing)
+    assert paid.disconnect(strict, sender=Thing)
+    assert paid.disconnect(plain, sender=Thing)
+    assert not paid.has_listeners(Thing)
 
+
+def test_cancel_for_can_refuse_when_the_job_already_runs(thing):
     waiting = schedule(thing.touch, in_=60)
     running = schedule(thing.expire, in_=60)
     Job.objects.filter(pk=running.pk).update(status=Status.RUNNING)
@@ -424,6 +439,47 @@ def test_cancel_for_can_refuse_when_the_job_already_runs(thing):
     # the exception rolled the whole transaction back, the waiting job's cancel included
     assert Job.objects.get(pk=waiting.pk).status == Status.SCHEDULED
     assert cancel_for(thing, Thing.touch, fail_if_running=True) == 1
+
+
+def test_cancel_for_refuses_a_method_of_another_model(thing):
+    """cancel_for(thing, Sku.touch) named the action 'testapp.Thing.touch' from the
+    object's model and the method's name alone: it cancelled thing's Thing.touch jobs,
+    which the caller did not name."""
+    job = schedule(thing.touch, in_=60)
+    with pytest.raises(TypeError, match="Sku"):
+        cancel_for(thing, Sku.touch)
+    assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
+    assert cancel_for(thing, Thing.touch) == 1
+    # cancel_on's sender need not be the instance's model (sender=Invoice, order=...):
+    # its receiver refuses a wrong pair when the signal fires
+    again = schedule(thing.touch, in_=60)
+    paid = Signal()
+    cancel_on(paid, Sku.touch, sender=Thing)
+    with pytest.raises(TypeError, match="Sku"):
+        paid.send(sender=Thing, instance=thing)
+    assert Job.objects.get(pk=again.pk).status == Status.SCHEDULED
+
+
+def test_cancel_for_that_refuses_cancels_nothing_outside_a_transaction(thing):
+    """cancel_for(fail_if_running=True) cancelled the waiting jobs (each in its own commit,
+    job_cancelled sent) and then raised AlreadyRunning: outside a caller's transaction
+    nothing rolled the cancels back, so a refused call had changed jobs."""
+    waiting = schedule(thing.touch, in_=60)
+    running = schedule(thing.expire, in_=60)
+    Job.objects.filter(pk=running.pk).update(status=Status.RUNNING)
+    seen: list[Job] = []
+
+    def on_cancelled(sender, job, **kwargs):
+        seen.append(job)
+
+    signals.job_cancelled.connect(on_cancelled)
+    try:
+        with pytest.raises(AlreadyRunning):
+            cancel_for(thing, fail_if_running=True)
+    finally:
+        signals.job_cancelled.disconnect(on_cancelled)
+    assert Job.objects.get(pk=waiting.pk).status == Status.SCHEDULED
+    assert seen == []
 
 
 def test_signals_are_sent_after_commit(thing):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import re
+from pathlib import Path
+
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
@@ -9,7 +13,7 @@ from django.core.management.base import CommandError, SystemCheckError
 
 from django_delayjobs import schedule
 from django_delayjobs.checks import check_settings, check_use_tz
-from django_delayjobs.conf import delayjobs_settings
+from django_delayjobs.conf import DEFAULTS, NAMES, Settings, delayjobs_settings
 from django_delayjobs.connection import get_engine
 from tests.testapp import tasks
 
@@ -188,6 +192,69 @@ def test_health_and_metrics_views_say_settings_fail_for_a_cache_alias_that_is_no
     assert b"settings cannot work" in response.content
 
 
+INVALID = {"MAX_ATTEMPTS": 0}  # out of range: a web process runs no system checks
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda argv: argv[0])
+def test_bad_settings_are_a_one_line_error_of_every_command(settings, argv):
+    """delayjobs_health read DEFAULT_QUEUE before it caught bad settings: a traceback."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, **INVALID}
+    with pytest.raises(CommandError, match="MAX_ATTEMPTS"):
+        call_command(*argv)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_and_metrics_views_say_settings_fail_for_invalid_settings(settings, client):
+    """Both read a setting (DEFAULT_QUEUE, METRICS_TOKEN) before they caught bad settings:
+    a 500 and a traceback per probe or scrape, where a CACHE_ALIAS gone wrong gave 503."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, **INVALID}
+    client.raise_request_exception = False
+    response = client.get("/delayjobs/health/")
+    assert response.status_code == 503
+    assert response.json() == {"status": "fail", "checks": {"settings": "fail"}}
+    admin = User.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(admin)
+    response = client.get("/delayjobs/metrics/")
+    assert response.status_code == 503
+    assert b"settings cannot work" in response.content
+
+
+@pytest.mark.parametrize("url", ["foo://localhost:6379/0", "localhost:6379", "redis://h:99999/0"])
+def test_a_redis_url_redis_py_cannot_use_is_a_check_error(settings, url):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
+    assert [e.id for e in check_settings()] == ["django_delayjobs.E016"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_delayworker_refuses_such_a_redis_url_with_one_line(settings):
+    """settings.md and worker.md: an invalid setting makes run_delayworker refuse to start
+    with one line; redis-py's ValueError ended it in a traceback."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": "foo://localhost:6379/0"}
+    with pytest.raises(CommandError, match="REDIS_URL"):
+        call_command("run_delayworker", "--burst", "-v", "0")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda argv: argv[0])
+def test_a_cache_alias_not_in_caches_is_a_one_line_error(settings, argv):
+    """Check E007 says so, but call_command and --skip-checks skip it: Django's
+    InvalidCacheBackendError, which no command caught, ended each in a traceback."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "nope"}
+    with pytest.raises(CommandError, match="nope"):
+        call_command(*argv)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_view_says_settings_fail_for_a_cache_alias_not_in_caches(settings, client):
+    """A web process runs no system checks: it answered 500."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "nope"}
+    client.raise_request_exception = False
+    response = client.get("/delayjobs/health/")
+    assert response.status_code == 503
+    assert response.json() == {"status": "fail", "checks": {"settings": "fail"}}
+
+
 def test_use_tz_false_is_refused_by_a_check_naming_the_setting(settings):
     """Due times are instants compared as aware datetimes: under ``USE_TZ = False`` the
     first ``schedule()`` would fail on a naive/aware comparison, so E015 says so first."""
@@ -210,3 +277,29 @@ def test_schedule_under_use_tz_false_raises_a_configuration_error(settings):
     with pytest.raises(ConfigurationError, match=r"USE_TZ = True.*E015"):
         schedule(tasks.record, in_=60, args=["x"])
     assert not Job.objects.exists()
+
+
+def _documented_settings() -> dict[str, tuple[str, str]]:
+    """docs/settings.md's table: name -> (meaning, default as written)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "settings.md").read_text()
+    rows = re.findall(r"^\| `([A-Z_]+)` \| (.*) \| `(.*)` \|$", text, re.MULTILINE)
+    return {name: (meaning, default) for name, meaning, default in rows}
+
+
+def test_docs_settings_table_names_every_setting_with_its_default_and_range():
+    """docs/settings.md lists each setting once, with the default and the bounds that
+    conf.Settings (the one schema) gives it."""
+    documented = _documented_settings()
+    assert set(documented) == NAMES
+    for name, (meaning, written) in documented.items():
+        try:
+            default = ast.literal_eval(written)
+        except (ValueError, SyntaxError):
+            default = written  # a bare URL
+        assert default == DEFAULTS[name], name
+        metadata = Settings.__dataclass_fields__[name].metadata
+        low, high = metadata.get("low"), metadata.get("high")
+        if low is not None:
+            found = re.search(r"(\d[\d.]*) ?(?:-|to) ?(\d[\d.]*)", meaning)
+            assert found is not None, name
+            assert (float(found[1]), float(found[2])) == (low, high), name

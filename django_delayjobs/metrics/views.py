@@ -33,7 +33,12 @@ def _text(status: int, body: str) -> HttpResponse:
 def metrics(request: HttpRequest) -> HttpResponse:
     """GET/HEAD: the whole deployment's metrics, for a staff user or the token's holder."""
     user = getattr(request, "user", None)
-    if not access.allowed(request.headers, user):
+    try:
+        allowed = access.allowed(request.headers, user)  # reads METRICS_TOKEN
+    except ConfigurationError as exc:  # an invalid DELAYJOBS: a web process runs no checks
+        logger.error("metrics: the DELAYJOBS settings cannot work (%s)", exc)
+        return _text(503, "the DELAYJOBS settings cannot work")
+    if not allowed:
         # A Bearer token that is wrong is 401; other credentials (a site behind HTTP Basic
         # auth sends them on every request) do not make a logged-in user anonymous.
         given = access.bearer(request.headers.get("Authorization"))

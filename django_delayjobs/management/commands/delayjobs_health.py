@@ -1,7 +1,7 @@
 """``manage.py delayjobs_health``: one line per check; exit 0 when all pass, 1 if not.
 
-Bad options exit 2. The checks are those of ``django_delayjobs.health`` (and of the
-``health/`` view).
+Bad options, and settings that cannot work (past the system checks), exit 2. The checks
+are those of ``django_delayjobs.health`` (and of the ``health/`` view).
 """
 
 from __future__ import annotations
@@ -42,12 +42,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            limits = self.limits(options)
-        except ValueError as exc:
-            raise CommandError(str(exc), returncode=2) from exc
-        try:
+            limits = self.limits(options)  # reads DEFAULT_QUEUE
             engine = get_engine()
-        except DelayJobsError as exc:  # bad settings
+        except (ValueError, DelayJobsError) as exc:  # a bad option, or bad settings
             raise CommandError(str(exc), returncode=2) from exc
         checks = health.run(engine, limits)
         width = max(len(c.name) for c in checks)
