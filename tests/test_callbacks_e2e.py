@@ -176,9 +176,17 @@ def test_retried_statuses_are_configurable(callback_server, settings):
     assert (a.status, b.status) == (Status.RETRYING, Status.DEAD)
 
 
-@pytest.mark.parametrize("form", ["seconds", "date"])
+@pytest.mark.parametrize("form", ["seconds", "date", "asctime", "-0000"])
 def test_retry_after_is_honoured(callback_server, form):
-    value = "30" if form == "seconds" else email.utils.formatdate(time.time() + 30, usegmt=True)
+    """Seconds, and the HTTP date in each form RFC 9110 5.6.7 says to accept (asctime:
+    "Sun Nov  6 08:49:37 1994", in GMT; it was ignored), and RFC 5322's "-0000" (UTC)."""
+    later = time.time() + 30
+    value = {
+        "seconds": "30",
+        "date": email.utils.formatdate(later, usegmt=True),
+        "asctime": time.strftime("%a %b %e %H:%M:%S %Y", time.gmtime(later)),
+        "-0000": time.strftime("%a, %d %b %Y %H:%M:%S -0000", time.gmtime(later)),
+    }[form]
     callback_server.script("/hook", Reply(503, b"", {"Retry-After": value}))
     job = schedule_http(callback_server.url(), in_=0)
     before = timezone.now()
