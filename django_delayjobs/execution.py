@@ -9,11 +9,14 @@ worker took the row) cannot commit a second outcome: its effects roll back.
 Who is to blame decides what a failure costs. Anything the action raises, ``SystemExit``
 and ``KeyboardInterrupt`` included, is the action's failure: an attempt is used. A lost
 database connection is not: the delivery is handed back and the same attempt runs again
-(at most ``MAX_DELIVERIES`` times). A row that cannot be read or run at all is dead at once.
+(at most ``MAX_DELIVERIES`` times), except after a non-atomic action, whose outcome is
+first tried once more on a new connection (running it again would repeat its outside
+effect). A row that cannot be read or run at all is dead at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -21,7 +24,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
 from django.contrib.contenttypes.models import ContentType
@@ -49,6 +52,8 @@ EARLY_WAIT = timedelta(seconds=1)
 HAND_BACK_DELAY = timedelta(seconds=1)
 #: Longest text one ``note()`` keeps.
 NOTE_LIMIT = 4096
+
+T = TypeVar("T")
 
 
 def note(text: str) -> None:
@@ -148,6 +153,8 @@ class Execution:
         self.running_since: float | None = None
         #: Whether the action was called (a failure before that is never the action's).
         self.called = False
+        #: The connection a non-atomic action began with (see ``once_more_if_lost``).
+        self.outside: Connection | None = None
 
     def run(self) -> Result:
         """Process the job and return what became of it. Never raises for the job's sake."""
@@ -277,9 +284,9 @@ class Execution:
                     stored = self.call(fn, args, kwargs, notes)
                     claimed = self.succeeded(job, stored, notes)
             else:  # an outside call: no transaction is held open while it runs
+                self.outside = connection
                 stored = self.call(fn, args, kwargs, notes)
-                with transaction.atomic(using=sql.db()):
-                    claimed = self.succeeded(job, stored, notes)
+                claimed = self.once_more_if_lost(lambda: self.record_success(job, stored, notes))
         except _Overtaken:
             logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts,
                            extra=job_fields(job.pk, self.queue, job, "overtaken"))  # fmt: skip
@@ -312,6 +319,26 @@ class Execution:
             events.append((claimed, EventKind.STARTED.value, self.actor, message))
         sql.insert_events(events)
         return claimed
+
+    def record_success(self, job: Job, stored: Any, notes: list[str]) -> Job | None:
+        with transaction.atomic(using=sql.db()):
+            return self.succeeded(job, stored, notes)
+
+    def once_more_if_lost(self, write: Callable[[], T]) -> T:
+        """Run ``write``, an outcome's transaction. After a non-atomic action, run it once
+        more on a new connection if the connection was lost while the action ran (ended by
+        the server while idle, a restart, a failover): no transaction was open, and the
+        action's outside effect has happened, so a hand-back would repeat it (an HTTP
+        callback sent again) when the database may well answer a new connection."""
+        try:
+            return write()
+        except (OperationalError, InterfaceError) as exc:
+            outside, self.outside = self.outside, None  # once
+            if outside is None or not outside.lost(exc):
+                raise
+        with contextlib.suppress(DatabaseError):
+            connections[sql.db()].close()
+        return write()
 
     def claim_ahead(self) -> Job | None:
         """Claim ``then`` inside this job's outcome transaction; None if it cannot start
@@ -408,7 +435,8 @@ class Execution:
         fence: bool = True,
     ) -> Result:
         """Write an outcome and its events in one transaction; the fence decides."""
-        try:
+
+        def write() -> bool:
             with transaction.atomic(using=sql.db()):
                 if fence:
                     won = sql.update_fenced(job, values)
@@ -417,6 +445,10 @@ class Execution:
                 if won:
                     for kind, message in events:
                         self.event(job, kind, message)
+            return won
+
+        try:
+            won = self.once_more_if_lost(write)
         except DatabaseError as exc:  # lost, or refusing writes: the outcome is not the job's
             return self.hand_back(exc)
         if not won:

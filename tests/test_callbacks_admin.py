@@ -11,7 +11,7 @@ from django.urls import reverse
 from django_delayjobs import schedule, schedule_http
 from django_delayjobs.callbacks.action import deliver
 from django_delayjobs.callbacks.signing import new_secret
-from django_delayjobs.models import Job
+from django_delayjobs.models import Job, JobEvent
 from tests.callback_server import Reply
 from tests.testapp import tasks
 
@@ -84,6 +84,14 @@ def test_a_refusal_and_a_malformed_row_render(client, http):
     assert "not in HTTP_ALLOWED_HOSTS" in detail(client, refused)
     page = detail(client, malformed)
     assert "(malformed request)" in page and "refused, nothing sent" in page
+
+
+def test_an_attempt_whose_history_line_is_blank_renders(client, http):
+    """A row written by anything (an older version, a manual edit): a blank message was an
+    IndexError, the detail page a 500."""
+    job = schedule_http(http.url(), in_=60)
+    JobEvent.objects.create(job=job, kind="failed", actor="worker:w", message=" \n")
+    assert "HTTP callback" in detail(client, job)
 
 
 def test_python_jobs_have_no_callback_section(client, http):

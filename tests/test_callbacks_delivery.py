@@ -227,6 +227,32 @@ def test_a_body_ended_by_the_close_without_a_length_is_whole(raw_server):
     assert (response.status, response.body, response.truncated) == (200, b"abc", False)
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n",  # the body ends with the connection
+        b"HTTP/1.0 200 OK\r\n\r\n",
+    ],
+)
+def test_a_body_trickled_until_the_close_is_cut_by_the_total_timeout(raw_server, head):
+    """An answer that ends the connection hands the socket from the connection to the
+    response (http.client sets ``conn.sock`` to None): the timer must still cut it. It
+    held the worker's thread until the server stopped (4 KiB at one byte per 9 s: 10 h)."""
+
+    def trickle(conn):
+        conn.sendall(head)
+        for _ in range(200):  # one byte every 0.05 s: never a read timeout (0.5 s)
+            conn.sendall(b"x")
+            time.sleep(0.05)
+
+    server = raw_server(trickle)
+    start = time.monotonic()
+    response = deliver(server, limits=Limits(connect=1, read=0.5, total=1, keep_bytes=4096))
+    assert time.monotonic() - start < 2.5
+    assert (response.status, response.truncated) == (200, True)
+    assert 0 < len(response.body) < 200
+
+
 @pytest.mark.parametrize("name", ["user-agent", "USER-AGENT", "User-Agent"])
 def test_a_user_agent_header_of_any_case_replaces_the_default(raw_server, name):
     server = raw_server(FINAL)

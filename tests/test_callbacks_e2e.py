@@ -10,6 +10,7 @@ import time
 
 import pytest
 from django.core.management import call_command
+from django.db import connection, connections
 from django.test import Client
 from django.utils import timezone
 
@@ -176,9 +177,17 @@ def test_retried_statuses_are_configurable(callback_server, settings):
     assert (a.status, b.status) == (Status.RETRYING, Status.DEAD)
 
 
-@pytest.mark.parametrize("form", ["seconds", "date"])
+@pytest.mark.parametrize("form", ["seconds", "date", "asctime", "-0000"])
 def test_retry_after_is_honoured(callback_server, form):
-    value = "30" if form == "seconds" else email.utils.formatdate(time.time() + 30, usegmt=True)
+    """Seconds, and the HTTP date in each form RFC 9110 5.6.7 says to accept (asctime:
+    "Sun Nov  6 08:49:37 1994", in GMT; it was ignored), and RFC 5322's "-0000" (UTC)."""
+    later = time.time() + 30
+    value = {
+        "seconds": "30",
+        "date": email.utils.formatdate(later, usegmt=True),
+        "asctime": time.strftime("%a %b %e %H:%M:%S %Y", time.gmtime(later)),
+        "-0000": time.strftime("%a, %d %b %Y %H:%M:%S -0000", time.gmtime(later)),
+    }[form]
     callback_server.script("/hook", Reply(503, b"", {"Retry-After": value}))
     job = schedule_http(callback_server.url(), in_=0)
     before = timezone.now()
@@ -419,3 +428,43 @@ def test_during_a_rotation_a_receiver_holding_only_the_old_secret_still_verifies
     (request,) = callback_server.wait_for(1)
     assert verify(request.headers, request.body, [new]) == str(job.pk)
     assert verify(request.headers, request.body, [old]) == str(job.pk)
+
+
+@pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
+                    reason="SQLite has no connection to terminate")  # fmt: skip
+@pytest.mark.parametrize(
+    ("status", "ends"),
+    [(b"200 OK", Status.SUCCEEDED), (b"503 Busy", Status.RETRYING), (b"404 No", Status.DEAD)],
+)
+def test_a_connection_lost_while_the_request_was_in_flight_does_not_send_it_again(
+    settings, raw_server, status, ends
+):
+    """The server ends the worker's idle session while the receiver works (a restart, a
+    pooler's or firewall's idle timeout): the answer is recorded on a new connection. It
+    was handed back as if the database were down, and the request sent a second time."""
+    ended = []
+
+    def answer(conn):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                    "current_database() AND pid <> pg_backend_pid() AND state = 'idle'"
+                )
+                ended.extend(cursor.fetchall())
+        finally:
+            connections.close_all()  # this server thread's
+        conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    server = raw_server(answer)
+    allow(settings, server)
+    job = schedule_http(server.url(), json={"a": 1}, in_=0)
+    connection.close()  # the test's own session is not the worker's
+    try:
+        burst()
+    finally:
+        connection.close()  # ended too, if burst() used it
+    assert ended, "the worker's session was not found"
+    job = Job.objects.get(pk=job.pk)
+    assert (job.status, job.attempts, job.deliveries) == (ends, 1, 1), job.last_error
+    assert len(server.requests) == 1

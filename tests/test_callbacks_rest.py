@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import sys
 import uuid
 
@@ -143,6 +144,22 @@ def test_a_body_over_max_json_bytes_gets_400_naming_the_setting(admin, http):
     response = post(admin, "callbacks", {"url": HOOK, "in": 1, "data": "x" * 5000})
     assert response.status_code == 400, response.content
     assert "MAX_JSON_BYTES" in response.json()["non_field_errors"][0]
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"a": "\ud800"},  # a lone surrogate: not UTF-8
+        {"a": "x" * 70_000},  # over HTTP_MAX_REQUEST_BYTES
+    ],
+)
+def test_a_json_body_that_cannot_be_sent_is_a_400_naming_json(admin, body):
+    """The client sent ``json``: the 400 names that field (it named ``data``, never sent)."""
+    payload = json.dumps({"url": HOOK, "in": 1, "json": body})  # \ud800 escaped: valid JSON
+    response = admin.post(url("callbacks"), payload, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert list(response.json()) == ["json"], response.json()
     assert not Job.objects.exists()
 
 

@@ -72,9 +72,10 @@ def last_status(job: Job) -> SafeString | str:
         .order_by("-at", "-id")
         .first()
     )
-    if event is None or not event.message:
+    lines = event.message.strip().splitlines() if event is not None else []
+    if not lines:  # no attempt yet, or a blank message (a row written by hand)
         return EMPTY
-    line = event.message.strip().splitlines()[0]
+    line = lines[0]
     status = status_in(line)
     if status is None:
         return line[:300]

@@ -102,7 +102,9 @@ class _Deadline:
 
     def _fire(self) -> None:
         self.fired = True
-        sock = self.conn.sock
+        # Not conn.sock: an answer that ends the connection (``Connection: close``, HTTP/1.0)
+        # makes http.client hand the socket to the response and set conn.sock to None.
+        sock = getattr(self.conn, "last_sock", None)
         if sock is not None:
             # socket.socket's own shutdown, also for an SSLSocket: it interrupts a blocked
             # read in the other thread without touching the TLS object under it.
@@ -120,7 +122,18 @@ class _Checked:
     connect timeout."""
 
     deadline: _Deadline | None = None
-    sock: socket.socket | None
+    #: The socket in use, kept when http.client lets go of it for the response to read.
+    last_sock: socket.socket | None = None
+
+    @property
+    def sock(self) -> socket.socket | None:
+        return self._sock
+
+    @sock.setter
+    def sock(self, value: socket.socket | None) -> None:
+        self._sock = value
+        if value is not None:  # the TCP socket, then the TLS one wrapping it
+            self.last_sock = value
 
     def _new_conn(self) -> socket.socket:
         sock: socket.socket = super()._new_conn()  # type: ignore[misc]
@@ -188,6 +201,7 @@ def _exchange(
         kept, truncated = b"", False
         if method != "HEAD":
             kept, truncated = _body(response, limits.keep_bytes)
+            truncated = truncated or deadline.fired  # a body ended by the close: cut short
     finally:
         response.close()
     return response.status, response.reason or "", names, kept[: limits.keep_bytes], truncated

@@ -9,6 +9,7 @@ redirects are not followed; other 4xx: retrying cannot help) ends the job dead n
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import math
 import re
@@ -44,8 +45,10 @@ def retry_after(value: str | None, bound: float, now: float | None = None) -> fl
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError, OverflowError):
             return None
-        if when is None or when.tzinfo is None:
+        if when is None:
             return None
+        if when.tzinfo is None:  # asctime (RFC 9110 5.6.7: accepted) or "-0000": GMT both
+            when = when.replace(tzinfo=datetime.UTC)
         seconds = when.timestamp() - (time.time() if now is None else now)
     if not math.isfinite(seconds):
         return None

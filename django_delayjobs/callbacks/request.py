@@ -173,16 +173,17 @@ def _body(method: str, json: Any, data: Any) -> tuple[str | None, str | None]:
     raise TypeError(f"data= must be str, bytes or a dict, not {type(data).__name__}")
 
 
-def _check_text(text: str, max_bytes: int) -> None:
+def _check_text(text: str, max_bytes: int, field: str = "data") -> None:
+    """``field``: the argument the body came from (``json`` or ``data``), for the 400."""
     if "\x00" in text:
-        raise InvalidCallback("the body holds a NUL character", "data")
+        raise InvalidCallback("the body holds a NUL character", field)
     try:
         size = len(text.encode())
     except UnicodeEncodeError:
-        raise InvalidCallback("the body holds a lone surrogate: not UTF-8", "data") from None
+        raise InvalidCallback("the body holds a lone surrogate: not UTF-8", field) from None
     if size > max_bytes:
         raise InvalidCallback(
-            f"the body is {size} bytes; HTTP_MAX_REQUEST_BYTES allows {max_bytes}", "data"
+            f"the body is {size} bytes; HTTP_MAX_REQUEST_BYTES allows {max_bytes}", field
         )
 
 
@@ -211,7 +212,7 @@ def build(
         raise InvalidCallback(str(exc), "headers") from None
     body, content_type = _body(method, json, data)
     if body is not None:
-        _check_text(body, max_bytes)
+        _check_text(body, max_bytes, "data" if json is None else "json")
         if content_type and not any(name.lower() == "content-type" for name in checked):
             checked["Content-Type"] = content_type
     return CallbackRequest(method, request.url, request.destination, request.path, checked, body)

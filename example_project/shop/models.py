@@ -105,9 +105,9 @@ class Order(models.Model):
 
         A real shop would send an e-mail here and record ``webhook_id``, so that a second
         delivery of the same callback (they come at least once) sends no second e-mail.
-        This one only logs, and reads the database without writing: on SQLite the worker
-        holds the database's write lock while its action runs, so a receiver in the same
-        SQLite database must not write (docs/callbacks.md).
+        This one only logs. (It could write to the database, on SQLite too: the callback's
+        action is not atomic, so no transaction is open while its request is in flight;
+        docs/callbacks.md, "Limits to know".)
         """
         self.refresh_from_db(fields=["status"])
         if self.status != Order.Status.PENDING:
