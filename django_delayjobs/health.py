@@ -140,8 +140,10 @@ def check_redis(engine: Engine) -> tuple[Check, bool]:
             )), True  # fmt: skip
     try:
         engine.ping_masters()
-    except EngineUnavailable as exc:  # MISCONF: it cannot persist, so it takes no write
-        return Check("redis", False, f"refuses writes: {exc}"), True
+    except EngineUnavailable as exc:
+        if unreachable(exc):  # it died after its INFO: it does not answer at all
+            return Check("redis", False, f"unavailable: {exc}"), False
+        return Check("redis", False, f"refuses writes: {exc}"), True  # MISCONF...
     return Check("redis", True, "answers"), True
 
 

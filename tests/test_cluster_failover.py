@@ -22,11 +22,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db.models import Count, Max, Min
 from django.utils import timezone
 
+from django_delayjobs import health
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded_cluster import EmbeddedCluster, Node
 from django_delayjobs.engine import Engine, EngineUnavailable, close_client
@@ -288,3 +290,28 @@ def test_while_a_master_is_down_the_metrics_of_queues_on_the_others_are_flushed(
         store.write(engine, tallies, queues, minute=1, ttl=600, written=written)
     assert written == set(healthy[:2])
     assert store.totals(engine, healthy[:2]) == {q: {"succeeded": 1.0} for q in healthy[:2]}
+
+
+class DiesAfterInfo(Engine):
+    """An engine on which a master dies once every master's ``INFO`` has been read."""
+
+    cluster: EmbeddedCluster
+    victim: Node
+
+    def masters(self) -> dict[str, dict[str, Any]]:
+        found = super().masters()
+        self.cluster.kill(self.victim)
+        return found
+
+
+def test_a_master_that_dies_between_info_and_ping_is_unavailable(lonely_cluster, engine):
+    """Health reads every master's INFO, then checks that they take writes: a master that
+    died in between does not answer at all, it does not "refuse writes"; and the queue
+    checks, which would only meet the same dead master, are not run."""
+    victim = master_of(lonely_cluster, engine, engine.shards("q")[0])
+    dying = DiesAfterInfo(engine.client, prefix="audit", shards=SHARDS)
+    dying.cluster, dying.victim = lonely_cluster, victim
+
+    check, reachable = health.check_redis(dying)
+    assert not check.ok and not reachable, check
+    assert check.detail.startswith("unavailable: Redis is unreachable"), check.detail
