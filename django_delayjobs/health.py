@@ -1,14 +1,16 @@
 """Health checks of a deployment, shared by ``manage.py delayjobs_health`` and the
 ``health/`` view.
 
-Each check is cheap: two Redis round trips for Redis (``INFO`` and ``PING``, per master),
+Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``DEL`` of a key that
+does not exist, per master),
 two ``SELECT`` for the database (one a primary-key lookup), and per queue one stats script
 call (counts of sorted sets, no scan) plus at most one primary-key lookup (the due time of
 the oldest ready job, as for the metrics).
 
 - ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
-  not a replica, not at ``maxmemory`` with ``noeviction``, and not unable to persist
-  (``MISCONF``, which it answers to ``PING`` as to every write).
+  not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
+  (``MISCONF``) and not short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it
+  answers those to every write, so to the check's ``DEL`` of a key that does not exist.
 - ``database``: the jobs' database answers, and (PostgreSQL) takes writes: a standby, or a
   database with ``default_transaction_read_only``, would refuse every claim; and the job
   table has every column (not so until the app's migrations are applied).
@@ -139,11 +141,13 @@ def check_redis(engine: Engine) -> tuple[Check, bool]:
                 "it refuses new jobs (they wait in the database)"
             )), True  # fmt: skip
     try:
-        engine.ping_masters()
-    except EngineUnavailable as exc:
-        if unreachable(exc):  # it died after its INFO: it does not answer at all
-            return Check("redis", False, f"unavailable: {exc}"), False
-        return Check("redis", False, f"refuses writes: {exc}"), True  # MISCONF...
+        refused = engine.refused_write()
+    except EngineUnavailable as exc:  # it died after its INFO: it does not answer at all
+        return Check("redis", False, f"unavailable: {exc}"), False
+    if refused is not None:  # MISCONF, NOREPLICAS: it takes no write
+        address, refusal = refused
+        where = f" (master {address})" if address else ""
+        return Check("redis", False, f"refuses writes{where}: {refusal}"), True
     return Check("redis", True, "answers"), True
 
 

@@ -161,6 +161,20 @@ def test_a_replica_fails(private_redis):
     assert "refuses writes: it is a replica" in lines[0]
 
 
+def test_a_redis_short_of_replicas_to_write_fails(private_redis):
+    """With ``min-replicas-to-write`` and fewer good replicas Redis refuses every write
+    (NOREPLICAS) while it answers INFO and PING: the check asks it to write."""
+    beat()
+    private_redis.config_set("min-replicas-to-write", 1)
+    try:
+        code, lines = health()
+    finally:
+        private_redis.config_set("min-replicas-to-write", 0)
+    assert code == 1 and names(lines, "FAIL") == ["redis"], lines
+    assert "refuses writes: Redis refused the command: NOREPLICAS" in lines[0]
+    assert health()[0] == 0
+
+
 def test_a_redis_that_cannot_persist_fails(tmp_path, settings):
     """A Redis whose last RDB save failed (disk full, its directory gone) refuses every
     write with MISCONF, yet INFO reads as usual: on a connection in use (redis-py PINGs
