@@ -25,8 +25,8 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -189,7 +189,10 @@ class WorkerProcess:
         # it), for the ids this process holds in flight: their leases are extended
         self.held: dict[str, tuple[str, int]] = {}
         self.running: dict[int, Execution] = {}  # by worker thread (guarded by held_lock)
-        self.turn = itertools.count()  # which shard of a queue a claim tries first
+        # Per queue, which of its shards a claim tries first. Per queue: one counter for
+        # all would step a queue by the number of queues tried before it (two queues: its
+        # odd shards only, the others starving while those have ids).
+        self.turns: defaultdict[str, Iterator[int]] = defaultdict(itertools.count)
         self.held_lock = threading.Lock()
         self.lease_ms = delayjobs_settings.LEASE_SECONDS * 1000
         self.prefetch = delayjobs_settings.PREFETCH
@@ -413,8 +416,8 @@ class WorkerProcess:
 
         Up to ``PREFETCH`` from the first queue, one from the others, so that a job of a
         higher queue waits behind at most the one running job of a lower queue. A queue's
-        shards are tried in turn, starting one further at each claim of this process, so
-        none of them starves; the ids are settled in the shard they came from.
+        shards are tried in turn, starting one further at each claim from that queue in
+        this process, so none of them starves; the ids are settled in the shard they came from.
 
         A shard whose master is unreachable (a Cluster failing over) is passed over; the
         error is raised only if no other shard had ids, so the rest keep being served.
@@ -423,7 +426,7 @@ class WorkerProcess:
         for queue in queues:
             count = self.prefetch if queue == queues[0] else 1
             shards = self.engine.shards(queue)
-            start = next(self.turn) % len(shards)
+            start = next(self.turns[queue]) % len(shards)
             for shard in shards[start:] + shards[:start]:
                 try:
                     ids = self.engine.claim(shard, count, self.lease_ms)
