@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cache, partial
 from importlib import resources
 from typing import Any
@@ -83,7 +84,8 @@ class Engine(Reader):
             name: client.register_script(script_source(name)) for name in _SCRIPTS
         }
         self._waiter: Waiter = Doorbells(client) if self.is_cluster else BlockingWait(client)
-        self._turn = itertools.count()
+        # Per queue: one turn for all would step a queue by the queues claimed between.
+        self._turns: defaultdict[str, Iterator[int]] = defaultdict(itertools.count)
 
     def close(self) -> None:
         """Stop waiting threads and close the client's connections."""
@@ -212,7 +214,7 @@ class Engine(Reader):
         """
         want, lease = _batch(count), _ms(lease_ms, "lease")
         shards = self._router.targets(queue)
-        start = next(self._turn) % len(shards)
+        start = next(self._turns[queue]) % len(shards)
         claimed: list[str] = []
         for shard in shards[start:] + shards[:start]:
             k = self._keys(shard)
