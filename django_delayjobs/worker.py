@@ -41,7 +41,7 @@ from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution
 from .models import Job
-from .outcomes import Outage, Outcome, Result, log_outcome, settle
+from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner
 from .promoter import Promoter
 from .reconcile import horizon, reconcile
@@ -51,8 +51,6 @@ logger = logging.getLogger("django_delayjobs.worker")
 
 #: ``--burst`` also runs jobs due this soon (seconds).
 BURST_SLACK = 0.01
-#: How long calls must succeed without a failure before an outage counts as over.
-SETTLED_SECONDS = 2.0
 #: How long a delivery that hit a bug in this package waits before it is tried again.
 BUG_DELAY = datetime.timedelta(seconds=5)
 #: A ``--burst`` run gives up (exit 1) once Redis has been unreachable this long (seconds):

@@ -17,6 +17,7 @@ with the shards on the healthy masters (docs/cluster.md, Failover).
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import time
 import uuid
@@ -28,7 +29,7 @@ import pytest
 from django.db.models import Count, Max, Min
 from django.utils import timezone
 
-from django_delayjobs import health
+from django_delayjobs import health, schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded_cluster import EmbeddedCluster, Node
 from django_delayjobs.engine import Engine, EngineUnavailable, close_client
@@ -271,6 +272,25 @@ def test_while_a_master_is_down_schedule_hands_redis_the_jobs_of_the_others(
     assert len(wanted) > 100
     held = {id_ for shard in healthy for id_, _ in get_engine().next_due(shard, 1000)}
     assert held == wanted
+
+
+@pytest.mark.django_db(transaction=True)
+def test_while_a_master_is_down_schedule_logs_the_outage_once(
+    lonely_cluster, engine, settings, caplog
+):
+    """The adds of ``schedule()`` to the shards of a dead master fail, those to the others
+    succeed, one after the other: that is one outage, logged once, not a warning (and a
+    "back" line) for every job whose shard is on the dead master."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": lonely_cluster.url,
+                          "REDIS_CLUSTER": True, "QUEUE_SHARDS": SHARDS}  # fmt: skip
+    assert get_engine().shards("q")  # the process's engine has read the slot table
+    lonely_cluster.kill(master_of(lonely_cluster, engine, engine.shards("q")[0]))
+    with caplog.at_level(logging.WARNING):
+        for n in range(30):
+            schedule(tasks.record, in_=3600, args=[str(n)], queue="q")
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("Redis is unavailable" in line for line in lines) == 1, lines
+    assert not any("Redis is back" in line for line in lines), lines
 
 
 def test_while_a_master_is_down_the_metrics_of_queues_on_the_others_are_flushed(
