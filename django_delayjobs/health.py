@@ -109,14 +109,32 @@ def parse_count(text: str, high: int) -> int:
 def run(engine: Engine, limits: Limits) -> list[Check]:
     """Run every check; never raises for an unreachable Redis or database."""
     redis, reachable = check_redis(engine)
+    if not reachable:
+        return without_redis(redis, limits)
     checks = [redis, check_database()]
     for queue in limits.queues:
-        if not reachable:
-            why = "Redis is unavailable"
-            checks += [Check(f"{kind}:{queue}", False, why) for kind in _kinds(limits)]
-            continue
         checks += check_queue(engine, queue, limits)
     return checks
+
+
+def without_redis(redis: Check, limits: Limits) -> list[Check]:
+    """Every check when Redis does not answer (``redis`` says why): the queue checks fail."""
+    why = "Redis is unavailable"
+    queues = [Check(f"{kind}:{q}", False, why) for q in limits.queues for kind in _kinds(limits)]
+    return [redis, check_database(), *queues]
+
+
+def run_from_settings(limits: Limits) -> list[Check]:
+    """``run`` on the engine of the settings; raise ``DelayJobsError`` for settings that
+    give none. A Redis Cluster none of whose seeds answers gives no engine either (its
+    client reads the slot table when it is made): that is Redis unavailable."""
+    from .connection import get_engine
+
+    try:
+        engine = get_engine()
+    except EngineUnavailable as exc:
+        return without_redis(Check("redis", False, f"unavailable: {exc}"), limits)
+    return run(engine, limits)
 
 
 def _kinds(limits: Limits) -> list[str]:
@@ -237,18 +255,15 @@ def limits_from_query(query: Any) -> Limits:
 def health_view(request: HttpRequest) -> HttpResponse:
     """GET/HEAD: 200 when every check passes, else 503; the body names the checks and
     says ok or fail, nothing more (no details, no job data): it needs no login."""
-    from .connection import get_engine
-
     try:
         limits = limits_from_query(request.GET)
     except ValueError as exc:
         return JsonResponse({"error": f"bad query: {exc}"}, status=400)
     try:
-        engine = get_engine()
+        checks = run_from_settings(limits)
     except DelayJobsError:
         logger.warning("health: DELAYJOBS settings are invalid")
         return JsonResponse({"status": "fail", "checks": {"settings": "fail"}}, status=503)
-    checks = run(engine, limits)
     failed = [f"{c.name} ({c.detail})" for c in checks if not c.ok]
     if failed:  # one line per request, whatever it asked about
         logger.warning("health: %s failed: %s", len(failed), "; ".join(failed[:5]))

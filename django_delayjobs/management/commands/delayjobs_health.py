@@ -12,7 +12,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import health
 from ...conf import delayjobs_settings
-from ...connection import get_engine
 from ...exceptions import DelayJobsError
 
 
@@ -46,10 +45,9 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from exc
         try:
-            engine = get_engine()
+            checks = health.run_from_settings(limits)
         except DelayJobsError as exc:  # bad settings
             raise CommandError(str(exc), returncode=2) from exc
-        checks = health.run(engine, limits)
         width = max(len(c.name) for c in checks)
         for check in checks:
             mark = "ok  " if check.ok else "FAIL"
