@@ -13,7 +13,7 @@ from typing import Any
 from redis.commands.core import Script
 
 from . import sharding
-from .errors import PerShard
+from .errors import EngineUnavailable, PerShard
 from .keys import QueueKeys, validate_name
 from .reader import Reader
 from .results import PromoteResult, merge_promoted
@@ -140,7 +140,7 @@ class Engine(Reader):
             removed += each.run(partial(run, shard, part), 0)
             tried.append(shard)
         if removed < len(given):  # added under an older shard count?
-            for shard in self._router.others(queue, tried):
+            for shard in self._older(queue, tried, each):
                 removed += each.run(partial(run, shard, given), 0)
         removed = min(removed, len(given))
         each.check(removed)
@@ -301,12 +301,22 @@ class Engine(Reader):
         for shard, part in self._router.route(queue, ids):
             done += each.run(partial(run, shard, part), 0)
             tried.append(shard)
-        for shard in self._router.others(queue, tried):
+        for shard in self._older(queue, tried, each) if done < len(ids) else []:
             if done >= len(ids):
                 break
             done += each.run(partial(run, shard, ids), 0)
         each.check(done)
         return done
+
+    def _older(self, queue: str, tried: list[Shard], each: PerShard) -> list[Shard]:
+        """The shards of older counts where ids not found in their own may be; none while
+        the directory that lists them cannot be read (noted in ``each``: what was done on
+        the shards tried is then reported as ``PartlyUnavailable``, not lost)."""
+        try:
+            return self._router.others(queue, tried)
+        except EngineUnavailable as exc:
+            each.skip(exc)
+            return []
 
     def heartbeat(
         self, queue: str, worker_id: str, ttl_ms: float, info: Mapping[str, Any] | None = None
