@@ -203,8 +203,19 @@ class Reader:
         """Return ``INFO`` of every master by its address (one Redis: just that one)."""
         if not self.is_cluster:
             return {"": self.info()}
-        return cast(dict[str, dict[str, Any]], self._call(
-            lambda: self.client.info(target_nodes=self.client.PRIMARIES)))  # fmt: skip
+
+        def read() -> dict[str, dict[str, Any]]:
+            return cast(dict[str, dict[str, Any]], self._call(
+                lambda: self.client.info(target_nodes=self.client.PRIMARIES)))  # fmt: skip
+
+        found = read()
+        if any(info.get("role", "master") != "master" for info in found.values()):
+            # A master of the client's slot table is a replica now: a failover the client
+            # has not heard of (nothing it sent met a MOVED, as in a process that only
+            # checks health), and the old master is back as a replica. Read the table anew.
+            self._call(self.client.nodes_manager.initialize)
+            found = read()
+        return found
 
     def refused_write(self) -> tuple[str, EngineUnavailable] | None:
         """Ask every master to delete a key that does not exist; return the first one that
