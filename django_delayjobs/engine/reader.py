@@ -98,6 +98,13 @@ class Reader:
     def _keys(self, shard: Shard) -> QueueKeys:
         return self._router.keys(shard)
 
+    def list_shards(self, queue: str) -> None:
+        """List the shards of ``queue``'s current count in the directory again. An add lists
+        a shard only when it finds it empty: a directory lost on its own (on a Cluster, its
+        master lost its data and the shards' masters did not) would leave the queue out of
+        ``known_queues`` (the metrics, ``delayjobs_stats``) until it had emptied."""
+        self._router.directory.register_all(sharding.shards(queue, self._router.count(queue)))
+
     def forget_empty_shards(self, queue: str) -> list[str]:
         """Drop from the directory the shards of older counts that hold nothing; return them.
 
