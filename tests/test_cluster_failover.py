@@ -282,6 +282,25 @@ def test_a_full_reconcile_repairs_every_chunk_while_the_directory_s_master_is_do
     assert len(held) == len(wanted) and held == wanted
 
 
+def test_reschedule_reaches_its_shard_while_the_directory_s_master_is_down(lonely_cluster, engine):
+    """``Engine.reschedule`` looks in the shards of older counts only for an id its own
+    shard does not hold: a new process moved no id at all while the master of the
+    directory (which lists those shards) was down, wherever the id was."""
+    address = engine.client.get_node_from_key(engine.queues_key).name
+    victim = next(node for node in lonely_cluster.nodes if node.address == address)
+    now = engine.server_time_ms()
+    ids = [str(uuid.uuid4()) for _ in range(30)]
+    engine.add("q", dict.fromkeys(ids, now + 3_600_000))
+    job_id = next(
+        i for i in ids if master_of(lonely_cluster, engine, engine.home("q", i)) is not victim
+    )
+
+    lonely_cluster.kill(victim)
+    fresh = Engine(engine.client, prefix="audit", shards=SHARDS)
+    assert fresh.reschedule("q", job_id, now + 60_000) is True
+    assert fresh.next_due(engine.home("q", job_id), 100)[0] == (job_id, now + 60_000)
+
+
 def test_while_a_master_is_down_the_leases_held_on_the_others_are_extended(lonely_cluster, engine):
     """A running job's lease is extended while its shard's master is up, whatever became of
     the master of another running job's shard (else ``recover_expired`` would hand the job

@@ -154,12 +154,15 @@ class Engine(Reader):
         """Move a still-pending id to a new due time; False if it already left pending."""
         args: list[str | float] = [*_ids([id]), _due(due_ms)]
         [(home, _)] = self._router.route(queue, [id])
-        for shard in [home, *self._router.others(queue, [home])]:
+
+        def run(shard: Shard) -> bool:
             k = self._keys(shard)
-            keys = [k.pending, k.ready, k.ready_set, k.wake, k.notify]
-            if self._run("reschedule", keys, args):
-                return True
-        return False
+            return bool(
+                self._run("reschedule", [k.pending, k.ready, k.ready_set, k.wake, k.notify], args)
+            )
+
+        # The shards of older counts (read from the directory) only for an id not at home.
+        return run(home) or any(run(shard) for shard in self._router.others(queue, [home]))
 
     # -- the promoter --------------------------------------------------------------
 
