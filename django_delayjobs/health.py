@@ -1,14 +1,16 @@
 """Health checks of a deployment, shared by ``manage.py delayjobs_health`` and the
 ``health/`` view.
 
-Each check is cheap: two Redis round trips for Redis (``INFO`` and ``PING``, per master),
+Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``DEL`` of a key that
+does not exist, per master),
 two ``SELECT`` for the database (one a primary-key lookup), and per queue one stats script
 call (counts of sorted sets, no scan) plus at most one primary-key lookup (the due time of
 the oldest ready job, as for the metrics).
 
 - ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
-  not a replica, not at ``maxmemory`` with ``noeviction``, and not unable to persist
-  (``MISCONF``, which it answers to ``PING`` as to every write).
+  not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
+  (``MISCONF``) and not short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it
+  answers those to every write, so to the check's ``DEL`` of a key that does not exist.
 - ``database``: the jobs' database answers, and (PostgreSQL) takes writes: a standby, or a
   database with ``default_transaction_read_only``, would refuse every claim; and the job
   table has every column (not so until the app's migrations are applied).
@@ -107,14 +109,32 @@ def parse_count(text: str, high: int) -> int:
 def run(engine: Engine, limits: Limits) -> list[Check]:
     """Run every check; never raises for an unreachable Redis or database."""
     redis, reachable = check_redis(engine)
+    if not reachable:
+        return without_redis(redis, limits)
     checks = [redis, check_database()]
     for queue in limits.queues:
-        if not reachable:
-            why = "Redis is unavailable"
-            checks += [Check(f"{kind}:{queue}", False, why) for kind in _kinds(limits)]
-            continue
         checks += check_queue(engine, queue, limits)
     return checks
+
+
+def without_redis(redis: Check, limits: Limits) -> list[Check]:
+    """Every check when Redis does not answer (``redis`` says why): the queue checks fail."""
+    why = "Redis is unavailable"
+    queues = [Check(f"{kind}:{q}", False, why) for q in limits.queues for kind in _kinds(limits)]
+    return [redis, check_database(), *queues]
+
+
+def run_from_settings(limits: Limits) -> list[Check]:
+    """``run`` on the engine of the settings; raise ``DelayJobsError`` for settings that
+    give none. A Redis Cluster none of whose seeds answers gives no engine either (its
+    client reads the slot table when it is made): that is Redis unavailable."""
+    from .connection import get_engine
+
+    try:
+        engine = get_engine()
+    except EngineUnavailable as exc:
+        return without_redis(Check("redis", False, f"unavailable: {exc}"), limits)
+    return run(engine, limits)
 
 
 def _kinds(limits: Limits) -> list[str]:
@@ -139,9 +159,13 @@ def check_redis(engine: Engine) -> tuple[Check, bool]:
                 "it refuses new jobs (they wait in the database)"
             )), True  # fmt: skip
     try:
-        engine.ping_masters()
-    except EngineUnavailable as exc:  # MISCONF: it cannot persist, so it takes no write
-        return Check("redis", False, f"refuses writes: {exc}"), True
+        refused = engine.refused_write()
+    except EngineUnavailable as exc:  # it died after its INFO: it does not answer at all
+        return Check("redis", False, f"unavailable: {exc}"), False
+    if refused is not None:  # MISCONF, NOREPLICAS: it takes no write
+        address, refusal = refused
+        where = f" (master {address})" if address else ""
+        return Check("redis", False, f"refuses writes{where}: {refusal}"), True
     return Check("redis", True, "answers"), True
 
 
@@ -231,18 +255,15 @@ def limits_from_query(query: Any) -> Limits:
 def health_view(request: HttpRequest) -> HttpResponse:
     """GET/HEAD: 200 when every check passes, else 503; the body names the checks and
     says ok or fail, nothing more (no details, no job data): it needs no login."""
-    from .connection import get_engine
-
     try:
         try:
             limits = limits_from_query(request.GET)  # reads DEFAULT_QUEUE
         except ValueError as exc:
             return JsonResponse({"error": f"bad query: {exc}"}, status=400)
-        engine = get_engine()
+        checks = run_from_settings(limits)
     except DelayJobsError:  # invalid settings (a web process runs no system checks)
         logger.warning("health: DELAYJOBS settings are invalid")
         return JsonResponse({"status": "fail", "checks": {"settings": "fail"}}, status=503)
-    checks = run(engine, limits)
     failed = [f"{c.name} ({c.detail})" for c in checks if not c.ok]
     if failed:  # one line per request, whatever it asked about
         logger.warning("health: %s failed: %s", len(failed), "; ".join(failed[:5]))

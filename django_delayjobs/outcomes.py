@@ -14,6 +14,7 @@ import enum
 import logging
 import math
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -102,23 +103,42 @@ def after_failure(job: Job, exc: BaseException) -> tuple[Outcome, datetime.datet
 # -- settling: Redis, then signals ---------------------------------------------------------
 
 
+#: How long calls must succeed without a failure before an outage counts as over.
+SETTLED_SECONDS = 2.0
+
+
 class Outage:
-    """Logs a Redis outage once, counts what failed while it lasts, and says when it ends."""
+    """Logs a Redis outage once, counts what failed while it lasts, and says when it ends.
+
+    It ends once calls succeed and none has failed for ``SETTLED_SECONDS`` (said at the
+    next call, which may be the first failure of the next outage): while one master of a
+    Cluster is down, calls to the shards on the others succeed between the failed ones,
+    and that is one outage, not one per call that happened to succeed.
+    """
 
     def __init__(self, what: str, consequence: str) -> None:
         self.what = what
         self.consequence = consequence
         self.failures = 0
         self.since: datetime.datetime | None = None
+        self.last_failure = self.last_ok = 0.0  # time.monotonic()
 
     def failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if self.failures and self.last_ok > self.last_failure:
+            self._end(now)  # calls succeeded after the last failure: maybe long ago
         self.failures += 1
+        self.last_failure = now
         if self.failures == 1:
             self.since = timezone.now()
             logger.warning("%s: Redis is unavailable (%s); %s", self.what, exc, self.consequence)
 
     def ok(self) -> None:
-        if self.failures:
+        self.last_ok = time.monotonic()
+        self._end(self.last_ok)
+
+    def _end(self, now: float) -> None:
+        if self.failures and now - self.last_failure >= SETTLED_SECONDS:
             logger.warning("%s: Redis is back after %d failed call(s) since %s", self.what,
                            self.failures, self.since)  # fmt: skip
             self.failures = 0

@@ -20,6 +20,9 @@ logger = logging.getLogger("django_delayjobs.promoter")
 #: time, and sleeps the rest itself.
 PRECISE_STRETCH = 0.11
 RECOVER_EVERY = 1.0
+#: How often a promoter lists its queues' shards in the directory again (see
+#: ``Engine.list_shards``): a queue the directory lost is back in the metrics this soon.
+LIST_EVERY = 60.0
 
 
 class Promoter:
@@ -37,6 +40,7 @@ class Promoter:
         self.batch = delayjobs_settings.BATCH_SIZE
         self.stop = stop or threading.Event()
         self._last_recover = 0.0
+        self._last_list: float | None = None
 
     def shards(self) -> list[str]:
         """Every shard of every queue (a queue of 1 shard is its own)."""
@@ -67,13 +71,19 @@ class Promoter:
 
     def housekeeping(self, now: float, each: PerShard) -> None:
         """Recover expired leases and forget emptied shards of older counts (each second),
-        passing over the shards that cannot be reached (noted in ``each``)."""
+        list the current shards again (each minute), passing over the shards that cannot be
+        reached (noted in ``each``)."""
         if now - self._last_recover >= RECOVER_EVERY:
             self._last_recover = now
             for shard in self.shards():
                 with each.attempt():
                     while len(self.engine.recover_expired(shard, self.batch)) == self.batch:
                         pass
+            if self._last_list is None or now - self._last_list >= LIST_EVERY:
+                self._last_list = now
+                for queue in self.queues:
+                    with each.attempt():
+                        self.engine.list_shards(queue)
             for queue in self.queues:
                 with each.attempt():
                     for shard in self.engine.forget_empty_shards(queue):

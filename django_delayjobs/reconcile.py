@@ -191,7 +191,12 @@ def _repair(
     added = _still_active(queue, engine, added, each)
     relocated = 0
     if added:
-        for shard in engine.old_shards(queue):  # none unless the shard count changed
+        try:
+            older = engine.old_shards(queue)  # none unless the shard count changed
+        except EngineUnavailable as exc:  # the directory's master is down: moved next time
+            each.skip(exc)
+            older = []
+        for shard in older:
             relocated += each.run(partial(engine.remove, shard, added), 0)
     relocated = min(relocated, len(added))
     moved[queue] += relocated

@@ -25,8 +25,8 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -41,7 +41,7 @@ from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution
 from .models import Job
-from .outcomes import Outage, Outcome, Result, log_outcome, settle
+from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner
 from .promoter import Promoter
 from .reconcile import horizon, reconcile
@@ -51,8 +51,6 @@ logger = logging.getLogger("django_delayjobs.worker")
 
 #: ``--burst`` also runs jobs due this soon (seconds).
 BURST_SLACK = 0.01
-#: How long calls must succeed without a failure before an outage counts as over.
-SETTLED_SECONDS = 2.0
 #: How long a delivery that hit a bug in this package waits before it is tried again.
 BUG_DELAY = datetime.timedelta(seconds=5)
 #: A ``--burst`` run gives up (exit 1) once Redis has been unreachable this long (seconds):
@@ -189,7 +187,10 @@ class WorkerProcess:
         # it), for the ids this process holds in flight: their leases are extended
         self.held: dict[str, tuple[str, int]] = {}
         self.running: dict[int, Execution] = {}  # by worker thread (guarded by held_lock)
-        self.turn = itertools.count()  # which shard of a queue a claim tries first
+        # Per queue, which of its shards a claim tries first. Per queue: one counter for
+        # all would step a queue by the number of queues tried before it (two queues: its
+        # odd shards only, the others starving while those have ids).
+        self.turns: defaultdict[str, Iterator[int]] = defaultdict(itertools.count)
         self.held_lock = threading.Lock()
         self.lease_ms = delayjobs_settings.LEASE_SECONDS * 1000
         self.prefetch = delayjobs_settings.PREFETCH
@@ -413,8 +414,8 @@ class WorkerProcess:
 
         Up to ``PREFETCH`` from the first queue, one from the others, so that a job of a
         higher queue waits behind at most the one running job of a lower queue. A queue's
-        shards are tried in turn, starting one further at each claim of this process, so
-        none of them starves; the ids are settled in the shard they came from.
+        shards are tried in turn, starting one further at each claim from that queue in
+        this process, so none of them starves; the ids are settled in the shard they came from.
 
         A shard whose master is unreachable (a Cluster failing over) is passed over; the
         error is raised only if no other shard had ids, so the rest keep being served.
@@ -423,7 +424,7 @@ class WorkerProcess:
         for queue in queues:
             count = self.prefetch if queue == queues[0] else 1
             shards = self.engine.shards(queue)
-            start = next(self.turn) % len(shards)
+            start = next(self.turns[queue]) % len(shards)
             for shard in shards[start:] + shards[:start]:
                 try:
                     ids = self.engine.claim(shard, count, self.lease_ms)

@@ -25,6 +25,7 @@ from django_delayjobs.models import Job, Status
 from django_delayjobs.preflight import check_redis, describe_redis
 from django_delayjobs.services import build_job, schedule_many
 from tests.conftest import cluster_client
+from tests.helpers import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -91,6 +92,58 @@ def test_the_health_check_looks_at_every_master(on_cluster, redis_cluster):
             node.config_set("maxmemory", 0)
     assert not check.ok and reachable
     assert check.detail.startswith(f"full (master {victim.address}): used_memory")
+
+
+@contextlib.contextmanager
+def short_of_replicas(node: Any) -> Iterator[None]:
+    """More replicas to write than the master has (one): it refuses writes (NOREPLICAS)
+    yet answers INFO and PING."""
+    node.config_set("min-replicas-to-write", 2)
+    try:
+        yield
+    finally:
+        node.config_set("min-replicas-to-write", 0)
+
+
+@contextlib.contextmanager
+def unable_to_persist(node: Any) -> Iterator[None]:
+    """Its last RDB save failed (its directory is gone): it refuses writes (MISCONF)."""
+    home = node.config_get("dir")["dir"]
+    gone = os.path.join(home, "gone")
+    os.mkdir(gone)
+    node.config_set("save", "3600 1")
+    node.config_set("dir", gone)
+    os.rmdir(gone)
+    try:
+        node.bgsave()
+        wait_for(lambda: node.info("persistence")["rdb_last_bgsave_status"] == "err")
+        yield
+    finally:
+        node.config_set("dir", home)
+        node.bgsave()
+        wait_for(lambda: node.info("persistence")["rdb_last_bgsave_status"] == "ok")
+        node.config_set("save", "")
+
+
+@pytest.mark.parametrize(
+    ("refusal", "error"), [(short_of_replicas, "NOREPLICAS"), (unable_to_persist, "MISCONF")]
+)
+def test_the_health_check_names_a_master_that_refuses_writes(
+    on_cluster, redis_cluster, refusal, error
+):
+    """Every add, claim and ack on the shards of a master that refuses writes fails, while
+    its INFO reads as usual: the check asks every master to write, and names the one that
+    refuses (a master short of replicas passed it: the check only PINGed)."""
+    from django_delayjobs import health
+
+    engine = get_engine()
+    victim = redis_cluster.master_nodes()[1]
+    with victim.client() as node, refusal(node):
+        check, reachable = health.check_redis(engine)
+    assert not check.ok and reachable, check
+    assert check.detail.startswith(f"refuses writes (master {victim.address}): "), check.detail
+    assert error in check.detail
+    assert health.check_redis(engine)[0].ok
 
 
 def test_the_verbs_find_each_job_in_its_shard(on_cluster):

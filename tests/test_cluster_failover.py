@@ -17,16 +17,19 @@ with the shards on the healthy masters (docs/cluster.md, Failover).
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db.models import Count, Max, Min
 from django.utils import timezone
 
+from django_delayjobs import health, schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded_cluster import EmbeddedCluster, Node
 from django_delayjobs.engine import Engine, EngineUnavailable, close_client
@@ -128,6 +131,34 @@ def test_killing_a_master_mid_run_loses_no_job_and_doubles_no_effect(
         )
 
 
+def test_health_after_a_failover_checks_the_new_masters(redis_cluster):
+    """A long-lived process (a web process answering ``health/``) checked every master;
+    one fails over, its replica takes over, it comes back as a replica: the check must
+    look at the masters there are now, not at the old one (now a replica) forever."""
+    redis_cluster.wait_healthy()
+    client = cluster_client(redis_cluster.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    engine = Engine(client, prefix="audit")
+    try:
+        assert health.check_redis(engine)[0].ok
+        victim = redis_cluster.master_nodes()[0]
+        redis_cluster.kill(victim)
+        wait_for(
+            lambda: (
+                len(redis_cluster.master_nodes()) == 3
+                and victim not in redis_cluster.master_nodes()
+            ),
+            timeout=60,
+            every=0.1,
+        )
+        redis_cluster.restart(victim)  # rejoins as a replica
+        wait_for(lambda: victim.client().info("replication")["role"] == "slave", 60)
+        check, _ = health.check_redis(engine)
+        assert check.ok, check
+    finally:
+        engine.close()
+        close_client(client)
+
+
 # -- one master down, the others serving ---------------------------------------------------
 
 
@@ -222,6 +253,54 @@ def test_while_a_master_is_down_reconcile_repairs_the_shards_on_the_others(
     assert held == wanted
 
 
+@pytest.mark.django_db
+def test_a_full_reconcile_repairs_every_chunk_while_the_directory_s_master_is_down(
+    lonely_cluster, engine, settings
+):
+    """``delayjobs_reconcile`` (a new process: it has never read the directory of queues)
+    while the master that holds the directory is down: the shards of older counts cannot
+    be listed, yet the shards on the other masters are repaired, every chunk of them."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": lonely_cluster.url,
+                          "REDIS_CLUSTER": True, "QUEUE_SHARDS": SHARDS}  # fmt: skip
+    jobs = schedule_many(
+        build_job(tasks.record, in_=0, args=[str(n)], queue="q") for n in range(2500)
+    )
+    address = engine.client.get_node_from_key(engine.queues_key).name
+    victim = next(node for node in lonely_cluster.nodes if node.address == address)
+    healthy = {s for s in engine.shards("q") if master_of(lonely_cluster, engine, s) is not victim}
+    wanted = {str(job.pk) for job in jobs if engine.home("q", str(job.pk)) in healthy}
+
+    lonely_cluster.kill(victim)
+    fresh = Engine(engine.client, prefix="audit", shards=SHARDS)
+    with pytest.raises(EngineUnavailable):
+        reconcile(fresh)
+    held = {
+        i.decode()
+        for shard in healthy
+        for i in engine.client.smembers(engine.keys(shard).ready_set)
+    }
+    assert len(held) == len(wanted) and held == wanted
+
+
+def test_reschedule_reaches_its_shard_while_the_directory_s_master_is_down(lonely_cluster, engine):
+    """``Engine.reschedule`` looks in the shards of older counts only for an id its own
+    shard does not hold: a new process moved no id at all while the master of the
+    directory (which lists those shards) was down, wherever the id was."""
+    address = engine.client.get_node_from_key(engine.queues_key).name
+    victim = next(node for node in lonely_cluster.nodes if node.address == address)
+    now = engine.server_time_ms()
+    ids = [str(uuid.uuid4()) for _ in range(30)]
+    engine.add("q", dict.fromkeys(ids, now + 3_600_000))
+    job_id = next(
+        i for i in ids if master_of(lonely_cluster, engine, engine.home("q", i)) is not victim
+    )
+
+    lonely_cluster.kill(victim)
+    fresh = Engine(engine.client, prefix="audit", shards=SHARDS)
+    assert fresh.reschedule("q", job_id, now + 60_000) is True
+    assert fresh.next_due(engine.home("q", job_id), 100)[0] == (job_id, now + 60_000)
+
+
 def test_while_a_master_is_down_the_leases_held_on_the_others_are_extended(lonely_cluster, engine):
     """A running job's lease is extended while its shard's master is up, whatever became of
     the master of another running job's shard (else ``recover_expired`` would hand the job
@@ -271,6 +350,25 @@ def test_while_a_master_is_down_schedule_hands_redis_the_jobs_of_the_others(
     assert held == wanted
 
 
+@pytest.mark.django_db(transaction=True)
+def test_while_a_master_is_down_schedule_logs_the_outage_once(
+    lonely_cluster, engine, settings, caplog
+):
+    """The adds of ``schedule()`` to the shards of a dead master fail, those to the others
+    succeed, one after the other: that is one outage, logged once, not a warning (and a
+    "back" line) for every job whose shard is on the dead master."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": lonely_cluster.url,
+                          "REDIS_CLUSTER": True, "QUEUE_SHARDS": SHARDS}  # fmt: skip
+    assert get_engine().shards("q")  # the process's engine has read the slot table
+    lonely_cluster.kill(master_of(lonely_cluster, engine, engine.shards("q")[0]))
+    with caplog.at_level(logging.WARNING):
+        for n in range(30):
+            schedule(tasks.record, in_=3600, args=[str(n)], queue="q")
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("Redis is unavailable" in line for line in lines) == 1, lines
+    assert not any("Redis is back" in line for line in lines), lines
+
+
 def test_while_a_master_is_down_the_metrics_of_queues_on_the_others_are_flushed(
     lonely_cluster, engine
 ):
@@ -288,3 +386,28 @@ def test_while_a_master_is_down_the_metrics_of_queues_on_the_others_are_flushed(
         store.write(engine, tallies, queues, minute=1, ttl=600, written=written)
     assert written == set(healthy[:2])
     assert store.totals(engine, healthy[:2]) == {q: {"succeeded": 1.0} for q in healthy[:2]}
+
+
+class DiesAfterInfo(Engine):
+    """An engine on which a master dies once every master's ``INFO`` has been read."""
+
+    cluster: EmbeddedCluster
+    victim: Node
+
+    def masters(self) -> dict[str, dict[str, Any]]:
+        found = super().masters()
+        self.cluster.kill(self.victim)
+        return found
+
+
+def test_a_master_that_dies_between_info_and_ping_is_unavailable(lonely_cluster, engine):
+    """Health reads every master's INFO, then checks that they take writes: a master that
+    died in between does not answer at all, it does not "refuse writes"; and the queue
+    checks, which would only meet the same dead master, are not run."""
+    victim = master_of(lonely_cluster, engine, engine.shards("q")[0])
+    dying = DiesAfterInfo(engine.client, prefix="audit", shards=SHARDS)
+    dying.cluster, dying.victim = lonely_cluster, victim
+
+    check, reachable = health.check_redis(dying)
+    assert not check.ok and not reachable, check
+    assert check.detail.startswith("unavailable: Redis is unreachable"), check.detail

@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from django_delayjobs.connection import get_engine, reset_engine
 from django_delayjobs.embedded import EmbeddedRedis, find_redis_server
+from django_delayjobs.embedded_cluster import free_base_port
 from django_delayjobs.models import Job
 from tests.helpers import set_read_only, wait_for
 from tests.test_retention import database_down
@@ -159,6 +160,20 @@ def test_a_replica_fails(private_redis):
         private_redis.replicaof("NO", "ONE")
     assert code == 1 and names(lines, "FAIL") == ["redis"]
     assert "refuses writes: it is a replica" in lines[0]
+
+
+def test_a_redis_short_of_replicas_to_write_fails(private_redis):
+    """With ``min-replicas-to-write`` and fewer good replicas Redis refuses every write
+    (NOREPLICAS) while it answers INFO and PING: the check asks it to write."""
+    beat()
+    private_redis.config_set("min-replicas-to-write", 1)
+    try:
+        code, lines = health()
+    finally:
+        private_redis.config_set("min-replicas-to-write", 0)
+    assert code == 1 and names(lines, "FAIL") == ["redis"], lines
+    assert "refuses writes: Redis refused the command: NOREPLICAS" in lines[0]
+    assert health()[0] == 0
 
 
 def test_a_redis_that_cannot_persist_fails(tmp_path, settings):
@@ -304,6 +319,38 @@ def test_view_redis_down_is_503_without_details(client, stopped_redis):
     body = response.content.decode()
     assert json.loads(body)["checks"]["redis"] == "fail"
     assert stopped_redis.split("://")[1] not in body  # no socket path, no URL
+
+
+@pytest.fixture
+def unreachable_cluster():
+    """Settings naming a Redis Cluster whose seed node does not answer: the client cannot
+    even be made (it reads the slot table from the seed when it is made)."""
+    from django.conf import settings
+
+    url = f"redis://127.0.0.1:{free_base_port(1)}/0"
+    dj = {**settings.DELAYJOBS, "REDIS_URL": url, "REDIS_CLUSTER": True}
+    with override_settings(DELAYJOBS=dj):
+        yield url
+
+
+def test_an_unreachable_cluster_fails_the_redis_checks_it_is_no_bad_option(unreachable_cluster):
+    code, lines = health("--queues", "a")  # exit 2 (a bad option) raises here
+    assert code == 1
+    assert names(lines, "FAIL") == ["redis", "workers:a", "overdue:a"], lines
+    assert "unavailable: cannot reach a Redis Cluster at 127.0.0.1:" in lines[0]
+
+
+def test_the_view_says_an_unreachable_cluster_is_redis_not_the_settings(
+    client, unreachable_cluster
+):
+    response = client.get(URL)
+    assert response.status_code == 503
+    assert json.loads(response.content)["checks"] == {
+        "redis": "fail",
+        "database": "ok",
+        "workers:default": "fail",
+        "overdue:default": "fail",
+    }
 
 
 def test_view_database_down_is_503(client, tmp_path):

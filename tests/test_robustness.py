@@ -9,6 +9,7 @@ dead instead of looping.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sqlite3
@@ -26,9 +27,10 @@ from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_delayjobs import schedule, schedule_many
+from django_delayjobs import outcomes, schedule, schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.engine import EngineUnavailable
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
 from tests.helpers import (
@@ -439,6 +441,29 @@ def test_schedule_does_not_block_on_a_frozen_redis_and_logs_one_line(tmp_path, s
     assert Job.objects.filter(status=Status.SCHEDULED).count() == 3  # reconcile's to add
     warnings = [r for r in caplog.records if "Redis is unavailable" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].exc_info is None
+
+
+def test_an_outage_is_logged_once_and_a_later_one_again(caplog, monkeypatch):
+    """Failures with successes in between (the shards of a dead Cluster master, and the
+    others') are one outage; once calls succeeded and none failed for SETTLED_SECONDS it
+    is over, and the next failure, however long after, starts a new one, logged again."""
+    monkeypatch.setattr(outcomes, "SETTLED_SECONDS", 0.2)
+    outage = outcomes.Outage("test", "reconcile will")
+    down = EngineUnavailable("Redis is unreachable")
+    with caplog.at_level(logging.WARNING, logger="django_delayjobs.worker"):
+        for _ in range(5):
+            outage.failed(down)
+            outage.ok()
+        started = time.monotonic()
+        outage.ok()
+        wait_for(lambda: time.monotonic() - started > 0.2)  # quiet for longer than 0.2 s
+        outage.failed(down)  # no call came in between to say the first one ended
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        "Redis is unavailable (Redis is unreachable); reconcile will",
+        "Redis is back after 5 failed call(s) since " + lines[1].split(" since ")[1],
+        "Redis is unavailable (Redis is unreachable); reconcile will",
+    ], lines
 
 
 def test_a_full_reconcile_does_not_wait_for_a_frozen_redis_chunk_after_chunk(tmp_path, settings):

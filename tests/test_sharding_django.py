@@ -10,7 +10,9 @@ from django.core.management import call_command
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
+from django_delayjobs.metrics import snapshot
 from django_delayjobs.models import Job, Status
+from django_delayjobs.promoter import Promoter
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import build_job, schedule_many
 from tests.testapp import tasks
@@ -66,6 +68,23 @@ def test_growing_from_one_shard_keeps_serving_the_queue_of_one(settings):
     assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
     # The burst's housekeeping (as a promoter's) dropped the emptied shard from the directory.
     assert engine.old_shards("orders") == [] and engine.forget_empty_shards("orders") == []
+
+
+def test_a_queue_the_directory_lost_is_listed_again_by_a_promoter(settings):
+    """On a Cluster the directory of queues lives on one master: if that one loses its data
+    and the masters of a queue's shards do not, an add lists a shard again only once it
+    finds it empty, so the queue, ids and all, was missing from the metrics and from
+    ``delayjobs_stats`` until it had emptied. A promoter lists its queues' shards again."""
+    shards(settings, 3)
+    schedule_many([build_job(tasks.record, in_=3600, args=[str(n)], queue="orders")
+                   for n in range(30)])  # fmt: skip
+    engine = get_engine()
+    engine.client.delete(engine.queues_key)  # lost with its master's data
+    assert "orders" not in snapshot.queue_names(engine)
+
+    Promoter(engine, ["orders"]).step()
+    assert "orders" in snapshot.queue_names(engine)
+    assert sum(r.stats.pending for r in snapshot.read(engine) if r.name == "orders") == 30
 
 
 def test_metrics_count_per_queue_and_show_each_shard(settings):

@@ -7,6 +7,8 @@ import signal
 import sqlite3
 import threading
 import time
+import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -179,6 +181,22 @@ def test_a_queue_given_twice_is_served_once_in_its_first_place():
     from django_delayjobs.management.commands.run_delayworker import queue_list
 
     assert queue_list("high,low,high, low") == ["high", "low"]  # was claimed from twice
+
+
+def test_a_sharded_queue_after_another_has_every_shard_claimed_from_in_turn(settings):
+    """Every shard of a queue is tried first in turn, whatever queues come before it: a
+    worker on ``default,orders`` with ``default`` empty claimed from shards 1, 3 and 5 of
+    ``orders`` only (each claim took two turns, one per queue), so while those had ids
+    the other three starved."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 6}}
+    engine = get_engine()
+    now = engine.server_time_ms()
+    for shard in engine.shards("orders"):
+        engine.add(shard, {str(uuid.uuid4()): now for _ in range(2)})
+    queues = ["default", "orders"]
+    process = WorkerProcess(engine, Options(queues=queues))
+    claimed = [process.claim(queues) for _ in range(6)]  # ids left in every shard
+    assert Counter(shard for shard, _ in claimed) == dict.fromkeys(engine.shards("orders"), 1)
 
 
 def test_due_jobs_of_a_queue_start_highest_priority_first():

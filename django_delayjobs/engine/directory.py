@@ -4,7 +4,9 @@ A shard is listed by the first ``add`` that finds it empty (after a flush too), 
 shard that holds ids is always listed, and promoters and workers, which serve every
 listed shard of their queues, can never strand one: after a change of a queue's shard
 count, the shards of the old count are served until they are empty, then forgotten.
-The key lies outside every queue's hash tag, so it is written beside the scripts.
+The key lies outside every queue's hash tag, so it is written beside the scripts. On a
+Cluster it lives on one master, which may lose its data while the shards' masters keep
+theirs: promoters list their queues' current shards again every minute (``list_shards``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ class Directory:
         self._call(lambda: self.client.sadd(self.key, shard.name))
         with self._lock:
             self._shards.setdefault(shard.queue, set()).add(shard)
+
+    def register_all(self, shards: list[Shard]) -> None:
+        """List ``shards`` in one call (they may be listed already)."""
+        if shards:
+            self._call(lambda: self.client.sadd(self.key, *(shard.name for shard in shards)))
+            with self._lock:
+                for shard in shards:
+                    self._shards.setdefault(shard.queue, set()).add(shard)
 
     def forget(self, shard: Shard) -> None:
         self._call(lambda: self.client.srem(self.key, shard.name))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cache, partial
 from importlib import resources
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from redis.commands.core import Script
 
 from . import sharding
-from .errors import PerShard
+from .errors import EngineUnavailable, PerShard
 from .keys import QueueKeys, validate_name
 from .reader import Reader
 from .results import PromoteResult, merge_promoted
@@ -83,7 +84,8 @@ class Engine(Reader):
             name: client.register_script(script_source(name)) for name in _SCRIPTS
         }
         self._waiter: Waiter = Doorbells(client) if self.is_cluster else BlockingWait(client)
-        self._turn = itertools.count()
+        # Per queue: one turn for all would step a queue by the queues claimed between.
+        self._turns: defaultdict[str, Iterator[int]] = defaultdict(itertools.count)
 
     def close(self) -> None:
         """Stop waiting threads and close the client's connections."""
@@ -138,7 +140,7 @@ class Engine(Reader):
             removed += each.run(partial(run, shard, part), 0)
             tried.append(shard)
         if removed < len(given):  # added under an older shard count?
-            for shard in self._router.others(queue, tried):
+            for shard in self._older(queue, tried, each):
                 removed += each.run(partial(run, shard, given), 0)
         removed = min(removed, len(given))
         each.check(removed)
@@ -152,12 +154,15 @@ class Engine(Reader):
         """Move a still-pending id to a new due time; False if it already left pending."""
         args: list[str | float] = [*_ids([id]), _due(due_ms)]
         [(home, _)] = self._router.route(queue, [id])
-        for shard in [home, *self._router.others(queue, [home])]:
+
+        def run(shard: Shard) -> bool:
             k = self._keys(shard)
-            keys = [k.pending, k.ready, k.ready_set, k.wake, k.notify]
-            if self._run("reschedule", keys, args):
-                return True
-        return False
+            return bool(
+                self._run("reschedule", [k.pending, k.ready, k.ready_set, k.wake, k.notify], args)
+            )
+
+        # The shards of older counts (read from the directory) only for an id not at home.
+        return run(home) or any(run(shard) for shard in self._router.others(queue, [home]))
 
     # -- the promoter --------------------------------------------------------------
 
@@ -212,7 +217,7 @@ class Engine(Reader):
         """
         want, lease = _batch(count), _ms(lease_ms, "lease")
         shards = self._router.targets(queue)
-        start = next(self._turn) % len(shards)
+        start = next(self._turns[queue]) % len(shards)
         claimed: list[str] = []
         for shard in shards[start:] + shards[:start]:
             k = self._keys(shard)
@@ -299,12 +304,22 @@ class Engine(Reader):
         for shard, part in self._router.route(queue, ids):
             done += each.run(partial(run, shard, part), 0)
             tried.append(shard)
-        for shard in self._router.others(queue, tried):
+        for shard in self._older(queue, tried, each) if done < len(ids) else []:
             if done >= len(ids):
                 break
             done += each.run(partial(run, shard, ids), 0)
         each.check(done)
         return done
+
+    def _older(self, queue: str, tried: list[Shard], each: PerShard) -> list[Shard]:
+        """The shards of older counts where ids not found in their own may be; none while
+        the directory that lists them cannot be read (noted in ``each``: what was done on
+        the shards tried is then reported as ``PartlyUnavailable``, not lost)."""
+        try:
+            return self._router.others(queue, tried)
+        except EngineUnavailable as exc:
+            each.skip(exc)
+            return []
 
     def heartbeat(
         self, queue: str, worker_id: str, ttl_ms: float, info: Mapping[str, Any] | None = None

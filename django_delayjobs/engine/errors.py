@@ -56,6 +56,10 @@ class PerShard:
         else:
             self.reached = True
 
+    def skip(self, exc: EngineUnavailable) -> None:
+        """Note a failure of a step that changed nothing (reading where to look next)."""
+        self.failure = self.failure or exc
+
     def run(self, fn: Callable[[], T], default: T) -> T:
         """``fn()``; if it fails, what it did (``PartlyUnavailable.done``) or ``default``."""
         result = default

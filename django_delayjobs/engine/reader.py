@@ -4,6 +4,7 @@ workers, server INFO and time. ``Engine`` adds the moves (engine.py)."""
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -15,7 +16,7 @@ from redis.exceptions import NoScriptError
 
 from . import sharding
 from .directory import Directory
-from .errors import PerShard, guarded
+from .errors import EngineUnavailable, PerShard, guarded, unreachable
 from .keys import QueueKeys, validate_name
 from .results import QueueStats, merge_stats
 from .routing import Router
@@ -26,6 +27,9 @@ from .validation import opt_int as _opt_int
 from .validation import text as _text
 
 Rows = list[tuple[bytes, float]]  # a WITHSCORES reply
+#: Salts tried to find a key in a slot of a given master (a master of an even share of
+#: the slots takes a few; one of a single slot about 16,384).
+MAX_PROBE_SALT = 65_536
 
 
 def _is_cluster(client: object) -> bool:
@@ -44,6 +48,7 @@ class Reader:
         self.client = client
         self.prefix = validate_name(prefix, "prefix")
         self.is_cluster = _is_cluster(client)
+        self._probe_tags: dict[str, int] = {}  # master -> salt of its write-probe key
         self._router = Router(self.prefix, shards, Directory(client, self.queues_key, self._call))
 
     @property
@@ -92,6 +97,13 @@ class Reader:
 
     def _keys(self, shard: Shard) -> QueueKeys:
         return self._router.keys(shard)
+
+    def list_shards(self, queue: str) -> None:
+        """List the shards of ``queue``'s current count in the directory again. An add lists
+        a shard only when it finds it empty: a directory lost on its own (on a Cluster, its
+        master lost its data and the shards' masters did not) would leave the queue out of
+        ``known_queues`` (the metrics, ``delayjobs_stats``) until it had emptied."""
+        self._router.directory.register_all(sharding.shards(queue, self._router.count(queue)))
 
     def forget_empty_shards(self, queue: str) -> list[str]:
         """Drop from the directory the shards of older counts that hold nothing; return them.
@@ -198,17 +210,57 @@ class Reader:
         """Return ``INFO`` of every master by its address (one Redis: just that one)."""
         if not self.is_cluster:
             return {"": self.info()}
-        return cast(dict[str, dict[str, Any]], self._call(
-            lambda: self.client.info(target_nodes=self.client.PRIMARIES)))  # fmt: skip
 
-    def ping_masters(self) -> None:
-        """PING every master. One that cannot persist (a failed RDB save or AOF write, with
-        ``stop-writes-on-bgsave-error``) refuses it with MISCONF, as it refuses every write,
-        while its ``INFO`` reads as usual."""
+        def read() -> dict[str, dict[str, Any]]:
+            return cast(dict[str, dict[str, Any]], self._call(
+                lambda: self.client.info(target_nodes=self.client.PRIMARIES)))  # fmt: skip
+
+        found = read()
+        if any(info.get("role", "master") != "master" for info in found.values()):
+            # A master of the client's slot table is a replica now: a failover the client
+            # has not heard of (nothing it sent met a MOVED, as in a process that only
+            # checks health), and the old master is back as a replica. Read the table anew.
+            self._call(self.client.nodes_manager.initialize)
+            found = read()
+        return found
+
+    def refused_write(self) -> tuple[str, EngineUnavailable] | None:
+        """Ask every master to delete a key that does not exist; return the first one that
+        refuses (its address, "" on one Redis) with its refusal, or None. Raise
+        ``EngineUnavailable`` if a master does not answer.
+
+        A master that takes no write refuses it, as it refuses every write, while its
+        ``INFO`` reads as usual: MISCONF (a failed RDB save or AOF write, with
+        ``stop-writes-on-bgsave-error``), NOREPLICAS (fewer good replicas than
+        ``min-replicas-to-write``, which ``PING`` does not show). A DEL that finds nothing
+        changes nothing and is not replicated."""
         if not self.is_cluster:
-            self._call(self.client.ping)
-            return
-        self._call(lambda: self.client.ping(target_nodes=self.client.PRIMARIES))
+            targets = [("", f"{{{self.prefix}}}:write-probe")]
+        else:
+            nodes = self._call(self.client.get_primaries)
+            targets = [(node.name, self._probe_key(node.name)) for node in nodes]
+        for address, key in targets:
+            try:
+                self._call(partial(self.client.delete, key))
+            except EngineUnavailable as exc:
+                if unreachable(exc):
+                    raise
+                return address, exc
+        return None
+
+    def _probe_key(self, node: str) -> str:
+        """A key in a slot that the master ``node`` serves (by the client's slot table)."""
+        owners = self.client.nodes_manager.slots_cache
+        found = self._probe_tags.get(node)
+        for salt in itertools.chain([] if found is None else [found], range(MAX_PROBE_SALT)):
+            key = f"{{{self.prefix}:write-probe~{salt}}}"
+            held_by = owners.get(self.client.keyslot(key))
+            if held_by and held_by[0].name == node:
+                self._probe_tags[node] = salt
+                return key
+        # None hashes to its slots (a master of a very few): this key's master is asked
+        # again instead, and this one's INFO is all that is checked.
+        return f"{{{self.prefix}}}:write-probe"
 
     def node_of(self, name: str) -> str:
         """The address of the master that holds a shard ("" on one Redis)."""

@@ -123,6 +123,19 @@ def test_claim_by_queue_name_starts_one_shard_further_each_time(engine):
     assert sorted(first + engine.claim(Q, 1000, HOUR)) == given
 
 
+def test_claims_by_queue_name_step_each_queue_s_own_turn(engine):
+    """A caller that claims from another queue between claims from ``q`` still gets one
+    id from each shard of ``q`` in 6 claims (one turn for every queue gave ``q`` every
+    other start: 3 of its 6 shards)."""
+    given = ids(60)
+    engine.add(Q, dict.fromkeys(given, 0))
+    first = []
+    for _ in range(N):
+        assert engine.claim("other", 1, HOUR) == []
+        first += engine.claim(Q, 1, HOUR)
+    assert sorted(engine.home(Q, i) for i in first) == engine.shards(Q)
+
+
 def test_claim_gathers_its_count_from_several_shards(engine):
     given = ids(12)
     engine.add(Q, dict.fromkeys(given, 0))

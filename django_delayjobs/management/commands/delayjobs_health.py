@@ -12,7 +12,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import health
 from ...conf import delayjobs_settings
-from ...connection import get_engine
 from ...exceptions import DelayJobsError
 
 
@@ -43,10 +42,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             limits = self.limits(options)  # reads DEFAULT_QUEUE
-            engine = get_engine()
+            checks = health.run_from_settings(limits)
         except (ValueError, DelayJobsError) as exc:  # a bad option, or bad settings
             raise CommandError(str(exc), returncode=2) from exc
-        checks = health.run(engine, limits)
         width = max(len(c.name) for c in checks)
         for check in checks:
             mark = "ok  " if check.ok else "FAIL"
