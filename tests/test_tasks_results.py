@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from django_delayjobs import GiveUp
 from django_delayjobs.backends import DelayJobsBackend, TaskResultStatus
+from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, Status
 from django_delayjobs.task_history import exception_path
 from tests.helpers import ROOT, worker_env
@@ -183,6 +184,8 @@ def test_async_tasks_run_to_completion_in_the_worker():
         (t.async_explode, RuntimeError, "async failure: gone"),
         # A return value that is not JSON fails the task, as in the framework.
         (t.returns_object, TypeError, "Unsupported type"),
+        # JSON that the database cannot keep as it is (too big, say): InvalidSchedule.
+        (t.returns_too_much, InvalidSchedule, "MAX_JSON_BYTES"),
     ],
 )
 def test_a_failed_task_rolls_back_its_writes(task, error, message):
