@@ -114,11 +114,7 @@ class DelayJobsBackend(BaseTaskBackend):
                 f"its tasks' history ({exc})"
             ) from None
         self.max_attempts = _options(alias, self.options)["MAX_ATTEMPTS"]
-        # Idempotent (dispatch_uid): every backend instance translates the same signals.
-        signals.job_started.connect(_started, dispatch_uid="delayjobs-tasks-started")
-        signals.job_succeeded.connect(_finished, dispatch_uid="delayjobs-tasks-succeeded")
-        signals.job_dead.connect(_finished, dispatch_uid="delayjobs-tasks-dead")
-        signals.job_cancelled.connect(_finished, dispatch_uid="delayjobs-tasks-cancelled")
+        connect_signals()
 
     def validate_task(self, task: Task[Any, Any]) -> None:
         """Validate like every backend, then register the task as an action."""
@@ -290,8 +286,26 @@ def _as_enqueued(task: Task[Any, Any], **fields: Any) -> Task[Any, Any]:
     return copy
 
 
+def connect_signals() -> None:
+    """Translate the jobs' signals into the framework's. Idempotent (dispatch_uid): every
+    backend instance connects them, and so does ``AppConfig.ready()`` when ``TASKS`` names
+    this backend, for a process that creates none (a web process cancelling a task's job
+    from the admin sends ``task_finished`` too)."""
+    signals.job_started.connect(_started, dispatch_uid="delayjobs-tasks-started")
+    signals.job_succeeded.connect(_finished, dispatch_uid="delayjobs-tasks-succeeded")
+    signals.job_dead.connect(_finished, dispatch_uid="delayjobs-tasks-dead")
+    signals.job_cancelled.connect(_finished, dispatch_uid="delayjobs-tasks-cancelled")
+
+
+def _is_task(job: Job) -> bool:
+    """Whether ``job`` runs a task this process has, or finds in an app's ``tasks.py``."""
+    return job.action.startswith(PREFIX) and (
+        job.action in _tasks or _discovered(job.action) is not None
+    )
+
+
 def _started(sender: Any, job: Job, **kwargs: Any) -> None:
-    if job.action.startswith(PREFIX) and job.action in _tasks:
+    if _is_task(job):
         task_started.send(DelayJobsBackend, task_result=to_result(job))
 
 
@@ -305,7 +319,7 @@ class TaskFailed(DelayJobsError):
 
 
 def _finished(sender: Any, job: Job, error: str = "", **kwargs: Any) -> None:
-    if not (job.action.startswith(PREFIX) and job.action in _tasks):
+    if not _is_task(job):
         return
     result = to_result(job)
     if result.status != TaskResultStatus.FAILED or not error:
@@ -317,4 +331,4 @@ def _finished(sender: Any, job: Job, error: str = "", **kwargs: Any) -> None:
         task_finished.send(DelayJobsBackend, task_result=result)
 
 
-__all__ = ["STATUS", "DelayJobsBackend", "TaskFailed"]
+__all__ = ["STATUS", "DelayJobsBackend", "TaskFailed", "connect_signals"]

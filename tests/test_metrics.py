@@ -431,6 +431,18 @@ def test_database_down_gives_503_from_the_view_and_the_workers_port(with_token, 
     assert b"".join(body) == b"the database is unavailable\n"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_database_down_gives_503_to_a_staff_session_too(tmp_path):
+    """A session's user is read from the database: with it down, a staff user's scrape
+    was a 500 (the error escaped from the access check)."""
+    client = Client(raise_request_exception=False)
+    client.force_login(user("boss", su=True))
+    with database_down(tmp_path):
+        response = client.get(metrics_url())
+    assert response.status_code == 503
+    assert response.content == b"the database is unavailable\n"
+
+
 @pytest.mark.django_db
 def test_without_prometheus_client_the_view_says_what_to_install(with_token, monkeypatch):
     import django_delayjobs.metrics as package

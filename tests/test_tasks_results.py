@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from django_delayjobs import GiveUp
 from django_delayjobs.backends import DelayJobsBackend, TaskResultStatus
+from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, Status
 from django_delayjobs.task_history import exception_path
 from tests.helpers import ROOT, worker_env
@@ -133,6 +134,41 @@ def test_a_result_can_be_read_from_a_process_that_did_not_import_the_task(redis_
     assert child.stdout.strip() == "SUCCESSFUL"
 
 
+#: A web process (the admin, the REST API): Django set up, no task module imported and
+#: no task backend made; it cancels a task's job by id, as the admin's action does.
+CANCEL_IN_WEB_PROCESS = """
+import sys
+import django
+django.setup()
+assert "tests.testapp.task_functions" not in sys.modules
+try:
+    from django.tasks.signals import task_finished
+except ImportError:
+    from django_tasks.signals import task_finished
+from django_delayjobs.models import Job
+
+finished = []
+task_finished.connect(lambda sender, task_result, **kw: finished.append(task_result),
+                      weak=False)
+assert Job.objects.get(pk=sys.argv[1]).cancel()
+print([(r.id, str(r.status)) for r in finished])
+"""
+
+
+def test_a_task_cancelled_in_a_process_that_did_not_import_it_sends_task_finished(redis_url):
+    """task_finished is sent when the job is cancelled, from any process: its receivers
+    were connected only once a backend was made, and the task looked up only among
+    those the process had imported."""
+    result = t.add.using(run_after=timezone.now() + datetime.timedelta(hours=1)).enqueue(1, 2)
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    child = subprocess.run(
+        [sys.executable, "-c", CANCEL_IN_WEB_PROCESS, result.id],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip() == str([(result.id, "FAILED")])
+
+
 def test_async_tasks_run_to_completion_in_the_worker():
     result = t.async_add.enqueue(2, 5)
     burst()
@@ -148,6 +184,8 @@ def test_async_tasks_run_to_completion_in_the_worker():
         (t.async_explode, RuntimeError, "async failure: gone"),
         # A return value that is not JSON fails the task, as in the framework.
         (t.returns_object, TypeError, "Unsupported type"),
+        # JSON that the database cannot keep as it is (too big, say): InvalidSchedule.
+        (t.returns_too_much, InvalidSchedule, "MAX_JSON_BYTES"),
     ],
 )
 def test_a_failed_task_rolls_back_its_writes(task, error, message):

@@ -9,12 +9,14 @@ default queue in 1 shard and in 6.
 from __future__ import annotations
 
 import itertools
+import re
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import timedelta
 
 import pytest
@@ -409,6 +411,26 @@ def test_worker_refuses_metrics_beyond_loopback_without_a_token(host, settings):
     check_metrics_host({"metrics_host": host, "metrics_port": None})  # no metrics: no check
     settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}
     check_metrics_host({"metrics_host": host, "metrics_port": 9808})
+
+
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_the_metrics_port_listens_on_the_ipv6_loopback(host, capsys):
+    """::1 is one of the loopback addresses --metrics-host takes without a token; the
+    server was IPv4 only, so the command refused it ("cannot listen")."""
+    pytest.importorskip("prometheus_client")
+    call_command("run_delayworker", "--burst", "-v", "1", "--metrics-port", "0",
+                 "--metrics-host", host)  # fmt: skip
+    assert re.search(r"delayjobs metrics: http://\[::1\]:\d+/metrics", capsys.readouterr().out)
+    from django_delayjobs.metrics.server import MetricsServer
+
+    server = MetricsServer(host, 0).start()
+    try:
+        with urllib.request.urlopen(server.url, timeout=10) as response:
+            assert server.url == f"http://[::1]:{server.port}/metrics"
+            assert response.status == 200
+            assert b"delayjobs_jobs_total" in response.read()
+    finally:
+        server.close()
 
 
 def test_worker_warns_or_refuses_an_evicting_redis(tmp_path, settings, capsys):

@@ -8,7 +8,9 @@ connection it opened, so scrapes leave no connection behind.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
@@ -29,6 +31,18 @@ StartResponse = Callable[..., Any]
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def _ipv6(host: str) -> bool:
+    """Whether ``host`` is an IPv6 address (``::1``, or ``[::1]`` as in a URL)."""
+    try:
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address)
+    except ValueError:
+        return False
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -75,7 +89,10 @@ class MetricsServer:
     def __init__(self, host: str, port: int) -> None:
         import prometheus_client  # noqa: F401 - fail at start, not at the first scrape
 
-        self.httpd = make_server(host, port, app, _Server, _QuietHandler)
+        bare = host.removeprefix("[").removesuffix("]") if host.startswith("[") else host
+        # An IPv6 address (the loopback ::1 included) needs an AF_INET6 socket.
+        self.host, server = (bare, _Server6) if _ipv6(bare) else (host, _Server)
+        self.httpd = make_server(self.host, port, app, server, _QuietHandler)
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, name="delayjobs-metrics", daemon=True
         )
@@ -83,6 +100,11 @@ class MetricsServer:
     @property
     def port(self) -> int:
         return int(self.httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if _ipv6(self.host) else self.host
+        return f"http://{host}:{self.port}/metrics"
 
     def start(self) -> MetricsServer:
         self.thread.start()

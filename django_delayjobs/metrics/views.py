@@ -38,6 +38,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
     except ConfigurationError as exc:  # an invalid DELAYJOBS: a web process runs no checks
         logger.error("metrics: the DELAYJOBS settings cannot work (%s)", exc)
         return _text(503, "the DELAYJOBS settings cannot work")
+    except DatabaseError as exc:  # a session's user is read from the database
+        logger.warning("metrics: the database is unavailable (%s)", exc)
+        return _text(503, "the database is unavailable")
     if not allowed:
         # A Bearer token that is wrong is 401; other credentials (a site behind HTTP Basic
         # auth sends them on every request) do not make a logged-in user anonymous.

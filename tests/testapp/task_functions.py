@@ -64,6 +64,12 @@ def returns_object(label: str) -> object:
 
 
 @task
+def returns_too_much(label: str) -> str:
+    Record.objects.create(label=label)  # rolled back: the return value fails the task
+    return "x" * (1 << 20)  # past MAX_JSON_BYTES (1 MiB) once quoted
+
+
+@task
 def returns_tuple() -> tuple[int, str]:
     return (1, "two")
 

@@ -219,7 +219,7 @@ class Command(BaseCommand):
         except (OSError, TypeError) as exc:  # TypeError: a host the socket cannot encode
             raise CommandError(f"--metrics-port: cannot listen on {host}:{port}: {exc}") from exc
         if opts["verbosity"]:
-            self.stdout.write(f"delayjobs metrics: http://{host}:{server.port}/metrics")
+            self.stdout.write(f"delayjobs metrics: {server.url}")
             self.stdout.flush()
         return server
 
