@@ -104,7 +104,7 @@ def describe(exc: BaseException, notes: list[str] | tuple[str, ...] = ()) -> str
     """
     try:
         message = str(exc)
-    except Exception:
+    except BaseException:  # as traceback does: a __str__ may raise anything, SystemExit too
         message = "<exception str() failed>"
     deliberate = isinstance(exc, Retry | GiveUp | TimeLimitExceeded)
     head = message if deliberate else next(iter(message.splitlines()), "")

@@ -61,20 +61,6 @@ def test_an_on_commit_callback_that_raises_leaves_the_committed_success_as_it_is
     assert "on-commit callback" in caplog.text
 
 
-def test_an_exception_whose_text_cannot_be_had_is_still_the_actions_failure():
-    """Its ``__str__`` raises a BaseException: the attempt failed like any other, and the
-    worker thread goes on with the next job."""
-    failing = schedule(tasks.raise_unprintable, in_=0, max_attempts=1)
-    after = schedule(tasks.record, in_=0, args=["after"])
-    burst()
-    failing.refresh_from_db()
-    assert failing.status == Status.DEAD
-    assert failing.last_error.startswith("tests.testapp.tasks.Unprintable\n")
-    assert kinds(failing) == ["scheduled", "started", "failed", "dead"]
-    assert not Record.objects.filter(label="before:unprintable").exists()
-    assert Job.objects.get(pk=after.pk).status == Status.SUCCEEDED
-
-
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's session settings")
 @pytest.mark.parametrize("prefetch", [1, 10])
 @pytest.mark.parametrize(

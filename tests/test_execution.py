@@ -52,6 +52,22 @@ def test_a_base_exception_is_the_actions_failure_and_the_worker_goes_on(kind):
     assert get_engine().stats("default").garbage == 1
 
 
+def test_an_exception_whose_text_cannot_be_had_is_still_the_actions_failure():
+    """Its ``__str__`` raises a BaseException: the attempt failed like any other, and the
+    worker thread goes on with the next job."""
+    failing = schedule(tasks.raise_unprintable, in_=0, max_attempts=1)
+    after = schedule(tasks.record, in_=0, args=["after"])
+    burst()
+    failing.refresh_from_db()
+    assert failing.status == Status.DEAD
+    assert failing.last_error.startswith(
+        "tests.testapp.tasks.Unprintable: <exception str() failed>\n"
+    )
+    assert [k for k, _ in events(failing)] == ["scheduled", "started", "failed", "dead"]
+    assert not Record.objects.filter(label="before:unprintable").exists()
+    assert Job.objects.get(pk=after.pk).status == Status.SUCCEEDED
+
+
 def test_retry_after_sets_the_next_attempt_time_and_its_message_is_the_history():
     job = schedule(tasks.retry_later, in_=0, args=[30, "second"])
     before = timezone.now()
