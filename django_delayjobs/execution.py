@@ -21,6 +21,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -270,10 +271,14 @@ class Execution:
         started = time.perf_counter()
         notes: list[str] = []
         connection = Connection()
+        committed: list[bool] = []
         try:
             if getattr(fn, "delayable_atomic", True):
                 # The action and its outcome commit together, or not at all.
                 with transaction.atomic(using=sql.db()):
+                    # The first on-commit callback: it runs before any the action leaves,
+                    # so one of those that raises cannot pass for a failure of the job.
+                    transaction.on_commit(partial(committed.append, True), using=sql.db())
                     stored = self.call(fn, args, kwargs, notes)
                     claimed = self.succeeded(job, stored, notes)
             else:  # an outside call: no transaction is held open while it runs
@@ -287,14 +292,24 @@ class Execution:
         except _ClaimAheadFailed as exc:  # not the action's fault: run it again
             return self.hand_back(exc.__cause__ or exc)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
+            if committed:  # no: the success is the database's; a callback raised after it
+                logger.error("job %s succeeded; an on-commit callback of its action then "
+                             "raised %s (the callbacks after it did not run)", job.pk,
+                             class_path(exc), exc_info=exc,
+                             extra=job_fields(job.pk, self.queue, job, "succeeded"))  # fmt: skip
+                return self.committed(job, stored, claimed, started)
             duration = time.perf_counter() - started
             # A lost connection, or a database that refused to begin the action's
             # transaction (SQLite's write lock held past the busy timeout): not the action.
             if connection.lost(exc) or (not self.called and isinstance(exc, DatabaseError)):
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
-        # Only now, committed: a next job claimed in an outcome transaction that did not
-        # commit (refused at COMMIT, or its connection lost) is left to its own claim.
+        return self.committed(job, stored, claimed, started)
+
+    def committed(self, job: Job, stored: Any, claimed: Job | None, started: float) -> Result:
+        """The success as committed. Only now: a next job claimed in an outcome transaction
+        that did not commit (refused at COMMIT, or its connection lost) is left to its own
+        claim."""
         self.next_job = claimed
         job.status, job.result = Status.SUCCEEDED, stored
         return Result(Outcome.SUCCEEDED, job, duration=time.perf_counter() - started)

@@ -27,40 +27,6 @@ def kinds(job: Job) -> list[str]:
     return list(job.events.order_by("at", "id").values_list("kind", flat=True))
 
 
-@pytest.mark.parametrize("kind", ["RuntimeError", "SystemExit"])
-def test_an_on_commit_callback_that_raises_leaves_the_committed_success_as_it_is(
-    caplog, kind
-):
-    """The action's transaction committed, with its outcome and the claim of the next job
-    of its batch; a callback it left for after the commit then raised. The job succeeded:
-    it is acked and signalled as such, and the next job runs on the claim that committed."""
-    succeeded = []
-
-    def on_succeeded(sender, job, **kwargs):
-        succeeded.append(job.pk)
-
-    signals.job_succeeded.connect(on_succeeded)
-    try:
-        past = timezone.now() - timedelta(seconds=1)
-        hooked = build_job(tasks.record_then_hook_raises, at=past, args=["hooked", kind])
-        following = build_job(tasks.record, at=past, args=["following"])
-        schedule_many([hooked, following])  # one batch: the first claims the second
-        burst()
-    finally:
-        signals.job_succeeded.disconnect(on_succeeded)
-    hooked.refresh_from_db()
-    assert (hooked.status, hooked.attempts, hooked.deliveries) == (Status.SUCCEEDED, 1, 1)
-    assert kinds(hooked) == ["scheduled", "started", "succeeded"]
-    following.refresh_from_db()
-    assert (following.status, following.deliveries) == (Status.SUCCEEDED, 1)
-    assert kinds(following) == ["scheduled", "started", "succeeded"]
-    assert succeeded == [hooked.pk, following.pk]
-    stats = get_engine().stats("default")
-    assert (stats.ready, stats.in_flight, stats.pending) == (0, 0, 0)
-    assert "taken over" not in caplog.text
-    assert "on-commit callback" in caplog.text
-
-
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's session settings")
 @pytest.mark.parametrize("prefetch", [1, 10])
 @pytest.mark.parametrize(

@@ -68,6 +68,38 @@ def test_an_exception_whose_text_cannot_be_had_is_still_the_actions_failure():
     assert Job.objects.get(pk=after.pk).status == Status.SUCCEEDED
 
 
+@pytest.mark.parametrize("kind", ["RuntimeError", "SystemExit"])
+def test_an_on_commit_callback_that_raises_leaves_the_committed_success_as_it_is(caplog, kind):
+    """The action's transaction committed, with its outcome and the claim of the next job
+    of its batch; a callback it left for after the commit then raised. The job succeeded:
+    it is acked and signalled as such, and the next job runs on the claim that committed."""
+    succeeded = []
+
+    def on_succeeded(sender, job, **kwargs):
+        succeeded.append(job.pk)
+
+    signals.job_succeeded.connect(on_succeeded)
+    try:
+        past = timezone.now() - timedelta(seconds=1)
+        hooked = build_job(tasks.record_then_hook_raises, at=past, args=["hooked", kind])
+        following = build_job(tasks.record, at=past, args=["following"])
+        schedule_many([hooked, following])  # one batch: the first claims the second
+        burst()
+    finally:
+        signals.job_succeeded.disconnect(on_succeeded)
+    hooked.refresh_from_db()
+    assert (hooked.status, hooked.attempts, hooked.deliveries) == (Status.SUCCEEDED, 1, 1)
+    assert [k for k, _ in events(hooked)] == ["scheduled", "started", "succeeded"]
+    following.refresh_from_db()
+    assert (following.status, following.deliveries) == (Status.SUCCEEDED, 1)
+    assert [k for k, _ in events(following)] == ["scheduled", "started", "succeeded"]
+    assert succeeded == [hooked.pk, following.pk]
+    stats = get_engine().stats("default")
+    assert (stats.ready, stats.in_flight, stats.pending) == (0, 0, 0)
+    assert "taken over" not in caplog.text
+    assert "on-commit callback" in caplog.text
+
+
 def test_retry_after_sets_the_next_attempt_time_and_its_message_is_the_history():
     job = schedule(tasks.retry_later, in_=0, args=[30, "second"])
     before = timezone.now()
