@@ -491,7 +491,10 @@ class WorkerProcess:
         finally:
             with self.held_lock:
                 del self.running[thread]
-            keep_connections()
+            if execution.changed_session():
+                drop_connections()  # the next job runs on a session as Django opens it
+            else:
+                keep_connections()
         settle(self.engine, queue, job_id, result, ack, self.outage)
         if result.outcome.redis_move != "ack":  # it left flight now, not at the batch's end
             self.release([job_id], thread)

@@ -359,3 +359,33 @@ def test_a_row_unreadable_after_the_nack_is_left_to_reconcile(settings, tmp_path
     assert engine.client.zscore(pending, job_id) == nacked  # the old retry time, not lost
     reconcile(engine)
     assert engine.client.zscore(pending, job_id) == to_ms(Job.objects.get(pk=job.pk).run_at)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's session settings")
+@pytest.mark.parametrize("prefetch", [1, 10])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SET DateStyle = 'SQL, DMY'",  # psycopg cannot read timestamps any more
+        "SET client_encoding = 'LATIN1'",  # nor text outside Latin-1
+        "SET default_transaction_read_only = on",  # and no transaction may write
+    ],
+)
+def test_a_session_setting_an_action_leaves_behind_never_reaches_the_next_job(
+    settings, prefetch, statement
+):
+    """A ``SET`` commits with the action's transaction and stays with its connection. The
+    jobs after it (claimed in that transaction, or in the next batch) must run on a session
+    as Django opened it: not buried as unreadable rows, not handed back as refused."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "PREFETCH": prefetch}
+    past = timezone.now() - timedelta(seconds=1)
+    changer = build_job(tasks.change_session, at=past, args=[statement])
+    following = [build_job(tasks.record, at=past, args=[f"中文 {n}"]) for n in range(2)]
+    schedule_many([changer, *following])
+    burst()
+    for job in [changer, *following]:
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.deliveries) == (Status.SUCCEEDED, 1, 1), (
+            job.last_error
+        )
+    assert sorted(Record.objects.values_list("label", flat=True)) == ["中文 0", "中文 1"]
