@@ -180,6 +180,9 @@ class Execution:
         self.next_job: Job | None = None
         #: When the action started (``time.monotonic()``), while it runs; else None.
         self.running_since: float | None = None
+        #: While the action does not run, when this stretch without it started (the
+        #: claim, the signals): else None.
+        self.outside_since: float | None = time.monotonic()
         #: Whether the action was called (a failure before that is never the action's).
         self.called = False
         #: The connection the action started on, once it is about to run.
@@ -391,7 +394,7 @@ class Execution:
     ) -> Any:
         """Run the action; return its value as stored (JSON), or raise."""
         job_token, notes_token = current_job.set(self.job), _notes.set(notes)
-        self.running_since, self.called = time.monotonic(), True
+        self.outside_since, self.running_since, self.called = None, time.monotonic(), True
         try:
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):
@@ -403,7 +406,7 @@ class Execution:
             serialization.check_size((stored,), "the action's return value", limit)
             return stored
         finally:
-            self.running_since = None
+            self.running_since, self.outside_since = None, time.monotonic()
             current_job.reset(job_token)
             _notes.reset(notes_token)
 
