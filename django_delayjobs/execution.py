@@ -185,7 +185,7 @@ class Execution:
         self.outside_since: float | None = time.monotonic()
         #: Whether the action was called (a failure before that is never the action's).
         self.called = False
-        #: The connection the action started on, once it is about to run.
+        #: The connection the job started on, once claimed (to see its session changed).
         self.connection: Connection | None = None
 
     def run(self) -> Result:
@@ -194,6 +194,7 @@ class Execution:
         if isinstance(claimed, Result):
             return claimed
         job = self.job = claimed
+        self.connection = Connection()  # before the receivers: they may change it too
         signals.send(signals.job_started, job)
         if job.expires_at is not None and timezone.now() > job.expires_at:
             return self.finish(Outcome.SKIPPED, f"expired at {job.expires_at.isoformat()}")
@@ -308,7 +309,8 @@ class Execution:
         assert job is not None
         started = time.perf_counter()
         notes: list[str] = []
-        connection = self.connection = Connection()
+        connection = Connection()
+        self.connection = self.connection or connection
         committed: list[bool] = []
         try:
             if getattr(fn, "delayable_atomic", True):

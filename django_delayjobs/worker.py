@@ -486,6 +486,8 @@ class WorkerProcess:
             if result is None:
                 result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
             settle(self.engine, queue, job_id, result, ack, self.outage)
+            if execution.changed_session():  # by an outcome's signal receiver
+                drop_connections()
         finally:
             with self.held_lock:
                 del self.running[thread]

@@ -389,3 +389,32 @@ def test_a_session_setting_an_action_leaves_behind_never_reaches_the_next_job(
             job.last_error
         )
     assert sorted(Record.objects.values_list("label", flat=True)) == ["中文 0", "中文 1"]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's session settings")
+@pytest.mark.parametrize("prefetch", [1, 10])
+@pytest.mark.parametrize("signal_name", ["job_started", "job_succeeded"])
+def test_a_session_setting_a_signal_receiver_leaves_behind_never_reaches_the_next_job(
+    settings, prefetch, signal_name
+):
+    """Receivers run in the worker thread, on its connection, as the action does."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "PREFETCH": prefetch}
+
+    def change(sender, job, **kwargs):
+        if job.args == ["change"]:
+            with connection.cursor() as cursor:
+                cursor.execute("SET DateStyle = 'SQL, DMY'")
+
+    getattr(signals, signal_name).connect(change)
+    try:
+        past = timezone.now() - timedelta(seconds=1)
+        jobs = [build_job(tasks.record, at=past, args=[label]) for label in ("change", "a", "b")]
+        schedule_many(jobs)
+        burst()
+    finally:
+        getattr(signals, signal_name).disconnect(change)
+    for job in jobs:
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.deliveries) == (Status.SUCCEEDED, 1, 1), (
+            job.last_error
+        )
