@@ -346,3 +346,13 @@ def change_session(statement: str) -> str:
     with connection.cursor() as cursor:
         cursor.execute(statement)
     return statement
+
+
+@delayable
+def record_then_set_rollback(label: str) -> str:
+    """Writes, then marks its transaction for rollback and returns as if all went well."""
+    from django.db import transaction
+
+    Record.objects.create(label=label)
+    transaction.set_rollback(True)
+    return label
