@@ -26,7 +26,14 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.contrib.contenttypes.models import ContentType
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
+from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from . import serialization, signals, sql
@@ -357,6 +364,12 @@ class Execution:
     def succeeded(self, job: Job, stored: Any, notes: list[str]) -> Job | None:
         """Record success, fenced by this delivery, and claim the next job (returned);
         their events go in one statement."""
+        if transaction.get_rollback(using=sql.db()):  # the outcome would roll back with it
+            raise TransactionManagementError(
+                "the action returned with its transaction marked for rollback "
+                "(transaction.set_rollback(True), or a database error caught inside an atomic "
+                "block that has no savepoint): its writes were rolled back"
+            )
         done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
         if not sql.update_fenced(job, done):
             raise _Overtaken

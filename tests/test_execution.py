@@ -100,6 +100,24 @@ def test_an_on_commit_callback_that_raises_leaves_the_committed_success_as_it_is
     assert "on-commit callback" in caplog.text
 
 
+def test_an_action_that_marks_its_transaction_for_rollback_fails_with_a_clear_error():
+    """``transaction.set_rollback(True)`` (or an error caught inside an atomic block without
+    a savepoint): its writes roll back, so the attempt failed, and the history says why
+    instead of quoting Django's refusal of the worker's own outcome statement."""
+    job = schedule(tasks.record_then_set_rollback, in_=0, args=["rolled back"], max_attempts=2)
+    after = schedule(tasks.record, in_=0, args=["after"])
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.RETRYING, 1)
+    assert job.last_error.startswith(
+        "django.db.transaction.TransactionManagementError: the action returned with its "
+        "transaction marked for rollback"
+    ), job.last_error
+    assert list(Record.objects.values_list("label", flat=True)) == ["after"]
+    after.refresh_from_db()
+    assert after.status == Status.SUCCEEDED
+
+
 def test_retry_after_sets_the_next_attempt_time_and_its_message_is_the_history():
     job = schedule(tasks.retry_later, in_=0, args=[30, "second"])
     before = timezone.now()
