@@ -28,6 +28,7 @@ from asgiref.sync import async_to_sync
 from django.contrib.contenttypes.models import ContentType
 from django.db import (
     DatabaseError,
+    DataError,
     InterfaceError,
     OperationalError,
     connections,
@@ -281,6 +282,10 @@ class Execution:
                 job.clean_fields(exclude=["target_type"])  # no query: the FK is not checked
         except (OperationalError, InterfaceError):
             raise
+        except DataError:  # a value the driver cannot convert
+            return True
+        except DatabaseError:  # the statement was refused (a column not migrated yet, a
+            return False  # grant): any row would be, so this one is no poison row
         except Exception:
             return True
         return False
