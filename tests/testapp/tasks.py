@@ -356,3 +356,14 @@ def record_then_set_rollback(label: str) -> str:
     Record.objects.create(label=label)
     transaction.set_rollback(True)
     return label
+
+
+@delayable(atomic=False)
+def autocommit_off_then_record(label: str) -> str:
+    """Turns autocommit off (transaction management as before Django 1.6), writes, and
+    returns without committing or turning it back on."""
+    from django.db import transaction
+
+    transaction.set_autocommit(False)
+    Record.objects.create(label=label)
+    return label
