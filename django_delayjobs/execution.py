@@ -156,6 +156,18 @@ def describe(exc: BaseException, notes: list[str] | tuple[str, ...] = ()) -> str
     return "\n".join(lines)
 
 
+def restore_autocommit() -> bool:
+    """Roll back and turn autocommit on again if an action left it off outside an atomic
+    block (``transaction.set_autocommit(False)``); True if it did. Left off, every later
+    outcome and claim of the thread would go into a transaction that never commits."""
+    conn = connections[sql.db()]
+    if conn.connection is None or conn.in_atomic_block or conn.get_autocommit():
+        return False
+    conn.rollback()
+    conn.set_autocommit(True)
+    return True
+
+
 async def _await(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
@@ -416,11 +428,20 @@ class Execution:
         job_token, notes_token = current_job.set(self.job), _notes.set(notes)
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
         try:
-            value = fn(*args, **kwargs)
-            if inspect.isawaitable(value):
-                # async_to_sync, not a private event loop: the coroutine's sync_to_async()
-                # ORM calls then run back in this thread, inside this transaction.
-                value = async_to_sync(_await)(value)
+            try:
+                value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    # async_to_sync, not a private event loop: the coroutine's
+                    # sync_to_async() ORM calls then run back in this thread, inside this
+                    # transaction.
+                    value = async_to_sync(_await)(value)
+            finally:
+                left_off = restore_autocommit()
+            if left_off:
+                raise TransactionManagementError(
+                    "the action left autocommit off (transaction.set_autocommit(False)) "
+                    "without turning it back on: what it wrote uncommitted was rolled back"
+                )
             stored = serialization.dump(value, "the action's return value")
             limit = delayjobs_settings.MAX_JSON_BYTES
             serialization.check_size((stored,), "the action's return value", limit)

@@ -118,6 +118,25 @@ def test_an_action_that_marks_its_transaction_for_rollback_fails_with_a_clear_er
     assert after.status == Status.SUCCEEDED
 
 
+def test_an_action_that_leaves_autocommit_off_fails_and_the_next_jobs_commit():
+    """Its write was never committed: rolled back, the attempt failed, saying why. Left
+    off, every later outcome and claim of the thread would go into one transaction that
+    never commits, while the worker reported them done (and Redis acked them)."""
+    past = timezone.now() - timedelta(seconds=1)
+    manual = build_job(tasks.autocommit_off_then_record, at=past, args=["manual"],
+                       max_attempts=2)  # fmt: skip
+    after = [build_job(tasks.record, at=past, args=[f"after {n}"]) for n in range(2)]
+    schedule_many([manual, *after])
+    burst()
+    manual.refresh_from_db()
+    assert (manual.status, manual.attempts) == (Status.RETRYING, 1)
+    assert "autocommit" in manual.last_error.splitlines()[0], manual.last_error
+    for job in after:
+        job.refresh_from_db()
+        assert (job.status, job.deliveries) == (Status.SUCCEEDED, 1)
+    assert sorted(Record.objects.values_list("label", flat=True)) == ["after 0", "after 1"]
+
+
 def test_retry_after_sets_the_next_attempt_time_and_its_message_is_the_history():
     job = schedule(tasks.retry_later, in_=0, args=[30, "second"])
     before = timezone.now()
