@@ -14,6 +14,7 @@ database connection is not: the delivery is handed back and the same attempt run
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -168,6 +169,21 @@ def restore_autocommit() -> bool:
     return True
 
 
+def receivers_left_autocommit_off() -> None:
+    """Turn autocommit on again if a signal receiver left it off (logged). Never raises."""
+    try:
+        restored = restore_autocommit()
+    except DatabaseError:  # a lost connection: closed, and the next query opens a new one
+        with contextlib.suppress(DatabaseError):
+            connections[sql.db()].close()
+        return
+    if restored:
+        logger.error(
+            "a receiver of a django-delayjobs signal left autocommit off "
+            "(transaction.set_autocommit(False)); rolled back and turned it on again"
+        )
+
+
 async def _await(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
@@ -216,6 +232,7 @@ class Execution:
         job = self.job = claimed
         self.connection = Connection()  # before the receivers: they may change it too
         signals.send(signals.job_started, job)
+        receivers_left_autocommit_off()
         if job.expires_at is not None and timezone.now() > job.expires_at:
             return self.finish(Outcome.SKIPPED, f"expired at {job.expires_at.isoformat()}")
         connection = Connection()

@@ -39,7 +39,7 @@ from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard
 from .exceptions import ConfigurationError, DelayJobsError
-from .execution import Execution
+from .execution import Execution, receivers_left_autocommit_off
 from .models import Job
 from .outcomes import Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner
@@ -486,6 +486,7 @@ class WorkerProcess:
             if result is None:
                 result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
             settle(self.engine, queue, job_id, result, ack, self.outage)
+            receivers_left_autocommit_off()
             if execution.changed_session():  # by an outcome's signal receiver
                 drop_connections()
         finally:

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from django_delayjobs import schedule, schedule_many, signals
@@ -135,6 +135,29 @@ def test_an_action_that_leaves_autocommit_off_fails_and_the_next_jobs_commit():
         job.refresh_from_db()
         assert (job.status, job.deliveries) == (Status.SUCCEEDED, 1)
     assert sorted(Record.objects.values_list("label", flat=True)) == ["after 0", "after 1"]
+
+
+@pytest.mark.parametrize("signal_name", ["job_started", "job_succeeded"])
+def test_a_receiver_that_leaves_autocommit_off_costs_no_job_its_outcome(signal_name):
+    """As for an action: autocommit is turned on again (on SQLite the driver's own
+    transaction handling happened to commit anyway; on PostgreSQL nothing did)."""
+
+    def manual(sender, job, **kwargs):
+        if job.args == ["first"]:
+            transaction.set_autocommit(False)
+
+    getattr(signals, signal_name).connect(manual)
+    try:
+        past = timezone.now() - timedelta(seconds=1)
+        jobs = [build_job(tasks.record, at=past, args=[label]) for label in ("first", "next")]
+        schedule_many(jobs)
+        burst()
+    finally:
+        getattr(signals, signal_name).disconnect(manual)
+    for job in jobs:
+        job.refresh_from_db()
+        assert (job.status, job.deliveries) == (Status.SUCCEEDED, 1)
+    assert sorted(Record.objects.values_list("label", flat=True)) == ["first", "next"]
 
 
 def test_retry_after_sets_the_next_attempt_time_and_its_message_is_the_history():
