@@ -24,11 +24,20 @@ import traceback
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
 from django.contrib.contenttypes.models import ContentType
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import (
+    DatabaseError,
+    DataError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
+from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from . import serialization, signals, sql
@@ -74,11 +83,44 @@ class _ClaimAheadFailed(Exception):
     transaction, so that transaction (the action's effects with it) is lost."""
 
 
+#: The session settings PostgreSQL reports to its client as they change, read without a
+#: query. A ``SET`` an action runs outlives the action (it commits with its transaction, or
+#: runs outside one), and some would fail the next job's claim on the connection: its
+#: row unreadable (``DateStyle``, ``client_encoding``), or refused (read-only).
+REPORTED_SETTINGS = (
+    "DateStyle", "IntervalStyle", "TimeZone", "client_encoding", "search_path",
+    "standard_conforming_strings", "default_transaction_read_only", "session_authorization",
+)  # fmt: skip
+
+
+_REPORTED_BYTES = tuple(name.encode() for name in REPORTED_SETTINGS)
+
+
+def session_settings(raw: Any) -> tuple[object, ...]:
+    """What ``raw`` (a driver's connection) reports of ``REPORTED_SETTINGS``; () for a
+    driver that reports none (SQLite)."""
+    try:
+        pgconn = getattr(raw, "pgconn", None)
+        if pgconn is not None:  # psycopg 3's libpq connection: about 2 us, 10 times less
+            return tuple(map(pgconn.parameter_status, _REPORTED_BYTES))
+        status = getattr(getattr(raw, "info", None), "parameter_status", None)  # psycopg2
+        return () if status is None else tuple(map(status, REPORTED_SETTINGS))
+    except Exception:  # a connection the action closed: not the session it started on
+        return ("?",)
+
+
 class Connection:
-    """The database connection a step starts on, to tell afterwards whether it was lost."""
+    """The database connection a step starts on, to tell afterwards whether it was lost,
+    or whether its session's settings were changed."""
 
     def __init__(self) -> None:
         self.raw = connections[sql.db()].connection
+        self.settings = session_settings(self.raw)
+
+    def changed(self) -> bool:
+        """Whether the session this step started on now reports other settings."""
+        raw = connections[sql.db()].connection
+        return raw is self.raw and raw is not None and session_settings(raw) != self.settings
 
     def lost(self, exc: BaseException) -> bool:
         """Whether ``exc`` is the connection failing, not the job: an operational or
@@ -109,7 +151,7 @@ def describe(exc: BaseException, notes: list[str] | tuple[str, ...] = ()) -> str
     """
     try:
         message = str(exc)
-    except Exception:
+    except BaseException:  # as traceback does: a __str__ may raise anything, SystemExit too
         message = "<exception str() failed>"
     deliberate = isinstance(exc, Retry | GiveUp | TimeLimitExceeded)
     head = message if deliberate else next(iter(message.splitlines()), "")
@@ -117,6 +159,33 @@ def describe(exc: BaseException, notes: list[str] | tuple[str, ...] = ()) -> str
     if not deliberate:
         lines.append("".join(traceback.format_exception(exc)))
     return "\n".join(lines)
+
+
+def restore_autocommit() -> bool:
+    """Roll back and turn autocommit on again if an action left it off outside an atomic
+    block (``transaction.set_autocommit(False)``); True if it did. Left off, every later
+    outcome and claim of the thread would go into a transaction that never commits."""
+    conn = connections[sql.db()]
+    if conn.connection is None or conn.in_atomic_block or conn.get_autocommit():
+        return False
+    conn.rollback()
+    conn.set_autocommit(True)
+    return True
+
+
+def receivers_left_autocommit_off() -> None:
+    """Turn autocommit on again if a signal receiver left it off (logged). Never raises."""
+    try:
+        restored = restore_autocommit()
+    except DatabaseError:  # a lost connection: closed, and the next query opens a new one
+        with contextlib.suppress(DatabaseError):
+            connections[sql.db()].close()
+        return
+    if restored:
+        logger.error(
+            "a receiver of a django-delayjobs signal left autocommit off "
+            "(transaction.set_autocommit(False)); rolled back and turned it on again"
+        )
 
 
 async def _await(awaitable: Awaitable[Any]) -> Any:
@@ -151,10 +220,15 @@ class Execution:
         self.next_job: Job | None = None
         #: When the action started (``time.monotonic()``), while it runs; else None.
         self.running_since: float | None = None
+        #: While the action does not run, when this stretch without it started (the
+        #: claim, the signals): else None.
+        self.outside_since: float | None = time.monotonic()
         #: Whether the action was called (a failure before that is never the action's).
         self.called = False
         #: The connection a non-atomic action began with (see ``once_more_if_lost``).
         self.outside: Connection | None = None
+        #: The connection the job started on, once claimed (to see its session changed).
+        self.connection: Connection | None = None
 
     def run(self) -> Result:
         """Process the job and return what became of it. Never raises for the job's sake."""
@@ -162,7 +236,9 @@ class Execution:
         if isinstance(claimed, Result):
             return claimed
         job = self.job = claimed
+        self.connection = Connection()  # before the receivers: they may change it too
         signals.send(signals.job_started, job)
+        receivers_left_autocommit_off()
         if job.expires_at is not None and timezone.now() > job.expires_at:
             return self.finish(Outcome.SKIPPED, f"expired at {job.expires_at.isoformat()}")
         connection = Connection()
@@ -241,6 +317,10 @@ class Execution:
                 job.clean_fields(exclude=["target_type"])  # no query: the FK is not checked
         except (OperationalError, InterfaceError):
             raise
+        except DataError:  # a value the driver cannot convert
+            return True
+        except DatabaseError:  # the statement was refused (a column not migrated yet, a
+            return False  # grant): any row would be, so this one is no poison row
         except Exception:
             return True
         return False
@@ -277,10 +357,15 @@ class Execution:
         started = time.perf_counter()
         notes: list[str] = []
         connection = Connection()
+        self.connection = self.connection or connection
+        committed: list[bool] = []
         try:
             if getattr(fn, "delayable_atomic", True):
                 # The action and its outcome commit together, or not at all.
                 with transaction.atomic(using=sql.db()):
+                    # The first on-commit callback: it runs before any the action leaves,
+                    # so one of those that raises cannot pass for a failure of the job.
+                    transaction.on_commit(partial(committed.append, True), using=sql.db())
                     stored = self.call(fn, args, kwargs, notes)
                     claimed = self.succeeded(job, stored, notes)
             else:  # an outside call: no transaction is held open while it runs
@@ -294,14 +379,24 @@ class Execution:
         except _ClaimAheadFailed as exc:  # not the action's fault: run it again
             return self.hand_back(exc.__cause__ or exc)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
+            if committed:  # no: the success is the database's; a callback raised after it
+                logger.error("job %s succeeded; an on-commit callback of its action then "
+                             "raised %s (the callbacks after it did not run)", job.pk,
+                             class_path(exc), exc_info=exc,
+                             extra=job_fields(job.pk, self.queue, job, "succeeded"))  # fmt: skip
+                return self.committed(job, stored, claimed, started)
             duration = time.perf_counter() - started
             # A lost connection, or a database that refused to begin the action's
             # transaction (SQLite's write lock held past the busy timeout): not the action.
             if connection.lost(exc) or (not self.called and isinstance(exc, DatabaseError)):
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
-        # Only now, committed: a next job claimed in an outcome transaction that did not
-        # commit (refused at COMMIT, or its connection lost) is left to its own claim.
+        return self.committed(job, stored, claimed, started)
+
+    def committed(self, job: Job, stored: Any, claimed: Job | None, started: float) -> Result:
+        """The success as committed. Only now: a next job claimed in an outcome transaction
+        that did not commit (refused at COMMIT, or its connection lost) is left to its own
+        claim."""
         self.next_job = claimed
         job.status, job.result = Status.SUCCEEDED, stored
         return Result(Outcome.SUCCEEDED, job, duration=time.perf_counter() - started)
@@ -309,6 +404,12 @@ class Execution:
     def succeeded(self, job: Job, stored: Any, notes: list[str]) -> Job | None:
         """Record success, fenced by this delivery, and claim the next job (returned);
         their events go in one statement."""
+        if transaction.get_rollback(using=sql.db()):  # the outcome would roll back with it
+            raise TransactionManagementError(
+                "the action returned with its transaction marked for rollback "
+                "(transaction.set_rollback(True), or a database error caught inside an atomic "
+                "block that has no savepoint): its writes were rolled back"
+            )
         done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
         if not sql.update_fenced(job, done):
             raise _Overtaken
@@ -340,12 +441,18 @@ class Execution:
             connections[sql.db()].close()
         return write()
 
+    def changed_session(self) -> bool:
+        """Whether the action left its database session with other settings than it found
+        (a ``SET`` on PostgreSQL): the worker then closes the connection after this job,
+        so that the next one runs on a session as Django opens it."""
+        return self.connection is not None and self.connection.changed()
+
     def claim_ahead(self) -> Job | None:
         """Claim ``then`` inside this job's outcome transaction; None if it cannot start
         now (the normal claim then says why) or its row cannot be read (the normal claim
         finds it running and settles it)."""
         then = self.then() if self.then is not None else None
-        if then is None:
+        if then is None or self.changed_session():  # it runs on a new connection instead
             return None
         try:
             return sql.claim(then, self.worker_id, timezone.now(),
@@ -362,19 +469,28 @@ class Execution:
     ) -> Any:
         """Run the action; return its value as stored (JSON), or raise."""
         job_token, notes_token = current_job.set(self.job), _notes.set(notes)
-        self.running_since, self.called = time.monotonic(), True
+        self.outside_since, self.running_since, self.called = None, time.monotonic(), True
         try:
-            value = fn(*args, **kwargs)
-            if inspect.isawaitable(value):
-                # async_to_sync, not a private event loop: the coroutine's sync_to_async()
-                # ORM calls then run back in this thread, inside this transaction.
-                value = async_to_sync(_await)(value)
+            try:
+                value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    # async_to_sync, not a private event loop: the coroutine's
+                    # sync_to_async() ORM calls then run back in this thread, inside this
+                    # transaction.
+                    value = async_to_sync(_await)(value)
+            finally:
+                left_off = restore_autocommit()
+            if left_off:
+                raise TransactionManagementError(
+                    "the action left autocommit off (transaction.set_autocommit(False)) "
+                    "without turning it back on: what it wrote uncommitted was rolled back"
+                )
             stored = serialization.dump(value, "the action's return value")
             limit = delayjobs_settings.MAX_JSON_BYTES
             serialization.check_size((stored,), "the action's return value", limit)
             return stored
         finally:
-            self.running_since = None
+            self.running_since, self.outside_since = None, time.monotonic()
             current_job.reset(job_token)
             _notes.reset(notes_token)
 

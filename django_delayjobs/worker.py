@@ -39,7 +39,7 @@ from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard
 from .exceptions import ConfigurationError, DelayJobsError
-from .execution import Execution
+from .execution import Execution, receivers_left_autocommit_off
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner
@@ -481,19 +481,18 @@ class WorkerProcess:
         thread = threading.get_ident()
         with self.held_lock:
             self.running[thread] = execution
-        bug = False
-        try:
-            result = execution.run()
-        except Exception:  # a bug in this package: keep the thread, try the job later
-            logger.exception("job %s: unexpected error; handed back, due again in %s s",
-                             job_id, BUG_DELAY.total_seconds())  # fmt: skip
-            result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
-            bug = True
+        try:  # watched until its signals are sent: a receiver may never return either
+            result = self.execute(execution)
+            bug = result is None
+            if result is None:
+                result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
+            settle(self.engine, queue, job_id, result, ack, self.outage)
+            receivers_left_autocommit_off()
+            if execution.changed_session():  # by an outcome's signal receiver
+                drop_connections()
         finally:
             with self.held_lock:
                 del self.running[thread]
-            keep_connections()
-        settle(self.engine, queue, job_id, result, ack, self.outage)
         if result.outcome.redis_move != "ack":  # it left flight now, not at the batch's end
             self.release([job_id], thread)
         self.stats.record(result)
@@ -505,6 +504,22 @@ class WorkerProcess:
         else:
             backoff.ok()
         return execution.next_job
+
+    @staticmethod
+    def execute(execution: Execution) -> Result | None:
+        """Run ``execution``; None after a bug in this package (logged): the thread is
+        kept, and the job is tried again later."""
+        try:
+            return execution.run()
+        except Exception:
+            logger.exception("job %s: unexpected error; handed back, due again in %s s",
+                             execution.job_id, BUG_DELAY.total_seconds())  # fmt: skip
+            return None
+        finally:
+            if execution.changed_session():
+                drop_connections()  # the next job runs on a session as Django opens it
+            else:
+                keep_connections()
 
     def settle_batch(self, queue: str, ids: list[str], acks: list[str]) -> None:
         """Ack the finished ids in one call and stop extending the batch's leases."""
@@ -618,16 +633,24 @@ class WorkerProcess:
             sql.close_stale()  # this thread's connection: closed between beats
 
     def check_run_times(self) -> None:
-        """Fail the attempt of an action that has run past ``MAX_RUN_SECONDS``, and stop."""
+        """Fail the attempt of an action that has run past ``MAX_RUN_SECONDS``, and stop;
+        stop too when a worker thread has been stuck that long outside an action."""
         limit = delayjobs_settings.MAX_RUN_SECONDS
         if limit is None or self.fatal is not None:
             return
         now = time.monotonic()
         with self.held_lock:
-            over = [e for e in self.running.values()
-                    if e.running_since is not None and now - e.running_since > limit]  # fmt: skip
-        for execution in over:
-            self.overran(execution, limit)
+            executions = list(self.running.values())
+        for execution in executions:
+            if execution.running_since is not None and now - execution.running_since > limit:
+                self.overran(execution, limit)
+        for execution in executions:
+            since = execution.outside_since
+            if self.fatal is None and since is not None and now - since > limit:
+                self.die(f"job {execution.job_id}: its worker thread has been busy outside the "
+                         f"action for more than MAX_RUN_SECONDS ({limit:g} s): a signal "
+                         "receiver that does not return, or a database that does not "
+                         "answer")  # fmt: skip
 
     def overran(self, execution: Execution, limit: float) -> None:
         """Stop first: writing the failure may wait on a lock the stuck action holds (its

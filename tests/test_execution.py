@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from django_delayjobs import schedule, schedule_many, signals
@@ -50,6 +50,114 @@ def test_a_base_exception_is_the_actions_failure_and_the_worker_goes_on(kind):
     assert not Record.objects.filter(label=f"before:{kind}").exists()  # rolled back
     assert Job.objects.get(pk=after.pk).status == Status.SUCCEEDED
     assert get_engine().stats("default").garbage == 1
+
+
+def test_an_exception_whose_text_cannot_be_had_is_still_the_actions_failure():
+    """Its ``__str__`` raises a BaseException: the attempt failed like any other, and the
+    worker thread goes on with the next job."""
+    failing = schedule(tasks.raise_unprintable, in_=0, max_attempts=1)
+    after = schedule(tasks.record, in_=0, args=["after"])
+    burst()
+    failing.refresh_from_db()
+    assert failing.status == Status.DEAD
+    assert failing.last_error.startswith(
+        "tests.testapp.tasks.Unprintable: <exception str() failed>\n"
+    )
+    assert [k for k, _ in events(failing)] == ["scheduled", "started", "failed", "dead"]
+    assert not Record.objects.filter(label="before:unprintable").exists()
+    assert Job.objects.get(pk=after.pk).status == Status.SUCCEEDED
+
+
+@pytest.mark.parametrize("kind", ["RuntimeError", "SystemExit"])
+def test_an_on_commit_callback_that_raises_leaves_the_committed_success_as_it_is(caplog, kind):
+    """The action's transaction committed, with its outcome and the claim of the next job
+    of its batch; a callback it left for after the commit then raised. The job succeeded:
+    it is acked and signalled as such, and the next job runs on the claim that committed."""
+    succeeded = []
+
+    def on_succeeded(sender, job, **kwargs):
+        succeeded.append(job.pk)
+
+    signals.job_succeeded.connect(on_succeeded)
+    try:
+        past = timezone.now() - timedelta(seconds=1)
+        hooked = build_job(tasks.record_then_hook_raises, at=past, args=["hooked", kind])
+        following = build_job(tasks.record, at=past, args=["following"])
+        schedule_many([hooked, following])  # one batch: the first claims the second
+        burst()
+    finally:
+        signals.job_succeeded.disconnect(on_succeeded)
+    hooked.refresh_from_db()
+    assert (hooked.status, hooked.attempts, hooked.deliveries) == (Status.SUCCEEDED, 1, 1)
+    assert [k for k, _ in events(hooked)] == ["scheduled", "started", "succeeded"]
+    following.refresh_from_db()
+    assert (following.status, following.deliveries) == (Status.SUCCEEDED, 1)
+    assert [k for k, _ in events(following)] == ["scheduled", "started", "succeeded"]
+    assert succeeded == [hooked.pk, following.pk]
+    stats = get_engine().stats("default")
+    assert (stats.ready, stats.in_flight, stats.pending) == (0, 0, 0)
+    assert "taken over" not in caplog.text
+    assert "on-commit callback" in caplog.text
+
+
+def test_an_action_that_marks_its_transaction_for_rollback_fails_with_a_clear_error():
+    """``transaction.set_rollback(True)`` (or an error caught inside an atomic block without
+    a savepoint): its writes roll back, so the attempt failed, and the history says why
+    instead of quoting Django's refusal of the worker's own outcome statement."""
+    job = schedule(tasks.record_then_set_rollback, in_=0, args=["rolled back"], max_attempts=2)
+    after = schedule(tasks.record, in_=0, args=["after"])
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.RETRYING, 1)
+    assert job.last_error.startswith(
+        "django.db.transaction.TransactionManagementError: the action returned with its "
+        "transaction marked for rollback"
+    ), job.last_error
+    assert list(Record.objects.values_list("label", flat=True)) == ["after"]
+    after.refresh_from_db()
+    assert after.status == Status.SUCCEEDED
+
+
+def test_an_action_that_leaves_autocommit_off_fails_and_the_next_jobs_commit():
+    """Its write was never committed: rolled back, the attempt failed, saying why. Left
+    off, every later outcome and claim of the thread would go into one transaction that
+    never commits, while the worker reported them done (and Redis acked them)."""
+    past = timezone.now() - timedelta(seconds=1)
+    manual = build_job(tasks.autocommit_off_then_record, at=past, args=["manual"],
+                       max_attempts=2)  # fmt: skip
+    after = [build_job(tasks.record, at=past, args=[f"after {n}"]) for n in range(2)]
+    schedule_many([manual, *after])
+    burst()
+    manual.refresh_from_db()
+    assert (manual.status, manual.attempts) == (Status.RETRYING, 1)
+    assert "autocommit" in manual.last_error.splitlines()[0], manual.last_error
+    for job in after:
+        job.refresh_from_db()
+        assert (job.status, job.deliveries) == (Status.SUCCEEDED, 1)
+    assert sorted(Record.objects.values_list("label", flat=True)) == ["after 0", "after 1"]
+
+
+@pytest.mark.parametrize("signal_name", ["job_started", "job_succeeded"])
+def test_a_receiver_that_leaves_autocommit_off_costs_no_job_its_outcome(signal_name):
+    """As for an action: autocommit is turned on again (on SQLite the driver's own
+    transaction handling happened to commit anyway; on PostgreSQL nothing did)."""
+
+    def manual(sender, job, **kwargs):
+        if job.args == ["first"]:
+            transaction.set_autocommit(False)
+
+    getattr(signals, signal_name).connect(manual)
+    try:
+        past = timezone.now() - timedelta(seconds=1)
+        jobs = [build_job(tasks.record, at=past, args=[label]) for label in ("first", "next")]
+        schedule_many(jobs)
+        burst()
+    finally:
+        getattr(signals, signal_name).disconnect(manual)
+    for job in jobs:
+        job.refresh_from_db()
+        assert (job.status, job.deliveries) == (Status.SUCCEEDED, 1)
+    assert sorted(Record.objects.values_list("label", flat=True)) == ["first", "next"]
 
 
 def test_retry_after_sets_the_next_attempt_time_and_its_message_is_the_history():
@@ -311,3 +419,62 @@ def test_a_row_unreadable_after_the_nack_is_left_to_reconcile(settings, tmp_path
     assert engine.client.zscore(pending, job_id) == nacked  # the old retry time, not lost
     reconcile(engine)
     assert engine.client.zscore(pending, job_id) == to_ms(Job.objects.get(pk=job.pk).run_at)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's session settings")
+@pytest.mark.parametrize("prefetch", [1, 10])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SET DateStyle = 'SQL, DMY'",  # psycopg cannot read timestamps any more
+        "SET client_encoding = 'LATIN1'",  # nor text outside Latin-1
+        "SET default_transaction_read_only = on",  # and no transaction may write
+    ],
+)
+def test_a_session_setting_an_action_leaves_behind_never_reaches_the_next_job(
+    settings, prefetch, statement
+):
+    """A ``SET`` commits with the action's transaction and stays with its connection. The
+    jobs after it (claimed in that transaction, or in the next batch) must run on a session
+    as Django opened it: not buried as unreadable rows, not handed back as refused."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "PREFETCH": prefetch}
+    past = timezone.now() - timedelta(seconds=1)
+    changer = build_job(tasks.change_session, at=past, args=[statement])
+    following = [build_job(tasks.record, at=past, args=[f"中文 {n}"]) for n in range(2)]
+    schedule_many([changer, *following])
+    burst()
+    for job in [changer, *following]:
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.deliveries) == (Status.SUCCEEDED, 1, 1), (
+            job.last_error
+        )
+    assert sorted(Record.objects.values_list("label", flat=True)) == ["中文 0", "中文 1"]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's session settings")
+@pytest.mark.parametrize("prefetch", [1, 10])
+@pytest.mark.parametrize("signal_name", ["job_started", "job_succeeded"])
+def test_a_session_setting_a_signal_receiver_leaves_behind_never_reaches_the_next_job(
+    settings, prefetch, signal_name
+):
+    """Receivers run in the worker thread, on its connection, as the action does."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "PREFETCH": prefetch}
+
+    def change(sender, job, **kwargs):
+        if job.args == ["change"]:
+            with connection.cursor() as cursor:
+                cursor.execute("SET DateStyle = 'SQL, DMY'")
+
+    getattr(signals, signal_name).connect(change)
+    try:
+        past = timezone.now() - timedelta(seconds=1)
+        jobs = [build_job(tasks.record, at=past, args=[label]) for label in ("change", "a", "b")]
+        schedule_many(jobs)
+        burst()
+    finally:
+        getattr(signals, signal_name).disconnect(change)
+    for job in jobs:
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.deliveries) == (Status.SUCCEEDED, 1, 1), (
+            job.last_error
+        )

@@ -16,6 +16,7 @@ from io import StringIO
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
@@ -323,6 +324,35 @@ def test_year_9999_and_year_1_do_not_break_the_date_drill_down(time_zone, settin
 def test_a_row_that_vanished_is_not_a_poison_row(superuser_clients):
     _, api = superuser_clients
     assert api.get(url("jobs", uuid.uuid4())).status_code == 404
+
+
+def rename_column(old: str, new: str) -> None:
+    table = connection.ops.quote_name(Job._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="SQLite reads a quoted column name it does not know as a string: its claim works",
+)
+def test_a_schema_behind_the_code_hands_the_job_back_instead_of_burying_it():
+    """A worker of a new version started before ``migrate`` (a column its statements name
+    is not there yet): the database refuses the claim, whatever the row holds. That is
+    no poison row: the job is handed back, costs no attempt, and runs once migrated."""
+    job = schedule(tasks.record, in_=0, args=["migrated"])
+    rename_column("result", "result_later")  # as if a migration had not added it yet
+    try:
+        with pytest.raises(CommandError, match="handed back 1 job"):
+            call_command("run_delayworker", "--burst", "-v", "0")
+    finally:
+        rename_column("result_later", "result")
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.last_error) == (Status.SCHEDULED, 0, "")
+    get_engine().add("default", {str(job.pk): 0})  # handed back due in 1 s: due now
+    call_command("run_delayworker", "--burst", "-v", "0")
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.SUCCEEDED, 1)
 
 
 # -- changing a poison row through the admin and the API ----------------------------------

@@ -22,7 +22,7 @@ from django.core.management.base import CommandError
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_delayjobs import schedule, schedule_many, sql, walcheckpoint
+from django_delayjobs import schedule, schedule_many, signals, sql, walcheckpoint
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
 from django_delayjobs.engine import Engine, close_client
 from django_delayjobs.models import Job, Status
@@ -607,6 +607,42 @@ def test_an_atomic_action_past_max_run_seconds_rolls_back_or_on_sqlite_waits(set
     else:
         assert job.status == Status.RETRYING and "MAX_RUN_SECONDS" in job.last_error
         assert not Record.objects.exists()  # rolled back with its late outcome
+
+
+@pytest.mark.parametrize(
+    ("signal_name", "status"),
+    [("job_started", Status.RUNNING), ("job_succeeded", Status.SUCCEEDED)],
+)
+def test_a_signal_receiver_that_never_returns_stops_the_worker_past_max_run_seconds(
+    settings, signal_name, status
+):
+    """A receiver runs in the worker thread, as the action does: one that never returns
+    (a call with no timeout) would leave a process that heartbeats and does nothing. Past
+    MAX_RUN_SECONDS the process stops with an error, as for an action."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "MAX_RUN_SECONDS": 1,
+                          "SHUTDOWN_GRACE_SECONDS": 0}  # fmt: skip
+    release = threading.Event()
+
+    def stuck(sender, job, **kwargs):
+        release.wait(10)  # far past the limit; released once the worker has stopped
+
+    getattr(signals, signal_name).connect(stuck)
+    job = schedule(tasks.record, in_=0, args=["ran"])
+    check_owner(get_engine())  # as run_delayworker does before its threads start
+    process = WorkerProcess(get_engine(), Options(queues=["default"], burst=True))
+    started = time.monotonic()
+    try:
+        with pytest.raises(WorkerDied, match=r"outside the action .*MAX_RUN_SECONDS \(1 s\)"):
+            process.run()
+        assert time.monotonic() - started < 8  # not when the receiver gave up
+        assert Job.objects.get(pk=job.pk).status == status
+    finally:
+        release.set()
+        getattr(signals, signal_name).disconnect(stuck)
+        for thread in process.threads:
+            thread.join(10)
+    assert get_engine().stats("default").live_workers == 0
+    assert Record.objects.filter(label="ran").count() == 1  # it ends once released
 
 
 def test_an_action_that_ends_within_max_run_seconds_is_not_touched(settings):

@@ -310,3 +310,60 @@ def outside_call(label: str, fail: bool) -> bool:
     if fail:
         raise RuntimeError("the outside world said no")
     return connection.in_atomic_block
+
+
+@delayable
+def record_then_hook_raises(label: str, kind: str) -> str:
+    """Writes, then leaves an on-commit callback that raises (an e-mail sent once the
+    transaction commits, with the mail server down): the action itself succeeded."""
+    from django.db import transaction
+
+    Record.objects.create(label=label)
+
+    def send_mail() -> None:
+        raise SystemExit(1) if kind == "SystemExit" else RuntimeError("the mail server is down")
+
+    transaction.on_commit(send_mail)
+    return label
+
+
+class Unprintable(Exception):
+    """An exception whose text cannot be had: its ``__str__`` unwinds everything."""
+
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+
+@delayable
+def raise_unprintable() -> None:
+    Record.objects.create(label="before:unprintable")
+    raise Unprintable
+
+
+@delayable
+def change_session(statement: str) -> str:
+    """Runs ``statement`` (a ``SET`` that outlives the action's transaction) and succeeds."""
+    with connection.cursor() as cursor:
+        cursor.execute(statement)
+    return statement
+
+
+@delayable
+def record_then_set_rollback(label: str) -> str:
+    """Writes, then marks its transaction for rollback and returns as if all went well."""
+    from django.db import transaction
+
+    Record.objects.create(label=label)
+    transaction.set_rollback(True)
+    return label
+
+
+@delayable(atomic=False)
+def autocommit_off_then_record(label: str) -> str:
+    """Turns autocommit off (transaction management as before Django 1.6), writes, and
+    returns without committing or turning it back on."""
+    from django.db import transaction
+
+    transaction.set_autocommit(False)
+    Record.objects.create(label=label)
+    return label
