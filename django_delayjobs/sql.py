@@ -31,11 +31,19 @@ def db() -> str:
     return router.db_for_write(Job)
 
 
-def close_stale() -> None:
+def close_stale(*, between_jobs: bool = False) -> None:
     """Django's ``close_old_connections()`` for a worker's threads, which must not die of
     it: closing a broken connection can itself raise ``DatabaseError``, and the next
-    query opens a new connection all the same."""
+    query opens a new connection all the same.
+
+    ``between_jobs``: keep a connection for the next job unless it saw an error or
+    ``CONN_MAX_AGE`` gives it an age. ``CONN_MAX_AGE = 0`` means one connection per
+    request; a worker's "request" lasts until it has had no work for a whole tick (a plain
+    ``close_stale()`` then), since a new connection per job costs more than a short job.
+    """
     for conn in connections.all(initialized_only=True):
+        if between_jobs and not (conn.errors_occurred or conn.settings_dict["CONN_MAX_AGE"]):
+            continue
         with contextlib.suppress(DatabaseError):
             conn.close_if_unusable_or_obsolete()
 

@@ -110,21 +110,6 @@ class Stats:
         return text
 
 
-def keep_connections() -> None:
-    """Between two jobs: keep the database connections for the next one.
-
-    ``CONN_MAX_AGE = 0`` means one connection per request; a worker's "request" lasts
-    until it has had no work for a whole tick (``sql.close_stale()`` runs then),
-    since a new connection per job costs more than a short job. Broken connections, and
-    ones older than a non-zero ``CONN_MAX_AGE``, are closed here too (closing a broken
-    one may fail: the next call opens a new one all the same).
-    """
-    for conn in connections.all(initialized_only=True):
-        if conn.errors_occurred or conn.settings_dict["CONN_MAX_AGE"]:
-            with contextlib.suppress(DatabaseError):
-                conn.close_if_unusable_or_obsolete()
-
-
 def drop_connections() -> None:
     """Close this thread's database connections whatever their state, so that the next
     call opens a new one: after a failure or a refusal (a session left read-only, a
@@ -519,7 +504,7 @@ class WorkerProcess:
             if execution.changed_session():
                 drop_connections()  # the next job runs on a session as Django opens it
             else:
-                keep_connections()
+                sql.close_stale(between_jobs=True)
 
     def settle_batch(self, queue: str, ids: list[str], acks: list[str]) -> None:
         """Ack the finished ids in one call and stop extending the batch's leases."""

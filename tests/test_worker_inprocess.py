@@ -754,15 +754,13 @@ def test_a_broken_connection_that_fails_to_close_between_jobs_kills_no_thread(
     kill the worker thread (and so the process)."""
     from django.db import DatabaseError
 
-    from django_delayjobs.worker import keep_connections
-
     def close_if_unusable_or_obsolete() -> None:
         raise DatabaseError("server closed the connection unexpectedly")
 
     connection.ensure_connection()
     monkeypatch.setattr(connection, "errors_occurred", True)
     monkeypatch.setattr(connection, "close_if_unusable_or_obsolete", close_if_unusable_or_obsolete)
-    keep_connections()
+    sql.close_stale(between_jobs=True)
     # Django's close_old_connections() closes the same way, unguarded: the worker's
     # idle/burst/reconcile/heartbeat paths and the automatic prune (whose step() "never
     # raises") called it, and died of it.
