@@ -19,10 +19,19 @@ from .engine import Engine, QueueStats, is_valid_name
 from .models import ACTIVE, Job, Status
 from .rows import tolerant
 
+#: The latest time a datetime can show (9999-12-31 23:59:59.999999 UTC).
+LATEST = datetime.datetime.max.replace(tzinfo=datetime.UTC)
 
-def _dt(ms: int | None) -> datetime.datetime | None:
+
+def ms_datetime(ms: int | None) -> datetime.datetime | None:
+    """A time Redis holds (ms since the epoch) as an aware datetime, or None. Redis may hold
+    a time later than a datetime can show: the engine accepts due times up to 10000-01-01
+    (the row of a job due at ``datetime.max`` rounds to it), and a key another program
+    wrote may hold any score; such a time is shown as ``LATEST``."""
     if ms is None:
         return None
+    if ms >= LATEST.timestamp() * 1000:
+        return LATEST
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
 
 
@@ -37,7 +46,7 @@ class ShardState:
 
     @property
     def next_due_at(self) -> datetime.datetime | None:
-        return _dt(self.stats.next_due_ms)
+        return ms_datetime(self.stats.next_due_ms)
 
     def as_dict(self) -> dict[str, Any]:
         s = self.stats
@@ -51,7 +60,7 @@ class ShardState:
             "expired_leases": s.expired_leases,
             "garbage": s.garbage,
             "next_due_at": self.next_due_at,
-            "oldest_lease_at": _dt(s.oldest_lease_ms),
+            "oldest_lease_at": ms_datetime(s.oldest_lease_ms),
         }
 
 
@@ -67,11 +76,11 @@ class QueueState:
 
     @property
     def next_due_at(self) -> datetime.datetime | None:
-        return _dt(self.stats.next_due_ms)
+        return ms_datetime(self.stats.next_due_ms)
 
     @property
     def oldest_lease_at(self) -> datetime.datetime | None:
-        return _dt(self.stats.oldest_lease_ms)
+        return ms_datetime(self.stats.oldest_lease_ms)
 
     def as_dict(self) -> dict[str, Any]:
         s = self.stats
@@ -92,7 +101,9 @@ class QueueState:
                 {"id": job_id, "action": job.action if job else None, "run_at": due}
                 for job, job_id, due in self.next_due
             ],
-            "workers": [{**w, "expires_at": _dt(w.get("expires_ms"))} for w in self.workers],
+            "workers": [
+                {**w, "expires_at": ms_datetime(w.get("expires_ms"))} for w in self.workers
+            ],
             "shards": [shard.as_dict() for shard in self.shards],
         }
 
@@ -144,4 +155,4 @@ def _with_rows(
         with contextlib.suppress(ValueError):  # not one of ours: shown without a row
             pks[job_id] = uuid.UUID(job_id)
     rows = tolerant(Job.objects.all()).in_bulk(list(pks.values()))
-    return [(rows.get(pks.get(job_id)), job_id, _dt(ms)) for job_id, ms in entries]
+    return [(rows.get(pks.get(job_id)), job_id, ms_datetime(ms)) for job_id, ms in entries]

@@ -832,3 +832,12 @@ def test_a_sleeping_promoter_is_woken_by_an_earlier_job_after_its_blpop_was_cut_
         stop.set()
         thread.join(10)
         close_client(client)
+
+
+@pytest.mark.parametrize("score", ["inf", "1e20"])
+def test_a_pending_score_no_add_writes_neither_kills_nor_spins_the_promoter(redis_client, score):
+    """+inf raised OverflowError out of ``step`` (the promoter thread died, and its worker);
+    1e20 gave a wait of -9e12 s (the promoter spun at full CPU)."""
+    engine = get_engine()
+    redis_client.zadd(engine.keys("default").pending, {"alien": score})
+    assert 0 < Promoter(engine, ["default"], tick=1.0).step() <= 1.0

@@ -23,6 +23,7 @@ from .sharding import Shard
 from .validation import check_batch as _batch
 from .validation import check_ids as _ids
 from .validation import opt_int as _opt_int
+from .validation import score_ms as _score_ms
 from .validation import text as _text
 
 Rows = list[tuple[bytes, float]]  # a WITHSCORES reply
@@ -158,7 +159,7 @@ class Reader:
             rows = cast(
                 Rows, self._call(partial(self.client.zrange, key, 0, last, withscores=True))
             )
-            found.append([(_text(id_), int(score)) for id_, score in rows])
+            found.append([(_text(id_), _score_ms(score)) for id_, score in rows])
         return list(heapq.merge(*found, key=lambda row: row[1]))[: last + 1]
 
     def known_queues(self) -> list[str]:
@@ -172,7 +173,7 @@ class Reader:
         for shard in self._router.targets(queue):
             key = self._keys(shard).garbage
             rows = cast(Rows, self._call(partial(self.client.zrevrange, key, 0, last, True)))
-            found += [(_text(id_), int(score)) for id_, score in rows]
+            found += [(_text(id_), _score_ms(score)) for id_, score in rows]
         return sorted(found, key=lambda row: -row[1])[: last + 1]
 
     def workers(self, queue: str) -> list[dict[str, Any]]:
@@ -186,7 +187,7 @@ class Reader:
 
         alive, info = self._call(run)
         return [
-            {"id": _text(w), "expires_ms": int(s), **json.loads(info.get(w, b"{}"))}
+            {"id": _text(w), "expires_ms": _score_ms(s), **json.loads(info.get(w, b"{}"))}
             for w, s in alive
         ]
 

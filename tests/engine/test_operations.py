@@ -545,6 +545,32 @@ def test_the_latest_due_time_accepted_gives_a_positive_wait(engine, now):
     assert result.next_due_in_us is not None and result.next_due_in_us > 0
 
 
+@pytest.mark.parametrize("score", ["inf", "1e20", "1e300", "-inf", "-5"])
+def test_scores_the_engine_never_writes_do_not_break_promote_or_the_readers(
+    engine, redis_client, score
+):
+    """Another program (or a hand-typed ZADD) may leave any score in a ZSET. A pending
+    +inf made promote, stats and next_due raise OverflowError (the promoter thread died,
+    and the worker with it, at every restart); a finite one past ``MAX_DUE_MS``
+    overflowed the wait in us (negative: the promoter spun). Read back, a score lies
+    within 0..``MAX_DUE_MS``."""
+    k = engine.keys(Q)
+    redis_client.zadd(k.pending, {"alien": score})
+    redis_client.zadd(k.unack, {"held": score})
+    redis_client.zadd(k.garbage, {"dead": score})
+    redis_client.zadd(engine.keys(parse(Q).queue).workers, {"w": score})
+    result = engine.promote(Q)
+    if result.next_due_in_us is not None:
+        assert result.next_due_in_us >= 0
+        assert result.next_due_ms is not None and 0 <= result.next_due_ms <= MAX_DUE_MS
+    stats = engine.stats(Q)
+    for value in (stats.next_due_ms, stats.oldest_lease_ms):
+        assert value is None or 0 <= value <= MAX_DUE_MS
+    assert all(0 <= due <= MAX_DUE_MS for _, due in engine.next_due(Q))
+    assert all(0 <= died <= MAX_DUE_MS for _, died in engine.garbage(Q))
+    assert all(0 <= w["expires_ms"] <= MAX_DUE_MS for w in engine.workers(Q))
+
+
 # -- turns --------------------------------------------------------------------------------
 
 
