@@ -130,9 +130,28 @@ def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) 
         stats=stats,
         retrying=Job.objects.filter(queue=name, status=Status.RETRYING).count(),
         next_due=_with_rows(upcoming),
-        workers=engine.workers(name),
+        workers=[_worker(info) for info in engine.workers(name)],
         shards=[ShardState(s.queue, engine.node_of(s.queue), s) for s in stats.shards or [stats]],
     )
+
+
+#: The fields of a worker's description (``WorkerProcess.heartbeat``) and their types.
+_WORKER_FIELDS: dict[str, type] = {
+    "host": str, "pid": int, "concurrency": int, "roles": list, "queues": list,
+}  # fmt: skip
+
+
+def _worker(info: dict[str, Any]) -> dict[str, Any]:
+    """A live worker's description without the fields a worker never writes in that type
+    (a description another program wrote): the admin and the API show them typed."""
+
+    def fits(name: str, value: Any) -> bool:
+        kind = _WORKER_FIELDS.get(name)
+        if kind is list:
+            return isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return kind is None or (isinstance(value, kind) and not isinstance(value, bool))
+
+    return {name: value for name, value in info.items() if fits(name, value)}
 
 
 def all_queue_states(*, next_due: int = 10) -> list[QueueState]:

@@ -406,3 +406,57 @@ def test_the_pages_that_show_queues_answer_with_a_time_in_redis_past_year_9999(
     assert pages["admin queues"].context["redis_error"] == ""
     [queue] = pages["api queues"].json()["queues"]
     assert queue["next_due_at"].startswith("9999-12-31T23:59:59.999999")
+
+
+#: Descriptions of live workers that no worker of this version writes.
+ODD_WORKER_INFO = [
+    b"not json",
+    b"\xff\xfe",
+    b"[1, 2]",
+    b'{"pid": "abc", "roles": 5, "concurrency": "x", "queues": "default", "host": null}',
+    b'{"expires_ms": "soon", "id": 7, "roles": [1, null]}',
+]
+
+
+@pytest.mark.parametrize("info", ODD_WORKER_INFO)
+def test_the_pages_that_show_queues_answer_with_a_worker_description_no_worker_wrote(
+    superuser_clients, redis_client, info
+):
+    """The queue page and queues/ read each live worker's description as JSON and used
+    its fields as they found them: a value that is not a JSON object, or a field of
+    another type, was a 500 (JSONDecodeError, TypeError, ValueError)."""
+    admin, api = superuser_clients
+    engine = get_engine()
+    engine.heartbeat("default", "w1", 60_000, {"pid": 1})
+    redis_client.hset(engine.keys("default").worker_info, "w1", info)
+    page = admin.get(reverse(QUEUES))
+    assert page.status_code == 200, page.content[:300]
+    assert page.context["redis_error"] == ""
+    response = api.get(url("queues"))
+    assert response.status_code == 200, response.content[:300]
+    [worker] = response.json()["queues"][0]["workers"]
+    assert worker["id"] == "w1" and worker["expires_at"] is not None
+
+
+@pytest.mark.parametrize("value", [b"abc", b"1.5", b""])
+def test_the_pages_that_show_queues_answer_with_a_counter_no_script_wrote(
+    superuser_clients, redis_client, settings, value
+):
+    """Stats read the queue's counters hash with int(): a value of another program's that
+    is not an integer made stats raise ValueError, a 500 from the queue page, queues/,
+    health/ and metrics/. Such a counter is left out."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}
+    admin, api = superuser_clients
+    engine = get_engine()
+    engine.add("default", {str(uuid.uuid4()): 1.0})
+    redis_client.hset(engine.keys("default").counters, "odd", value)
+    pages = {
+        "admin queues": admin.get(reverse(QUEUES)),
+        "api queues": api.get(url("queues")),
+        "health": admin.get(reverse("delayjobs_health")),
+        "metrics": admin.get(reverse("delayjobs_metrics"), HTTP_AUTHORIZATION="Bearer " + "t" * 32),
+    }
+    for page, response in pages.items():
+        assert response.status_code in (200, 503), (page, response.content[:300])
+    [queue] = pages["api queues"].json()["queues"]
+    assert queue["counters"] == {"added": 1}

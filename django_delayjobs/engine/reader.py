@@ -35,6 +35,26 @@ def _is_cluster(client: object) -> bool:
     return isinstance(client, RedisCluster)
 
 
+def _is_int(value: bytes | str) -> bool:
+    """Whether a counter holds an integer: the scripts write nothing else (HINCRBY), but
+    another program may, and one odd field must not make every reader of stats fail."""
+    try:
+        int(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _description(raw: bytes | None) -> dict[str, Any]:
+    """A worker's description as ``heartbeat`` recorded it; {} for one that is not a JSON
+    object (another program's, or another version's)."""
+    try:
+        found = json.loads(raw or b"{}")
+    except ValueError:  # UnicodeDecodeError too
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 class Reader:
     """What every engine method stands on: the client, the shard router, error wrapping."""
 
@@ -144,7 +164,8 @@ class Reader:
         now, pend, overdue, ready, flight, expired, garb, live, nxt, lease, flat = self._run(
             "stats", keys, []
         )
-        counters = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        counters = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)
+                    if _is_int(flat[i + 1])}  # fmt: skip
         return QueueStats(
             self._router.name(shard), int(now), int(pend), int(overdue), int(ready), int(flight),
             int(expired), int(garb), int(live), _opt_int(nxt), _opt_int(lease), counters,
@@ -187,7 +208,7 @@ class Reader:
 
         alive, info = self._call(run)
         return [
-            {"id": _text(w), "expires_ms": _score_ms(s), **json.loads(info.get(w, b"{}"))}
+            {**_description(info.get(w)), "id": _text(w), "expires_ms": _score_ms(s)}
             for w, s in alive
         ]
 
