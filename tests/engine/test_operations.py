@@ -297,6 +297,18 @@ def test_claim_skips_at_most_1000_tombstones_per_call_and_leaves_a_work_token(en
     assert entries(redis_client, engine) == []
 
 
+def test_ids_whose_ready_list_vanished_are_still_claimed(engine, redis_client):
+    """ready_set says which ids are in ready, and add trusts it. When the ready LIST alone
+    is gone (evicted under an LRU maxmemory-policy, deleted by hand) its ids could never be
+    claimed, and add (reconcile's too) left them there as held: stuck for good."""
+    engine.add(Q, {"a": 0, "b": 0})
+    redis_client.delete(engine.keys(Q).ready)
+    assert engine.add(Q, {"a": 0, "b": 0}) == []  # held, as far as add can tell
+    assert sorted(engine.claim(Q, 5)) == ["a", "b"]
+    assert engine.stats(Q).ready == 0
+    assert engine.claim(Q, 5) == []
+
+
 def test_an_id_removed_while_ready_and_added_again_is_claimed_once(engine, redis_client):
     engine.add(Q, {"a": 0, "b": 0})
     assert engine.remove(Q, ["a"]) == 1
