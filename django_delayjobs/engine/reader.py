@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from . import sharding
 from .directory import Directory
-from .errors import PerShard, guarded
+from .errors import EngineUnavailable, PerShard, guarded, replica_refused
 from .keys import QueueKeys, validate_name
 from .results import QueueStats, merge_stats
 from .routing import Router
@@ -27,6 +27,7 @@ from .validation import score_ms as _score_ms
 from .validation import text as _text
 
 Rows = list[tuple[bytes, float]]  # a WITHSCORES reply
+T = TypeVar("T")
 
 
 def _is_cluster(client: object) -> bool:
@@ -59,13 +60,27 @@ class Reader:
     """What every engine method stands on: the client, the shard router, error wrapping."""
 
     _scripts: dict[str, Script]
-    _call = staticmethod(guarded)  # every Redis error becomes EngineUnavailable
 
     def __init__(self, client: Any, prefix: str, shards: Mapping[str, int] | int) -> None:
         self.client = client
         self.prefix = validate_name(prefix, "prefix")
         self.is_cluster = _is_cluster(client)
         self._router = Router(self.prefix, shards, Directory(client, self.queues_key, self._call))
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """``fn()``; every Redis error becomes ``EngineUnavailable`` (see ``guarded``).
+
+        After a failover behind one address (a DNS name, a proxy) the connections still
+        open reach the old master, now a replica that refuses every write (READONLY) for
+        as long as they stay open, while new ones reach the new master: a refusal of that
+        kind closes them all, so the next call connects anew.
+        """
+        try:
+            return guarded(fn)
+        except EngineUnavailable as exc:
+            if not self.is_cluster and replica_refused(exc):
+                self.client.connection_pool.disconnect()
+            raise
 
     @property
     def queues_key(self) -> str:

@@ -16,10 +16,13 @@ several shards does when addressed by its queue name is tested in ``test_sharded
 from __future__ import annotations
 
 import math
+import socket
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,10 +30,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from django_delayjobs.embedded import find_redis_server
 from django_delayjobs.engine import MAX_BATCH, Engine, EngineUnavailable, close_client
 from django_delayjobs.engine.sharding import parse
 from django_delayjobs.engine.validation import MAX_DUE_MS
 
+from ..helpers import TcpProxy, wait_for
 from .conftest import Backend, on_cluster, open_backend
 
 Q = "q"
@@ -1047,6 +1052,68 @@ def test_an_unreachable_redis_raises_engine_unavailable(unreachable):
         unreachable.add(Q, {"a": 0})
     with pytest.raises(EngineUnavailable):
         unreachable.stats(Q)
+
+
+def _free_port() -> int:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = int(probe.getsockname()[1])
+    probe.close()
+    return port
+
+
+@pytest.fixture
+def two_redis(tmp_path: Path) -> Iterator[list[int]]:
+    """Two redis-servers of this test's own on TCP ports, stopped by pid."""
+    ports, processes = [], []
+    try:
+        for n in range(2):
+            port = _free_port()
+            processes.append(subprocess.Popen(
+                [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+                 "--logfile", str(tmp_path / f"redis{n}.log")],
+                stdin=subprocess.DEVNULL,
+            ))  # fmt: skip
+            client = redis.Redis(port=port)
+            wait_for(lambda c=client: _answers(c))
+            client.close()
+            ports.append(port)
+        yield ports
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(5)
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def test_a_master_that_became_a_replica_is_left_for_the_new_one(two_redis):
+    """A failover behind one address (a DNS name, a proxy): the old master becomes a
+    replica and refuses every write with READONLY on the connections still open to it,
+    while new connections reach the new master. The engine kept its pooled connections,
+    so every worker refused forever, alive and doing nothing, until restarted."""
+    old, new = two_redis
+    proxy = TcpProxy("127.0.0.1", old)
+    proxy.up()
+    client = redis.Redis(port=proxy.port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+    engine = Engine(client, prefix="t")
+    try:
+        engine.add("q", {"a": 0})
+        proxy.target = ("127.0.0.1", new)  # new connections reach the new master
+        redis.Redis(port=old).replicaof("127.0.0.1", new)  # the old one: a replica
+        with pytest.raises(EngineUnavailable, match="READONLY"):
+            engine.add("q", {"b": 0})
+        assert engine.add("q", {"b": 0}) == ["b"]
+        assert redis.Redis(port=new).smembers(engine.keys("q").ready_set) == {b"b"}
+    finally:
+        close_client(client)
+        proxy.down()
 
 
 @pytest.mark.parametrize(("call", "exc"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS])
