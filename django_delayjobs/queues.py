@@ -19,10 +19,19 @@ from .engine import Engine, QueueStats, is_valid_name
 from .models import ACTIVE, Job, Status
 from .rows import tolerant
 
+#: The latest time a datetime can show (9999-12-31 23:59:59.999999 UTC).
+LATEST = datetime.datetime.max.replace(tzinfo=datetime.UTC)
 
-def _dt(ms: int | None) -> datetime.datetime | None:
+
+def ms_datetime(ms: int | None) -> datetime.datetime | None:
+    """A time Redis holds (ms since the epoch) as an aware datetime, or None. Redis may hold
+    a time later than a datetime can show: the engine accepts due times up to 10000-01-01
+    (the row of a job due at ``datetime.max`` rounds to it), and a key another program
+    wrote may hold any score; such a time is shown as ``LATEST``."""
     if ms is None:
         return None
+    if ms >= LATEST.timestamp() * 1000:
+        return LATEST
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
 
 
@@ -37,7 +46,7 @@ class ShardState:
 
     @property
     def next_due_at(self) -> datetime.datetime | None:
-        return _dt(self.stats.next_due_ms)
+        return ms_datetime(self.stats.next_due_ms)
 
     def as_dict(self) -> dict[str, Any]:
         s = self.stats
@@ -51,7 +60,7 @@ class ShardState:
             "expired_leases": s.expired_leases,
             "garbage": s.garbage,
             "next_due_at": self.next_due_at,
-            "oldest_lease_at": _dt(s.oldest_lease_ms),
+            "oldest_lease_at": ms_datetime(s.oldest_lease_ms),
         }
 
 
@@ -67,11 +76,11 @@ class QueueState:
 
     @property
     def next_due_at(self) -> datetime.datetime | None:
-        return _dt(self.stats.next_due_ms)
+        return ms_datetime(self.stats.next_due_ms)
 
     @property
     def oldest_lease_at(self) -> datetime.datetime | None:
-        return _dt(self.stats.oldest_lease_ms)
+        return ms_datetime(self.stats.oldest_lease_ms)
 
     def as_dict(self) -> dict[str, Any]:
         s = self.stats
@@ -92,7 +101,9 @@ class QueueState:
                 {"id": job_id, "action": job.action if job else None, "run_at": due}
                 for job, job_id, due in self.next_due
             ],
-            "workers": [{**w, "expires_at": _dt(w.get("expires_ms"))} for w in self.workers],
+            "workers": [
+                {**w, "expires_at": ms_datetime(w.get("expires_ms"))} for w in self.workers
+            ],
             "shards": [shard.as_dict() for shard in self.shards],
         }
 
@@ -119,9 +130,28 @@ def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) 
         stats=stats,
         retrying=Job.objects.filter(queue=name, status=Status.RETRYING).count(),
         next_due=_with_rows(upcoming),
-        workers=engine.workers(name),
+        workers=[_worker(info) for info in engine.workers(name)],
         shards=[ShardState(s.queue, engine.node_of(s.queue), s) for s in stats.shards or [stats]],
     )
+
+
+#: The fields of a worker's description (``WorkerProcess.heartbeat``) and their types.
+_WORKER_FIELDS: dict[str, type] = {
+    "host": str, "pid": int, "concurrency": int, "roles": list, "queues": list,
+}  # fmt: skip
+
+
+def _worker(info: dict[str, Any]) -> dict[str, Any]:
+    """A live worker's description without the fields a worker never writes in that type
+    (a description another program wrote): the admin and the API show them typed."""
+
+    def fits(name: str, value: Any) -> bool:
+        kind = _WORKER_FIELDS.get(name)
+        if kind is list:
+            return isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return kind is None or (isinstance(value, kind) and not isinstance(value, bool))
+
+    return {name: value for name, value in info.items() if fits(name, value)}
 
 
 def all_queue_states(*, next_due: int = 10) -> list[QueueState]:
@@ -144,4 +174,4 @@ def _with_rows(
         with contextlib.suppress(ValueError):  # not one of ours: shown without a row
             pks[job_id] = uuid.UUID(job_id)
     rows = tolerant(Job.objects.all()).in_bulk(list(pks.values()))
-    return [(rows.get(pks.get(job_id)), job_id, _dt(ms)) for job_id, ms in entries]
+    return [(rows.get(pks.get(job_id)), job_id, ms_datetime(ms)) for job_id, ms in entries]

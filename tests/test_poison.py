@@ -24,6 +24,7 @@ from django.utils import timezone
 from django_delayjobs import schedule
 from django_delayjobs.admin import operations
 from django_delayjobs.connection import get_engine
+from django_delayjobs.engine.validation import MAX_DUE_MS
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import horizon, reconcile
 from django_delayjobs.rows import tolerant
@@ -408,3 +409,84 @@ def test_the_queue_page_shows_a_job_due_in_year_9999_in_a_zone_ahead_of_utc(
     assert admin.get(reverse(QUEUES)).status_code == 200
     assert api.get(url("queues")).status_code == 200
     assert admin.get(reverse(CHANGE, args=[job.pk])).status_code == 200
+
+
+@pytest.mark.parametrize("score", ["inf", "1e20", MAX_DUE_MS])
+def test_the_pages_that_show_queues_answer_with_a_time_in_redis_past_year_9999(
+    superuser_clients, redis_client, settings, score
+):
+    """Add accepts ``MAX_DUE_MS`` (a row due at datetime.max is re-added there), which as a
+    datetime is year 10000, and a key another program wrote may hold any score: the queue
+    page and queues/ answered 500 (ValueError, OSError, OverflowError), and so did
+    health/ and metrics/ for +inf."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}
+    admin, api = superuser_clients
+    engine = get_engine()
+    k = engine.keys("default")
+    for key in (k.pending, k.unack, k.garbage, k.workers):
+        redis_client.zadd(key, {str(uuid.uuid4()): score})
+    pages = {
+        "admin queues": admin.get(reverse(QUEUES)),
+        "api queues": api.get(url("queues")),
+        "health": admin.get(reverse("delayjobs_health")),
+        "metrics": admin.get(reverse("delayjobs_metrics"), HTTP_AUTHORIZATION="Bearer " + "t" * 32),
+    }
+    for page, response in pages.items():
+        assert response.status_code == 200, (page, response.content[:300])
+    assert pages["admin queues"].context["redis_error"] == ""
+    [queue] = pages["api queues"].json()["queues"]
+    assert queue["next_due_at"].startswith("9999-12-31T23:59:59.999999")
+
+
+#: Descriptions of live workers that no worker of this version writes.
+ODD_WORKER_INFO = [
+    b"not json",
+    b"\xff\xfe",
+    b"[1, 2]",
+    b'{"pid": "abc", "roles": 5, "concurrency": "x", "queues": "default", "host": null}',
+    b'{"expires_ms": "soon", "id": 7, "roles": [1, null]}',
+]
+
+
+@pytest.mark.parametrize("info", ODD_WORKER_INFO)
+def test_the_pages_that_show_queues_answer_with_a_worker_description_no_worker_wrote(
+    superuser_clients, redis_client, info
+):
+    """The queue page and queues/ read each live worker's description as JSON and used
+    its fields as they found them: a value that is not a JSON object, or a field of
+    another type, was a 500 (JSONDecodeError, TypeError, ValueError)."""
+    admin, api = superuser_clients
+    engine = get_engine()
+    engine.heartbeat("default", "w1", 60_000, {"pid": 1})
+    redis_client.hset(engine.keys("default").worker_info, "w1", info)
+    page = admin.get(reverse(QUEUES))
+    assert page.status_code == 200, page.content[:300]
+    assert page.context["redis_error"] == ""
+    response = api.get(url("queues"))
+    assert response.status_code == 200, response.content[:300]
+    [worker] = response.json()["queues"][0]["workers"]
+    assert worker["id"] == "w1" and worker["expires_at"] is not None
+
+
+@pytest.mark.parametrize("value", [b"abc", b"1.5", b""])
+def test_the_pages_that_show_queues_answer_with_a_counter_no_script_wrote(
+    superuser_clients, redis_client, settings, value
+):
+    """Stats read the queue's counters hash with int(): a value of another program's that
+    is not an integer made stats raise ValueError, a 500 from the queue page, queues/,
+    health/ and metrics/. Such a counter is left out."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}
+    admin, api = superuser_clients
+    engine = get_engine()
+    engine.add("default", {str(uuid.uuid4()): 1.0})
+    redis_client.hset(engine.keys("default").counters, "odd", value)
+    pages = {
+        "admin queues": admin.get(reverse(QUEUES)),
+        "api queues": api.get(url("queues")),
+        "health": admin.get(reverse("delayjobs_health")),
+        "metrics": admin.get(reverse("delayjobs_metrics"), HTTP_AUTHORIZATION="Bearer " + "t" * 32),
+    }
+    for page, response in pages.items():
+        assert response.status_code in (200, 503), (page, response.content[:300])
+    [queue] = pages["api queues"].json()["queues"]
+    assert queue["counters"] == {"added": 1}

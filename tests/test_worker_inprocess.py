@@ -28,6 +28,7 @@ from django_delayjobs.engine import Engine, close_client
 from django_delayjobs.models import Job, Status
 from django_delayjobs.preflight import check_owner
 from django_delayjobs.promoter import Promoter
+from django_delayjobs.reconcile import reconcile
 from django_delayjobs.retention import AutoPrune
 from django_delayjobs.services import build_job
 from django_delayjobs.worker import Options, WorkerDied, WorkerProcess
@@ -884,3 +885,30 @@ def test_a_sleeping_promoter_is_woken_by_an_earlier_job_after_its_blpop_was_cut_
         stop.set()
         thread.join(10)
         close_client(client)
+
+
+@pytest.mark.parametrize("score", ["inf", "1e20"])
+def test_a_pending_score_no_add_writes_neither_kills_nor_spins_the_promoter(redis_client, score):
+    """+inf raised OverflowError out of ``step`` (the promoter thread died, and its worker);
+    1e20 gave a wait of -9e12 s (the promoter spun at full CPU)."""
+    engine = get_engine()
+    redis_client.zadd(engine.keys("default").pending, {"alien": score})
+    assert 0 < Promoter(engine, ["default"], tick=1.0).step() <= 1.0
+
+
+def test_a_burst_ends_and_runs_a_job_whose_ready_entry_was_evicted(redis_client):
+    """ready_set counted the job as ready, claim found nothing in the LIST: the burst
+    looped at full CPU forever (and the job never ran)."""
+    job = schedule(tasks.record, in_=0, args=["evicted"])
+    engine = get_engine()
+    redis_client.delete(engine.keys("default").ready)  # as an LRU eviction would
+    reconcile(engine)  # changes nothing: Redis holds the id, as far as add can tell
+    process = WorkerProcess(engine, Options(queues=["default"], burst=True))
+    thread = threading.Thread(target=process.run, daemon=True)
+    thread.start()
+    thread.join(20)
+    if thread.is_alive():
+        process.stop()
+        thread.join(20)
+        pytest.fail("the burst did not end")
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED

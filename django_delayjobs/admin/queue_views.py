@@ -123,10 +123,6 @@ class Section:
         return max(self.state.stats.garbage - len(self.garbage), 0)
 
 
-def _ms(ms: int | None) -> datetime.datetime | None:
-    return None if ms is None else datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
-
-
 def _entries(
     admin: JobAdmin,
     rows: list[tuple[Job | None, str, datetime.datetime | None]],
@@ -153,7 +149,7 @@ def _workers(state: queues.QueueState, now: datetime.datetime) -> list[Worker]:
     workers = []
     for info in state.workers:
         expires = info.get("expires_ms")
-        beat = _ms(int(expires - ttl_ms)) if expires is not None else None
+        beat = queues.ms_datetime(int(expires - ttl_ms)) if expires is not None else None
         workers.append(
             Worker(
                 id=str(info.get("id", "")),
@@ -163,7 +159,7 @@ def _workers(state: queues.QueueState, now: datetime.datetime) -> list[Worker]:
                 concurrency=info.get("concurrency", ""),
                 last_beat_at=beat,
                 last_beat=display.relative(beat, now),
-                expires_at=_ms(expires),
+                expires_at=queues.ms_datetime(expires),
             )
         )
     return workers

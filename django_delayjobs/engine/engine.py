@@ -25,6 +25,7 @@ from .validation import check_dues as _dues
 from .validation import check_ids as _ids
 from .validation import check_ms as _ms
 from .validation import check_priorities as _priorities
+from .validation import score_ms as _score_ms
 from .validation import text as _text
 from .waiting import BlockingWait, Doorbells, Waiter, check_timeout
 
@@ -182,7 +183,7 @@ class Engine(Reader):
                 results.append(PromoteResult(int(moved), int(now), None))
             else:
                 results.append(
-                    PromoteResult(int(moved), int(now), int(float(rest[0])), int(rest[1]))
+                    PromoteResult(int(moved), int(now), _score_ms(rest[0]), int(rest[1]))
                 )
         return merge_promoted(results)
 

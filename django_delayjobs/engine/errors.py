@@ -85,6 +85,15 @@ def unreachable(exc: BaseException) -> bool:
     return isinstance(exc.__cause__, redis.ConnectionError | redis.TimeoutError)
 
 
+def replica_refused(exc: BaseException) -> bool:
+    """Whether an ``EngineUnavailable`` is a write refused by a replica (READONLY; from
+    inside a script, Redis 6 gives it as the script's error)."""
+    cause = exc.__cause__
+    if isinstance(cause, redis.ReadOnlyError):
+        return True
+    return isinstance(cause, redis.ResponseError) and "-READONLY " in str(cause)
+
+
 def guarded(fn: Callable[[], T]) -> T:
     """Call ``fn``; a Redis error becomes ``EngineUnavailable``, saying which kind it was
     (a server that is out of memory refuses, it is not unreachable)."""

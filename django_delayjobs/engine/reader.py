@@ -6,17 +6,17 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from . import sharding
 from .directory import Directory
-from .errors import EngineUnavailable, PerShard, guarded, unreachable
+from .errors import EngineUnavailable, PerShard, guarded, replica_refused, unreachable
 from .keys import QueueKeys, validate_name
 from .results import QueueStats, merge_stats
 from .routing import Router
@@ -24,12 +24,14 @@ from .sharding import Shard
 from .validation import check_batch as _batch
 from .validation import check_ids as _ids
 from .validation import opt_int as _opt_int
+from .validation import score_ms as _score_ms
 from .validation import text as _text
 
 Rows = list[tuple[bytes, float]]  # a WITHSCORES reply
 #: Salts tried to find a key in a slot of a given master (a master of an even share of
 #: the slots takes a few; one of a single slot about 16,384).
 MAX_PROBE_SALT = 65_536
+T = TypeVar("T")
 
 
 def _is_cluster(client: object) -> bool:
@@ -38,11 +40,30 @@ def _is_cluster(client: object) -> bool:
     return isinstance(client, RedisCluster)
 
 
+def _is_int(value: bytes | str) -> bool:
+    """Whether a counter holds an integer: the scripts write nothing else (HINCRBY), but
+    another program may, and one odd field must not make every reader of stats fail."""
+    try:
+        int(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _description(raw: bytes | None) -> dict[str, Any]:
+    """A worker's description as ``heartbeat`` recorded it; {} for one that is not a JSON
+    object (another program's, or another version's)."""
+    try:
+        found = json.loads(raw or b"{}")
+    except ValueError:  # UnicodeDecodeError too
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 class Reader:
     """What every engine method stands on: the client, the shard router, error wrapping."""
 
     _scripts: dict[str, Script]
-    _call = staticmethod(guarded)  # every Redis error becomes EngineUnavailable
 
     def __init__(self, client: Any, prefix: str, shards: Mapping[str, int] | int) -> None:
         self.client = client
@@ -50,6 +71,21 @@ class Reader:
         self.is_cluster = _is_cluster(client)
         self._probe_tags: dict[str, int] = {}  # master -> salt of its write-probe key
         self._router = Router(self.prefix, shards, Directory(client, self.queues_key, self._call))
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """``fn()``; every Redis error becomes ``EngineUnavailable`` (see ``guarded``).
+
+        After a failover behind one address (a DNS name, a proxy) the connections still
+        open reach the old master, now a replica that refuses every write (READONLY) for
+        as long as they stay open, while new ones reach the new master: a refusal of that
+        kind closes them all, so the next call connects anew.
+        """
+        try:
+            return guarded(fn)
+        except EngineUnavailable as exc:
+            if not self.is_cluster and replica_refused(exc):
+                self.client.connection_pool.disconnect()
+            raise
 
     @property
     def queues_key(self) -> str:
@@ -155,7 +191,8 @@ class Reader:
         now, pend, overdue, ready, flight, expired, garb, live, nxt, lease, flat = self._run(
             "stats", keys, []
         )
-        counters = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        counters = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)
+                    if _is_int(flat[i + 1])}  # fmt: skip
         return QueueStats(
             self._router.name(shard), int(now), int(pend), int(overdue), int(ready), int(flight),
             int(expired), int(garb), int(live), _opt_int(nxt), _opt_int(lease), counters,
@@ -170,7 +207,7 @@ class Reader:
             rows = cast(
                 Rows, self._call(partial(self.client.zrange, key, 0, last, withscores=True))
             )
-            found.append([(_text(id_), int(score)) for id_, score in rows])
+            found.append([(_text(id_), _score_ms(score)) for id_, score in rows])
         return list(heapq.merge(*found, key=lambda row: row[1]))[: last + 1]
 
     def known_queues(self) -> list[str]:
@@ -184,7 +221,7 @@ class Reader:
         for shard in self._router.targets(queue):
             key = self._keys(shard).garbage
             rows = cast(Rows, self._call(partial(self.client.zrevrange, key, 0, last, True)))
-            found += [(_text(id_), int(score)) for id_, score in rows]
+            found += [(_text(id_), _score_ms(score)) for id_, score in rows]
         return sorted(found, key=lambda row: -row[1])[: last + 1]
 
     def workers(self, queue: str) -> list[dict[str, Any]]:
@@ -198,7 +235,7 @@ class Reader:
 
         alive, info = self._call(run)
         return [
-            {"id": _text(w), "expires_ms": int(s), **json.loads(info.get(w, b"{}"))}
+            {**_description(info.get(w)), "id": _text(w), "expires_ms": _score_ms(s)}
             for w, s in alive
         ]
 

@@ -120,5 +120,16 @@ def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def score_ms(value: Any) -> int:
+    """A score read back from Redis, in whole ms from 0 to ``MAX_DUE_MS``. Every score the
+    engine writes lies there; a key written by another program may hold any double
+    (``inf``, ``1e300``, a negative one), which is clamped rather than let raise
+    ``OverflowError`` in the promoter or a page that shows the queue."""
+    return int(min(max(float(value), 0.0), MAX_DUE_MS))
+
+
 def opt_int(value: Any) -> int | None:
-    return None if value is None or int(float(value)) < 0 else int(float(value))
+    """A score (see ``score_ms``), or None for the integer -1 a script gives for none."""
+    if value is None or (isinstance(value, int) and value < 0):
+        return None
+    return score_ms(value)

@@ -197,7 +197,7 @@ def test_scripts_only_use_commands_of_a_single_slot():
     allowed = {
         "TIME", "ZADD", "ZREM", "ZSCORE", "ZRANGE", "ZRANGEBYSCORE", "ZCARD", "ZCOUNT",
         "LPUSH", "RPUSH", "LPOP", "LTRIM", "LLEN",
-        "SADD", "SREM", "SISMEMBER", "SCARD",
+        "SADD", "SREM", "SISMEMBER", "SCARD", "SRANDMEMBER",
         "HSET", "HDEL", "HINCRBY", "HGETALL", "HLEN", "HMGET",
     } | MULTI_KEY  # fmt: skip
     for script in LUA:

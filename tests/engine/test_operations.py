@@ -16,10 +16,13 @@ several shards does when addressed by its queue name is tested in ``test_sharded
 from __future__ import annotations
 
 import math
+import socket
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,10 +30,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from django_delayjobs.embedded import find_redis_server
 from django_delayjobs.engine import MAX_BATCH, Engine, EngineUnavailable, close_client
 from django_delayjobs.engine.sharding import parse
 from django_delayjobs.engine.validation import MAX_DUE_MS
 
+from ..helpers import TcpProxy, wait_for
 from .conftest import Backend, on_cluster, open_backend
 
 Q = "q"
@@ -297,6 +302,18 @@ def test_claim_skips_at_most_1000_tombstones_per_call_and_leaves_a_work_token(en
     assert entries(redis_client, engine) == []
 
 
+def test_ids_whose_ready_list_vanished_are_still_claimed(engine, redis_client):
+    """ready_set says which ids are in ready, and add trusts it. When the ready LIST alone
+    is gone (evicted under an LRU maxmemory-policy, deleted by hand) its ids could never be
+    claimed, and add (reconcile's too) left them there as held: stuck for good."""
+    engine.add(Q, {"a": 0, "b": 0})
+    redis_client.delete(engine.keys(Q).ready)
+    assert engine.add(Q, {"a": 0, "b": 0}) == []  # held, as far as add can tell
+    assert sorted(engine.claim(Q, 5)) == ["a", "b"]
+    assert engine.stats(Q).ready == 0
+    assert engine.claim(Q, 5) == []
+
+
 def test_an_id_removed_while_ready_and_added_again_is_claimed_once(engine, redis_client):
     engine.add(Q, {"a": 0, "b": 0})
     assert engine.remove(Q, ["a"]) == 1
@@ -543,6 +560,32 @@ def test_the_latest_due_time_accepted_gives_a_positive_wait(engine, now):
     result = engine.promote(Q)
     assert result.next_due_ms == MAX_DUE_MS
     assert result.next_due_in_us is not None and result.next_due_in_us > 0
+
+
+@pytest.mark.parametrize("score", ["inf", "1e20", "1e300", "-inf", "-5"])
+def test_scores_the_engine_never_writes_do_not_break_promote_or_the_readers(
+    engine, redis_client, score
+):
+    """Another program (or a hand-typed ZADD) may leave any score in a ZSET. A pending
+    +inf made promote, stats and next_due raise OverflowError (the promoter thread died,
+    and the worker with it, at every restart); a finite one past ``MAX_DUE_MS``
+    overflowed the wait in us (negative: the promoter spun). Read back, a score lies
+    within 0..``MAX_DUE_MS``."""
+    k = engine.keys(Q)
+    redis_client.zadd(k.pending, {"alien": score})
+    redis_client.zadd(k.unack, {"held": score})
+    redis_client.zadd(k.garbage, {"dead": score})
+    redis_client.zadd(engine.keys(parse(Q).queue).workers, {"w": score})
+    result = engine.promote(Q)
+    if result.next_due_in_us is not None:
+        assert result.next_due_in_us >= 0
+        assert result.next_due_ms is not None and 0 <= result.next_due_ms <= MAX_DUE_MS
+    stats = engine.stats(Q)
+    for value in (stats.next_due_ms, stats.oldest_lease_ms):
+        assert value is None or 0 <= value <= MAX_DUE_MS
+    assert all(0 <= due <= MAX_DUE_MS for _, due in engine.next_due(Q))
+    assert all(0 <= died <= MAX_DUE_MS for _, died in engine.garbage(Q))
+    assert all(0 <= w["expires_ms"] <= MAX_DUE_MS for w in engine.workers(Q))
 
 
 # -- turns --------------------------------------------------------------------------------
@@ -1009,6 +1052,68 @@ def test_an_unreachable_redis_raises_engine_unavailable(unreachable):
         unreachable.add(Q, {"a": 0})
     with pytest.raises(EngineUnavailable):
         unreachable.stats(Q)
+
+
+def _free_port() -> int:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = int(probe.getsockname()[1])
+    probe.close()
+    return port
+
+
+@pytest.fixture
+def two_redis(tmp_path: Path) -> Iterator[list[int]]:
+    """Two redis-servers of this test's own on TCP ports, stopped by pid."""
+    ports, processes = [], []
+    try:
+        for n in range(2):
+            port = _free_port()
+            processes.append(subprocess.Popen(
+                [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+                 "--logfile", str(tmp_path / f"redis{n}.log")],
+                stdin=subprocess.DEVNULL,
+            ))  # fmt: skip
+            client = redis.Redis(port=port)
+            wait_for(lambda c=client: _answers(c))
+            client.close()
+            ports.append(port)
+        yield ports
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(5)
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def test_a_master_that_became_a_replica_is_left_for_the_new_one(two_redis):
+    """A failover behind one address (a DNS name, a proxy): the old master becomes a
+    replica and refuses every write with READONLY on the connections still open to it,
+    while new connections reach the new master. The engine kept its pooled connections,
+    so every worker refused forever, alive and doing nothing, until restarted."""
+    old, new = two_redis
+    proxy = TcpProxy("127.0.0.1", old)
+    proxy.up()
+    client = redis.Redis(port=proxy.port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+    engine = Engine(client, prefix="t")
+    try:
+        engine.add("q", {"a": 0})
+        proxy.target = ("127.0.0.1", new)  # new connections reach the new master
+        redis.Redis(port=old).replicaof("127.0.0.1", new)  # the old one: a replica
+        with pytest.raises(EngineUnavailable, match="READONLY"):
+            engine.add("q", {"b": 0})
+        assert engine.add("q", {"b": 0}) == ["b"]
+        assert redis.Redis(port=new).smembers(engine.keys("q").ready_set) == {b"b"}
+    finally:
+        close_client(client)
+        proxy.down()
 
 
 @pytest.mark.parametrize(("call", "exc"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS])

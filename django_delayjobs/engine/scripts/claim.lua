@@ -4,6 +4,10 @@
 -- id is popped and lost, and stop after ARGV[1] + 1000 entries, so a long run of
 -- tombstones costs several calls, not one long block; when that bound stops a call while
 -- live ids remain, a notify token is pushed so an idle worker claims again at once.
+-- Every id in ready_set has an entry in ready, so once ready is empty what ready_set still
+-- holds can never be popped: the ready LIST alone was lost (evicted under an LRU
+-- maxmemory-policy, deleted by hand), and add, which trusts ready_set, would never add
+-- those ids again. They are claimed straight from ready_set.
 -- KEYS[1] = ready LIST, KEYS[2] = ready_set SET, KEYS[3] = unack ZSET, KEYS[4] = notify LIST
 -- ARGV[1] = how many, ARGV[2] = lease (ms)
 -- returns the claimed ids, oldest first
@@ -15,8 +19,8 @@ local budget = want + 1000
 local claimed = {}
 while #claimed < want and budget > 0 do
   local n = math.min(want - #claimed, budget)
-  local ids = redis.call('LPOP', KEYS[1], n)
-  if not ids then break end
+  local ids = redis.call('LPOP', KEYS[1], n) or redis.call('SRANDMEMBER', KEYS[2], n)
+  if #ids == 0 then break end
   budget = budget - #ids
   for i = 1, #ids do
     if redis.call('SREM', KEYS[2], ids[i]) == 1 then

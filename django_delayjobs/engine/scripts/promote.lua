@@ -27,5 +27,7 @@ if #ids > 0 then
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if not head[2] then return {#ids, math.floor(now)} end
-local until_us = math.ceil((tonumber(head[2]) - now) * 1000)
+-- At most 2^53 us (285 years): a score no add writes (inf, 1e20: another program's) would
+-- overflow the 64-bit integer reply into a negative wait, and the promoter would spin.
+local until_us = math.min(math.ceil((tonumber(head[2]) - now) * 1000), 2^53)
 return {#ids, math.floor(now), head[2], math.max(0, until_us)}

@@ -6,13 +6,13 @@ Redis Cluster the last column names the master that holds each shard.
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
 from ...connection import get_engine
 from ...engine import DelayJobsError, Engine, QueueStats
+from ...queues import ms_datetime
 
 COLUMNS = (
     "queue", "pending", "overdue", "ready", "in_flight", "garbage", "next_due", "workers",
@@ -23,7 +23,7 @@ COLUMNS = (
 def _when(ms: int | None, now_ms: int) -> str:
     if ms is None:
         return "-"
-    at = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    at = ms_datetime(ms)
     return f"{at:%Y-%m-%d %H:%M:%S} ({(ms - now_ms) / 1000:+.1f}s)"
 
 
