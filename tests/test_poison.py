@@ -18,6 +18,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.http import HttpResponse
 from django.urls import reverse
 from django.utils import timezone
 
@@ -411,6 +412,17 @@ def test_the_queue_page_shows_a_job_due_in_year_9999_in_a_zone_ahead_of_utc(
     assert admin.get(reverse(CHANGE, args=[job.pk])).status_code == 200
 
 
+def queue_pages(settings, admin, api) -> dict[str, HttpResponse]:
+    """The answers of every page that shows the queues' state (the metrics by token)."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}
+    return {
+        "admin queues": admin.get(reverse(QUEUES)),
+        "api queues": api.get(url("queues")),
+        "health": admin.get(reverse("delayjobs_health")),
+        "metrics": admin.get(reverse("delayjobs_metrics"), HTTP_AUTHORIZATION="Bearer " + "t" * 32),
+    }
+
+
 @pytest.mark.parametrize("score", ["inf", "1e20", MAX_DUE_MS])
 def test_the_pages_that_show_queues_answer_with_a_time_in_redis_past_year_9999(
     superuser_clients, redis_client, settings, score
@@ -419,18 +431,12 @@ def test_the_pages_that_show_queues_answer_with_a_time_in_redis_past_year_9999(
     datetime is year 10000, and a key another program wrote may hold any score: the queue
     page and queues/ answered 500 (ValueError, OSError, OverflowError), and so did
     health/ and metrics/ for +inf."""
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}
     admin, api = superuser_clients
     engine = get_engine()
     k = engine.keys("default")
     for key in (k.pending, k.unack, k.garbage, k.workers):
         redis_client.zadd(key, {str(uuid.uuid4()): score})
-    pages = {
-        "admin queues": admin.get(reverse(QUEUES)),
-        "api queues": api.get(url("queues")),
-        "health": admin.get(reverse("delayjobs_health")),
-        "metrics": admin.get(reverse("delayjobs_metrics"), HTTP_AUTHORIZATION="Bearer " + "t" * 32),
-    }
+    pages = queue_pages(settings, admin, api)
     for page, response in pages.items():
         assert response.status_code == 200, (page, response.content[:300])
     assert pages["admin queues"].context["redis_error"] == ""
@@ -475,17 +481,11 @@ def test_the_pages_that_show_queues_answer_with_a_counter_no_script_wrote(
     """Stats read the queue's counters hash with int(): a value of another program's that
     is not an integer made stats raise ValueError, a 500 from the queue page, queues/,
     health/ and metrics/. Such a counter is left out."""
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}
     admin, api = superuser_clients
     engine = get_engine()
     engine.add("default", {str(uuid.uuid4()): 1.0})
     redis_client.hset(engine.keys("default").counters, "odd", value)
-    pages = {
-        "admin queues": admin.get(reverse(QUEUES)),
-        "api queues": api.get(url("queues")),
-        "health": admin.get(reverse("delayjobs_health")),
-        "metrics": admin.get(reverse("delayjobs_metrics"), HTTP_AUTHORIZATION="Bearer " + "t" * 32),
-    }
+    pages = queue_pages(settings, admin, api)
     for page, response in pages.items():
         assert response.status_code in (200, 503), (page, response.content[:300])
     [queue] = pages["api queues"].json()["queues"]

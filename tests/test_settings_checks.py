@@ -174,6 +174,20 @@ def test_a_cache_alias_that_is_not_django_redis_is_a_one_line_error(settings, ar
         call_command(*argv)
 
 
+def assert_views_say_settings_fail(client) -> None:
+    """``health/`` and ``metrics/`` (to a staff session) answer 503 naming the settings;
+    each used to be a 500 and a traceback per probe or scrape."""
+    client.raise_request_exception = False
+    response = client.get("/delayjobs/health/")
+    assert response.status_code == 503
+    assert response.json() == {"status": "fail", "checks": {"settings": "fail"}}
+    admin = User.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(admin)
+    response = client.get("/delayjobs/metrics/")
+    assert response.status_code == 503
+    assert b"settings cannot work" in response.content
+
+
 @pytest.mark.django_db(transaction=True)
 def test_health_and_metrics_views_say_settings_fail_for_a_cache_alias_that_is_not_django_redis(
     settings, client
@@ -181,15 +195,7 @@ def test_health_and_metrics_views_say_settings_fail_for_a_cache_alias_that_is_no
     """It answered 500 (an ImproperlyConfigured it did not catch)."""
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "default"}
-    client.raise_request_exception = False
-    response = client.get("/delayjobs/health/")
-    assert response.status_code == 503
-    assert response.json() == {"status": "fail", "checks": {"settings": "fail"}}
-    admin = User.objects.create_superuser("root", "root@example.com", "pw")
-    client.force_login(admin)
-    response = client.get("/delayjobs/metrics/")  # was a 500 and a traceback per scrape
-    assert response.status_code == 503
-    assert b"settings cannot work" in response.content
+    assert_views_say_settings_fail(client)
 
 
 INVALID = {"MAX_ATTEMPTS": 0}  # out of range: a web process runs no system checks
@@ -209,15 +215,7 @@ def test_health_and_metrics_views_say_settings_fail_for_invalid_settings(setting
     """Both read a setting (DEFAULT_QUEUE, METRICS_TOKEN) before they caught bad settings:
     a 500 and a traceback per probe or scrape, where a CACHE_ALIAS gone wrong gave 503."""
     settings.DELAYJOBS = {**settings.DELAYJOBS, **INVALID}
-    client.raise_request_exception = False
-    response = client.get("/delayjobs/health/")
-    assert response.status_code == 503
-    assert response.json() == {"status": "fail", "checks": {"settings": "fail"}}
-    admin = User.objects.create_superuser("root", "root@example.com", "pw")
-    client.force_login(admin)
-    response = client.get("/delayjobs/metrics/")
-    assert response.status_code == 503
-    assert b"settings cannot work" in response.content
+    assert_views_say_settings_fail(client)
 
 
 @pytest.mark.parametrize("url", ["foo://localhost:6379/0", "localhost:6379", "redis://h:99999/0"])
