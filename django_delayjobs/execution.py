@@ -37,6 +37,7 @@ from django.db import (
     connections,
     transaction,
 )
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
@@ -111,16 +112,20 @@ def session_settings(raw: Any) -> tuple[object, ...]:
 
 class Connection:
     """The database connection a step starts on, to tell afterwards whether it was lost,
-    or whether its session's settings were changed."""
+    or whether its session's settings were changed. ``wrapper``: this thread's
+    ``connections[alias]``, which stays the same object while the raw connection under
+    it is closed and opened again."""
 
-    def __init__(self) -> None:
-        self.raw = connections[sql.db()].connection
+    def __init__(self, wrapper: BaseDatabaseWrapper) -> None:
+        self.wrapper = wrapper
+        self.raw = wrapper.connection
         self.settings = session_settings(self.raw)
 
     def changed(self) -> bool:
         """Whether the session this step started on now reports other settings."""
-        raw = connections[sql.db()].connection
-        return raw is self.raw and raw is not None and session_settings(raw) != self.settings
+        raw = self.wrapper.connection
+        return (raw is self.raw and raw is not None and self.settings != ()
+                and session_settings(raw) != self.settings)  # fmt: skip
 
     def lost(self, exc: BaseException) -> bool:
         """Whether ``exc`` is the connection failing, not the job: an operational or
@@ -129,8 +134,8 @@ class Connection:
         time the error arrives here.)"""
         if not isinstance(exc, OperationalError | InterfaceError):
             return False
-        conn = connections[sql.db()]
-        return conn.connection is None or conn.connection is not self.raw or not conn.is_usable()
+        raw = self.wrapper.connection
+        return raw is None or raw is not self.raw or not self.wrapper.is_usable()
 
 
 def class_path(exc: BaseException) -> str:
@@ -161,11 +166,10 @@ def describe(exc: BaseException, notes: list[str] | tuple[str, ...] = ()) -> str
     return "\n".join(lines)
 
 
-def restore_autocommit() -> bool:
+def restore_autocommit(conn: BaseDatabaseWrapper) -> bool:
     """Roll back and turn autocommit on again if an action left it off outside an atomic
     block (``transaction.set_autocommit(False)``); True if it did. Left off, every later
     outcome and claim of the thread would go into a transaction that never commits."""
-    conn = connections[sql.db()]
     if conn.connection is None or conn.in_atomic_block or conn.get_autocommit():
         return False
     conn.rollback()
@@ -173,13 +177,13 @@ def restore_autocommit() -> bool:
     return True
 
 
-def receivers_left_autocommit_off() -> None:
+def receivers_left_autocommit_off(conn: BaseDatabaseWrapper) -> None:
     """Turn autocommit on again if a signal receiver left it off (logged). Never raises."""
     try:
-        restored = restore_autocommit()
+        restored = restore_autocommit(conn)
     except DatabaseError:  # a lost connection: closed, and the next query opens a new one
         with contextlib.suppress(DatabaseError):
-            connections[sql.db()].close()
+            conn.close()
         return
     if restored:
         logger.error(
@@ -229,6 +233,8 @@ class Execution:
         self.outside: Connection | None = None
         #: The connection the job started on, once claimed (to see its session changed).
         self.connection: Connection | None = None
+        #: This thread's connection to the jobs' database (Django's wrapper).
+        self.db = connections[sql.db()]
 
     def run(self) -> Result:
         """Process the job and return what became of it. Never raises for the job's sake."""
@@ -236,12 +242,12 @@ class Execution:
         if isinstance(claimed, Result):
             return claimed
         job = self.job = claimed
-        self.connection = Connection()  # before the receivers: they may change it too
+        self.connection = Connection(self.db)  # before the receivers: they may change it too
         signals.send(signals.job_started, job)
-        receivers_left_autocommit_off()
+        receivers_left_autocommit_off(self.db)
         if job.expires_at is not None and timezone.now() > job.expires_at:
             return self.finish(Outcome.SKIPPED, f"expired at {job.expires_at.isoformat()}")
-        connection = Connection()
+        connection = Connection(self.db)
         try:
             fn = self.resolve(job)
             args, kwargs = serialization.load(job.args), serialization.load(job.kwargs)
@@ -356,16 +362,16 @@ class Execution:
         assert job is not None
         started = time.perf_counter()
         notes: list[str] = []
-        connection = Connection()
+        connection = Connection(self.db)
         self.connection = self.connection or connection
         committed: list[bool] = []
         try:
             if getattr(fn, "delayable_atomic", True):
                 # The action and its outcome commit together, or not at all.
-                with transaction.atomic(using=sql.db()):
+                with transaction.atomic(using=self.db.alias):
                     # The first on-commit callback: it runs before any the action leaves,
                     # so one of those that raises cannot pass for a failure of the job.
-                    transaction.on_commit(partial(committed.append, True), using=sql.db())
+                    transaction.on_commit(partial(committed.append, True), using=self.db.alias)
                     stored = self.call(fn, args, kwargs, notes)
                     claimed = self.succeeded(job, stored, notes)
             else:  # an outside call: no transaction is held open while it runs
@@ -404,7 +410,7 @@ class Execution:
     def succeeded(self, job: Job, stored: Any, notes: list[str]) -> Job | None:
         """Record success, fenced by this delivery, and claim the next job (returned);
         their events go in one statement."""
-        if transaction.get_rollback(using=sql.db()):  # the outcome would roll back with it
+        if transaction.get_rollback(using=self.db.alias):  # the outcome would roll back with it
             raise TransactionManagementError(
                 "the action returned with its transaction marked for rollback "
                 "(transaction.set_rollback(True), or a database error caught inside an atomic "
@@ -422,7 +428,7 @@ class Execution:
         return claimed
 
     def record_success(self, job: Job, stored: Any, notes: list[str]) -> Job | None:
-        with transaction.atomic(using=sql.db()):
+        with transaction.atomic(using=self.db.alias):
             return self.succeeded(job, stored, notes)
 
     def once_more_if_lost(self, write: Callable[[], T]) -> T:
@@ -434,11 +440,12 @@ class Execution:
         try:
             return write()
         except (OperationalError, InterfaceError) as exc:
-            outside, self.outside = self.outside, None  # once
-            if outside is None or not outside.lost(exc):
+            db = connections[sql.db()]  # this thread's (MAX_RUN_SECONDS's watcher writes too)
+            if self.outside is None or self.outside.wrapper is not db or not self.outside.lost(exc):
                 raise
+            self.outside = None  # once
         with contextlib.suppress(DatabaseError):
-            connections[sql.db()].close()
+            db.close()
         return write()
 
     def changed_session(self) -> bool:
@@ -479,7 +486,7 @@ class Execution:
                     # transaction.
                     value = async_to_sync(_await)(value)
             finally:
-                left_off = restore_autocommit()
+                left_off = restore_autocommit(self.db)
             if left_off:
                 raise TransactionManagementError(
                     "the action left autocommit off (transaction.set_autocommit(False)) "

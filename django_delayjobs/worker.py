@@ -472,7 +472,7 @@ class WorkerProcess:
             if result is None:
                 result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
             settle(self.engine, queue, job_id, result, ack, self.outage)
-            receivers_left_autocommit_off()
+            receivers_left_autocommit_off(execution.db)
             if execution.changed_session():  # by an outcome's signal receiver
                 drop_connections()
         finally:
