@@ -1052,6 +1052,8 @@ def test_an_unreachable_redis_raises_engine_unavailable(unreachable):
         unreachable.add(Q, {"a": 0})
     with pytest.raises(EngineUnavailable):
         unreachable.stats(Q)
+    with pytest.raises(EngineUnavailable):  # the promoter's listing each minute
+        unreachable.list_shards(Q)
 
 
 def _free_port() -> int:
