@@ -35,6 +35,7 @@ from django.db import (
     InterfaceError,
     OperationalError,
     connections,
+    router,
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -350,7 +351,10 @@ class Execution:
             model = ContentType.objects.get_for_id(job.target_type_id).model_class()
             if model is None:
                 raise UnknownAction(f"the model of {job.action!r} is not installed")
-            target = model._base_manager.filter(pk=job.target_id).first()
+            # Read where it is written: on a replica that lags, a row created a moment
+            # ago would be missing, and the job skipped for good.
+            using = router.db_for_write(model)
+            target = model._base_manager.using(using).filter(pk=job.target_id).first()
             if target is None:
                 return None
         return resolve(job.action, target)

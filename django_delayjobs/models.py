@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.contenttypes.fields import GenericForeignKey
 from django.contrib.contenttypes.models import ContentType
-from django.db import models
+from django.db import models, router
 from django.utils import timezone
 
 
@@ -42,6 +42,24 @@ def time_ordered_uuid() -> uuid.UUID:
     rand = int.from_bytes(os.urandom(10), "big")  # 80 bits: 12 for rand_a, 62 for rand_b
     rand_a, rand_b = rand >> 68, rand & (1 << 62) - 1
     return uuid.UUID(int=ms << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b)
+
+
+_M = TypeVar("_M", bound=models.Model)
+
+
+class OnWriteDatabase(models.Manager[_M]):
+    """Reads from the database that writes go to (``router.db_for_write``), unless told
+    another (``using``, ``db_manager``). A router that sends reads to a replica, as in
+    Django's documented primary/replica pattern, would have the key check, ``cancel_for``
+    and ``requeue`` miss a job written a moment ago: these rows are read to be changed."""
+
+    @property
+    def db(self) -> str:
+        hints = self._hints  # type: ignore[attr-defined]  # a related manager's instance
+        return self._db or router.db_for_write(self.model, **hints)
+
+    def get_queryset(self) -> models.QuerySet[_M]:
+        return super().get_queryset().using(self.db)
 
 
 class Job(models.Model):
@@ -87,7 +105,10 @@ class Job(models.Model):
         null=True, blank=True, help_text="The action's return value, if JSON."
     )
 
+    objects = OnWriteDatabase["Job"]()
+
     class Meta:
+        base_manager_name = "objects"  # so that refresh_from_db() and event.job read there too
         ordering = ["-run_at"]
         indexes = [
             # reconcile: active jobs due before a horizon; admin: filter by status
@@ -156,6 +177,8 @@ class Deployment(models.Model):
     uid = models.UUIDField(default=uuid.uuid4, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
+    objects = OnWriteDatabase["Deployment"]()
+
     def __str__(self) -> str:
         return str(self.uid)
 
@@ -185,6 +208,8 @@ class JobEvent(models.Model):
         help_text="Who caused it: code, signal:<name>, admin:<user>, api:<user>, worker:<id>.",
     )  # fmt: skip
     message = models.TextField(blank=True, default="")
+
+    objects = OnWriteDatabase["JobEvent"]()
 
     class Meta:
         ordering = ["at", "id"]

@@ -81,6 +81,24 @@ else:
         }
     }
 
+if os.environ.get("DELAYJOBS_TEST_REPLICA"):  # tests/test_routers.py: reads go to a replica
+    DATABASES["replica"] = {"ENGINE": "django.db.backends.sqlite3",
+                            "NAME": os.environ["DELAYJOBS_TEST_REPLICA"]}  # fmt: skip
+
+    class PrimaryReplica:
+        """Django's documented primary/replica router: every read goes to the replica."""
+
+        def db_for_read(self, model: object, **hints: object) -> str:
+            return "replica"
+
+        def db_for_write(self, model: object, **hints: object) -> str:
+            return "default"
+
+        def allow_relation(self, obj1: object, obj2: object, **hints: object) -> bool:
+            return True
+
+    DATABASE_ROUTERS = [PrimaryReplica()]
+
 DELAYJOBS = {
     "REDIS_URL": os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
     "LEASE_SECONDS": float(os.environ.get("DELAYJOBS_LEASE_SECONDS", 300)),

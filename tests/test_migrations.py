@@ -1,5 +1,5 @@
 """The schema the migrations build: no index that another already serves, the migration
-that dropped one goes both ways, and the one that changed the ids' default writes nothing."""
+that dropped one goes both ways, and those that change only the state write nothing."""
 
 from __future__ import annotations
 
@@ -56,11 +56,15 @@ def test_migration_0005_goes_back_and_forth():
     assert target_type_indexes() == []
 
 
-def test_migration_0006_changes_only_the_state():
-    """Job ids' default is Django's, not the database's: no table copy on SQLite."""
+@pytest.mark.parametrize(("name", "after"), [
+    ("0006_time_ordered_job_ids", "0005_target_type_no_own_index"),  # ids' default: Django's
+    ("0007_job_base_manager", "0006_time_ordered_job_ids"),  # a manager
+])  # fmt: skip
+def test_a_migration_of_the_state_alone_writes_nothing(name, after):
+    """No SQL, so no table copy on SQLite."""
     executor = MigrationExecutor(connection)
-    migration = executor.loader.get_migration("django_delayjobs", "0006_time_ordered_job_ids")
-    state = executor.loader.project_state(("django_delayjobs", "0005_target_type_no_own_index"))
+    migration = executor.loader.get_migration("django_delayjobs", name)
+    state = executor.loader.project_state(("django_delayjobs", after))
     with connection.schema_editor(collect_sql=True, atomic=False) as editor:
         migration.apply(state, editor, collect_sql=True)
     assert [sql for sql in editor.collected_sql if not sql.startswith("--")] == []

@@ -1,0 +1,73 @@
+"""A project whose database router sends reads to a replica (Django's documented
+primary/replica pattern): the package reads its rows, and the targets of its jobs, where
+it writes them. Here the replica has the tables and none of the rows, as a replica that
+has not caught up: every read that went there would miss what was just written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import worker_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PROGRAM = """
+import json
+from datetime import timedelta
+
+import django
+
+django.setup()
+from django.core.management import call_command
+
+call_command("migrate", database="replica", verbosity=0)
+
+from django_delayjobs import cancel_for, schedule, services
+from django_delayjobs.execution import Execution
+from django_delayjobs.models import Job, JobEvent
+from tests.testapp import tasks
+from tests.testapp.models import Thing
+
+found = {}
+hour = timedelta(hours=1)
+first = schedule(tasks.record, args=["a"], in_=hour, key="k")
+found["the key's holder"] = schedule(tasks.record, args=["a"], in_=hour, key="k").pk == first.pk
+thing = Thing.objects.create()
+schedule(thing.expire, in_=hour)
+found["cancel_for"] = cancel_for(thing, Thing.expire)
+job = schedule(Thing.objects.create().expire, in_=timedelta(0))
+found["a new target's job"] = Execution(job.queue, str(job.pk), "w").run().outcome.value
+dead = schedule(tasks.fail, in_=timedelta(0), max_attempts=1)
+Execution(dead.queue, str(dead.pk), "w").run()
+found["requeue"] = services.requeue(dead)
+event = JobEvent.objects.filter(job=dead).first()
+found["event.job"] = event is not None and event.job.pk == dead.pk
+found["job.events"] = dead.events.count()
+found["replica rows"] = Job.objects.using("replica").count()
+print(json.dumps(found))
+"""
+
+
+def test_reads_go_where_the_writes_go(redis_url: str, tmp_path: Path) -> None:
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "DELAYJOBS_TEST_REPLICA": str(tmp_path / "replica.sqlite3")}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", PROGRAM], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {
+        "the key's holder": True,
+        "cancel_for": 1,
+        "a new target's job": "succeeded",
+        "requeue": True,
+        "event.job": True,
+        "job.events": 5,  # scheduled, started, failed, dead, requeued
+        "replica rows": 0,  # the replica never caught up: nothing was read from it
+    }
