@@ -172,7 +172,14 @@ def settle(
             engine.bury(queue, [job_id])
         elif move == "nack":
             due = result.retry_at or timezone.now()
-            engine.nack(queue, {job_id: timing.to_ms(due)})
+            due_ms = timing.to_ms(due)
+            if result.outcome == Outcome.DEFERRED:
+                # Not due on this host's clock: wait as long on Redis's, which says what is
+                # due. Due at run_at, a host whose clock is behind Redis's would be handed
+                # the job back at once, and again, until its clock caught up.
+                wait_ms = max(0, due_ms - timing.to_ms(timezone.now()))
+                due_ms = engine.server_time_ms() + wait_ms
+            engine.nack(queue, {job_id: due_ms})
             if result.outcome in _FOLLOW_ROW:
                 follow_row(engine, queue, job_id, timing.to_ms(due))
         outage.ok()
@@ -189,7 +196,8 @@ _FOLLOW_ROW = frozenset({Outcome.RETRYING, Outcome.DEFERRED})
 
 
 def follow_row(engine: Engine, queue: str, job_id: str, nacked_ms: float) -> None:
-    """Leave ``job_id`` due at its row's ``run_at`` after a nack at ``nacked_ms``.
+    """Leave ``job_id`` due at its row's ``run_at`` after a nack for the due time
+    ``nacked_ms`` (as the row gave it, before a deferral's move to Redis's clock).
 
     A ``reschedule`` committed between the attempt's commit and the nack finds the id in
     flight, and its ``add`` leaves it alone; the nack then puts it back at the old time.
