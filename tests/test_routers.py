@@ -1,7 +1,8 @@
 """A project whose database router sends reads to a replica (Django's documented
 primary/replica pattern): the package reads its rows, and the targets of its jobs, where
-it writes them. Here the replica has the tables and none of the rows, as a replica that
-has not caught up: every read that went there would miss what was just written."""
+it writes them. Here the replica has the tables and the content types, and none of the
+rows this test writes, as a replica that has not caught up: every read that went there
+would miss what was just written."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ django.setup()
 from django.core.management import call_command
 
 call_command("migrate", database="replica", verbosity=0)
+from django.contrib.contenttypes.models import ContentType
+
+# A replica is a copy: the content types the primary had before this run, with its ids.
+ContentType.objects.using("replica").all().delete()
+ContentType.objects.using("replica").bulk_create(ContentType.objects.using("default").all())
 
 from django_delayjobs import cancel_for, schedule, services
 from django_delayjobs.execution import Execution
