@@ -1,0 +1,135 @@
+"""Audit of the HTTP callbacks: schedule time without network waits, delivery bounded by
+its total time, the signing secrets' limit, the method at both doors, addresses that carry
+an IPv4 one, the outcome write of a request already sent, and keys holding a NUL.
+
+The slow resolver is real: a UDP socket on 127.0.0.1 that takes DNS queries and never
+answers, asked by a DNS client that waits on the network for its answer."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import struct
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+
+from django_delayjobs import schedule_http
+from django_delayjobs.callbacks import policy
+from django_delayjobs.callbacks.signing import new_secret
+from django_delayjobs.models import Job, Status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: How long the DNS client waits for an answer: far past every limit tested here.
+DNS_WAIT = 30.0
+
+
+class SilentDNS:
+    """A DNS server on 127.0.0.1 that receives queries and never answers them."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+
+    def queries(self) -> int:
+        """How many queries have arrived (read without waiting)."""
+        count = 0
+        self.sock.setblocking(False)
+        try:
+            while True:
+                self.sock.recv(512)
+                count += 1
+        except BlockingIOError:
+            return count
+
+    def resolver(self) -> policy.Resolver:
+        """A DNS client that asks this server for A records and waits for the answer."""
+
+        def resolve(host: str, port: int) -> list[policy.IPAddress]:
+            query_id = int.from_bytes(os.urandom(2), "big")
+            name = b"".join(bytes([len(label)]) + label for label in host.encode().split(b"."))
+            query = struct.pack(">HHHHHH", query_id, 0x0100, 1, 0, 0, 0) + name + b"\0\0\1\0\1"
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
+                client.settimeout(DNS_WAIT)
+                client.sendto(query, ("127.0.0.1", self.port))
+                answer = client.recv(512)  # a real wait on the network
+            return _a_records(answer)
+
+        return resolve
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _a_records(answer: bytes) -> list[policy.IPAddress]:
+    """The A records of a DNS answer to one question (names skipped, pointers or labels)."""
+
+    def skip_name(at: int) -> int:
+        while answer[at]:
+            if answer[at] >= 0xC0:
+                return at + 2
+            at += answer[at] + 1
+        return at + 1
+
+    count = struct.unpack(">H", answer[6:8])[0]
+    at = skip_name(12) + 4
+    found: list[policy.IPAddress] = []
+    for _ in range(count):
+        at = skip_name(at)
+        kind, _, _, length = struct.unpack(">HHIH", answer[at : at + 10])
+        if kind == 1 and length == 4:
+            found.append(ipaddress.IPv4Address(answer[at + 10 : at + 14]))
+        at += 10 + length
+    return found
+
+
+@pytest.fixture
+def silent_dns() -> Iterator[SilentDNS]:
+    server = SilentDNS()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def http(settings, redis_client, callback_server):
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [f"callback.test:{callback_server.port}"],
+        "HTTP_ALLOW_PRIVATE_NETWORKS": True,  # the server is on 127.0.0.1
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+        "RETRY_BACKOFF_SECONDS": 60,
+    }
+    return callback_server
+
+
+# -- 1. schedule time does no lookup --------------------------------------------------------
+
+
+def test_schedule_http_does_not_wait_for_the_resolver_inside_the_callers_transaction(
+    http, settings, silent_dns
+):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_CONNECT_TIMEOUT_SECONDS": 3}
+    with policy.use_resolver(silent_dns.resolver()), transaction.atomic():
+        started = time.monotonic()
+        job = schedule_http(f"http://callback.test:{http.port}/", in_=60)
+        waited = time.monotonic() - started
+    assert waited < 1, f"schedule_http held the caller's transaction for {waited:.1f} s"
+    assert silent_dns.queries() == 0  # the name is resolved at delivery only
+    assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
+
+
+def test_a_name_that_resolves_to_a_forbidden_address_is_refused_at_delivery(http, settings):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_ALLOW_PRIVATE_NETWORKS": False}
+    loopback = [ipaddress.ip_address("127.0.0.1")]
+    with policy.use_resolver(lambda host, port: loopback):
+        job = schedule_http(f"http://callback.test:{http.port}/", in_=0)  # no lookup now
+        call_command("run_delayworker", "--burst", "-v", "0")
+    job.refresh_from_db()
+    assert job.status == Status.DEAD and "callback.test resolves to 127.0.0.1" in job.last_error
+    assert http.count() == 0
