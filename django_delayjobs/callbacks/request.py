@@ -9,7 +9,6 @@ same bytes on every retry.
 
 from __future__ import annotations
 
-import contextlib
 import json as jsonlib
 import re
 from collections.abc import Mapping
@@ -204,8 +203,8 @@ def build(
     method = method.upper()
     request = split_url(url, config)
     target, _ = request.target(config)  # the URL's form and the allowlist
-    with contextlib.suppress(OSError):  # a name that does not resolve now: delivery decides
-        addresses(target, config.allow_private, config.resolve_timeout)  # checked again then
+    if target.address is not None:  # an address in the URL; a name is resolved at delivery
+        addresses(target, config.allow_private)  # only: the caller's transaction may be open
     try:
         checked = check_headers({} if headers is None else headers)
     except InvalidHeader as exc:
