@@ -133,3 +133,21 @@ def test_a_name_that_resolves_to_a_forbidden_address_is_refused_at_delivery(http
     job.refresh_from_db()
     assert job.status == Status.DEAD and "callback.test resolves to 127.0.0.1" in job.last_error
     assert http.count() == 0
+
+
+# -- 2. the whole delivery within HTTP_TIMEOUT_SECONDS ---------------------------------------
+
+
+def test_a_slow_resolver_at_delivery_is_bounded_by_the_total_time(http, settings, silent_dns):
+    job = schedule_http(f"http://callback.test:{http.port}/", in_=0)
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_CONNECT_TIMEOUT_SECONDS": 5,
+                          "HTTP_TIMEOUT_SECONDS": 0.5}  # fmt: skip
+    with policy.use_resolver(silent_dns.resolver()):
+        started = time.monotonic()
+        call_command("run_delayworker", "--burst", "-v", "0")
+        waited = time.monotonic() - started
+    assert silent_dns.queries() == 1  # the lookup did wait on the network
+    assert waited < 3, f"the delivery took {waited:.1f} s, past HTTP_TIMEOUT_SECONDS (0.5)"
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING and "did not resolve" in job.last_error
+    assert http.count() == 0
