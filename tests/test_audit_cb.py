@@ -20,7 +20,8 @@ from django.db import transaction
 
 from django_delayjobs import schedule_http
 from django_delayjobs.callbacks import policy
-from django_delayjobs.callbacks.signing import new_secret
+from django_delayjobs.callbacks.signing import new_secret, sign
+from django_delayjobs.checks import check_settings
 from django_delayjobs.models import Job, Status
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -151,3 +152,37 @@ def test_a_slow_resolver_at_delivery_is_bounded_by_the_total_time(http, settings
     job.refresh_from_db()
     assert job.status == Status.RETRYING and "did not resolve" in job.last_error
     assert http.count() == 0
+
+
+# -- 3. at most 16 signing secrets, said so ---------------------------------------------------
+
+
+def _check_messages(settings, **http) -> list[tuple[str, str]]:
+    settings.DELAYJOBS = {"REDIS_URL": "redis://x/0", **http}
+    return [(error.id, error.msg) for error in check_settings()]
+
+
+@pytest.mark.parametrize("where", ["HTTP_SIGNING_SECRETS", "HTTP_DESTINATIONS"])
+def test_a_17th_signing_secret_is_a_check_error_naming_the_limit(settings, where):
+    secrets = [new_secret() for _ in range(17)]
+    http = {"HTTP_ALLOWED_HOSTS": ["a.example"], "HTTP_SIGNING_SECRETS": secrets[:1]}
+    if where == "HTTP_SIGNING_SECRETS":
+        http[where] = secrets
+    else:
+        http[where] = {"a": {"url": "https://a.example", "signing_secrets": secrets}}
+    errors = _check_messages(settings, **http)
+    assert [id for id, _ in errors] == ["django_delayjobs.E009"], errors
+    assert "at most 16" in errors[0][1] and where in errors[0][1]
+    http[where] = (
+        secrets[:16]
+        if where == "HTTP_SIGNING_SECRETS"
+        else {"a": {"url": "https://a.example", "signing_secrets": secrets[:16]}}
+    )
+    assert _check_messages(settings, **http) == []
+
+
+def test_sign_refuses_more_secrets_than_it_signs_with():
+    secrets = [new_secret() for _ in range(17)]
+    assert len(sign("id", b"x", secrets[:16])["webhook-signature"].split()) == 16
+    with pytest.raises(ValueError, match="at most 16"):
+        sign("id", b"x", secrets)
