@@ -8,6 +8,7 @@ answers, asked by a DNS client that waits on the network for its answer."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import socket
 import struct
@@ -186,3 +187,44 @@ def test_sign_refuses_more_secrets_than_it_signs_with():
     assert len(sign("id", b"x", secrets[:16])["webhook-signature"].split()) == 16
     with pytest.raises(ValueError, match="at most 16"):
         sign("id", b"x", secrets)
+
+
+# -- 4. one method check at both doors ----------------------------------------------------------
+
+HOSTILE_METHODS = ["", "GET ", " POST", "P\x00OST", "POST\r\n", "X" * 10_000, "poſt", "ＰＯＳＴ",
+                   "POST\u200b", "TRACE", None, 1, ["POST"]]  # fmt: skip
+
+
+@pytest.fixture
+def api(http):
+    from tests.test_rest_helpers import client_for, make_user
+
+    return client_for(make_user(superuser=True))
+
+
+def _post(api, body):
+    from tests.test_rest_helpers import url
+
+    return api.post(url("callbacks"), body, format="json")
+
+
+@pytest.mark.parametrize("method", ["post", "Post", "get", "delete"])
+def test_a_lower_case_method_is_accepted_at_both_doors_as_upper_case(http, api, method):
+    hook = f"http://callback.test:{http.port}/"
+    assert schedule_http(hook, method=method, in_=60).kwargs["method"] == method.upper()
+    response = _post(api, {"url": hook, "method": method, "in": 60})
+    assert response.status_code == 201, response.json()
+    assert response.json()["kwargs"]["method"] == method.upper()
+
+
+@pytest.mark.parametrize("method", HOSTILE_METHODS, ids=lambda method: repr(method)[:20])
+def test_a_hostile_method_is_refused_at_both_doors_alike(http, api, method):
+    hook = f"http://callback.test:{http.port}/"
+    with pytest.raises((TypeError, ValueError)) as refused:
+        schedule_http(hook, method=method, in_=60)
+    assert len(str(refused.value)) < 300  # a 10k method is not repeated whole
+    response = _post(api, {"url": hook, "method": method, "in": 60})
+    assert response.status_code == 400, response.json()
+    assert list(response.json()) == ["method"]
+    assert len(json.dumps(response.json())) < 400
+    assert not Job.objects.exists()
