@@ -191,8 +191,10 @@ def test_sign_refuses_more_secrets_than_it_signs_with():
 
 # -- 4. one method check at both doors ----------------------------------------------------------
 
-HOSTILE_METHODS = ["", "GET ", " POST", "P\x00OST", "POST\r\n", "X" * 10_000, "poſt", "ＰＯＳＴ",
-                   "POST\u200b", "TRACE", None, 1, ["POST"]]  # fmt: skip
+#: "po\u017ft" (a long s) is "POST" to str.upper(); "\uff30..." is a full-width "POST".
+HOSTILE_METHODS = ["", "GET ", " POST", "P\x00OST", "POST\r\n", "X" * 10_000, "po\u017ft",
+                   "\uff30\uff2f\uff33\uff34", "POST\u200b", "TRACE", None, 1,
+                   ["POST"]]  # fmt: skip
 
 
 @pytest.fixture
