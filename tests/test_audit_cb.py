@@ -7,23 +7,27 @@ answers, asked by a DNS client that waits on the network for its answer."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 import socket
+import sqlite3
 import struct
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-from django.core.management import call_command
-from django.db import transaction
+from django.core.management import CommandError, call_command
+from django.db import connection, connections, transaction
 
 from django_delayjobs import schedule_http
 from django_delayjobs.callbacks import policy
 from django_delayjobs.callbacks.signing import new_secret, sign
 from django_delayjobs.checks import check_settings
 from django_delayjobs.models import Job, Status
+from tests.callback_server import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -230,3 +234,50 @@ def test_a_hostile_method_is_refused_at_both_doors_alike(http, api, method):
     assert list(response.json()) == ["method"]
     assert len(json.dumps(response.json())) < 400
     assert not Job.objects.exists()
+
+
+# -- 5. the outcome of a request already sent is not lost to SQLite's write lock --------------
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's write lock")
+@pytest.mark.parametrize(("status", "after"), [(200, Status.SUCCEEDED), (503, Status.RETRYING)])
+def test_a_write_lock_held_past_the_busy_timeout_does_not_send_the_callback_again(
+    http, settings, status, after
+):
+    """Another connection takes SQLite's write lock while the receiver answers, and holds
+    it past the worker's busy timeout (0.5 s) as the worker records the outcome. The
+    request has gone out: the outcome must be written once the lock is free, not counted
+    as a failure of the action or handed back, either of which sends it again."""
+    options = connections.settings["default"].setdefault("OPTIONS", {})
+    saved = options.get("timeout")
+    http.script("/", Reply(status, delay=0.3))  # the lock is taken before the answer
+    job = schedule_http(f"http://callback.test:{http.port}/", in_=0, max_attempts=3)
+
+    def hold_the_write_lock() -> None:
+        http.wait_for(1)
+        other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        time.sleep(1.5)  # three busy timeouts
+        other.execute("COMMIT")
+        other.close()
+
+    holder = threading.Thread(target=hold_the_write_lock, daemon=True)
+    holder.start()
+    options["timeout"] = 0.5  # the burst's worker thread opens its connection with it
+    loopback = [ipaddress.ip_address("127.0.0.1")]
+    try:
+        with policy.use_resolver(lambda host, port: loopback):
+            deadline = time.monotonic() + 15
+            while Job.objects.get(pk=job.pk).status == Status.SCHEDULED or (
+                Job.objects.get(pk=job.pk).status == Status.RUNNING and time.monotonic() < deadline
+            ):
+                with contextlib.suppress(CommandError):  # a hand-back: a burst fell short
+                    call_command("run_delayworker", "--burst", "-v", "0")
+                time.sleep(0.2)
+    finally:
+        options["timeout"] = saved
+        holder.join(5)
+    job.refresh_from_db()
+    history = [(e.kind, e.message[:120]) for e in job.events.order_by("id")]
+    assert http.count() == 1, (http.count(), job.attempts, job.deliveries, history)
+    assert (job.status, job.attempts) == (after, 1), job.last_error
