@@ -281,3 +281,41 @@ def test_a_write_lock_held_past_the_busy_timeout_does_not_send_the_callback_agai
     history = [(e.kind, e.message[:120]) for e in job.events.order_by("id")]
     assert http.count() == 1, (http.count(), job.attempts, job.deliveries, history)
     assert (job.status, job.attempts) == (after, 1), job.last_error
+
+
+# -- 6. IPv6 addresses that carry a forbidden IPv4 one ------------------------------------------
+
+CARRIERS = {
+    "6to4": "2002:7f00:1::",
+    "6to4-metadata": "2002:a9fe:a9fe::",
+    "nat64": "64:ff9b::7f00:1",
+    "nat64-private": "64:ff9b::a00:1",
+    "mapped": "::ffff:127.0.0.1",
+    "compatible": "::127.0.0.1",
+    "translated": "::ffff:0:7f00:1",  # SIIT's IPv4-translated form (RFC 2765)
+    "reserved": "::1:7f00:1",  # the rest of ::/8: reserved, never routable
+}
+
+
+@pytest.mark.parametrize("name", list(CARRIERS))
+def test_an_ipv6_address_carrying_a_forbidden_ipv4_one_is_refused_at_both_times(
+    http, settings, name
+):
+    address = CARRIERS[name]
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [f"[{address}]:{http.port}", f"callback.test:{http.port}"],
+        "HTTP_ALLOW_PRIVATE_NETWORKS": False,
+    }
+    with pytest.raises(policy.Refused):  # schedule time: the address is in the URL
+        schedule_http(f"http://[{address}]:{http.port}/", in_=0)
+    resolved = [ipaddress.ip_address(address)]
+    with policy.use_resolver(lambda host, port: resolved):  # delivery: a name resolves to it
+        job = schedule_http(f"http://callback.test:{http.port}/", in_=0, max_attempts=3)
+        call_command("run_delayworker", "--burst", "-v", "0")
+    job.refresh_from_db()
+    assert job.status == Status.DEAD and "refused, nothing sent" in job.last_error, (
+        job.status,
+        job.last_error,
+    )
+    assert http.count() == 0
