@@ -24,6 +24,7 @@ from django.db import connection, connections, transaction
 
 from django_delayjobs import schedule_http
 from django_delayjobs.callbacks import policy
+from django_delayjobs.callbacks.service import active_callback
 from django_delayjobs.callbacks.signing import new_secret, sign
 from django_delayjobs.checks import check_settings
 from django_delayjobs.models import Job, Status
@@ -319,3 +320,25 @@ def test_an_ipv6_address_carrying_a_forbidden_ipv4_one_is_refused_at_both_times(
         job.last_error,
     )
     assert http.count() == 0
+
+
+# -- 7. active_callback checks its key and queue as schedule_http does ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "queue", "error"),
+    [
+        ("a\x00b", None, ValueError),
+        ("x" * 256, None, ValueError),
+        ("", None, TypeError),
+        (None, None, TypeError),
+        (42, None, TypeError),
+        ("ok", "de\x00fault", ValueError),
+    ],
+    ids=["nul", "too-long", "empty", "none", "int", "nul-queue"],
+)
+def test_active_callback_refuses_a_key_or_queue_the_door_refuses(http, key, queue, error):
+    schedule_http(f"http://callback.test:{http.port}/", in_=60)  # a keyless active callback
+    with pytest.raises(error):
+        active_callback(key, queue)
+    assert active_callback("ok") is None
