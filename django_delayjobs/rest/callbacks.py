@@ -250,7 +250,11 @@ def _find(lookup: dict[str, Any]) -> Job:
         job = Job.objects.filter(pk=lookup["id"], action=ACTION).first()
     else:
         queue = lookup.get("queue", delayjobs_settings.DEFAULT_QUEUE)
-        job = active_callback(lookup["key"], queue) or (
+        try:
+            active = active_callback(lookup["key"], queue)
+        except (TypeError, ValueError):  # a key or queue no job can hold: none is found
+            raise NotFound("No callback with this id or key.") from None
+        job = active or (
             Job.objects.filter(queue=queue, key=lookup["key"], action=ACTION)
             .order_by("-created_at")
             .first()
