@@ -10,8 +10,9 @@ Who is to blame decides what a failure costs. Anything the action raises, ``Syst
 and ``KeyboardInterrupt`` included, is the action's failure: an attempt is used. A lost
 database connection is not: the delivery is handed back and the same attempt runs again
 (at most ``MAX_DELIVERIES`` times), except after a non-atomic action, whose outcome is
-first tried once more on a new connection (running it again would repeat its outside
-effect). A row that cannot be read or run at all is dead at once.
+first tried once more on a new connection, or again for a while if the database refuses it
+on a usable one (running it again would repeat its outside effect). A row that cannot be
+read or run at all is dead at once.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ _notes: ContextVar[list[str] | None] = ContextVar("delayjobs_notes", default=Non
 EARLY_WAIT = timedelta(seconds=1)
 #: How long a delivery handed back for a lost database connection waits in Redis.
 HAND_BACK_DELAY = timedelta(seconds=1)
+#: How long the outcome of a non-atomic action is tried again while the database refuses
+#: it (SQLite's write lock held past the busy timeout), and the pause between tries.
+REFUSED_OUTCOME_PATIENCE = timedelta(seconds=60)
+REFUSED_OUTCOME_PAUSE = timedelta(seconds=0.5)
 #: Longest text one ``note()`` keeps.
 NOTE_LIMIT = 4096
 
@@ -445,12 +450,32 @@ class Execution:
             return write()
         except (OperationalError, InterfaceError) as exc:
             db = connections[sql.db()]  # this thread's (MAX_RUN_SECONDS's watcher writes too)
-            if self.outside is None or self.outside.wrapper is not db or not self.outside.lost(exc):
+            if self.outside is None or self.outside.wrapper is not db:
                 raise
+            if not self.outside.lost(exc):
+                return self.while_refused(write, exc)
             self.outside = None  # once
         with contextlib.suppress(DatabaseError):
             db.close()
         return write()
+
+    def while_refused(
+        self, write: Callable[[], T], refused: OperationalError | InterfaceError
+    ) -> T:
+        """Run ``write`` again, every ``REFUSED_OUTCOME_PAUSE``, while the database refuses
+        it on a usable connection (SQLite's write lock held past the busy timeout), for up
+        to ``REFUSED_OUTCOME_PATIENCE``: failing or handing back the attempt of a
+        non-atomic action would repeat its outside effect. Then raise the refusal."""
+        give_up = time.monotonic() + REFUSED_OUTCOME_PATIENCE.total_seconds()
+        while time.monotonic() < give_up:
+            time.sleep(REFUSED_OUTCOME_PAUSE.total_seconds())
+            try:
+                return write()
+            except (OperationalError, InterfaceError) as exc:
+                if self.outside is None or self.outside.lost(exc):
+                    raise
+                refused = exc
+        raise refused
 
     def changed_session(self) -> bool:
         """Whether the action left its database session with other settings than it found

@@ -34,7 +34,7 @@ PUBLIC = "93.184.215.14"
 class Case:
     url: str  # "{p}" is the IPv4 server's port, "{p6}" the IPv6 server's
     reason: str  # what the dead job's error must say: the rule's name
-    door: bool = True  # schedule_http refuses it already
+    door: bool = True  # schedule_http refuses it already (a name is resolved at delivery)
     resolves: tuple[str, ...] = ()  # what the name resolves to at delivery (resolver hook)
     at_door: tuple[str, ...] = ()  # ... and at schedule time, if different
 
@@ -42,12 +42,13 @@ class Case:
 CASES = {
     "loopback": Case("http://127.0.0.1:{p}/", "loopback"),
     "loopback-2": Case("http://127.0.0.2:{p}/", "loopback"),
-    "localhost": Case("http://localhost:{p}/", "localhost resolves to 127.0.0.1 is loopback"),
-    "localhost-dot": Case("http://localhost.:{p}/", "is loopback"),
+    "localhost": Case("http://localhost:{p}/", "localhost resolves to 127.0.0.1 is loopback",
+                      door=False),
+    "localhost-dot": Case("http://localhost.:{p}/", "is loopback", door=False),
     "ipv6-loopback": Case("http://[::1]:{p6}/", "IPv6 loopback"),
     "ipv4-mapped-loopback": Case("http://[::ffff:127.0.0.1]:{p}/", "IPv4-mapped IPv6: loopback"),
     "ipv4-mapped-by-dns": Case("http://mapped.test:{p}/", "IPv4-mapped IPv6 of 10.0.0.1",
-                               resolves=("::ffff:10.0.0.1",)),
+                               door=False, resolves=("::ffff:10.0.0.1",)),
     "nat64-loopback": Case("http://[64:ff9b::7f00:1]:{p}/", "NAT64 IPv6"),
     "6to4-loopback": Case("http://[2002:7f00:1::]:{p}/", "6to4 IPv6"),
     "unspecified-v6": Case("http://[::]:{p}/", "unspecified address"),
@@ -57,7 +58,7 @@ CASES = {
     "rfc1918-192": Case("http://192.168.1.1:{p}/", "private network (RFC 1918)"),
     "metadata": Case("http://169.254.169.254:{p}/latest/meta-data/", "link-local"),
     "metadata-by-dns": Case("http://metadata.test:{p}/", "169.254.169.254 is link-local",
-                            resolves=("169.254.169.254",)),
+                            door=False, resolves=("169.254.169.254",)),
     "cgnat": Case("http://100.64.0.1:{p}/", "carrier-grade NAT"),
     "multicast": Case("http://224.0.0.1:{p}/", "multicast"),
     "broadcast": Case("http://255.255.255.255:{p}/", "broadcast"),
@@ -71,11 +72,11 @@ CASES = {
     "userinfo": Case("http://allowed.test@127.0.0.1:{p}/", "user information"),
     "userinfo-password": Case("http://allowed.test:{p}@127.0.0.1:{p}/", "user information"),
     "name-to-loopback": Case("http://internal.test:{p}/", "internal.test resolves to 127.0.0.1",
-                             resolves=("127.0.0.1",)),
+                             door=False, resolves=("127.0.0.1",)),
     "dns-rebinding": Case("http://rebind.test:{p}/", "rebind.test resolves to 127.0.0.1",
                           door=False, resolves=("127.0.0.1",), at_door=(PUBLIC,)),
     "public-and-private": Case("http://mixed.test:{p}/", "resolves to 10.0.0.1",
-                               resolves=(PUBLIC, "10.0.0.1")),
+                               door=False, resolves=(PUBLIC, "10.0.0.1")),
     "not-allowed": Case("http://evil.test:{p}/", "not in HTTP_ALLOWED_HOSTS",
                         resolves=("127.0.0.1",)),
     "suffix-trick": Case("http://allowed.test.evil.test:{p}/", "not in HTTP_ALLOWED_HOSTS",

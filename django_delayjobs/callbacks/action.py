@@ -50,10 +50,12 @@ def deliver(**stored: Any) -> dict[str, Any]:
         raise GiveUp(f"{MISSING_CLIENT} ({exc})") from None
     settings = delayjobs_settings
     http = config.current()
+    started = time.monotonic()  # HTTP_TIMEOUT_SECONDS bounds the lookup too
     try:
         request = load(stored)
         target, destination = request.target(http)
-        addresses = policy.addresses(target, http.allow_private, http.resolve_timeout)
+        lookup = min(http.resolve_timeout, settings.HTTP_TIMEOUT_SECONDS)
+        addresses = policy.addresses(target, http.allow_private, lookup)
     except policy.Refused as exc:
         raise GiveUp(f"refused, nothing sent: {exc} [rule: {exc.rule}]") from None
     except InvalidCallback as exc:
@@ -73,7 +75,8 @@ def deliver(**stored: Any) -> dict[str, Any]:
         ca_file=settings.HTTP_CA_BUNDLE,
     )
     try:
-        response = delivery.send(target, addresses, request.method, headers, body, limits)
+        response = delivery.send(target, addresses, request.method, headers, body, limits,
+                                 started=started)  # fmt: skip
     except delivery.DeliveryFailed as exc:
         raise outcome.failed(request.method, request.where, exc) from None
     result = outcome.judge(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, cast
 
 from .headers import check_headers
 from .policy import AllowedHost, Refused, Target, check_host, parse_allowed_host, parse_url
-from .signing import secret_key
+from .signing import MAX_SIGNATURES, secret_key
 
 if TYPE_CHECKING:
     from ..conf import Settings
@@ -48,6 +48,11 @@ def allowed_hosts(value: object) -> tuple[AllowedHost, ...]:
 def signing_secrets(value: object) -> tuple[str, ...]:
     if not isinstance(value, list | tuple):
         raise TypeError("must be a list of 'whsec_...' secrets")
+    if len(value) > MAX_SIGNATURES:
+        raise ValueError(
+            f"holds {len(value)} secrets; at most {MAX_SIGNATURES}: a request carries one "
+            f"signature per secret, and a receiver looks at the first {MAX_SIGNATURES} only"
+        )
     for secret in value:
         secret_key(secret)
     return tuple(value)

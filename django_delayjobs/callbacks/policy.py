@@ -241,6 +241,9 @@ RULES: tuple[tuple[_V4 | _V6, str, bool], ...] = (
     (_V6("fd00:ec2::254/128"), "cloud metadata address", False),
     # A site's own NAT64 (RFC 8215): it may carry any IPv4 address, the metadata one too.
     (_V6("64:ff9b:1::/48"), "local-use NAT64 (64:ff9b:1::/48)", False),
+    # Reserved, never routable; SIIT's IPv4-translated ::ffff:0:a.b.c.d (RFC 2765) is here,
+    # which a translator maps to a.b.c.d. (Mapped, compatible and NAT64 are checked first.)
+    (_V6("::/8"), "IPv6 reserved (::/8)", False),
     (_V6("3fff::/20"), "IPv6 documentation (3fff::/20)", False),
     (_V6("5f00::/16"), "IPv6 segment routing (5f00::/16)", False),
     (_V6("fc00::/7"), "IPv6 unique local (fc00::/7)", True),

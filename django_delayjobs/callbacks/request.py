@@ -9,7 +9,6 @@ same bytes on every retry.
 
 from __future__ import annotations
 
-import contextlib
 import json as jsonlib
 import re
 from collections.abc import Mapping
@@ -135,6 +134,18 @@ def split_url(url: object, config: HttpConfig | None) -> CallbackRequest:
     return CallbackRequest("POST", url=url)
 
 
+def check_method(method: object) -> str:
+    """``method`` in upper case if it is one of ``METHODS`` in any case (``schedule_http``
+    and ``POST callbacks/`` both ask here), else raise ``InvalidCallback``. ASCII only:
+    ``str.upper()`` makes ``"POST"`` of ``"po\\u017ft"`` (a long s)."""
+    if isinstance(method, str) and method.isascii() and method.upper() in METHODS:
+        return method.upper()
+    shown = repr(method)
+    if isinstance(method, str) and len(method) > 20:  # a 10k method is not echoed whole
+        shown = f"{method[:20]!r}... ({len(method)} characters)"
+    raise InvalidCallback(f"method must be one of {', '.join(METHODS)}, not {shown}", "method")
+
+
 def _body(method: str, json: Any, data: Any) -> tuple[str | None, str | None]:
     """Return (body text, default Content-Type)."""
     if json is not None and data is not None:
@@ -198,14 +209,11 @@ def build(
     max_bytes: int,
 ) -> CallbackRequest:
     """Validate ``schedule_http``'s request arguments; return what the job stores."""
-    if not isinstance(method, str) or method.upper() not in METHODS:
-        raise InvalidCallback(f"method must be one of {', '.join(METHODS)}, not {method!r}",
-                              "method")  # fmt: skip
-    method = method.upper()
+    method = check_method(method)
     request = split_url(url, config)
     target, _ = request.target(config)  # the URL's form and the allowlist
-    with contextlib.suppress(OSError):  # a name that does not resolve now: delivery decides
-        addresses(target, config.allow_private, config.resolve_timeout)  # checked again then
+    if target.address is not None:  # an address in the URL; a name is resolved at delivery
+        addresses(target, config.allow_private)  # only: the caller's transaction may be open
     try:
         checked = check_headers({} if headers is None else headers)
     except InvalidHeader as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import door
 from ..conf import delayjobs_settings
 from ..exceptions import InvalidSchedule
 from ..models import ACTIVE, Job
@@ -87,6 +88,11 @@ def is_callback(job: Job) -> bool:
 
 
 def active_callback(key: str, queue: str | None = None) -> Job | None:
-    """The scheduled, running or retrying callback job holding ``key`` in ``queue``."""
-    queue = delayjobs_settings.DEFAULT_QUEUE if queue is None else queue
+    """The scheduled, running or retrying callback job holding ``key`` in ``queue``. A key
+    or queue that ``schedule_http`` refuses raises as there (None too: a key, not the jobs
+    without one), before any query: a NUL is a database error on PostgreSQL."""
+    if key is None:
+        raise TypeError("key must be a non-empty str (at most 255 characters), not None")
+    door.check_key(key)  # what Job.key cannot store as it is raises
+    queue = door.check_queue(delayjobs_settings.DEFAULT_QUEUE if queue is None else queue)
     return Job.objects.filter(queue=queue, key=key, action=ACTION, status__in=ACTIVE).first()

@@ -26,7 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 PREFIX = "whsec_"
 #: Seconds a receiver accepts between a request's timestamp and its own clock.
 DEFAULT_TOLERANCE = 300
-#: Signatures looked at in one header (a sender rotating secrets sends two or three).
+#: Signatures looked at in one header, and so the most secrets a sender signs with (one
+#: rotating secrets signs with two or three).
 MAX_SIGNATURES = 16
 
 _ID = re.compile(r"[\x21-\x7e]{1,256}")
@@ -71,14 +72,17 @@ def signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
 def sign(
     msg_id: str, body: bytes, secrets: Sequence[str], timestamp: int | None = None
 ) -> dict[str, str]:
-    """Return the three webhook headers. Every secret signs (the first ``MAX_SIGNATURES``),
-    its signature space-separated from the others, so a receiver that holds any one of
-    them verifies the request while secrets are rotated. No secret: no signature."""
+    """Return the three webhook headers. Every secret signs (at most ``MAX_SIGNATURES``,
+    which is all a receiver looks at: ``InvalidSecret`` for more), its signature
+    space-separated from the others, so a receiver that holds any one of them verifies
+    the request while secrets are rotated. No secret: no signature."""
+    if len(secrets) > MAX_SIGNATURES:
+        raise InvalidSecret(f"at most {MAX_SIGNATURES} signing secrets, not {len(secrets)}")
     when = int(time.time()) if timestamp is None else timestamp
     headers = {"webhook-id": msg_id, "webhook-timestamp": str(when)}
     if secrets:
         headers["webhook-signature"] = " ".join(
-            signature(secret, msg_id, when, body) for secret in secrets[:MAX_SIGNATURES]
+            signature(secret, msg_id, when, body) for secret in secrets
         )
     return headers
 

@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 from .. import services
 from ..callbacks.action import ACTION
 from ..callbacks.policy import Refused
-from ..callbacks.request import METHODS, InvalidCallback
+from ..callbacks.request import METHODS, InvalidCallback, check_method
 from ..callbacks.service import KeyHeld, active_callback, create
 from ..conf import delayjobs_settings
 from ..exceptions import ConfigurationError
@@ -57,12 +57,23 @@ class ExpiresField(serializers.Field[Any, Any, Any, Any]):
         return value
 
 
+class MethodField(serializers.ChoiceField):
+    """One of ``METHODS``, in any case (stored in upper case): checked as ``schedule_http``
+    checks it."""
+
+    def to_internal_value(self, data: Any) -> str:
+        try:
+            return check_method(data)
+        except InvalidCallback as exc:
+            raise ValidationError(str(exc)) from None
+
+
 class CallbackSerializer(s.StrictSerializer):
     """One HTTP request to make later; ``url`` is an absolute http(s) URL or
     ``destination:/path`` (a name of ``HTTP_DESTINATIONS``)."""
 
     url = serializers.CharField(max_length=2048, trim_whitespace=False)
-    method = serializers.ChoiceField(choices=METHODS, default="POST")
+    method = MethodField(choices=METHODS, default="POST", help_text="In any case.")
     json = serializers.JSONField(required=False, help_text="A JSON body (or give data).")
     headers = serializers.DictField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False,
@@ -239,7 +250,11 @@ def _find(lookup: dict[str, Any]) -> Job:
         job = Job.objects.filter(pk=lookup["id"], action=ACTION).first()
     else:
         queue = lookup.get("queue", delayjobs_settings.DEFAULT_QUEUE)
-        job = active_callback(lookup["key"], queue) or (
+        try:
+            active = active_callback(lookup["key"], queue)
+        except (TypeError, ValueError):  # a key or queue no job can hold: none is found
+            raise NotFound("No callback with this id or key.") from None
+        job = active or (
             Job.objects.filter(queue=queue, key=lookup["key"], action=ACTION)
             .order_by("-created_at")
             .first()
