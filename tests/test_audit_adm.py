@@ -1,0 +1,66 @@
+"""Hostile input, least privilege and failure modes of the admin and the REST API."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.urls import reverse
+
+from .test_rest_helpers import client_for, make_user, url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUEUES = "admin:django_delayjobs_queues"
+FORGET = "admin:django_delayjobs_queues_forget"
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    """Every test starts from an empty Redis database."""
+
+
+# -- settings that give no Redis client ------------------------------------------------------
+
+NO_CLIENT = {
+    "cache alias not django-redis": {"CACHE_ALIAS": "default"},
+    "unusable redis url": {"REDIS_URL": "foo://localhost:6379/0"},
+}
+
+
+@pytest.fixture(params=list(NO_CLIENT), ids=list(NO_CLIENT))
+def no_client(request, settings):
+    """Settings that pass a web process by (it runs no system checks) yet give no client."""
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    settings.DELAYJOBS = {**settings.DELAYJOBS, **NO_CLIENT[request.param]}
+    return request.param
+
+
+def test_admin_queue_page_says_the_settings_give_no_redis_client(no_client, client):
+    """It answered 500: the page caught EngineUnavailable, not ConfigurationError."""
+    client.raise_request_exception = False
+    client.force_login(make_user(superuser=True))
+    response = client.get(reverse(QUEUES))
+    assert response.status_code == 503
+    text = response.content.decode()
+    assert 'id="delayjobs-settings-error"' in text
+    assert "CACHE_ALIAS" in text or "REDIS_URL" in text
+
+
+def test_admin_forget_says_the_settings_give_no_redis_client(no_client, client):
+    client.raise_request_exception = False
+    client.force_login(make_user(superuser=True))
+    response = client.post(
+        reverse(FORGET), {"queue": "default", "one": str(uuid.uuid4())}, follow=True
+    )
+    assert response.status_code == 503  # the queue page it is sent back to
+    messages = [str(m) for m in response.context["messages"]]
+    assert any("settings" in m for m in messages), messages
+
+
+def test_api_queues_answer_503_with_a_json_detail(no_client):
+    api = client_for(make_user(superuser=True))
+    api.raise_request_exception = False
+    response = api.get(url("queues"))
+    assert response.status_code == 503
+    assert "settings" in response.json()["detail"]
