@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from .. import door, services
 from ..engine import EngineUnavailable
-from ..exceptions import InvalidSchedule
+from ..exceptions import ConfigurationError, InvalidSchedule
 from ..models import Job
 from ..queues import all_queue_states
 from ..rows import tolerant
@@ -43,6 +43,13 @@ class RedisUnavailable(APIException):
         "The jobs endpoints still answer from the database."
     )
     default_code = "redis_unavailable"
+
+
+class SettingsUnusable(APIException):
+    """The settings give no Redis client (a web process runs no system checks)."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "settings_unusable"
 
 
 def actor(request: Request) -> str:
@@ -183,6 +190,11 @@ class QueuesView(SafeFormats, APIView):
     def get(self, request: Request) -> Response:
         try:
             states = [state.as_dict() for state in all_queue_states()]
+        except ConfigurationError as exc:  # its text names the setting, never a password
+            logger.error("queue state requested while the settings cannot work: %s", exc)
+            raise SettingsUnusable(
+                f"The DELAYJOBS settings cannot work, so the queue state cannot be read: {exc}"
+            ) from exc
         except EngineUnavailable as exc:
             logger.warning("queue state requested while Redis is unreachable: %s", exc)
             raise RedisUnavailable() from exc
