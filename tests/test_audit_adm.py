@@ -7,7 +7,10 @@ import uuid
 import pytest
 from django.urls import reverse
 
-from .test_rest_helpers import client_for, make_user, url
+from django_delayjobs.connection import get_engine
+from django_delayjobs.models import Job
+
+from .test_rest_helpers import client_for, dead_job, make_user, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,3 +67,44 @@ def test_api_queues_answer_503_with_a_json_detail(no_client):
     response = api.get(url("queues"))
     assert response.status_code == 503
     assert "settings" in response.json()["detail"]
+
+
+# -- least privilege: destructive queue actions ----------------------------------------------
+
+PURGE = "admin:django_delayjobs_queues_purge"
+
+
+def garbage_count() -> int:
+    return get_engine().stats("default").garbage
+
+
+def orphan_id() -> str:
+    """A dead job's id left in the garbage after its row was deleted by hand."""
+    dead = dead_job()
+    Job.objects.filter(pk=dead.pk).delete()
+    return str(dead.pk)
+
+
+def test_delete_job_alone_may_not_purge_or_forget(client):
+    """A user who may not see jobs (no view_job or change_job) was shown the purge
+    confirmation (ids, actions, errors of the jobs) and could purge and forget."""
+    client.force_login(make_user("deleter", perms=("delete_job",)))
+    dead, orphan = dead_job(), orphan_id()
+    assert client.get(reverse(QUEUES)).status_code == 403
+    assert client.post(reverse(PURGE), {"one": str(dead.pk)}).status_code == 403
+    assert client.post(reverse(PURGE), {"job": str(dead.pk), "post": "yes"}).status_code == 403
+    assert client.post(reverse(FORGET), {"queue": "default", "one": orphan}).status_code == 403
+    assert Job.objects.filter(pk=dead.pk).exists()
+    assert garbage_count() == 2
+
+
+@pytest.mark.parametrize("seeing", ["view_job", "change_job"])
+def test_delete_job_with_a_permission_to_see_jobs_may_purge_and_forget(client, seeing):
+    client.force_login(make_user("purger", perms=(seeing, "delete_job")))
+    dead, orphan = dead_job(), orphan_id()
+    html = client.get(reverse(QUEUES)).content.decode()
+    assert ">Purge</button>" in html and reverse(FORGET) in html
+    response = client.post(reverse(PURGE), {"job": str(dead.pk), "post": "yes"})
+    assert response.status_code == 302 and not Job.objects.filter(pk=dead.pk).exists()
+    response = client.post(reverse(FORGET), {"queue": "default", "one": orphan})
+    assert response.status_code == 302 and garbage_count() == 0
