@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import uuid
 
 import pytest
@@ -108,3 +109,50 @@ def test_delete_job_with_a_permission_to_see_jobs_may_purge_and_forget(client, s
     assert response.status_code == 302 and not Job.objects.filter(pk=dead.pk).exists()
     response = client.post(reverse(FORGET), {"queue": "default", "one": orphan})
     assert response.status_code == 302 and garbage_count() == 0
+
+
+# -- callbacks/: queues a caller may name -----------------------------------------------------
+
+HOOK = "https://hooks.example.com/orders/42/expire"
+
+
+@pytest.fixture
+def http(settings):
+    from django.core.cache import cache
+
+    from django_delayjobs.callbacks import policy
+    from django_delayjobs.callbacks.signing import new_secret
+
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+    }
+    cache.clear()  # throttle history
+    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
+        yield settings
+
+
+def test_add_job_may_not_make_new_queues_through_callbacks(http):
+    """Each new name cost Redis keys and a directory entry for ever, and every queue page,
+    queues/ answer and metrics scrape then read every one of them."""
+    caller = client_for(make_user("service", perms=("add_job",)))
+    for n in range(3):
+        body = {"url": HOOK, "in": 60, "queue": f"made-up-{n}"}
+        response = caller.post(url("callbacks"), body, format="json")
+        assert response.status_code == 400, response.json()
+        assert "API_CALLBACK_QUEUES" in response.json()["queue"][0]
+    assert not Job.objects.exists()
+    assert not [q for q in get_engine().known_queues() if q.startswith("made-up")]
+    body = {"url": HOOK, "in": 60}  # the default queue
+    assert caller.post(url("callbacks"), body, format="json").status_code == 201
+
+
+def test_api_callback_queues_lets_callers_name_the_listed_queues(http):
+    http.DELAYJOBS = {**http.DELAYJOBS, "API_CALLBACK_QUEUES": ["hooks"]}
+    caller = client_for(make_user("service", perms=("add_job",)))
+    body = {"url": HOOK, "in": 60, "queue": "hooks"}
+    response = caller.post(url("callbacks"), body, format="json")
+    assert response.status_code == 201 and response.json()["queue"] == "hooks"
+    body = {"url": HOOK, "in": 60}  # the default queue is not listed
+    assert caller.post(url("callbacks"), body, format="json").status_code == 400
