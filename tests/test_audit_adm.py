@@ -206,3 +206,24 @@ def test_staff_or_the_metrics_token_get_every_check_and_its_reason(client, setti
     body = response.json()
     assert body["checks"]["workers:a"] == "ok" and body["checks"]["workers:b"] == "fail"
     assert "0 live worker" in body["details"]["workers:b"]
+
+
+# -- OPTIONS describes the bodies the verbs take -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("verb", "fields"),
+    [("cancel", set()), ("reschedule", {"in", "at"}), ("requeue", {"attempts"})],
+)
+def test_options_of_a_verb_describes_its_body_not_the_job(verb, fields):
+    """It described POST with the job's twenty read-only fields (JobSerializer), none of
+    which the verb takes, and left out the ones it does take."""
+    from django_delayjobs import schedule
+    from tests.testapp import tasks
+
+    job = schedule(tasks.record, in_=60, args=["a"])
+    response = client_for(make_user(superuser=True)).options(url("jobs", job.pk, verb))
+    assert response.status_code == 200
+    post = response.json()["actions"]["POST"]
+    assert set(post) == fields
+    assert not any(field.get("read_only") for field in post.values())
