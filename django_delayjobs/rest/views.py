@@ -31,6 +31,11 @@ from .schema import auto_schema, document
 logger = logging.getLogger("django_delayjobs")
 
 _WRITES = frozenset({"cancel", "reschedule", "requeue"})
+#: The body each verb takes.
+_BODIES: dict[str, type[BaseSerializer[Any]]] = {
+    "cancel": s.CancelSerializer, "reschedule": s.RescheduleSerializer,
+    "requeue": s.RequeueSerializer,
+}  # fmt: skip
 # For the OpenAPI schema: a 400 body maps field names to lists of messages.
 _REFUSED: dict[int, Any] = {403: s.DetailSerializer, 404: s.DetailSerializer}
 _CHANGED = {200: s.JobDetailSerializer, 400: dict, 409: s.ConflictSerializer, **_REFUSED}
@@ -90,7 +95,12 @@ class JobViewSet(
         # A row the door would refuse is shown with its unreadable values as text.
         return tolerant(super().get_queryset())
 
-    def get_serializer_class(self) -> type[BaseSerializer[Job]]:
+    def get_serializer_class(self) -> type[BaseSerializer[Any]]:
+        # By the request's method, as in get_permissions: OPTIONS (and the browsable API's
+        # form) describe the body a verb takes, not the job's read-only fields.
+        verb = self.action_map.get((self.request.method or "").lower(), self.action)
+        if verb in _BODIES:
+            return _BODIES[verb]
         return s.JobDetailSerializer if self.action == "retrieve" else s.JobSerializer
 
     def get_object(self) -> Job:
