@@ -1,8 +1,8 @@
 """``path("delayjobs/", include("django_delayjobs.urls"))``: operations endpoints.
 
 ``metrics/``: the Prometheus text format (staff or ``METRICS_TOKEN``; docs/metrics.md).
-``health/``: 200 or 503, ok or fail (no login); each check with its reason for staff or
-``METRICS_TOKEN`` (see ``health.py`` and docs/operations.md).
+``health/``: 200 or 503 with the names of the checks and ok/fail (no login; see
+``health.py`` and docs/operations.md).
 """
 
 from __future__ import annotations
