@@ -133,9 +133,10 @@ def http(settings):
         yield settings
 
 
-def test_add_job_may_not_make_new_queues_through_callbacks(http):
+def test_api_callback_queues_keeps_callers_out_of_new_queues(http):
     """Each new name cost Redis keys and a directory entry for ever, and every queue page,
     queues/ answer and metrics scrape then read every one of them."""
+    http.DELAYJOBS = {**http.DELAYJOBS, "API_CALLBACK_QUEUES": ["default"]}
     caller = client_for(make_user("service", perms=("add_job",)))
     for n in range(3):
         body = {"url": HOOK, "in": 60, "queue": f"made-up-{n}"}
@@ -148,6 +149,13 @@ def test_add_job_may_not_make_new_queues_through_callbacks(http):
     assert caller.post(url("callbacks"), body, format="json").status_code == 201
 
 
+def test_without_api_callback_queues_a_caller_may_name_any_queue(http):
+    caller = client_for(make_user("service", perms=("add_job",)))
+    response = caller.post(url("callbacks"), {"url": HOOK, "in": 60, "queue": "alarms"},
+                           format="json")  # fmt: skip
+    assert response.status_code == 201 and response.json()["queue"] == "alarms"
+
+
 def test_api_callback_queues_lets_callers_name_the_listed_queues(http):
     http.DELAYJOBS = {**http.DELAYJOBS, "API_CALLBACK_QUEUES": ["hooks"]}
     caller = client_for(make_user("service", perms=("add_job",)))
@@ -156,56 +164,6 @@ def test_api_callback_queues_lets_callers_name_the_listed_queues(http):
     assert response.status_code == 201 and response.json()["queue"] == "hooks"
     body = {"url": HOOK, "in": 60}  # the default queue is not listed
     assert caller.post(url("callbacks"), body, format="json").status_code == 400
-
-
-# -- health/: what an anonymous caller gets --------------------------------------------------
-
-HEALTH = "/delayjobs/health/"
-TOKEN = "t" * 32
-
-
-def beat(queue: str = "default") -> None:
-    get_engine().heartbeat(queue, "w1", 30_000, {"host": "h", "pid": 1})
-
-
-def test_anonymous_health_says_up_or_down_and_nothing_more(client):
-    """It named every check with ok/fail: which of Redis, the database or a queue's
-    workers is failing, to anyone."""
-    beat()
-    response = client.get(HEALTH)
-    assert response.status_code == 200
-    assert response.json() == {"status": "ok"}
-    get_engine().client.delete(*get_engine().client.keys("*"))  # no live worker now
-    response = client.get(HEALTH, {"min_workers": "1"})
-    assert response.status_code == 503
-    assert response.json() == {"status": "fail"}
-
-
-@pytest.mark.parametrize(
-    "query", [{"queues": ",".join(f"q{n}" for n in range(100))}, {"max_garbage": "0"}]
-)
-def test_anonymous_health_may_not_pick_queues_or_the_garbage_limit(client, query):
-    """An anonymous caller made it check 100 queues a request (a stats script and a
-    database lookup each), and could learn exact counts by moving max_garbage."""
-    response = client.get(HEALTH, query)
-    assert response.status_code == 401
-    assert response["WWW-Authenticate"].startswith("Bearer")
-
-
-@pytest.mark.parametrize("who", ["staff", "token"])
-def test_staff_or_the_metrics_token_get_every_check_and_its_reason(client, settings, who):
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": TOKEN}
-    headers = {}
-    if who == "staff":
-        client.force_login(make_user("watcher", perms=("view_job",)))
-    else:
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-    beat("a")
-    response = client.get(HEALTH, {"queues": "a,b", "max_garbage": "5"}, headers=headers)
-    assert response.status_code == 503
-    body = response.json()
-    assert body["checks"]["workers:a"] == "ok" and body["checks"]["workers:b"] == "fail"
-    assert "0 live worker" in body["details"]["workers:b"]
 
 
 # -- OPTIONS describes the bodies the verbs take -----------------------------------------------

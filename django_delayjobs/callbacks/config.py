@@ -103,7 +103,7 @@ def queue_names(value: object) -> object:
     if value is None:
         return None
     if not isinstance(value, list | tuple) or not value:
-        raise ValueError("must be None (the default queue only) or a list of queue names")
+        raise ValueError("must be None (any queue) or a list of queue names")
     for name in value:
         validate_name(name, "queue name")
     return value

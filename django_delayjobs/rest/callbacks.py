@@ -10,7 +10,6 @@ They need ``API_CALLBACK_PERMISSIONS`` (``add_job`` by default) on top of
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
 from typing import Any
 
 from rest_framework import serializers, status
@@ -102,19 +101,13 @@ class CallbackSerializer(s.StrictSerializer):
         if "json" in attrs and "data" in attrs:
             raise ValidationError({"data": ["Give json or data, not both."]})
         queue = attrs.get("queue", delayjobs_settings.DEFAULT_QUEUE)
-        allowed = callback_queues()
-        if queue not in allowed:
+        allowed = delayjobs_settings.API_CALLBACK_QUEUES  # None: any queue
+        if allowed is not None and queue not in allowed:
             raise ValidationError({"queue": [
                 f"Callbacks may not go to queue {queue!r}: API_CALLBACK_QUEUES allows "
                 f"{', '.join(allowed)}."
             ]})  # fmt: skip
         return attrs
-
-
-def callback_queues() -> Sequence[str]:
-    """The queues ``callbacks/`` may put a job in: a caller naming a new queue would make
-    one (Redis keys, a directory entry) that no worker may serve."""
-    return delayjobs_settings.API_CALLBACK_QUEUES or [delayjobs_settings.DEFAULT_QUEUE]
 
 
 class LookupSerializer(s.StrictSerializer):
