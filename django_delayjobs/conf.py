@@ -148,6 +148,10 @@ class Settings:
         http.permissions, factory=lambda: ["django_delayjobs.add_job"]
     )
     API_CALLBACK_THROTTLE_RATE: str | None = _http(http.rate, None)
+    #: The queues ``callbacks/`` callers may name (None: any). Each new name costs Redis
+    #: keys and a directory entry for good, and every queue page, ``queues/`` answer and
+    #: metrics scrape then reads it: a list keeps callers out of new ones.
+    API_CALLBACK_QUEUES: Sequence[str] | None = _http(http.queue_names, None)
 
 
 NAMES = frozenset(f.name for f in fields(Settings))

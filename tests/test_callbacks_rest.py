@@ -34,6 +34,7 @@ def http(settings, redis_client):
         "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
         "HTTP_SIGNING_SECRETS": [new_secret()],
         "HTTP_DESTINATIONS": {"shop": {"url": "https://hooks.example.com/shop"}},
+        "API_CALLBACK_QUEUES": ["default", "other", "q2"],
     }
     cache.clear()  # throttle history
     with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
@@ -119,10 +120,11 @@ def test_expires_may_be_a_time(admin):
         ({"url": HOOK, "in": 1, "method": "GET", "json": {"a": 1}}, "method"),
         ({"url": HOOK, "in": 1, "data": "a\u0000b"}, "data"),
         ({"url": HOOK, "in": 1, "key": ""}, "key"),
-        ({"url": HOOK, "in": 1, "queue": "a:b"}, "non_field_errors"),
+        ({"url": HOOK, "in": 1, "queue": "a:b"}, "queue"),
         # not trimmed to "default": schedule() refuses such a name too
-        ({"url": HOOK, "in": 1, "queue": " default"}, "non_field_errors"),
-        ({"url": HOOK, "in": 1, "queue": "default\n"}, "non_field_errors"),
+        ({"url": HOOK, "in": 1, "queue": " default"}, "queue"),
+        ({"url": HOOK, "in": 1, "queue": "default\n"}, "queue"),
+        ({"url": HOOK, "in": 1, "queue": "unlisted"}, "queue"),  # API_CALLBACK_QUEUES
         ({"url": "https://evil.example/", "in": 1}, "url"),
         ({"url": "http://hooks.example.com@127.0.0.1/", "in": 1}, "url"),
         ({"url": "http://2130706433/", "in": 1}, "url"),

@@ -145,7 +145,10 @@ class JobAdmin(JobModelAdmin):
         return has_job_permission(request, "change")
 
     def has_purge_permission(self, request: HttpRequest) -> bool:
-        return has_job_permission(request, "delete")
+        """Purge dead jobs, forget ids without a row: the model's delete permission, and
+        leave to see jobs (view or change). Purging lists the jobs it asks about, and
+        nobody should destroy what they may not look at."""
+        return has_job_permission(request, "delete") and self.has_view_permission(request)
 
     # -- list -------------------------------------------------------------------------
 

@@ -2,8 +2,10 @@
 POSTs.
 
 Counts come from Redis through ``queues.py``; with Redis unreachable the page says so
-(the database and the job list still work). Buttons post to views that check the
-model's permissions and call the services, like the changelist's actions.
+(the database and the job list still work), and with settings that give no Redis client
+(a web process runs no system checks) it says which setting is wrong and answers 503.
+Buttons post to views that check the model's permissions and call the services, like the
+changelist's actions.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from django.utils.translation import ngettext
 from .. import queues, services
 from ..conf import delayjobs_settings
 from ..engine import EngineUnavailable, validate_name
+from ..exceptions import ConfigurationError
 from ..models import Job, Status
 from . import charts, display, operations
 
@@ -196,11 +199,13 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     now = timezone.now()
     sections: list[Section] = []
-    redis_error = ""
+    redis_error = settings_error = ""
     graphs: charts.Charts | None = None
     try:
         sections = _sections(admin, now)
         graphs = charts.build(request.GET.get("charts"))
+    except ConfigurationError as exc:  # its text names the setting, never a password
+        settings_error = str(exc)
     except EngineUnavailable as exc:
         redis_error = str(exc)
     context = {
@@ -211,6 +216,7 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         "sections": sections,
         "charts": graphs,
         "redis_error": redis_error,
+        "settings_error": settings_error,
         "now": now,
         "changelist_url": reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist"),
         "requeue_url": reverse(f"{admin.admin_site.name}:django_delayjobs_queues_requeue"),
@@ -219,7 +225,8 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         **_permissions(admin, request),
     }
     request.current_app = admin.admin_site.name
-    return TemplateResponse(request, "admin/django_delayjobs/queues.html", context)
+    status = 503 if settings_error else 200
+    return TemplateResponse(request, "admin/django_delayjobs/queues.html", context, status=status)
 
 
 def _posted_ids(request: HttpRequest) -> list[uuid.UUID]:
@@ -311,6 +318,9 @@ def forget(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         return _back(admin)
     try:
         gone = services.forget(queue, [pk])
+    except ConfigurationError as exc:
+        admin.message_user(request, _("The DELAYJOBS settings cannot work: %s") % exc, "error")
+        return _back(admin)
     except EngineUnavailable as exc:
         admin.message_user(request, _("Redis is unreachable: %s") % exc, "error")
         return _back(admin)

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from ..engine.keys import validate_name
 from .headers import check_headers
 from .policy import AllowedHost, Refused, Target, check_host, parse_allowed_host, parse_url
 from .signing import MAX_SIGNATURES, secret_key
@@ -101,6 +102,16 @@ def permissions(value: object) -> tuple[str, ...]:
     ):
         raise ValueError("must be a list of permissions as 'app_label.codename'")
     return tuple(value)
+
+
+def queue_names(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not value:
+        raise ValueError("must be None (any queue) or a list of queue names")
+    for name in value:
+        validate_name(name, "queue name")
+    return value
 
 
 def rate(value: object) -> object:

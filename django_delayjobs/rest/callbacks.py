@@ -111,6 +111,13 @@ class CallbackSerializer(s.StrictSerializer):
             raise ValidationError("Give exactly one of 'in' (seconds from now) and 'at'.")
         if "json" in attrs and "data" in attrs:
             raise ValidationError({"data": ["Give json or data, not both."]})
+        queue = attrs.get("queue", delayjobs_settings.DEFAULT_QUEUE)
+        allowed = delayjobs_settings.API_CALLBACK_QUEUES  # None: any queue
+        if allowed is not None and queue not in allowed:
+            raise ValidationError({"queue": [
+                f"Callbacks may not go to queue {queue!r}: API_CALLBACK_QUEUES allows "
+                f"{', '.join(allowed)}."
+            ]})  # fmt: skip
         return attrs
 
 

@@ -5,15 +5,23 @@ DRF's ``JSONParser`` lets a ``RecursionError`` through (a body nested 100,000 de
 echoed field name, or in a row SQLite took before the door existed) cannot be encoded
 and is a 500 too. The views use the project's parsers and renderers with these two in
 place of DRF's JSON ones.
+
+A body over Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (a list of 100,000 ids, say), or a
+form over ``DATA_UPLOAD_MAX_NUMBER_FIELDS``, is refused by Django with a
+``SuspiciousOperation`` that DRF does not handle: Django's HTML "Bad Request" page. The
+views answer in JSON instead, saying which limit it was.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rest_framework.exceptions import ParseError
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
+from rest_framework import status
+from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import BaseParser, JSONParser
 from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.response import Response
 
 
 class SafeJSONParser(JSONParser):
@@ -41,8 +49,28 @@ def safe_renderer_classes(classes: Any) -> list[type[BaseRenderer]]:
     return [AsciiJSONRenderer if c is JSONRenderer else c for c in classes]
 
 
+class BodyTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The body is larger than the site's DATA_UPLOAD_MAX_MEMORY_SIZE allows."
+    default_code = "body_too_large"
+
+
+def _refusal(exc: Exception) -> Exception:
+    """Django's refusal of a body as an answer DRF renders (the exception itself if not)."""
+    if isinstance(exc, RequestDataTooBig):
+        return BodyTooLarge()
+    if isinstance(exc, TooManyFieldsSent):
+        return ParseError("The form has more fields than DATA_UPLOAD_MAX_NUMBER_FIELDS allows.")
+    return exc
+
+
 class SafeFormats:
-    """A view mixin: the project's parsers and renderers, with the safe JSON ones."""
+    """A view mixin: the project's parsers and renderers, with the safe JSON ones, and
+    Django's refusal of an oversized body answered in JSON."""
+
+    def handle_exception(self, exc: Exception) -> Response:
+        response: Response = super().handle_exception(_refusal(exc))  # type: ignore[misc]
+        return response
 
     renderer_classes: Any
 

@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from .. import door, services
 from ..engine import EngineUnavailable
-from ..exceptions import InvalidSchedule
+from ..exceptions import ConfigurationError, InvalidSchedule
 from ..models import Job
 from ..queues import all_queue_states
 from ..rows import tolerant
@@ -31,6 +31,11 @@ from .schema import auto_schema, document
 logger = logging.getLogger("django_delayjobs")
 
 _WRITES = frozenset({"cancel", "reschedule", "requeue"})
+#: The body each verb takes.
+_BODIES: dict[str, type[BaseSerializer[Any]]] = {
+    "cancel": s.CancelSerializer, "reschedule": s.RescheduleSerializer,
+    "requeue": s.RequeueSerializer,
+}  # fmt: skip
 # For the OpenAPI schema: a 400 body maps field names to lists of messages.
 _REFUSED: dict[int, Any] = {403: s.DetailSerializer, 404: s.DetailSerializer}
 _CHANGED = {200: s.JobDetailSerializer, 400: dict, 409: s.ConflictSerializer, **_REFUSED}
@@ -43,6 +48,13 @@ class RedisUnavailable(APIException):
         "The jobs endpoints still answer from the database."
     )
     default_code = "redis_unavailable"
+
+
+class SettingsUnusable(APIException):
+    """The settings give no Redis client (a web process runs no system checks)."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "settings_unusable"
 
 
 def actor(request: Request) -> str:
@@ -83,7 +95,12 @@ class JobViewSet(
         # A row the door would refuse is shown with its unreadable values as text.
         return tolerant(super().get_queryset())
 
-    def get_serializer_class(self) -> type[BaseSerializer[Job]]:
+    def get_serializer_class(self) -> type[BaseSerializer[Any]]:
+        # By the request's method, as in get_permissions: OPTIONS (and the browsable API's
+        # form) describe the body a verb takes, not the job's read-only fields.
+        verb = self.action_map.get((self.request.method or "").lower(), self.action)
+        if verb in _BODIES:
+            return _BODIES[verb]
         return s.JobDetailSerializer if self.action == "retrieve" else s.JobSerializer
 
     def get_object(self) -> Job:
@@ -183,6 +200,11 @@ class QueuesView(SafeFormats, APIView):
     def get(self, request: Request) -> Response:
         try:
             states = [state.as_dict() for state in all_queue_states()]
+        except ConfigurationError as exc:  # its text names the setting, never a password
+            logger.error("queue state requested while the settings cannot work: %s", exc)
+            raise SettingsUnusable(
+                f"The DELAYJOBS settings cannot work, so the queue state cannot be read: {exc}"
+            ) from exc
         except EngineUnavailable as exc:
             logger.warning("queue state requested while Redis is unreachable: %s", exc)
             raise RedisUnavailable() from exc
