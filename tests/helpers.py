@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import redis
 from django.db import connection, connections
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +29,22 @@ def wait_for(check: Callable[[], T], timeout: float = 20.0, every: float = 0.02)
         if time.monotonic() > deadline:
             raise AssertionError(f"still false after {timeout} s: {check}")
         time.sleep(every)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = int(probe.getsockname()[1])
+    probe.close()
+    return port
+
+
+def redis_answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
 
 
 def worker_env(redis_url: str, **extra: str) -> dict[str, str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -24,7 +23,7 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import find_redis_server
 from django_delayjobs.models import Job, Status
 from django_delayjobs.worker import Options, WorkerProcess
-from tests.helpers import wait_for
+from tests.helpers import free_port, redis_answers, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,10 +38,7 @@ def redis_ahead(tmp_path: Path) -> Iterator[str]:
     faketime = shutil.which("faketime")
     if faketime is None:
         pytest.skip("needs libfaketime's faketime command (Debian: apt-get install faketime)")
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
+    port = free_port()
     server = subprocess.Popen(
         [faketime, "-f", f"+{AHEAD}s", find_redis_server(), "--port", str(port),
          "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
@@ -50,7 +46,7 @@ def redis_ahead(tmp_path: Path) -> Iterator[str]:
     )  # fmt: skip
     client = redis.Redis(port=port)
     try:
-        wait_for(lambda: _answers(client), timeout=10)
+        wait_for(lambda: redis_answers(client), timeout=10)
         seconds, micros = client.time()
         assert abs(seconds + micros / 1e6 - time.time() - AHEAD) < 0.5, "faketime had no effect"
         yield f"redis://127.0.0.1:{port}/0"
@@ -58,13 +54,6 @@ def redis_ahead(tmp_path: Path) -> Iterator[str]:
         client.close()
         server.kill()
         server.wait(10)
-
-
-def _answers(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
 
 
 def test_a_job_due_on_redis_clock_waits_for_this_hosts_clock_without_going_round(

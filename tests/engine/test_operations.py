@@ -16,7 +16,6 @@ several shards does when addressed by its queue name is tested in ``test_sharded
 from __future__ import annotations
 
 import math
-import socket
 import subprocess
 import sys
 import threading
@@ -35,7 +34,7 @@ from django_delayjobs.engine import MAX_BATCH, Engine, EngineUnavailable, close_
 from django_delayjobs.engine.sharding import parse
 from django_delayjobs.engine.validation import MAX_DUE_MS
 
-from ..helpers import TcpProxy, wait_for
+from ..helpers import TcpProxy, free_port, redis_answers, wait_for
 from .conftest import Backend, on_cluster, open_backend
 
 Q = "q"
@@ -1056,21 +1055,13 @@ def test_an_unreachable_redis_raises_engine_unavailable(unreachable):
         unreachable.list_shards(Q)
 
 
-def _free_port() -> int:
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = int(probe.getsockname()[1])
-    probe.close()
-    return port
-
-
 @pytest.fixture
 def two_redis(tmp_path: Path) -> Iterator[list[int]]:
     """Two redis-servers of this test's own on TCP ports, stopped by pid."""
     ports, processes = [], []
     try:
         for n in range(2):
-            port = _free_port()
+            port = free_port()
             processes.append(subprocess.Popen(
                 [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
                  "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
@@ -1078,7 +1069,7 @@ def two_redis(tmp_path: Path) -> Iterator[list[int]]:
                 stdin=subprocess.DEVNULL,
             ))  # fmt: skip
             client = redis.Redis(port=port)
-            wait_for(lambda c=client: _answers(c))
+            wait_for(lambda c=client: redis_answers(c))
             client.close()
             ports.append(port)
         yield ports
@@ -1086,13 +1077,6 @@ def two_redis(tmp_path: Path) -> Iterator[list[int]]:
         for process in processes:
             process.kill()
             process.wait(5)
-
-
-def _answers(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
 
 
 def test_a_master_that_became_a_replica_is_left_for_the_new_one(two_redis):
