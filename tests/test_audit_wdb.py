@@ -1,0 +1,86 @@
+"""Hostile actions and database failures, run by a real worker in this process
+(--burst): whatever an action does to its transaction, its connection or its own row,
+every job ends scheduled, done or visibly dead with a true message."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from django_delayjobs import schedule_many
+from django_delayjobs.models import Job, Status
+from django_delayjobs.services import build_job
+from tests.testapp import tasks
+from tests.testapp.models import Record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def burst() -> None:
+    call_command("run_delayworker", "--burst", "-v", "0")
+
+
+def run_first_then_two(action, *args) -> tuple[Job, list[Job]]:
+    """Schedule ``action`` and two ``record`` jobs after it, all due; run them in one
+    worker thread; return the rows as they ended."""
+    past = timezone.now() - timedelta(seconds=1)
+    first = build_job(action, at=past, args=list(args), max_attempts=2)
+    after = [build_job(tasks.record, at=past + timedelta(milliseconds=n + 1),
+                       args=[f"after {n}"]) for n in range(2)]  # fmt: skip
+    schedule_many([first, *after])
+    burst()
+    first.refresh_from_db()
+    for job in after:
+        job.refresh_from_db()
+    return first, after
+
+
+def assert_the_next_jobs_committed(after: list[Job]) -> None:
+    for job in after:
+        assert (job.status, job.deliveries) == (Status.SUCCEEDED, 1), job.last_error
+    labels = set(Record.objects.values_list("label", flat=True))
+    assert {"after 0", "after 1"} <= labels, labels
+
+
+@pytest.mark.parametrize("raise_after", [False, True], ids=["returns", "raises"])
+@pytest.mark.parametrize("action", [tasks.leave_atomic_open, tasks.leave_atomic_open_outside],
+                         ids=["atomic", "non-atomic"])  # fmt: skip
+def test_an_action_that_leaves_an_atomic_block_open_fails_and_the_next_jobs_commit(
+    action, raise_after
+):
+    """Left open, the block's transaction never commits: every later claim and outcome of
+    the worker thread would go into it and be lost with it."""
+    job, after = run_first_then_two(action, "left open", raise_after)
+    assert (job.status, job.attempts, job.deliveries) == (Status.RETRYING, 1, 1)
+    first_line = job.last_error.splitlines()[0]
+    if raise_after:  # its own failure comes first
+        assert first_line == "builtins.RuntimeError: failing with an atomic block left open"
+    else:
+        assert first_line.startswith("django.db.transaction.TransactionManagementError: the "
+                                     "action left 1 transaction.atomic() block open"), first_line  # fmt: skip
+    assert not Record.objects.filter(label="left open").exists()  # rolled back
+    assert_the_next_jobs_committed(after)
+
+
+@pytest.mark.parametrize("query_after", [False, True], ids=["returns", "queries"])
+def test_an_action_that_closes_the_connection_fails_saying_so(query_after):
+    """Its transaction is gone with the connection: the attempt failed, by the action's
+    doing (not a lost database: no delivery is handed back), and the history says so."""
+    job, after = run_first_then_two(tasks.close_connection, "closed", query_after)
+    assert (job.status, job.attempts, job.deliveries) == (Status.RETRYING, 1, 1)
+    assert "the action closed the database connection" in job.last_error.splitlines()[0], (
+        job.last_error
+    )
+    assert not Record.objects.filter(label="closed").exists()
+    assert_the_next_jobs_committed(after)
+
+
+def test_an_action_that_deletes_its_own_job_row_fails_and_is_rolled_back():
+    job, after = run_first_then_two(tasks.delete_own_job, "deleted")
+    assert (job.status, job.attempts, job.deliveries) == (Status.RETRYING, 1, 1)
+    assert "the action deleted its own job row" in job.last_error.splitlines()[0], job.last_error
+    assert not Record.objects.filter(label="deleted").exists()
+    assert_the_next_jobs_committed(after)
