@@ -59,8 +59,9 @@ def test_an_action_that_leaves_an_atomic_block_open_fails_and_the_next_jobs_comm
     if raise_after:  # its own failure comes first
         assert first_line == "builtins.RuntimeError: failing with an atomic block left open"
     else:
-        assert first_line.startswith("django.db.transaction.TransactionManagementError: the "
-                                     "action left 1 transaction.atomic() block open"), first_line  # fmt: skip
+        expected = ("django.db.transaction.TransactionManagementError: the action left 1 "
+                    "transaction.atomic() block open")  # fmt: skip
+        assert first_line.startswith(expected), first_line
     assert not Record.objects.filter(label="left open").exists()  # rolled back
     assert_the_next_jobs_committed(after)
 
