@@ -177,6 +177,20 @@ def restore_autocommit(conn: BaseDatabaseWrapper) -> bool:
     return True
 
 
+def close_atomic_blocks(conn: BaseDatabaseWrapper, depth: int) -> int:
+    """Exit, rolling back, the atomic blocks beyond the first ``depth`` that an action
+    entered and never exited (``transaction.atomic().__enter__()``); return how many.
+    Left open, their transaction never commits: every later claim and outcome of the
+    thread would go into it and be lost with it."""
+    left_open = len(conn.atomic_blocks) - depth
+    while len(conn.atomic_blocks) > depth:
+        error = TransactionManagementError("left open by the action")
+        # Each exit pops the innermost block, so the loop ends whatever the database says.
+        with contextlib.suppress(DatabaseError):
+            conn.atomic_blocks[-1].__exit__(type(error), error, None)
+    return max(left_open, 0)
+
+
 def receivers_left_autocommit_off(conn: BaseDatabaseWrapper) -> None:
     """Turn autocommit on again if a signal receiver left it off (logged). Never raises."""
     try:
@@ -477,6 +491,7 @@ class Execution:
         """Run the action; return its value as stored (JSON), or raise."""
         job_token, notes_token = current_job.set(self.job), _notes.set(notes)
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
+        depth = len(self.db.atomic_blocks)  # 1 inside the job's transaction, else 0
         try:
             try:
                 value = fn(*args, **kwargs)
@@ -485,13 +500,14 @@ class Execution:
                     # sync_to_async() ORM calls then run back in this thread, inside this
                     # transaction.
                     value = async_to_sync(_await)(value)
-            finally:
-                left_off = restore_autocommit(self.db)
-            if left_off:
-                raise TransactionManagementError(
-                    "the action left autocommit off (transaction.set_autocommit(False)) "
-                    "without turning it back on: what it wrote uncommitted was rolled back"
-                )
+            except BaseException as exc:
+                problem = self.left_behind(depth)
+                if problem is not None and depth and self.db.closed_in_transaction:
+                    raise problem from exc  # its close() is the cause of what it raised
+                raise
+            problem = self.left_behind(depth)
+            if problem is not None:
+                raise problem
             stored = serialization.dump(value, "the action's return value")
             limit = delayjobs_settings.MAX_JSON_BYTES
             serialization.check_size((stored,), "the action's return value", limit)
@@ -500,6 +516,34 @@ class Execution:
             self.running_since, self.outside_since = None, time.monotonic()
             current_job.reset(job_token)
             _notes.reset(notes_token)
+
+    def left_behind(self, depth: int) -> TransactionManagementError | None:
+        """Repair what the action did to this thread's connection that would cost the
+        worker's later jobs (see ``close_atomic_blocks`` and ``restore_autocommit``);
+        return the error that fails its attempt, or None. ``depth``: the number of atomic
+        blocks open when the action started."""
+        # Set by close() inside an atomic block only: a lost connection never sets it, so
+        # the action's close() is not taken for the database failing (and handed back).
+        closed = depth > 0 and self.db.closed_in_transaction
+        left_open = close_atomic_blocks(self.db, depth)
+        left_off = restore_autocommit(self.db)
+        if closed:
+            return TransactionManagementError(
+                "the action closed the database connection (connection.close()) inside its "
+                "transaction: its writes were rolled back"
+            )
+        if left_open:
+            blocks = "block" if left_open == 1 else "blocks"
+            return TransactionManagementError(
+                f"the action left {left_open} transaction.atomic() {blocks} open (entered and "
+                "never exited): what it wrote was rolled back"
+            )
+        if left_off:
+            return TransactionManagementError(
+                "the action left autocommit off (transaction.set_autocommit(False)) "
+                "without turning it back on: what it wrote uncommitted was rolled back"
+            )
+        return None
 
     def overran(self, limit: float) -> Result:
         """Fail this attempt from another thread: its action has run for more than
