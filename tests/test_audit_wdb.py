@@ -85,3 +85,18 @@ def test_an_action_that_deletes_its_own_job_row_fails_and_is_rolled_back():
     assert "the action deleted its own job row" in job.last_error.splitlines()[0], job.last_error
     assert not Record.objects.filter(label="deleted").exists()
     assert_the_next_jobs_committed(after)
+
+
+def test_a_non_atomic_action_that_deletes_its_own_job_row_is_dropped_saying_so(caplog):
+    """Outside any transaction the deletion stands: nothing is left to record, and the id
+    leaves Redis at once instead of coming back with its lease."""
+    from django_delayjobs.connection import get_engine
+
+    job = build_job(tasks.delete_own_job_outside, at=timezone.now(), args=["deleted"])
+    schedule_many([job])
+    burst()
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert Record.objects.filter(label="deleted").exists()
+    stats = get_engine().stats("default")
+    assert (stats.pending, stats.ready, stats.in_flight) == (0, 0, 0), stats
+    assert "the action deleted its own job row" in caplog.text

@@ -413,3 +413,9 @@ def delete_own_job(label: str) -> str:
     assert job is not None
     Job.objects.filter(pk=job.pk).delete()
     return label
+
+
+@delayable(atomic=False)
+def delete_own_job_outside(label: str) -> str:
+    """``delete_own_job`` outside any transaction."""
+    return delete_own_job(label)
