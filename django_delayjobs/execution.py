@@ -79,6 +79,11 @@ class _Overtaken(Exception):
     """The fenced outcome UPDATE matched no row: another delivery owns the job."""
 
 
+class JobRowDeleted(Exception):
+    """The action deleted the row of the job running it: an atomic action's attempt
+    failed (the deletion rolled back with its other writes)."""
+
+
 class _ClaimAheadFailed(Exception):
     """The database refused the claim of the next job inside this job's outcome
     transaction, so that transaction (the action's effects with it) is lost."""
@@ -379,8 +384,9 @@ class Execution:
         connection = Connection(self.db)
         self.connection = self.connection or connection
         committed: list[bool] = []
+        atomic = getattr(fn, "delayable_atomic", True)
         try:
-            if getattr(fn, "delayable_atomic", True):
+            if atomic:
                 # The action and its outcome commit together, or not at all.
                 with transaction.atomic(using=self.db.alias):
                     # The first on-commit callback: it runs before any the action leaves,
@@ -406,12 +412,22 @@ class Execution:
                              extra=job_fields(job.pk, self.queue, job, "succeeded"))  # fmt: skip
                 return self.committed(job, stored, claimed, started)
             duration = time.perf_counter() - started
+            if isinstance(exc, JobRowDeleted) and not atomic:
+                return self.row_deleted(exc)
             # A lost connection, or a database that refused to begin the action's
             # transaction (SQLite's write lock held past the busy timeout): not the action.
             if connection.lost(exc) or (not self.called and isinstance(exc, DatabaseError)):
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
         return self.committed(job, stored, claimed, started)
+
+    def row_deleted(self, exc: JobRowDeleted) -> Result:
+        """A non-atomic action deleted its own row, outside any transaction: the deletion
+        stands, and there is no row left to record an outcome in."""
+        error = f"{exc}, outside any transaction: nothing left to record its outcome in"
+        logger.warning("job %s: %s", self.job_id, error,
+                       extra=job_fields(self.job_id, self.queue, self.job, "dropped"))  # fmt: skip
+        return Result(Outcome.DROPPED, self.job, error=error)
 
     def committed(self, job: Job, stored: Any, claimed: Job | None, started: float) -> Result:
         """The success as committed. Only now: a next job claimed in an outcome transaction
@@ -432,6 +448,10 @@ class Execution:
             )
         done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
         if not sql.update_fenced(job, done):
+            # Read in the action's own transaction: a row another worker took is still
+            # there; one the action deleted is not (a redelivery would delete it again).
+            if not Job.objects.filter(pk=job.pk).exists():
+                raise JobRowDeleted("the action deleted its own job row")
             raise _Overtaken
         events = [(job, EventKind.SUCCEEDED.value, self.actor, "\n".join(notes))]
         claimed = self.claim_ahead()
