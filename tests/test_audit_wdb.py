@@ -100,3 +100,67 @@ def test_a_non_atomic_action_that_deletes_its_own_job_row_is_dropped_saying_so(c
     stats = get_engine().stats("default")
     assert (stats.pending, stats.ready, stats.in_flight) == (0, 0, 0), stats
     assert "the action deleted its own job row" in caplog.text
+
+
+# -- a database that hangs -----------------------------------------------------------------
+
+
+@pytest.fixture
+def hanging_database():
+    """Point the jobs' database at a server on 127.0.0.1 that accepts connections and never
+    answers (a database host that hangs: stopped with SIGSTOP, a dead NFS volume)."""
+    import contextlib
+    import socket
+    import threading
+
+    from django.db import connections
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    conn = connections["default"]
+    conn.close()
+    settings_dict = conn.settings_dict  # shared by every thread's wrapper of the alias
+    saved = {key: settings_dict.get(key) for key in ("HOST", "PORT")}
+    settings_dict.update(HOST="127.0.0.1", PORT=str(listener.getsockname()[1]))
+    try:
+        yield
+    finally:
+        settings_dict.update(saved)
+        listener.close()
+        for sock in accepted:  # a check still waiting gets its answer: the end
+            sock.close()
+        conn.close()
+
+
+def within(seconds: float, call):
+    """``call()``'s result, run in a thread that must end within ``seconds``."""
+    import threading
+
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s"
+    return out[0]
+
+
+@pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
+                    reason="a database server that hangs (PostgreSQL)")  # fmt: skip
+def test_the_health_checks_give_up_on_a_database_that_never_answers(hanging_database, client):
+    from tests.test_health import beat, health, names
+
+    beat()
+    code, lines = within(20, health)
+    assert code == 1 and names(lines, "FAIL") == ["database"], lines
+    line = next(line for line in lines if " database " in line)
+    assert "did not answer within 5 s" in line, line
+    response = within(20, lambda: client.get("/delayjobs/health/"))
+    assert response.status_code == 503
+    assert response.json()["checks"]["database"] == "fail"
