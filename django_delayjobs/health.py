@@ -13,7 +13,8 @@ the oldest ready job, as for the metrics).
   answers those to every write, so to the check's ``DEL`` of a key that does not exist.
 - ``database``: the jobs' database answers, and (PostgreSQL) takes writes: a standby, or a
   database with ``default_transaction_read_only``, would refuse every claim; and the job
-  table has every column (not so until the app's migrations are applied).
+  table has every column (not so until the app's migrations are applied); it fails
+  after ``DATABASE_TIMEOUT_SECONDS`` without an answer.
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
   ``run_delayworker`` that serves it, promoter-only ones too; one counts as live for three
   ``HEARTBEAT_SECONDS`` after its last beat).
@@ -25,8 +26,10 @@ the oldest ready job, as for the metrics).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import Error as DatabaseError
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -53,6 +57,11 @@ MAX_OVERDUE = 366 * 86_400.0
 MAX_WORKERS = 100_000
 MAX_GARBAGE = 10**12
 DEFAULT_MAX_OVERDUE = 60.0
+#: How long the ``database`` check waits for the database.
+DATABASE_TIMEOUT_SECONDS = 5.0
+
+_waiting: threading.Thread | None = None  # the last database check's thread
+_waiting_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -170,7 +179,39 @@ def check_redis(engine: Engine) -> tuple[Check, bool]:
 
 
 def check_database() -> Check:
-    conn = connections[sql.db()]
+    """``database``, within ``DATABASE_TIMEOUT_SECONDS``: the check runs in a thread of
+    its own, since a server that accepts connections and never answers (a host that
+    hangs) would hold the probe, or the web worker serving ``health/``, for ever, and
+    Python cannot stop a call that waits on a socket. At most one such thread waits at a
+    time: while it does, the check fails at once without opening another connection."""
+    global _waiting
+    with _waiting_lock:
+        if _waiting is not None and _waiting.is_alive():
+            return Check("database", False, (
+                f"did not answer within {DATABASE_TIMEOUT_SECONDS:g} s (an earlier check "
+                "is still waiting for it)"
+            ))  # fmt: skip
+        result: list[Check] = []
+        _waiting = threading.Thread(target=_check_database_in_thread, args=(result,),
+                                    name="delayjobs-health-database", daemon=True)  # fmt: skip
+        _waiting.start()
+        thread = _waiting
+    thread.join(DATABASE_TIMEOUT_SECONDS)
+    if result:
+        return result[0]
+    return Check("database", False, f"did not answer within {DATABASE_TIMEOUT_SECONDS:g} s")
+
+
+def _check_database_in_thread(result: list[Check]) -> None:
+    conn = connections[sql.db()]  # this thread's own connection, closed when it is done
+    try:
+        result.append(_check_database(conn))
+    finally:
+        with contextlib.suppress(DatabaseError):
+            conn.close()
+
+
+def _check_database(conn: BaseDatabaseWrapper) -> Check:
     try:
         with conn.cursor() as cursor:
             if conn.vendor == "postgresql":  # a standby, or default_transaction_read_only
