@@ -164,3 +164,66 @@ def test_the_health_checks_give_up_on_a_database_that_never_answers(hanging_data
     response = within(20, lambda: client.get("/delayjobs/health/"))
     assert response.status_code == 503
     assert response.json()["checks"]["database"] == "fail"
+
+
+# -- a read-only SQLite database -----------------------------------------------------------
+
+
+@pytest.fixture
+def read_only_sqlite():
+    """Returns a function that makes the SQLite database file read-only (as after the
+    filesystem was remounted read-only on an error) for new connections; undone after."""
+    import os
+    import subprocess
+
+    from django.db import connections
+
+    if connections["default"].vendor != "sqlite":
+        pytest.skip("a read-only SQLite database file")
+    path = connections["default"].settings_dict["NAME"]
+    # Root ignores file modes: an immutable file refuses root's writes too.
+    command = ["chattr", "+i", path] if os.geteuid() == 0 else ["chmod", "444", path]
+    undo = ["chattr", "-i", path] if os.geteuid() == 0 else ["chmod", "644", path]
+
+    def make_read_only() -> None:
+        connections.close_all()
+        if subprocess.run(command, capture_output=True).returncode:
+            pytest.skip(f"cannot make the database file read-only here ({' '.join(command)})")
+
+    try:
+        yield make_read_only
+    finally:
+        subprocess.run(undo, capture_output=True)
+        connections.close_all()
+
+
+def test_a_read_only_sqlite_database_is_visible_and_costs_no_job(read_only_sqlite, caplog):
+    """The worker hands the jobs back (nothing lost, no attempt used), says why once,
+    stays alive, and the health check fails; once writable again the jobs run."""
+    import logging
+    import threading
+    import time
+
+    from django_delayjobs import health, schedule
+    from django_delayjobs.connection import get_engine
+    from django_delayjobs.worker import Options, WorkerProcess
+
+    caplog.set_level(logging.WARNING, logger="django_delayjobs")
+    jobs = [schedule(tasks.record, in_=0, args=[f"job {n}"], max_attempts=1) for n in range(2)]
+    read_only_sqlite()
+    process = WorkerProcess(get_engine(), Options(queues=["default"], tick=0.1))
+    thread = threading.Thread(target=process.run)
+    thread.start()
+    try:
+        time.sleep(4)  # due, delivered and refused several times
+        database = health.check_database()
+        assert thread.is_alive() and process.fatal is None
+    finally:
+        process.stop()
+        thread.join(30)
+    assert not database.ok and "refuses writes" in database.detail, database
+    for job in jobs:
+        job.refresh_from_db()
+        assert (job.status, job.attempts) == (Status.SCHEDULED, 0)
+    refused = [r.getMessage() for r in caplog.records if "readonly" in r.getMessage()]
+    assert len(refused) == 1, "\n".join(refused)  # one line per outage, not one per job
