@@ -645,11 +645,14 @@ class Execution:
 
     def hand_back(self, exc: BaseException) -> Result:
         """The database failed, not the job: the same attempt is delivered again later."""
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        # One line per delivery at INFO: the worker's loop warns once per outage, with why
+        # (a database that stays away, or read-only, would warn for every job every second).
         fields = job_fields(self.job_id, self.queue, self.job, "handed_back")
-        logger.warning("job %s: the database is unavailable (%s); handed back", self.job_id,
-                       str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
-                       extra=fields)  # fmt: skip
-        return Result(Outcome.HANDED_BACK, self.job, retry_at=timezone.now() + HAND_BACK_DELAY)
+        logger.info("job %s: the database is unavailable (%s); handed back", self.job_id, why,
+                    extra=fields)  # fmt: skip
+        return Result(Outcome.HANDED_BACK, self.job, error=why,
+                      retry_at=timezone.now() + HAND_BACK_DELAY)  # fmt: skip
 
     def event(self, job: Job, kind: str, message: str = "") -> None:
         sql.insert_event(job, kind, self.actor, message)

@@ -3,7 +3,8 @@
 
 Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``DEL`` of a key that
 does not exist, per master),
-two ``SELECT`` for the database (one a primary-key lookup), and per queue one stats script
+two ``SELECT`` for the database (one a primary-key lookup; on SQLite also an ``UPDATE``
+that matches no row), and per queue one stats script
 call (counts of sorted sets, no scan) plus at most one primary-key lookup (the due time of
 the oldest ready job, as for the metrics).
 
@@ -11,8 +12,9 @@ the oldest ready job, as for the metrics).
   not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
   (``MISCONF``) and not short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it
   answers those to every write, so to the check's ``DEL`` of a key that does not exist.
-- ``database``: the jobs' database answers, and (PostgreSQL) takes writes: a standby, or a
-  database with ``default_transaction_read_only``, would refuse every claim; and the job
+- ``database``: the jobs' database answers, and takes writes: a PostgreSQL standby, or a
+  database with ``default_transaction_read_only``, would refuse every claim, as would a
+  SQLite file (or filesystem) that is read-only; and the job
   table has every column (not so until the app's migrations are applied); it fails
   after ``DATABASE_TIMEOUT_SECONDS`` without an answer.
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
@@ -235,7 +237,28 @@ def _check_database(conn: BaseDatabaseWrapper) -> Check:
             "cannot read the job table (are the migrations applied? manage.py migrate): "
             f"{str(exc).strip() or type(exc).__name__}"
         ))  # fmt: skip
+    refusal = sqlite_refusal(conn) if conn.vendor == "sqlite" else None
+    if refusal is not None:
+        return Check("database", False, f"refuses writes ({refusal}), so no worker can claim a job")
     return Check("database", True, "answers")
+
+
+def sqlite_refusal(conn: BaseDatabaseWrapper) -> str | None:
+    """Why SQLite refuses writes (a file or filesystem that is read-only), or None. It
+    opens such a file read-only without a word and answers every read: only a write says
+    so. This one matches no row, and waits for no lock: a worker may hold the write lock
+    for as long as an atomic action runs, and a database that is locked takes writes."""
+    meta: Any = Job._meta
+    table, column = (conn.ops.quote_name(name) for name in (meta.db_table, meta.pk.column))
+    with conn.cursor() as cursor:  # this check's own connection: its busy timeout is ours
+        cursor.execute("PRAGMA busy_timeout = 0")
+        try:
+            cursor.execute(f"UPDATE {table} SET {column} = {column} WHERE 0 = 1")
+        except DatabaseError as exc:
+            if getattr(exc.__cause__, "sqlite_errorname", "") == "SQLITE_BUSY":
+                return None
+            return str(exc).strip() or type(exc).__name__
+    return None
 
 
 def check_queue(engine: Engine, queue: str, limits: Limits) -> list[Check]:
