@@ -79,6 +79,16 @@ def test_an_action_that_closes_the_connection_fails_saying_so(query_after):
     assert_the_next_jobs_committed(after)
 
 
+def test_a_non_atomic_action_that_closes_the_connection_in_its_own_block_fails_saying_so():
+    job, after = run_first_then_two(tasks.close_connection_in_own_block, "closed")
+    assert (job.status, job.attempts, job.deliveries) == (Status.RETRYING, 1, 1)
+    assert "the action closed the database connection" in job.last_error.splitlines()[0], (
+        job.last_error
+    )
+    assert not Record.objects.filter(label="closed").exists()
+    assert_the_next_jobs_committed(after)
+
+
 def test_an_action_that_deletes_its_own_job_row_fails_and_is_rolled_back():
     job, after = run_first_then_two(tasks.delete_own_job, "deleted")
     assert (job.status, job.attempts, job.deliveries) == (Status.RETRYING, 1, 1)

@@ -419,3 +419,16 @@ def delete_own_job(label: str) -> str:
 def delete_own_job_outside(label: str) -> str:
     """``delete_own_job`` outside any transaction."""
     return delete_own_job(label)
+
+
+@delayable(atomic=False)
+def close_connection_in_own_block(label: str) -> str:
+    """Outside the job's transaction, writes in an atomic block of its own, closes the
+    connection inside it and queries again."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        Record.objects.create(label=label)
+        connection.close()
+        Record.objects.filter(label=label).exists()
+    return label
