@@ -512,6 +512,7 @@ class Execution:
         job_token, notes_token = current_job.set(self.job), _notes.set(notes)
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
         depth = len(self.db.atomic_blocks)  # 1 inside the job's transaction, else 0
+        closed_before = self.db.closed_in_transaction
         try:
             try:
                 value = fn(*args, **kwargs)
@@ -521,11 +522,11 @@ class Execution:
                     # transaction.
                     value = async_to_sync(_await)(value)
             except BaseException as exc:
-                problem = self.left_behind(depth)
-                if problem is not None and depth and self.db.closed_in_transaction:
+                problem = self.left_behind(depth, closed_before)
+                if problem is not None and self.db.closed_in_transaction and not closed_before:
                     raise problem from exc  # its close() is the cause of what it raised
                 raise
-            problem = self.left_behind(depth)
+            problem = self.left_behind(depth, closed_before)
             if problem is not None:
                 raise problem
             stored = serialization.dump(value, "the action's return value")
@@ -537,20 +538,22 @@ class Execution:
             current_job.reset(job_token)
             _notes.reset(notes_token)
 
-    def left_behind(self, depth: int) -> TransactionManagementError | None:
+    def left_behind(self, depth: int, closed_before: bool) -> TransactionManagementError | None:
         """Repair what the action did to this thread's connection that would cost the
         worker's later jobs (see ``close_atomic_blocks`` and ``restore_autocommit``);
         return the error that fails its attempt, or None. ``depth``: the number of atomic
-        blocks open when the action started."""
-        # Set by close() inside an atomic block only: a lost connection never sets it, so
-        # the action's close() is not taken for the database failing (and handed back).
-        closed = depth > 0 and self.db.closed_in_transaction
+        blocks open when the action started; ``closed_before``: whether the connection was
+        already closed in a transaction then."""
+        # Set by close() inside an atomic block only (until the next connect): a lost
+        # connection never sets it, so the action's close() is not taken for the database
+        # failing (and handed back).
+        closed = self.db.closed_in_transaction and not closed_before
         left_open = close_atomic_blocks(self.db, depth)
         left_off = restore_autocommit(self.db)
         if closed:
             return TransactionManagementError(
-                "the action closed the database connection (connection.close()) inside its "
-                "transaction: its writes were rolled back"
+                "the action closed the database connection (connection.close()) inside a "
+                "transaction: what it wrote in that transaction was rolled back"
             )
         if left_open:
             blocks = "block" if left_open == 1 else "blocks"
