@@ -7,7 +7,9 @@ row's (attempt, delivery), so a worker that was overtaken (its lease expired and
 worker took the row) cannot commit a second outcome: its effects roll back.
 
 Who is to blame decides what a failure costs. Anything the action raises, ``SystemExit``
-and ``KeyboardInterrupt`` included, is the action's failure: an attempt is used. A lost
+and ``KeyboardInterrupt`` included, is the action's failure: an attempt is used. So is
+what it does to the transaction it runs in: closing the connection inside it, leaving an
+atomic block open or autocommit off, deleting its own job's row. A lost
 database connection is not: the delivery is handed back and the same attempt runs again
 (at most ``MAX_DELIVERIES`` times), except after a non-atomic action, whose outcome is
 first tried once more on a new connection (running it again would repeat its outside
@@ -413,7 +415,7 @@ class Execution:
                 return self.committed(job, stored, claimed, started)
             duration = time.perf_counter() - started
             if isinstance(exc, JobRowDeleted) and not atomic:
-                return self.row_deleted(exc)
+                return self.row_deleted()
             # A lost connection, or a database that refused to begin the action's
             # transaction (SQLite's write lock held past the busy timeout): not the action.
             if connection.lost(exc) or (not self.called and isinstance(exc, DatabaseError)):
@@ -421,10 +423,13 @@ class Execution:
             return self.failed(exc, notes, duration)
         return self.committed(job, stored, claimed, started)
 
-    def row_deleted(self, exc: JobRowDeleted) -> Result:
-        """A non-atomic action deleted its own row, outside any transaction: the deletion
-        stands, and there is no row left to record an outcome in."""
-        error = f"{exc}, outside any transaction: nothing left to record its outcome in"
+    def row_deleted(self) -> Result:
+        """The row of a non-atomic action's job was deleted while it ran (by the action, or
+        by hand): the deletion stands, and there is no row left to record an outcome in."""
+        error = (
+            "the job's row was deleted while its action ran outside any transaction (by the "
+            "action itself, or by hand): nothing is left to record its outcome in"
+        )
         logger.warning("job %s: %s", self.job_id, error,
                        extra=job_fields(self.job_id, self.queue, self.job, "dropped"))  # fmt: skip
         return Result(Outcome.DROPPED, self.job, error=error)

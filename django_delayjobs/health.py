@@ -2,21 +2,19 @@
 ``health/`` view.
 
 Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``DEL`` of a key that
-does not exist, per master),
-two ``SELECT`` for the database (one a primary-key lookup; on SQLite also an ``UPDATE``
-that matches no row), and per queue one stats script
-call (counts of sorted sets, no scan) plus at most one primary-key lookup (the due time of
-the oldest ready job, as for the metrics).
+does not exist, per master), two ``SELECT`` for the database (one a primary-key lookup; on
+SQLite also an ``UPDATE`` that matches no row), and per queue one stats script call
+(counts of sorted sets, no scan) plus at most one primary-key lookup (the due time of the
+oldest ready job, as for the metrics).
 
 - ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
   not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
   (``MISCONF``) and not short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it
   answers those to every write, so to the check's ``DEL`` of a key that does not exist.
-- ``database``: the jobs' database answers, and takes writes: a PostgreSQL standby, or a
-  database with ``default_transaction_read_only``, would refuse every claim, as would a
-  SQLite file (or filesystem) that is read-only; and the job
-  table has every column (not so until the app's migrations are applied); it fails
-  after ``DATABASE_TIMEOUT_SECONDS`` without an answer.
+- ``database``: the jobs' database answers within ``DATABASE_TIMEOUT_SECONDS`` and takes
+  writes: a PostgreSQL standby, or a database with ``default_transaction_read_only``,
+  would refuse every claim, as would a SQLite file (or filesystem) that is read-only; and
+  the job table has every column (not so until the app's migrations are applied).
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
   ``run_delayworker`` that serves it, promoter-only ones too; one counts as live for three
   ``HEARTBEAT_SECONDS`` after its last beat).
