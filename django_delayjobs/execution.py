@@ -7,7 +7,9 @@ row's (attempt, delivery), so a worker that was overtaken (its lease expired and
 worker took the row) cannot commit a second outcome: its effects roll back.
 
 Who is to blame decides what a failure costs. Anything the action raises, ``SystemExit``
-and ``KeyboardInterrupt`` included, is the action's failure: an attempt is used. A lost
+and ``KeyboardInterrupt`` included, is the action's failure: an attempt is used. So is
+what it does to the transaction it runs in: closing the connection inside it, leaving an
+atomic block open or autocommit off, deleting its own job's row. A lost
 database connection is not: the delivery is handed back and the same attempt runs again
 (at most ``MAX_DELIVERIES`` times), except after a non-atomic action, whose outcome is
 first tried once more on a new connection, or again for a while if the database refuses it
@@ -83,6 +85,11 @@ def note(text: str) -> None:
 
 class _Overtaken(Exception):
     """The fenced outcome UPDATE matched no row: another delivery owns the job."""
+
+
+class JobRowDeleted(Exception):
+    """The action deleted the row of the job running it: an atomic action's attempt
+    failed (the deletion rolled back with its other writes)."""
 
 
 class _ClaimAheadFailed(Exception):
@@ -181,6 +188,20 @@ def restore_autocommit(conn: BaseDatabaseWrapper) -> bool:
     conn.rollback()
     conn.set_autocommit(True)
     return True
+
+
+def close_atomic_blocks(conn: BaseDatabaseWrapper, depth: int) -> int:
+    """Exit, rolling back, the atomic blocks beyond the first ``depth`` that an action
+    entered and never exited (``transaction.atomic().__enter__()``); return how many.
+    Left open, their transaction never commits: every later claim and outcome of the
+    thread would go into it and be lost with it."""
+    left_open = len(conn.atomic_blocks) - depth
+    while len(conn.atomic_blocks) > depth:
+        error = TransactionManagementError("left open by the action")
+        # Each exit pops the innermost block, so the loop ends whatever the database says.
+        with contextlib.suppress(DatabaseError):
+            conn.atomic_blocks[-1].__exit__(type(error), error, None)
+    return max(left_open, 0)
 
 
 def receivers_left_autocommit_off(conn: BaseDatabaseWrapper) -> None:
@@ -374,8 +395,9 @@ class Execution:
         connection = Connection(self.db)
         self.connection = self.connection or connection
         committed: list[bool] = []
+        atomic = getattr(fn, "delayable_atomic", True)
         try:
-            if getattr(fn, "delayable_atomic", True):
+            if atomic:
                 # The action and its outcome commit together, or not at all.
                 with transaction.atomic(using=self.db.alias):
                     # The first on-commit callback: it runs before any the action leaves,
@@ -401,12 +423,25 @@ class Execution:
                              extra=job_fields(job.pk, self.queue, job, "succeeded"))  # fmt: skip
                 return self.committed(job, stored, claimed, started)
             duration = time.perf_counter() - started
+            if isinstance(exc, JobRowDeleted) and not atomic:
+                return self.row_deleted()
             # A lost connection, or a database that refused to begin the action's
             # transaction (SQLite's write lock held past the busy timeout): not the action.
             if connection.lost(exc) or (not self.called and isinstance(exc, DatabaseError)):
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
         return self.committed(job, stored, claimed, started)
+
+    def row_deleted(self) -> Result:
+        """The row of a non-atomic action's job was deleted while it ran (by the action, or
+        by hand): the deletion stands, and there is no row left to record an outcome in."""
+        error = (
+            "the job's row was deleted while its action ran outside any transaction (by the "
+            "action itself, or by hand): nothing is left to record its outcome in"
+        )
+        logger.warning("job %s: %s", self.job_id, error,
+                       extra=job_fields(self.job_id, self.queue, self.job, "dropped"))  # fmt: skip
+        return Result(Outcome.DROPPED, self.job, error=error)
 
     def committed(self, job: Job, stored: Any, claimed: Job | None, started: float) -> Result:
         """The success as committed. Only now: a next job claimed in an outcome transaction
@@ -427,6 +462,10 @@ class Execution:
             )
         done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
         if not sql.update_fenced(job, done):
+            # Read in the action's own transaction: a row another worker took is still
+            # there; one the action deleted is not (a redelivery would delete it again).
+            if not Job.objects.filter(pk=job.pk).exists():
+                raise JobRowDeleted("the action deleted its own job row")
             raise _Overtaken
         events = [(job, EventKind.SUCCEEDED.value, self.actor, "\n".join(notes))]
         claimed = self.claim_ahead()
@@ -506,6 +545,8 @@ class Execution:
         """Run the action; return its value as stored (JSON), or raise."""
         job_token, notes_token = current_job.set(self.job), _notes.set(notes)
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
+        depth = len(self.db.atomic_blocks)  # 1 inside the job's transaction, else 0
+        closed_before = self.db.closed_in_transaction
         try:
             try:
                 value = fn(*args, **kwargs)
@@ -514,13 +555,14 @@ class Execution:
                     # sync_to_async() ORM calls then run back in this thread, inside this
                     # transaction.
                     value = async_to_sync(_await)(value)
-            finally:
-                left_off = restore_autocommit(self.db)
-            if left_off:
-                raise TransactionManagementError(
-                    "the action left autocommit off (transaction.set_autocommit(False)) "
-                    "without turning it back on: what it wrote uncommitted was rolled back"
-                )
+            except BaseException as exc:
+                problem = self.left_behind(depth, closed_before)
+                if problem is not None and self.db.closed_in_transaction and not closed_before:
+                    raise problem from exc  # its close() is the cause of what it raised
+                raise
+            problem = self.left_behind(depth, closed_before)
+            if problem is not None:
+                raise problem
             stored = serialization.dump(value, "the action's return value")
             limit = delayjobs_settings.MAX_JSON_BYTES
             serialization.check_size((stored,), "the action's return value", limit)
@@ -529,6 +571,36 @@ class Execution:
             self.running_since, self.outside_since = None, time.monotonic()
             current_job.reset(job_token)
             _notes.reset(notes_token)
+
+    def left_behind(self, depth: int, closed_before: bool) -> TransactionManagementError | None:
+        """Repair what the action did to this thread's connection that would cost the
+        worker's later jobs (see ``close_atomic_blocks`` and ``restore_autocommit``);
+        return the error that fails its attempt, or None. ``depth``: the number of atomic
+        blocks open when the action started; ``closed_before``: whether the connection was
+        already closed in a transaction then."""
+        # Set by close() inside an atomic block only (until the next connect): a lost
+        # connection never sets it, so the action's close() is not taken for the database
+        # failing (and handed back).
+        closed = self.db.closed_in_transaction and not closed_before
+        left_open = close_atomic_blocks(self.db, depth)
+        left_off = restore_autocommit(self.db)
+        if closed:
+            return TransactionManagementError(
+                "the action closed the database connection (connection.close()) inside a "
+                "transaction: what it wrote in that transaction was rolled back"
+            )
+        if left_open:
+            blocks = "block" if left_open == 1 else "blocks"
+            return TransactionManagementError(
+                f"the action left {left_open} transaction.atomic() {blocks} open (entered and "
+                "never exited): what it wrote was rolled back"
+            )
+        if left_off:
+            return TransactionManagementError(
+                "the action left autocommit off (transaction.set_autocommit(False)) "
+                "without turning it back on: what it wrote uncommitted was rolled back"
+            )
+        return None
 
     def overran(self, limit: float) -> Result:
         """Fail this attempt from another thread: its action has run for more than
@@ -610,11 +682,14 @@ class Execution:
 
     def hand_back(self, exc: BaseException) -> Result:
         """The database failed, not the job: the same attempt is delivered again later."""
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        # One line per delivery at INFO: the worker's loop warns once per outage, with why
+        # (a database that stays away, or read-only, would warn for every job every second).
         fields = job_fields(self.job_id, self.queue, self.job, "handed_back")
-        logger.warning("job %s: the database is unavailable (%s); handed back", self.job_id,
-                       str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
-                       extra=fields)  # fmt: skip
-        return Result(Outcome.HANDED_BACK, self.job, retry_at=timezone.now() + HAND_BACK_DELAY)
+        logger.info("job %s: the database is unavailable (%s); handed back", self.job_id, why,
+                    extra=fields)  # fmt: skip
+        return Result(Outcome.HANDED_BACK, self.job, error=why,
+                      retry_at=timezone.now() + HAND_BACK_DELAY)  # fmt: skip
 
     def event(self, job: Job, kind: str, message: str = "") -> None:
         sql.insert_event(job, kind, self.actor, message)

@@ -2,18 +2,19 @@
 ``health/`` view.
 
 Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``DEL`` of a key that
-does not exist, per master),
-two ``SELECT`` for the database (one a primary-key lookup), and per queue one stats script
-call (counts of sorted sets, no scan) plus at most one primary-key lookup (the due time of
-the oldest ready job, as for the metrics).
+does not exist, per master), two ``SELECT`` for the database (one a primary-key lookup; on
+SQLite also an ``UPDATE`` that matches no row), and per queue one stats script call
+(counts of sorted sets, no scan) plus at most one primary-key lookup (the due time of the
+oldest ready job, as for the metrics).
 
 - ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
   not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
   (``MISCONF``) and not short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it
   answers those to every write, so to the check's ``DEL`` of a key that does not exist.
-- ``database``: the jobs' database answers, and (PostgreSQL) takes writes: a standby, or a
-  database with ``default_transaction_read_only``, would refuse every claim; and the job
-  table has every column (not so until the app's migrations are applied).
+- ``database``: the jobs' database answers within ``DATABASE_TIMEOUT_SECONDS`` and takes
+  writes: a PostgreSQL standby, or a database with ``default_transaction_read_only``,
+  would refuse every claim, as would a SQLite file (or filesystem) that is read-only; and
+  the job table has every column (not so until the app's migrations are applied).
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
   ``run_delayworker`` that serves it, promoter-only ones too; one counts as live for three
   ``HEARTBEAT_SECONDS`` after its last beat).
@@ -25,8 +26,10 @@ the oldest ready job, as for the metrics).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import Error as DatabaseError
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -53,6 +57,11 @@ MAX_OVERDUE = 366 * 86_400.0
 MAX_WORKERS = 100_000
 MAX_GARBAGE = 10**12
 DEFAULT_MAX_OVERDUE = 60.0
+#: How long the ``database`` check waits for the database.
+DATABASE_TIMEOUT_SECONDS = 5.0
+
+_waiting: threading.Thread | None = None  # the last database check's thread
+_waiting_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -170,7 +179,39 @@ def check_redis(engine: Engine) -> tuple[Check, bool]:
 
 
 def check_database() -> Check:
-    conn = connections[sql.db()]
+    """``database``, within ``DATABASE_TIMEOUT_SECONDS``: the check runs in a thread of
+    its own, since a server that accepts connections and never answers (a host that
+    hangs) would hold the probe, or the web worker serving ``health/``, for ever, and
+    Python cannot stop a call that waits on a socket. At most one such thread waits at a
+    time: while it does, the check fails at once without opening another connection."""
+    global _waiting
+    with _waiting_lock:
+        if _waiting is not None and _waiting.is_alive():
+            return Check("database", False, (
+                f"did not answer within {DATABASE_TIMEOUT_SECONDS:g} s (an earlier check "
+                "is still waiting for it)"
+            ))  # fmt: skip
+        result: list[Check] = []
+        _waiting = threading.Thread(target=_check_database_in_thread, args=(result,),
+                                    name="delayjobs-health-database", daemon=True)  # fmt: skip
+        _waiting.start()
+        thread = _waiting
+    thread.join(DATABASE_TIMEOUT_SECONDS)
+    if result:
+        return result[0]
+    return Check("database", False, f"did not answer within {DATABASE_TIMEOUT_SECONDS:g} s")
+
+
+def _check_database_in_thread(result: list[Check]) -> None:
+    conn = connections[sql.db()]  # this thread's own connection, closed when it is done
+    try:
+        result.append(_check_database(conn))
+    finally:
+        with contextlib.suppress(DatabaseError):
+            conn.close()
+
+
+def _check_database(conn: BaseDatabaseWrapper) -> Check:
     try:
         with conn.cursor() as cursor:
             if conn.vendor == "postgresql":  # a standby, or default_transaction_read_only
@@ -194,7 +235,28 @@ def check_database() -> Check:
             "cannot read the job table (are the migrations applied? manage.py migrate): "
             f"{str(exc).strip() or type(exc).__name__}"
         ))  # fmt: skip
+    refusal = sqlite_refusal(conn) if conn.vendor == "sqlite" else None
+    if refusal is not None:
+        return Check("database", False, f"refuses writes ({refusal}), so no worker can claim a job")
     return Check("database", True, "answers")
+
+
+def sqlite_refusal(conn: BaseDatabaseWrapper) -> str | None:
+    """Why SQLite refuses writes (a file or filesystem that is read-only), or None. It
+    opens such a file read-only without a word and answers every read: only a write says
+    so. This one matches no row, and waits for no lock: a worker may hold the write lock
+    for as long as an atomic action runs, and a database that is locked takes writes."""
+    meta: Any = Job._meta
+    table, column = (conn.ops.quote_name(name) for name in (meta.db_table, meta.pk.column))
+    with conn.cursor() as cursor:  # this check's own connection: its busy timeout is ours
+        cursor.execute("PRAGMA busy_timeout = 0")
+        try:
+            cursor.execute(f"UPDATE {table} SET {column} = {column} WHERE 0 = 1")
+        except DatabaseError as exc:
+            if getattr(exc.__cause__, "sqlite_errorname", "") == "SQLITE_BUSY":
+                return None
+            return str(exc).strip() or type(exc).__name__
+    return None
 
 
 def check_queue(engine: Engine, queue: str, limits: Limits) -> list[Check]:

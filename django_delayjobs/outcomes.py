@@ -65,7 +65,7 @@ class Result:
 
     outcome: Outcome
     job: Job | None = None
-    error: str = ""  # why it failed, died or was skipped (the history's text)
+    error: str = ""  # why it failed, died or was skipped (the history's text) or handed back
     failed: bool = False  # the action itself raised: ``job_failed`` is sent
     retry_at: datetime.datetime | None = None  # when a nacked id is due again
     duration: float | None = None  # seconds the action ran

@@ -485,7 +485,8 @@ class WorkerProcess:
         if result.outcome == Outcome.HANDED_BACK:
             drop_connections()
             if not bug:  # a bug is logged above: it is no outage
-                backoff.failed("the database is unavailable", f"job {job_id} handed back")
+                backoff.failed("the database is unavailable",
+                               f"{result.error}; job {job_id} handed back")  # fmt: skip
         else:
             backoff.ok()
         return execution.next_job

@@ -367,3 +367,68 @@ def autocommit_off_then_record(label: str) -> str:
     transaction.set_autocommit(False)
     Record.objects.create(label=label)
     return label
+
+
+def _leave_atomic_open(label: str, raise_after: bool) -> str:
+    from django.db import transaction
+
+    transaction.atomic().__enter__()
+    Record.objects.create(label=label)
+    if raise_after:
+        raise RuntimeError("failing with an atomic block left open")
+    return label
+
+
+@delayable
+def leave_atomic_open(label: str, raise_after: bool = False) -> str:
+    """Enters an atomic block it never exits (a context manager entered by hand), writes,
+    and returns (or raises)."""
+    return _leave_atomic_open(label, raise_after)
+
+
+@delayable(atomic=False)
+def leave_atomic_open_outside(label: str, raise_after: bool = False) -> str:
+    """``leave_atomic_open`` for an action that runs outside the job's transaction."""
+    return _leave_atomic_open(label, raise_after)
+
+
+@delayable
+def close_connection(label: str, query_after: bool) -> str:
+    """Writes, closes the database connection (a library that cleans up after itself),
+    and maybe queries again."""
+    Record.objects.create(label=label)
+    connection.close()
+    if query_after:
+        Record.objects.filter(label=label).exists()
+    return label
+
+
+@delayable
+def delete_own_job(label: str) -> str:
+    """Writes, then deletes the row of the job running it."""
+    from django_delayjobs.execution import current_job
+
+    Record.objects.create(label=label)
+    job = current_job.get()
+    assert job is not None
+    Job.objects.filter(pk=job.pk).delete()
+    return label
+
+
+@delayable(atomic=False)
+def delete_own_job_outside(label: str) -> str:
+    """``delete_own_job`` outside any transaction."""
+    return delete_own_job(label)
+
+
+@delayable(atomic=False)
+def close_connection_in_own_block(label: str) -> str:
+    """Outside the job's transaction, writes in an atomic block of its own, closes the
+    connection inside it and queries again."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        Record.objects.create(label=label)
+        connection.close()
+        Record.objects.filter(label=label).exists()
+    return label
