@@ -1,0 +1,139 @@
+"""Unusual Redis states and failures: a key of the wrong type on one queue, a prune turn
+without expiry, rows another model protects, counters of a forgotten shard."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+from django.urls import reverse
+
+from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
+from django_delayjobs.engine import EngineUnavailable
+from django_delayjobs.models import Job, Status
+from django_delayjobs.worker import Options, WorkerProcess
+from tests.testapp import tasks
+
+from .helpers import wait_for
+from .test_rest_helpers import client_for, make_user, url
+
+FAR = 4_000_000_000_000  # ms: year 2096
+
+
+# -- 1. a key of the wrong type on one queue ------------------------------------------------
+
+
+def _claim(engine, client):
+    engine.add("q", {"a": 0})
+    keys = engine.keys("q")
+    client.delete(keys.ready_set)
+    client.set(keys.ready_set, "x")
+    return keys.ready_set, lambda: engine.claim("q"), lambda: client.lrange(keys.ready, 0, -1)
+
+
+def _promote(engine, client):
+    keys = engine.keys("q")
+    client.zadd(keys.pending, {"a": 1})
+    client.set(keys.ready, "x")
+    return keys.ready, lambda: engine.promote("q"), lambda: client.zrange(keys.pending, 0, -1)
+
+
+def _recover(engine, client):
+    keys = engine.keys("q")
+    client.zadd(keys.unack, {"a": 1})
+    client.set(keys.ready, "x")
+    return keys.ready, lambda: engine.recover_expired("q"), lambda: client.zrange(keys.unack, 0, -1)
+
+
+def _bury(engine, client):
+    keys = engine.keys("q")
+    client.zadd(keys.unack, {"a": FAR})
+    client.set(keys.garbage, "x")
+    return keys.garbage, lambda: engine.bury("q", ["a"]), lambda: client.zrange(keys.unack, 0, -1)
+
+
+def _requeue(engine, client):
+    keys = engine.keys("q")
+    client.zadd(keys.garbage, {"a": 1})
+    client.set(keys.ready, "x")
+    return keys.ready, lambda: engine.requeue("q", ["a"]), lambda: client.zrange(keys.garbage, 0, -1)
+
+
+def _add(engine, client):
+    keys = engine.keys("q")
+    client.set(keys.ready, "x")
+    return keys.ready, lambda: engine.add("q", {"later": FAR, "now": 0}), lambda: client.zrange(
+        keys.pending, 0, -1
+    )
+
+
+@pytest.mark.parametrize("case", [_claim, _promote, _recover, _bury, _requeue, _add],
+                         ids=lambda c: c.__name__[1:])  # fmt: skip
+def test_a_key_of_the_wrong_type_stops_a_script_before_it_writes_and_is_named(
+    engine, redis_client, case
+):
+    """Redis does not roll a script back: claim popped ids from ready before SREM met a
+    ready_set of the wrong type, and the ids were lost; promote, recover, bury, requeue
+    and add likewise. The error did not say which key."""
+    key, call, state = case(engine, redis_client)
+    before = state()
+    with pytest.raises(EngineUnavailable) as info:
+        call()
+    assert state() == before, "the script wrote before it failed"
+    assert key in str(info.value) and "string" in str(info.value), str(info.value)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_wrong_type_on_one_queue_slows_no_other_and_is_logged_once_by_name(
+    redis_client, caplog
+):
+    """The worker backed off up to 5 s for every queue and logged "Redis is unavailable"."""
+    engine = get_engine()
+    broken = engine.keys("bad").ready
+    redis_client.set(broken, "x")
+    process = WorkerProcess(engine, Options(queues=["bad", "good"], tick=0.1))
+    thread = threading.Thread(target=process.run, daemon=True)
+    caplog.set_level(logging.INFO, logger="django_delayjobs")
+    thread.start()
+    try:
+        first = schedule(tasks.record, in_=0, args=["first"], queue="good")
+        wait_for(lambda: Job.objects.get(pk=first.pk).status == Status.SUCCEEDED)
+        time.sleep(1.5)  # idle beside the broken queue: a backoff would have grown by now
+        started = time.monotonic()
+        second = schedule(tasks.record, in_=0, args=["second"], queue="good")
+        wait_for(lambda: Job.objects.get(pk=second.pk).status == Status.SUCCEEDED)
+        assert time.monotonic() - started < 1.0
+    finally:
+        process.stop()
+        thread.join(20)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "unavailable" in m], messages
+    named = [m for m in messages if broken in m]
+    assert len(named) == 1 and "string" in named[0], messages
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_queue_pages_show_the_healthy_queues_and_name_the_broken_key(
+    redis_client, admin_client
+):
+    """One error for every queue ("Redis refused the command") on the admin page and a
+    503 from the API, when one key of one queue had the wrong type."""
+    schedule(tasks.record, in_=60, args=["a"], queue="good")
+    schedule(tasks.record, in_=60, args=["b"], queue="bad")
+    broken = get_engine().keys("bad").pending
+    redis_client.delete(broken)
+    redis_client.sadd(broken, "x")
+    api = client_for(make_user("api-root", superuser=True))
+    response = api.get(url("queues"))
+    assert response.status_code == 200, response.content[:300]
+    queues = {q["queue"]: q for q in response.json()["queues"]}
+    assert queues["good"]["pending"] == 1
+    assert "bad" not in queues
+    [error] = response.json()["errors"]
+    assert error["queue"] == "bad" and broken in error["error"] and "set" in error["error"]
+    page = admin_client.get(reverse("admin:django_delayjobs_queues")).content.decode()
+    assert 'data-queue="good"' in page
+    assert broken in page
