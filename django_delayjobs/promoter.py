@@ -5,13 +5,14 @@ to elect. (The reconcile sweep runs beside it, in a thread of its own: see worke
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from .conf import delayjobs_settings
-from .engine import Engine, PerShard
+from .engine import Engine, PerShard, WrongType
 
 logger = logging.getLogger("django_delayjobs.promoter")
 
@@ -25,6 +26,39 @@ RECOVER_EVERY = 1.0
 LIST_EVERY = 60.0
 
 
+#: How often a key of the wrong type that is still there is logged again (seconds).
+BROKEN_REMINDER_SECONDS = 600.0
+
+
+class BrokenKeys:
+    """The shards that a key of the wrong type stops (``WrongType``: another program wrote
+    the key). Such a shard is no outage: Redis answers and every other shard is served at
+    full speed, so it is passed over (tried again at each pass, so that it is served as
+    soon as the key is fixed) and logged once by the key it names, then every
+    ``BROKEN_REMINDER_SECONDS`` while it lasts. Shared by the threads of a process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._logged: dict[str, float] = {}  # message -> when it was logged
+
+    def report(self, shard: str, exc: WrongType) -> None:
+        now, message = time.monotonic(), str(exc)
+        with self._lock:
+            last = self._logged.get(message)
+            if last is not None and now - last < BROKEN_REMINDER_SECONDS:
+                return
+            self._logged[message] = now
+        logger.error("queue %s is not served: %s", shard, exc)
+
+    @contextlib.contextmanager
+    def watch(self, shard: str) -> Iterator[None]:
+        """Pass over ``shard`` (and report it) if a key of it has the wrong type."""
+        try:
+            yield
+        except WrongType as exc:
+            self.report(shard, exc)
+
+
 class Promoter:
     def __init__(
         self,
@@ -33,12 +67,14 @@ class Promoter:
         *,
         tick: float | None = None,
         stop: threading.Event | None = None,
+        broken: BrokenKeys | None = None,
     ) -> None:
         self.engine = engine
         self.queues = list(queues)
         self.tick = tick or delayjobs_settings.TICK_SECONDS
         self.batch = delayjobs_settings.BATCH_SIZE
         self.stop = stop or threading.Event()
+        self.broken = broken or BrokenKeys()
         self._last_recover = 0.0
         self._last_list: float | None = None
 
@@ -58,7 +94,7 @@ class Promoter:
     def _promote(self, each: PerShard) -> tuple[int, float | None]:
         moved, next_due = 0, None
         for shard in self.shards():
-            with each.attempt():
+            with each.attempt(), self.broken.watch(shard):
                 while True:
                     result = self.engine.promote(shard, self.batch)
                     moved += result.moved
@@ -76,7 +112,7 @@ class Promoter:
         if now - self._last_recover >= RECOVER_EVERY:
             self._last_recover = now
             for shard in self.shards():
-                with each.attempt():
+                with each.attempt(), self.broken.watch(shard):
                     while len(self.engine.recover_expired(shard, self.batch)) == self.batch:
                         pass
             if self._last_list is None or now - self._last_list >= LIST_EVERY:

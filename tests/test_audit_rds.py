@@ -3,11 +3,15 @@ without expiry, rows another model protects, counters of a forgotten shard."""
 
 from __future__ import annotations
 
+import io
 import logging
+import re
 import threading
 import time
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.urls import reverse
 
 from django_delayjobs import schedule
@@ -59,14 +63,20 @@ def _requeue(engine, client):
     keys = engine.keys("q")
     client.zadd(keys.garbage, {"a": 1})
     client.set(keys.ready, "x")
-    return keys.ready, lambda: engine.requeue("q", ["a"]), lambda: client.zrange(keys.garbage, 0, -1)
+    return (
+        keys.ready,
+        lambda: engine.requeue("q", ["a"]),
+        lambda: client.zrange(keys.garbage, 0, -1),
+    )
 
 
 def _add(engine, client):
     keys = engine.keys("q")
     client.set(keys.ready, "x")
-    return keys.ready, lambda: engine.add("q", {"later": FAR, "now": 0}), lambda: client.zrange(
-        keys.pending, 0, -1
+    return (
+        keys.ready,
+        lambda: engine.add("q", {"later": FAR, "now": 0}),
+        lambda: client.zrange(keys.pending, 0, -1),
     )
 
 
@@ -87,9 +97,7 @@ def test_a_key_of_the_wrong_type_stops_a_script_before_it_writes_and_is_named(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_wrong_type_on_one_queue_slows_no_other_and_is_logged_once_by_name(
-    redis_client, caplog
-):
+def test_a_wrong_type_on_one_queue_slows_no_other_and_is_logged_once_by_name(redis_client, caplog):
     """The worker backed off up to 5 s for every queue and logged "Redis is unavailable"."""
     engine = get_engine()
     broken = engine.keys("bad").ready
@@ -132,8 +140,28 @@ def test_the_queue_pages_show_the_healthy_queues_and_name_the_broken_key(
     queues = {q["queue"]: q for q in response.json()["queues"]}
     assert queues["good"]["pending"] == 1
     assert "bad" not in queues
-    [error] = response.json()["errors"]
+    [error] = response.json()["broken_queues"]
     assert error["queue"] == "bad" and broken in error["error"] and "set" in error["error"]
     page = admin_client.get(reverse("admin:django_delayjobs_queues")).content.decode()
     assert 'data-queue="good"' in page
     assert broken in page
+    charts = admin_client.get(reverse("admin:django_delayjobs_queues"), {"charts": "1h"})
+    assert 'data-queue="good"' in charts.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_and_delayjobs_stats_show_the_other_queues_beside_a_broken_one(
+    redis_client, client, settings
+):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": "t" * 32}
+    schedule(tasks.record, in_=60, args=["a"], queue="good")
+    schedule(tasks.record, in_=60, args=["b"], queue="bad")
+    broken = get_engine().keys("bad").garbage
+    redis_client.set(broken, "x")
+    response = client.get(reverse("delayjobs_metrics"), HTTP_AUTHORIZATION="Bearer " + "t" * 32)
+    assert response.status_code == 200, response.content[:300]
+    assert 'queue="good"' in response.content.decode()
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=re.escape(broken)):
+        call_command("delayjobs_stats", stdout=out)
+    assert "good" in out.getvalue()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cache, partial
@@ -53,6 +54,36 @@ def script_source(name: str) -> str:
     return resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text()
 
 
+# Redis does not roll a script back: one that meets a key of another type (another
+# program's SET on a queue's key) after its first write would leave that write behind
+# (claim popped ids from ready, then failed on ready_set, and the ids were lost). So each
+# script first checks every key against the type its header gives it, and the error names
+# the key. TYPE is O(1), inside the script: no round trip.
+_TYPE_CHECK = """\
+local expected = {%s}
+for i = 1, #KEYS do
+  local found = redis.call('TYPE', KEYS[i])['ok']
+  if found ~= 'none' and found ~= expected[i] then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' holds a ' .. found .. ', not a '
+      .. expected[i] .. ' (another program wrote it?): the queue cannot be served until it '
+      .. 'is deleted or renamed')
+  end
+end
+"""
+
+
+@cache
+def checked_source(name: str) -> str:
+    """The source of a script as it is loaded: its keys' types checked first (the types
+    read from its header, ``-- KEYS[n] = name TYPE``)."""
+    source = script_source(name)
+    types = dict(re.findall(r"KEYS\[(\d+)\] = \w+ (ZSET|LIST|SET|HASH)\b", source))
+    if not types or sorted(map(int, types)) != list(range(1, len(types) + 1)):
+        raise AssertionError(f"{name}.lua: its header gives no type for some KEYS")
+    listed = ", ".join(f"'{types[str(n)].lower()}'" for n in range(1, len(types) + 1))
+    return _TYPE_CHECK % listed + source
+
+
 def close_client(client: Any) -> None:
     """Close a client's connections. A ``RedisCluster``'s ``close()`` leaves the pools of
     its per-master clients open (redis-py 8 gives them ``auto_close_connection_pool =
@@ -82,7 +113,7 @@ class Engine(Reader):
                  shards: Mapping[str, int] | int = 1) -> None:  # fmt: skip
         super().__init__(client, prefix, shards)
         self._scripts: dict[str, Script] = {
-            name: client.register_script(script_source(name)) for name in _SCRIPTS
+            name: client.register_script(checked_source(name)) for name in _SCRIPTS
         }
         self._waiter: Waiter = Doorbells(client) if self.is_cluster else BlockingWait(client)
         # Per queue: one turn for all would step a queue by the queues claimed between.
