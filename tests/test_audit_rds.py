@@ -8,16 +8,19 @@ import logging
 import re
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
+from django.utils import timezone
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.engine import EngineUnavailable
 from django_delayjobs.models import Job, Status
+from django_delayjobs.retention import AutoPrune
 from django_delayjobs.worker import Options, WorkerProcess
 from tests.testapp import tasks
 
@@ -165,3 +168,35 @@ def test_metrics_and_delayjobs_stats_show_the_other_queues_beside_a_broken_one(
     with pytest.raises(CommandError, match=re.escape(broken)):
         call_command("delayjobs_stats", stdout=out)
     assert "good" in out.getvalue()
+
+
+# -- 2. a prune turn key without expiry -----------------------------------------------------
+
+
+def old_finished_job(status: str = Status.SUCCEEDED) -> Job:
+    now = timezone.now()
+    return Job.objects.create(
+        queue="default", action="tests.nothing", run_at=now - timedelta(days=100),
+        status=status, finished_at=now - timedelta(days=40),
+    )  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prune_turn_key_without_expiry_holds_automatic_pruning_for_one_interval_only(
+    redis_client, settings
+):
+    """Another program's SET of the turn key (no PX) was a turn that never ended: no
+    worker ever pruned again, and nothing said so."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "PRUNE_AFTER_SECONDS": 86400}
+    engine = get_engine()
+    old = old_finished_job()
+    key = f"{{{engine.prefix}}}:turn:prune"
+    redis_client.set(key, "1")
+    pruner = AutoPrune(engine, every=0.2)
+
+    def pruned() -> bool:
+        pruner.step()
+        return not Job.objects.filter(pk=old.pk).exists()
+
+    wait_for(pruned, timeout=5)
+    assert 0 < redis_client.pttl(key) <= 200
