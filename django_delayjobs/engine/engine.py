@@ -381,7 +381,12 @@ class Engine(Reader):
     def take_turn(self, name: str, ttl_ms: float) -> int:
         """Take the turn ``name`` for ``ttl_ms`` unless another process holds it: one
         process of a deployment does a periodic task (pruning) per interval. Return 0 if
-        this call took it, else how many ms until the current holder's turn ends."""
+        this call took it, else how many ms until the current holder's turn ends.
+
+        A turn key without an expiry (another program's SET) would be a turn that never
+        ends, and the task would never run again: it is given ``ttl_ms`` here, so the turn
+        is taken again once that has passed (every process that finds it so sets the same
+        expiry, and the first SET NX after it wins, as always)."""
         key = f"{{{self.prefix}}}:turn:{validate_name(name, 'turn name')}"
         ttl = max(1, _ms(ttl_ms, "ttl"))
 
@@ -394,6 +399,8 @@ class Engine(Reader):
         taken, remaining = self._call(run)
         if taken:
             return 0
+        if int(remaining) == -1:  # no expiry: repaired (the key may have gone meanwhile)
+            self._call(lambda: self.client.pexpire(key, ttl))
         return int(remaining) if int(remaining) > 0 else ttl  # -1/-2: no expiry, or gone
 
     # -- helpers -------------------------------------------------------------------
