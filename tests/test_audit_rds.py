@@ -11,8 +11,11 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
+from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
@@ -200,3 +203,54 @@ def test_a_prune_turn_key_without_expiry_holds_automatic_pruning_for_one_interva
 
     wait_for(pruned, timeout=5)
     assert 0 < redis_client.pttl(key) <= 200
+
+
+# -- 3. rows another table refers to ---------------------------------------------------------
+
+
+@pytest.fixture
+def note_table(transactional_db):
+    """A table of the user's with a real foreign key to the job table (no Django model:
+    a constraint the database enforces, as a model's PROTECT or a hand-made table's)."""
+    key = "uuid" if connection.vendor == "postgresql" else "char(32)"
+    job_table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE TABLE audit_rds_note (id integer PRIMARY KEY, job_id {key} NOT NULL "
+            f"REFERENCES {job_table} (id))"
+        )
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE audit_rds_note")
+
+
+def refer_to(job: Job) -> None:
+    value = Job._meta.pk.get_db_prep_value(job.pk, connection)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO audit_rds_note (id, job_id) VALUES (1, %s)", [value])
+
+
+def test_prune_skips_the_rows_another_table_refers_to_and_says_so_once(note_table, caplog):
+    """Every batch failed with the database's IntegrityError, reported by the command as
+    "the database is unavailable"; the automatic prune retried for ever and pruned
+    nothing."""
+    now = timezone.now()
+    protected = old_finished_job()
+    Job.objects.filter(pk=protected.pk).update(finished_at=now - timedelta(days=50))  # first
+    refer_to(protected)
+    others = [old_finished_job() for _ in range(3)]
+    caplog.set_level(logging.WARNING, logger="django_delayjobs")
+    out = io.StringIO()
+    call_command("delayjobs_prune", "--older-than", "30d", "--batch", "2", stdout=out)
+    assert not Job.objects.filter(pk__in=[j.pk for j in others]).exists()
+    assert Job.objects.filter(pk=protected.pk).exists()
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "unavailable" in m], messages
+    [warning] = [m for m in messages if "refer" in m]
+    assert "1 job" in warning, warning
+    more = [old_finished_job() for _ in range(2)]
+    with override_settings(DELAYJOBS={**settings.DELAYJOBS, "PRUNE_AFTER_SECONDS": 86400}):
+        done = AutoPrune(get_engine(), batch=2).step()
+    assert done is not None and done.jobs == 2, done
+    assert not Job.objects.filter(pk__in=[j.pk for j in more]).exists()
+    assert not [r for r in caplog.records if "failed" in r.getMessage()], caplog.text
