@@ -102,11 +102,15 @@ def test_a_key_of_the_wrong_type_stops_a_script_before_it_writes_and_is_named(
     assert key in str(info.value) and "string" in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize("name", ["ready", "notify"])
 @pytest.mark.django_db(transaction=True)
-def test_a_wrong_type_on_one_queue_slows_no_other_and_is_logged_once_by_name(redis_client, caplog):
-    """The worker backed off up to 5 s for every queue and logged "Redis is unavailable"."""
+def test_a_wrong_type_on_one_queue_slows_no_other_and_is_logged_once_by_name(
+    redis_client, caplog, name
+):
+    """The worker backed off up to 5 s for every queue and logged "Redis is unavailable"
+    (a notify list of the wrong type failed the wait on every queue's lists at once)."""
     engine = get_engine()
-    broken = engine.keys("bad").ready
+    broken = getattr(engine.keys("bad"), name)
     redis_client.set(broken, "x")
     process = WorkerProcess(engine, Options(queues=["bad", "good"], tick=0.1))
     thread = threading.Thread(target=process.run, daemon=True)
@@ -127,6 +131,7 @@ def test_a_wrong_type_on_one_queue_slows_no_other_and_is_logged_once_by_name(red
     assert not [m for m in messages if "unavailable" in m], messages
     named = [m for m in messages if broken in m]
     assert len(named) == 1 and "string" in named[0], messages
+    assert [m for m in messages if "WRONGTYPE" in m] == named, messages
 
 
 @pytest.mark.django_db(transaction=True)
