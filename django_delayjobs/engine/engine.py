@@ -14,7 +14,7 @@ from typing import Any
 from redis.commands.core import Script
 
 from . import sharding
-from .errors import EngineUnavailable, PerShard
+from .errors import EngineUnavailable, PerShard, WrongType
 from .keys import QueueKeys, validate_name
 from .reader import Reader
 from .results import PromoteResult, merge_promoted
@@ -421,4 +421,26 @@ class Engine(Reader):
             sharding.parse(name)
         seconds = check_timeout(timeout)
         keys = [getattr(self._keys(s), kind) for name in names for s in self._router.targets(name)]
-        return self._call(lambda: self._waiter.wait(keys, seconds))
+        try:
+            return self._call(lambda: self._waiter.wait(keys, seconds))
+        except WrongType:
+            # One queue's list of another type (another program's) fails the wait on
+            # every queue: wait on the others (that queue's scripts report the key).
+            usable = self._lists(keys)
+            if not usable:
+                raise
+            return self._call(lambda: self._waiter.wait(usable, seconds))
+
+    def _lists(self, keys: list[str]) -> list[str]:
+        """The ``keys`` that hold a list or nothing (one round trip)."""
+
+        def run() -> Any:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.type(key)
+            return pipe.execute()
+
+        found = self._call(run)
+        return [
+            key for key, kind in zip(keys, found, strict=True) if _text(kind) in ("list", "none")
+        ]
