@@ -12,7 +12,8 @@ import time
 from collections.abc import Iterator, Sequence
 
 from .conf import delayjobs_settings
-from .engine import Engine, PerShard, WrongType
+from .engine import Engine, EngineUnavailable, PerShard, WrongType
+from .engine.errors import unreachable
 
 logger = logging.getLogger("django_delayjobs.promoter")
 
@@ -59,6 +60,46 @@ class BrokenKeys:
             self.report(shard, exc)
 
 
+#: How long the promoter passes over the shards of a Cluster master that did not answer.
+SKIP_SECONDS = 5.0
+
+
+class Breaker:
+    """Pass over, for ``SKIP_SECONDS``, the shards of a Cluster master that just failed to
+    answer (a circuit breaker): a frozen or cut-off master costs each call the client's
+    timeout and its retry, about 2 s, so a pass over its shards took seconds while the
+    healthy masters' shards waited. A shard passed over counts as failed (the caller logs
+    the outage as before); after a failover its slots have a new master, which is tried at
+    once. On one Redis nothing is passed over: there is no other master to serve."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._open: dict[str, tuple[float, EngineUnavailable]] = {}  # master -> until, why
+
+    @contextlib.contextmanager
+    def guard(self, shard: str) -> Iterator[None]:
+        if not self.engine.is_cluster:
+            yield
+            return
+        try:
+            master = self.engine.node_of(shard)  # the client's slot table: no round trip
+        except EngineUnavailable:
+            master = ""
+        until, why = self._open.get(master, (0.0, None))
+        if why is not None and time.monotonic() < until:  # a new error: tracebacks add up
+            raise EngineUnavailable(
+                f"{why} (passed over for {SKIP_SECONDS:g} s)"
+            ) from why.__cause__
+        try:
+            yield
+        except EngineUnavailable as exc:
+            if unreachable(exc):
+                self._open[master] = (time.monotonic() + SKIP_SECONDS, exc)
+            raise
+        else:
+            self._open.pop(master, None)
+
+
 class Promoter:
     def __init__(
         self,
@@ -75,6 +116,7 @@ class Promoter:
         self.batch = delayjobs_settings.BATCH_SIZE
         self.stop = stop or threading.Event()
         self.broken = broken or BrokenKeys()
+        self.breaker = Breaker(engine)
         self._last_recover = 0.0
         self._last_list: float | None = None
 
@@ -94,7 +136,7 @@ class Promoter:
     def _promote(self, each: PerShard) -> tuple[int, float | None]:
         moved, next_due = 0, None
         for shard in self.shards():
-            with each.attempt(), self.broken.watch(shard):
+            with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
                 while True:
                     result = self.engine.promote(shard, self.batch)
                     moved += result.moved
@@ -112,7 +154,7 @@ class Promoter:
         if now - self._last_recover >= RECOVER_EVERY:
             self._last_recover = now
             for shard in self.shards():
-                with each.attempt(), self.broken.watch(shard):
+                with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
                     while len(self.engine.recover_expired(shard, self.batch)) == self.batch:
                         pass
             if self._last_list is None or now - self._last_list >= LIST_EVERY:
