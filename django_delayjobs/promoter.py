@@ -5,13 +5,15 @@ to elect. (The reconcile sweep runs beside it, in a thread of its own: see worke
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from .conf import delayjobs_settings
-from .engine import Engine, PerShard
+from .engine import Engine, EngineUnavailable, PerShard, WrongType
+from .engine.errors import unreachable
 
 logger = logging.getLogger("django_delayjobs.promoter")
 
@@ -25,6 +27,79 @@ RECOVER_EVERY = 1.0
 LIST_EVERY = 60.0
 
 
+#: How often a key of the wrong type that is still there is logged again (seconds).
+BROKEN_REMINDER_SECONDS = 600.0
+
+
+class BrokenKeys:
+    """The shards that a key of the wrong type stops (``WrongType``: another program wrote
+    the key). Such a shard is no outage: Redis answers and every other shard is served at
+    full speed, so it is passed over (tried again at each pass, so that it is served as
+    soon as the key is fixed) and logged once by the key it names, then every
+    ``BROKEN_REMINDER_SECONDS`` while it lasts. Shared by the threads of a process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._logged: dict[str, float] = {}  # message -> when it was logged
+
+    def report(self, shard: str, exc: WrongType) -> None:
+        now, message = time.monotonic(), str(exc)
+        with self._lock:
+            last = self._logged.get(message)
+            if last is not None and now - last < BROKEN_REMINDER_SECONDS:
+                return
+            self._logged[message] = now
+        logger.error("queue %s is not served: %s", shard, exc)
+
+    @contextlib.contextmanager
+    def watch(self, shard: str) -> Iterator[None]:
+        """Pass over ``shard`` (and report it) if a key of it has the wrong type."""
+        try:
+            yield
+        except WrongType as exc:
+            self.report(shard, exc)
+
+
+#: How long the promoter passes over the shards of a Cluster master that did not answer.
+SKIP_SECONDS = 5.0
+
+
+class Breaker:
+    """Pass over, for ``SKIP_SECONDS``, the shards of a Cluster master that just failed to
+    answer (a circuit breaker): a frozen or cut-off master costs each call the client's
+    timeout and its retry, about 2 s, so a pass over its shards took seconds while the
+    healthy masters' shards waited. A shard passed over counts as failed (the caller logs
+    the outage as before); after a failover its slots have a new master, which is tried at
+    once. On one Redis nothing is passed over: there is no other master to serve."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._open: dict[str, tuple[float, EngineUnavailable]] = {}  # master -> until, why
+
+    @contextlib.contextmanager
+    def guard(self, shard: str) -> Iterator[None]:
+        if not self.engine.is_cluster:
+            yield
+            return
+        try:
+            master = self.engine.node_of(shard)  # the client's slot table: no round trip
+        except EngineUnavailable:
+            master = ""
+        until, why = self._open.get(master, (0.0, None))
+        if why is not None and time.monotonic() < until:  # a new error: tracebacks add up
+            raise EngineUnavailable(
+                f"{why} (passed over for {SKIP_SECONDS:g} s)"
+            ) from why.__cause__
+        try:
+            yield
+        except EngineUnavailable as exc:
+            if unreachable(exc):
+                self._open[master] = (time.monotonic() + SKIP_SECONDS, exc)
+            raise
+        else:
+            self._open.pop(master, None)
+
+
 class Promoter:
     def __init__(
         self,
@@ -33,12 +108,15 @@ class Promoter:
         *,
         tick: float | None = None,
         stop: threading.Event | None = None,
+        broken: BrokenKeys | None = None,
     ) -> None:
         self.engine = engine
         self.queues = list(queues)
         self.tick = tick or delayjobs_settings.TICK_SECONDS
         self.batch = delayjobs_settings.BATCH_SIZE
         self.stop = stop or threading.Event()
+        self.broken = broken or BrokenKeys()
+        self.breaker = Breaker(engine)
         self._last_recover = 0.0
         self._last_list: float | None = None
 
@@ -58,7 +136,7 @@ class Promoter:
     def _promote(self, each: PerShard) -> tuple[int, float | None]:
         moved, next_due = 0, None
         for shard in self.shards():
-            with each.attempt():
+            with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
                 while True:
                     result = self.engine.promote(shard, self.batch)
                     moved += result.moved
@@ -76,7 +154,7 @@ class Promoter:
         if now - self._last_recover >= RECOVER_EVERY:
             self._last_recover = now
             for shard in self.shards():
-                with each.attempt():
+                with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
                     while len(self.engine.recover_expired(shard, self.batch)) == self.batch:
                         pass
             if self._last_list is None or now - self._last_list >= LIST_EVERY:

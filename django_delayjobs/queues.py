@@ -15,7 +15,7 @@ from typing import Any
 
 from .conf import delayjobs_settings
 from .connection import get_engine
-from .engine import Engine, QueueStats, is_valid_name
+from .engine import Engine, QueueStats, WrongType, is_valid_name
 from .models import ACTIVE, Job, Status
 from .rows import tolerant
 
@@ -123,8 +123,8 @@ def queue_names(engine: Engine | None = None) -> list[str]:
 def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) -> QueueState:
     """Return the state of one queue. Raises ``EngineUnavailable`` if Redis is down."""
     engine = engine or get_engine()
+    stats = engine.stats(name)  # first: its script names a key of the wrong type
     upcoming = engine.next_due(name, next_due)
-    stats = engine.stats(name)
     return QueueState(
         name=name,
         stats=stats,
@@ -158,6 +158,20 @@ def all_queue_states(*, next_due: int = 10) -> list[QueueState]:
     """Return the state of every queue (see ``queue_names``)."""
     engine = get_engine()
     return [queue_state(name, next_due=next_due, engine=engine) for name in queue_names(engine)]
+
+
+def readable_queue_states(*, next_due: int = 10) -> tuple[list[QueueState], dict[str, str]]:
+    """Return the state of every queue that can be read, and queue -> why for the queues
+    that cannot: one with a key of the wrong type (another program's) hides no other.
+    Raises ``EngineUnavailable`` if Redis is down."""
+    engine = get_engine()
+    states, errors = [], {}
+    for name in queue_names(engine):
+        try:
+            states.append(queue_state(name, next_due=next_due, engine=engine))
+        except WrongType as exc:
+            errors[name] = str(exc)
+    return states, errors
 
 
 def garbage(name: str, limit: int = 100) -> list[tuple[Job | None, str, datetime.datetime | None]]:

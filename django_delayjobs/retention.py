@@ -23,14 +23,15 @@ import datetime
 import logging
 import re
 import time
+import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
 
 from django.db import Error as DatabaseError
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -126,6 +127,8 @@ class Pruned:
     batches: int = 0
     #: A batch's deleted dead jobs, (queue, id): ids their queue's Redis garbage holds.
     dead: list[tuple[str, str]] = field(default_factory=list)
+    #: Jobs left because another table refers to them (see ``Protected``).
+    protected: int = 0
 
 
 def count(cutoff: datetime.datetime, statuses: Sequence[str]) -> Pruned:
@@ -135,16 +138,18 @@ def count(cutoff: datetime.datetime, statuses: Sequence[str]) -> Pruned:
     return Pruned(jobs=matching.count(), events=events)
 
 
-def delete_batch(cutoff: datetime.datetime, statuses: Sequence[str], size: int) -> Pruned:
-    """Delete up to ``size`` of the oldest matching jobs and their events, in one
-    transaction."""
+def delete_batch(
+    cutoff: datetime.datetime, statuses: Sequence[str], size: int, skip: Collection[uuid.UUID] = ()
+) -> Pruned:
+    """Delete up to ``size`` of the oldest matching jobs (but those in ``skip``) and their
+    events, in one transaction."""
     alias = sql.db()
     conn = connections[alias]
     if conn.vendor == "postgresql":
-        return _delete_batch_postgresql(alias, cutoff, statuses, size)
+        return _delete_batch_postgresql(alias, cutoff, statuses, size, skip)
     features = conn.features
     with transaction.atomic(using=alias):
-        chosen = _finished(cutoff, statuses).order_by("finished_at")
+        chosen = _finished(cutoff, statuses).exclude(pk__in=skip).order_by("finished_at")
         if features.has_select_for_update:
             chosen = chosen.select_for_update(
                 skip_locked=features.has_select_for_update_skip_locked
@@ -152,20 +157,28 @@ def delete_batch(cutoff: datetime.datetime, statuses: Sequence[str], size: int) 
         pks = list(chosen.values_list("pk", flat=True)[:size])
         if not pks:
             return Pruned()
-        # Restated: on a database without row locks a job may have been requeued since.
-        still = _finished(cutoff, statuses).filter(pk__in=pks)
-        dead = []
-        if Status.DEAD in statuses:
-            dead = [(q, str(pk)) for q, pk in still.filter(status=Status.DEAD)
-                    .values_list("queue", "pk")]  # fmt: skip
-        events = JobEvent.objects.using(alias).filter(job__in=still.values("pk"))
-        deleted_events = events._raw_delete(alias)
-        deleted_jobs = still._raw_delete(alias)
+        return _delete(alias, cutoff, statuses, pks)
+
+
+def _delete(
+    alias: str, cutoff: datetime.datetime, statuses: Sequence[str], pks: list[uuid.UUID]
+) -> Pruned:
+    """Delete the jobs ``pks`` that still match, and their events (in the caller's
+    transaction)."""
+    # Restated: on a database without row locks a job may have been requeued since.
+    still = _finished(cutoff, statuses).filter(pk__in=pks)
+    dead = []
+    if Status.DEAD in statuses:
+        dead = [(q, str(pk)) for q, pk in still.filter(status=Status.DEAD)
+                .values_list("queue", "pk")]  # fmt: skip
+    events = JobEvent.objects.using(alias).filter(job__in=still.values("pk"))
+    deleted_events = events._raw_delete(alias)
+    deleted_jobs = still._raw_delete(alias)
     return Pruned(jobs=deleted_jobs, events=deleted_events, batches=1, dead=dead)
 
 
 @cache
-def _batch_sql(alias: str, statuses: int) -> str:
+def _batch_sql(alias: str, statuses: int, skip: bool) -> str:
     conn = connections[alias]
     job, event = (conn.ops.quote_name(m._meta.db_table) for m in (Job, JobEvent))
 
@@ -176,7 +189,8 @@ def _batch_sql(alias: str, statuses: int) -> str:
     return (
         f"WITH chosen AS (SELECT {c('id')} FROM {job}"
         f" WHERE {c('status')} IN ({', '.join(['%s'] * statuses)}) AND {c('finished_at')} < %s"
-        f" ORDER BY {c('finished_at')} LIMIT %s FOR UPDATE SKIP LOCKED),"
+        + (f" AND NOT ({c('id')} = ANY(%s))" if skip else "")
+        + f" ORDER BY {c('finished_at')} LIMIT %s FOR UPDATE SKIP LOCKED),"
         f" events AS (DELETE FROM {event} WHERE {job_id} IN (SELECT {c('id')} FROM chosen)"
         f" RETURNING 1),"
         f" jobs AS (DELETE FROM {job} WHERE {c('id')} IN (SELECT {c('id')} FROM chosen)"
@@ -189,7 +203,11 @@ def _batch_sql(alias: str, statuses: int) -> str:
 
 
 def _delete_batch_postgresql(
-    alias: str, cutoff: datetime.datetime, statuses: Sequence[str], size: int
+    alias: str,
+    cutoff: datetime.datetime,
+    statuses: Sequence[str],
+    size: int,
+    skip: Collection[uuid.UUID],
 ) -> Pruned:
     """The batch as one statement: the rows are chosen, locked (locked ones skipped) and
     deleted with their events by the server, which returns the dead ones' queues and ids.
@@ -197,11 +215,61 @@ def _delete_batch_postgresql(
     100,000 jobs, on cores that the workers share, and made the prune 2.3 times slower
     (docs/performance.md)."""
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(_batch_sql(alias, len(statuses)), [*statuses, cutoff, size, Status.DEAD])
+        skipped = [list(skip)] if skip else []
+        cursor.execute(_batch_sql(alias, len(statuses), bool(skip)),
+                       [*statuses, cutoff, *skipped, size, Status.DEAD])  # fmt: skip
         jobs, events, dead = cursor.fetchone()
     if not jobs:
         return Pruned()
     return Pruned(jobs=jobs, events=events, batches=1, dead=[(q, i) for q, i in dead])
+
+
+class Protected:
+    """Finished jobs that another table refers to (a model's foreign key to ``Job`` with
+    ``on_delete=PROTECT``, or a table's own constraint), so the database refuses their
+    delete: a refusal, not an outage. They are left and skipped, the rest are pruned,
+    and what blocks them is logged once (again only when more are found)."""
+
+    def __init__(self) -> None:
+        self.pks: set[uuid.UUID] = set()
+        self.error = ""
+        self._reported = 0
+
+    def add(self, pk: uuid.UUID, exc: IntegrityError) -> None:
+        self.pks.add(pk)
+        self.error = str(exc).strip() or type(exc).__name__
+
+    def report(self) -> None:
+        if len(self.pks) > self._reported:
+            self._reported = len(self.pks)
+            logger.warning(
+                "pruning left %d job(s) that another table refers to (a foreign key to the "
+                "job table; the database said: %s); the other jobs are pruned",
+                len(self.pks), self.error,
+            )  # fmt: skip
+
+
+def delete_singly(
+    cutoff: datetime.datetime, statuses: Sequence[str], size: int, protected: Protected
+) -> Pruned:
+    """The batch ``delete_batch`` could not delete as a whole (the database refused it: a
+    row another table refers to), one job per transaction: those it refuses join
+    ``protected``. Only after such a refusal, so the usual batch stays one statement."""
+    alias = sql.db()
+    chosen = _finished(cutoff, statuses).exclude(pk__in=protected.pks).order_by("finished_at")
+    done = Pruned(batches=1)
+    for pk in list(chosen.values_list("pk", flat=True)[:size]):
+        try:  # a transaction each: a deferred constraint refuses at COMMIT
+            with transaction.atomic(using=alias):
+                one = _delete(alias, cutoff, statuses, [pk])
+        except IntegrityError as exc:
+            protected.add(pk, exc)
+            done.protected += 1
+            continue
+        done.jobs += one.jobs
+        done.events += one.events
+        done.dead += one.dead
+    return done
 
 
 def prune(
@@ -212,6 +280,7 @@ def prune(
     max_rate: int | None = None,
     max_batches: int | None = None,
     progress: Callable[[Pruned], None] | None = None,
+    protected: Protected | None = None,
 ) -> Pruned:
     """Delete every finished job of ``statuses`` that finished before ``cutoff``, batch
     by batch (``max_batches`` at most); call ``progress`` with the running totals after
@@ -224,6 +293,8 @@ def prune(
 
     The deleted dead jobs' ids are purged from Redis's garbage after each batch; those
     Redis did not take (down or refusing) are counted in one warning, and never raise.
+    Jobs another table refers to are left (added to ``protected``, counted in one
+    warning), and the others pruned.
     """
     check_batch(batch)
     rate = None if max_rate is None else check_rate(max_rate)
@@ -233,24 +304,30 @@ def prune(
         raise ValueError(f"max_batches must be None or an int of at least 1, not {max_batches!r}")
     total = Pruned()
     garbage = GarbagePurge()
+    protected = Protected() if protected is None else protected
     try:
         while True:
             started = time.monotonic()
-            done = delete_batch(cutoff, statuses, batch)
+            try:
+                done = delete_batch(cutoff, statuses, batch, protected.pks)
+            except IntegrityError:  # a row another table refers to: the rest, one by one
+                done = delete_singly(cutoff, statuses, batch, protected)
             if not done.batches:
                 return total
             garbage.purge(done.dead)
             total.jobs += done.jobs
             total.events += done.events
+            total.protected += done.protected
             total.batches += 1
             if progress is not None:
                 progress(total)
-            if done.jobs < batch or total.batches == max_batches:
+            if done.jobs + done.protected < batch or total.batches == max_batches:
                 return total
             if rate is not None:
                 time.sleep(max(0.0, started + done.jobs / rate - time.monotonic()))
     finally:
         garbage.report()
+        protected.report()
 
 
 class GarbagePurge:
@@ -311,6 +388,7 @@ class AutoPrune:
         self.batch = batch
         self.batches = batches
         self.cutoff: datetime.datetime | None = None  # set while a pass is under way
+        self.protected = Protected()  # skipped by every pass of this process
         self.next_try = 0.0  # time.monotonic() of the next step that does anything
         self.failing = False
 
@@ -325,7 +403,7 @@ class AutoPrune:
                 return None
             assert self.cutoff is not None
             done = prune(self.cutoff, batch=self.batch, max_rate=DEFAULT_RATE,
-                         max_batches=self.batches)  # fmt: skip
+                         max_batches=self.batches, protected=self.protected)  # fmt: skip
         except (DatabaseError, EngineUnavailable) as exc:
             self.failed(exc)
             return None
@@ -341,7 +419,7 @@ class AutoPrune:
         if self.failing:
             logger.warning("automatic pruning works again")
             self.failing = False
-        if done.jobs < self.batch * self.batches:  # this pass is over
+        if done.jobs + done.protected < self.batch * self.batches:  # this pass is over
             self.cutoff = None
             self.next_try = time.monotonic() + every
         return done

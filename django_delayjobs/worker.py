@@ -37,13 +37,13 @@ from django.utils import timezone
 
 from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
-from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard
+from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution, receivers_left_autocommit_off
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner
-from .promoter import Promoter
+from .promoter import BrokenKeys, Promoter
 from .reconcile import horizon, reconcile
 from .retention import AutoPrune
 
@@ -137,6 +137,8 @@ class Backoff:
     def failed(self, problem: str, exc: BaseException | str, pause: float | None = None) -> None:
         """Log the outage's start, then sleep the backoff's delay, or ``pause`` seconds if
         given: a caller whose pass served the shards it could reach keeps its own pace."""
+        if isinstance(exc, WrongType) or isinstance(getattr(exc, "__cause__", None), WrongType):
+            problem = "a key of a queue has the wrong type"  # Redis itself answers
         self.delay = self.next_delay()
         self.failures += 1
         self.last_failure = time.monotonic()
@@ -166,7 +168,9 @@ class WorkerProcess:
         self.fatal: str | None = None  # why the process must exit non-zero
         self.signalled = False  # a SIGTERM/SIGINT was received: the next one exits at once
         self.stats = Stats()
-        self.promoter = Promoter(engine, options.queues, tick=options.tick, stop=self.stopping)
+        self.broken = BrokenKeys()  # one report per broken key, whichever thread meets it
+        self.promoter = Promoter(engine, options.queues, tick=options.tick, stop=self.stopping,
+                                 broken=self.broken)  # fmt: skip
         self.threads: list[threading.Thread] = []
         # job id -> (its shard: the queue, for a queue of 1; the worker thread that claimed
         # it), for the ids this process holds in flight: their leases are extended
@@ -403,7 +407,8 @@ class WorkerProcess:
         this process, so none of them starves; the ids are settled in the shard they came from.
 
         A shard whose master is unreachable (a Cluster failing over) is passed over; the
-        error is raised only if no other shard had ids, so the rest keep being served.
+        error is raised only if no other shard had ids, so the rest keep being served. A
+        shard with a key of the wrong type is passed over and reported (``BrokenKeys``).
         """
         failure: EngineUnavailable | None = None
         for queue in queues:
@@ -413,6 +418,9 @@ class WorkerProcess:
             for shard in shards[start:] + shards[:start]:
                 try:
                     ids = self.engine.claim(shard, count, self.lease_ms)
+                except WrongType as exc:  # that shard alone: no outage, no backoff
+                    self.broken.report(shard, exc)
+                    continue
                 except EngineUnavailable as exc:
                     failure = failure or exc
                     continue
@@ -527,7 +535,11 @@ class WorkerProcess:
         return mine
 
     def engine_has_ready(self) -> bool:
-        return any(self.engine.stats(q).ready for q in self.options.queues)
+        ready = 0
+        for queue in self.options.queues:
+            with self.broken.watch(queue):  # passed over by the claims too
+                ready += self.engine.stats(queue).ready
+        return ready > 0
 
     def hand_back(self, queue: str, ids: Sequence[str], owner: int | None = None) -> bool:
         """Return claimed ids that this process (worker thread ``owner``) still holds to

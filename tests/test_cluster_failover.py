@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ import pytest
 from django.db.models import Count, Max, Min
 from django.utils import timezone
 
-from django_delayjobs import health, schedule
+from django_delayjobs import connection, health, schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded_cluster import EmbeddedCluster, Node
 from django_delayjobs.engine import Engine, EngineUnavailable, close_client
@@ -220,6 +221,57 @@ def test_while_a_master_is_down_the_promoter_promotes_the_shards_on_the_others(
         time.sleep(0.1)
     ready = {s: engine.stats(s).ready for s in healthy}
     assert ready == {s: held[s] for s in healthy}
+
+
+def test_while_a_master_is_frozen_the_promoter_keeps_the_pace_of_the_others(lonely_cluster, engine):
+    """A master that does not answer (frozen, or cut off by a partition) cost each call to
+    each of its shards the client's timeout and a retry, at every pass: the healthy
+    masters' shards were promoted seconds late until the failover."""
+    engine = Engine(connection.cluster_client(lonely_cluster.url), prefix="audit", shards=SHARDS)
+    try:
+        frozen_master_passed_over(lonely_cluster, engine)
+    finally:
+        engine.close()
+
+
+def frozen_master_passed_over(lonely_cluster: EmbeddedCluster, engine: Engine) -> None:
+    """The test above with the client ``get_engine`` uses (its timeouts and one retry)."""
+    shards = engine.shards("q")
+    engine.add("q", {str(uuid.uuid4()): 4e12 for _ in range(60)})  # every shard listed
+    # Not the directory's master: the directory is read again every few seconds.
+    directory = engine.client.get_node_from_key(engine.queues_key).name
+    victim = next(n for n in (master_of(lonely_cluster, engine, s) for s in shards)
+                  if n.address != directory)  # fmt: skip
+    healthy = [s for s in shards if master_of(lonely_cluster, engine, s) is not victim]
+    frozen = [s for s in shards if s not in healthy]
+    assert all(engine.stats(s).pending for s in shards)
+    promoter = Promoter(engine, ["q"], tick=0.2)
+    promoter.step()
+    assert victim.process is not None
+    victim.process.send_signal(signal.SIGSTOP)
+    try:
+        with contextlib.suppress(EngineUnavailable):
+            promoter.step()  # meets the frozen master
+        due = time.time() * 1000 + 300
+        for shard in healthy:
+            engine.add(shard, {f"{shard}-late": due})
+        started = time.monotonic()
+        while not all(engine.stats(s).ready for s in healthy):
+            with contextlib.suppress(EngineUnavailable):
+                promoter.step()
+            assert time.monotonic() - started < 30
+        took = time.monotonic() - started
+        assert took < 1.5, f"due in 0.3 s, promoted after {took:.1f} s"
+    finally:
+        victim.process.send_signal(signal.SIGCONT)
+    engine.add(frozen[0], {"back": time.time() * 1000 + 100})
+
+    def promoted() -> bool:
+        with contextlib.suppress(EngineUnavailable):
+            promoter.step()
+        return engine.stats(frozen[0]).ready == 1
+
+    wait_for(promoted, timeout=15)  # served again once it answers
 
 
 @pytest.mark.django_db

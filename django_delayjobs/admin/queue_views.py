@@ -168,10 +168,12 @@ def _workers(state: queues.QueueState, now: datetime.datetime) -> list[Worker]:
     return workers
 
 
-def _sections(admin: JobAdmin, now: datetime.datetime) -> list[Section]:
+def _sections(admin: JobAdmin, now: datetime.datetime) -> tuple[list[Section], dict[str, str]]:
+    """The sections of the queues that can be read, and queue -> why for the others."""
     changelist = reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist")
     sections = []
-    for state in queues.all_queue_states(next_due=NEXT_DUE_SHOWN):
+    states, errors = queues.readable_queue_states(next_due=NEXT_DUE_SHOWN)
+    for state in states:
         sections.append(
             Section(
                 state=state,
@@ -183,7 +185,7 @@ def _sections(admin: JobAdmin, now: datetime.datetime) -> list[Section]:
                 oldest_lease=display.relative(state.oldest_lease_at, now),
             )
         )
-    return sections
+    return sections, errors
 
 
 def _permissions(admin: JobAdmin, request: HttpRequest) -> dict[str, bool]:
@@ -199,10 +201,11 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     now = timezone.now()
     sections: list[Section] = []
+    queue_errors: dict[str, str] = {}
     redis_error = settings_error = ""
     graphs: charts.Charts | None = None
     try:
-        sections = _sections(admin, now)
+        sections, queue_errors = _sections(admin, now)
         graphs = charts.build(request.GET.get("charts"))
     except ConfigurationError as exc:  # its text names the setting, never a password
         settings_error = str(exc)
@@ -217,6 +220,7 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         "charts": graphs,
         "redis_error": redis_error,
         "settings_error": settings_error,
+        "queue_errors": sorted(queue_errors.items()),
         "now": now,
         "changelist_url": reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist"),
         "requeue_url": reverse(f"{admin.admin_site.name}:django_delayjobs_queues_requeue"),

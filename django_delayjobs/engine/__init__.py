@@ -1,7 +1,7 @@
 """The Redis engine: ids and due times moved by Lua scripts. Never imports Django."""
 
 from .engine import MAX_BATCH, Engine, close_client, script_source
-from .errors import DelayJobsError, EngineUnavailable, PartlyUnavailable, PerShard
+from .errors import DelayJobsError, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
 from .keys import QueueKeys, is_valid_name, validate_name
 from .results import PromoteResult, QueueStats
 from .sharding import MAX_SHARDS, Shard, queue_of
@@ -20,6 +20,7 @@ __all__ = [
     "QueueKeys",
     "QueueStats",
     "Shard",
+    "WrongType",
     "close_client",
     "is_valid_name",
     "queue_of",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cache, partial
@@ -13,7 +14,7 @@ from typing import Any
 from redis.commands.core import Script
 
 from . import sharding
-from .errors import EngineUnavailable, PerShard
+from .errors import EngineUnavailable, PerShard, WrongType
 from .keys import QueueKeys, validate_name
 from .reader import Reader
 from .results import PromoteResult, merge_promoted
@@ -53,6 +54,36 @@ def script_source(name: str) -> str:
     return resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text()
 
 
+# Redis does not roll a script back: one that meets a key of another type (another
+# program's SET on a queue's key) after its first write would leave that write behind
+# (claim popped ids from ready, then failed on ready_set, and the ids were lost). So each
+# script first checks every key against the type its header gives it, and the error names
+# the key. TYPE is O(1), inside the script: no round trip.
+_TYPE_CHECK = """\
+local expected = {%s}
+for i = 1, #KEYS do
+  local found = redis.call('TYPE', KEYS[i])['ok']
+  if found ~= 'none' and found ~= expected[i] then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' holds a ' .. found .. ', not a '
+      .. expected[i] .. ' (another program wrote it?): the queue cannot be served until it '
+      .. 'is deleted or renamed')
+  end
+end
+"""
+
+
+@cache
+def checked_source(name: str) -> str:
+    """The source of a script as it is loaded: its keys' types checked first (the types
+    read from its header, ``-- KEYS[n] = name TYPE``)."""
+    source = script_source(name)
+    types = dict(re.findall(r"KEYS\[(\d+)\] = \w+ (ZSET|LIST|SET|HASH)\b", source))
+    if not types or sorted(map(int, types)) != list(range(1, len(types) + 1)):
+        raise AssertionError(f"{name}.lua: its header gives no type for some KEYS")
+    listed = ", ".join(f"'{types[str(n)].lower()}'" for n in range(1, len(types) + 1))
+    return _TYPE_CHECK % listed + source
+
+
 def close_client(client: Any) -> None:
     """Close a client's connections. A ``RedisCluster``'s ``close()`` leaves the pools of
     its per-master clients open (redis-py 8 gives them ``auto_close_connection_pool =
@@ -82,7 +113,7 @@ class Engine(Reader):
                  shards: Mapping[str, int] | int = 1) -> None:  # fmt: skip
         super().__init__(client, prefix, shards)
         self._scripts: dict[str, Script] = {
-            name: client.register_script(script_source(name)) for name in _SCRIPTS
+            name: client.register_script(checked_source(name)) for name in _SCRIPTS
         }
         self._waiter: Waiter = Doorbells(client) if self.is_cluster else BlockingWait(client)
         # Per queue: one turn for all would step a queue by the queues claimed between.
@@ -350,7 +381,12 @@ class Engine(Reader):
     def take_turn(self, name: str, ttl_ms: float) -> int:
         """Take the turn ``name`` for ``ttl_ms`` unless another process holds it: one
         process of a deployment does a periodic task (pruning) per interval. Return 0 if
-        this call took it, else how many ms until the current holder's turn ends."""
+        this call took it, else how many ms until the current holder's turn ends.
+
+        A turn key without an expiry (another program's SET) would be a turn that never
+        ends, and the task would never run again: it is given ``ttl_ms`` here, so the turn
+        is taken again once that has passed (every process that finds it so sets the same
+        expiry, and the first SET NX after it wins, as always)."""
         key = f"{{{self.prefix}}}:turn:{validate_name(name, 'turn name')}"
         ttl = max(1, _ms(ttl_ms, "ttl"))
 
@@ -363,6 +399,8 @@ class Engine(Reader):
         taken, remaining = self._call(run)
         if taken:
             return 0
+        if int(remaining) == -1:  # no expiry: repaired (the key may have gone meanwhile)
+            self._call(lambda: self.client.pexpire(key, ttl))
         return int(remaining) if int(remaining) > 0 else ttl  # -1/-2: no expiry, or gone
 
     # -- helpers -------------------------------------------------------------------
@@ -383,4 +421,26 @@ class Engine(Reader):
             sharding.parse(name)
         seconds = check_timeout(timeout)
         keys = [getattr(self._keys(s), kind) for name in names for s in self._router.targets(name)]
-        return self._call(lambda: self._waiter.wait(keys, seconds))
+        try:
+            return self._call(lambda: self._waiter.wait(keys, seconds))
+        except WrongType:
+            # One queue's list of another type (another program's) fails the wait on
+            # every queue: wait on the others (that queue's scripts report the key).
+            usable = self._lists(keys)
+            if not usable:
+                raise
+            return self._call(lambda: self._waiter.wait(usable, seconds))
+
+    def _lists(self, keys: list[str]) -> list[str]:
+        """The ``keys`` that hold a list or nothing (one round trip)."""
+
+        def run() -> Any:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.type(key)
+            return pipe.execute()
+
+        found = self._call(run)
+        return [
+            key for key, kind in zip(keys, found, strict=True) if _text(kind) in ("list", "none")
+        ]

@@ -20,6 +20,12 @@ class EngineUnavailable(DelayJobsError):
     """Redis could not be reached or answered with an error; nothing was changed."""
 
 
+class WrongType(EngineUnavailable):
+    """A key of a queue (or shard) holds another Redis type than the layout gives it:
+    another program wrote it. That queue cannot be served until the key is deleted or
+    renamed; every other queue can (Redis itself is fine). The message names the key."""
+
+
 class PartlyUnavailable(EngineUnavailable):
     """Some shards could not be reached (a master of a Cluster is down); the call went on
     with the others and changed them. ``done`` is what it did there: what it returns when
@@ -102,6 +108,8 @@ def guarded(fn: Callable[[], T]) -> T:
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise EngineUnavailable(f"Redis is unreachable: {exc}") from exc
     except redis.ResponseError as exc:
+        if str(exc).startswith("WRONGTYPE"):
+            raise WrongType(f"a key has the wrong type: {exc}") from exc
         raise EngineUnavailable(f"Redis refused the command: {exc}") from exc
     except (redis.RedisError, RedisClusterException) as exc:  # ClusterDown, no slots...
         raise EngineUnavailable(f"the Redis Cluster cannot serve: {exc}") from exc

@@ -156,6 +156,7 @@ class Reader:
             with each.attempt():
                 if not self._empty(shard):
                     continue
+                self._fold_counters(shard, sharding.shards(queue, self._router.count(queue))[0])
                 directory.forget(shard)
                 if self._empty(shard):
                     forgotten.append(self._router.name(shard))
@@ -163,6 +164,28 @@ class Reader:
                     directory.register(shard)
         each.check(forgotten)
         return forgotten
+
+    def _fold_counters(self, shard: Shard, into: Shard) -> None:
+        """Move the counters of ``shard`` (about to be forgotten) into those of ``into``, a
+        shard of the current count: the queue's totals are the sum over its served shards,
+        and exported as Prometheus counters, which must never go down. The counts are
+        subtracted, not deleted, so an add that counts meanwhile keeps its count. On one
+        Redis both moves are one transaction; on a Cluster the shards may be on two
+        masters, and a read between the two sees the totals off by these counts."""
+        source, target = self._keys(shard).counters, self._keys(into).counters
+        found = self._call(lambda: self.client.hgetall(source))
+        counts = {_text(k): int(v) for k, v in found.items() if _is_int(v) and int(v)}
+        if not counts:
+            return
+
+        def run() -> None:
+            pipe = self.client.pipeline(transaction=not self.is_cluster)
+            for name, count in counts.items():
+                pipe.hincrby(target, name, count)
+                pipe.hincrby(source, name, -count)
+            pipe.execute()
+
+        self._call(run)
 
     def _empty(self, shard: Shard) -> bool:
         s = self._stats(shard)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..engine.errors import WrongType
 from . import layout, store
 
 if TYPE_CHECKING:
@@ -45,7 +46,10 @@ def read(engine: Engine, queues: Sequence[str], count: int, now: int | None = No
     minutes = [Minute(m) for m in range(first, now + 1)]
     for queue in queues:
         found = store.minutes(engine, queue, first, now)
-        current = engine.stats(queue).counters
+        try:
+            current = engine.stats(queue).counters
+        except WrongType:  # a key of that queue another program wrote: shown on the page
+            current = {}
         for m in minutes:
             fields = found.get(m.minute, {})
             for outcome in layout.WORKER_OUTCOMES:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 from .. import timing
 from ..conf import delayjobs_settings
 from ..engine import QueueStats
-from ..engine.errors import guarded
+from ..engine.errors import WrongType, guarded
 from ..models import Job
 from . import layout, store
 
@@ -48,13 +48,18 @@ def queue_names(engine: Engine) -> list[str]:
 
 
 def read(engine: Engine) -> list[QueueReading]:
-    """Read every queue. Raises ``EngineUnavailable`` if Redis is down."""
+    """Read every queue but those with a key of the wrong type (another program's: the
+    queue page and ``delayjobs_health`` name the key). Raises ``EngineUnavailable`` if
+    Redis is down."""
     names = queue_names(engine)
     totals = store.totals(engine, names)
     actions = tuple(delayjobs_settings.METRICS_ACTIONS)
     readings = []
     for name in names:
-        stats = engine.stats(name)
+        try:
+            stats = engine.stats(name)
+        except WrongType:
+            continue
         overdue = oldest_overdue(engine, stats)
         readings.append(QueueReading(name, stats, totals[name], overdue, actions))
     return readings

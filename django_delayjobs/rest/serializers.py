@@ -260,5 +260,13 @@ class QueueStateSerializer(serializers.Serializer[Any]):
     shards = ShardStateSerializer(many=True)
 
 
+class QueueErrorSerializer(serializers.Serializer[Any]):
+    """A queue that cannot be read (a key of the wrong type, which the error names)."""
+
+    queue = serializers.CharField()
+    error = serializers.CharField()
+
+
 class QueuesSerializer(serializers.Serializer[Any]):
     queues = QueueStateSerializer(many=True)
+    broken_queues = QueueErrorSerializer(many=True)

@@ -19,7 +19,7 @@ from .. import door, services
 from ..engine import EngineUnavailable
 from ..exceptions import ConfigurationError, InvalidSchedule
 from ..models import Job
-from ..queues import all_queue_states
+from ..queues import readable_queue_states
 from ..rows import tolerant
 from . import serializers as s
 from .filters import JobFilterSerializer, filter_jobs
@@ -199,7 +199,7 @@ class QueuesView(SafeFormats, APIView):
     )
     def get(self, request: Request) -> Response:
         try:
-            states = [state.as_dict() for state in all_queue_states()]
+            states, errors = readable_queue_states()
         except ConfigurationError as exc:  # its text names the setting, never a password
             logger.error("queue state requested while the settings cannot work: %s", exc)
             raise SettingsUnusable(
@@ -208,7 +208,11 @@ class QueuesView(SafeFormats, APIView):
         except EngineUnavailable as exc:
             logger.warning("queue state requested while Redis is unreachable: %s", exc)
             raise RedisUnavailable() from exc
-        return Response(s.QueuesSerializer({"queues": states}).data)
+        data = {
+            "queues": [state.as_dict() for state in states],
+            "broken_queues": [{"queue": n, "error": e} for n, e in sorted(errors.items())],
+        }
+        return Response(s.QueuesSerializer(data).data)
 
 
 #: The views whose endpoints the OpenAPI schema describes.

@@ -361,3 +361,21 @@ def test_shard_k_of_n_lies_in_the_middle_of_the_k_th_nth_of_the_slots(engine):
             s = slot(tag("t", parse(f"q#{k}/{n}")))
             width = 16384 / n
             assert width * k + width * 3 / 8 - 1 <= s < width * k + width * 5 / 8, (k, n, s)
+
+
+def test_the_counters_of_a_forgotten_shard_stay_in_the_queues_totals(redis_client):
+    """Prometheus exports the summed counters (``delayjobs_jobs_total``): a forgotten
+    shard took its counts with it, and the totals dropped, which Prometheus reads as a
+    counter reset (a spike in every rate())."""
+    before, after = make(redis_client, 2), make(redis_client, 3)
+    before.add(Q, dict.fromkeys(ids(6), 0))
+    claimed = before.claim(Q, 4, HOUR)
+    before.ack(Q, claimed)
+    before.remove(Q, [i for i in ids(6) if i not in claimed])
+    after.add(Q, {"new": 0})
+    totals = after.stats(Q).counters
+    assert totals == {"added": 7, "acked": 4, "removed": 2}
+    assert len(after.forget_empty_shards(Q)) == 2
+    assert after.stats(Q).counters == totals
+    after.ack(Q, after.claim(Q, 1, HOUR))
+    assert after.stats(Q).counters == {**totals, "acked": 5}

@@ -80,6 +80,8 @@ class Command(BaseCommand):
             f"deleted {total.jobs} {what}, with {total.events} event(s), "
             f"in {total.batches} batch(es)" + (f" (at most {max_rate} jobs/s)" if max_rate else "")
         )
+        if total.protected:
+            self.stdout.write(f"left {total.protected} job(s) that another table refers to")
 
     @staticmethod
     def checked(options: dict[str, Any]) -> tuple[datetime.timedelta, tuple[str, ...], int,

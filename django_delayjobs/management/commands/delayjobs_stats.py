@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ...connection import get_engine
-from ...engine import DelayJobsError, Engine, QueueStats
+from ...engine import DelayJobsError, Engine, QueueStats, WrongType
 from ...queues import ms_datetime
 
 COLUMNS = (
@@ -55,7 +55,13 @@ class Command(BaseCommand):
         try:
             engine = get_engine()
             queues = options["queues"] or engine.known_queues()
-            table = [COLUMNS, *(r for q in queues for r in rows(engine, q))]
+            table: list[tuple[str, ...]] = [COLUMNS]
+            broken: list[str] = []
+            for queue in queues:
+                try:
+                    table += rows(engine, queue)
+                except WrongType as exc:  # that queue alone: the others are shown
+                    broken.append(f"{queue}: {exc}")
         except (DelayJobsError, ValueError, TypeError) as exc:
             raise CommandError(str(exc)) from exc
         widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
@@ -63,3 +69,5 @@ class Command(BaseCommand):
             self.stdout.write(
                 "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
             )
+        if broken:
+            raise CommandError("cannot read queue " + "; queue ".join(broken))
