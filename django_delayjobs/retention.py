@@ -250,25 +250,35 @@ class Protected:
 
 
 def delete_singly(
-    cutoff: datetime.datetime, statuses: Sequence[str], size: int, protected: Protected
+    cutoff: datetime.datetime,
+    statuses: Sequence[str],
+    size: int,
+    protected: Protected,
+    garbage: GarbagePurge,
 ) -> Pruned:
     """The batch ``delete_batch`` could not delete as a whole (the database refused it: a
     row another table refers to), one job per transaction: those it refuses join
-    ``protected``. Only after such a refusal, so the usual batch stays one statement."""
+    ``protected``. Only after such a refusal, so the usual batch stays one statement.
+    If the database fails part-way, the dead ids of the jobs already deleted still leave
+    ``garbage`` before the error goes on."""
     alias = sql.db()
     chosen = _finished(cutoff, statuses).exclude(pk__in=protected.pks).order_by("finished_at")
     done = Pruned(batches=1)
-    for pk in list(chosen.values_list("pk", flat=True)[:size]):
-        try:  # a transaction each: a deferred constraint refuses at COMMIT
-            with transaction.atomic(using=alias):
-                one = _delete(alias, cutoff, statuses, [pk])
-        except IntegrityError as exc:
-            protected.add(pk, exc)
-            done.protected += 1
-            continue
-        done.jobs += one.jobs
-        done.events += one.events
-        done.dead += one.dead
+    try:
+        for pk in list(chosen.values_list("pk", flat=True)[:size]):
+            try:  # a transaction each: a deferred constraint refuses at COMMIT
+                with transaction.atomic(using=alias):
+                    one = _delete(alias, cutoff, statuses, [pk])
+            except IntegrityError as exc:
+                protected.add(pk, exc)
+                done.protected += 1
+                continue
+            done.jobs += one.jobs
+            done.events += one.events
+            done.dead += one.dead
+    except DatabaseError:
+        garbage.purge(done.dead)
+        raise
     return done
 
 
@@ -311,7 +321,7 @@ def prune(
             try:
                 done = delete_batch(cutoff, statuses, batch, protected.pks)
             except IntegrityError:  # a row another table refers to: the rest, one by one
-                done = delete_singly(cutoff, statuses, batch, protected)
+                done = delete_singly(cutoff, statuses, batch, protected, garbage)
             if not done.batches:
                 return total
             garbage.purge(done.dead)

@@ -260,3 +260,73 @@ def test_prune_skips_the_rows_another_table_refers_to_and_says_so_once(note_tabl
     assert done is not None and done.jobs == 2, done
     assert not Job.objects.filter(pk__in=[j.pk for j in more]).exists()
     assert "automatic pruning failed" not in caplog.text
+
+
+@pytest.fixture
+def fail_second_delete_of(transactional_db):
+    """``fail(job)``: from the second time the database is asked to delete that job's
+    row, it fails as an outage does (OperationalError), by a trigger: the first ask is
+    the batch's, which the row another table refers to rolls back whole."""
+    table = Job._meta.db_table
+    created = []
+
+    def fail(job: Job) -> None:
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("CREATE SEQUENCE audit_rds_asks")  # not rolled back
+                cursor.execute(
+                    "CREATE FUNCTION audit_rds_fail() RETURNS trigger LANGUAGE plpgsql AS $$"
+                    f" BEGIN IF OLD.id = '{job.pk}' AND nextval('audit_rds_asks') >= 2 THEN"
+                    " RAISE EXCEPTION 'the server went away' USING ERRCODE = '08006';"
+                    " END IF; RETURN OLD; END $$"
+                )
+                cursor.execute(f"CREATE TRIGGER audit_rds_fail BEFORE DELETE ON {table} "
+                               "FOR EACH ROW EXECUTE FUNCTION audit_rds_fail()")  # fmt: skip
+            else:
+                asks = []
+
+                def check(value: str) -> int:
+                    if value == job.pk.hex:
+                        asks.append(value)
+                        if len(asks) >= 2:
+                            raise RuntimeError("the server went away")
+                    return 0
+
+                connection.connection.create_function("audit_rds_fail", 1, check)
+                cursor.execute(f"CREATE TRIGGER audit_rds_fail BEFORE DELETE ON {table} "
+                               "WHEN audit_rds_fail(old.id) BEGIN SELECT 1; END")  # fmt: skip
+        created.append(job)
+
+    yield fail
+    if created:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "DROP TRIGGER audit_rds_fail"
+                + (f" ON {table}" if connection.vendor == "postgresql" else "")
+            )
+            if connection.vendor == "postgresql":
+                cursor.execute("DROP FUNCTION audit_rds_fail()")
+                cursor.execute("DROP SEQUENCE audit_rds_asks")
+
+
+def test_a_database_failure_while_pruning_one_by_one_still_purges_the_ids_already_deleted(
+    note_table, fail_second_delete_of
+):
+    """The rows deleted one by one before the failure are gone: their dead ids left
+    Redis's garbage only with the batch's end, which the failure never reached, so the
+    health check and the metrics counted them for ever."""
+    from .test_retention import dead_in_garbage
+
+    protected = old_finished_job(Status.DEAD)
+    Job.objects.filter(pk=protected.pk).update(finished_at=timezone.now() - timedelta(days=50))
+    refer_to(protected)
+    _first, second = dead_in_garbage("default", 2)
+    Job.objects.filter(pk=second.pk).update(finished_at=timezone.now() - timedelta(days=35))
+    fail_second_delete_of(second)
+    engine = get_engine()
+    assert engine.stats("default").garbage == 2
+    with pytest.raises(CommandError, match="database is unavailable"):
+        call_command("delayjobs_prune", "--older-than", "30d", "--status", "dead",
+                     "--batch", "3", stdout=io.StringIO())  # fmt: skip
+    assert set(Job.objects.values_list("pk", flat=True)) == {protected.pk, second.pk}
+    assert [i for i, _ in engine.garbage("default", 10)] == [str(second.pk)]

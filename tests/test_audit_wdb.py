@@ -66,21 +66,19 @@ def test_an_action_that_leaves_an_atomic_block_open_fails_and_the_next_jobs_comm
     assert_the_next_jobs_committed(after)
 
 
-@pytest.mark.parametrize("query_after", [False, True], ids=["returns", "queries"])
-def test_an_action_that_closes_the_connection_fails_saying_so(query_after):
+@pytest.mark.parametrize(
+    ("action", "args"),
+    [
+        (tasks.close_connection, ["closed", False]),
+        (tasks.close_connection, ["closed", True]),
+        (tasks.close_connection_in_own_block, ["closed"]),
+    ],
+    ids=["returns", "queries", "non-atomic-own-block"],
+)
+def test_an_action_that_closes_the_connection_fails_saying_so(action, args):
     """Its transaction is gone with the connection: the attempt failed, by the action's
     doing (not a lost database: no delivery is handed back), and the history says so."""
-    job, after = run_first_then_two(tasks.close_connection, "closed", query_after)
-    assert (job.status, job.attempts, job.deliveries) == (Status.RETRYING, 1, 1)
-    assert "the action closed the database connection" in job.last_error.splitlines()[0], (
-        job.last_error
-    )
-    assert not Record.objects.filter(label="closed").exists()
-    assert_the_next_jobs_committed(after)
-
-
-def test_a_non_atomic_action_that_closes_the_connection_in_its_own_block_fails_saying_so():
-    job, after = run_first_then_two(tasks.close_connection_in_own_block, "closed")
+    job, after = run_first_then_two(action, *args)
     assert (job.status, job.attempts, job.deliveries) == (Status.RETRYING, 1, 1)
     assert "the action closed the database connection" in job.last_error.splitlines()[0], (
         job.last_error

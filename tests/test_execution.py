@@ -13,17 +13,18 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from django_delayjobs import schedule, schedule_many, signals
 from django_delayjobs.connection import get_engine
-from django_delayjobs.execution import Execution, note
+from django_delayjobs.execution import EARLY_WAIT, Execution, note
 from django_delayjobs.models import Job, Status
 from django_delayjobs.outcomes import Outcome, settle
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import build_job
 from django_delayjobs.timing import to_ms
-from tests.helpers import database_down, wait_for
+from tests.helpers import database_down, free_port, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -419,6 +420,34 @@ def test_a_row_unreadable_after_the_nack_is_left_to_reconcile(settings, tmp_path
     assert engine.client.zscore(pending, job_id) == nacked  # the old retry time, not lost
     reconcile(engine)
     assert engine.client.zscore(pending, job_id) == to_ms(Job.objects.get(pk=job.pk).run_at)
+
+
+def test_a_deferral_settled_with_redis_down_is_not_lost(settings, caplog):
+    """A deferral asks Redis for its clock before the nack: with Redis gone, the settle
+    neither raises nor drops the id, which stays in flight until its lease ends and then
+    comes back, and the job runs once, at its time."""
+    engine = get_engine()
+    job = schedule(tasks.record, in_=0, args=["deferred"])
+    (job_id,) = wait_for(lambda: engine.promote("default") and engine.claim("default", 1, 200))
+    soon = timezone.now() + EARLY_WAIT * 1.5  # not run early: handed back to wait
+    Job.objects.filter(pk=job.pk).update(run_at=soon)  # a reschedule Redis did not see
+    result = Execution("default", job_id, "w").run()
+    assert result.outcome == Outcome.DEFERRED
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    with (
+        caplog.at_level("WARNING", "django_delayjobs"),
+        override_settings(DELAYJOBS={**settings.DELAYJOBS, "REDIS_URL": nowhere}),
+    ):
+        settle(get_engine(), "default", job_id, result)
+    assert "Redis is unavailable" in caplog.text
+    assert engine.client.zscore(engine.keys("default").unack, job_id) is not None  # in flight
+    wait_for(lambda: engine.recover_expired("default"), timeout=5)  # its lease ended
+    wait_for(lambda: timezone.now() >= soon, timeout=5)
+    burst()
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.attempts) == (Status.SUCCEEDED, 1), row.last_error
+    assert row.started_at >= soon
+    assert Record.objects.filter(label="deferred").count() == 1
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's session settings")
