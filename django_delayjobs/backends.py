@@ -90,7 +90,8 @@ class TaskAction:
             value = task.call(*args, **kwargs)
         # The framework's rule for return values: normalised to JSON types, and one that
         # cannot be ("Unsupported type") fails the task, its database effects rolled back.
-        return normalize_json(value)
+        serialization.check_depth(value, "the task's return value")  # before recursing
+        return json_keys(normalize_json(value), "the task's return value")
 
 
 class DelayJobsBackend(BaseTaskBackend):
@@ -121,8 +122,14 @@ class DelayJobsBackend(BaseTaskBackend):
         super().validate_task(task)
         try:
             validate_name(task.queue_name, "queue name")
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:  # TypeError: not a str (QUEUES empty)
             raise InvalidTask(str(exc)) from None
+        if "<lambda>" in task.func.__qualname__:
+            # Every lambda of a module has the same module_path: the worker would run
+            # whichever registered last for all of them.
+            raise InvalidTask(
+                f"{task.module_path}: a lambda has no name of its own; define the task with def"
+            )
         name = PREFIX + task.module_path
         if name not in _tasks:
             registry.register(name, TaskAction(task))
@@ -138,6 +145,10 @@ class DelayJobsBackend(BaseTaskBackend):
         # The framework's rule for arguments (TypeError "Unsupported type" otherwise),
         # applied before anything is written.
         args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        try:
+            args, kwargs = json_keys(args, "args"), json_keys(kwargs, "kwargs")
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
         run_after = task.run_after
         if isinstance(run_after, datetime.timedelta):  # older backport versions allow it
             run_after = timezone.now() + run_after
@@ -172,6 +183,39 @@ class DelayJobsBackend(BaseTaskBackend):
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         return to_result(job)
+
+
+def json_keys(value: Any, path: str) -> Any:
+    """``value`` (normalised by ``normalize_json``) with each dict key a str, as JSON
+    writes it: ``1`` is ``"1"``, ``True`` ``"true"``, ``None`` ``"null"``. The framework
+    keeps such keys (its database-backed backends store them as JSON's strings), while
+    ``schedule()`` refuses them. Two keys that would become one raise ``ValueError``."""
+    if isinstance(value, list):
+        return [json_keys(item, path) for item in value]
+    if not isinstance(value, dict):
+        return value
+    converted: dict[Any, Any] = {}
+    original: dict[Any, Any] = {}
+    for key, item in value.items():
+        name = key if isinstance(key, str) else _json_key(key)
+        if name in converted:
+            raise ValueError(
+                f"{path} has the keys {original[name]!r} and {key!r}, which JSON makes one "
+                f"({name!r})"
+            )
+        converted[name], original[name] = json_keys(item, path), key
+    return converted
+
+
+def _json_key(key: object) -> object:
+    """A key as JSON writes it; anything else (a float's nan) as it is, for dump to refuse."""
+    if key is None or isinstance(key, bool):
+        return {None: "null", True: "true", False: "false"}[key]
+    if isinstance(key, int):
+        return int.__repr__(key)
+    if isinstance(key, float) and key == key and key not in (float("inf"), float("-inf")):
+        return float.__repr__(key)
+    return key
 
 
 def _params(alias: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import datetime
 import pytest
 from django.core.management import call_command
 from django.db import transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from django_delayjobs import sql
@@ -16,13 +17,17 @@ from tests.testapp import task_functions as t
 from tests.testapp.models import Record
 
 try:
-    from django.tasks import default_task_backend
+    from django.tasks import default_task_backend, task
     from django.tasks import signals as task_signals
 except ImportError:
-    from django_tasks import default_task_backend
+    from django_tasks import default_task_backend, task
     from django_tasks import signals as task_signals
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+#: Module-level lambdas: every one of them has the module_path "<module>.<lambda>".
+FIRST_LAMBDA = lambda: "first"  # noqa: E731
+SECOND_LAMBDA = lambda: "second"  # noqa: E731
 
 
 @pytest.fixture(autouse=True)
@@ -158,6 +163,43 @@ def test_arguments_nested_too_deep_are_refused_not_a_recursion_error(make):
     with pytest.raises(InvalidTask, match="levels deep"):
         t.add.enqueue(1, b=value)
     assert not Job.objects.exists()
+
+
+def test_a_lambda_is_refused_as_a_task():
+    """Django's module-level rule lets a module-level lambda through, but all the lambdas
+    of a module share one module_path: a worker would run the last one registered for
+    every one of them."""
+    with pytest.raises(InvalidTask, match="lambda"):
+        task(FIRST_LAMBDA)
+    with pytest.raises(InvalidTask, match="lambda"):
+        task(SECOND_LAMBDA)
+    assert not Job.objects.exists()
+
+
+def test_argument_keys_are_json_keys():
+    """normalize_json keeps a key 3 or None; JSON (and the framework's database-backed
+    backends) make it "3" or "null". Two keys that JSON makes one are refused."""
+    future = timezone.now() + datetime.timedelta(hours=1)
+    result = t.add.using(run_after=future).enqueue({3: "a", None: "b", True: "c"}, b={2.5: 0})
+    assert result.args == [{"3": "a", "null": "b", "true": "c"}] and result.kwargs == {
+        "b": {"2.5": 0}}  # fmt: skip
+    assert t.add.get_result(result.id).args == result.args
+    for value in ({1: "int", "1": "str"}, [{"true": 1, True: 2}]):
+        with pytest.raises(InvalidTask, match="which JSON makes one"):
+            t.add.enqueue(value, 1)
+    with pytest.raises(InvalidTask, match="key nan"):
+        t.add.enqueue({float("nan"): 1}, 1)
+    assert Job.objects.count() == 1
+
+
+def test_a_queue_name_that_is_not_a_str_is_an_invalid_task():
+    """With QUEUES empty the framework checks no queue name: ours refuses one that is
+    not a str as InvalidTask, as it refuses a malformed one."""
+    backend = "django_delayjobs.backends.DelayJobsBackend"
+    with override_settings(TASKS={"default": {"BACKEND": backend, "QUEUES": []}}):
+        for name in (5, "a b"):
+            with pytest.raises(InvalidTask, match="queue name"):
+                t.add.using(queue_name=name)
 
 
 def test_bad_arguments_are_refused_and_nothing_is_written():

@@ -186,6 +186,10 @@ def test_async_tasks_run_to_completion_in_the_worker():
         (t.returns_object, TypeError, "Unsupported type"),
         # JSON that the database cannot keep as it is (too big, say): InvalidSchedule.
         (t.returns_too_much, InvalidSchedule, "MAX_JSON_BYTES"),
+        # JSON has one key for 1 and "1": refused, not one of the values silently lost.
+        (t.returns_colliding_keys, ValueError, "the keys 1 and '1'"),
+        # Refused before the framework's recursive normalize_json, not a RecursionError.
+        (t.returns_itself, InvalidSchedule, "levels deep"),
     ],
 )
 def test_a_failed_task_rolls_back_its_writes(task, error, message):
@@ -203,6 +207,17 @@ def test_return_values_are_normalised_as_the_framework_does():
     result = t.returns_tuple.enqueue()
     burst()
     assert t.returns_tuple.get_result(result.id).return_value == [1, "two"]
+
+
+def test_a_return_value_with_keys_that_are_not_str_is_kept_as_json_keeps_it():
+    """The framework's normalize_json keeps the keys 1 and True; its database-backed
+    backends store them as JSON does ("1", "true"). The task succeeds, as there."""
+    result = t.returns_int_keys.enqueue("keys")
+    burst()
+    read = t.returns_int_keys.get_result(result.id)
+    assert read.status == TaskResultStatus.SUCCESSFUL
+    assert read.return_value == {"1": "keys", "2": "two"}
+    assert labels() == ["keys"]
 
 
 def test_arguments_are_checked_before_anything_is_written():

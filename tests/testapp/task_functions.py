@@ -82,3 +82,23 @@ def fail_quoting_a_traceback() -> None:
 @task
 def give_up(reason: str) -> None:
     raise GiveUp(reason)
+
+
+@task
+def returns_int_keys(label: str) -> dict[int, str]:
+    Record.objects.create(label=label)
+    return {1: label, 2: "two"}  # JSON keys are strings: {"1": label, "2": "two"}
+
+
+@task
+def returns_colliding_keys(label: str) -> dict[object, str]:
+    Record.objects.create(label=label)  # rolled back: the return value fails the task
+    return {1: "int", "1": "str"}
+
+
+@task
+def returns_itself(label: str) -> dict[str, object]:
+    Record.objects.create(label=label)  # rolled back: the return value fails the task
+    loop: dict[str, object] = {}
+    loop["me"] = [loop]
+    return loop
