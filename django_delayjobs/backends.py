@@ -131,6 +131,10 @@ class DelayJobsBackend(BaseTaskBackend):
                 f"{task.module_path}: a lambda has no name of its own; define the task with def"
             )
         name = PREFIX + task.module_path
+        try:  # refused here, when the task is defined, not by each enqueue
+            door.check_column(name, "the task's action name ('task:' + its module_path)", "action")
+        except (TypeError, ValueError) as exc:
+            raise InvalidTask(str(exc)) from None
         if name not in _tasks:
             registry.register(name, TaskAction(task))
         _tasks[name] = task  # .using() makes copies; any of them runs the same function

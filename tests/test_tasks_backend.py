@@ -176,6 +176,20 @@ def test_a_lambda_is_refused_as_a_task():
     assert not Job.objects.exists()
 
 
+def long_named() -> None:
+    pass
+
+
+long_named.__qualname__ = "Outer." * 50 + "long_named"  # as nested classes make it
+
+
+def test_a_task_whose_action_name_the_column_cannot_hold_is_refused_when_defined():
+    """The job's action is "task:" + module_path, in a 255-character column: refused when
+    the task is defined (validate_task), not left to fail at each enqueue."""
+    with pytest.raises(InvalidTask, match="at most 255 fit"):
+        task(long_named)
+
+
 def test_argument_keys_are_json_keys():
     """normalize_json keeps a key 3 or None; JSON (and the framework's database-backed
     backends) make it "3" or "null". Two keys that JSON makes one are refused."""
