@@ -20,6 +20,8 @@ oldest ready job, as for the metrics).
   ``HEARTBEAT_SECONDS`` after its last beat).
 - ``overdue:<queue>``: the oldest job that is due and has not started has waited at most
   ``max_overdue`` seconds (a due job nobody promoted, or a ready job nobody claimed).
+  A ready job's due time is its row's: when the ``database`` check failed, a queue with a
+  ready job fails this one without asking the database again.
 - ``garbage:<queue>`` (only with ``max_garbage``): the queue holds at most that many dead
   jobs in its garbage (dead, not yet requeued or purged).
 """
@@ -120,9 +122,10 @@ def run(engine: Engine, limits: Limits) -> list[Check]:
     redis, reachable = check_redis(engine)
     if not reachable:
         return without_redis(redis, limits)
-    checks = [redis, check_database()]
+    database = check_database()
+    checks = [redis, database]
     for queue in limits.queues:
-        checks += check_queue(engine, queue, limits)
+        checks += check_queue(engine, queue, limits, rows=database.ok)
     return checks
 
 
@@ -259,7 +262,10 @@ def sqlite_refusal(conn: BaseDatabaseWrapper) -> str | None:
     return None
 
 
-def check_queue(engine: Engine, queue: str, limits: Limits) -> list[Check]:
+def check_queue(engine: Engine, queue: str, limits: Limits, rows: bool = True) -> list[Check]:
+    """The queue's checks; without ``rows`` (the ``database`` check failed) the due time of
+    a ready job is not read: a database that did not answer that check within its bound
+    would hold this one, outside any bound, for as long as it does not answer."""
     from .metrics.snapshot import oldest_overdue
 
     try:
@@ -271,6 +277,10 @@ def check_queue(engine: Engine, queue: str, limits: Limits) -> list[Check]:
         Check(f"workers:{queue}", live >= limits.min_workers,
               f"{live} live worker process(es), at least {limits.min_workers} wanted"),
     ]  # fmt: skip
+    if not rows and stats.ready:
+        checks.append(Check(f"overdue:{queue}", False, "cannot tell: a ready job's due time "
+                            "is its row's, and the database check failed"))  # fmt: skip
+        return checks + _garbage(queue, stats.garbage, limits)
     try:
         overdue = oldest_overdue(engine, stats)
     except (DelayJobsError, DatabaseError) as exc:
@@ -279,11 +289,15 @@ def check_queue(engine: Engine, queue: str, limits: Limits) -> list[Check]:
         checks.append(Check(f"overdue:{queue}", overdue <= limits.max_overdue,
                             f"oldest due job waiting {overdue:.1f} s, at most "
                             f"{limits.max_overdue:g} s allowed"))  # fmt: skip
-    if limits.max_garbage is not None:
-        checks.append(Check(f"garbage:{queue}", stats.garbage <= limits.max_garbage,
-                            f"{stats.garbage} dead job(s) in the garbage, at most "
-                            f"{limits.max_garbage} allowed"))  # fmt: skip
-    return checks
+    return checks + _garbage(queue, stats.garbage, limits)
+
+
+def _garbage(queue: str, garbage: int, limits: Limits) -> list[Check]:
+    if limits.max_garbage is None:
+        return []
+    return [Check(f"garbage:{queue}", garbage <= limits.max_garbage,
+                  f"{garbage} dead job(s) in the garbage, at most {limits.max_garbage} "
+                  "allowed")]  # fmt: skip
 
 
 def healthy(checks: Sequence[Check]) -> bool:
