@@ -4,7 +4,10 @@ Real servers only (the suite's Redis, the test database)."""
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
+import urllib.request
 from io import StringIO
 
 import psycopg
@@ -68,3 +71,35 @@ def test_health_answers_within_its_bound_while_the_job_table_is_locked():
     lines = out.getvalue().splitlines()
     assert any(line.startswith("FAIL database") for line in lines), lines
     assert any(line.startswith("FAIL overdue:default") for line in lines), lines
+
+
+def count_threads(prefix: str) -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith(prefix))
+
+
+def test_clients_that_send_nothing_cannot_pile_up_on_the_workers_metrics_port(monkeypatch, capfd):
+    """A client that connects and sends nothing (a scraper host that vanished mid-scrape,
+    a port scanner, a hostile client) held a thread and a file descriptor of the worker
+    process for ever, one per connection: enough of them and the worker could open no
+    database or Redis connection. Now each is dropped after a timeout, and at most a few
+    are served at a time; a scrape still answers once they are gone."""
+    from django_delayjobs.metrics import server as metrics_server
+
+    monkeypatch.setattr(metrics_server, "REQUEST_TIMEOUT_SECONDS", 1.0)
+    srv = metrics_server.MetricsServer("127.0.0.1", 0).start()
+    idle: list[socket.socket] = []
+    try:
+        before = count_threads("Thread-")
+        for _ in range(3 * metrics_server.MAX_CONNECTIONS):
+            idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+        time.sleep(0.3)  # let the server accept what it will
+        assert count_threads("Thread-") - before <= metrics_server.MAX_CONNECTIONS
+        for sock in idle:  # every one is closed by the server, none is held
+            assert sock.recv(1) == b""
+        with urllib.request.urlopen(srv.url, timeout=10) as response:
+            assert response.status == 200
+        assert "Traceback" not in capfd.readouterr().err  # no stderr line per dropped client
+    finally:
+        for sock in idle:
+            sock.close()
+        srv.close()
