@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 import urllib.request
+import uuid
 from io import StringIO
 
 import psycopg
@@ -18,7 +19,12 @@ from django.db import connection, connections
 
 from django_delayjobs import health
 from django_delayjobs.connection import get_engine
+from django_delayjobs.engine import WrongType
+from django_delayjobs.metrics import snapshot, store
+from django_delayjobs.metrics.recorder import Recorder
+from django_delayjobs.outcomes import Outcome
 from tests.test_health import beat, overdue
+from tests.test_metrics import T0, result
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -103,3 +109,44 @@ def test_clients_that_send_nothing_cannot_pile_up_on_the_workers_metrics_port(mo
         for sock in idle:
             sock.close()
         srv.close()
+
+
+def test_a_metrics_key_of_the_wrong_type_does_not_count_its_queues_jobs_again_each_second(
+    engine, redis_client
+):
+    """A queue's flush is one MULTI/EXEC; Redis runs every command of an EXEC but the one
+    that meets a key of the wrong type (another program's). The flush failed, the queue's
+    counts were all kept for the next one, and the commands that had been applied (the
+    minute's hash, here) were applied again at every flush: the charts counted each job
+    once a second. Now only what Redis refused is kept, and written once it can be."""
+    recorder = Recorder()
+    t0 = T0.timestamp()
+    minute = int(t0 // 60)
+    recorder.record("b", result(Outcome.SUCCEEDED), now=t0)
+    redis_client.set(store.totals_key(engine, "b"), "x")  # another program's string
+    for second in range(3):
+        with pytest.raises(WrongType):
+            recorder.flush(engine, ["b"], now=t0 + second)
+    assert store.minutes(engine, "b", minute, minute)[minute]["jobs:succeeded"] == 1
+    redis_client.delete(store.totals_key(engine, "b"))
+    recorder.flush(engine, ["b"], now=t0 + 3)
+    assert store.totals(engine, ["b"])["b"]["jobs:succeeded"] == 1
+    assert store.minutes(engine, "b", minute, minute)[minute]["jobs:succeeded"] == 1
+    assert recorder.tallies == {}
+
+
+@pytest.mark.django_db
+def test_a_metrics_key_of_the_wrong_type_hides_its_queue_not_every_queue(engine, redis_client):
+    """The metrics of every queue were a 503 "Redis is unavailable" while one queue's
+    totals key had the wrong type; now that queue alone is left out, as a queue whose own
+    keys have the wrong type is."""
+    recorder = Recorder()
+    for queue in ("a", "b"):
+        engine.add(queue, {str(uuid.uuid4()): 10**13})
+        recorder.record(queue, result(Outcome.SUCCEEDED))
+    recorder.flush(engine, ["a", "b"])
+    redis_client.delete(store.totals_key(engine, "b"))
+    redis_client.set(store.totals_key(engine, "b"), "x")
+    readings = {r.name: r for r in snapshot.read(engine)}
+    assert "b" not in readings
+    assert readings["a"].jobs("succeeded") == 1

@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..conf import delayjobs_settings
@@ -99,7 +99,7 @@ class Recorder:
             taken, self.tallies = self.tallies, {}
         return taken
 
-    def give_back(self, tallies: Tallies) -> None:
+    def give_back(self, tallies: Mapping[tuple[str, int | None], Mapping[str, float]]) -> None:
         """Keep counts a failed flush could not write, for the next flush."""
         with self.lock:
             for key, tally in tallies.items():
@@ -118,12 +118,15 @@ class Recorder:
         tallies = {k: t for k, t in self.take().items() if k[1] is None or k[1] > minute - history}
         snap = [q for q in queues if self.snapped.get(q) != minute]
         written: set[str] = set()
+        refused: store.Increments = {}
         try:
-            store.write(engine, tallies, snap, minute, ttl=history * 60 + 120, written=written)
+            store.write(engine, tallies, snap, minute, ttl=history * 60 + 120, written=written,
+                        refused=refused)  # fmt: skip
         finally:
-            # Only the queues not written: the others' counts are in Redis already, and
-            # giving them back would add them again at every flush that fails.
+            # Only the queues not written, and what Redis refused of the others: the rest
+            # is in Redis already, and giving it back would add it again at every flush.
             self.give_back({k: t for k, t in tallies.items() if k[0] not in written})
+            self.give_back(refused)
             for queue in written.intersection(snap):
                 self.snapped[queue] = minute
 

@@ -49,13 +49,15 @@ def queue_names(engine: Engine) -> list[str]:
 
 def read(engine: Engine) -> list[QueueReading]:
     """Read every queue but those with a key of the wrong type (another program's: the
-    queue page and ``delayjobs_health`` name the key). Raises ``EngineUnavailable`` if
-    Redis is down."""
+    queue page and ``delayjobs_health`` name an engine key, the worker's log a metrics
+    key). Raises ``EngineUnavailable`` if Redis is down."""
     names = queue_names(engine)
     totals = store.totals(engine, names)
     actions = tuple(delayjobs_settings.METRICS_ACTIONS)
     readings = []
     for name in names:
+        if name not in totals:
+            continue
         try:
             stats = engine.stats(name)
         except WrongType:
