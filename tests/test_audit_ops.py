@@ -13,13 +13,14 @@ from io import StringIO
 
 import psycopg
 import pytest
+import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, connections
 
 from django_delayjobs import health
 from django_delayjobs.connection import get_engine
-from django_delayjobs.engine import WrongType
+from django_delayjobs.engine import Engine, WrongType
 from django_delayjobs.metrics import snapshot, store
 from django_delayjobs.metrics.recorder import Recorder
 from django_delayjobs.outcomes import Outcome
@@ -150,3 +151,23 @@ def test_a_metrics_key_of_the_wrong_type_hides_its_queue_not_every_queue(engine,
     readings = {r.name: r for r in snapshot.read(engine)}
     assert "b" not in readings
     assert readings["a"].jobs("succeeded") == 1
+
+
+def test_counts_a_stopping_worker_cannot_write_are_reported_not_dropped_in_silence(caplog):
+    """A worker flushes its last second of counts when it stops; with Redis unreachable
+    then they were dropped without a word (the loss showed only as counters short of
+    the jobs). Now one warning says how many outcomes were lost."""
+    from django_delayjobs.metrics import recorder
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    down = Engine(redis.Redis(port=port, socket_connect_timeout=0.5), prefix="t")
+    mine = Recorder()
+    for _ in range(3):
+        mine.record("q", result(Outcome.SUCCEEDED))
+    mine.record("q", result(Outcome.RETRYING, failed=True))
+    with caplog.at_level("WARNING", logger="django_delayjobs.metrics"):
+        recorder.last_flush(down, ["q"], mine)
+    [record] = [r for r in caplog.records if r.name == "django_delayjobs.metrics"]
+    assert "4 outcome(s)" in record.getMessage() and "lost" in record.getMessage()

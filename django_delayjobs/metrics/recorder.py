@@ -9,6 +9,7 @@ and a process killed with SIGKILL loses at most its last second of counts.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -17,11 +18,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..conf import delayjobs_settings
+from ..engine.errors import EngineUnavailable
 from . import layout, store
 
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..outcomes import Result
+
+logger = logging.getLogger("django_delayjobs.metrics")
 
 Tally = defaultdict[str, float]
 #: (queue, minute) -> field -> increment; minute None is the running totals.
@@ -29,6 +33,8 @@ Tallies = dict[tuple[str, int | None], Tally]
 
 #: The label a worker outcome is counted under (``Outcome`` value -> label).
 _LABELS = {"succeeded": "succeeded", "retrying": "retried", "dead": "dead", "skipped": "skipped"}
+#: The fields that count deliveries, one per outcome (``failed`` is one of their attempts).
+_OUTCOME_FIELDS = {f"jobs:{label}" for label in _LABELS.values()}
 
 
 def fields_of(result: Result) -> list[tuple[str, float]]:
@@ -143,3 +149,17 @@ def record(queue: str, result: Result) -> None:
 def flush(engine: Engine, queues: Sequence[str]) -> None:
     """Write this process's counts to Redis. Raises ``EngineUnavailable``."""
     RECORDER.flush(engine, queues)
+
+
+def last_flush(engine: Engine, queues: Sequence[str], recorder: Recorder = RECORDER) -> None:
+    """The flush of a process that stops: what it cannot write is lost with the process,
+    so one warning says how many outcomes. Never raises for Redis."""
+    try:
+        recorder.flush(engine, queues)
+    except EngineUnavailable as exc:
+        with recorder.lock:
+            lost = sum(int(n) for (_, at), tally in recorder.tallies.items() if at is None
+                       for name, n in tally.items() if name in _OUTCOME_FIELDS)  # fmt: skip
+        if lost:
+            logger.warning("the counts of %d outcome(s) could not be written to Redis (%s): "
+                           "they are lost with this process", lost, exc)  # fmt: skip
