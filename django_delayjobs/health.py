@@ -32,6 +32,7 @@ import contextlib
 import logging
 import math
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ DEFAULT_MAX_OVERDUE = 60.0
 DATABASE_TIMEOUT_SECONDS = 5.0
 
 _waiting: threading.Thread | None = None  # the last database check's thread
+_answer: list[Check] = []  # its answer, once it has one
+_deadline = 0.0  # when it stops being waited for (time.monotonic())
 _waiting_lock = threading.Lock()
 
 
@@ -185,24 +188,25 @@ def check_database() -> Check:
     """``database``, within ``DATABASE_TIMEOUT_SECONDS``: the check runs in a thread of
     its own, since a server that accepts connections and never answers (a host that
     hangs) would hold the probe, or the web worker serving ``health/``, for ever, and
-    Python cannot stop a call that waits on a socket. At most one such thread waits at a
-    time: while it does, the check fails at once without opening another connection."""
-    global _waiting
+    Python cannot stop a call that waits on a socket. At most one such thread runs at a
+    time: a check made while it does waits for its answer, within that thread's bound,
+    without opening another connection (and fails at once past that bound)."""
+    global _waiting, _answer, _deadline
     with _waiting_lock:
-        if _waiting is not None and _waiting.is_alive():
-            return Check("database", False, (
-                f"did not answer within {DATABASE_TIMEOUT_SECONDS:g} s (an earlier check "
-                "is still waiting for it)"
-            ))  # fmt: skip
-        result: list[Check] = []
-        _waiting = threading.Thread(target=_check_database_in_thread, args=(result,),
-                                    name="delayjobs-health-database", daemon=True)  # fmt: skip
-        _waiting.start()
-        thread = _waiting
-    thread.join(DATABASE_TIMEOUT_SECONDS)
-    if result:
-        return result[0]
-    return Check("database", False, f"did not answer within {DATABASE_TIMEOUT_SECONDS:g} s")
+        earlier = _waiting is not None and _waiting.is_alive()
+        if not earlier:
+            _answer = []
+            _deadline = time.monotonic() + DATABASE_TIMEOUT_SECONDS
+            _waiting = threading.Thread(target=_check_database_in_thread, args=(_answer,),
+                                        name="delayjobs-health-database", daemon=True)  # fmt: skip
+            _waiting.start()
+        thread, answer, deadline = _waiting, _answer, _deadline
+    assert thread is not None
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if answer:
+        return answer[0]
+    why = " (an earlier check is still waiting for it)" if earlier else ""
+    return Check("database", False, f"did not answer within {DATABASE_TIMEOUT_SECONDS:g} s{why}")
 
 
 def _check_database_in_thread(result: list[Check]) -> None:

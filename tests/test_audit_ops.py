@@ -24,6 +24,7 @@ from django_delayjobs.engine import Engine, WrongType
 from django_delayjobs.metrics import snapshot, store
 from django_delayjobs.metrics.recorder import Recorder
 from django_delayjobs.outcomes import Outcome
+from tests.helpers import wait_for
 from tests.test_health import beat, overdue
 from tests.test_metrics import T0, result
 
@@ -171,3 +172,33 @@ def test_counts_a_stopping_worker_cannot_write_are_reported_not_dropped_in_silen
         recorder.last_flush(down, ["q"], mine)
     [record] = [r for r in caplog.records if r.name == "django_delayjobs.metrics"]
     assert "4 outcome(s)" in record.getMessage() and "lost" in record.getMessage()
+
+
+def test_two_health_checks_at_once_both_pass_while_the_database_answers():
+    """Two probes at the same moment (a load balancer's and Kubernetes', in a threaded
+    web server): the second found the first one's database check under way and failed at
+    once, "did not answer within 5 s", though the database answered the first one a
+    moment later. It now waits for that same check (within its 5 s) and shares its answer."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the check must be held under way: a lock holds PostgreSQL's reads only")
+    lock = locked_job_table()  # the first check waits until it is released
+    found: list[health.Check] = []
+
+    def first() -> None:
+        try:
+            found.append(health.check_database())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=first, daemon=True)
+    try:
+        thread.start()
+        wait_for(lambda: health._waiting is not None and health._waiting.is_alive())
+        threading.Timer(0.5, lock.rollback).start()  # the database answers soon after
+        second = health.check_database()
+    finally:
+        lock.rollback()
+        thread.join(10)
+        lock.close()
+    assert found and found[0].ok, found
+    assert second.ok, second
