@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from datetime import timedelta
 from io import StringIO
 
 import psycopg
@@ -17,16 +18,19 @@ import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, connections
+from django.utils import timezone
 
-from django_delayjobs import health
+from django_delayjobs import health, schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.engine import Engine, WrongType
 from django_delayjobs.metrics import snapshot, store
 from django_delayjobs.metrics.recorder import Recorder
 from django_delayjobs.outcomes import Outcome
+from django_delayjobs.services import build_job
 from tests.helpers import wait_for
 from tests.test_health import beat, overdue
 from tests.test_metrics import T0, result
+from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -202,3 +206,35 @@ def test_two_health_checks_at_once_both_pass_while_the_database_answers():
         lock.close()
     assert found and found[0].ok, found
     assert second.ok, second
+
+
+def test_oldest_overdue_sees_a_ready_job_behind_a_hundred_cancelled_ones():
+    """Ids cancelled while ready stay in the ready list as tombstones until a worker pops
+    them. With the oldest 100 entries all tombstones, the oldest-overdue gauge and the
+    health check's overdue:<queue> read 0 ("nothing waits") while a live job behind them
+    had waited for minutes, with no worker taking it."""
+    now = timezone.now()
+    jobs = [
+        build_job(tasks.record, at=now - timedelta(seconds=400 - n), args=[str(n)])
+        for n in range(snapshot.READY_HEAD + 1)
+    ]  # the last one, due 300 s ago, stays
+    schedule_many(jobs)
+    engine = get_engine()
+    engine.promote("default")
+    for job in jobs[:-1]:
+        assert job.cancel()
+    stats = engine.stats("default")
+    assert stats.ready == 1
+    assert snapshot.oldest_overdue(engine, stats) >= 299
+    code, lines = health_lines("--min-workers", "0")
+    assert code == 1 and any(line.startswith("FAIL overdue:default") for line in lines), lines
+
+
+def health_lines(*args: str) -> tuple[int, list[str]]:
+    out = StringIO()
+    try:
+        call_command("delayjobs_health", *args, stdout=out)
+        code = 0
+    except CommandError as exc:
+        code = exc.returncode
+    return code, out.getvalue().splitlines()
