@@ -340,11 +340,24 @@ def cancel_for(
     # One transaction: a refusal undoes this call's cancels even where no caller's
     # transaction would (autocommit), so a call that raises has changed nothing.
     with transaction.atomic(using=sql.db()):
-        cancelled = sum(cancel(job, actor=actor) for job in jobs.filter(status__in=WAITING))
-        running = jobs.filter(status=Status.RUNNING).first()
-        if running is not None:
-            raise AlreadyRunning(f"{running.action} for {obj!r} is already running ({running.pk})")
-    return cancelled
+        return sum(
+            _cancel_unless_running(job, obj, actor) for job in jobs.filter(status__in=ACTIVE)
+        )
+
+
+def _cancel_unless_running(job: Job, obj: models.Model, actor: str) -> bool:
+    """Cancel ``job``; False if it finished meanwhile; ``AlreadyRunning`` if it runs.
+
+    A lost cancel reads the status again: a job seen running may have failed its attempt
+    since, and waits for its next one (``retrying``), which this cancel must still stop.
+    """
+    while not cancel(job, actor=actor):
+        status = Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
+        if status == Status.RUNNING:
+            raise AlreadyRunning(f"{job.action} for {obj!r} is already running ({job.pk})")
+        if status not in WAITING:
+            return False
+    return True
 
 
 def _action_name(obj: models.Model, action: Any) -> str:
