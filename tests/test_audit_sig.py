@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from django_delayjobs import cancel_for, schedule
 from django_delayjobs.connection import get_engine
@@ -119,3 +119,67 @@ def test_cancel_for_fail_if_running_never_leaves_a_job_that_started_active(gated
         assert status == Status.RETRYING
     else:
         assert (cancelled, status) == (1, Status.CANCELLED)
+
+
+def blocked_by_me() -> bool:
+    """Whether a session of the test database waits for a lock this connection holds."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one snapshot per transaction
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def test_a_cancel_inside_a_payment_never_deadlocks_with_the_worker_claiming_ahead():
+    """DESIGN rule 4: cancel takes no lock a worker holds while running an action, so a
+    payment that cancels inside its transaction cannot deadlock with a worker. The worker
+    claims the next job of its batch inside the outcome transaction of the one before it,
+    while that one's action still holds its row locks: it waited for the row lock of a
+    job a payment had just cancelled (uncommitted), and when the payment then locked a row
+    the action held (here the other order's, a stock row in a shop), PostgreSQL found a
+    deadlock and aborted one of them: the payment failed, or the action was rolled back
+    and run again."""
+    postgresql_only()
+    first, second = Thing.objects.create(name="first"), Thing.objects.create(name="second")
+    job = schedule(first.expire, in_=0)
+    following = schedule(second.touch, in_=0)
+    engine = get_engine()
+    (job_id,) = wait_for(lambda: engine.promote(job.queue) and engine.claim(job.queue, 1))
+    results: list[Any] = []
+
+    def work() -> None:
+        try:
+            execution = Execution(job.queue, job_id, "racer", then=lambda: str(following.pk))
+            results.append(execution.run())
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=work)
+    with transaction.atomic():  # the payment of the second order
+        assert following.cancel()
+        worker.start()
+        # the action holds the first order's row lock until its outcome commits
+        wait_for(lambda: blocked_by_me() or not worker.is_alive())
+        Thing.objects.select_for_update().get(pk=first.pk)
+    worker.join(30)
+    (result,) = results
+    assert result.outcome == Outcome.SUCCEEDED
+    assert Job.objects.get(pk=job.pk).attempts == 1
+    assert Thing.objects.get(pk=first.pk).state == "expired:late"
+    assert Job.objects.get(pk=following.pk).status == Status.CANCELLED
+
+
+def test_the_worker_still_claims_ahead_a_following_job_no_one_holds():
+    """The other side of the test above: the following job's row, locked by no one, is
+    claimed in the outcome transaction of the job before it, as before."""
+    first, second = Thing.objects.create(name="first"), Thing.objects.create(name="second")
+    job = schedule(first.expire, in_=0)
+    following = schedule(second.touch, in_=0)
+    engine = get_engine()
+    (job_id,) = wait_for(lambda: engine.promote(job.queue) and engine.claim(job.queue, 1))
+    execution = Execution(job.queue, job_id, "racer", then=lambda: str(following.pk))
+    assert execution.run().outcome == Outcome.SUCCEEDED
+    assert execution.next_job is not None and execution.next_job.pk == following.pk
+    assert Job.objects.get(pk=following.pk).status == Status.RUNNING
