@@ -185,8 +185,9 @@ def _insert_keyed(job: Job, replace: bool, actor: str) -> Job | None:
     ``job`` is in. ``replace`` cancels a waiting holder first; a running one stays.
 
     Concurrent calls with the key make what was read stale: the holder was cancelled or
-    finished meanwhile (another ``replace``, a worker), or a rival's job committed first
-    (the INSERT hits the key's constraint). Each time, the key is read again.
+    finished meanwhile (another ``replace``, a worker), its running attempt failed and it
+    waits for the next (a holder to cancel again), or a rival's job committed first (the
+    INSERT hits the key's constraint). Each time, the key is read again.
     """
     refused = 0
     while True:
@@ -195,10 +196,10 @@ def _insert_keyed(job: Job, replace: bool, actor: str) -> Job | None:
             if not replace:
                 return current
             if not cancel(current, actor=actor):
-                still = Job.objects.filter(pk=current.pk, status__in=ACTIVE).first()
+                still = Job.objects.filter(pk=current.pk, status=Status.RUNNING).first()
                 if still is not None:  # running: it cannot be replaced
                     return still
-                continue
+                continue  # finished, or its attempt failed since (waiting again)
         try:
             with transaction.atomic(using=sql.db()):
                 sql.insert_jobs([job])

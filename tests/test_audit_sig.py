@@ -183,3 +183,32 @@ def test_the_worker_still_claims_ahead_a_following_job_no_one_holds():
     assert execution.run().outcome == Outcome.SUCCEEDED
     assert execution.next_job is not None and execution.next_job.pk == following.pk
     assert Job.objects.get(pk=following.pk).status == Status.RUNNING
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3, 4, 5])
+def test_replace_never_returns_a_waiting_holder_as_if_it_could_not_be_replaced(gated, nth):
+    """schedule(key=..., replace=True) whose cancel of the holder lost (it was running)
+    read the holder again and returned it as running, "it cannot be replaced". A holder
+    whose attempt failed in between (retrying) was returned as well: nothing was
+    replaced, and the old job ran again at its retry with its old arguments."""
+    postgresql_only()
+    thing = Thing.objects.create(name="t")
+    holder = schedule(thing.gated, in_=0, max_attempts=3, key="order-1")
+    worker, outcomes = start_worker(holder)
+
+    def attempt_fails() -> None:
+        gated.set()
+        worker.join(30)
+
+    try:
+        with connection.execute_wrapper(before_nth_query_on_jobs(nth, attempt_fails)):
+            got = schedule(thing.touch, in_=60, key="order-1", replace=True)
+    finally:
+        gated.set()
+        worker.join(30)
+    assert outcomes == [Outcome.RETRYING]
+    if got.pk == holder.pk:  # not replaced: only if it was running when read
+        assert got.status == Status.RUNNING
+    else:
+        assert Job.objects.get(pk=holder.pk).status == Status.CANCELLED
+        assert Job.objects.get(pk=got.pk).status == Status.SCHEDULED
