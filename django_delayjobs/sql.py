@@ -109,8 +109,8 @@ def claim(
     ``skip_locked``, for a claim inside a transaction that holds other locks (an outcome's,
     whose action's row locks are held until it commits): a row another transaction has
     locked (a cancel not yet committed, in a payment that may go on to lock a row the
-    action holds) is not waited for, and not claimed; where the database cannot skip
-    locked rows (SQLite, whose writers are serialized anyway) nothing changes.
+    action holds) is not waited for, and not claimed. PostgreSQL only: SQLite serializes
+    writers anyway (and MySQL would refuse the subquery on the table it updates).
     """
     alias = db()
     conn = connections[alias]
@@ -121,7 +121,7 @@ def claim(
         running, stamp, worker[:128], running, running,
         pk, *(s.value for s in ACTIVE), stamp, running, max_deliveries,
     ]  # fmt: skip
-    skip_locked = skip_locked and conn.features.has_select_for_update_skip_locked
+    skip_locked = skip_locked and conn.vendor == "postgresql"
     if skip_locked:
         params.append(pk)
     plan = _row_plan(conn)
