@@ -236,6 +236,10 @@ def schedule(
 def submit(job: Job, *, replace: bool = False, actor: str = "code") -> Job:
     """Insert a job built by ``build_job``, honouring its key; return the job that holds
     the key now (``job`` itself unless an active job already held it)."""
+    if not isinstance(replace, bool):
+        raise TypeError(f"replace must be a bool, not {type(replace).__name__}")
+    if replace and job.key is None:  # ignored, it would schedule one more job each time
+        raise TypeError("replace=True needs a key=: it replaces the job holding that key")
     actor = door.check_actor(actor)
     with transaction.atomic(using=sql.db()):
         stored = _insert(job, replace, actor)

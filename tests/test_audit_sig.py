@@ -212,3 +212,20 @@ def test_replace_never_returns_a_waiting_holder_as_if_it_could_not_be_replaced(g
     else:
         assert Job.objects.get(pk=holder.pk).status == Status.CANCELLED
         assert Job.objects.get(pk=got.pk).status == Status.SCHEDULED
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"replace": True}, "needs a key"), ({"replace": "yes", "key": "k"}, "must be a bool")],
+)
+def test_replace_without_a_key_or_not_a_bool_is_refused_and_writes_nothing(
+    redis_client, options, message
+):
+    """replace=True without key= was ignored: the caller meant to replace the job it
+    scheduled before, and each call added one more (replace="no", truthy, replaced)."""
+    thing = Thing.objects.create(name="t")
+    schedule(thing.touch, in_=60, key="k")
+    with pytest.raises(TypeError, match=message):
+        schedule(thing.touch, in_=60, **options)
+    assert Job.objects.count() == 1
+    assert get_engine().stats("default").pending == 1
