@@ -158,9 +158,7 @@ def build_job(
     )
     if ref.target is not None:
         job.target_type = ContentType.objects.get_for_model(ref.target, for_concrete_model=False)
-        job.target_id = door.check_column(
-            str(ref.target.pk), "the target's primary key", "target_id"
-        )
+        job.target_id = door.target_id(ref.target)
     return job
 
 
@@ -329,14 +327,14 @@ def cancel_for(
         raise ValueError(f"{obj!r} is not saved, so no job can target it")
     if obj._meta.is_composite_pk:  # schedule() refuses it: no job can target it
         return 0
-    target_id = str(obj.pk)
     try:
-        serialization.check_text(target_id, "the target's primary key")
+        # and the key's text as the instance holds it, which older versions stored
+        target_ids = {door.target_id(obj), serialization.check_text(str(obj.pk), "pk")}
     except InvalidSchedule:  # schedule() refuses it: no job can target it
         return 0
     jobs = Job.objects.filter(
         target_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
-        target_id=target_id,
+        target_id__in=target_ids,
     )
     if name is not None:
         jobs = jobs.filter(action=name)

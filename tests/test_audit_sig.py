@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from django_delayjobs.models import Job, Status
 from django_delayjobs.outcomes import Outcome, settle
 from django_delayjobs.registry import DelayableMethod
 from tests.helpers import wait_for
-from tests.testapp.models import Thing
+from tests.testapp.models import Thing, Ticket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -229,3 +230,22 @@ def test_replace_without_a_key_or_not_a_bool_is_refused_and_writes_nothing(
         schedule(thing.touch, in_=60, **options)
     assert Job.objects.count() == 1
     assert get_engine().stats("default").pending == 1
+
+
+@pytest.mark.parametrize(
+    "given", [str.upper, lambda text: text.replace("-", ""), lambda text: f"{{{text}}}"]
+)
+def test_a_job_on_an_object_created_with_its_uuid_as_text_is_found_by_cancel_for(given):
+    """A UUID primary key given as text (an id from an API client, in capitals or without
+    dashes) stays that text on the instance Django saved. schedule() stored it as it was,
+    cancel_for() on the object read back (a UUID) looked for the canonical text and found
+    no job: the payment cancelled nothing, and the auto-cancel ran."""
+    pk = uuid.uuid4()
+    ticket = Ticket.objects.create(id=given(str(pk)))
+    job = schedule(ticket.touch, in_=60)
+    assert cancel_for(Ticket.objects.get(pk=pk)) == 1
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+    # and the other way round: scheduled on the row read back, cancelled through the text
+    again = schedule(Ticket.objects.get(pk=pk).touch, in_=60)
+    assert cancel_for(ticket) == 1
+    assert Job.objects.get(pk=again.pk).status == Status.CANCELLED
