@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.dispatch import Signal
 
-from django_delayjobs import cancel_for, schedule
+from django_delayjobs import cancel_for, cancel_on, receivers, schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.exceptions import AlreadyRunning
 from django_delayjobs.execution import Execution
@@ -249,3 +250,20 @@ def test_a_job_on_an_object_created_with_its_uuid_as_text_is_found_by_cancel_for
     again = schedule(Ticket.objects.get(pk=pk).touch, in_=60)
     assert cancel_for(ticket) == 1
     assert Job.objects.get(pk=again.pk).status == Status.CANCELLED
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: cancel_on("order_paid", Thing.expire), "must be a django.dispatch.Signal"),
+        (lambda: cancel_on(Signal(), Thing.expire, instance_kwarg=None), "instance_kwarg"),
+    ],
+)
+def test_cancel_on_refuses_what_is_not_a_signal_or_a_keyword_when_connecting(call, message):
+    """cancel_on("order_paid", ...) failed with an AttributeError from str.connect (and
+    kept the half-made receiver); an instance_kwarg that is not a str connected a receiver
+    that could never find the instance, failing each payment with a TypeError."""
+    before = dict(receivers._receivers)
+    with pytest.raises(TypeError, match=message):
+        call()
+    assert receivers._receivers == before
