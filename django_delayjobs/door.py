@@ -8,6 +8,7 @@ import datetime
 import uuid
 
 from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from . import serialization, sql, timing
@@ -49,6 +50,19 @@ def check_column(value: object, what: str, field: str, model: type[models.Model]
     column = model._meta.get_field(field)
     assert isinstance(column, models.CharField)
     return serialization.check_text(value, what, column.max_length)
+
+
+def target_id(instance: models.Model) -> str:
+    """The text a job names ``instance`` by: its primary key as its field reads it back
+    (a UUID given as text, in capitals or without dashes, is the UUID's one text), so that
+    ``cancel_for`` finds a row's jobs whichever form of the key its instance holds."""
+    what = "the target's primary key"
+    check_column(str(instance.pk), what, "target_id")
+    try:
+        pk = instance._meta.pk.to_python(instance.pk)
+    except ValidationError as exc:
+        raise InvalidSchedule(f"{what} is not valid: {exc.messages[0]}") from None
+    return check_column(str(pk), what, "target_id")
 
 
 def check_actor(actor: object) -> str:

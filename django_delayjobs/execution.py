@@ -530,8 +530,11 @@ class Execution:
         if then is None or self.changed_session():  # it runs on a new connection instead
             return None
         try:
+            # Skipping a locked row: waiting for it would hold this action's row locks
+            # until, say, a payment that cancels it commits (a deadlock, if the payment
+            # then locks one of them); its own claim waits instead, holding none.
             return sql.claim(then, self.worker_id, timezone.now(),
-                             delayjobs_settings.MAX_DELIVERIES)  # fmt: skip
+                             delayjobs_settings.MAX_DELIVERIES, skip_locked=True)  # fmt: skip
         except DatabaseError as exc:
             if not sql.transaction_usable():  # the database refused: the transaction is lost
                 raise _ClaimAheadFailed from exc

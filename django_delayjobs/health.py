@@ -4,8 +4,8 @@
 Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``DEL`` of a key that
 does not exist, per master), two ``SELECT`` for the database (one a primary-key lookup; on
 SQLite also an ``UPDATE`` that matches no row), and per queue one stats script call
-(counts of sorted sets, no scan) plus at most one primary-key lookup (the due time of the
-oldest ready job, as for the metrics).
+(counts of sorted sets, no scan) plus at most one query by primary keys (the due time of
+the oldest ready job, as for the metrics).
 
 - ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
   not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
@@ -20,6 +20,8 @@ oldest ready job, as for the metrics).
   ``HEARTBEAT_SECONDS`` after its last beat).
 - ``overdue:<queue>``: the oldest job that is due and has not started has waited at most
   ``max_overdue`` seconds (a due job nobody promoted, or a ready job nobody claimed).
+  A ready job's due time is its row's: when the ``database`` check failed, a queue with a
+  ready job fails this one without asking the database again.
 - ``garbage:<queue>`` (only with ``max_garbage``): the queue holds at most that many dead
   jobs in its garbage (dead, not yet requeued or purged).
 """
@@ -30,6 +32,7 @@ import contextlib
 import logging
 import math
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +64,8 @@ DEFAULT_MAX_OVERDUE = 60.0
 DATABASE_TIMEOUT_SECONDS = 5.0
 
 _waiting: threading.Thread | None = None  # the last database check's thread
+_answer: list[Check] = []  # its answer, once it has one
+_deadline = 0.0  # when it stops being waited for (time.monotonic())
 _waiting_lock = threading.Lock()
 
 
@@ -120,9 +125,10 @@ def run(engine: Engine, limits: Limits) -> list[Check]:
     redis, reachable = check_redis(engine)
     if not reachable:
         return without_redis(redis, limits)
-    checks = [redis, check_database()]
+    database = check_database()
+    checks = [redis, database]
     for queue in limits.queues:
-        checks += check_queue(engine, queue, limits)
+        checks += check_queue(engine, queue, limits, rows=database.ok)
     return checks
 
 
@@ -182,24 +188,25 @@ def check_database() -> Check:
     """``database``, within ``DATABASE_TIMEOUT_SECONDS``: the check runs in a thread of
     its own, since a server that accepts connections and never answers (a host that
     hangs) would hold the probe, or the web worker serving ``health/``, for ever, and
-    Python cannot stop a call that waits on a socket. At most one such thread waits at a
-    time: while it does, the check fails at once without opening another connection."""
-    global _waiting
+    Python cannot stop a call that waits on a socket. At most one such thread runs at a
+    time: a check made while it does waits for its answer, within that thread's bound,
+    without opening another connection (and fails at once past that bound)."""
+    global _waiting, _answer, _deadline
     with _waiting_lock:
-        if _waiting is not None and _waiting.is_alive():
-            return Check("database", False, (
-                f"did not answer within {DATABASE_TIMEOUT_SECONDS:g} s (an earlier check "
-                "is still waiting for it)"
-            ))  # fmt: skip
-        result: list[Check] = []
-        _waiting = threading.Thread(target=_check_database_in_thread, args=(result,),
-                                    name="delayjobs-health-database", daemon=True)  # fmt: skip
-        _waiting.start()
-        thread = _waiting
-    thread.join(DATABASE_TIMEOUT_SECONDS)
-    if result:
-        return result[0]
-    return Check("database", False, f"did not answer within {DATABASE_TIMEOUT_SECONDS:g} s")
+        earlier = _waiting is not None and _waiting.is_alive()
+        if not earlier:
+            _answer = []
+            _deadline = time.monotonic() + DATABASE_TIMEOUT_SECONDS
+            _waiting = threading.Thread(target=_check_database_in_thread, args=(_answer,),
+                                        name="delayjobs-health-database", daemon=True)  # fmt: skip
+            _waiting.start()
+        thread, answer, deadline = _waiting, _answer, _deadline
+    assert thread is not None
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if answer:
+        return answer[0]
+    why = " (an earlier check is still waiting for it)" if earlier else ""
+    return Check("database", False, f"did not answer within {DATABASE_TIMEOUT_SECONDS:g} s{why}")
 
 
 def _check_database_in_thread(result: list[Check]) -> None:
@@ -259,7 +266,10 @@ def sqlite_refusal(conn: BaseDatabaseWrapper) -> str | None:
     return None
 
 
-def check_queue(engine: Engine, queue: str, limits: Limits) -> list[Check]:
+def check_queue(engine: Engine, queue: str, limits: Limits, rows: bool = True) -> list[Check]:
+    """The queue's checks; without ``rows`` (the ``database`` check failed) the due time of
+    a ready job is not read: a database that did not answer that check within its bound
+    would hold this one, outside any bound, for as long as it does not answer."""
     from .metrics.snapshot import oldest_overdue
 
     try:
@@ -271,6 +281,10 @@ def check_queue(engine: Engine, queue: str, limits: Limits) -> list[Check]:
         Check(f"workers:{queue}", live >= limits.min_workers,
               f"{live} live worker process(es), at least {limits.min_workers} wanted"),
     ]  # fmt: skip
+    if not rows and stats.ready:
+        checks.append(Check(f"overdue:{queue}", False, "cannot tell: a ready job's due time "
+                            "is its row's, and the database check failed"))  # fmt: skip
+        return checks + _garbage(queue, stats.garbage, limits)
     try:
         overdue = oldest_overdue(engine, stats)
     except (DelayJobsError, DatabaseError) as exc:
@@ -279,11 +293,15 @@ def check_queue(engine: Engine, queue: str, limits: Limits) -> list[Check]:
         checks.append(Check(f"overdue:{queue}", overdue <= limits.max_overdue,
                             f"oldest due job waiting {overdue:.1f} s, at most "
                             f"{limits.max_overdue:g} s allowed"))  # fmt: skip
-    if limits.max_garbage is not None:
-        checks.append(Check(f"garbage:{queue}", stats.garbage <= limits.max_garbage,
-                            f"{stats.garbage} dead job(s) in the garbage, at most "
-                            f"{limits.max_garbage} allowed"))  # fmt: skip
-    return checks
+    return checks + _garbage(queue, stats.garbage, limits)
+
+
+def _garbage(queue: str, garbage: int, limits: Limits) -> list[Check]:
+    if limits.max_garbage is None:
+        return []
+    return [Check(f"garbage:{queue}", garbage <= limits.max_garbage,
+                  f"{garbage} dead job(s) in the garbage, at most {limits.max_garbage} "
+                  "allowed")]  # fmt: skip
 
 
 def healthy(checks: Sequence[Check]) -> bool:

@@ -31,6 +31,10 @@ def cancel_on(
     ``AppConfig.ready()``. Returns the receiver.
     """
     # Checked now, not when the signal fires inside the sender's transaction.
+    if not isinstance(signal, Signal):
+        raise TypeError(f"signal must be a django.dispatch.Signal, not {type(signal).__name__}")
+    if not isinstance(instance_kwarg, str):
+        raise TypeError(f"instance_kwarg must be a str, not {type(instance_kwarg).__name__}")
     actor = check_column(f"signal:{name}" if name else "signal", "the actor 'signal:' + name",
                          "actor", JobEvent)  # fmt: skip
     if isinstance(action, str):

@@ -158,9 +158,7 @@ def build_job(
     )
     if ref.target is not None:
         job.target_type = ContentType.objects.get_for_model(ref.target, for_concrete_model=False)
-        job.target_id = door.check_column(
-            str(ref.target.pk), "the target's primary key", "target_id"
-        )
+        job.target_id = door.target_id(ref.target)
     return job
 
 
@@ -185,8 +183,9 @@ def _insert_keyed(job: Job, replace: bool, actor: str) -> Job | None:
     ``job`` is in. ``replace`` cancels a waiting holder first; a running one stays.
 
     Concurrent calls with the key make what was read stale: the holder was cancelled or
-    finished meanwhile (another ``replace``, a worker), or a rival's job committed first
-    (the INSERT hits the key's constraint). Each time, the key is read again.
+    finished meanwhile (another ``replace``, a worker), its running attempt failed and it
+    waits for the next (a holder to cancel again), or a rival's job committed first (the
+    INSERT hits the key's constraint). Each time, the key is read again.
     """
     refused = 0
     while True:
@@ -195,10 +194,10 @@ def _insert_keyed(job: Job, replace: bool, actor: str) -> Job | None:
             if not replace:
                 return current
             if not cancel(current, actor=actor):
-                still = Job.objects.filter(pk=current.pk, status__in=ACTIVE).first()
+                still = Job.objects.filter(pk=current.pk, status=Status.RUNNING).first()
                 if still is not None:  # running: it cannot be replaced
                     return still
-                continue
+                continue  # finished, or its attempt failed since (waiting again)
         try:
             with transaction.atomic(using=sql.db()):
                 sql.insert_jobs([job])
@@ -235,6 +234,10 @@ def schedule(
 def submit(job: Job, *, replace: bool = False, actor: str = "code") -> Job:
     """Insert a job built by ``build_job``, honouring its key; return the job that holds
     the key now (``job`` itself unless an active job already held it)."""
+    if not isinstance(replace, bool):
+        raise TypeError(f"replace must be a bool, not {type(replace).__name__}")
+    if replace and job.key is None:  # ignored, it would schedule one more job each time
+        raise TypeError("replace=True needs a key=: it replaces the job holding that key")
     actor = door.check_actor(actor)
     with transaction.atomic(using=sql.db()):
         stored = _insert(job, replace, actor)
@@ -324,14 +327,14 @@ def cancel_for(
         raise ValueError(f"{obj!r} is not saved, so no job can target it")
     if obj._meta.is_composite_pk:  # schedule() refuses it: no job can target it
         return 0
-    target_id = str(obj.pk)
     try:
-        serialization.check_text(target_id, "the target's primary key")
+        # and the key's text as the instance holds it, which older versions stored
+        target_ids = {door.target_id(obj), serialization.check_text(str(obj.pk), "pk")}
     except InvalidSchedule:  # schedule() refuses it: no job can target it
         return 0
     jobs = Job.objects.filter(
         target_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
-        target_id=target_id,
+        target_id__in=target_ids,
     )
     if name is not None:
         jobs = jobs.filter(action=name)
@@ -340,11 +343,24 @@ def cancel_for(
     # One transaction: a refusal undoes this call's cancels even where no caller's
     # transaction would (autocommit), so a call that raises has changed nothing.
     with transaction.atomic(using=sql.db()):
-        cancelled = sum(cancel(job, actor=actor) for job in jobs.filter(status__in=WAITING))
-        running = jobs.filter(status=Status.RUNNING).first()
-        if running is not None:
-            raise AlreadyRunning(f"{running.action} for {obj!r} is already running ({running.pk})")
-    return cancelled
+        return sum(
+            _cancel_unless_running(job, obj, actor) for job in jobs.filter(status__in=ACTIVE)
+        )
+
+
+def _cancel_unless_running(job: Job, obj: models.Model, actor: str) -> bool:
+    """Cancel ``job``; False if it finished meanwhile; ``AlreadyRunning`` if it runs.
+
+    A lost cancel reads the status again: a job seen running may have failed its attempt
+    since, and waits for its next one (``retrying``), which this cancel must still stop.
+    """
+    while not cancel(job, actor=actor):
+        status = Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
+        if status == Status.RUNNING:
+            raise AlreadyRunning(f"{job.action} for {obj!r} is already running ({job.pk})")
+        if status not in WAITING:
+            return False
+    return True
 
 
 def _action_name(obj: models.Model, action: Any) -> str:

@@ -57,8 +57,9 @@ def _prep(conn: BaseDatabaseWrapper, model_meta: Any, name: str, value: Any) -> 
 
 
 @cache
-def _claim_sql(alias: str) -> str:
+def _claim_sql(alias: str, skip_locked: bool) -> str:
     conn = connections[alias]
+    table = conn.ops.quote_name(_JOB.db_table)
 
     def c(name: str) -> str:
         return _q(conn, _JOB, name)
@@ -68,8 +69,8 @@ def _claim_sql(alias: str) -> str:
     # or lost its database): it is delivered again as the same attempt, at most
     # MAX_DELIVERIES times. Any other active row starts its next attempt. SET and WHERE
     # both read the row as it was before this UPDATE.
-    return (
-        f"UPDATE {conn.ops.quote_name(_JOB.db_table)}"
+    sql = (
+        f"UPDATE {table}"
         f" SET {c('status')} = %s, {c('started_at')} = %s, {c('worker')} = %s,"
         f" {c('attempts')} = CASE WHEN {running} THEN {c('attempts')}"
         f" ELSE {c('attempts')} + 1 END,"
@@ -78,11 +79,15 @@ def _claim_sql(alias: str) -> str:
         f" AND {c('run_at')} <= %s AND CASE WHEN {running} THEN {c('deliveries')} < %s"
         f" ELSE {c('attempts')} < {c('max_attempts')} END"
     )
+    if skip_locked:  # the row is locked first, or left out if another transaction holds it
+        sql += f" AND {c('id')} IN (SELECT {c('id')} FROM {table} WHERE {c('id')} = %s"
+        sql += " FOR UPDATE SKIP LOCKED)"
+    return sql
 
 
 def claim(
     job_id: str, worker: str, now: datetime, max_deliveries: int,
-    *, commit_without_waiting: bool = False,
+    *, commit_without_waiting: bool = False, skip_locked: bool = False,
 ) -> Job | None:  # fmt: skip
     """Start the next attempt of an active job that is due and has attempts left, or
     deliver the current attempt again if it never recorded an outcome (fewer than
@@ -100,16 +105,25 @@ def claim(
     lost together with every later transaction (the WAL is flushed in order, so the
     action's outcome, which waits, flushes the claim first): the job is claimed again as
     if that claim never happened. Other databases are left as they are.
+
+    ``skip_locked``, for a claim inside a transaction that holds other locks (an outcome's,
+    whose action's row locks are held until it commits): a row another transaction has
+    locked (a cancel not yet committed, in a payment that may go on to lock a row the
+    action holds) is not waited for, and not claimed. PostgreSQL only: SQLite serializes
+    writers anyway (and MySQL would refuse the subquery on the table it updates).
     """
     alias = db()
     conn = connections[alias]
     stamp = _prep(conn, _JOB, "started_at", now)
     running = Status.RUNNING.value
+    pk = _prep(conn, _JOB, "id", job_id)
     params = [
         running, stamp, worker[:128], running, running,
-        _prep(conn, _JOB, "id", job_id), *(s.value for s in ACTIVE), stamp,
-        running, max_deliveries,
+        pk, *(s.value for s in ACTIVE), stamp, running, max_deliveries,
     ]  # fmt: skip
+    skip_locked = skip_locked and conn.vendor == "postgresql"
+    if skip_locked:
+        params.append(pk)
     plan = _row_plan(conn)
     with conn.cursor() as cursor:
         if plan.returning:
@@ -118,10 +132,10 @@ def claim(
                 # Evaluated once per claimed row (at most one): SET LOCAL's effect,
                 # without a round trip of its own.
                 returning += ", set_config('synchronous_commit', 'off', true)"
-            cursor.execute(f"{_claim_sql(alias)} RETURNING {returning}", params)
+            cursor.execute(f"{_claim_sql(alias, skip_locked)} RETURNING {returning}", params)
             row = cursor.fetchone()
             return None if row is None else plan.job(alias, conn, row[: len(plan.attnames)])
-        cursor.execute(_claim_sql(alias), params)
+        cursor.execute(_claim_sql(alias, skip_locked), params)
         matched = cursor.rowcount
     return fetch(job_id) if matched else None
 

@@ -218,8 +218,7 @@ class WorkerProcess:
                 self.hand_back_waiting()
         finally:
             self.stopped.set()
-            with contextlib.suppress(EngineUnavailable):
-                metrics.flush(self.engine, self.options.queues)  # the last second's counts
+            metrics.last_flush(self.engine, self.options.queues)  # the last second's counts
             self.unregister()
             walcheckpoint.give_back()
             for signum, handler in previous.items():

@@ -9,6 +9,6 @@ Only ``exposition``, ``views`` and ``server`` need ``prometheus_client`` (the
 
 from __future__ import annotations
 
-from .recorder import flush, record
+from .recorder import flush, last_flush, record
 
-__all__ = ["flush", "record"]
+__all__ = ["flush", "last_flush", "record"]

@@ -9,19 +9,23 @@ and a process killed with SIGKILL loses at most its last second of counts.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..conf import delayjobs_settings
+from ..engine.errors import EngineUnavailable
 from . import layout, store
 
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..outcomes import Result
+
+logger = logging.getLogger("django_delayjobs.metrics")
 
 Tally = defaultdict[str, float]
 #: (queue, minute) -> field -> increment; minute None is the running totals.
@@ -29,6 +33,8 @@ Tallies = dict[tuple[str, int | None], Tally]
 
 #: The label a worker outcome is counted under (``Outcome`` value -> label).
 _LABELS = {"succeeded": "succeeded", "retrying": "retried", "dead": "dead", "skipped": "skipped"}
+#: The fields that count deliveries, one per outcome (``failed`` is one of their attempts).
+_OUTCOME_FIELDS = {f"jobs:{label}" for label in _LABELS.values()}
 
 
 def fields_of(result: Result) -> list[tuple[str, float]]:
@@ -99,7 +105,7 @@ class Recorder:
             taken, self.tallies = self.tallies, {}
         return taken
 
-    def give_back(self, tallies: Tallies) -> None:
+    def give_back(self, tallies: Mapping[tuple[str, int | None], Mapping[str, float]]) -> None:
         """Keep counts a failed flush could not write, for the next flush."""
         with self.lock:
             for key, tally in tallies.items():
@@ -118,12 +124,15 @@ class Recorder:
         tallies = {k: t for k, t in self.take().items() if k[1] is None or k[1] > minute - history}
         snap = [q for q in queues if self.snapped.get(q) != minute]
         written: set[str] = set()
+        refused: store.Increments = {}
         try:
-            store.write(engine, tallies, snap, minute, ttl=history * 60 + 120, written=written)
+            store.write(engine, tallies, snap, minute, ttl=history * 60 + 120, written=written,
+                        refused=refused)  # fmt: skip
         finally:
-            # Only the queues not written: the others' counts are in Redis already, and
-            # giving them back would add them again at every flush that fails.
+            # Only the queues not written, and what Redis refused of the others: the rest
+            # is in Redis already, and giving it back would add it again at every flush.
             self.give_back({k: t for k, t in tallies.items() if k[0] not in written})
+            self.give_back(refused)
             for queue in written.intersection(snap):
                 self.snapped[queue] = minute
 
@@ -140,3 +149,17 @@ def record(queue: str, result: Result) -> None:
 def flush(engine: Engine, queues: Sequence[str]) -> None:
     """Write this process's counts to Redis. Raises ``EngineUnavailable``."""
     RECORDER.flush(engine, queues)
+
+
+def last_flush(engine: Engine, queues: Sequence[str], recorder: Recorder = RECORDER) -> None:
+    """The flush of a process that stops: what it cannot write is lost with the process,
+    so one warning says how many outcomes. Never raises for Redis."""
+    try:
+        recorder.flush(engine, queues)
+    except EngineUnavailable as exc:
+        with recorder.lock:
+            lost = sum(int(n) for (_, at), tally in recorder.tallies.items() if at is None
+                       for name, n in tally.items() if name in _OUTCOME_FIELDS)  # fmt: skip
+        if lost:
+            logger.warning("the counts of %d outcome(s) could not be written to Redis (%s): "
+                           "they are lost with this process", lost, exc)  # fmt: skip

@@ -3,15 +3,20 @@ view, from the worker process, for deployments that do not expose the web app to
 Prometheus. ``METRICS_TOKEN``, when set, is required here too.
 
 Each scrape runs in its own short thread (``ThreadingMixIn``); it closes the database
-connection it opened, so scrapes leave no connection behind.
+connection it opened, so scrapes leave no connection behind. At most ``MAX_CONNECTIONS``
+are served at a time, and a client has ``REQUEST_TIMEOUT_SECONDS`` to send its request: a
+client that sends nothing must not hold the worker's threads and file descriptors.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import socket
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -28,9 +33,48 @@ logger = logging.getLogger("django_delayjobs.metrics")
 
 StartResponse = Callable[..., Any]
 
+#: Seconds a client may take to send its request (and to read the answer) before its
+#: connection is dropped: one that sends nothing would otherwise hold a thread and a file
+#: descriptor of the worker process for ever.
+REQUEST_TIMEOUT_SECONDS = 10.0
+#: Connections served at once; more are closed as soon as they are accepted, rather than
+#: each taking a thread and a file descriptor the worker needs for its own connections.
+MAX_CONNECTIONS = 8
+
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused_at = -math.inf  # when a refusal was last logged (one a minute)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            if time.monotonic() - self.refused_at >= 60:
+                self.refused_at = time.monotonic()
+                logger.warning("metrics: %s connections at once already; closing more (from "
+                               "%s...)", MAX_CONNECTIONS, client_address[0])  # fmt: skip
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started ("can't start new thread")
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or went away is no error of ours (socketserver printed a
+        traceback to stderr for each); anything else is logged."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            logger.error("metrics: a request from %s failed", client_address[0], exc_info=True)
 
 
 class _Server6(_Server):
@@ -46,6 +90,10 @@ def _ipv6(host: str) -> bool:
 
 
 class _QuietHandler(WSGIRequestHandler):
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(REQUEST_TIMEOUT_SECONDS)  # read when it runs: tests shorten it
+
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds would flood the worker's log."""
 

@@ -49,13 +49,15 @@ def queue_names(engine: Engine) -> list[str]:
 
 def read(engine: Engine) -> list[QueueReading]:
     """Read every queue but those with a key of the wrong type (another program's: the
-    queue page and ``delayjobs_health`` name the key). Raises ``EngineUnavailable`` if
-    Redis is down."""
+    queue page and ``delayjobs_health`` name an engine key, the worker's log a metrics
+    key). Raises ``EngineUnavailable`` if Redis is down."""
     names = queue_names(engine)
     totals = store.totals(engine, names)
     actions = tuple(delayjobs_settings.METRICS_ACTIONS)
     readings = []
     for name in names:
+        if name not in totals:
+            continue
         try:
             stats = engine.stats(name)
         except WrongType:
@@ -68,7 +70,9 @@ def read(engine: Engine) -> list[QueueReading]:
 def oldest_overdue(engine: Engine, stats: QueueStats) -> float:
     """Seconds since the due time of the oldest job that is due and has not started:
     the head of pending if it is overdue (no promoter ran it), or the oldest live id in
-    ready (waiting for a worker), whose due time its row holds."""
+    ready (waiting for a worker), whose due time its row holds. (When the first
+    ``READY_HEAD`` entries of ready are all ids removed while ready, the oldest of up to
+    as many of its live ids, picked at random.)"""
     ages: list[float] = [0]
     if stats.overdue and stats.next_due_ms is not None:
         ages.append(stats.now_ms - stats.next_due_ms)
@@ -85,16 +89,22 @@ def _ready_head_due_ms(engine: Engine, queue: str) -> float | None:
 
     def head() -> list[bytes]:
         entries = cast(list[bytes], engine.client.lrange(keys.ready, 0, READY_HEAD - 1))
-        if not entries:
-            return []
-        live = engine.client.smismember(keys.ready_set, entries)
-        return [e for e, ok in zip(entries, live, strict=True) if ok]
+        live = engine.client.smismember(keys.ready_set, entries) if entries else []
+        found = [e for e, ok in zip(entries, live, strict=True) if ok]
+        if found:
+            return found[:1]
+        # Only ids removed while ready (cancelled, rescheduled) at its head: the oldest of
+        # up to READY_HEAD of its live ids, a lower bound where "nothing waits" would lie.
+        return cast(list[bytes], engine.client.srandmember(keys.ready_set, READY_HEAD))
 
-    for entry in guarded(head)[:1]:
+    pks = []
+    for entry in guarded(head):
         try:
-            pk = uuid.UUID(entry.decode())
+            pks.append(uuid.UUID(entry.decode()))
         except ValueError:
-            return None  # not a job id of ours
-        run_at = Job.objects.filter(pk=pk).values_list("run_at", flat=True).first()
-        return None if run_at is None else timing.to_ms(run_at)
-    return None
+            continue  # not a job id of ours
+    if not pks:
+        return None
+    found = Job.objects.filter(pk__in=pks).order_by("run_at").values_list("run_at", flat=True)
+    run_at = found.first()
+    return None if run_at is None else timing.to_ms(run_at)

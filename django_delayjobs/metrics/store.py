@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..engine.errors import PerShard, guarded
+from ..engine.errors import PerShard, WrongType, guarded
 from . import layout
 
 if TYPE_CHECKING:
@@ -35,6 +35,10 @@ def _fields(raw: Mapping[bytes, bytes]) -> Fields:
     return {k.decode(): float(v) for k, v in raw.items()}
 
 
+#: Increments by (queue, minute or None for the totals), then field.
+Increments = dict[tuple[str, int | None], dict[str, float]]
+
+
 def write(
     engine: Engine,
     tallies: Mapping[tuple[str, int | None], Mapping[str, float]],
@@ -42,11 +46,15 @@ def write(
     minute: int,
     ttl: int,
     written: set[str],
+    refused: Increments | None = None,
 ) -> None:
     """Add the tallies; give ``minute`` of each queue in ``snapshot`` its snapshot of the
     engine counters unless one is there already. Each queue goes into ``written`` once its
-    MULTI/EXEC is applied. A queue whose master (or one of whose shards' masters) cannot be
-    reached does not stop the others: they are written, then the failure is raised."""
+    MULTI/EXEC has run. Redis runs every command of an EXEC but those it refuses (a key of
+    the wrong type, another program's): their increments go into ``refused``, the rest are
+    written, then the refusal is raised. A queue whose master (or one of whose shards'
+    masters) cannot be reached does not stop the others: they are written, then the
+    failure is raised."""
     by_queue: dict[str, list[tuple[int | None, Mapping[str, float]]]] = defaultdict(list)
     for (queue, at), tally in tallies.items():
         by_queue[queue].append((at, tally))
@@ -54,8 +62,8 @@ def write(
     for queue in sorted(set(by_queue) | set(snapshot)):
         with each.attempt():
             counters = _counters(engine, queue) if queue in snapshot else None
-            _write_queue(engine, queue, by_queue.get(queue, []), counters, minute, ttl)
-            written.add(queue)
+            _write_queue(engine, queue, by_queue.get(queue, []), counters, minute, ttl,
+                         written, {} if refused is None else refused)  # fmt: skip
     each.check()
 
 
@@ -82,8 +90,11 @@ def _write_queue(
     counters: list[Any] | None,
     minute: int,
     ttl: int,
+    written: set[str],
+    refused: Increments,
 ) -> None:
     pipe = engine.client.pipeline(transaction=True)
+    carried: list[tuple[int | None, str, float] | None] = []  # each command's increment
     for at, tally in tallies:
         key = totals_key(engine, queue) if at is None else minute_key(engine, queue, at)
         for name, amount in tally.items():
@@ -91,26 +102,56 @@ def _write_queue(
                 pipe.hincrbyfloat(key, name, amount)
             else:
                 pipe.hincrby(key, name, int(amount))
+            carried.append((at, name, amount))
         if at is not None:
             pipe.expire(key, ttl)
+            carried.append(None)
     if counters is not None:
         key = minute_key(engine, queue, minute)
         for field, value in zip(layout.SNAPSHOT_FIELDS.values(), counters, strict=True):
             pipe.hsetnx(key, field, int(value or 0))
         pipe.expire(key, ttl)
-    guarded(pipe.execute)
+        carried += [None] * (len(counters) + 1)
+    replies = guarded(lambda: pipe.execute(raise_on_error=False))
+    written.add(queue)  # it ran: what Redis applied must never be written again
+    errors = [r for r in replies if isinstance(r, Exception)]
+    for increment, reply in zip(carried, replies, strict=True):
+        if increment is not None and isinstance(reply, Exception):
+            at, name, amount = increment
+            refused.setdefault((queue, at), defaultdict(float))[name] += amount
+    if errors:
+        _raise(errors[0])
+
+
+def _raise(error: Exception) -> None:
+    """Raise a command's error from a pipeline's replies as the engine does:
+    ``WrongType`` or ``EngineUnavailable``."""
+
+    def refuse() -> None:
+        raise error
+
+    guarded(refuse)
 
 
 def totals(engine: Engine, queues: Sequence[str]) -> dict[str, Fields]:
-    """The running totals of each queue, in one round trip."""
+    """The running totals of each queue, in one round trip; a queue whose totals key has
+    another type (another program's key) is left out, not every queue."""
 
     def run() -> list[Any]:
         pipe = engine.client.pipeline(transaction=False)
         for queue in queues:
             pipe.hgetall(totals_key(engine, queue))
-        return cast(list[Any], pipe.execute())
+        return cast(list[Any], pipe.execute(raise_on_error=False))
 
-    return {q: _fields(raw) for q, raw in zip(queues, guarded(run), strict=True)}
+    found: dict[str, Fields] = {}
+    for queue, raw in zip(queues, guarded(run), strict=True):
+        if isinstance(raw, Exception):
+            try:
+                _raise(raw)
+            except WrongType:
+                continue
+        found[queue] = _fields(raw)
+    return found
 
 
 def minutes(engine: Engine, queue: str, first: int, last: int) -> dict[int, Fields]:

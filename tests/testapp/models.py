@@ -1,3 +1,5 @@
+import uuid
+
 from django.db import models, transaction
 from django.dispatch import Signal
 
@@ -70,3 +72,13 @@ class SpecialThing(Thing):
 
     class Meta:
         proxy = True
+
+
+class Ticket(models.Model):
+    """A model with a UUID primary key, which callers may give as text in any form."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+
+    @delayable
+    def touch(self) -> None:
+        pass
