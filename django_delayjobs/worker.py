@@ -478,6 +478,10 @@ class WorkerProcess:
             bug = result is None
             if result is None:
                 result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
+            if result.outcome.redis_move != "ack":  # it leaves flight now, not at the batch's
+                # end: no more extensions first, or one between the move and the release
+                # would find it gone and warn that its lease was lost
+                self.release([job_id], thread)
             settle(self.engine, queue, job_id, result, ack, self.outage)
             receivers_left_autocommit_off(execution.db)
             if execution.changed_session():  # by an outcome's signal receiver
@@ -485,8 +489,6 @@ class WorkerProcess:
         finally:
             with self.held_lock:
                 del self.running[thread]
-        if result.outcome.redis_move != "ack":  # it left flight now, not at the batch's end
-            self.release([job_id], thread)
         self.stats.record(result)
         log_outcome(queue, job_id, result)
         if result.outcome == Outcome.HANDED_BACK:

@@ -830,6 +830,32 @@ def test_a_job_that_left_flight_early_in_its_batch_is_not_reported_as_a_lost_lea
     assert not [r for r in caplog.records if "lost the lease" in r.getMessage()]
 
 
+def test_a_lease_extension_between_a_retry_and_its_release_does_not_cry_wolf(caplog):
+    """The extension that runs after a failed job went back to pending, but before its
+    worker thread stopped holding it (a window of a query or two: 1 run in 19 of the test
+    above met it), found it out of flight and warned "lost the lease". Here the extension
+    runs in that window for sure: from the job's ``job_failed`` receiver."""
+    failing = build_job(tasks.fail, in_=0, args=["first"], max_attempts=3)
+    slow = build_job(tasks.slow, in_=0, args=["slow", 0.2])
+    schedule_many([failing, slow])  # one add: one batch, in this order
+    process = WorkerProcess(get_engine(), Options(queues=["default"], tick=0.1))
+
+    def extend(**kwargs: object) -> None:
+        process.extend_leases()
+
+    signals.job_failed.connect(extend, dispatch_uid="test-extend")
+    thread = threading.Thread(target=process.run)
+    thread.start()
+    try:
+        wait_for(lambda: Job.objects.get(pk=slow.pk).status == Status.SUCCEEDED, timeout=30)
+    finally:
+        signals.job_failed.disconnect(dispatch_uid="test-extend")
+        process.stop()
+        thread.join(30)
+    assert Job.objects.get(pk=failing.pk).status == Status.RETRYING
+    assert not [r for r in caplog.records if "lost the lease" in r.getMessage()]
+
+
 def test_a_job_another_thread_claims_again_keeps_its_lease_when_the_first_batch_ends(settings):
     """Thread 1 takes [A, B]; A asks to be retried at once, and thread 2 claims A again and
     runs it for 5 s, three leases long. Thread 1's batch ending must not stop the extension
