@@ -61,6 +61,9 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     Also re-adds ``running`` jobs whose lease should long have ended, in case Redis lost
     them together with their worker; ``add`` skips any that Redis still holds in flight.
     A job created less than ``FRESH`` ago is re-added if Redis lacks it, but not counted.
+    A job Redis holds pending is moved only to an earlier due time: the one read here may
+    be older than one a ``reschedule`` committed since has given Redis (a job handed over
+    too early is deferred by the worker to its row's due time).
     A shard whose master cannot be reached does not stop the sweep: every other one is
     repaired, then ``PartlyUnavailable`` is raised with the result as ``done``. A queue
     none of whose shards answered (on one Redis that does not answer: every queue) is left
@@ -187,7 +190,7 @@ def _repair(
     # A waiting job found in garbage was requeued while Redis was unreachable.
     revived = each.run(partial(engine.requeue, queue, list(items)), 0)
     ranks = {id_: priorities.pop(id_) for id_ in items if id_ in priorities}
-    added = each.run(partial(engine.add, queue, items, ranks), list[str]())
+    added = each.run(partial(engine.add, queue, items, ranks, only_earlier=True), list[str]())
     added = _still_active(queue, engine, added, each)
     relocated = 0
     if added:

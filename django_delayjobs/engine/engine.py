@@ -127,12 +127,19 @@ class Engine(Reader):
     # -- scheduling --------------------------------------------------------------
 
     def add(
-        self, queue: str, items: Mapping[str, float], priorities: Mapping[str, int] | None = None
+        self,
+        queue: str,
+        items: Mapping[str, float],
+        priorities: Mapping[str, int] | None = None,
+        *,
+        only_earlier: bool = False,
     ) -> list[str]:
         """Add ids with due times (ms); return the ids Redis did not hold before.
 
         ``priorities`` (id -> -100..100, 0 for ids left out): among ids that enter ready
         together (one promote call, or one add of ids due now), higher goes first.
+        ``only_earlier``: an id already pending keeps its due time unless the one given is
+        earlier (reconcile's due times may be older than those added since).
 
         A shard that cannot be reached does not stop the others: their ids are added, then
         ``PartlyUnavailable`` is raised with the list of ids added as ``done``.
@@ -145,7 +152,8 @@ class Engine(Reader):
             k = self._keys(shard)
             keys = [k.pending, k.ready, k.ready_set, k.unack, k.garbage, k.wake, k.notify,
                     k.counters, k.priority]  # fmt: skip
-            args = [value for id_ in ids for value in (id_, dues[id_], ranks[id_])]
+            args: list[str | float] = [int(only_earlier)]
+            args += [value for id_ in ids for value in (id_, dues[id_], ranks[id_])]
             with each.attempt():
                 was_empty, new = self._run("add", keys, args)
                 added.update(_text(id_) for id_ in new)
