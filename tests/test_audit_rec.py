@@ -8,10 +8,11 @@ import pytest
 import redis
 from django.utils import timezone
 
-from django_delayjobs import timing
+from django_delayjobs import sql, timing
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis, find_redis_server, start_server
 from django_delayjobs.engine import Engine
+from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import reschedule, schedule
 from tests.helpers import age_rows, wait_for
@@ -113,3 +114,62 @@ def test_an_embedded_redis_does_not_take_the_socket_of_a_server_that_outlived_it
         if orphan.poll() is None:
             orphan.kill()
             orphan.wait()
+
+
+def running_long(engine: Engine) -> Job:
+    """A job a live worker has been running for ten minutes (past its first lease, which
+    it extends), claimed in Redis and in the database."""
+    job = schedule(tasks.record, in_=0, args=["long"])
+
+    def promoted_and_claimed() -> list[str]:
+        engine.promote("default")  # due now: pending until the next ms
+        return engine.claim("default", 1)
+
+    assert wait_for(promoted_and_claimed) == [str(job.pk)]
+    assert sql.claim(str(job.pk), "w", timezone.now(), 5) is not None
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=10))
+    age_rows(20)
+    return job
+
+
+def test_a_job_still_running_when_redis_lost_its_data_is_not_delivered_again(redis_client):
+    engine = get_engine()
+    job = running_long(engine)
+    redis_client.flushdb()  # a restart without persistence: its lease is gone
+    assert reconcile(engine, horizon=timedelta(minutes=5)) == {"default": 1}
+    # Not handed to a second worker while the first one runs it: back in flight, with a
+    # lease its worker keeps extending.
+    assert engine.claim("default", 1) == []
+    assert engine.extend_lease("default", [str(job.pk)], 60_000) == [str(job.pk)]
+    assert engine.claim("default", 1) == []
+    assert sum(reconcile(engine, horizon=timedelta(minutes=5)).values()) == 0
+
+
+def test_a_running_job_redis_lost_with_its_worker_comes_back_when_its_lease_ends(
+    redis_client, settings
+):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1}
+    engine = get_engine()
+    job = running_long(engine)
+    redis_client.flushdb()  # and its worker died: nobody extends the lease
+    assert reconcile(engine, horizon=timedelta(minutes=5)) == {"default": 1}
+    assert wait_for(lambda: engine.recover_expired("default")) == [str(job.pk)]
+    assert engine.claim("default", 1) == [str(job.pk)]
+    claimed = sql.claim(str(job.pk), "w2", timezone.now(), 5)
+    assert claimed is not None and claimed.deliveries == 2 and claimed.status == Status.RUNNING
+
+
+def test_a_running_job_that_finishes_as_reconcile_adopts_it_leaves_nothing_in_flight(
+    redis_client,
+):
+    engine = get_engine()
+    job = running_long(engine)
+    redis_client.flushdb()
+
+    class FinishedFirst(Engine):
+        def adopt(self, queue, ids, lease_ms):  # type: ignore[no-untyped-def]
+            Job.objects.filter(pk=job.pk).update(status=Status.SUCCEEDED)
+            return super().adopt(queue, ids, lease_ms)
+
+    assert sum(reconcile(FinishedFirst(engine.client, prefix=engine.prefix)).values()) == 0
+    assert engine.stats("default").in_flight == 0

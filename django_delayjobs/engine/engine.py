@@ -37,6 +37,7 @@ _SCRIPTS = (
     "promote",
     "claim",
     "extend_lease",
+    "adopt",
     "ack",
     "nack",
     "bury",
@@ -284,6 +285,21 @@ class Engine(Reader):
                 _text(i) for i in self._run("extend_lease", [self._keys(shard).unack], args)
             ]
         return extended
+
+    def adopt(self, queue: str, ids: Iterable[str], lease_ms: float) -> list[str]:
+        """Put the ids Redis holds nowhere in flight with a lease; return them. For running
+        jobs Redis lost: a worker still running one extends the lease (no second worker
+        gets it meanwhile); else it is recovered once the lease ends."""
+        lease, adopted = _ms(lease_ms, "lease"), []
+        for shard, part in self._router.route(queue, _ids(ids)):
+            k = self._keys(shard)
+            keys = [k.pending, k.ready_set, k.unack, k.garbage]
+            args: list[str | int] = [lease, *part]
+            was_empty, new = self._run("adopt", keys, args)
+            adopted += [_text(id_) for id_ in new]
+            if was_empty:  # listed, as by add: recover_expired must find the shard
+                self._router.directory.register(shard)
+        return adopted
 
     def ack(self, queue: str, ids: Iterable[str]) -> int:
         """Forget finished in-flight ids; return how many were in flight."""
