@@ -199,7 +199,8 @@ def _repair(
     in_flight = [id_ for id_ in items if id_ in running]
     running.difference_update(in_flight)
     repaired = _adopt(engine, queue, in_flight, each) if in_flight else 0
-    waiting = {id_: due for id_, due in items.items() if id_ not in set(in_flight)}
+    flying = set(in_flight)
+    waiting = {id_: due for id_, due in items.items() if id_ not in flying}
     if waiting:
         repaired += _add(engine, queue, waiting, ranks, young, moved, each)
     young.difference_update(items)
