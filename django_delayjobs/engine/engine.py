@@ -37,6 +37,7 @@ _SCRIPTS = (
     "promote",
     "claim",
     "extend_lease",
+    "adopt",
     "ack",
     "nack",
     "bury",
@@ -127,12 +128,19 @@ class Engine(Reader):
     # -- scheduling --------------------------------------------------------------
 
     def add(
-        self, queue: str, items: Mapping[str, float], priorities: Mapping[str, int] | None = None
+        self,
+        queue: str,
+        items: Mapping[str, float],
+        priorities: Mapping[str, int] | None = None,
+        *,
+        only_earlier: bool = False,
     ) -> list[str]:
         """Add ids with due times (ms); return the ids Redis did not hold before.
 
         ``priorities`` (id -> -100..100, 0 for ids left out): among ids that enter ready
         together (one promote call, or one add of ids due now), higher goes first.
+        ``only_earlier``: an id already pending keeps its due time unless the one given is
+        earlier (reconcile's due times may be older than those added since).
 
         A shard that cannot be reached does not stop the others: their ids are added, then
         ``PartlyUnavailable`` is raised with the list of ids added as ``done``.
@@ -145,7 +153,8 @@ class Engine(Reader):
             k = self._keys(shard)
             keys = [k.pending, k.ready, k.ready_set, k.unack, k.garbage, k.wake, k.notify,
                     k.counters, k.priority]  # fmt: skip
-            args = [value for id_ in ids for value in (id_, dues[id_], ranks[id_])]
+            args: list[str | float] = [int(only_earlier)]
+            args += [value for id_ in ids for value in (id_, dues[id_], ranks[id_])]
             with each.attempt():
                 was_empty, new = self._run("add", keys, args)
                 added.update(_text(id_) for id_ in new)
@@ -276,6 +285,21 @@ class Engine(Reader):
                 _text(i) for i in self._run("extend_lease", [self._keys(shard).unack], args)
             ]
         return extended
+
+    def adopt(self, queue: str, ids: Iterable[str], lease_ms: float) -> list[str]:
+        """Put the ids Redis holds nowhere in flight with a lease; return them. For running
+        jobs Redis lost: a worker still running one extends the lease (no second worker
+        gets it meanwhile); else it is recovered once the lease ends."""
+        lease, adopted = _ms(lease_ms, "lease"), []
+        for shard, part in self._router.route(queue, _ids(ids)):
+            k = self._keys(shard)
+            keys = [k.pending, k.ready_set, k.unack, k.garbage]
+            args: list[str | int] = [lease, *part]
+            was_empty, new = self._run("adopt", keys, args)
+            adopted += [_text(id_) for id_ in new]
+            if was_empty:  # listed, as by add: recover_expired must find the shard
+                self._router.directory.register(shard)
+        return adopted
 
     def ack(self, queue: str, ids: Iterable[str]) -> int:
         """Forget finished in-flight ids; return how many were in flight."""

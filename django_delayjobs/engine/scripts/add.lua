@@ -6,7 +6,10 @@
 -- KEYS[1] = pending ZSET, KEYS[2] = ready LIST, KEYS[3] = ready_set SET,
 -- KEYS[4] = unack ZSET, KEYS[5] = garbage ZSET, KEYS[6] = wake LIST, KEYS[7] = notify LIST,
 -- KEYS[8] = counters HASH ('added' counts the ids it did not hold), KEYS[9] = priority HASH
--- ARGV = id1, due1_ms, priority1, id2, due2_ms, priority2, ...
+-- ARGV[1] = 1 to move a pending id only to an earlier due time (reconcile: a due time read
+-- from the database may be older than the one its own add has brought since; one too
+-- early is harmless, the worker defers the job to its row's), else 0
+-- ARGV[2..] = id1, due1_ms, priority1, id2, due2_ms, priority2, ...
 -- returns {1 if the queue held no ids before this call else 0, the ids it did not hold}
 -- Redis deletes a key once it is empty, so an empty queue is one whose keys do not exist.
 -- Ready is read from ready_set, not from the ready LIST, which may hold only tombstones:
@@ -16,8 +19,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000  -- exact: due times hold us
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local earliest = tonumber(head[2])
+local only_earlier = ARGV[1] == '1'
 local added, readied, wake = {}, {}, false
-for i = 1, #ARGV, 3 do
+for i = 2, #ARGV, 3 do
   local id, due, priority = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   local held = redis.call('SISMEMBER', KEYS[3], id) == 1
     or redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEYS[5], id)
@@ -28,12 +32,18 @@ for i = 1, #ARGV, 3 do
       was_pending = redis.call('ZSCORE', KEYS[1], id)  -- its ZREM comes last (see below)
       readied[#readied + 1] = {-priority, #readied, id, was_pending}
     else
-      was_pending = redis.call('ZADD', KEYS[1], due, id) == 0  -- 0: it held the id
-      -- a pending id re-added with priority 0 forgets its old one (after the ZADD: see below)
-      if was_pending and priority == 0 then redis.call('HDEL', KEYS[9], id) end
-      if earliest == nil or due < earliest then
-        earliest = due
-        wake = true
+      local kept = only_earlier and tonumber(redis.call('ZSCORE', KEYS[1], id))
+      if kept and kept <= due then
+        was_pending = true  -- pending as early or earlier: left as it is
+      else
+        was_pending = redis.call('ZADD', KEYS[1], due, id) == 0  -- 0: it held the id
+        -- a pending id re-added with priority 0 forgets its old one (after the ZADD: see
+        -- below)
+        if was_pending and priority == 0 then redis.call('HDEL', KEYS[9], id) end
+        if earliest == nil or due < earliest then
+          earliest = due
+          wake = true
+        end
       end
     end
     if not was_pending then added[#added + 1] = id end

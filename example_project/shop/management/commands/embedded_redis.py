@@ -35,7 +35,10 @@ class Command(BaseCommand):
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())
         try:
-            url = server.start()
+            try:
+                url = server.start()
+            except RuntimeError as exc:  # another one holds the directory, or did not start
+                raise CommandError(str(exc)) from exc
             self.stdout.write(f"embedded Redis (pid {server.pid}) at {url}; Ctrl-C stops it")
             while not stop.wait(1.0):
                 if server.process is None or server.process.poll() is not None:
