@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import itertools
 import logging
 import os
@@ -58,6 +59,9 @@ BUG_DELAY = datetime.timedelta(seconds=5)
 BURST_REDIS_SECONDS = 5.0
 #: Seconds between two flushes of this process's metrics to Redis.
 METRICS_FLUSH_SECONDS = 1.0
+#: How long past ``MAX_RUN_SECONDS`` (and the shutdown grace) a process whose main thread
+#: cannot run (an action holding the GIL in C code) is left frozen before it exits.
+FROZEN_SLACK_SECONDS = 5.0
 #: Seconds between two checkpoints of a SQLite database's WAL (see walcheckpoint), run
 #: only once jobs have been settled since the last one.
 CHECKPOINT_SECONDS = 1.0
@@ -197,6 +201,7 @@ class WorkerProcess:
         ``WorkerDied`` if a thread died."""
         previous = self.install_signal_handlers()
         walcheckpoint.take_over()
+        grace = delayjobs_settings.SHUTDOWN_GRACE_SECONDS
         try:
             self.threads = self.start_threads()
             workers = [t for t in self.threads if t.name.startswith("delayjobs-worker")]
@@ -204,11 +209,11 @@ class WorkerProcess:
                 if self.options.burst and not any(t.is_alive() for t in workers):
                     break
                 self.supervise()
+                self.watch(grace)  # the grace below included
                 self.stopping.wait(0.2)
             self.stopping.set()
             if self.fatal:
                 self.unregister()  # at once: a dying worker must not look alive
-            grace = delayjobs_settings.SHUTDOWN_GRACE_SECONDS
             deadline = time.monotonic() + grace
             for thread in workers:
                 thread.join(max(0.0, deadline - time.monotonic()))
@@ -218,12 +223,15 @@ class WorkerProcess:
                 self.hand_back_waiting()
         finally:
             self.stopped.set()
+            self.watch(0)
             with contextlib.suppress(EngineUnavailable):
                 metrics.flush(self.engine, self.options.queues)  # the last second's counts
             self.unregister()
             walcheckpoint.give_back()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            if previous:  # the main thread's: watch() armed it
+                faulthandler.cancel_dump_traceback_later()
         if self.fatal:
             raise WorkerDied(self.fatal)
         handed_back = self.stats.outcomes[Outcome.HANDED_BACK.value]
@@ -254,6 +262,20 @@ class WorkerProcess:
         if threading.current_thread() is not threading.main_thread():
             return {}
         return {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def watch(self, grace: float) -> None:
+        """Exit 1, writing every thread's traceback to stderr, unless called again within
+        ``MAX_RUN_SECONDS`` + ``grace`` + ``FROZEN_SLACK_SECONDS``. An action in C code
+        that never releases the GIL (a C extension's long loop) stops every thread:
+        neither the ``MAX_RUN_SECONDS`` check nor a signal's handler ever runs, and the
+        process would hang for good, alive to its supervisor. faulthandler's watchdog is
+        a C thread that needs no GIL. Only in the main thread (a real worker process,
+        whose signals are its own)."""
+        limit = delayjobs_settings.MAX_RUN_SECONDS
+        if limit is None or threading.current_thread() is not threading.main_thread():
+            return
+        faulthandler.dump_traceback_later(limit + grace + FROZEN_SLACK_SECONDS, exit=True,
+                                          file=2)  # fmt: skip
 
     def on_signal(self, signum: int, frame: FrameType | None = None) -> None:
         """SIGTERM/SIGINT: stop; a second one exits at once. Counted by signals received,

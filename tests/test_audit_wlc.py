@@ -1,0 +1,45 @@
+"""The worker process's life: a worker never looks alive while doing nothing, and it
+says what went wrong once, not once a pass."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
+from django_delayjobs.models import Job, Status
+from tests.helpers import start_worker, wait_for
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def live_workers() -> bool:
+    return get_engine().stats("default").live_workers >= 1
+
+
+def test_an_action_that_holds_the_interpreter_still_stops_its_worker(redis_url, tmp_path):
+    """C code that never releases the GIL stops every thread of the process: the
+    housekeeping thread cannot fail it past MAX_RUN_SECONDS and a SIGTERM's handler never
+    runs, so without a watchdog outside the interpreter the process would hang for good,
+    alive to its supervisor. It exits 1, with every thread's traceback, and the job is
+    not lost: its id is still in flight, delivered again once its lease ends."""
+    env = {"DELAYJOBS_MAX_RUN_SECONDS": "1", "DELAYJOBS_SHUTDOWN_GRACE_SECONDS": "0"}
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.hold_the_interpreter, in_=0)
+        wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.RUNNING)
+        started = time.monotonic()
+        assert worker.wait(30) == 1
+        assert time.monotonic() - started < 15
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    log = (tmp_path / "w.log").read_text()
+    assert "hold_the_interpreter" in log, log  # the traceback names the stuck action
+    stats = get_engine().stats("default")
+    assert stats.in_flight == 1
+    assert Job.objects.get(pk=job.pk).status == Status.RUNNING
