@@ -179,6 +179,7 @@ class WorkerProcess:
         # job id -> (its shard: the queue, for a queue of 1; the worker thread that claimed
         # it), for the ids this process holds in flight: their leases are extended
         self.held: dict[str, tuple[str, int]] = {}
+        self.lost: set[str] = set()  # held ids whose lost lease was logged (held_lock)
         self.running: dict[int, Execution] = {}  # by worker thread (guarded by held_lock)
         # Per queue, which of its shards a claim tries first. Per queue: one counter for
         # all would step a queue by the number of queues tried before it (two queues: its
@@ -449,6 +450,7 @@ class WorkerProcess:
                 if ids:
                     with self.held_lock:
                         self.held.update(dict.fromkeys(ids, (shard, threading.get_ident())))
+                        self.lost.difference_update(ids)  # in flight again: this claim's
                     return shard, ids
         if failure is not None:
             raise failure
@@ -554,6 +556,7 @@ class WorkerProcess:
             mine = [i for i in ids if i in self.held and owner in (None, self.held[i][1])]
             for job_id in mine:
                 del self.held[job_id]
+                self.lost.discard(job_id)
         return mine
 
     def engine_has_ready(self) -> bool:
@@ -700,8 +703,11 @@ class WorkerProcess:
         for queue, ids in by_queue.items():
             with each.attempt():
                 kept = set(self.engine.extend_lease(queue, ids, self.lease_ms))
-                with self.held_lock:
-                    lost = [i for i in ids if i not in kept and i in self.held]
+                with self.held_lock:  # each once: a long action would warn every extension
+                    lost = [
+                        i for i in ids if i not in kept and i in self.held and i not in self.lost
+                    ]
+                    self.lost.update(lost)
                 for job_id in lost:  # still running here, yet Redis no longer has it in flight
                     logger.warning("lost the lease of job %s; another worker may take it",
                                    job_id)  # fmt: skip

@@ -3,6 +3,7 @@ says what went wrong once, not once a pass."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
+from django_delayjobs.worker import Options, WorkerProcess
 from tests.helpers import start_worker, wait_for
 from tests.testapp import tasks
 
@@ -43,3 +45,24 @@ def test_an_action_that_holds_the_interpreter_still_stops_its_worker(redis_url, 
     stats = get_engine().stats("default")
     assert stats.in_flight == 1
     assert Job.objects.get(pk=job.pk).status == Status.RUNNING
+
+
+def test_a_lost_lease_is_logged_once_not_at_every_extension(settings, caplog):
+    """Redis no longer holds a running job in flight (it lost its data, or a promoter
+    recovered the lease): the worker warns once, not every LEASE_SECONDS / 3 for as long
+    as the action runs (an hour of warnings per job under MAX_RUN_SECONDS)."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1.5}  # extended every 0.5 s
+    job = schedule(tasks.slow, in_=0, args=["slow", 3.0])
+    engine = get_engine()
+    process = WorkerProcess(engine, Options(queues=["default"], tick=0.1))
+    thread = threading.Thread(target=process.run)
+    thread.start()
+    try:
+        wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.RUNNING)
+        engine.client.zrem(engine.keys("default").unack, str(job.pk))
+        wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.SUCCEEDED)
+    finally:
+        process.stop()
+        thread.join(30)
+    lost = [r for r in caplog.records if "lost the lease" in r.getMessage()]
+    assert len(lost) == 1, [r.getMessage() for r in lost]
