@@ -7,6 +7,8 @@ import threading
 import time
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
@@ -66,3 +68,14 @@ def test_a_lost_lease_is_logged_once_not_at_every_extension(settings, caplog):
         thread.join(30)
     lost = [r for r in caplog.records if "lost the lease" in r.getMessage()]
     assert len(lost) == 1, [r.getMessage() for r in lost]
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [("a b", "use 1 to 64 letters"), (" , ", "no queue given"), ("x" * 65, "1 to 64")],
+)
+def test_a_bad_queues_option_says_why(value, reason):
+    """argparse words a ValueError as "invalid queue_list value", dropping its reason."""
+    with pytest.raises(CommandError, match="argument --queues") as raised:
+        call_command("run_delayworker", "--queues", value)
+    assert reason in str(raised.value)

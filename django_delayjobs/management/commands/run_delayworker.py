@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from argparse import ArgumentTypeError
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -59,11 +60,16 @@ LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG
 
 
 def queue_list(value: str) -> list[str]:
+    """The queues of ``--queues``; an ``ArgumentTypeError`` says why not (argparse words
+    a ``ValueError`` as "invalid queue_list value", without its reason)."""
     queues = [q.strip() for q in value.split(",") if q.strip()]
     if not queues:
-        raise ValueError("no queue given")
+        raise ArgumentTypeError(f"no queue given in {value!r}")
     for queue in queues:
-        validate_name(queue, "queue name")
+        try:
+            validate_name(queue, "queue name")
+        except ValueError as exc:
+            raise ArgumentTypeError(str(exc)) from exc
     return list(dict.fromkeys(queues))  # "a,a": served once, in the order first given
 
 
