@@ -3,6 +3,8 @@ says what went wrong once, not once a pass."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -14,7 +16,7 @@ from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.worker import Options, WorkerProcess
-from tests.helpers import start_worker, wait_for
+from tests.helpers import ROOT, start_worker, wait_for, worker_env
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,3 +81,22 @@ def test_a_bad_queues_option_says_why(value, reason):
     with pytest.raises(CommandError, match="argument --queues") as raised:
         call_command("run_delayworker", "--queues", value)
     assert reason in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [("empty.sqlite3", "lacks 7 migration(s) of django_delayjobs (0001_initial to "),
+     ("no-such-directory/db.sqlite3", "the database is unavailable: unable to open")],
+)  # fmt: skip
+def test_a_database_never_migrated_is_named_as_such_at_start_up(redis_url, tmp_path, path,
+                                                                said):  # fmt: skip
+    """A worker started before ``migrate`` on a new database: not "unavailable"."""
+    env = {**worker_env(redis_url), "DELAYJOBS_TEST_SQLITE": str(tmp_path / path)}
+    env.pop("DELAYJOBS_TEST_DB_NAME", None)
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert said in done.stderr.splitlines()[-1], done.stderr

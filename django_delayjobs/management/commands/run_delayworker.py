@@ -51,6 +51,26 @@ def check_metrics_host(opts: dict[str, Any]) -> None:
         )
 
 
+def database_error(exc: DatabaseError) -> str:
+    """The one line for a database error at start-up: a database that ``migrate`` has not
+    brought up to this version answers, yet refuses (``no such table``), and is said so."""
+    from django.db import connections
+    from django.db.migrations.executor import MigrationExecutor
+
+    from ...models import Deployment
+
+    try:
+        executor = MigrationExecutor(connections[Deployment.objects.db])
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except DatabaseError:  # it does not answer
+        plan = []
+    missing = [migration.name for migration, _ in plan if migration.app_label == "django_delayjobs"]
+    if missing:
+        return (f"the database lacks {len(missing)} migration(s) of django_delayjobs "
+                f"({missing[0]} to {missing[-1]}): run manage.py migrate ({exc})")  # fmt: skip
+    return f"the database is unavailable: {exc}"
+
+
 class StoppedDuringStartUp(Exception):
     """A SIGTERM/SIGINT came before the worker started: exit 0."""
 
@@ -123,7 +143,7 @@ class Command(BaseCommand):
         except DelayJobsError as exc:  # bad settings, Redis refused, a thread died
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
-            raise CommandError(f"the database is unavailable: {exc}") from exc
+            raise CommandError(database_error(exc)) from exc
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
