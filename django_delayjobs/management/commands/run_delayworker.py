@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -59,11 +60,11 @@ def database_error(exc: DatabaseError) -> str:
 
     from ...models import Deployment
 
-    try:
-        executor = MigrationExecutor(connections[Deployment.objects.db])
-        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
-    except DatabaseError:  # it does not answer
-        plan = []
+    connection, plan = connections[Deployment.objects.db], []
+    if connection.connection is not None:  # it answered (no second wait for one that did not)
+        with contextlib.suppress(Exception):  # a project's migrations that do not load
+            executor = MigrationExecutor(connection)
+            plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
     missing = [migration.name for migration, _ in plan if migration.app_label == "django_delayjobs"]
     if missing:
         return (f"the database lacks {len(missing)} migration(s) of django_delayjobs "
