@@ -12,11 +12,13 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from django_delayjobs import schedule
+from django_delayjobs import schedule, schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
+from django_delayjobs.outcomes import Outcome
+from django_delayjobs.services import build_job
 from django_delayjobs.worker import Options, WorkerProcess
-from tests.helpers import ROOT, start_worker, wait_for, worker_env
+from tests.helpers import ROOT, database_down, start_worker, wait_for, worker_env
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -100,3 +102,24 @@ def test_a_database_never_migrated_is_named_as_such_at_start_up(redis_url, tmp_p
     )  # fmt: skip
     assert done.returncode == 1
     assert said in done.stderr.splitlines()[-1], done.stderr
+
+
+def test_a_worker_backs_off_through_a_database_outage_though_redis_answers(settings, tmp_path):
+    """With the database down, each delivery is handed back and the thread backs off, 0.2 s
+    doubling to 5 s. A claim from Redis succeeding between them is no end of the outage:
+    it reset the backoff, so that a thread handed back a job every 0.2 s (with
+    PREFETCH = 1, or after each batch), a connection attempt each, for as long as the
+    database stayed away."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "PREFETCH": 1}
+    schedule_many([build_job(tasks.record, in_=0, args=[str(n)]) for n in range(20)])
+    process = WorkerProcess(get_engine(), Options(queues=["default"], tick=0.1))
+    thread = threading.Thread(target=process.run)
+    with database_down(tmp_path):
+        thread.start()
+        try:
+            time.sleep(3.5)  # the outage: 0.2 + 0.4 + 0.8 + 1.6 s of backoff fit in it
+        finally:
+            process.stop()
+            thread.join(30)
+    handed_back = process.stats.outcomes[Outcome.HANDED_BACK.value]
+    assert 1 <= handed_back <= 6, handed_back
