@@ -206,11 +206,14 @@ class WorkerProcess:
         try:
             self.threads = self.start_threads()
             workers = [t for t in self.threads if t.name.startswith("delayjobs-worker")]
+            watched = 0.0
             while not self.stopping.is_set():
                 if self.options.burst and not any(t.is_alive() for t in workers):
                     break
                 self.supervise()
-                self.watch(grace)  # the grace below included
+                if time.monotonic() - watched >= 1.0:  # each arming is a new C thread
+                    watched = time.monotonic()
+                    self.watch(grace + 1.0)  # the grace below included
                 self.stopping.wait(0.2)
             self.stopping.set()
             if self.fatal:
