@@ -130,6 +130,14 @@ class Command(BaseCommand):
                  "which needs METRICS_TOKEN: any non-loopback address does).",
         )  # fmt: skip
 
+    def check(self, *args: Any, **kwargs: Any) -> Any:
+        """Django's system checks, which may open the database before ``handle`` (on SQLite
+        Django 6.1 asks it whether it has JSON): one line too, not a traceback."""
+        try:
+            return super().check(*args, **kwargs)
+        except DatabaseError as exc:
+            raise CommandError(database_error(exc)) from exc
+
     def handle(self, *args: Any, **opts: Any) -> None:
         # First thing: a stop during the start-up checks (a rolling update, Ctrl-C while
         # Redis is slow to answer) ends the process by its own exit, never by the signal.
