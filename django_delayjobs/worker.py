@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import itertools
 import logging
 import os
@@ -58,6 +59,9 @@ BUG_DELAY = datetime.timedelta(seconds=5)
 BURST_REDIS_SECONDS = 5.0
 #: Seconds between two flushes of this process's metrics to Redis.
 METRICS_FLUSH_SECONDS = 1.0
+#: How long past ``MAX_RUN_SECONDS`` (and the shutdown grace) a process whose main thread
+#: cannot run (an action holding the GIL in C code) is left frozen before it exits.
+FROZEN_SLACK_SECONDS = 5.0
 #: Seconds between two checkpoints of a SQLite database's WAL (see walcheckpoint), run
 #: only once jobs have been settled since the last one.
 CHECKPOINT_SECONDS = 1.0
@@ -175,6 +179,7 @@ class WorkerProcess:
         # job id -> (its shard: the queue, for a queue of 1; the worker thread that claimed
         # it), for the ids this process holds in flight: their leases are extended
         self.held: dict[str, tuple[str, int]] = {}
+        self.lost: set[str] = set()  # held ids whose lost lease was logged (held_lock)
         self.running: dict[int, Execution] = {}  # by worker thread (guarded by held_lock)
         # Per queue, which of its shards a claim tries first. Per queue: one counter for
         # all would step a queue by the number of queues tried before it (two queues: its
@@ -197,18 +202,22 @@ class WorkerProcess:
         ``WorkerDied`` if a thread died."""
         previous = self.install_signal_handlers()
         walcheckpoint.take_over()
+        grace = delayjobs_settings.SHUTDOWN_GRACE_SECONDS
         try:
             self.threads = self.start_threads()
             workers = [t for t in self.threads if t.name.startswith("delayjobs-worker")]
+            watched = 0.0
             while not self.stopping.is_set():
                 if self.options.burst and not any(t.is_alive() for t in workers):
                     break
                 self.supervise()
+                if time.monotonic() - watched >= 1.0:  # each arming is a new C thread
+                    watched = time.monotonic()
+                    self.watch(grace + 1.0)  # the grace below included
                 self.stopping.wait(0.2)
             self.stopping.set()
             if self.fatal:
                 self.unregister()  # at once: a dying worker must not look alive
-            grace = delayjobs_settings.SHUTDOWN_GRACE_SECONDS
             deadline = time.monotonic() + grace
             for thread in workers:
                 thread.join(max(0.0, deadline - time.monotonic()))
@@ -218,11 +227,14 @@ class WorkerProcess:
                 self.hand_back_waiting()
         finally:
             self.stopped.set()
+            self.watch(0)
             metrics.last_flush(self.engine, self.options.queues)  # the last second's counts
             self.unregister()
             walcheckpoint.give_back()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            if previous:  # the main thread's: watch() armed it
+                faulthandler.cancel_dump_traceback_later()
         if self.fatal:
             raise WorkerDied(self.fatal)
         handed_back = self.stats.outcomes[Outcome.HANDED_BACK.value]
@@ -253,6 +265,20 @@ class WorkerProcess:
         if threading.current_thread() is not threading.main_thread():
             return {}
         return {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def watch(self, grace: float) -> None:
+        """Exit 1, writing every thread's traceback to stderr, unless called again within
+        ``MAX_RUN_SECONDS`` + ``grace`` + ``FROZEN_SLACK_SECONDS``. An action in C code
+        that never releases the GIL (a C extension's long loop) stops every thread:
+        neither the ``MAX_RUN_SECONDS`` check nor a signal's handler ever runs, and the
+        process would hang for good, alive to its supervisor. faulthandler's watchdog is
+        a C thread that needs no GIL. Only in the main thread (a real worker process,
+        whose signals are its own)."""
+        limit = delayjobs_settings.MAX_RUN_SECONDS
+        if limit is None or threading.current_thread() is not threading.main_thread():
+            return
+        faulthandler.dump_traceback_later(limit + grace + FROZEN_SLACK_SECONDS, exit=True,
+                                          file=2)  # fmt: skip
 
     def on_signal(self, signum: int, frame: FrameType | None = None) -> None:
         """SIGTERM/SIGINT: stop; a second one exits at once. Counted by signals received,
@@ -335,7 +361,10 @@ class WorkerProcess:
             self.stopping.wait(delayjobs_settings.RECONCILE_SECONDS)
 
     def work_loop(self) -> None:
-        backoff = Backoff(self.stopping, "worker")
+        backoff = Backoff(self.stopping, "worker")  # Redis's calls
+        # The database's, apart: a claim that Redis answers is no end of its outage (it
+        # reset the backoff, and each delivery was handed back 0.2 s after the last).
+        database = Backoff(self.stopping, "worker")
         queues = list(self.options.queues)
         redis_lost: float | None = None  # when Redis became unreachable, in a burst
         while not self.stopping.is_set():
@@ -360,7 +389,7 @@ class WorkerProcess:
                 except EngineUnavailable as exc:
                     backoff.failed("Redis is unavailable", exc)
                 continue
-            self.run_batch(*claimed, backoff)
+            self.run_batch(*claimed, database)
 
     def redis_failed(self, backoff: Backoff, exc: EngineUnavailable, since: float) -> bool:
         """Back off after a failed call to Redis; False when the loop must end instead: a
@@ -426,6 +455,7 @@ class WorkerProcess:
                 if ids:
                     with self.held_lock:
                         self.held.update(dict.fromkeys(ids, (shard, threading.get_ident())))
+                        self.lost.difference_update(ids)  # in flight again: this claim's
                     return shard, ids
         if failure is not None:
             raise failure
@@ -533,6 +563,7 @@ class WorkerProcess:
             mine = [i for i in ids if i in self.held and owner in (None, self.held[i][1])]
             for job_id in mine:
                 del self.held[job_id]
+                self.lost.discard(job_id)
         return mine
 
     def engine_has_ready(self) -> bool:
@@ -679,8 +710,11 @@ class WorkerProcess:
         for queue, ids in by_queue.items():
             with each.attempt():
                 kept = set(self.engine.extend_lease(queue, ids, self.lease_ms))
-                with self.held_lock:
-                    lost = [i for i in ids if i not in kept and i in self.held]
+                with self.held_lock:  # each once: a long action would warn every extension
+                    lost = [
+                        i for i in ids if i not in kept and i in self.held and i not in self.lost
+                    ]
+                    self.lost.update(lost)
                 for job_id in lost:  # still running here, yet Redis no longer has it in flight
                     logger.warning("lost the lease of job %s; another worker may take it",
                                    job_id)  # fmt: skip

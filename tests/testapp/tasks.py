@@ -1,5 +1,6 @@
 """Module-level actions for the tests."""
 
+import itertools
 import time
 
 from django.db import connection
@@ -35,6 +36,13 @@ def slow(label: str, seconds: float) -> None:
 
 def plain(label: str) -> None:
     """Not registered: scheduling it must fail."""
+
+
+@delayable
+def hold_the_interpreter() -> None:
+    """C code that never lets another thread (nor a signal handler) run: sum() over a C
+    iterator never releases the GIL, for hours."""
+    sum(itertools.repeat(1, 10**15))
 
 
 @delayable

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
 import signal
 import sys
 import threading
+from argparse import ArgumentTypeError
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +52,26 @@ def check_metrics_host(opts: dict[str, Any]) -> None:
         )
 
 
+def database_error(exc: DatabaseError) -> str:
+    """The one line for a database error at start-up: a database that ``migrate`` has not
+    brought up to this version answers, yet refuses (``no such table``), and is said so."""
+    from django.db import connections
+    from django.db.migrations.executor import MigrationExecutor
+
+    from ...models import Deployment
+
+    connection, plan = connections[Deployment.objects.db], []
+    if connection.connection is not None:  # it answered (no second wait for one that did not)
+        with contextlib.suppress(Exception):  # a project's migrations that do not load
+            executor = MigrationExecutor(connection)
+            plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    missing = [migration.name for migration, _ in plan if migration.app_label == "django_delayjobs"]
+    if missing:
+        return (f"the database lacks {len(missing)} migration(s) of django_delayjobs "
+                f"({missing[0]} to {missing[-1]}): run manage.py migrate ({exc})")  # fmt: skip
+    return f"the database is unavailable: {exc}"
+
+
 class StoppedDuringStartUp(Exception):
     """A SIGTERM/SIGINT came before the worker started: exit 0."""
 
@@ -59,11 +81,16 @@ LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG
 
 
 def queue_list(value: str) -> list[str]:
+    """The queues of ``--queues``; an ``ArgumentTypeError`` says why not (argparse words
+    a ``ValueError`` as "invalid queue_list value", without its reason)."""
     queues = [q.strip() for q in value.split(",") if q.strip()]
     if not queues:
-        raise ValueError("no queue given")
+        raise ArgumentTypeError(f"no queue given in {value!r}")
     for queue in queues:
-        validate_name(queue, "queue name")
+        try:
+            validate_name(queue, "queue name")
+        except ValueError as exc:
+            raise ArgumentTypeError(str(exc)) from exc
     return list(dict.fromkeys(queues))  # "a,a": served once, in the order first given
 
 
@@ -103,6 +130,14 @@ class Command(BaseCommand):
                  "which needs METRICS_TOKEN: any non-loopback address does).",
         )  # fmt: skip
 
+    def check(self, *args: Any, **kwargs: Any) -> Any:
+        """Django's system checks, which may open the database before ``handle`` (on SQLite
+        Django 6.1 asks it whether it has JSON): one line too, not a traceback."""
+        try:
+            return super().check(*args, **kwargs)
+        except DatabaseError as exc:
+            raise CommandError(database_error(exc)) from exc
+
     def handle(self, *args: Any, **opts: Any) -> None:
         # First thing: a stop during the start-up checks (a rolling update, Ctrl-C while
         # Redis is slow to answer) ends the process by its own exit, never by the signal.
@@ -117,7 +152,7 @@ class Command(BaseCommand):
         except DelayJobsError as exc:  # bad settings, Redis refused, a thread died
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
-            raise CommandError(f"the database is unavailable: {exc}") from exc
+            raise CommandError(database_error(exc)) from exc
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
