@@ -28,6 +28,7 @@ from django_delayjobs.outcomes import Outcome
 from django_delayjobs.services import build_job
 from tests.helpers import wait_for
 from tests.test_health import beat, overdue
+from tests.test_health import health as health_lines
 from tests.test_metrics import T0, result
 from tests.testapp import tasks
 
@@ -248,13 +249,3 @@ def test_oldest_overdue_sees_a_ready_job_behind_a_hundred_cancelled_ones():
     assert snapshot.oldest_overdue(engine, stats) >= 299
     code, lines = health_lines("--min-workers", "0")
     assert code == 1 and any(line.startswith("FAIL overdue:default") for line in lines), lines
-
-
-def health_lines(*args: str) -> tuple[int, list[str]]:
-    out = StringIO()
-    try:
-        call_command("delayjobs_health", *args, stdout=out)
-        code = 0
-    except CommandError as exc:
-        code = exc.returncode
-    return code, out.getvalue().splitlines()
