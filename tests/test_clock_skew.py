@@ -6,7 +6,9 @@ by libfaketime: a real server whose clock disagrees with this host's)."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -34,7 +36,9 @@ AHEAD = 4.0
 
 @pytest.fixture
 def redis_ahead(tmp_path: Path) -> Iterator[str]:
-    """The URL of a redis-server whose clock is ``AHEAD`` seconds ahead; stopped by pid."""
+    """The URL of a redis-server whose clock is ``AHEAD`` seconds ahead; stopped by pid
+    (its process group's: ``faketime`` forks the server and waits for it, so killing
+    ``faketime`` alone left the server running)."""
     faketime = shutil.which("faketime")
     if faketime is None:
         pytest.skip("needs libfaketime's faketime command (Debian: apt-get install faketime)")
@@ -42,7 +46,7 @@ def redis_ahead(tmp_path: Path) -> Iterator[str]:
     server = subprocess.Popen(
         [faketime, "-f", f"+{AHEAD}s", find_redis_server(), "--port", str(port),
          "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     client = redis.Redis(port=port)
     try:
@@ -52,7 +56,7 @@ def redis_ahead(tmp_path: Path) -> Iterator[str]:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         client.close()
-        server.kill()
+        os.killpg(server.pid, signal.SIGKILL)
         server.wait(10)
 
 
