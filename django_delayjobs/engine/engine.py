@@ -145,6 +145,8 @@ class Engine(Reader):
         A shard that cannot be reached does not stop the others: their ids are added, then
         ``PartlyUnavailable`` is raised with the list of ids added as ``done``.
         """
+        if not isinstance(only_earlier, bool):  # a truthy 2 would be read as False
+            raise TypeError(f"only_earlier must be a bool, not {type(only_earlier).__name__}")
         dues = _dues(items)
         ranks = _priorities(priorities, dues)
         added: set[str] = set()

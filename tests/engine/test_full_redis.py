@@ -154,6 +154,7 @@ def test_the_moves_work_on_a_full_redis_and_grow_nothing(
 REFUSED: dict[str, Callable[[Engine], Any]] = {
     "heartbeat": lambda e: e.heartbeat(Q, "worker-1", 10_000),
     "extend_lease": lambda e: e.extend_lease(Q, ["F"], 10_000),
+    "adopt": lambda e: e.adopt(Q, ["N"], 10_000),  # an id held nowhere: it grows Redis
     "reschedule to later": lambda e: e.reschedule(Q, "P", later(e.client) + 60_000),
 }
 

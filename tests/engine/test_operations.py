@@ -687,6 +687,32 @@ def test_extend_lease_rescues_an_expired_lease_not_yet_recovered(engine, redis_c
     assert list(state(redis_client, engine)["unack"]) == ["a"]
 
 
+def test_adopt_puts_only_ids_held_nowhere_in_flight_with_a_lease(populated, redis_client):
+    """Reconcile's move for running jobs Redis lost: pending, ready, in flight and garbage
+    ids are left as they are; a new one goes in flight, and its lease ends like a claim's."""
+    before_s = state(redis_client, populated)
+    before = populated.server_time_ms()
+    assert populated.adopt(Q, ["p", "r", "u", "g", "new", "new"], 60_000) == ["new"]
+    after = populated.server_time_ms()
+    s = state(redis_client, populated)
+    assert before + 60_000 - 1 <= s["unack"]["new"] <= after + 60_000
+    assert {k: v for k, v in s["unack"].items() if k != "new"} == before_s["unack"]
+    for place in ("pending", "ready", "garbage"):
+        assert s[place] == before_s[place]
+    assert populated.adopt(Q, ["x"], 0) == ["x"]  # a lease already over
+    assert "x" in populated.recover_expired(Q)
+
+
+def test_add_only_earlier_moves_a_pending_id_only_to_an_earlier_time(engine, redis_client):
+    now = engine.server_time_ms()
+    engine.add(Q, {"a": now + HOUR, "b": now + HOUR})
+    engine.add(Q, {"a": now + 2 * HOUR, "b": now + HOUR / 2}, only_earlier=True)
+    pending = state(redis_client, engine)["pending"]
+    assert pending == {"b": now + HOUR / 2, "a": now + HOUR}
+    engine.add(Q, {"a": now + 2 * HOUR})  # by default the time given wins
+    assert state(redis_client, engine)["pending"]["a"] == now + 2 * HOUR
+
+
 # -- finishing: ack, nack, bury ---------------------------------------------------------
 
 
@@ -937,6 +963,7 @@ for _i, (_ids, _exc) in enumerate(_BAD_IDS):
         "purge": lambda e, ids=_ids: e.purge(Q, ids),
         "requeue": lambda e, ids=_ids: e.requeue(Q, ids),
         "extend_lease": lambda e, ids=_ids: e.extend_lease(Q, ids, 1000),
+        "adopt": lambda e, ids=_ids: e.adopt(Q, ids, 1000),
     }.items():
         BAD_CALLS.append((f"{_name}-ids{_i}", _call, _exc))
 for _i, (_t, _exc) in enumerate(_BAD_TIMES):
@@ -947,6 +974,7 @@ for _i, (_t, _exc) in enumerate(_BAD_TIMES):
         (f"requeue-due{_i}", lambda e, t=_t: e.requeue(Q, ["g"], due_ms=t), _exc),
         (f"claim-lease{_i}", lambda e, t=_t: e.claim(Q, 1, lease_ms=t), _exc),
         (f"extend-lease{_i}", lambda e, t=_t: e.extend_lease(Q, ["u"], t), _exc),
+        (f"adopt-lease{_i}", lambda e, t=_t: e.adopt(Q, ["n"], t), _exc),
         (f"heartbeat-ttl{_i}", lambda e, t=_t: e.heartbeat(Q, "w", t), _exc),
     ]
 for _i, _t in enumerate(_FAR_DUES):
@@ -977,6 +1005,7 @@ for _i, _queue in enumerate(_BAD_QUEUES):
         (f"claim-queue{_i}", lambda e, q=_queue: e.claim(q), _exc),
         (f"recover-queue{_i}", lambda e, q=_queue: e.recover_expired(q), _exc),
         (f"ack-queue{_i}", lambda e, q=_queue: e.ack(q, ["u"]), _exc),
+        (f"adopt-queue{_i}", lambda e, q=_queue: e.adopt(q, ["n"], 1000), _exc),
         (f"nack-queue{_i}", lambda e, q=_queue: e.nack(q, {"u": 0}), _exc),
         (f"bury-queue{_i}", lambda e, q=_queue: e.bury(q, ["u"]), _exc),
         (f"requeue-queue{_i}", lambda e, q=_queue: e.requeue(q, ["g"]), _exc),
@@ -1002,6 +1031,7 @@ BAD_CALLS += [
     ("add-bytes-id", lambda e: e.add(Q, {b"a": 0}), TypeError),
     ("add-int-id", lambda e: e.add(Q, {1: 0}), TypeError),
     ("add-empty", lambda e: e.add(Q, {}), ValueError),
+    ("add-only-earlier-not-a-bool", lambda e: e.add(Q, {"a": 0}, only_earlier=2), TypeError),
     ("add-too-many", lambda e: e.add(Q, dict.fromkeys(_TOO_MANY, 0)), ValueError),
     ("add-priority-too-high", lambda e: e.add(Q, {"a": 0}, {"a": 101}), ValueError),
     ("add-priority-too-low", lambda e: e.add(Q, {"a": 0}, {"a": -101}), ValueError),
@@ -1053,6 +1083,8 @@ def test_an_unreachable_redis_raises_engine_unavailable(unreachable):
         unreachable.stats(Q)
     with pytest.raises(EngineUnavailable):  # the promoter's listing each minute
         unreachable.list_shards(Q)
+    with pytest.raises(EngineUnavailable):  # reconcile's, for running jobs Redis lost
+        unreachable.adopt(Q, ["a"], 1000)
 
 
 @pytest.fixture
