@@ -15,6 +15,8 @@ import json
 import os
 import ssl
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +101,20 @@ def _no_outage_under_way() -> None:
 
     for outage in (services._outage, outcomes._OUTAGE):
         outage.failures = 0
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_thread_outlives_its_test() -> Iterator[None]:
+    """A worker's threads end before the test that started them does: one left running
+    would claim the next test's jobs from the same Redis and database."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 10
+    for thread in set(threading.enumerate()) - before:
+        if thread.name.startswith(("delayjobs-worker", "delayjobs-promoter",
+                                   "delayjobs-reconcile", "delayjobs-housekeeping")):  # fmt: skip
+            thread.join(max(0.0, deadline - time.monotonic()))
+            assert not thread.is_alive(), f"thread {thread.name} outlived its test"
 
 
 @pytest.fixture
