@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import uuid
+import zoneinfo
 
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.db import transaction
+from django.test import override_settings
 
 from django_delayjobs import services
 from django_delayjobs.backends import TaskResultStatus
 from django_delayjobs.connection import get_engine
-from django_delayjobs.models import Job
+from django_delayjobs.models import Job, Status
 from tests.testapp import task_functions as t
 
 try:
@@ -24,6 +27,10 @@ except ImportError:
     from django_tasks import signals as task_signals
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+BACKEND = "django_delayjobs.backends.DelayJobsBackend"
+DEFAULT = {"BACKEND": BACKEND, "QUEUES": ["default", "other"]}
+TWO_ALIASES = {"default": DEFAULT, "second": {"BACKEND": BACKEND}}
 
 
 @pytest.fixture(autouse=True)
@@ -106,6 +113,33 @@ def test_a_task_started_or_finished_receiver_that_raises_stops_no_other_receiver
             signal.disconnect(after)
     assert seen == ["RUNNING", "SUCCESSFUL"]
     assert default_task_backend.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_run_after_reads_back_as_the_same_aware_instant_to_the_microsecond():
+    paris = zoneinfo.ZoneInfo("Europe/Paris")
+    when = datetime.datetime(2090, 7, 1, 12, 30, 45, 123457, tzinfo=paris)
+    result = t.add.using(run_after=when).enqueue(1, 2)
+    read = default_task_backend.get_result(result.id).task.run_after
+    assert read == when and read.utcoffset() is not None
+    assert read.astimezone(datetime.UTC).microsecond == 123457
+
+
+def test_the_worker_runs_a_task_of_an_alias_removed_since_and_its_result_reads(caplog):
+    """A result names the alias that enqueued it; with that alias gone from TASKS, the
+    worker still runs the job (a task runs by its function), and the result is read
+    through another alias as the django-tasks database backend reads one (any alias's
+    row), without the removed alias's settings being looked up."""
+    with override_settings(TASKS=TWO_ALIASES):
+        result = t.introspect.using(backend="second").enqueue("gone")
+    with caplog.at_level(logging.ERROR):
+        burst()
+    job = Job.objects.get(pk=result.id)
+    assert job.status == Status.SUCCEEDED, job.last_error
+    assert job.result == {"attempt": 1, "status": "RUNNING"}
+    read = default_task_backend.get_result(result.id)
+    assert (read.status, read.backend, read.task.backend) == ("SUCCESSFUL", "second", "second")
+    assert read.return_value == {"attempt": 1, "status": "RUNNING"}
+    assert "Traceback" not in caplog.text
 
 
 MALFORMED = ["not-a-uuid", b"0" * 32, 1.5, [1], "", "\x00", -1, 2**200, None, True]
