@@ -157,3 +157,18 @@ def test_services_refuse_a_malformed_job_id_with_validation_error(verb):
     for ref in MISSING:
         with pytest.raises(Job.DoesNotExist):
             call(ref)
+
+
+def test_the_django_tasks_versions_pyproject_allows_have_the_api_the_backend_uses():
+    """django-tasks 0.9 to 0.11 name a task's status SUCCEEDED (Django 6 and 0.12:
+    SUCCESSFUL): on them ``django_delayjobs.backends`` failed at import, with an
+    AttributeError from its STATUS table (checked against their wheels). The ``tasks``
+    extra and ``dev`` both allowed them."""
+    import tomllib
+
+    from tests.helpers import ROOT
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    pins = [req for req in extras["tasks"] + extras["dev"] if req.startswith("django-tasks")]
+    assert pins == ["django-tasks>=0.12", "django-tasks>=0.12"]
