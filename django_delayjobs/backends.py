@@ -173,8 +173,12 @@ class DelayJobsBackend(BaseTaskBackend):
         except (TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from exc
         result = to_result(job, task)
+        # After the commit, the caller's enqueue is done: a receiver that raises is logged
+        # (signals.send_logged), not raised from the atomic block's exit, where Django would
+        # drop the transaction's later hooks (another job's hand-over to Redis, the caller's).
         transaction.on_commit(
-            lambda: task_enqueued.send(type(self), task_result=result), using=sql.db()
+            lambda: signals.send_logged(task_enqueued, type(self), task_result=result),
+            using=sql.db(),
         )
         return result
 
@@ -354,7 +358,7 @@ def _is_task(job: Job) -> bool:
 
 def _started(sender: Any, job: Job, **kwargs: Any) -> None:
     if _is_task(job):
-        task_started.send(DelayJobsBackend, task_result=to_result(job))
+        signals.send_logged(task_started, DelayJobsBackend, task_result=to_result(job))
 
 
 class TaskFailed(DelayJobsError):
@@ -371,12 +375,12 @@ def _finished(sender: Any, job: Job, error: str = "", **kwargs: Any) -> None:
         return
     result = to_result(job)
     if result.status != TaskResultStatus.FAILED or not error:
-        task_finished.send(DelayJobsBackend, task_result=result)
+        signals.send_logged(task_finished, DelayJobsBackend, task_result=result)
         return
     try:
         raise TaskFailed(error)
     except TaskFailed:
-        task_finished.send(DelayJobsBackend, task_result=result)
+        signals.send_logged(task_finished, DelayJobsBackend, task_result=result)
 
 
 __all__ = ["STATUS", "DelayJobsBackend", "TaskFailed", "connect_signals"]

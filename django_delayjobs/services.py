@@ -17,6 +17,7 @@ from functools import cache, partial
 from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -283,9 +284,21 @@ def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
 
 
 def _job(job: Job | Any) -> Job:
+    """``job``, or the Job whose id it is (a UUID, its text or its int).
+
+    Anything else is ``ValidationError``, as Django's UUID field says of a bad text:
+    the field lets bytes through to ``uuid.UUID``, whose ``TypeError`` escaped, and
+    read None as "no job" and True as the id 1. An id without a row is ``DoesNotExist``.
+    """
     if isinstance(job, Job):
         return job
-    return Job.objects.get(pk=job)
+    if isinstance(job, bool) or not isinstance(job, uuid.UUID | str | int):
+        raise ValidationError(
+            f"a job is given as a Job or its id (a UUID), not {type(job).__name__}",
+            code="invalid",
+        )
+    pk: uuid.UUID = Job._meta.pk.to_python(job)  # ValidationError for a bad text or int
+    return Job.objects.get(pk=pk)
 
 
 def cancel(job: Job | Any, *, actor: str = "code") -> bool:

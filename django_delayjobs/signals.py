@@ -27,8 +27,14 @@ def send(signal: Signal, job: Any, **kwargs: Any) -> None:
     that unwinds everything) is logged too, as the worker treats an action that does;
     ``send_robust`` catches only ``Exception``, so the receivers after it miss this one.
     """
+    send_logged(signal, type(job), job=job, **kwargs)
+
+
+def send_logged(signal: Signal, sender: Any, **kwargs: Any) -> None:
+    """Send ``signal`` as ``send`` does, for any sender: the backend's ``django.tasks``
+    signals, which follow a commit too."""
     try:
-        results = signal.send_robust(sender=type(job), job=job, **kwargs)
+        results = signal.send_robust(sender=sender, **kwargs)
     except BaseException as exc:
         logger.error("a receiver of a django-delayjobs signal raised %r; the receivers "
                      "after it were not called", exc, exc_info=exc)  # fmt: skip
