@@ -7,7 +7,7 @@ from django.core.management import call_command
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
-from django_delayjobs.engine import Engine
+from django_delayjobs.engine import Engine, PartlyUnavailable, WrongType
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import reschedule
@@ -110,3 +110,26 @@ def test_an_id_claimed_from_its_old_shard_during_the_move_is_not_left_in_the_new
     assert new.add("q", {"a": now}) == []
     total = new.stats("q")
     assert (total.pending, total.ready, total.in_flight) == (0, 0, 1)
+
+
+def test_a_directory_of_the_wrong_type_stops_no_queue(settings, caplog):
+    """The directory of queues (``{<prefix>}:queues``) overwritten by another program with
+    a key of another type: every queue is still served, and nothing is lost."""
+    shards(settings, 3)
+    engine = get_engine()
+    engine.client.set(engine.queues_key, "not a set")
+    jobs = [schedule(tasks.record, in_=0, args=[f"d{n}"], queue=queue)
+            for n, queue in enumerate(["default", "orders", "orders", "orders"])]  # fmt: skip
+    call_command("run_delayworker", "--burst", "--queues", "default,orders", "-v", "0")
+    assert {j.status for j in Job.objects.filter(pk__in=[j.pk for j in jobs])} == {Status.SUCCEEDED}
+
+
+def test_a_directory_of_the_wrong_type_is_named_and_adds_still_add(redis_client):
+    engine = Engine(redis_client, prefix="t", shards={"q": 3})
+    redis_client.set(engine.queues_key, "x")
+    with pytest.raises(PartlyUnavailable, match=r"directory of queues \{t\}:queues") as caught:
+        engine.add("q", {"a": 4e12, "b": 4e12, "c": 4e12})
+    assert sorted(caught.value.done) == ["a", "b", "c"]
+    assert engine.stats("q").pending == 3  # served: the current shards, listed or not
+    with pytest.raises(WrongType, match=r"\{t\}:queues"):
+        engine.known_queues()  # where queues are listed, the key is named

@@ -176,7 +176,11 @@ class Engine(Reader):
                     # The directory lies outside the queue's hash tag, so the script cannot
                     # write it; a shard is listed from the first add that finds it empty
                     # (after a flush too), which keeps the common add at one round trip.
-                    self._router.directory.register(shard)
+                    # The ids are added even if that fails: PartlyUnavailable, not a loss.
+                    try:
+                        self._router.directory.register(shard)
+                    except EngineUnavailable as exc:
+                        each.skip(exc)
         moved = self._leave_older(queue, older, [id_ for id_ in reached if id_ in waiting], each)
         result = Added((id_ for id_ in dues if id_ in added and id_ not in waiting),
                        moved=(id_ for id_ in dues if id_ in moved))  # fmt: skip
