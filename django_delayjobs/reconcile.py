@@ -25,6 +25,7 @@ from . import timing
 from .conf import delayjobs_settings
 from .engine import (
     PRIORITY_RANGE,
+    Added,
     Engine,
     EngineUnavailable,
     PartlyUnavailable,
@@ -81,9 +82,9 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     ``skipped`` and named in one log line.
 
     After a queue's shard count changed (``QUEUE_SHARDS``), a job still waiting in a shard
-    of the old count is moved to its shard under the new one: added there, then removed
-    from the old shard. The old shards are served meanwhile, so a job is never stranded;
-    a full pass (``delayjobs_reconcile``) moves every waiting job at once.
+    of the old count is moved to its shard under the new one: taken out of the old shard,
+    then added to its own (``Engine.add``). The old shards are served meanwhile, so a job
+    is never stranded; a full pass (``delayjobs_reconcile``) moves every waiting job at once.
     """
     now = timezone.now()
     due = Q(status__in=WAITING)
@@ -192,8 +193,8 @@ def _repair(
 ) -> int:
     """Make Redis hold ``items`` (with their ``priorities``; the ``running`` ones in
     flight); return how many it did not hold, leaving out ids of ``young`` rows (see
-    ``FRESH``). An id found in a shard of an older count is moved (added to its shard,
-    removed from the old one), not counted."""
+    ``FRESH``). An id found waiting in a shard of an older count is moved to its shard
+    (by ``Engine.add``), not counted."""
     each = PerShard()  # the shards whose master is down wait; the others are repaired
     ranks = {id_: priorities.pop(id_) for id_ in items if id_ in priorities}
     in_flight = [id_ for id_ in items if id_ in running]
@@ -221,21 +222,12 @@ def _add(
     # A waiting job found in garbage was requeued while Redis was unreachable.
     revived = each.run(partial(engine.requeue, queue, list(items)), 0)
     ranks = {id_: rank for id_, rank in ranks.items() if id_ in items}
-    added = each.run(partial(engine.add, queue, items, ranks, only_earlier=True), list[str]())
-    added = _still_active(queue, engine, added, each)
-    relocated = 0
-    if added:
-        try:
-            older = engine.old_shards(queue)  # none unless the shard count changed
-        except EngineUnavailable as exc:  # the directory's master is down: moved next time
-            each.skip(exc)
-            older = []
-        for shard in older:
-            relocated += each.run(partial(engine.remove, shard, added), 0)
-    relocated = min(relocated, len(added))
-    moved[queue] += relocated
+    # An id waiting in a shard of an older count is moved by the add (``Added.moved``).
+    found = each.run(partial(engine.add, queue, items, ranks, only_earlier=True), Added())
+    moved[queue] += len(found.moved)
+    added = _still_active(queue, engine, found, each)
     arriving = sum(1 for id_ in added if id_ in young)
-    return revived + max(0, len(added) - relocated - arriving)
+    return revived + max(0, len(added) - arriving)
 
 
 def _adopt(engine: Engine, queue: str, ids: list[str], each: PerShard) -> int:

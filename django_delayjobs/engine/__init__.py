@@ -3,7 +3,7 @@
 from .engine import MAX_BATCH, Engine, close_client, script_source
 from .errors import DelayJobsError, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
 from .keys import QueueKeys, is_valid_name, validate_name
-from .results import PromoteResult, QueueStats
+from .results import Added, PromoteResult, QueueStats
 from .sharding import MAX_SHARDS, Shard, queue_of
 from .validation import PRIORITY_RANGE
 
@@ -11,6 +11,7 @@ __all__ = [
     "MAX_BATCH",
     "MAX_SHARDS",
     "PRIORITY_RANGE",
+    "Added",
     "DelayJobsError",
     "Engine",
     "EngineUnavailable",

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import EngineUnavailable
+from .errors import EngineUnavailable, WrongType
 from .sharding import Shard, parse
 
 #: How long a read of the directory is reused. A shard listed by another process is
@@ -38,21 +38,32 @@ class Directory:
         self._known = False  # read once at least
         self._shards: dict[str, set[Shard]] = {}
 
+    def _run(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` through ``call``; a directory of the wrong type is named."""
+        try:
+            return self._call(fn)
+        except WrongType as exc:
+            raise WrongType(
+                f"the directory of queues {self.key} is not a set (another program wrote "
+                "it?): delete it, and promoters list their queues in it again within a "
+                f"minute ({exc})"
+            ) from exc
+
     def register(self, shard: Shard) -> None:
-        self._call(lambda: self.client.sadd(self.key, shard.name))
+        self._run(lambda: self.client.sadd(self.key, shard.name))
         with self._lock:
             self._shards.setdefault(shard.queue, set()).add(shard)
 
     def register_all(self, shards: list[Shard]) -> None:
         """List ``shards`` in one call (they may be listed already)."""
         if shards:
-            self._call(lambda: self.client.sadd(self.key, *(shard.name for shard in shards)))
+            self._run(lambda: self.client.sadd(self.key, *(shard.name for shard in shards)))
             with self._lock:
                 for shard in shards:
                     self._shards.setdefault(shard.queue, set()).add(shard)
 
     def forget(self, shard: Shard) -> None:
-        self._call(lambda: self.client.srem(self.key, shard.name))
+        self._run(lambda: self.client.srem(self.key, shard.name))
         with self._lock:
             self._shards.get(shard.queue, set()).discard(shard)
 
@@ -61,13 +72,16 @@ class Directory:
 
         If a read fails after an earlier one succeeded (the master of the directory is
         failing over), the last listing is used: serving the shards known a moment ago is
-        better than serving none. ``fresh`` reads raise.
+        better than serving none. A directory of the wrong type (another program's key)
+        lists what was last read, or nothing: callers serve their queues' current shards
+        (every queue's only shard, for a queue never split), not none at all. ``fresh``
+        reads raise, so the key is named where queues are listed (stats, metrics).
         """
         if fresh or not self._known or time.monotonic() - self._read_at >= DIRECTORY_TTL:
             try:
-                members = self._call(lambda: self.client.smembers(self.key))
-            except EngineUnavailable:
-                if fresh or not self._known:
+                members = self._run(lambda: self.client.smembers(self.key))
+            except EngineUnavailable as exc:
+                if fresh or not (self._known or isinstance(exc, WrongType)):
                     raise
                 members = {shard.name for found in self._shards.values() for shard in found}
             shards: dict[str, set[Shard]] = {}

@@ -17,7 +17,7 @@ from . import sharding
 from .errors import EngineUnavailable, PerShard, WrongType
 from .keys import QueueKeys, validate_name
 from .reader import Reader
-from .results import PromoteResult, merge_promoted
+from .results import Added, PromoteResult, merge_promoted
 from .sharding import Shard
 from .validation import MAX_BATCH as MAX_BATCH
 from .validation import check_batch as _batch
@@ -38,6 +38,7 @@ _SCRIPTS = (
     "claim",
     "extend_lease",
     "adopt",
+    "withdraw",
     "ack",
     "nack",
     "bury",
@@ -134,13 +135,18 @@ class Engine(Reader):
         priorities: Mapping[str, int] | None = None,
         *,
         only_earlier: bool = False,
-    ) -> list[str]:
+    ) -> Added:
         """Add ids with due times (ms); return the ids Redis did not hold before.
 
         ``priorities`` (id -> -100..100, 0 for ids left out): among ids that enter ready
         together (one promote call, or one add of ids due now), higher goes first.
         ``only_earlier``: an id already pending keeps its due time unless the one given is
         earlier (reconcile's due times may be older than those added since).
+
+        Given a queue name after its shard count changed, an id still waiting in a shard of
+        an older count is moved to its shard under the current count (``moved`` of the
+        result), and one in flight or in garbage there is left alone, as an add leaves
+        alone an id its own shard holds so: an id is never held by two shards at once.
 
         A shard that cannot be reached does not stop the others: their ids are added, then
         ``PartlyUnavailable`` is raised with the list of ids added as ``done``.
@@ -151,7 +157,12 @@ class Engine(Reader):
         ranks = _priorities(priorities, dues)
         added: set[str] = set()
         each = PerShard()
-        for shard, ids in self._router.route(queue, list(dues)):
+        older = self._older(queue, [], each)  # none unless the queue's count changed
+        waiting, busy = self._withdraw(older, list(dues), False, each)
+        reached: list[str] = []
+        for shard, ids in self._router.route(queue, [id_ for id_ in dues if id_ not in busy]):
+            if not ids:  # every one in flight or in garbage in a shard of an older count
+                continue
             k = self._keys(shard)
             keys = [k.pending, k.ready, k.ready_set, k.unack, k.garbage, k.wake, k.notify,
                     k.counters, k.priority]  # fmt: skip
@@ -160,14 +171,55 @@ class Engine(Reader):
             with each.attempt():
                 was_empty, new = self._run("add", keys, args)
                 added.update(_text(id_) for id_ in new)
+                reached += ids
                 if was_empty:
                     # The directory lies outside the queue's hash tag, so the script cannot
                     # write it; a shard is listed from the first add that finds it empty
                     # (after a flush too), which keeps the common add at one round trip.
-                    self._router.directory.register(shard)
-        result = [id_ for id_ in dues if id_ in added]
+                    # The ids are added even if that fails: PartlyUnavailable, not a loss.
+                    try:
+                        self._router.directory.register(shard)
+                    except EngineUnavailable as exc:
+                        each.skip(exc)
+        moved = self._leave_older(queue, older, [id_ for id_ in reached if id_ in waiting], each)
+        result = Added((id_ for id_ in dues if id_ in added and id_ not in waiting),
+                       moved=(id_ for id_ in dues if id_ in moved))  # fmt: skip
         each.check(result)
         return result
+
+    def _withdraw(
+        self, shards: list[Shard], ids: list[str], take: bool, each: PerShard
+    ) -> tuple[set[str], set[str]]:
+        """Look for ``ids`` in ``shards`` (of older counts): return those waiting there
+        (taken out, with ``take``) and those in flight or in garbage there. A shard that
+        cannot be reached is noted in ``each`` and passed over."""
+        waiting: set[str] = set()
+        busy: set[str] = set()
+        for shard in shards:
+            rest = [id_ for id_ in ids if id_ not in waiting and id_ not in busy]
+            if not rest:
+                break
+            k = self._keys(shard)
+            keys = [k.pending, k.ready_set, k.unack, k.garbage, k.counters, k.priority]
+            with each.attempt():
+                found, held = self._run("withdraw", keys, [int(take), *rest])
+                waiting.update(_text(id_) for id_ in found)
+                busy.update(_text(id_) for id_ in held)
+        return waiting, busy
+
+    def _leave_older(
+        self, queue: str, older: list[Shard], ids: list[str], each: PerShard
+    ) -> set[str]:
+        """Take ``ids``, just added to their current shard, out of the shards of older
+        counts where they waited; return those taken out. Added first, taken out second:
+        an add that fails (a full Redis, a master down) leaves the id where it was. An id a
+        worker claimed from its old shard in between is taken out of its new one again."""
+        if not ids:
+            return set()
+        taken, claimed = self._withdraw(older, ids, True, each)
+        if claimed:
+            each.run(partial(self.remove, queue, list(claimed)), 0)
+        return taken
 
     def remove(self, queue: str, ids: Iterable[str]) -> int:
         """Remove ids not yet claimed (pending or ready); return how many were removed.
@@ -291,9 +343,18 @@ class Engine(Reader):
     def adopt(self, queue: str, ids: Iterable[str], lease_ms: float) -> list[str]:
         """Put the ids Redis holds nowhere in flight with a lease; return them. For running
         jobs Redis lost: a worker still running one extends the lease (no second worker
-        gets it meanwhile); else it is recovered once the lease ends."""
-        lease, adopted = _ms(lease_ms, "lease"), []
-        for shard, part in self._router.route(queue, _ids(ids)):
+        gets it meanwhile); else it is recovered once the lease ends. An id a shard of an
+        older count of the queue holds is left there, where its worker extends its lease
+        (if such a shard cannot be looked at, nothing is adopted: ``EngineUnavailable``)."""
+        lease, adopted, given = _ms(lease_ms, "lease"), [], _ids(ids)
+        each = PerShard()
+        waiting, busy = self._withdraw(self._older(queue, [], each), given, False, each)
+        if each.failure is not None:  # a second copy in flight would be delivered again
+            raise each.failure
+        held = waiting | busy
+        for shard, part in self._router.route(queue, [id_ for id_ in given if id_ not in held]):
+            if not part:
+                continue
             k = self._keys(shard)
             keys = [k.pending, k.ready_set, k.unack, k.garbage]
             args: list[str | int] = [lease, *part]

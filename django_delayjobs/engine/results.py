@@ -6,6 +6,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
+class Added(list[str]):
+    """The ids an ``add`` put in Redis that it held nowhere before. ``moved``: the ids it
+    took out of a shard of an older count of the queue (they waited there) and added to
+    their shard under the current count; held before, so not in the list itself."""
+
+    def __init__(self, ids: Iterable[str] = (), moved: Iterable[str] = ()) -> None:
+        super().__init__(ids)
+        self.moved = list(moved)
+
+
 @dataclass(frozen=True)
 class PromoteResult:
     moved: int
