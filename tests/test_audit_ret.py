@@ -11,6 +11,7 @@ from io import StringIO
 import pytest
 from django.conf import settings
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -20,6 +21,7 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.retention import AutoPrune
 from tests.helpers import wait_for
+from tests.test_health import private_redis, stopped_redis  # noqa: F401 (fixtures)
 from tests.testapp.models import Receipt
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -175,3 +177,31 @@ def test_rows_the_database_refuses_are_walked_past_by_statements_that_do_not_gro
     assert named(queries, refused) <= 1, [q["sql"] for q in queries.captured_queries]
     assert [r.getMessage() for r in caplog.records if "refer" in r.getMessage()] == [warning]
     assert "testapp" not in warning  # no model refers to them
+
+
+# -- delayjobs_reconcile ------------------------------------------------------------------
+
+
+def reconcile() -> str:
+    out = StringIO()
+    call_command("delayjobs_reconcile", stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.usefixtures("stopped_redis")
+def test_reconcile_fails_when_redis_is_down_even_with_nothing_to_repair():
+    """With no waiting job in the database the pass never asked Redis anything, and said
+    "repaired 0 job(s)" with exit 0: a check after an outage passed while Redis was down."""
+    with pytest.raises(CommandError, match="Redis is unreachable"):
+        reconcile()
+
+
+def test_reconcile_fails_when_redis_refuses_writes_even_with_nothing_to_repair(request):
+    client = request.getfixturevalue("private_redis")
+    client.config_set("min-replicas-to-write", 1)  # every write refused: NOREPLICAS
+    try:
+        with pytest.raises(CommandError, match=r"refuses writes.*NOREPLICAS"):
+            reconcile()
+    finally:
+        client.config_set("min-replicas-to-write", 0)
+    assert reconcile() == "repaired 0 job(s)\n"
