@@ -102,6 +102,7 @@ def test_prune_leaves_more_jobs_than_sqlite_takes_parameters_that_a_model_protec
     others = old_jobs(5, timedelta(days=40))
     stock_sqlite_limit()  # after the bulk inserts, which Django sized by the build's limit
     caplog.set_level(logging.WARNING, logger="django_delayjobs")
+    assert "would delete 5 " in prune("--older-than", "30d", "--dry-run")
     # Small batches: the ids found before the last batch (32,790) are more than SQLite takes.
     out = prune("--older-than", "30d", "--batch", "10", "--max-rate", "0")
     assert f"left {MANY} job(s) that another table refers to" in out, out
