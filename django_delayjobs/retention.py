@@ -12,6 +12,14 @@ select and the delete is left alone on every database. On PostgreSQL the three a
 statement. Rows are deleted without loading them (no ``pre_delete``/``post_delete``
 signals): a row that cannot be read back cannot stop the pruning.
 
+A job another table refers to cannot be deleted (the database refuses). The jobs your
+models refer to (a foreign key to ``Job``) are left out by the batch's own query; a
+refusal no model explains (a table without a model, a trigger) rolls its batch back, and
+that batch is retried one job per transaction, the refused jobs left behind a keyset
+cursor on (``finished_at``, id). Neither grows with the number of jobs left: an earlier
+version sent every refused id back in each batch's ``NOT IN``, which SQLite refuses past
+32,766 of them.
+
 A deleted ``dead`` job's id is then purged from its queue's Redis garbage, once the
 batch's transaction has committed. Redis down or refusing does not stop the prune (the
 rows are gone already): the ids it could not purge are counted in one warning at the end.
@@ -25,14 +33,14 @@ import re
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import Error as DatabaseError
-from django.db import IntegrityError, connections, transaction
-from django.db.models import QuerySet
+from django.db import IntegrityError, connections, router, transaction
+from django.db.models import Exists, ForeignKey, Model, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from . import sql
@@ -114,8 +122,52 @@ def check_batch(value: int) -> int:
     return value
 
 
+#: A keyset position on (``finished_at``, id): the last job the database refused to delete.
+Cursor = tuple[datetime.datetime, uuid.UUID]
+
+
 def _finished(cutoff: datetime.datetime, statuses: Iterable[str]) -> QuerySet[Job]:
     return Job.objects.using(sql.db()).filter(status__in=list(statuses), finished_at__lt=cutoff)
+
+
+def references(alias: str) -> list[ForeignKey[Any, Any]]:
+    """The foreign keys of models on database ``alias`` whose constraint refuses to delete
+    a job they refer to (``PROTECT``, but also ``CASCADE`` & co: the prune deletes without
+    Django's collector); not the events', which the prune deletes first, nor one whose
+    database cascades itself (Django 6's ``DB_CASCADE`` & co)."""
+    found = []
+    for rel in Job._meta.get_fields(include_hidden=True):
+        field = getattr(rel, "field", None)
+        if not (rel.auto_created and not rel.concrete and isinstance(field, ForeignKey)):
+            continue
+        model = field.model
+        if model is JobEvent or not getattr(field, "db_constraint", True):
+            continue
+        if hasattr(field.remote_field.on_delete, "on_delete_sql"):  # the database's action
+            continue
+        if router.allow_migrate_model(alias, model):  # else no table of it on ``alias``
+            found.append(field)
+    return found
+
+
+def _unreferenced(alias: str) -> Q:
+    """The jobs no row of ``references(alias)`` refers to (all, if none could)."""
+    condition = Q()
+    for fk in references(alias):
+        model: type[Model] = fk.model
+        rows = model._base_manager.using(alias).filter(
+            **{fk.attname: OuterRef(fk.target_field.attname)}
+        )
+        condition &= Q(~Exists(rows))
+    return condition
+
+
+def _after(cursor: Cursor | None) -> Q:
+    """The jobs past ``cursor`` in (``finished_at``, id) order (all, if None)."""
+    if cursor is None:
+        return Q()
+    finished_at, pk = cursor
+    return Q(finished_at__gt=finished_at) | Q(finished_at=finished_at, pk__gt=pk)
 
 
 @dataclass
@@ -129,27 +181,30 @@ class Pruned:
     dead: list[tuple[str, str]] = field(default_factory=list)
     #: Jobs left because another table refers to them (see ``Protected``).
     protected: int = 0
+    #: Whether the prune went to the end: no job it may delete is left.
+    complete: bool = False
 
 
 def count(cutoff: datetime.datetime, statuses: Sequence[str]) -> Pruned:
     """What ``prune`` would delete now (a dry run)."""
-    matching = _finished(cutoff, statuses)
+    matching = _finished(cutoff, statuses).filter(_unreferenced(sql.db()))
     events = JobEvent.objects.using(sql.db()).filter(job__in=matching.values("pk")).count()
     return Pruned(jobs=matching.count(), events=events)
 
 
 def delete_batch(
-    cutoff: datetime.datetime, statuses: Sequence[str], size: int, skip: Collection[uuid.UUID] = ()
+    cutoff: datetime.datetime, statuses: Sequence[str], size: int, after: Cursor | None = None
 ) -> Pruned:
-    """Delete up to ``size`` of the oldest matching jobs (but those in ``skip``) and their
-    events, in one transaction."""
+    """Delete up to ``size`` of the oldest matching jobs (past ``after``, and that no
+    model refers to) and their events, in one transaction."""
     alias = sql.db()
     conn = connections[alias]
     if conn.vendor == "postgresql":
-        return _delete_batch_postgresql(alias, cutoff, statuses, size, skip)
+        return _delete_batch_postgresql(alias, cutoff, statuses, size, after)
     features = conn.features
     with transaction.atomic(using=alias):
-        chosen = _finished(cutoff, statuses).exclude(pk__in=skip).order_by("finished_at")
+        chosen = (_finished(cutoff, statuses).filter(_after(after), _unreferenced(alias))
+                  .order_by("finished_at"))  # fmt: skip
         if features.has_select_for_update:
             chosen = chosen.select_for_update(
                 skip_locked=features.has_select_for_update_skip_locked
@@ -177,8 +232,23 @@ def _delete(
     return Pruned(jobs=deleted_jobs, events=deleted_events, batches=1, dead=dead)
 
 
+def _referenced_sql(alias: str, job: str) -> str:
+    """``references(alias)`` as SQL conditions on the job table ``job``."""
+    conn = connections[alias]
+    conditions = []
+    for fk in references(alias):
+        model: type[Model] = fk.model
+        table = conn.ops.quote_name(model._meta.db_table)
+        column = sql._q(conn, model._meta, fk.name)
+        target = sql._q(conn, Job._meta, fk.target_field.name)
+        conditions.append(
+            f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE {table}.{column} = {job}.{target})"
+        )
+    return "".join(conditions)
+
+
 @cache
-def _batch_sql(alias: str, statuses: int, skip: bool) -> str:
+def _batch_sql(alias: str, statuses: int, after: bool, referenced: str) -> str:
     conn = connections[alias]
     job, event = (conn.ops.quote_name(m._meta.db_table) for m in (Job, JobEvent))
 
@@ -186,10 +256,13 @@ def _batch_sql(alias: str, statuses: int, skip: bool) -> str:
         return sql._q(conn, Job._meta, name)
 
     job_id = sql._q(conn, JobEvent._meta, "job")
+    # The first term lets the finished_at index find where to start.
+    past = f" AND {c('finished_at')} >= %s AND ({c('finished_at')}, {c('id')}) > (%s, %s)"
     return (
         f"WITH chosen AS (SELECT {c('id')} FROM {job}"
         f" WHERE {c('status')} IN ({', '.join(['%s'] * statuses)}) AND {c('finished_at')} < %s"
-        + (f" AND NOT ({c('id')} = ANY(%s))" if skip else "")
+        + (past if after else "")
+        + referenced
         + f" ORDER BY {c('finished_at')} LIMIT %s FOR UPDATE SKIP LOCKED),"
         f" events AS (DELETE FROM {event} WHERE {job_id} IN (SELECT {c('id')} FROM chosen)"
         f" RETURNING 1),"
@@ -207,17 +280,18 @@ def _delete_batch_postgresql(
     cutoff: datetime.datetime,
     statuses: Sequence[str],
     size: int,
-    skip: Collection[uuid.UUID],
+    after: Cursor | None,
 ) -> Pruned:
     """The batch as one statement: the rows are chosen, locked (locked ones skipped) and
     deleted with their events by the server, which returns the dead ones' queues and ids.
     Sending the keys through Python and back cost the command about 3 s of CPU per
     100,000 jobs, on cores that the workers share, and made the prune 2.3 times slower
     (docs/performance.md)."""
+    job = connections[alias].ops.quote_name(Job._meta.db_table)
+    statement = _batch_sql(alias, len(statuses), after is not None, _referenced_sql(alias, job))
+    past: list[Any] = [after[0], *after] if after is not None else []
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        skipped = [list(skip)] if skip else []
-        cursor.execute(_batch_sql(alias, len(statuses), bool(skip)),
-                       [*statuses, cutoff, *skipped, size, Status.DEAD])  # fmt: skip
+        cursor.execute(statement, [*statuses, cutoff, *past, size, Status.DEAD])
         jobs, events, dead = cursor.fetchone()
     if not jobs:
         return Pruned()
@@ -225,28 +299,54 @@ def _delete_batch_postgresql(
 
 
 class Protected:
-    """Finished jobs that another table refers to (a model's foreign key to ``Job`` with
-    ``on_delete=PROTECT``, or a table's own constraint), so the database refuses their
-    delete: a refusal, not an outage. They are left and skipped, the rest are pruned,
-    and what blocks them is logged once (again only when more are found)."""
+    """Finished jobs that another table refers to, so the database refuses their delete:
+    a refusal, not an outage. They are left and skipped, the rest are pruned, and what
+    blocks them is logged once (again only when more are found).
+
+    Those a model refers to (``references``) are left out by each batch's query and
+    counted when a prune is done. Those the database refuses for another reason are
+    found one job at a time and left behind ``after``, a keyset position: a walk in
+    (``finished_at``, id) order deletes or refuses each job it meets, so every job still
+    there up to ``after`` is one it refused. The state is a count and one position,
+    whatever the number of jobs left, and an ``AutoPrune`` keeps it across its passes, so
+    that a refused job is not tried again by every pass (a later finish is past it).
+    """
 
     def __init__(self) -> None:
-        self.pks: set[uuid.UUID] = set()
+        self.after: Cursor | None = None
+        self.refused = 0  # jobs the database refused, since this object was made
+        self.referenced = 0  # jobs a model refers to, when the last prune was done
+        self.models: list[str] = []
         self.error = ""
         self._reported = 0
 
-    def add(self, pk: uuid.UUID, exc: IntegrityError) -> None:
-        self.pks.add(pk)
+    def refuse(self, position: Cursor, exc: IntegrityError) -> None:
+        self.after = position
+        self.refused += 1
         self.error = str(exc).strip() or type(exc).__name__
 
+    def count_referenced(self, cutoff: datetime.datetime, statuses: Sequence[str]) -> int:
+        """Count the jobs that a model's row refers to, which the prune left."""
+        fields = references(sql.db())
+        self.models = [f"{f.model._meta.label}.{f.name}" for f in fields]
+        left = _finished(cutoff, statuses).exclude(_unreferenced(sql.db())) if fields else None
+        self.referenced = 0 if left is None else left.count()
+        return self.referenced
+
     def report(self) -> None:
-        if len(self.pks) > self._reported:
-            self._reported = len(self.pks)
-            logger.warning(
-                "pruning left %d job(s) that another table refers to (a foreign key to the "
-                "job table; the database said: %s); the other jobs are pruned",
-                len(self.pks), self.error,
-            )  # fmt: skip
+        total = self.refused + self.referenced
+        if total <= self._reported:
+            return
+        self._reported = total
+        why = []
+        if self.referenced:
+            why.append(f"referred to by {', '.join(self.models)}")
+        if self.refused:
+            why.append(f"a foreign key to the job table; the database said: {self.error}")
+        logger.warning(
+            "pruning left %d job(s) that another table refers to (%s); the other jobs are "
+            "pruned", total, "; ".join(why),
+        )  # fmt: skip
 
 
 def delete_singly(
@@ -257,20 +357,23 @@ def delete_singly(
     garbage: GarbagePurge,
 ) -> Pruned:
     """The batch ``delete_batch`` could not delete as a whole (the database refused it: a
-    row another table refers to), one job per transaction: those it refuses join
-    ``protected``. Only after such a refusal, so the usual batch stays one statement.
-    If the database fails part-way, the dead ids of the jobs already deleted still leave
-    ``garbage`` before the error goes on."""
+    row another table refers to), one job per transaction, in (``finished_at``, id)
+    order: those it refuses are left behind ``protected.after``. Only after such a
+    refusal, so the usual batch stays one statement. If the database fails part-way, the
+    dead ids of the jobs already deleted still leave ``garbage`` before the error goes
+    on."""
     alias = sql.db()
-    chosen = _finished(cutoff, statuses).exclude(pk__in=protected.pks).order_by("finished_at")
+    chosen = (_finished(cutoff, statuses).filter(_after(protected.after), _unreferenced(alias))
+              .order_by("finished_at", "pk"))  # fmt: skip
     done = Pruned(batches=1)
     try:
-        for pk in list(chosen.values_list("pk", flat=True)[:size]):
+        for finished_at, pk in list(chosen.values_list("finished_at", "pk")[:size]):
             try:  # a transaction each: a deferred constraint refuses at COMMIT
                 with transaction.atomic(using=alias):
                     one = _delete(alias, cutoff, statuses, [pk])
             except IntegrityError as exc:
-                protected.add(pk, exc)
+                assert finished_at is not None  # _finished() has finished_at < cutoff
+                protected.refuse((finished_at, pk), exc)
                 done.protected += 1
                 continue
             done.jobs += one.jobs
@@ -303,8 +406,8 @@ def prune(
 
     The deleted dead jobs' ids are purged from Redis's garbage after each batch; those
     Redis did not take (down or refusing) are counted in one warning, and never raise.
-    Jobs another table refers to are left (added to ``protected``, counted in one
-    warning), and the others pruned.
+    Jobs another table refers to are left (see ``Protected``; counted in one warning and,
+    once none is left to delete, in ``protected``), and the others pruned.
     """
     check_batch(batch)
     rate = None if max_rate is None else check_rate(max_rate)
@@ -319,19 +422,22 @@ def prune(
         while True:
             started = time.monotonic()
             try:
-                done = delete_batch(cutoff, statuses, batch, protected.pks)
+                done = delete_batch(cutoff, statuses, batch, protected.after)
             except IntegrityError:  # a row another table refers to: the rest, one by one
                 done = delete_singly(cutoff, statuses, batch, protected, garbage)
-            if not done.batches:
+            if done.batches:
+                garbage.purge(done.dead)
+                total.jobs += done.jobs
+                total.events += done.events
+                total.protected += done.protected
+                total.batches += 1
+                if progress is not None:
+                    progress(total)
+            if not done.batches or done.jobs + done.protected < batch:  # none left
+                total.protected += protected.count_referenced(cutoff, statuses)
+                total.complete = True
                 return total
-            garbage.purge(done.dead)
-            total.jobs += done.jobs
-            total.events += done.events
-            total.protected += done.protected
-            total.batches += 1
-            if progress is not None:
-                progress(total)
-            if done.jobs + done.protected < batch or total.batches == max_batches:
+            if total.batches == max_batches:
                 return total
             if rate is not None:
                 time.sleep(max(0.0, started + done.jobs / rate - time.monotonic()))
@@ -398,7 +504,7 @@ class AutoPrune:
         self.batch = batch
         self.batches = batches
         self.cutoff: datetime.datetime | None = None  # set while a pass is under way
-        self.protected = Protected()  # skipped by every pass of this process
+        self.protected = Protected()  # its refused jobs: skipped by every pass
         self.next_try = 0.0  # time.monotonic() of the next step that does anything
         self.failing = False
 
@@ -429,7 +535,7 @@ class AutoPrune:
         if self.failing:
             logger.warning("automatic pruning works again")
             self.failing = False
-        if done.jobs + done.protected < self.batch * self.batches:  # this pass is over
+        if done.complete:  # this pass is over
             self.cutoff = None
             self.next_try = time.monotonic() + every
         return done

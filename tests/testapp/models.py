@@ -82,3 +82,10 @@ class Ticket(models.Model):
     @delayable
     def touch(self) -> None:
         pass
+
+
+class Receipt(models.Model):
+    """A model of the user's that refers to a job with ``on_delete=PROTECT``: the database
+    refuses to delete a job one refers to."""
+
+    job = models.ForeignKey("django_delayjobs.Job", on_delete=models.PROTECT)

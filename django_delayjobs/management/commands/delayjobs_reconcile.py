@@ -17,11 +17,20 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            repaired = reconcile(get_engine(), horizon=None)
+            engine = get_engine()
+            repaired = reconcile(engine, horizon=None)
+            # A pass with no waiting row asks Redis nothing: it would report "repaired 0"
+            # for a Redis that is down or refuses writes, the state it is run to repair.
+            # Asked after the pass, so that a Cluster master down stops no other's repair.
+            refused = engine.refused_write()
         except DelayJobsError as exc:
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
             raise CommandError(f"the database is unavailable: {exc}") from exc
+        if refused is not None:
+            address, refusal = refused
+            where = f" (master {address})" if address else ""
+            raise CommandError(f"Redis refuses writes{where}: {refusal}")
         for queue, count in sorted(repaired.items()):
             self.stdout.write(f"{queue}: re-added {count} job(s)")
         self.stdout.write(f"repaired {sum(repaired.values())} job(s)")
