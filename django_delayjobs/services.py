@@ -472,7 +472,9 @@ def _requeue_in_redis(job: Job) -> None:
 
 
 def purge(job: Job | Any) -> bool:
-    """Delete a dead job and its history for good; True when it was dead and is gone."""
+    """Delete a dead job and its history for good; True when it was dead and is gone.
+    A job a model's ``PROTECT`` foreign key refers to raises Django's ``ProtectedError``
+    (and stays, with its history)."""
     job = _job(job)
     with transaction.atomic(using=sql.db()):
         # Locked first: Django's delete reads the rows, then deletes by primary key alone,

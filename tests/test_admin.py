@@ -32,7 +32,7 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.models import EventKind, Job, JobEvent, Status
 from django_delayjobs.services import build_job, schedule_many
 from tests.testapp import tasks
-from tests.testapp.models import Sku, Thing
+from tests.testapp.models import Receipt, Sku, Thing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -760,6 +760,25 @@ def test_purge_button_asks_then_deletes(admin_client, admin_user):
     assert not Job.objects.filter(pk=dead.pk).exists()
     assert garbage_count() == 0
     assert LogEntry.objects.get(object_id=str(dead.pk)).user == admin_user
+
+
+def test_a_dead_job_another_model_refers_to_is_not_purged_and_the_rest_are(admin_client):
+    """A model's ``PROTECT`` foreign key makes Django refuse the delete (``ProtectedError``):
+    it was a 500 that also left the other selected jobs unpurged."""
+    kept, other = dead_job("kept"), dead_job("other")
+    Receipt.objects.create(job=kept)
+    response = action(admin_client, "purge_dead", kept, other, post="yes")
+    assert messages_of(response) == [
+        f"Job {kept.pk} was not purged: testapp.Receipt refers to it.",
+        "1 dead job purged.",
+    ]
+    assert Job.objects.filter(pk=kept.pk, status=Status.DEAD).exists()
+    assert JobEvent.objects.filter(job_id=kept.pk).exists()  # its history stays with it
+    assert not Job.objects.filter(pk=other.pk).exists()
+    assert [i for i, _ in get_engine().garbage("default")] == [str(kept.pk)]
+    assert not LogEntry.objects.filter(object_id=str(kept.pk)).exists()
+    response = admin_client.post(reverse(PURGE), {"job": str(kept.pk), "post": "yes"}, follow=True)
+    assert messages_of(response) == [f"Job {kept.pk} was not purged: testapp.Receipt refers to it."]
 
 
 def orphan_id() -> str:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from django.contrib import messages
 from django.contrib.admin.models import DELETION, LogEntry
-from django.db import router, transaction
-from django.db.models import QuerySet
+from django.db import IntegrityError, router, transaction
+from django.db.models import ProtectedError, QuerySet, RestrictedError
 from django.http import HttpRequest
 from django.utils.translation import ngettext
 
@@ -134,19 +134,29 @@ def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
 def purge(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
     user_id = request.user.pk
     assert user_id is not None  # the admin only lets logged-in staff this far
+    refused: list[str] = []
 
     def gone(job: Job) -> bool:
         # The job's own history goes with it, so the admin log keeps who purged it.
-        with transaction.atomic(using=router.db_for_write(Job)):
-            if not services.purge(job):
-                return False
-            LogEntry.objects.log_actions(
-                user_id=user_id, queryset=[job], action_flag=DELETION,
-                change_message="Purged (dead job) from the admin.",
-            )  # fmt: skip
-            return True
+        try:
+            with transaction.atomic(using=router.db_for_write(Job)):
+                if not services.purge(job):
+                    return False
+                LogEntry.objects.log_actions(
+                    user_id=user_id, queryset=[job], action_flag=DELETION,
+                    change_message="Purged (dead job) from the admin.",
+                )  # fmt: skip
+                return True
+        except IntegrityError as exc:  # another table refers to it: kept, with its history
+            refused.append(f"Job {job.pk} was not purged: {_referrers(exc)}.")
+            return False
 
     outcome = _each(jobs, lambda j: j.status == Status.DEAD, gone)
+    outcome.lost -= len(refused)
+    for text in refused:
+        report(request, text, messages.WARNING)
+    if refused and not (outcome.won or outcome.lost):
+        return outcome  # said already
     _report(
         report, request, outcome,
         ngettext("%d dead job purged.", "%d dead jobs purged.", outcome.won),
@@ -157,6 +167,16 @@ def purge(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
         ),
     )  # fmt: skip
     return outcome
+
+
+def _referrers(exc: IntegrityError) -> str:
+    """What refused a purge: the models whose ``PROTECT``/``RESTRICT`` foreign keys refer
+    to the job (Django's refusal), or the database's own words."""
+    if isinstance(exc, ProtectedError | RestrictedError):
+        found = exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects
+        labels = sorted({obj._meta.label for obj in found})
+        return f"{', '.join(labels)} {'refers' if len(labels) == 1 else 'refer'} to it"
+    return f"the database refused: {str(exc).strip() or type(exc).__name__}"
 
 
 def _report(report: Report, request: HttpRequest, outcome: Outcome, won: str, lost: str) -> None:
