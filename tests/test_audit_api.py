@@ -1,0 +1,62 @@
+"""Audit of the REST API as a hostile user would use it: what the earlier batteries
+(test_rest_hostile, test_rest_jobs, test_rest_access) did not try."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from django_delayjobs import schedule
+from tests.testapp import tasks
+
+from .test_rest_helpers import client_for, make_user, url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    """Every test starts from an empty Redis database."""
+
+
+@pytest.fixture
+def api():
+    client = client_for(make_user(superuser=True))
+    client.raise_request_exception = False  # a 500 is a status to assert on, not a raise
+    return client
+
+
+def cursor(*parts: Any) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(parts)).encode()).decode().rstrip("=")
+
+
+JOB_ID = str(uuid.uuid4())
+WHEN = "2030-01-01T00:00:00+00:00"
+
+
+# One test per finding, its cases in a loop: a user (a password hash) and a flush per case
+# would cost far more than the requests.
+WRONG_TYPES = [
+    ({}, JOB_ID, 0, "above"),  # the due time of an "above"/"below" cursor not a string
+    (5, JOB_ID, 0, "below"),
+    (None, JOB_ID, 0, "above"),
+    (WHEN, 5, 0),  # the job id not a string
+    (WHEN, None, 0),
+    (WHEN, [JOB_ID], 0),
+    (WHEN, JOB_ID, {}),  # "backwards" neither 0 nor 1
+    (WHEN, JOB_ID, "yes"),
+]
+
+
+def test_a_cursor_of_the_wrong_json_types_is_400(api):
+    """A cursor whose parts had the wrong JSON types reached ``.astimezone``/``UUID()``
+    and raised AttributeError: a 500."""
+    schedule(tasks.record, in_=3600, args=["x"])
+    for parts in WRONG_TYPES:
+        response = api.get(url("jobs"), {"cursor": cursor(*parts)})
+        assert response.status_code == 400, (parts, response.status_code)
+        assert list(response.json()) == ["cursor"], parts
