@@ -60,3 +60,38 @@ def test_a_cursor_of_the_wrong_json_types_is_400(api):
         response = api.get(url("jobs"), {"cursor": cursor(*parts)})
         assert response.status_code == 400, (parts, response.status_code)
         assert list(response.json()) == ["cursor"], parts
+
+
+def test_an_empty_filter_is_400_not_every_job(api):
+    """``?key=`` (a script's empty variable) was dropped as if not given: the answer
+    listed every job, which a caller then cancels one by one."""
+    schedule(tasks.record, in_=3600, args=["x"], key="k")
+    for name in ("queue", "action", "key", "target_id", "run_at_after", "ordering"):
+        query = {name: "", **({"target_type": "testapp.thing"} if name == "target_id" else {})}
+        response = api.get(url("jobs"), query)
+        assert response.status_code == 400, (name, response.content[:200])
+        assert list(response.json()) == [name]
+        assert "empty" in response.json()[name][0]
+
+
+REPEATED = [
+    ("queue=nope", "queue=default", "queue"),
+    ("key=nope", "key=k", "key"),
+    ("run_at_after=2030-01-01T00:00:00Z", "run_at_after=2020-01-01T00:00:00Z", "run_at_after"),
+    ("ordering=run_at", "ordering=-run_at", "ordering"),
+    ("page_size=1", "page_size=2", "page_size"),
+    ("cursor=" + cursor(WHEN, JOB_ID, 0), "cursor=" + cursor(WHEN, JOB_ID, 1), "cursor"),
+]
+
+
+def test_a_parameter_given_twice_is_400_not_its_last_value(api):
+    """``?queue=a&queue=b`` matched queue b alone (QueryDict's last value), silently: a
+    caller who meant either got an answer to another question."""
+    schedule(tasks.record, in_=3600, args=["x"], key="k")
+    for first, second, name in REPEATED:
+        response = api.get(url("jobs") + f"?{first}&{second}")
+        assert response.status_code == 400, (name, response.content[:200])
+        assert list(response.json()) == [name]
+    # status is the one parameter that may be repeated: each value is one more status
+    both = api.get(url("jobs") + "?status=dead&status=scheduled")
+    assert both.status_code == 200 and len(both.json()["results"]) == 1
