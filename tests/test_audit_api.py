@@ -95,3 +95,30 @@ def test_a_parameter_given_twice_is_400_not_its_last_value(api):
     # status is the one parameter that may be repeated: each value is one more status
     both = api.get(url("jobs") + "?status=dead&status=scheduled")
     assert both.status_code == 200 and len(both.json()["results"]) == 1
+
+
+def test_the_database_down_is_a_json_503_on_every_endpoint(api, tmp_path, settings):
+    """With the database unreachable every endpoint answered Django's HTML 500 page (the
+    session's user is read from the database before any view code), where ``queues/``
+    answers Redis down with a JSON 503 and ``metrics/`` the database down with a 503."""
+    from django.core.cache import cache
+
+    from tests.helpers import database_down
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "API_CALLBACK_THROTTLE_RATE": None}
+    cache.clear()
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    requests = [
+        ("get", url("jobs"), None),
+        ("get", url("jobs", job.pk), None),
+        ("get", url("queues"), None),
+        ("post", url("jobs", job.pk, "cancel"), {}),
+        ("post", url("callbacks"), {"url": "https://hooks.example.com/x", "in": 60}),
+        ("post", url("callbacks", "cancel"), {"id": str(job.pk)}),
+    ]
+    with database_down(tmp_path):
+        for method, path, body in requests:
+            response = getattr(api, method)(path, body, format="json")
+            assert response.status_code == 503, (path, response.status_code)
+            assert "database" in response.json()["detail"], path
+    assert api.get(url("jobs", job.pk)).status_code == 200  # and back once it answers

@@ -6,6 +6,11 @@ echoed field name, or in a row SQLite took before the door existed) cannot be en
 and is a 500 too. The views use the project's parsers and renderers with these two in
 place of DRF's JSON ones.
 
+A database that cannot be reached (or times out) is an ``OperationalError`` or
+``InterfaceError`` that DRF does not handle either, raised before any view code when the
+session's user is read: Django's HTML 500 page. The views answer a JSON 503, as
+``queues/`` answers Redis down and ``metrics/`` the database down.
+
 A body over Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (a list of 100,000 ids, say), or a
 form over ``DATA_UPLOAD_MAX_NUMBER_FIELDS``, is refused by Django with a
 ``SuspiciousOperation`` that DRF does not handle: Django's HTML "Bad Request" page. The
@@ -14,9 +19,11 @@ views answer in JSON instead, saying which limit it was.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
+from django.db import InterfaceError, OperationalError
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import BaseParser, JSONParser
@@ -55,8 +62,22 @@ class BodyTooLarge(APIException):
     default_code = "body_too_large"
 
 
+logger = logging.getLogger("django_delayjobs")
+
+
+class DatabaseUnavailable(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The database is unavailable; try again later."
+    default_code = "database_unavailable"
+
+
 def _refusal(exc: Exception) -> Exception:
-    """Django's refusal of a body as an answer DRF renders (the exception itself if not)."""
+    """Django's refusal of a body, or a database that cannot answer, as an answer DRF
+    renders (the exception itself if not)."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        # not IntegrityError or DataError: those are bugs, and stay 500s with a traceback
+        logger.warning("API request while the database is unavailable: %s", exc)
+        return DatabaseUnavailable()
     if isinstance(exc, RequestDataTooBig):
         return BodyTooLarge()
     if isinstance(exc, TooManyFieldsSent):
