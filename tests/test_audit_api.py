@@ -122,3 +122,38 @@ def test_the_database_down_is_a_json_503_on_every_endpoint(api, tmp_path, settin
             assert response.status_code == 503, (path, response.status_code)
             assert "database" in response.json()["detail"], path
     assert api.get(url("jobs", job.pk)).status_code == 200  # and back once it answers
+
+
+def test_expires_in_seconds_may_be_given_as_a_numeric_string_as_in_is(api, settings):
+    """A form (curl -d, the browsable API) sends every value as text: ``in=60`` was read
+    as seconds but ``expires=3600`` as a datetime, refused with "Datetime has wrong
+    format", so a form could not give ``expires`` in seconds at all."""
+    import datetime
+    import ipaddress
+    from urllib.parse import urlencode
+
+    from django.core.cache import cache
+
+    from django_delayjobs.callbacks import policy
+    from django_delayjobs.callbacks.signing import new_secret
+    from django_delayjobs.models import Job
+
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+        "API_CALLBACK_THROTTLE_RATE": None,
+    }
+    cache.clear()
+    body = {"url": "https://hooks.example.com/x", "in": "60", "expires": "3600"}
+    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
+        form = api.post(
+            url("callbacks"), urlencode(body), content_type="application/x-www-form-urlencoded"
+        )
+        text = api.post(url("callbacks"), {**body, "expires": "1.5"}, format="json")
+        refused = api.post(url("callbacks"), {**body, "expires": "-1"}, format="json")
+    assert (form.status_code, text.status_code) == (201, 201), (form.content, text.content)
+    for response, seconds in ((form, 3600), (text, 1.5)):
+        job = Job.objects.get(pk=response.json()["id"])
+        assert job.expires_at - job.run_at == datetime.timedelta(seconds=seconds)
+    assert refused.status_code == 400 and list(refused.json()) == ["expires"]
