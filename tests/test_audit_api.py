@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from django_delayjobs import schedule
+from django_delayjobs.rest.schema import spectacular_installed
 from tests.testapp import tasks
 
 from .test_rest_helpers import client_for, make_user, url
@@ -116,6 +117,8 @@ def test_the_database_down_is_a_json_503_on_every_endpoint(api, tmp_path, settin
         ("post", url("callbacks"), {"url": "https://hooks.example.com/x", "in": 60}),
         ("post", url("callbacks", "cancel"), {"id": str(job.pk)}),
     ]
+    if spectacular_installed():
+        requests.append(("get", url("schema") + "?format=json", None))
     with database_down(tmp_path):
         for method, path, body in requests:
             response = getattr(api, method)(path, body, format="json")

@@ -87,7 +87,8 @@ def _refusal(exc: Exception) -> Exception:
 
 class SafeFormats:
     """A view mixin: the project's parsers and renderers, with the safe JSON ones, and
-    Django's refusal of an oversized body answered in JSON."""
+    Django's refusal of an oversized body, and a database that cannot answer, answered
+    as DRF answers (JSON)."""
 
     def handle_exception(self, exc: Exception) -> Response:
         response: Response = super().handle_exception(_refusal(exc))  # type: ignore[misc]
