@@ -14,7 +14,7 @@ from django_delayjobs import schedule
 from django_delayjobs.rest.schema import spectacular_installed
 from tests.testapp import tasks
 
-from .test_rest_helpers import client_for, make_user, url
+from .test_rest_helpers import client_for, make_user, snapshot, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,3 +160,19 @@ def test_expires_in_seconds_may_be_given_as_a_numeric_string_as_in_is(api, setti
         job = Job.objects.get(pk=response.json()["id"])
         assert job.expires_at - job.run_at == datetime.timedelta(seconds=seconds)
     assert refused.status_code == 400 and list(refused.json()) == ["expires"]
+
+
+def test_a_form_in_a_charset_whose_codec_raises_is_400(api):
+    """``Content-Type: application/x-www-form-urlencoded; charset=punycode``: Django's
+    QueryDict decodes with errors="replace", which the punycode codec ignores, and its
+    UnicodeError went through DRF's form parser: a 500 on every POST endpoint."""
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    before = snapshot(job)
+    paths = [url("jobs", job.pk, verb) for verb in ("cancel", "reschedule", "requeue")]
+    paths += [url("callbacks"), url("callbacks", "cancel"), url("callbacks", "reschedule")]
+    form = "application/x-www-form-urlencoded; charset=punycode"
+    for path in paths:
+        response = api.post(path, b"in=5", content_type=form)
+        assert response.status_code == 400, (path, response.status_code)
+        assert "charset" in response.json()["detail"], path
+    assert snapshot(job) == before

@@ -3,8 +3,9 @@
 DRF's ``JSONParser`` lets a ``RecursionError`` through (a body nested 100,000 deep is a
 500), and its ``JSONRenderer`` writes non-ASCII as it is, so a lone surrogate (in an
 echoed field name, or in a row SQLite took before the door existed) cannot be encoded
-and is a 500 too. The views use the project's parsers and renderers with these two in
-place of DRF's JSON ones.
+and is a 500 too; its ``FormParser`` lets a ``UnicodeError`` through (a charset such as
+punycode, whose codec ignores errors="replace"). The views use the project's parsers and
+renderers with these in place of DRF's.
 
 A database that cannot be reached (or times out) is an ``OperationalError`` or
 ``InterfaceError`` that DRF does not handle either, raised before any view code when the
@@ -26,7 +27,7 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.db import InterfaceError, OperationalError
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
-from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.parsers import BaseParser, FormParser, JSONParser
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
@@ -42,14 +43,34 @@ class SafeJSONParser(JSONParser):
             raise ParseError("JSON parse error - nested too deeply") from None
 
 
+class SafeFormParser(FormParser):
+    """DRF's form parser; a body its charset's codec cannot decode is a 400. Django decodes
+    with errors="replace", which some codecs (punycode) ignore: their UnicodeError was a
+    500."""
+
+    def parse(self, stream: Any, media_type: str | None = None,
+              parser_context: Any = None) -> Any:  # fmt: skip
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except UnicodeError:
+            raise ParseError(
+                "Form parse error - the body cannot be decoded in its charset"
+            ) from None
+
+
 class AsciiJSONRenderer(JSONRenderer):
     """DRF's JSON renderer with every non-ASCII character escaped (``\\ud800`` too)."""
 
     ensure_ascii = True
 
 
+_SAFE_PARSERS: dict[type[BaseParser], type[BaseParser]] = {
+    JSONParser: SafeJSONParser, FormParser: SafeFormParser,
+}  # fmt: skip
+
+
 def safe_parsers(parsers: list[BaseParser]) -> list[BaseParser]:
-    return [SafeJSONParser() if type(p) is JSONParser else p for p in parsers]
+    return [_SAFE_PARSERS[type(p)]() if type(p) in _SAFE_PARSERS else p for p in parsers]
 
 
 def safe_renderer_classes(classes: Any) -> list[type[BaseRenderer]]:
