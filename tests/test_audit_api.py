@@ -164,8 +164,15 @@ def test_expires_in_seconds_may_be_given_as_a_numeric_string_as_in_is(api, setti
 
 def test_a_form_in_a_charset_whose_codec_raises_is_400(api):
     """``Content-Type: application/x-www-form-urlencoded; charset=punycode``: Django's
-    QueryDict decodes with errors="replace", which the punycode codec ignores, and its
-    UnicodeError went through DRF's form parser: a 500 on every POST endpoint."""
+    QueryDict decodes with errors="replace", which the punycode codec ignores (before
+    Python 3.13), and its UnicodeError went through DRF's form parser: a 500 on every POST
+    endpoint."""
+    try:
+        b"in=5".decode("punycode", "replace")
+    except UnicodeError:
+        raises = True
+    else:  # Python 3.13 on: the codec replaces, and the body is a form like any other
+        raises = False
     job = schedule(tasks.record, in_=3600, args=["x"])
     before = snapshot(job)
     paths = [url("jobs", job.pk, verb) for verb in ("cancel", "reschedule", "requeue")]
@@ -173,6 +180,9 @@ def test_a_form_in_a_charset_whose_codec_raises_is_400(api):
     form = "application/x-www-form-urlencoded; charset=punycode"
     for path in paths:
         response = api.post(path, b"in=5", content_type=form)
-        assert response.status_code == 400, (path, response.status_code)
-        assert "charset" in response.json()["detail"], path
-    assert snapshot(job) == before
+        assert response.status_code < 500, (path, response.status_code)
+        if raises:
+            assert response.status_code == 400, (path, response.status_code)
+            assert "charset" in response.json()["detail"], path
+    if raises:
+        assert snapshot(job) == before

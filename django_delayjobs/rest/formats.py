@@ -4,8 +4,8 @@ DRF's ``JSONParser`` lets a ``RecursionError`` through (a body nested 100,000 de
 500), and its ``JSONRenderer`` writes non-ASCII as it is, so a lone surrogate (in an
 echoed field name, or in a row SQLite took before the door existed) cannot be encoded
 and is a 500 too; its ``FormParser`` lets a ``UnicodeError`` through (a charset such as
-punycode, whose codec ignores errors="replace"). The views use the project's parsers and
-renderers with these in place of DRF's.
+punycode, whose codec ignores errors="replace" before Python 3.13). The views use the
+project's parsers and renderers with these in place of DRF's.
 
 A database that cannot be reached (or times out) is an ``OperationalError`` or
 ``InterfaceError`` that DRF does not handle either, raised before any view code when the
