@@ -47,14 +47,24 @@ class ExpiresField(serializers.Field[Any, Any, Any, Any]):
     }
 
     def to_internal_value(self, data: Any) -> float | datetime.datetime:
-        if isinstance(data, int | float) and not isinstance(data, bool):
-            return s.SecondsField(min_value=0).run_validation(data)  # type: ignore[no-any-return]
-        if isinstance(data, str):
+        if isinstance(data, str) and not _is_number(data):
             return s.AwareDateTimeField().run_validation(data)  # type: ignore[no-any-return]
+        if isinstance(data, int | float | str) and not isinstance(data, bool):
+            # a number, or one as text as a form sends it (read as "in" reads it)
+            return s.SecondsField(min_value=0).run_validation(data)  # type: ignore[no-any-return]
         self.fail("invalid")
 
     def to_representation(self, value: Any) -> Any:
         return value
+
+
+def _is_number(text: str) -> bool:
+    """``text`` reads as a number (no ISO 8601 datetime does)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 class MethodField(serializers.ChoiceField):

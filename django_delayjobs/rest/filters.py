@@ -6,6 +6,7 @@ from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
 from django.db.models import QuerySet
+from django.http import QueryDict
 from rest_framework import serializers
 
 from ..models import Job, Status
@@ -13,6 +14,8 @@ from .serializers import AwareDateTimeField
 
 #: Read by the paginator (and DRF's ``?format=``), not by the filter.
 PAGINATION_PARAMETERS = frozenset({"cursor", "page_size", "format"})
+#: May be given more than once: each ``status`` is one more status; ``format`` is DRF's.
+REPEATABLE = frozenset({"status", "format"})
 
 
 class JobFilterSerializer(serializers.Serializer[Any]):
@@ -48,6 +51,10 @@ class JobFilterSerializer(serializers.Serializer[Any]):
             raise serializers.ValidationError(
                 {name: ["Unknown query parameter."] for name in unknown}
             )
+        if isinstance(data, QueryDict):
+            errors = ambiguous(data, set(self.fields))
+            if errors:
+                raise serializers.ValidationError(errors)
         return super().to_internal_value(data)
 
     def validate_status(self, value: list[str]) -> list[str]:
@@ -79,6 +86,19 @@ class JobFilterSerializer(serializers.Serializer[Any]):
                 {"run_at_before": ["Must be later than run_at_after."]}
             )
         return attrs
+
+
+def ambiguous(query: QueryDict, filters: set[str]) -> dict[str, list[str]]:
+    """The parameters DRF would read otherwise than meant: one given twice (a field reads
+    the last value alone) and an empty filter (a field that is not required drops it, so
+    ``?key=`` would list every job)."""
+    errors: dict[str, list[str]] = {}
+    for name, values in query.lists():
+        if len(values) > 1 and name not in REPEATABLE:
+            errors[name] = [f"Given {len(values)} times: give it once."]
+        elif name in filters and "" in values:
+            errors[name] = ["An empty value: give one, or leave the parameter out."]
+    return errors
 
 
 def filter_jobs(jobs: QuerySet[Job], params: dict[str, Any]) -> QuerySet[Job]:

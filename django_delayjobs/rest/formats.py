@@ -3,8 +3,14 @@
 DRF's ``JSONParser`` lets a ``RecursionError`` through (a body nested 100,000 deep is a
 500), and its ``JSONRenderer`` writes non-ASCII as it is, so a lone surrogate (in an
 echoed field name, or in a row SQLite took before the door existed) cannot be encoded
-and is a 500 too. The views use the project's parsers and renderers with these two in
-place of DRF's JSON ones.
+and is a 500 too; its ``FormParser`` lets a ``UnicodeError`` through (a charset such as
+punycode, whose codec ignores errors="replace" before Python 3.13). The views use the
+project's parsers and renderers with these in place of DRF's.
+
+A database that cannot be reached (or times out) is an ``OperationalError`` or
+``InterfaceError`` that DRF does not handle either, raised before any view code when the
+session's user is read: Django's HTML 500 page. The views answer a JSON 503, as
+``queues/`` answers Redis down and ``metrics/`` the database down.
 
 A body over Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (a list of 100,000 ids, say), or a
 form over ``DATA_UPLOAD_MAX_NUMBER_FIELDS``, is refused by Django with a
@@ -14,12 +20,14 @@ views answer in JSON instead, saying which limit it was.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
+from django.db import InterfaceError, OperationalError
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
-from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.parsers import BaseParser, FormParser, JSONParser
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
@@ -35,14 +43,34 @@ class SafeJSONParser(JSONParser):
             raise ParseError("JSON parse error - nested too deeply") from None
 
 
+class SafeFormParser(FormParser):
+    """DRF's form parser; a body its charset's codec cannot decode is a 400. Django decodes
+    with errors="replace", which some codecs (punycode) ignore: their UnicodeError was a
+    500."""
+
+    def parse(self, stream: Any, media_type: str | None = None,
+              parser_context: Any = None) -> Any:  # fmt: skip
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except UnicodeError:
+            raise ParseError(
+                "Form parse error - the body cannot be decoded in its charset"
+            ) from None
+
+
 class AsciiJSONRenderer(JSONRenderer):
     """DRF's JSON renderer with every non-ASCII character escaped (``\\ud800`` too)."""
 
     ensure_ascii = True
 
 
+_SAFE_PARSERS: dict[type[BaseParser], type[BaseParser]] = {
+    JSONParser: SafeJSONParser, FormParser: SafeFormParser,
+}  # fmt: skip
+
+
 def safe_parsers(parsers: list[BaseParser]) -> list[BaseParser]:
-    return [SafeJSONParser() if type(p) is JSONParser else p for p in parsers]
+    return [_SAFE_PARSERS[type(p)]() if type(p) in _SAFE_PARSERS else p for p in parsers]
 
 
 def safe_renderer_classes(classes: Any) -> list[type[BaseRenderer]]:
@@ -55,8 +83,22 @@ class BodyTooLarge(APIException):
     default_code = "body_too_large"
 
 
+logger = logging.getLogger("django_delayjobs")
+
+
+class DatabaseUnavailable(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The database is unavailable; try again later."
+    default_code = "database_unavailable"
+
+
 def _refusal(exc: Exception) -> Exception:
-    """Django's refusal of a body as an answer DRF renders (the exception itself if not)."""
+    """Django's refusal of a body, or a database that cannot answer, as an answer DRF
+    renders (the exception itself if not)."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        # not IntegrityError or DataError: those are bugs, and stay 500s with a traceback
+        logger.warning("API request while the database is unavailable: %s", exc)
+        return DatabaseUnavailable()
     if isinstance(exc, RequestDataTooBig):
         return BodyTooLarge()
     if isinstance(exc, TooManyFieldsSent):
@@ -66,7 +108,8 @@ def _refusal(exc: Exception) -> Exception:
 
 class SafeFormats:
     """A view mixin: the project's parsers and renderers, with the safe JSON ones, and
-    Django's refusal of an oversized body answered in JSON."""
+    Django's refusal of an oversized body, and a database that cannot answer, answered
+    as DRF answers (JSON)."""
 
     def handle_exception(self, exc: Exception) -> Response:
         response: Response = super().handle_exception(_refusal(exc))  # type: ignore[misc]

@@ -58,8 +58,11 @@ def decode(token: str, vendor: str) -> Cursor:
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         when, job_id, backwards, *rest = json.loads(raw)
-        if len(rest) > 1:
+        # as encode() writes them: any other JSON type would reach .astimezone or UUID()
+        if not isinstance(when, str) or not isinstance(job_id, str) or len(rest) > 1:
             raise ValueError(rest)
+        if type(backwards) is not int or backwards not in (0, 1):
+            raise ValueError(backwards)
         kind = rest[0] if rest else ""
         if kind not in KINDS or (kind == "raw" and vendor != "sqlite"):
             raise ValueError(kind)

@@ -7,6 +7,7 @@ from typing import Any
 
 from drf_spectacular.views import SpectacularAPIView
 
+from .formats import SafeFormats
 from .permissions import permissions_for
 
 
@@ -17,7 +18,7 @@ def _version() -> str:
         return "dev"
 
 
-class SchemaView(SpectacularAPIView):
+class SchemaView(SafeFormats, SpectacularAPIView):
     """The OpenAPI document of the delayjobs endpoints only (YAML; JSON with ?format=json)."""
 
     custom_settings = {
