@@ -20,11 +20,17 @@ def spectacular_installed() -> bool:
 
 
 def document(**kwargs: Any) -> Callable[[F], F]:
-    """``extend_schema(**kwargs)`` when drf-spectacular is installed, else nothing."""
+    """``extend_schema(**kwargs)`` when drf-spectacular is installed, else nothing. Every
+    endpoint answers 503 while the database cannot (``formats.DatabaseUnavailable``)."""
     if not spectacular_installed():
         return lambda fn: fn
     from drf_spectacular.openapi import AutoSchema
     from drf_spectacular.utils import extend_schema
+
+    from .serializers import DetailSerializer
+
+    if isinstance(kwargs.get("responses"), dict):
+        kwargs["responses"] = {**kwargs["responses"], 503: DetailSerializer}
 
     def decorate(fn: F) -> F:
         # extend_schema builds on the schema class it finds here, else on the project's
