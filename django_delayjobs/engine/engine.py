@@ -47,6 +47,7 @@ _SCRIPTS = (
     "recover_expired",
     "stats",
     "heartbeat",
+    "fold_counters",
 )
 
 

@@ -168,24 +168,47 @@ class Reader:
     def _fold_counters(self, shard: Shard, into: Shard) -> None:
         """Move the counters of ``shard`` (about to be forgotten) into those of ``into``, a
         shard of the current count: the queue's totals are the sum over its served shards,
-        and exported as Prometheus counters, which must never go down. The counts are
-        subtracted, not deleted, so an add that counts meanwhile keeps its count. On one
-        Redis both moves are one transaction; on a Cluster the shards may be on two
-        masters, and a read between the two sees the totals off by these counts."""
+        and exported as Prometheus counters, which must never go down (nor jump).
+
+        Every promoter forgets the empty shards, so two may fold the same shard at once:
+        the counts are taken from ``shard`` by one script (``fold_counters``), and a second
+        taker finds nothing left. On one Redis the same script adds them to ``into``: one
+        atomic step. On a Cluster the two shards may be on two masters, so they are added
+        by a second call; if that fails, they are put back into ``shard`` (which stays
+        listed, so the next fold moves them) and the failure is raised. What is left: a
+        read between the two calls sees the totals short by these counts for that instant;
+        a process that dies between them loses them (the totals drop once), and so does one
+        whose put-back fails too (raised, with the counts); an add to ``into`` whose reply
+        was lost after it was applied is put back too, and the counts are counted twice.
+        """
         source, target = self._keys(shard).counters, self._keys(into).counters
-        found = self._call(lambda: self.client.hgetall(source))
-        counts = {_text(k): int(v) for k, v in found.items() if _is_int(v) and int(v)}
-        if not counts:
+        if not self.is_cluster:
+            self._run("fold_counters", [source, target], [])
             return
+        flat = self._run("fold_counters", [source], [])
+        counts = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        if counts:
+            try:
+                self._call(partial(self._add_counts, target, counts))
+            except EngineUnavailable as exc:
+                self._put_back(source, counts, exc)
+                raise
 
-        def run() -> None:
-            pipe = self.client.pipeline(transaction=not self.is_cluster)
-            for name, count in counts.items():
-                pipe.hincrby(target, name, count)
-                pipe.hincrby(source, name, -count)
-            pipe.execute()
+    def _add_counts(self, key: str, counts: Mapping[str, int]) -> None:
+        pipe = self.client.pipeline(transaction=True)  # one key, one slot: read all or none
+        for name, count in counts.items():
+            pipe.hincrby(key, name, count)
+        pipe.execute()
 
-        self._call(run)
+    def _put_back(self, key: str, counts: Mapping[str, int], exc: EngineUnavailable) -> None:
+        """Give a shard back the counts taken from it for a fold that failed (``exc``)."""
+        try:
+            self._call(partial(self._add_counts, key, counts))
+        except EngineUnavailable as again:
+            raise EngineUnavailable(
+                f"the counters {counts} of {key} could not be folded ({exc}) nor put back "
+                f"({again}): the queue's totals lose them"
+            ) from again
 
     def _empty(self, shard: Shard) -> bool:
         s = self._stats(shard)
