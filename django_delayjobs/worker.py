@@ -258,7 +258,8 @@ class WorkerProcess:
         """Die if a thread that should still run has ended."""
         for thread in self.threads:
             ended_early = not thread.is_alive() and not self.stopping.is_set()
-            if ended_early and not (self.options.burst and thread.name != "delayjobs-housekeeping"):
+            chore = thread.name.startswith("delayjobs-housekeeping")
+            if ended_early and not (self.options.burst and not chore):
                 self.die(f"thread {thread.name} ended unexpectedly")
 
     def install_signal_handlers(self) -> dict[int, Any]:
@@ -294,7 +295,10 @@ class WorkerProcess:
         logger.warning("signal %s: finishing running actions, then exiting", signum)
 
     def start_threads(self) -> list[threading.Thread]:
-        targets: list[tuple[str, Callable[[], None]]] = [("delayjobs-housekeeping", self.housekeep)]
+        targets: list[tuple[str, Callable[[], None]]] = [
+            ("delayjobs-housekeeping", self.housekeep),
+            ("delayjobs-housekeeping-db", self.housekeep_database),
+        ]
         if self.options.promoter and not self.options.burst:
             targets.append(("delayjobs-promoter", self.promote_loop))
             targets.append(("delayjobs-reconcile", self.reconcile_loop))
@@ -608,14 +612,16 @@ class WorkerProcess:
     # -- housekeeping ------------------------------------------------------------
 
     def housekeep(self) -> None:
-        """Extend leases of running jobs, send heartbeats, flush metrics, checkpoint
-        SQLite's WAL, prune old jobs (``PRUNE_AFTER_SECONDS``), log the status line."""
+        """Extend leases of running jobs, send heartbeats, flush metrics, log the status
+        line: Redis only. The database's chores run in a thread of their own
+        (``housekeep_database``): a database that hangs under one of them (a lock, a
+        network cut) must not stop the lease extensions and heartbeats, or this worker
+        would look dead and other workers would run the jobs it is still running."""
         lease_every = max(0.05, delayjobs_settings.LEASE_SECONDS / 3)
         beat_every = delayjobs_settings.HEARTBEAT_SECONDS
         leases_every = min(lease_every, beat_every)
         status_every = self.options.status_every
-        last_leases = last_beat = last_status = last_checkpoint = 0.0
-        checkpointed = 0  # jobs settled at the last checkpoint
+        last_leases = last_beat = last_status = 0.0
         backoff = Backoff(self.stopped, "housekeeping")
         while not self.stopped.is_set():
             now = time.monotonic()
@@ -628,8 +634,6 @@ class WorkerProcess:
             if now - last_beat >= beat_every and self.fatal is None:
                 last_beat = now
                 with each.attempt():
-                    self.check_owner()
-                with each.attempt():
                     self.heartbeat(ttl_ms=beat_every * 3000)
             with each.attempt():
                 metrics.flush(self.engine, self.options.queues)
@@ -640,22 +644,35 @@ class WorkerProcess:
                 backoff.failed("Redis is unavailable", exc, pause=0)
             except EngineUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc)
+            if status_every and now - last_status >= status_every:
+                last_status = now
+                logger.info("status: %s", self.stats.line())
+            self.stopped.wait(min(leases_every, METRICS_FLUSH_SECONDS))
+
+    def housekeep_database(self) -> None:
+        """Check that this PREFIX is still this deployment's every ``HEARTBEAT_SECONDS``,
+        checkpoint SQLite's WAL, prune old jobs (``PRUNE_AFTER_SECONDS``)."""
+        beat_every = delayjobs_settings.HEARTBEAT_SECONDS
+        last_owner = last_checkpoint = 0.0
+        checkpointed = 0  # jobs settled at the last checkpoint
+        while not self.stopped.is_set():
+            now = time.monotonic()
+            if now - last_owner >= beat_every and self.fatal is None:
+                last_owner = now
+                self.check_owner()
             settled = self.stats.count()
             if settled != checkpointed and now - last_checkpoint >= CHECKPOINT_SECONDS:
                 last_checkpoint, checkpointed = now, settled  # only after work: no idle I/O
                 walcheckpoint.checkpoint()
                 sql.close_stale()
             self.pruner.step()
-            if status_every and now - last_status >= status_every:
-                last_status = now
-                logger.info("status: %s", self.stats.line())
-            self.stopped.wait(min(leases_every, METRICS_FLUSH_SECONDS))
+            self.stopped.wait(min(beat_every, CHECKPOINT_SECONDS))
 
     def check_owner(self) -> None:
         """After Redis lost its data another deployment may have claimed this PREFIX."""
         try:
             check_owner(self.engine)
-        except DatabaseError:
+        except (DatabaseError, EngineUnavailable):  # Redis's outage: the heartbeat's to log
             pass  # checked again at the next beat
         except ConfigurationError as exc:
             self.die(str(exc))
