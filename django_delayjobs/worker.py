@@ -1,4 +1,4 @@
-"""One worker process: a promoter thread, N worker threads and a housekeeping thread.
+"""One worker process: a promoter thread, N worker threads and two housekeeping threads.
 
 Signal handlers only set flags (huey's consumer). The first SIGTERM/SIGINT stops claiming,
 lets running actions finish within ``SHUTDOWN_GRACE_SECONDS`` and hands back anything
@@ -759,7 +759,7 @@ class WorkerProcess:
 
     def unregister(self) -> None:
         """Remove this process's heartbeat, for good: a heartbeat that was on its way (the
-        housekeeping thread between its owner check and its beat) writes nothing after."""
+        housekeeping thread past its check of ``stopped``) writes nothing after."""
         with self.beat_lock:
             self.unregistered = True
         with contextlib.suppress(EngineUnavailable):
