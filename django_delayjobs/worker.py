@@ -1,8 +1,9 @@
 """One worker process: a promoter thread, N worker threads and two housekeeping threads.
 
-Signal handlers only set flags (huey's consumer). The first SIGTERM/SIGINT stops claiming,
-lets running actions finish within ``SHUTDOWN_GRACE_SECONDS`` and hands back anything
-claimed but not started; a second one exits at once.
+Signal handlers only set flags (huey's consumer). The first SIGTERM/SIGINT/SIGHUP stops
+claiming, lets running actions finish within ``SHUTDOWN_GRACE_SECONDS`` and hands back
+anything claimed but not started; a second one, or a SIGQUIT, exits at once, removing the
+process's heartbeat first (within ``EXIT_UNREGISTER_SECONDS``).
 
 A worker that heartbeats is a worker that works: if any of its threads dies, the process
 stops heartbeating at once, hands back what it can and exits non-zero, so that systemd,
@@ -23,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -30,7 +32,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import Error as DatabaseError
 from django.db import connections
@@ -65,6 +67,13 @@ FROZEN_SLACK_SECONDS = 5.0
 #: Seconds between two checkpoints of a SQLite database's WAL (see walcheckpoint), run
 #: only once jobs have been settled since the last one.
 CHECKPOINT_SECONDS = 1.0
+#: How long a process that exits at once (a second signal, SIGQUIT) gives the removal of
+#: its heartbeat before it exits all the same (seconds).
+EXIT_UNREGISTER_SECONDS = 1.0
+#: Signals that stop a worker as ``SIGTERM`` does: finish, hand back, exit 0. ``SIGHUP``
+#: too: a terminal that closes sends it, and Python's default ended the process with no
+#: cleanup at all.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class WorkerDied(DelayJobsError):
@@ -265,7 +274,8 @@ class WorkerProcess:
     def install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        return {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        handlers = {**dict.fromkeys(STOP_SIGNALS, self.on_signal), signal.SIGQUIT: self.on_quit}
+        return {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
 
     def watch(self, grace: float) -> None:
         """Exit 1, writing every thread's traceback to stderr, unless called again within
@@ -287,12 +297,33 @@ class WorkerProcess:
         fatal grace) still finishes and hands back on the first one."""
         if self.signalled:
             logger.warning("second signal: exiting now")
-            os._exit(1)
+            self.exit_now()
         # Flags first: a second signal may run this handler again inside the log call
         # below (Python handlers are re-entered), and must find them set.
         self.signalled = True
         self.stopping.set()
         logger.warning("signal %s: finishing running actions, then exiting", signum)
+
+    def on_quit(self, signum: int, frame: FrameType | None = None) -> None:
+        """SIGQUIT (Ctrl-\\): write every thread's traceback to stderr, to see where the
+        worker was, and exit at once."""
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        logger.warning("signal %s: exiting now", signum)
+        self.exit_now()
+
+    def exit_now(self) -> NoReturn:
+        """Exit 1 at once, removing the heartbeat first, so that the admin, the API and
+        the health check do not show a dead worker as live for three beats. Within
+        ``EXIT_UNREGISTER_SECONDS``: a Redis that hangs (or a heartbeat under way, holding
+        ``beat_lock``) must not hold the exit up. Running actions die with the process:
+        their transactions roll back, and their ids come back with their leases."""
+        with contextlib.suppress(RuntimeError):  # "can't start new thread": exit all the same
+            helper = threading.Thread(target=self.unregister, name="delayjobs-exit", daemon=True)
+            helper.start()
+            helper.join(EXIT_UNREGISTER_SECONDS)
+        with contextlib.suppress(Exception):  # a closed stream
+            sys.stderr.flush()
+        os._exit(1)
 
     def start_threads(self) -> list[threading.Thread]:
         targets: list[tuple[str, Callable[[], None]]] = [

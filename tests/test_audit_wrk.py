@@ -3,21 +3,44 @@ housekeeping, the metrics thread, and the end of the shutdown grace."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import threading
+import time
 
 import pytest
 from django.db import connection, transaction
 
 from django_delayjobs import schedule
 from django_delayjobs.conf import delayjobs_settings
-from django_delayjobs.connection import redis_client
+from django_delayjobs.connection import get_engine, redis_client
+from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import Engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.worker import Options, WorkerProcess
-from tests.helpers import wait_for
+from tests.helpers import start_worker, stop, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def live_workers() -> int:
+    return get_engine().stats("default").live_workers
+
+
+def running(job: Job) -> bool:
+    return Job.objects.get(pk=job.pk).status == Status.RUNNING
+
+
+def exit_code(worker: subprocess.Popen[bytes], timeout: float) -> int:
+    """The worker's exit code within ``timeout`` seconds (killed if it takes longer)."""
+    try:
+        return worker.wait(timeout)
+    finally:
+        if worker.poll() is None:  # not left running into the next tests
+            worker.kill()
+            worker.wait()
 
 
 def hold_the_database(held: threading.Event, release: threading.Event) -> None:
@@ -67,3 +90,66 @@ def test_a_database_that_hangs_under_the_pruning_stops_no_lease_nor_heartbeat(se
         thread.join(30)
         engine.close()
     assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+
+
+def test_sighup_stops_a_worker_as_sigterm_does(redis_client, redis_url, tmp_path):
+    """A terminal that closes (or ``kill -HUP``) killed the worker on the spot (Python's
+    default): its running action cut short, its heartbeat left alive for three beats and
+    its ids left to their lease. It now stops as on SIGTERM: finish, hand back, exit 0."""
+    worker = start_worker(redis_url, log=tmp_path / "w.log")
+    try:
+        wait_for(lambda: live_workers() == 1)
+        job = schedule(tasks.slow, in_=0, args=["finished", 0.5])
+        wait_for(lambda: running(job))
+        worker.send_signal(signal.SIGHUP)
+        assert exit_code(worker, 20) == 0
+    finally:
+        stop(worker)
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    assert live_workers() == 0
+
+
+@pytest.mark.parametrize("signals", [(signal.SIGTERM, signal.SIGTERM), (signal.SIGQUIT,)])
+def test_a_worker_exiting_at_once_removes_its_heartbeat(redis_client, redis_url, tmp_path,
+                                                        signals):  # fmt: skip
+    """A second SIGTERM (or a SIGQUIT, whose default dumped core) exits at once, and left
+    the heartbeat behind: the admin, the API and the health check showed a dead worker as
+    live for up to three HEARTBEAT_SECONDS. SIGQUIT also writes every thread's traceback,
+    to see where a worker was stuck."""
+    worker = start_worker(redis_url, log=tmp_path / "w.log")
+    try:
+        wait_for(lambda: live_workers() == 1)
+        job = schedule(tasks.slow, in_=0, args=["interrupted", 30.0])
+        wait_for(lambda: running(job))
+        for n, signum in enumerate(signals):
+            worker.send_signal(signum)
+            if n < len(signals) - 1:  # two at once would be one (pending signals merge)
+                wait_for(lambda: "finishing running actions" in (tmp_path / "w.log").read_text())
+        assert exit_code(worker, 5) == 1
+    finally:
+        stop(worker)
+    assert live_workers() == 0
+    assert running(job)  # its transaction died with the process; delivered again later
+    if signals == (signal.SIGQUIT,):
+        assert "in slow" in (tmp_path / "w.log").read_text()  # the action's frame
+
+
+def test_exiting_at_once_does_not_wait_for_a_frozen_redis(tmp_path):
+    """Removing the heartbeat on the way out is bounded: a Redis that does not answer
+    holds the exit up for about a second, not a socket timeout per queue served."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    url = server.start()
+    assert server.pid is not None
+    queues = ",".join(f"q{n}" for n in range(8))
+    worker = start_worker(url, "--queues", queues, log=tmp_path / "w.log")
+    try:
+        wait_for(lambda: "roles promoter+worker" in (tmp_path / "w.log").read_text())
+        os.kill(server.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        worker.send_signal(signal.SIGQUIT)
+        assert exit_code(worker, 10) == 1
+        assert time.monotonic() - started < 4
+    finally:
+        stop(worker)
+        os.kill(server.pid, signal.SIGCONT)
+        server.close()

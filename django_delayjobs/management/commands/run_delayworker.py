@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import ipaddress
 import logging
 import os
@@ -22,7 +23,7 @@ from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
 from ...preflight import check_owner, check_redis, describe_redis
-from ...worker import Options, WorkerProcess
+from ...worker import STOP_SIGNALS, Options, WorkerProcess
 
 if TYPE_CHECKING:
     from ...metrics.server import MetricsServer
@@ -73,7 +74,7 @@ def database_error(exc: DatabaseError) -> str:
 
 
 class StoppedDuringStartUp(Exception):
-    """A SIGTERM/SIGINT came before the worker started: exit 0."""
+    """A SIGTERM/SIGINT/SIGHUP came before the worker started: exit 0."""
 
 
 MAX_CONCURRENCY = 1000
@@ -95,7 +96,7 @@ def queue_list(value: str) -> list[str]:
 
 
 class Command(BaseCommand):
-    help = "Run the delayjobs promoter and worker threads until SIGTERM/SIGINT."
+    help = "Run the delayjobs promoter and worker threads until SIGTERM/SIGINT/SIGHUP."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -160,7 +161,17 @@ class Command(BaseCommand):
     def install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        return {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        handlers = {**dict.fromkeys(STOP_SIGNALS, self.on_signal), signal.SIGQUIT: self.on_quit}
+        return {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
+
+    def on_quit(self, signum: int, frame: FrameType | None) -> None:
+        """SIGQUIT: the process's, once it exists; before, exit at once (it has no
+        heartbeat yet), with every thread's traceback as it would."""
+        if self.process is not None:
+            self.process.on_quit(signum, frame)
+            return
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(1)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Until the worker process exists, note the signal (checked after each start-up
