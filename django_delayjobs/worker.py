@@ -206,14 +206,15 @@ class WorkerProcess:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self, also: Sequence[threading.Thread] = ()) -> None:
         """Run until stopped (or, in burst mode, until nothing is due); raise
-        ``WorkerDied`` if a thread died."""
+        ``WorkerDied`` if a thread died, of its own or of ``also`` (started by the caller,
+        such as the metrics port's: a worker that runs on without them is not whole)."""
         previous = self.install_signal_handlers()
         walcheckpoint.take_over()
         grace = delayjobs_settings.SHUTDOWN_GRACE_SECONDS
         try:
-            self.threads = self.start_threads()
+            self.threads = [*self.start_threads(), *also]
             workers = [t for t in self.threads if t.name.startswith("delayjobs-worker")]
             watched = 0.0
             while not self.stopping.is_set():
@@ -267,8 +268,8 @@ class WorkerProcess:
         """Die if a thread that should still run has ended."""
         for thread in self.threads:
             ended_early = not thread.is_alive() and not self.stopping.is_set()
-            chore = thread.name.startswith("delayjobs-housekeeping")
-            if ended_early and not (self.options.burst and not chore):
+            done = self.options.burst and thread.name.startswith("delayjobs-worker")
+            if ended_early and not done:  # a burst's worker threads end once nothing is due
                 self.die(f"thread {thread.name} ended unexpectedly")
 
     def install_signal_handlers(self) -> dict[int, Any]:

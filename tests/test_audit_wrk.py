@@ -153,3 +153,34 @@ def test_exiting_at_once_does_not_wait_for_a_frozen_redis(tmp_path):
         stop(worker)
         os.kill(server.pid, signal.SIGCONT)
         server.close()
+
+
+def test_a_worker_whose_metrics_thread_ends_stops_as_for_any_thread(redis_client):
+    """The metrics port's thread was not watched: when it ended the worker ran on with no
+    metrics, which nothing but a scrape failing told. Like any thread of the worker that
+    ends, it now stops the process (exit 1), for its supervisor to restart it."""
+    from django_delayjobs.metrics.server import MetricsServer
+    from django_delayjobs.worker import WorkerDied
+
+    server = MetricsServer("127.0.0.1", 0).start()
+    process = WorkerProcess(get_engine(), Options(queues=["default"], tick=0.1))
+    died: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            process.run(also=[server.thread])
+        except WorkerDied as exc:
+            died.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_for(lambda: live_workers() == 1)
+        server.httpd.shutdown()  # its thread ends
+        thread.join(10)
+    finally:
+        process.stop()
+        thread.join(30)
+        server.close()
+    assert died and "delayjobs-metrics" in str(died[0])
+    assert live_workers() == 0

@@ -243,7 +243,7 @@ class Command(BaseCommand):
         try:
             self.process = process  # from here on a signal stops the process itself
             self.started("starting")  # after: a signal in between is seen by one of them
-            process.run()
+            process.run(also=[server.thread] if server is not None else [])
         finally:
             if server is not None:
                 server.close()
