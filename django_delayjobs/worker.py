@@ -180,6 +180,9 @@ class WorkerProcess:
         self.stopped = threading.Event()  # everything is done
         self.fatal: str | None = None  # why the process must exit non-zero
         self.signalled = False  # a SIGTERM/SIGINT was received: the next one exits at once
+        # Actions still ran when the grace ended, left to their leases: the process must
+        # exit now, whatever else would hold it up (see run_delayworker's run_from_argv).
+        self.abandoned = False
         self.stats = Stats()
         self.broken = BrokenKeys()  # one report per broken key, whichever thread meets it
         self.promoter = Promoter(engine, options.queues, tick=options.tick, stop=self.stopping,
@@ -232,6 +235,7 @@ class WorkerProcess:
             for thread in workers:
                 thread.join(max(0.0, deadline - time.monotonic()))
             if any(t.is_alive() for t in workers):
+                self.abandoned = True
                 logger.warning("actions still running after %s s; leaving them to their lease",
                                grace)  # fmt: skip
                 self.hand_back_waiting()

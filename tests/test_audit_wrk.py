@@ -184,3 +184,26 @@ def test_a_worker_whose_metrics_thread_ends_stops_as_for_any_thread(redis_client
         server.close()
     assert died and "delayjobs-metrics" in str(died[0])
     assert live_workers() == 0
+
+
+def test_a_worker_leaving_an_action_past_the_grace_exits_then(redis_client, redis_url,
+                                                              tmp_path):  # fmt: skip
+    """Past SHUTDOWN_GRACE_SECONDS a worker leaves its running action to its lease and
+    exits, no longer extending it and its heartbeat removed. An action waiting for a
+    thread of its own (a ThreadPoolExecutor's) kept the process from exiting: it ran on,
+    looking dead, and once its lease ended another worker ran the job a second time
+    while it still ran. The process now exits at the end of the grace, whatever runs."""
+    env = {"DELAYJOBS_SHUTDOWN_GRACE_SECONDS": "0.5"}
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(lambda: live_workers() == 1)
+        job = schedule(tasks.slow_in_a_thread, in_=0, args=["left", 30.0])
+        wait_for(lambda: running(job))
+        worker.send_signal(signal.SIGTERM)
+        assert exit_code(worker, 6) == 0
+    finally:
+        stop(worker)
+    log = (tmp_path / "w.log").read_text()
+    assert "leaving them to their lease" in log and "stopped (" in log, log
+    assert live_workers() == 0
+    assert running(job) and get_engine().stats("default").in_flight == 1  # for its lease

@@ -97,6 +97,7 @@ def queue_list(value: str) -> list[str]:
 
 class Command(BaseCommand):
     help = "Run the delayjobs promoter and worker threads until SIGTERM/SIGINT/SIGHUP."
+    process: WorkerProcess | None = None  # once built: signals go to it
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -131,6 +132,27 @@ class Command(BaseCommand):
                  "which needs METRICS_TOKEN: any non-loopback address does).",
         )  # fmt: skip
 
+    def run_from_argv(self, argv: list[str]) -> None:
+        """As Django's, but a worker that left actions running past the shutdown grace
+        exits then, with the code it would have: at the interpreter's exit Python joins the
+        threads an action started through a ``ThreadPoolExecutor`` (and non-daemon ones),
+        so the process would run on, its heartbeat removed and the action's lease no longer
+        extended, until another worker ran the same job again beside it."""
+        self.process = None
+        code = 1
+        try:
+            super().run_from_argv(argv)
+            code = 0
+        except SystemExit as exc:  # a CommandError, printed by Django
+            code = exc.code if isinstance(exc.code, int) else 1
+            raise
+        finally:
+            if self.process is not None and self.process.abandoned:
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(Exception):  # a closed stream
+                        stream.flush()
+                os._exit(code)
+
     def check(self, *args: Any, **kwargs: Any) -> Any:
         """Django's system checks, which may open the database before ``handle`` (on SQLite
         Django 6.1 asks it whether it has JSON): one line too, not a traceback."""
@@ -143,7 +165,7 @@ class Command(BaseCommand):
         # First thing: a stop during the start-up checks (a rolling update, Ctrl-C while
         # Redis is slow to answer) ends the process by its own exit, never by the signal.
         self.signalled = False
-        self.process: WorkerProcess | None = None
+        self.process = None
         previous = self.install_signal_handlers()
         try:
             self.check_options(opts)
