@@ -736,23 +736,40 @@ class WorkerProcess:
                          "answer")  # fmt: skip
 
     def overran(self, execution: Execution, limit: float) -> None:
-        """Stop first: writing the failure may wait on a lock the stuck action holds (its
-        job's row, or SQLite's write lock) for as long as it runs, and the process exits
-        after the shutdown grace whether or not this thread is done."""
+        """Stop first, then record the failure in a thread of its own: writing it may wait
+        on a lock the stuck action holds (its job's row, or SQLite's write lock) for as long
+        as it runs, and this thread's lease extensions must go on through the shutdown
+        grace meanwhile, or another worker could run this process's jobs, the stuck one
+        included, beside it. The process exits after the grace whether or not the failure
+        is written."""
+        job = execution.job
+        self.die(f"job {execution.job_id} ({job.action if job is not None else '?'}) ran past "
+                 f"MAX_RUN_SECONDS ({limit:g} s)")  # fmt: skip
+        recorder = threading.Thread(target=self.record_overrun, args=(execution, limit),
+                                    name="delayjobs-overrun", daemon=True)  # fmt: skip
+        try:
+            recorder.start()
+        except RuntimeError:  # "can't start new thread": here, then
+            self.record_overrun(execution, limit)
+
+    def record_overrun(self, execution: Execution, limit: float) -> None:
+        """Fail the attempt of an action past ``MAX_RUN_SECONDS`` and settle it."""
         job_id, queue = execution.job_id, execution.queue
-        action = execution.job.action if execution.job is not None else "?"
-        self.die(f"job {job_id} ({action}) ran past MAX_RUN_SECONDS ({limit:g} s)")
         try:
             result = execution.overran(limit)
+            if result.outcome != Outcome.OVERTAKEN:  # overtaken: its own outcome came first
+                self.release([job_id])
+                settle(self.engine, queue, job_id, result, outage=self.outage)
+                self.stats.record(result)
+                log_outcome(queue, job_id, result)
         except DatabaseError as exc:  # its lease runs out once this process has exited
             logger.error("job %s ran past MAX_RUN_SECONDS; its failure could not be recorded "
                          "(%s)", job_id, exc)  # fmt: skip
-            return
-        if result.outcome != Outcome.OVERTAKEN:  # overtaken: its own outcome came first
-            self.release([job_id])
-            settle(self.engine, queue, job_id, result, outage=self.outage)
-            self.stats.record(result)
-            log_outcome(queue, job_id, result)
+        except Exception:  # a bug: the process is stopping all the same
+            logger.exception("job %s ran past MAX_RUN_SECONDS; recording its failure failed",
+                             job_id)  # fmt: skip
+        finally:
+            drop_connections()  # this thread's
 
     def extend_leases(self) -> None:
         with self.held_lock:

@@ -207,3 +207,30 @@ def test_a_worker_leaving_an_action_past_the_grace_exits_then(redis_client, redi
     assert "leaving them to their lease" in log and "stopped (" in log, log
     assert live_workers() == 0
     assert running(job) and get_engine().stats("default").in_flight == 1  # for its lease
+
+
+def test_an_overrun_whose_failure_waits_for_a_lock_keeps_its_lease_till_the_exit(
+    redis_client, redis_url, tmp_path
+):
+    """An action past MAX_RUN_SECONDS that holds its row's lock (on SQLite, the write
+    lock) holds up the writing of its failure for as long as it runs. That write ran in the
+    thread that extends the leases: through the whole shutdown grace none was extended,
+    so the leases of the jobs still running in this process (the stuck one included)
+    ended, and another worker could run them beside it. The failure is now written apart."""
+    env = {"DELAYJOBS_MAX_RUN_SECONDS": "1", "DELAYJOBS_SHUTDOWN_GRACE_SECONDS": "2.5",
+           "DELAYJOBS_LEASE_SECONDS": "1"}  # fmt: skip
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(lambda: live_workers() == 1)
+        job = schedule(tasks.lock_own_row_then_sleep, in_=0, args=[600.0])
+        wait_for(lambda: "ran past MAX_RUN_SECONDS" in (tmp_path / "w.log").read_text())
+        engine, samples = get_engine(), 0
+        unack = engine.keys("default").unack
+        while worker.poll() is None:  # till the exit, at the grace's end
+            deadline, now_ms = engine.client.zscore(unack, str(job.pk)), engine.server_time_ms()
+            assert worker.poll() is not None or (deadline or 0) > now_ms, samples
+            samples += 1
+            time.sleep(0.05)
+        assert worker.returncode == 1 and samples > 20
+    finally:
+        stop(worker)
