@@ -312,7 +312,8 @@ class WorkerProcess:
     def on_quit(self, signum: int, frame: FrameType | None = None) -> None:
         """SIGQUIT (Ctrl-\\): write every thread's traceback to stderr, to see where the
         worker was, and exit at once."""
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        with contextlib.suppress(RuntimeError, ValueError, OSError):  # no usable stderr
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         logger.warning("signal %s: exiting now", signum)
         self.exit_now()
 

@@ -192,7 +192,8 @@ class Command(BaseCommand):
         if self.process is not None:
             self.process.on_quit(signum, frame)
             return
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        with contextlib.suppress(RuntimeError, ValueError, OSError):  # no usable stderr
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         os._exit(1)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
