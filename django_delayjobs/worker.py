@@ -327,8 +327,9 @@ class WorkerProcess:
             helper = threading.Thread(target=self.unregister, name="delayjobs-exit", daemon=True)
             helper.start()
             helper.join(EXIT_UNREGISTER_SECONDS)
-        with contextlib.suppress(Exception):  # a closed stream
-            sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(ValueError, OSError):  # a closed stream, a broken pipe
+                stream.flush()
         os._exit(1)
 
     def start_threads(self) -> list[threading.Thread]:

@@ -149,7 +149,7 @@ class Command(BaseCommand):
         finally:
             if self.process is not None and self.process.abandoned:
                 for stream in (sys.stdout, sys.stderr):
-                    with contextlib.suppress(Exception):  # a closed stream
+                    with contextlib.suppress(ValueError, OSError):  # a closed stream, a broken pipe
                         stream.flush()
                 os._exit(code)
 
