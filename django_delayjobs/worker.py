@@ -179,7 +179,7 @@ class WorkerProcess:
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # everything is done
         self.fatal: str | None = None  # why the process must exit non-zero
-        self.signalled = False  # a SIGTERM/SIGINT was received: the next one exits at once
+        self.signalled = False  # a stop signal was received: the next one exits at once
         # Actions still ran when the grace ended, left to their leases: the process must
         # exit now, whatever else would hold it up (see run_delayworker's run_from_argv).
         self.abandoned = False
