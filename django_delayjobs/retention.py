@@ -491,10 +491,11 @@ class AutoPrune:
 
     A pass starts at most once per ``every`` seconds across every worker process of the
     deployment: the process that sets the Redis key ``{PREFIX}:turn:prune`` (SET NX PX)
-    runs it, ``batches`` batches per call of ``step()`` (the housekeeping thread calls it
-    about once a second) at ``delayjobs_prune``'s pace, so lease extensions and heartbeats
-    are held up for about 0.2 s at a time. A failure is logged once, the pass goes
-    on ``AUTO_RETRY_SECONDS`` later, and ``step()`` never raises.
+    runs it, ``batches`` batches per call of ``step()`` (the database's housekeeping
+    thread calls it about once a second, apart from the lease extensions and heartbeats,
+    which a slow delete must not hold up) at ``delayjobs_prune``'s pace. A failure is
+    logged once, the pass goes on ``AUTO_RETRY_SECONDS`` later, and ``step()`` never
+    raises.
     """
 
     def __init__(self, engine: Engine, every: float | None = None,

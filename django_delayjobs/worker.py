@@ -1,8 +1,9 @@
-"""One worker process: a promoter thread, N worker threads and a housekeeping thread.
+"""One worker process: a promoter thread, N worker threads and two housekeeping threads.
 
-Signal handlers only set flags (huey's consumer). The first SIGTERM/SIGINT stops claiming,
-lets running actions finish within ``SHUTDOWN_GRACE_SECONDS`` and hands back anything
-claimed but not started; a second one exits at once.
+Signal handlers only set flags (huey's consumer). The first SIGTERM/SIGINT/SIGHUP stops
+claiming, lets running actions finish within ``SHUTDOWN_GRACE_SECONDS`` and hands back
+anything claimed but not started; a second one, or a SIGQUIT, exits at once, removing the
+process's heartbeat first (within ``EXIT_UNREGISTER_SECONDS``).
 
 A worker that heartbeats is a worker that works: if any of its threads dies, the process
 stops heartbeating at once, hands back what it can and exits non-zero, so that systemd,
@@ -23,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -30,7 +32,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import Error as DatabaseError
 from django.db import connections
@@ -65,6 +67,13 @@ FROZEN_SLACK_SECONDS = 5.0
 #: Seconds between two checkpoints of a SQLite database's WAL (see walcheckpoint), run
 #: only once jobs have been settled since the last one.
 CHECKPOINT_SECONDS = 1.0
+#: How long a process that exits at once (a second signal, SIGQUIT) gives the removal of
+#: its heartbeat before it exits all the same (seconds).
+EXIT_UNREGISTER_SECONDS = 1.0
+#: Signals that stop a worker as ``SIGTERM`` does: finish, hand back, exit 0. ``SIGHUP``
+#: too: a terminal that closes sends it, and Python's default ended the process with no
+#: cleanup at all.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class WorkerDied(DelayJobsError):
@@ -170,7 +179,10 @@ class WorkerProcess:
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # everything is done
         self.fatal: str | None = None  # why the process must exit non-zero
-        self.signalled = False  # a SIGTERM/SIGINT was received: the next one exits at once
+        self.signalled = False  # a stop signal was received: the next one exits at once
+        # Actions still ran when the grace ended, left to their leases: the process must
+        # exit now, whatever else would hold it up (see run_delayworker's run_from_argv).
+        self.abandoned = False
         self.stats = Stats()
         self.broken = BrokenKeys()  # one report per broken key, whichever thread meets it
         self.promoter = Promoter(engine, options.queues, tick=options.tick, stop=self.stopping,
@@ -197,14 +209,15 @@ class WorkerProcess:
 
     # -- lifecycle ---------------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self, also: Sequence[threading.Thread] = ()) -> None:
         """Run until stopped (or, in burst mode, until nothing is due); raise
-        ``WorkerDied`` if a thread died."""
+        ``WorkerDied`` if a thread died, of its own or of ``also`` (started by the caller,
+        such as the metrics port's: a worker that runs on without them is not whole)."""
         previous = self.install_signal_handlers()
         walcheckpoint.take_over()
         grace = delayjobs_settings.SHUTDOWN_GRACE_SECONDS
         try:
-            self.threads = self.start_threads()
+            self.threads = [*self.start_threads(), *also]
             workers = [t for t in self.threads if t.name.startswith("delayjobs-worker")]
             watched = 0.0
             while not self.stopping.is_set():
@@ -222,6 +235,7 @@ class WorkerProcess:
             for thread in workers:
                 thread.join(max(0.0, deadline - time.monotonic()))
             if any(t.is_alive() for t in workers):
+                self.abandoned = True
                 logger.warning("actions still running after %s s; leaving them to their lease",
                                grace)  # fmt: skip
                 self.hand_back_waiting()
@@ -258,13 +272,15 @@ class WorkerProcess:
         """Die if a thread that should still run has ended."""
         for thread in self.threads:
             ended_early = not thread.is_alive() and not self.stopping.is_set()
-            if ended_early and not (self.options.burst and thread.name != "delayjobs-housekeeping"):
+            done = self.options.burst and thread.name.startswith("delayjobs-worker")
+            if ended_early and not done:  # a burst's worker threads end once nothing is due
                 self.die(f"thread {thread.name} ended unexpectedly")
 
     def install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        return {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        handlers = {**dict.fromkeys(STOP_SIGNALS, self.on_signal), signal.SIGQUIT: self.on_quit}
+        return {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
 
     def watch(self, grace: float) -> None:
         """Exit 1, writing every thread's traceback to stderr, unless called again within
@@ -286,15 +302,41 @@ class WorkerProcess:
         fatal grace) still finishes and hands back on the first one."""
         if self.signalled:
             logger.warning("second signal: exiting now")
-            os._exit(1)
+            self.exit_now()
         # Flags first: a second signal may run this handler again inside the log call
         # below (Python handlers are re-entered), and must find them set.
         self.signalled = True
         self.stopping.set()
         logger.warning("signal %s: finishing running actions, then exiting", signum)
 
+    def on_quit(self, signum: int, frame: FrameType | None = None) -> None:
+        """SIGQUIT (Ctrl-\\): write every thread's traceback to stderr, to see where the
+        worker was, and exit at once."""
+        with contextlib.suppress(RuntimeError, ValueError, OSError):  # no usable stderr
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        logger.warning("signal %s: exiting now", signum)
+        self.exit_now()
+
+    def exit_now(self) -> NoReturn:
+        """Exit 1 at once, removing the heartbeat first, so that the admin, the API and
+        the health check do not show a dead worker as live for three beats. Within
+        ``EXIT_UNREGISTER_SECONDS``: a Redis that hangs (or a heartbeat under way, holding
+        ``beat_lock``) must not hold the exit up. Running actions die with the process:
+        their transactions roll back, and their ids come back with their leases."""
+        with contextlib.suppress(RuntimeError):  # "can't start new thread": exit all the same
+            helper = threading.Thread(target=self.unregister, name="delayjobs-exit", daemon=True)
+            helper.start()
+            helper.join(EXIT_UNREGISTER_SECONDS)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(ValueError, OSError):  # a closed stream, a broken pipe
+                stream.flush()
+        os._exit(1)
+
     def start_threads(self) -> list[threading.Thread]:
-        targets: list[tuple[str, Callable[[], None]]] = [("delayjobs-housekeeping", self.housekeep)]
+        targets: list[tuple[str, Callable[[], None]]] = [
+            ("delayjobs-housekeeping", self.housekeep),
+            ("delayjobs-housekeeping-db", self.housekeep_database),
+        ]
         if self.options.promoter and not self.options.burst:
             targets.append(("delayjobs-promoter", self.promote_loop))
             targets.append(("delayjobs-reconcile", self.reconcile_loop))
@@ -608,14 +650,16 @@ class WorkerProcess:
     # -- housekeeping ------------------------------------------------------------
 
     def housekeep(self) -> None:
-        """Extend leases of running jobs, send heartbeats, flush metrics, checkpoint
-        SQLite's WAL, prune old jobs (``PRUNE_AFTER_SECONDS``), log the status line."""
+        """Extend leases of running jobs, send heartbeats, flush metrics, log the status
+        line: Redis only. The database's chores run in a thread of their own
+        (``housekeep_database``): a database that hangs under one of them (a lock, a
+        network cut) must not stop the lease extensions and heartbeats, or this worker
+        would look dead and other workers would run the jobs it is still running."""
         lease_every = max(0.05, delayjobs_settings.LEASE_SECONDS / 3)
         beat_every = delayjobs_settings.HEARTBEAT_SECONDS
         leases_every = min(lease_every, beat_every)
         status_every = self.options.status_every
-        last_leases = last_beat = last_status = last_checkpoint = 0.0
-        checkpointed = 0  # jobs settled at the last checkpoint
+        last_leases = last_beat = last_status = 0.0
         backoff = Backoff(self.stopped, "housekeeping")
         while not self.stopped.is_set():
             now = time.monotonic()
@@ -628,8 +672,6 @@ class WorkerProcess:
             if now - last_beat >= beat_every and self.fatal is None:
                 last_beat = now
                 with each.attempt():
-                    self.check_owner()
-                with each.attempt():
                     self.heartbeat(ttl_ms=beat_every * 3000)
             with each.attempt():
                 metrics.flush(self.engine, self.options.queues)
@@ -640,22 +682,35 @@ class WorkerProcess:
                 backoff.failed("Redis is unavailable", exc, pause=0)
             except EngineUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc)
+            if status_every and now - last_status >= status_every:
+                last_status = now
+                logger.info("status: %s", self.stats.line())
+            self.stopped.wait(min(leases_every, METRICS_FLUSH_SECONDS))
+
+    def housekeep_database(self) -> None:
+        """Check that this PREFIX is still this deployment's every ``HEARTBEAT_SECONDS``,
+        checkpoint SQLite's WAL, prune old jobs (``PRUNE_AFTER_SECONDS``)."""
+        beat_every = delayjobs_settings.HEARTBEAT_SECONDS
+        last_owner = last_checkpoint = 0.0
+        checkpointed = 0  # jobs settled at the last checkpoint
+        while not self.stopped.is_set():
+            now = time.monotonic()
+            if now - last_owner >= beat_every and self.fatal is None:
+                last_owner = now
+                self.check_owner()
             settled = self.stats.count()
             if settled != checkpointed and now - last_checkpoint >= CHECKPOINT_SECONDS:
                 last_checkpoint, checkpointed = now, settled  # only after work: no idle I/O
                 walcheckpoint.checkpoint()
                 sql.close_stale()
             self.pruner.step()
-            if status_every and now - last_status >= status_every:
-                last_status = now
-                logger.info("status: %s", self.stats.line())
-            self.stopped.wait(min(leases_every, METRICS_FLUSH_SECONDS))
+            self.stopped.wait(min(beat_every, CHECKPOINT_SECONDS))
 
     def check_owner(self) -> None:
         """After Redis lost its data another deployment may have claimed this PREFIX."""
         try:
             check_owner(self.engine)
-        except DatabaseError:
+        except (DatabaseError, EngineUnavailable):  # Redis's outage: the heartbeat's to log
             pass  # checked again at the next beat
         except ConfigurationError as exc:
             self.die(str(exc))
@@ -683,23 +738,40 @@ class WorkerProcess:
                          "answer")  # fmt: skip
 
     def overran(self, execution: Execution, limit: float) -> None:
-        """Stop first: writing the failure may wait on a lock the stuck action holds (its
-        job's row, or SQLite's write lock) for as long as it runs, and the process exits
-        after the shutdown grace whether or not this thread is done."""
+        """Stop first, then record the failure in a thread of its own: writing it may wait
+        on a lock the stuck action holds (its job's row, or SQLite's write lock) for as long
+        as it runs, and this thread's lease extensions must go on through the shutdown
+        grace meanwhile, or another worker could run this process's jobs, the stuck one
+        included, beside it. The process exits after the grace whether or not the failure
+        is written."""
+        job = execution.job
+        self.die(f"job {execution.job_id} ({job.action if job is not None else '?'}) ran past "
+                 f"MAX_RUN_SECONDS ({limit:g} s)")  # fmt: skip
+        recorder = threading.Thread(target=self.record_overrun, args=(execution, limit),
+                                    name="delayjobs-overrun", daemon=True)  # fmt: skip
+        try:
+            recorder.start()
+        except RuntimeError:  # "can't start new thread": here, then
+            self.record_overrun(execution, limit)
+
+    def record_overrun(self, execution: Execution, limit: float) -> None:
+        """Fail the attempt of an action past ``MAX_RUN_SECONDS`` and settle it."""
         job_id, queue = execution.job_id, execution.queue
-        action = execution.job.action if execution.job is not None else "?"
-        self.die(f"job {job_id} ({action}) ran past MAX_RUN_SECONDS ({limit:g} s)")
         try:
             result = execution.overran(limit)
+            if result.outcome != Outcome.OVERTAKEN:  # overtaken: its own outcome came first
+                self.release([job_id])
+                settle(self.engine, queue, job_id, result, outage=self.outage)
+                self.stats.record(result)
+                log_outcome(queue, job_id, result)
         except DatabaseError as exc:  # its lease runs out once this process has exited
             logger.error("job %s ran past MAX_RUN_SECONDS; its failure could not be recorded "
                          "(%s)", job_id, exc)  # fmt: skip
-            return
-        if result.outcome != Outcome.OVERTAKEN:  # overtaken: its own outcome came first
-            self.release([job_id])
-            settle(self.engine, queue, job_id, result, outage=self.outage)
-            self.stats.record(result)
-            log_outcome(queue, job_id, result)
+        except Exception:  # a bug: the process is stopping all the same
+            logger.exception("job %s ran past MAX_RUN_SECONDS; recording its failure failed",
+                             job_id)  # fmt: skip
+        finally:
+            drop_connections()  # this thread's
 
     def extend_leases(self) -> None:
         with self.held_lock:
@@ -742,7 +814,7 @@ class WorkerProcess:
 
     def unregister(self) -> None:
         """Remove this process's heartbeat, for good: a heartbeat that was on its way (the
-        housekeeping thread between its owner check and its beat) writes nothing after."""
+        housekeeping thread past its check of ``stopped``) writes nothing after."""
         with self.beat_lock:
             self.unregistered = True
         with contextlib.suppress(EngineUnavailable):

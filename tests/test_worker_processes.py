@@ -308,9 +308,9 @@ def test_a_burst_exits_1_when_redis_stays_unreachable(tmp_path, settings):
         server.close()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_during_start_up_exits_without_a_traceback(signum):
-    """SIGTERM/SIGINT while the start-up checks wait on a Redis slow to answer (a rolling
+    """SIGTERM/SIGINT/SIGHUP while the start-up checks wait on a Redis slow to answer (a rolling
     update, Ctrl-C): the process ends by its own exit, 0 or 1 with the start-up check's
     one-line error, never by the signal (as PID 1 in a container: ignored until SIGKILL)
     nor with a KeyboardInterrupt traceback."""

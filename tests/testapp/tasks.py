@@ -2,6 +2,7 @@
 
 import itertools
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from django.db import connection
 
@@ -31,6 +32,15 @@ def fail(label: str = "boom") -> None:
 @delayable
 def slow(label: str, seconds: float) -> None:
     time.sleep(seconds)
+    Record.objects.create(label=label)
+
+
+@delayable
+def slow_in_a_thread(label: str, seconds: float) -> None:
+    """Wait for a ThreadPoolExecutor's thread: at exit Python joins such threads (it
+    registers that with ``threading``), so one keeps its process alive until it ends."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(time.sleep, seconds).result()
     Record.objects.create(label=label)
 
 

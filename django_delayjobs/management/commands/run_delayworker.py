@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import ipaddress
 import logging
 import os
@@ -22,7 +23,7 @@ from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
 from ...preflight import check_owner, check_redis, describe_redis
-from ...worker import Options, WorkerProcess
+from ...worker import STOP_SIGNALS, Options, WorkerProcess
 
 if TYPE_CHECKING:
     from ...metrics.server import MetricsServer
@@ -73,7 +74,7 @@ def database_error(exc: DatabaseError) -> str:
 
 
 class StoppedDuringStartUp(Exception):
-    """A SIGTERM/SIGINT came before the worker started: exit 0."""
+    """A SIGTERM/SIGINT/SIGHUP came before the worker started: exit 0."""
 
 
 MAX_CONCURRENCY = 1000
@@ -95,7 +96,8 @@ def queue_list(value: str) -> list[str]:
 
 
 class Command(BaseCommand):
-    help = "Run the delayjobs promoter and worker threads until SIGTERM/SIGINT."
+    help = "Run the delayjobs promoter and worker threads until SIGTERM/SIGINT/SIGHUP."
+    process: WorkerProcess | None = None  # once built: signals go to it
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -130,6 +132,27 @@ class Command(BaseCommand):
                  "which needs METRICS_TOKEN: any non-loopback address does).",
         )  # fmt: skip
 
+    def run_from_argv(self, argv: list[str]) -> None:
+        """As Django's, but a worker that left actions running past the shutdown grace
+        exits then, with the code it would have: at the interpreter's exit Python joins the
+        threads an action started through a ``ThreadPoolExecutor`` (and non-daemon ones),
+        so the process would run on, its heartbeat removed and the action's lease no longer
+        extended, until another worker ran the same job again beside it."""
+        self.process = None
+        code = 1
+        try:
+            super().run_from_argv(argv)
+            code = 0
+        except SystemExit as exc:  # a CommandError, printed by Django
+            code = exc.code if isinstance(exc.code, int) else 1
+            raise
+        finally:
+            if self.process is not None and self.process.abandoned:
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(ValueError, OSError):  # a closed stream, a broken pipe
+                        stream.flush()
+                os._exit(code)
+
     def check(self, *args: Any, **kwargs: Any) -> Any:
         """Django's system checks, which may open the database before ``handle`` (on SQLite
         Django 6.1 asks it whether it has JSON): one line too, not a traceback."""
@@ -142,7 +165,7 @@ class Command(BaseCommand):
         # First thing: a stop during the start-up checks (a rolling update, Ctrl-C while
         # Redis is slow to answer) ends the process by its own exit, never by the signal.
         self.signalled = False
-        self.process: WorkerProcess | None = None
+        self.process = None
         previous = self.install_signal_handlers()
         try:
             self.check_options(opts)
@@ -160,7 +183,18 @@ class Command(BaseCommand):
     def install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        return {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        handlers = {**dict.fromkeys(STOP_SIGNALS, self.on_signal), signal.SIGQUIT: self.on_quit}
+        return {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
+
+    def on_quit(self, signum: int, frame: FrameType | None) -> None:
+        """SIGQUIT: the process's, once it exists; before, exit at once (it has no
+        heartbeat yet), with every thread's traceback as it would."""
+        if self.process is not None:
+            self.process.on_quit(signum, frame)
+            return
+        with contextlib.suppress(RuntimeError, ValueError, OSError):  # no usable stderr
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(1)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Until the worker process exists, note the signal (checked after each start-up
@@ -232,7 +266,7 @@ class Command(BaseCommand):
         try:
             self.process = process  # from here on a signal stops the process itself
             self.started("starting")  # after: a signal in between is seen by one of them
-            process.run()
+            process.run(also=[server.thread] if server is not None else [])
         finally:
             if server is not None:
                 server.close()
