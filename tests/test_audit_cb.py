@@ -17,6 +17,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -43,17 +44,16 @@ class SilentDNS:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+        self.asked: list[tuple[bytes, Any]] = []  # the queries read: (query, client address)
 
     def queries(self) -> int:
         """How many queries have arrived (read without waiting)."""
-        count = 0
         self.sock.setblocking(False)
         try:
             while True:
-                self.sock.recv(512)
-                count += 1
+                self.asked.append(self.sock.recvfrom(512))
         except BlockingIOError:
-            return count
+            return len(self.asked)
 
     def resolver(self) -> policy.Resolver:
         """A DNS client that asks this server for A records and waits for the answer."""
@@ -71,6 +71,12 @@ class SilentDNS:
         return resolve
 
     def close(self) -> None:
+        """Refuse every query at last (each client ends its lookup, no records), so that no
+        lookup thread outlives its test by ``DNS_WAIT``: a later test counts them."""
+        self.queries()
+        for query, client in self.asked:  # the query, marked an answer with rcode REFUSED
+            with contextlib.suppress(OSError):
+                self.sock.sendto(query[:2] + b"\x81\x85" + query[4:], client)
         self.sock.close()
 
 
