@@ -1,0 +1,80 @@
+"""Audit of the HTTP callbacks, round 2: environment proxies, redirects, odd answers, what
+is kept of an answer, the verify helper's tolerance, and bracketed hosts.
+
+Every delivery here goes to a real server on 127.0.0.1, run by a real (in-process,
+``--burst``) worker."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.core.management import call_command
+
+from django_delayjobs import schedule_http
+from django_delayjobs.callbacks.signing import new_secret
+from django_delayjobs.models import Job, JobEvent, Status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def allow(settings, *netlocs: str) -> None:
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": list(netlocs),
+        "HTTP_ALLOW_PRIVATE_NETWORKS": True,  # the servers are on 127.0.0.1
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+        "RETRY_BACKOFF_SECONDS": 60,
+    }
+
+
+def run(url: str) -> Job:
+    job = schedule_http(url, in_=0, json={"a": 1})
+    call_command("run_delayworker", "--burst", "-v", "0")
+    job.refresh_from_db()
+    return job
+
+
+def history(job: Job) -> str:
+    return "\n".join(JobEvent.objects.filter(job=job).values_list("message", flat=True))
+
+
+# -- environment proxies are not used ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"])
+def test_a_proxy_in_the_environment_is_not_used(
+    name, callback_server, raw_server, settings, redis_client, monkeypatch
+):
+    # A proxy would see the request, not the destination the policy checked.
+    proxy = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    monkeypatch.setenv(name, f"http://{proxy.netloc}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    allow(settings, callback_server.netloc)
+    job = run(callback_server.url())
+    assert job.status == Status.SUCCEEDED
+    assert callback_server.count() == 1 and proxy.requests == []
+
+
+# -- answers that are not ordinary ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "said"),
+    [
+        (b"just a body, no status line\r\n", Status.RETRYING, "no answer (network)"),
+        (b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nhello", Status.SUCCEEDED, "204"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nbad", Status.SUCCEEDED,
+         "200 OK"),
+    ],
+)  # fmt: skip
+def test_an_odd_answer_ends_as_a_recorded_outcome(
+    answer, status, said, raw_server, settings, redis_client
+):
+    server = raw_server(answer)
+    allow(settings, server.netloc)
+    started = time.monotonic()
+    job = run(server.url())
+    assert time.monotonic() - started < 5
+    assert job.status == status and said in history(job) + job.last_error
