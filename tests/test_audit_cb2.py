@@ -14,6 +14,7 @@ from django.core.management import call_command
 from django_delayjobs import schedule_http
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.models import Job, JobEvent, Status
+from tests.callback_server import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,6 +56,23 @@ def test_a_proxy_in_the_environment_is_not_used(
     job = run(callback_server.url())
     assert job.status == Status.SUCCEEDED
     assert callback_server.count() == 1 and proxy.requests == []
+
+
+# -- a redirect's Location is shown without credentials -----------------------------------------
+
+
+def test_a_redirects_location_is_kept_without_its_credentials(
+    callback_server, settings, redis_client
+):
+    location = "https://robot:hunter2@127.0.0.1/next?token=s3cret&order=42"
+    callback_server.script("/hook", Reply(status=302, headers={"Location": location}))
+    allow(settings, callback_server.netloc)
+    job = run(callback_server.url())
+    assert job.status == Status.DEAD and callback_server.count() == 1  # not followed
+    assert "a redirect is not followed" in job.last_error
+    assert "127.0.0.1/next?token=***&order=42" in job.last_error  # still says where
+    for text in (job.last_error, history(job)):
+        assert "hunter2" not in text and "s3cret" not in text
 
 
 # -- answers that are not ordinary ------------------------------------------------------------

@@ -18,6 +18,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import GiveUp, Retry
+from ..redact import without_userinfo
 
 if TYPE_CHECKING:  # not at run time: the admin reads status_in() without urllib3
     from .delivery import DeliveryFailed, Response
@@ -91,7 +92,8 @@ def judge(
             "truncated": response.truncated,
         }
     if 300 <= status < 400:
-        location = response.headers.get("location", "(none)")
+        # The receiver's URL, shown as ours are: no password, no ?token= value.
+        location = without_userinfo(response.headers.get("location", "(none)"))
         raise GiveUp(f"{text}; a redirect is not followed (Location: {location[:500]})")
     if status >= 500 or status in retry_statuses:
         after = retry_after(response.headers.get("retry-after"), retry_after_max)
