@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from django_delayjobs import schedule_http
-from django_delayjobs.callbacks.signing import new_secret
+from django_delayjobs.callbacks.signing import InvalidSignature, new_secret, sign, verify
 from django_delayjobs.models import Job, JobEvent, Status
 from tests.callback_server import Reply
 
@@ -96,3 +96,21 @@ def test_an_odd_answer_ends_as_a_recorded_outcome(
     job = run(server.url())
     assert time.monotonic() - started < 5
     assert job.status == status and said in history(job) + job.last_error
+
+
+# -- the verify helper's tolerance --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tolerance", [float("nan"), -1.0])
+def test_verify_refuses_an_old_timestamp_whatever_the_tolerance(tolerance):
+    secret = new_secret()
+    headers = sign("msg_1", b"{}", [secret], timestamp=int(time.time()) - 86_400)
+    with pytest.raises(InvalidSignature, match="webhook-timestamp"):
+        verify(headers, b"{}", [secret], tolerance=tolerance)
+
+
+def test_verify_refuses_any_timestamp_when_now_is_not_a_number():
+    secret = new_secret()
+    headers = sign("msg_1", b"{}", [secret], timestamp=1)
+    with pytest.raises(InvalidSignature, match="webhook-timestamp"):
+        verify(headers, b"{}", [secret], now=float("nan"))
