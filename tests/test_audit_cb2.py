@@ -12,6 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from django_delayjobs import schedule_http
+from django_delayjobs.callbacks import policy
 from django_delayjobs.callbacks.signing import InvalidSignature, new_secret, sign, verify
 from django_delayjobs.models import Job, JobEvent, Status
 from tests.callback_server import Reply
@@ -114,3 +115,22 @@ def test_verify_refuses_any_timestamp_when_now_is_not_a_number():
     headers = sign("msg_1", b"{}", [secret], timestamp=1)
     with pytest.raises(InvalidSignature, match="webhook-timestamp"):
         verify(headers, b"{}", [secret], now=float("nan"))
+
+
+# -- a bracketed host is an IPv6 address, not a name -----------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["[v1.callback.test]", "[V7.callback.test]"])
+def test_a_bracketed_name_is_refused_not_read_as_a_host_name(
+    host, callback_server, settings, redis_client
+):
+    allow(settings, f"v1.callback.test:{callback_server.port}",
+          f"v7.callback.test:{callback_server.port}")  # fmt: skip
+    url = f"http://{host}:{callback_server.port}/hook"
+    with pytest.raises(policy.Refused, match="IPv6"):
+        policy.parse_url(url)
+    with pytest.raises(policy.Refused, match="IPv6"):
+        schedule_http(url, in_=0)
+    assert not Job.objects.exists()
+    with pytest.raises(ValueError, match="not a host name"):  # nor as an allowlist entry
+        policy.parse_allowed_host(host)
