@@ -134,3 +134,18 @@ def test_a_bracketed_name_is_refused_not_read_as_a_host_name(
     assert not Job.objects.exists()
     with pytest.raises(ValueError, match="not a host name"):  # nor as an allowlist entry
         policy.parse_allowed_host(host)
+
+
+# -- what is kept of an answer is bounded ------------------------------------------------------
+
+
+def test_a_huge_reason_phrase_is_kept_bounded(raw_server, settings, redis_client, caplog):
+    reason = "R" * 60_000  # http.client reads a status line of up to 64 KiB
+    server = raw_server(f"HTTP/1.1 503 {reason}\r\nContent-Length: 4\r\n\r\nbusy".encode())
+    allow(settings, server.netloc)
+    job = run(server.url())
+    assert job.status == Status.RETRYING and "-> 503 RRR" in job.last_error
+    assert "; body: busy" in job.last_error  # the line still says the rest
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    for text in (job.last_error, history(job), logged):
+        assert "R" * 1000 not in text

@@ -25,6 +25,9 @@ if TYPE_CHECKING:  # not at run time: the admin reads status_in() without urllib
 
 _SECONDS = re.compile(r"[0-9]{1,12}")  # ASCII digits only: str.isdigit() takes "\xb2"
 _STATUS = re.compile(r" -> ([1-5][0-9][0-9]) |-> (no answer \([a-z]+\))")
+#: Characters kept of a reason phrase: the receiver's text, which http.client reads up to
+#: 64 KiB, would otherwise fill every attempt's history line and log line.
+MAX_REASON = 200
 
 
 def excerpt(body: bytes, truncated: bool) -> str:
@@ -59,8 +62,11 @@ def retry_after(value: str | None, bound: float, now: float | None = None) -> fl
 def line(method: str, where: str, response: Response) -> str:
     """``POST payments:/hooks -> 503 Service Unavailable in 12 ms from 10.0.0.5; body: ...``"""
     body = excerpt(response.body, response.truncated)
+    reason = response.reason
+    if len(reason) > MAX_REASON:
+        reason = reason[:MAX_REASON] + "..."
     return (
-        f"{method} {where} -> {response.status} {response.reason} in "
+        f"{method} {where} -> {response.status} {reason} in "
         f"{response.seconds * 1000:.0f} ms from {response.address}"
         + (f"; body: {body}" if body else "")
     )
