@@ -13,6 +13,7 @@ from django.core.management import call_command
 
 from django_delayjobs import schedule_http
 from django_delayjobs.callbacks import policy
+from django_delayjobs.callbacks.request import InvalidCallback, load
 from django_delayjobs.callbacks.signing import InvalidSignature, new_secret, sign, verify
 from django_delayjobs.models import Job, JobEvent, Status
 from tests.callback_server import Reply
@@ -149,3 +150,27 @@ def test_a_huge_reason_phrase_is_kept_bounded(raw_server, settings, redis_client
     logged = "\n".join(record.getMessage() for record in caplog.records)
     for text in (job.last_error, history(job), logged):
         assert "R" * 1000 not in text
+
+
+# -- a header name read as a reserved one by a WSGI server ---------------------------------------
+
+#: wsgiref, and gunicorn before 22, read '_' in a header name as '-' (both become
+#: HTTP_WEBHOOK_SIGNATURE): a job's ``webhook_signature`` would be joined to, or replace, ours.
+UNDERSCORED = [
+    ("webhook_signature", "set by the delivery"),
+    ("Webhook_Id", "set by the delivery"),
+    ("transfer_encoding", "set by the delivery"),
+    ("X_Api_Key", "carries a credential"),
+]
+
+
+@pytest.mark.parametrize(("name", "said"), UNDERSCORED)
+def test_a_header_name_with_underscores_for_a_reserved_one_is_refused(
+    name, said, callback_server, settings, redis_client
+):
+    allow(settings, callback_server.netloc)
+    with pytest.raises(InvalidCallback, match=said):
+        schedule_http(callback_server.url(), in_=0, headers={name: "v1,forged"})
+    assert not Job.objects.exists()
+    with pytest.raises(InvalidCallback, match=said):  # nor sent from a row written anyhow
+        load({"method": "POST", "url": callback_server.url(), "headers": {name: "x"}})
