@@ -31,6 +31,12 @@ SECRET = frozenset({
 })  # fmt: skip
 
 
+def _key(name: str) -> str:
+    """A header name as a receiver may read it: any case, and '_' as '-' (CGI and WSGI name
+    both ``HTTP_X_A``; wsgiref, and gunicorn before 22, join or replace the two)."""
+    return name.lower().replace("_", "-")
+
+
 class InvalidHeader(ValueError):
     """A header name or value that is not legal HTTP, or not allowed here."""
 
@@ -53,7 +59,7 @@ def check_headers(headers: object, *, secrets_allowed: bool = False) -> dict[str
                 f"header {name}: the value must be at most {MAX_VALUE_LENGTH} characters of "
                 "visible ASCII, space or tab (no CR, LF or other control characters)"
             )
-        lower = name.lower()
+        lower = _key(name)
         if lower in seen:
             raise InvalidHeader(f"header {name} is given twice")
         seen.add(lower)
@@ -69,8 +75,9 @@ def check_headers(headers: object, *, secrets_allowed: bool = False) -> dict[str
 
 
 def merged(job_headers: Mapping[str, str], destination: Mapping[str, str]) -> dict[str, str]:
-    """The job's headers with the destination's on top (same name, any case: its value)."""
-    overridden = {name.lower() for name in destination}
-    merged = {k: v for k, v in job_headers.items() if k.lower() not in overridden}
+    """The job's headers with the destination's on top (same name, any case, '_' for '-':
+    its value)."""
+    overridden = {_key(name) for name in destination}
+    merged = {k: v for k, v in job_headers.items() if _key(k) not in overridden}
     merged.update(destination)
     return merged

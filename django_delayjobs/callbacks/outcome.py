@@ -18,12 +18,16 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import GiveUp, Retry
+from ..redact import without_userinfo
 
 if TYPE_CHECKING:  # not at run time: the admin reads status_in() without urllib3
     from .delivery import DeliveryFailed, Response
 
 _SECONDS = re.compile(r"[0-9]{1,12}")  # ASCII digits only: str.isdigit() takes "\xb2"
 _STATUS = re.compile(r" -> ([1-5][0-9][0-9]) |-> (no answer \([a-z]+\))")
+#: Characters kept of a reason phrase: the receiver's text, which http.client reads up to
+#: 64 KiB, would otherwise fill every attempt's history line and log line.
+MAX_REASON = 200
 
 
 def excerpt(body: bytes, truncated: bool) -> str:
@@ -58,8 +62,11 @@ def retry_after(value: str | None, bound: float, now: float | None = None) -> fl
 def line(method: str, where: str, response: Response) -> str:
     """``POST payments:/hooks -> 503 Service Unavailable in 12 ms from 10.0.0.5; body: ...``"""
     body = excerpt(response.body, response.truncated)
+    reason = response.reason
+    if len(reason) > MAX_REASON:
+        reason = reason[:MAX_REASON] + "..."
     return (
-        f"{method} {where} -> {response.status} {response.reason} in "
+        f"{method} {where} -> {response.status} {reason} in "
         f"{response.seconds * 1000:.0f} ms from {response.address}"
         + (f"; body: {body}" if body else "")
     )
@@ -91,7 +98,8 @@ def judge(
             "truncated": response.truncated,
         }
     if 300 <= status < 400:
-        location = response.headers.get("location", "(none)")
+        # The receiver's URL, shown as ours are: no password, no ?token= value.
+        location = without_userinfo(response.headers.get("location", "(none)"))
         raise GiveUp(f"{text}; a redirect is not followed (Location: {location[:500]})")
     if status >= 500 or status in retry_statuses:
         after = retry_after(response.headers.get("retry-after"), retry_after_max)

@@ -19,7 +19,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from ..exceptions import InvalidSchedule
 from ..redact import url_problem, without_userinfo
@@ -109,11 +109,21 @@ def parse_url(url: object) -> Target:
         raise Refused(f"the URL {shown!r} has a fragment (#...), which is never sent", "url")
     if port == 0:
         raise Refused(f"the URL {shown!r} has port 0", "url")
-    host = normalise_host(parts.hostname or "", shown)
+    host = host_of(parts, shown)
     target = parts.path or "/"
     if parts.query or url.endswith("?"):
         target += "?" + parts.query
     return Target(scheme, host, port or SCHEMES[scheme], target)
+
+
+def host_of(parts: SplitResult, context: str) -> str:
+    """The normalised host of a split URL. Brackets hold an IPv6 address only: ``urlsplit``
+    also takes RFC 3986's IPvFuture (``[v1.name]``) and strips the brackets, which would
+    leave a host name that no other URL parser reads there."""
+    host = parts.hostname or ""
+    if parts.netloc.rpartition("@")[2].startswith("[") and ":" not in host:
+        raise Refused(f"{context!r}: [{host}] is not an IPv6 address", "url")
+    return normalise_host(host, context)
 
 
 def normalise_host(host: str, context: str) -> str:
@@ -184,7 +194,7 @@ def parse_allowed_host(entry: object) -> AllowedHost:
         port = parts.port
         if parts.path or parts.query or parts.fragment or "@" in parts.netloc or port == 0:
             raise ValueError("not a host")
-        host = normalise_host(parts.hostname or "", entry)
+        host = host_of(parts, entry)
     except ValueError:
         raise ValueError(
             f"{entry!r} is not a host name, *.wildcard or address with an optional :port"

@@ -132,9 +132,13 @@ def verify(
     if not _TIMESTAMP.fullmatch(stamp):
         raise InvalidSignature("the webhook-timestamp header is not Unix seconds")
     skew = (time.time() if now is None else now) - int(stamp)
-    if abs(skew) > tolerance:
+    # Not "abs(skew) > tolerance": a NaN (tolerance or now) makes every comparison false,
+    # and that test would then accept a timestamp of any age, a replay of any request.
+    if not abs(skew) <= tolerance:
         direction = "old" if skew > 0 else "far in the future"
-        raise InvalidSignature(f"the webhook-timestamp is too {direction} ({skew:+.0f} s)")
+        raise InvalidSignature(
+            f"the webhook-timestamp is too {direction} ({skew:+.0f} s; tolerance {tolerance:g} s)"
+        )
     signed = f"{msg_id}.{stamp}.".encode() + body
     expected = [hmac.new(key, signed, hashlib.sha256).digest() for key in keys]
     for candidate in _signatures(given):
