@@ -476,7 +476,9 @@ class WorkerProcess:
         shards are tried in turn, starting one further at each claim from that queue in
         this process, so none of them starves; the ids are settled in the shard they came from.
 
-        A shard whose master is unreachable (a Cluster failing over) is passed over; the
+        A shard whose master is unreachable (a Cluster failing over) is passed over, and
+        the shards of a master that just failed to answer are for ``SKIP_SECONDS`` (the
+        promoter's breaker: a frozen master costs each call the client's timeout); the
         error is raised only if no other shard had ids, so the rest keep being served. A
         shard with a key of the wrong type is passed over and reported (``BrokenKeys``).
         """
@@ -487,7 +489,8 @@ class WorkerProcess:
             start = next(self.turns[queue]) % len(shards)
             for shard in shards[start:] + shards[:start]:
                 try:
-                    ids = self.engine.claim(shard, count, self.lease_ms)
+                    with self.promoter.breaker.guard(shard):  # a frozen master: passed over
+                        ids = self.engine.claim(shard, count, self.lease_ms)
                 except WrongType as exc:  # that shard alone: no outage, no backoff
                     self.broken.report(shard, exc)
                     continue

@@ -234,6 +234,42 @@ def test_while_a_master_is_frozen_the_promoter_keeps_the_pace_of_the_others(lone
         engine.close()
 
 
+def test_while_a_master_is_frozen_the_workers_claim_from_the_others(lonely_cluster, engine):
+    """The worker threads' claims went to every shard in turn, the frozen master's too:
+    each claim that met one of its shards waited out the client's timeout and its retry,
+    so the healthy shards' due jobs were claimed seconds late, claim after claim, until
+    the failover. The claims pass over that master as the promoter does."""
+    shards = engine.shards("q")
+    directory = engine.client.get_node_from_key(engine.queues_key).name
+    victim = next(n for n in (master_of(lonely_cluster, engine, s) for s in shards)
+                  if n.address != directory)  # fmt: skip
+    healthy = [s for s in shards if master_of(lonely_cluster, engine, s) is not victim]
+    frozen = [s for s in shards if s not in healthy]
+    due = engine.server_time_ms()
+    for shard in shards:  # due now: in ready at once
+        engine.add(shard, {f"{shard}-{n}": due for n in range(8)})
+    process = WorkerProcess(engine, Options(queues=["q"], tick=0.1))
+    process.prefetch = 1  # a claim per job: many claims, each meeting the shards in turn
+    assert victim.process is not None
+    victim.process.send_signal(signal.SIGSTOP)
+    try:
+        breaker = process.promoter.breaker  # the process's: shared by its threads
+        with contextlib.suppress(EngineUnavailable), breaker.guard(frozen[0]):
+            engine.claim(frozen[0], 1, 60_000)  # one claim meets the frozen master
+        claimed: list[str] = []
+        started = time.monotonic()
+        while len(claimed) < 8 * len(healthy):
+            with contextlib.suppress(EngineUnavailable):
+                found = process.claim(["q"])
+                claimed += found[1] if found else []
+            assert time.monotonic() - started < 60
+        took = time.monotonic() - started
+    finally:
+        victim.process.send_signal(signal.SIGCONT)
+    assert sorted(claimed) == sorted(f"{s}-{n}" for s in healthy for n in range(8))
+    assert took < 1.5, f"{len(claimed)} ids claimed in {took:.1f} s"
+
+
 def frozen_master_passed_over(lonely_cluster: EmbeddedCluster, engine: Engine) -> None:
     """The test above with the client ``get_engine`` uses (its timeouts and one retry)."""
     shards = engine.shards("q")
