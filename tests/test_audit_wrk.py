@@ -119,8 +119,9 @@ def test_a_worker_exiting_at_once_removes_its_heartbeat(redis_client, redis_url,
     worker = start_worker(redis_url, log=tmp_path / "w.log")
     try:
         wait_for(lambda: live_workers() == 1)
-        job = schedule(tasks.slow, in_=0, args=["interrupted", 30.0])
-        wait_for(lambda: running(job))
+        marker = tmp_path / "started"
+        job = schedule(tasks.mark_then_sleep, in_=0, args=[str(marker), 30.0])
+        wait_for(marker.exists)  # in the action: its frame is in the traceback
         for n, signum in enumerate(signals):
             worker.send_signal(signum)
             if n < len(signals) - 1:  # two at once would be one (pending signals merge)
@@ -131,7 +132,7 @@ def test_a_worker_exiting_at_once_removes_its_heartbeat(redis_client, redis_url,
     assert live_workers() == 0
     assert running(job)  # its transaction died with the process; delivered again later
     if signals == (signal.SIGQUIT,):
-        assert "in slow" in (tmp_path / "w.log").read_text()  # the action's frame
+        assert "in mark_then_sleep" in (tmp_path / "w.log").read_text()  # the action's frame
 
 
 def test_exiting_at_once_does_not_wait_for_a_frozen_redis(tmp_path):

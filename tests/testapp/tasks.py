@@ -36,6 +36,15 @@ def slow(label: str, seconds: float) -> None:
 
 
 @delayable
+def mark_then_sleep(path: str, seconds: float) -> None:
+    """Create the file ``path`` (seen by a test in another process at once, unlike a row
+    of this uncommitted transaction), then sleep: the action is under way."""
+    with open(path, "x"):
+        pass
+    time.sleep(seconds)
+
+
+@delayable
 def slow_in_a_thread(label: str, seconds: float) -> None:
     """Wait for a ThreadPoolExecutor's thread: at exit Python joins such threads (it
     registers that with ``threading``), so one keeps its process alive until it ends."""
