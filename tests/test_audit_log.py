@@ -3,10 +3,15 @@ or ANSI escapes, or show a secret that redis-py would read from a URL."""
 
 from __future__ import annotations
 
-import pytest
+import logging
 
+import pytest
+from django.core.management import call_command
+
+from django_delayjobs import schedule
 from django_delayjobs.connection import cluster_url_problem
 from django_delayjobs.redact import without_userinfo
+from tests.testapp import tasks
 
 SECRET = "s3cret"
 
@@ -30,3 +35,19 @@ def test_a_cluster_url_problem_shows_no_percent_encoded_password():
     problem = cluster_url_problem("redis://h:6379/1?pass%77ord=s3cret")
     assert problem is not None and "database other than 0" in problem
     assert SECRET not in problem
+
+
+FORGED = "\x1b[2K\r2026-01-01 00:00:00,000 WARNING django_delayjobs.worker: job x: succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failure_message_cannot_forge_a_worker_log_line(caplog):
+    schedule(tasks.fail, args=[f"boom{FORGED}\u2028{FORGED}"], in_=0, max_attempts=1)
+    caplog.set_level(logging.INFO, logger="django_delayjobs")
+    call_command("run_delayworker", "--burst", "-v", "0")
+    text = logging.Formatter("%(levelname)s %(name)s: %(message)s")
+    lines = [text.format(r) for r in caplog.records if r.name.startswith("django_delayjobs")]
+    dead = [line for line in lines if ": dead (" in line]
+    assert len(dead) == 1
+    assert dead[0].isprintable()  # no ESC, CR, LF or line separator
+    assert "boom\\x1b[2K)" in dead[0]  # shown escaped, not dropped
