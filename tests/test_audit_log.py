@@ -8,9 +8,11 @@ import logging
 import pytest
 from django.core.management import call_command
 
-from django_delayjobs import schedule
+from django_delayjobs import schedule, schedule_http
+from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.connection import cluster_url_problem
 from django_delayjobs.redact import without_userinfo
+from tests.callback_server import Reply
 from tests.testapp import tasks
 
 SECRET = "s3cret"
@@ -51,3 +53,25 @@ def test_a_failure_message_cannot_forge_a_worker_log_line(caplog):
     assert len(dead) == 1
     assert dead[0].isprintable()  # no ESC, CR, LF or line separator
     assert "boom\\x1b[2K)" in dead[0]  # shown escaped, not dropped
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_callback_urls_token_reaches_neither_the_log_nor_the_history(
+    settings, redis_client, callback_server, caplog
+):
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [callback_server.netloc],
+        "HTTP_ALLOW_PRIVATE_NETWORKS": True,  # the server is on 127.0.0.1
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+    }
+    callback_server.script("/hook", Reply(404, b"no"))
+    job = schedule_http(callback_server.url("/hook?token=s3cret"), json={}, in_=0)
+    caplog.set_level(logging.INFO, logger="django_delayjobs")
+    call_command("run_delayworker", "--burst", "-v", "0")
+    job.refresh_from_db()
+    assert job.status == "dead" and "?token=***" in job.last_error
+    assert [r.path for r in callback_server.requests] == ["/hook?token=s3cret"]  # as given
+    dead = [r.getMessage() for r in caplog.records if ": dead (" in r.getMessage()]
+    assert len(dead) == 1 and "?token=***" in dead[0]
+    assert SECRET not in caplog.text and SECRET not in job.last_error
