@@ -10,6 +10,7 @@ from django.core.management import call_command
 
 from django_delayjobs import schedule, schedule_http
 from django_delayjobs.callbacks.signing import new_secret
+from django_delayjobs.conf import describe, validate
 from django_delayjobs.connection import cluster_url_problem
 from django_delayjobs.redact import without_userinfo
 from tests.callback_server import Reply
@@ -75,3 +76,19 @@ def test_a_callback_urls_token_reaches_neither_the_log_nor_the_history(
     dead = [r.getMessage() for r in caplog.records if ": dead (" in r.getMessage()]
     assert len(dead) == 1 and "?token=***" in dead[0]
     assert SECRET not in caplog.text and SECRET not in job.last_error
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"REDIS_URL": b"redis://:s3cret@redis.internal:6379/0"},  # bytes from os.environb
+        {"HTTP_SIGNING_SECRETS": "whsec_s3cretS3CRETs3cretS3CRETs3cretS3CRET"},  # not a list
+        {"METRICS_TOKEN": b"s3cret-s3cret-s3cret"},
+        {"HTTP_DESTINATIONS": [{"Authorization": "s3cret"}]},
+    ],
+)
+def test_a_secret_setting_of_the_wrong_type_is_not_shown_in_its_problem(setting):
+    loaded, problems = validate(setting)
+    assert loaded is None and len(problems) == 1
+    message = describe(problems[0])
+    assert "must be" in message and SECRET not in message
