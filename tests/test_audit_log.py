@@ -4,6 +4,7 @@ or ANSI escapes, or show a secret that redis-py would read from a URL."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from django.core.management import call_command
@@ -32,6 +33,14 @@ SECRET = "s3cret"
 )
 def test_a_credential_query_value_is_masked_whatever_its_name_is_spelled(url):
     assert SECRET not in without_userinfo(url)
+
+
+@pytest.mark.parametrize("hostile", ["?" * 200_000, "?a" * 100_000, "a:" * 100_000 + "@"])
+def test_masking_a_huge_hostile_value_takes_linear_time(hostile):
+    started = time.perf_counter()
+    shown = without_userinfo(hostile + "&token=s3cret")
+    assert time.perf_counter() - started < 1.0  # linear: ~20 ms; quadratic: minutes
+    assert SECRET not in shown
 
 
 def test_a_cluster_url_problem_shows_no_percent_encoded_password():
