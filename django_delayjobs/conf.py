@@ -33,11 +33,14 @@ def setting(
     check: Validator | None = None,
     factory: Callable[[], Any] | None = None,
     kind: str | None = None,
+    secret: bool = False,
 ) -> Any:
     """A field of ``Settings``: a default, inclusive bounds, and an extra value check that
     raises ``TypeError``/``ValueError``/``ImproperlyConfigured`` with a message. ``kind``
-    names the system check id family of its problems (default: from the type)."""
-    metadata = {"low": low, "high": high, "check": check, "kind": kind}
+    names the system check id family of its problems (default: from the type). A
+    ``secret`` one's problems name the type of a wrong value, never the value (a check
+    or a start-up error is printed, and logged)."""
+    metadata = {"low": low, "high": high, "check": check, "kind": kind, "secret": secret}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -86,7 +89,7 @@ def _http(check: Validator, default: Any = MISSING, **kwargs: Any) -> Any:
 class Settings:
     """Every ``DELAYJOBS`` setting with its type, default and bounds (docs/settings.md)."""
 
-    REDIS_URL: str = "redis://localhost:6379/0"
+    REDIS_URL: str = setting("redis://localhost:6379/0", secret=True)  # its password
     CACHE_ALIAS: str | None = None
     #: A Redis Cluster: REDIS_URL names any one node (a seed); the client finds the rest.
     REDIS_CLUSTER: bool = False
@@ -117,7 +120,7 @@ class Settings:
     MAX_JSON_BYTES: int = setting(1 << 20, 1024, 1 << 26)
     REFUSE_EVICTING_REDIS: bool = False
     #: The bearer token that opens the ``metrics/`` view (None: staff sessions only).
-    METRICS_TOKEN: str | None = setting(None, check=_token, kind="type")
+    METRICS_TOKEN: str | None = setting(None, check=_token, kind="type", secret=True)
     #: Hours of per-minute counts kept in Redis for the admin's charts.
     METRICS_HISTORY_HOURS: int = setting(3, 1, 48)
     #: Actions with series of their own (an ``action`` label); bounded, so opt-in.
@@ -133,8 +136,9 @@ class Settings:
     # -- HTTP callbacks (docs/callbacks.md) --
     HTTP_ALLOWED_HOSTS: Sequence[str] = _http(http.allowed_hosts, factory=list)
     HTTP_ALLOW_PRIVATE_NETWORKS: bool = False
-    HTTP_SIGNING_SECRETS: Sequence[str] = _http(http.signing_secrets, factory=list)
-    HTTP_DESTINATIONS: Mapping[str, Any] = _http(http.destinations, factory=dict)
+    HTTP_SIGNING_SECRETS: Sequence[str] = _http(http.signing_secrets, factory=list, secret=True)
+    # Its headers (Authorization...) and signing secrets.
+    HTTP_DESTINATIONS: Mapping[str, Any] = _http(http.destinations, factory=dict, secret=True)
     HTTP_CA_BUNDLE: str | None = _http(http.ca_bundle, None)
     HTTP_CONNECT_TIMEOUT_SECONDS: float = setting(5.0, 0.01, 300)
     HTTP_READ_TIMEOUT_SECONDS: float = setting(10.0, 0.01, 3600)
@@ -208,14 +212,15 @@ def _field_problem(name: str, value: Any) -> Problem | None:
     hint = _HINTS[name]
     kind = _kind(hint, spec.metadata)
     wrong = _type_error(value, hint)
+    shown = f"a {type(value).__name__}" if spec.metadata.get("secret") else short_repr(value)
     if wrong is not None:
-        return Problem(name, f"must be {wrong}, not {short_repr(value)}", kind)
+        return Problem(name, f"must be {wrong}, not {shown}", kind)
     low, high = spec.metadata.get("low"), spec.metadata.get("high")
     # None: an optional setting switched off.
     if value is not None and (
         (low is not None and value < low) or (high is not None and value > high)
     ):
-        return Problem(name, f"must be from {low} to {high}, not {short_repr(value)}", kind)
+        return Problem(name, f"must be from {low} to {high}, not {shown}", kind)
     check = spec.metadata.get("check")
     if check is not None:
         try:

@@ -48,7 +48,7 @@ from django.utils import timezone
 from . import serialization, signals, sql
 from .conf import delayjobs_settings
 from .exceptions import GiveUp, Retry, TimeLimitExceeded, UnknownAction
-from .logs import job_fields
+from .logs import job_fields, one_line
 from .models import ACTIVE, EventKind, Job, Status
 from .outcomes import Outcome, Result, after_failure
 from .registry import resolve
@@ -689,8 +689,8 @@ class Execution:
         # One line per delivery at INFO: the worker's loop warns once per outage, with why
         # (a database that stays away, or read-only, would warn for every job every second).
         fields = job_fields(self.job_id, self.queue, self.job, "handed_back")
-        logger.info("job %s: the database is unavailable (%s); handed back", self.job_id, why,
-                    extra=fields)  # fmt: skip
+        logger.info("job %s: the database is unavailable (%s); handed back", self.job_id,
+                    one_line(why), extra=fields)  # fmt: skip
         return Result(Outcome.HANDED_BACK, self.job, error=why,
                       retry_at=timezone.now() + HAND_BACK_DELAY)  # fmt: skip
 

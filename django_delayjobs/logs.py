@@ -9,6 +9,10 @@ the record is about a job, the fields of ``JOB_FIELDS`` that the worker passes w
 ``extra=`` (see ``job_fields``). Whatever a value is (a message with newlines, an object
 that cannot be turned into JSON or even into a string, a NaN), the line is valid JSON:
 the output is ASCII, with every control character escaped.
+
+A text line is one line too: the worker passes every text it did not write itself (an
+action's error, a database's message) through ``one_line``, so that no CR, LF or ANSI
+escape in it can end the line or forge one that reads like the worker's own.
 """
 
 from __future__ import annotations
@@ -37,6 +41,15 @@ def _plain(value: Any) -> Any:
         return str(value)
     except Exception:
         return f"<unprintable {type(value).__name__}>"
+
+
+def one_line(text: str) -> str:
+    """``text`` fit for one text log line: each character that is not printable (control
+    characters, so CR, LF and the ESC of ANSI sequences; line separators; lone surrogates,
+    which a UTF-8 log file cannot encode; bidi controls) written as ``repr`` writes it."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class JsonFormatter(logging.Formatter):

@@ -25,7 +25,7 @@ from . import metrics, signals, sql, timing
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, queue_of
 from .exceptions import GiveUp, Retry
-from .logs import job_fields
+from .logs import job_fields, one_line
 
 if TYPE_CHECKING:
     from .models import Job
@@ -235,7 +235,7 @@ def log_outcome(queue: str, job_id: str, result: Result) -> None:
     if not logger.isEnabledFor(level):
         return
     # The first line: for a failure, the raised exception's class and message (execution.describe).
-    why = result.error.strip().splitlines()[0] if result.error.strip() else ""
+    why = one_line(result.error.strip().splitlines()[0]) if result.error.strip() else ""
     fields = job_fields(job_id, queue, result.job, result.outcome.value)
     if why:
         logger.log(level, "job %s: %s (%s)", job_id, result.outcome.value, why, extra=fields)

@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 # [scheme "://"] authority: the authority runs to the first "/", "?" or "#" (RFC 3986 3.2);
 # its user information is everything before its last "@".
 _AUTHORITY = re.compile(r"^(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?(?P<authority>[^/?#]*)")
-# Query parameters that carry credentials (redis-py reads ?password=, webhooks ?token=).
-_SECRET_QUERY = re.compile(
-    r"(?i)([?&;](?:password|passwd|pwd|pass|secret|token|access_token|api_?key|auth|sig|"
-    r"signature)=)[^&;#]*"
-)
+# A query (or fragment) parameter: its separator, name and value. Its name is read as
+# redis-py and web frameworks read it, percent-decoded ("pass%77ord" is "password"), and it
+# is secret when any part of it names a credential (client_secret, x-api-key...).
+_PARAMETER = re.compile(r"(?P<head>[?&;#](?P<name>[^=?&;#]*)=)[^&;#]*")
+_SECRET_NAME = re.compile(r"(?i)pass|pwd|secret|token|key|auth|sig|cred")
+
+
+def _mask_parameter(found: re.Match[str]) -> str:
+    secret = _SECRET_NAME.search(unquote_plus(found["name"]))
+    return f"{found['head']}***" if secret else found[0]
 
 
 def without_userinfo(url: str) -> str:
     """``url`` with the user information of its authority (``user:password@``) replaced
-    by ``***``, and the values of query parameters named like credentials
-    (``?password=``, ``?token=``...) too, so that no message, check or log line shows a
-    password. Works on any text, parseable or not: a password holding an unencoded ``/``,
-    ``?`` or ``#`` (which ends the authority early) is masked up to the last ``@``."""
-    shown = _SECRET_QUERY.sub(r"\1***", url)
+    by ``***``, and the values of query (and fragment) parameters whose name, decoded,
+    holds a credential's (``?password=``, ``?pass%77ord=``, ``?client_secret=``...) too,
+    so that no message, check or log line shows a password. Works on any text, parseable
+    or not: a password holding an unencoded ``/``, ``?`` or ``#`` (which ends the
+    authority early) is masked up to the last ``@``."""
+    shown = _PARAMETER.sub(_mask_parameter, url)
     found = _AUTHORITY.match(shown)
     assert found is not None  # every part may be empty
     authority = found["authority"]

@@ -29,6 +29,7 @@ from django.db.models.query import ModelIterable
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from .logs import one_line
 from .models import Job
 
 logger = logging.getLogger("django_delayjobs")
@@ -91,7 +92,7 @@ class TolerantIterable(ModelIterable):  # type: ignore[type-arg]
         except POISON as exc:
             logger.warning(
                 "a job row cannot be read (%s: %s); reading the rest value by value",
-                type(exc).__name__, _text(str(exc)),
+                type(exc).__name__, one_line(_text(str(exc))),
             )  # fmt: skip
             yield from itertools.islice(self._value_by_value(), done, None)
 

@@ -68,8 +68,12 @@ class CallbackRequest:
 
     @property
     def where(self) -> str:
-        """The URL, or ``destination:path`` for a named destination (what the admin shows)."""
-        return self.url if self.url is not None else f"{self.destination}:{self.path}"
+        """The URL, or ``destination:path`` for a named destination (what the admin shows,
+        and the history and the worker's log lines write), a ``?token=`` in it masked."""
+        if self.url is not None:
+            return without_userinfo(self.url)
+        path = self.path if self.path is None else without_userinfo(self.path)
+        return f"{self.destination}:{path}"
 
     def body_bytes(self) -> bytes:
         return b"" if self.body is None else self.body.encode()
