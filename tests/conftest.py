@@ -112,7 +112,8 @@ def _no_worker_thread_outlives_its_test() -> Iterator[None]:
     deadline = time.monotonic() + 10
     for thread in set(threading.enumerate()) - before:
         if thread.name.startswith(("delayjobs-worker", "delayjobs-promoter",
-                                   "delayjobs-reconcile", "delayjobs-housekeeping")):  # fmt: skip
+                                   "delayjobs-reconcile", "delayjobs-housekeeping",
+                                   "delayjobs-metrics", "delayjobs-overrun")):  # fmt: skip
             thread.join(max(0.0, deadline - time.monotonic()))
             assert not thread.is_alive(), f"thread {thread.name} outlived its test"
 
