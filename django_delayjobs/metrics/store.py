@@ -9,6 +9,7 @@ reset that a Redis which lost its data brings).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -32,7 +33,19 @@ def minute_key(engine: Engine, queue: str, minute: int) -> str:
 
 
 def _fields(raw: Mapping[bytes, bytes]) -> Fields:
-    return {k.decode(): float(v) for k, v in raw.items()}
+    """A metrics hash's fields. The recorder writes only finite numbers under UTF-8 names,
+    but another program may write anything: such a field is left out, as the engine's
+    reader leaves out a counter that is not an integer, so that one odd field does not
+    make every scrape and chart fail."""
+    found: Fields = {}
+    for name, value in raw.items():
+        try:
+            number = float(value)
+            if math.isfinite(number):
+                found[name.decode()] = number
+        except ValueError:  # UnicodeDecodeError included
+            continue
+    return found
 
 
 #: Increments by (queue, minute or None for the totals), then field.

@@ -1,0 +1,61 @@
+"""Audit of the metrics and health: values in Redis that no worker or script wrote, the
+worker's metrics port against a client that trickles its request, and the worker's
+housekeeping when only its metrics flush fails. Real servers only (the suite's Redis, the
+test database)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+from django.test import Client
+
+from django_delayjobs.connection import get_engine
+from django_delayjobs.metrics import history, store
+from django_delayjobs.metrics.recorder import Recorder
+from django_delayjobs.outcomes import Outcome
+from tests.test_metrics import TOKEN, get, parser, result
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def token(settings):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": TOKEN}
+
+
+def scrape() -> dict[tuple[str, str], float]:
+    """``delayjobs_jobs_total`` by (queue, outcome), through the view, with the token;
+    every sample of the scrape is a finite number."""
+    response = get(Client(), TOKEN)
+    assert response.status_code == 200, response.content[:200]
+    families = list(parser.text_string_to_metric_families(response.content.decode()))
+    assert all(math.isfinite(s.value) for f in families for s in f.samples)
+    return {(s.labels["queue"], s.labels["outcome"]): s.value
+            for f in families if f.name == "delayjobs_jobs" for s in f.samples}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("jobs:dead", b"many"), ("jobs:dead", b"inf"), ("jobs:dead", b"1e400"),
+     ("run:sum", b"nan"), (b"\xff\xfe", b"1")],
+)  # fmt: skip
+def test_a_metrics_field_no_worker_wrote_is_left_out_not_a_500(token, redis_client, field, value):
+    """A queue's metrics hash with a field another program wrote (a value that is not a
+    finite number, a name that is not UTF-8) made every scrape a 500 (the view; a
+    traceback on the worker's port) and the admin's charts a 500: one odd field is left
+    out now, as the engine's reader leaves out a counter that is not an integer."""
+    engine = get_engine()
+    recorder = Recorder()
+    now = time.time()
+    recorder.record("default", result(Outcome.SUCCEEDED), now=now)
+    recorder.flush(engine, ["default"], now=now)
+    minute = int(now // 60)
+    for key in (store.totals_key(engine, "default"), store.minute_key(engine, "default", minute)):
+        redis_client.hset(key, field, value)
+    jobs = scrape()
+    assert jobs[("default", "succeeded")] == 1 and jobs[("default", "dead")] == 0
+    (found,) = history.read(engine, ["default"], 1, now=minute)
+    assert found.jobs.get("succeeded") == 1 and "dead" not in found.jobs
+    assert found.started == 1 and math.isfinite(found.quantile(0.5) or 0)
