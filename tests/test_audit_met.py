@@ -6,6 +6,7 @@ test database)."""
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import pytest
@@ -15,6 +16,8 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.metrics import history, store
 from django_delayjobs.metrics.recorder import Recorder
 from django_delayjobs.outcomes import Outcome
+from django_delayjobs.worker import Options, WorkerProcess
+from tests.helpers import wait_for
 from tests.test_metrics import TOKEN, get, parser, result
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,3 +62,46 @@ def test_a_metrics_field_no_worker_wrote_is_left_out_not_a_500(token, redis_clie
     (found,) = history.read(engine, ["default"], 1, now=minute)
     assert found.jobs.get("succeeded") == 1 and "dead" not in found.jobs
     assert found.started == 1 and math.isfinite(found.quantile(0.5) or 0)
+
+
+class Running:
+    """A worker process run in a thread of this one; ``error`` is what ``run`` raised."""
+
+    def __init__(self, **options: object) -> None:
+        self.process = WorkerProcess(get_engine(), Options(queues=["default"], **options))
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self) -> None:
+        try:
+            self.process.run()
+        except BaseException as exc:  # WorkerDied: reported by the test, not by pytest
+            self.error = exc
+
+    def __enter__(self) -> Running:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.stop()
+        self.thread.join(10)
+
+
+def snapshot_taken(engine, queue: str) -> bool:
+    minute = int(time.time() // 60)
+    found = store.minutes(engine, queue, minute - 1, minute)
+    return any("snap:added" in fields for fields in found.values())
+
+
+def test_an_engine_counter_no_script_wrote_does_not_kill_the_worker(redis_client):
+    """The worker's metrics flush snapshots the engine's ``added``/``removed`` counters
+    once a minute; a counter another program set to a value that is not an integer made
+    it raise ValueError, which killed the housekeeping thread: the worker exited 1, and
+    again each time it was restarted. The engine's reader leaves such a counter out (the
+    queue page, health/ and metrics/ read it as 0); so does the snapshot now."""
+    engine = get_engine()
+    redis_client.hset(engine.keys("default").counters, "added", "many")
+    with Running(tick=0.1) as worker:
+        wait_for(lambda: worker.error is not None or snapshot_taken(engine, "default"))
+    assert worker.error is None
+    assert worker.process.fatal is None

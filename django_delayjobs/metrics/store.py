@@ -93,7 +93,17 @@ def _counters(engine: Engine, queue: str) -> list[int]:
         return cast(list[Any], pipe.execute())
 
     per_shard = guarded(run)
-    return [sum(int(v or 0) for v in column) for column in zip(*per_shard, strict=True)]
+    return [sum(_count(v) for v in column) for column in zip(*per_shard, strict=True)]
+
+
+def _count(value: bytes | None) -> int:
+    """A counter's value; 0 for one that is not an integer (another program's), as the
+    engine's reader (``stats``) leaves it out: a ValueError here would end the flush, and
+    with it the worker's housekeeping thread."""
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
 
 
 def _write_queue(
