@@ -6,6 +6,8 @@ test database)."""
 from __future__ import annotations
 
 import math
+import select
+import socket
 import threading
 import time
 
@@ -105,3 +107,35 @@ def test_an_engine_counter_no_script_wrote_does_not_kill_the_worker(redis_client
         wait_for(lambda: worker.error is not None or snapshot_taken(engine, "default"))
     assert worker.error is None
     assert worker.process.fatal is None
+
+
+def test_a_client_that_trickles_its_request_is_dropped_from_the_workers_metrics_port(
+    monkeypatch,
+):
+    """The port dropped a client that sent nothing for REQUEST_TIMEOUT_SECONDS, but the
+    timeout was per read: a client sending a byte a little more often than that held its
+    connection (one of the MAX_CONNECTIONS) for as long as it liked, so eight of them shut
+    every scraper out. The whole request must come within the timeout."""
+    from django_delayjobs.metrics import server as metrics_server
+
+    monkeypatch.setattr(metrics_server, "REQUEST_TIMEOUT_SECONDS", 0.5)
+    srv = metrics_server.MetricsServer("127.0.0.1", 0).start()
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as sock:
+            start = time.monotonic()
+            closed = False
+            for byte in b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"x" * 100:
+                if time.monotonic() - start > 2.0:
+                    break
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:  # reset by the server
+                    closed = True
+                    break
+                if select.select([sock], [], [], 0.1)[0]:  # the server's answer, or its EOF
+                    closed = True
+                    break
+            elapsed = time.monotonic() - start
+        assert closed and elapsed < 2.0, f"still open after {elapsed:.1f} s"
+    finally:
+        srv.close()
