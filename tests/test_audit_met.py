@@ -14,6 +14,7 @@ import time
 import pytest
 from django.test import Client
 
+from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.metrics import history, store
 from django_delayjobs.metrics.recorder import Recorder
@@ -21,6 +22,7 @@ from django_delayjobs.outcomes import Outcome
 from django_delayjobs.worker import Options, WorkerProcess
 from tests.helpers import wait_for
 from tests.test_metrics import TOKEN, get, parser, result
+from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -139,3 +141,27 @@ def test_a_client_that_trickles_its_request_is_dropped_from_the_workers_metrics_
         assert closed and elapsed < 2.0, f"still open after {elapsed:.1f} s"
     finally:
         srv.close()
+
+
+@pytest.mark.slow
+def test_a_failing_metrics_flush_does_not_let_the_workers_heartbeat_lapse(settings, redis_client):
+    """The housekeeping thread extends leases, beats and flushes the metrics in one loop,
+    which backs off up to 5 s after a Redis error. A metrics key of the wrong type (another
+    program's) fails every flush while Redis serves everything else, and the backoff held
+    up the heartbeats (and lease extensions) due meanwhile: with HEARTBEAT_SECONDS = 1.1 a
+    live worker dropped out of ``delayjobs_workers`` and failed ``health/`` within 10 s
+    (with a LEASE_SECONDS under 15, its running jobs' leases could lapse too). A pause
+    after an error never outlasts the time to the next lease extension and heartbeat.
+    (Watched for 10 s: the backoff doubles from 0.2 s at each failed flush.)"""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HEARTBEAT_SECONDS": 1.1}  # live for 3.3 s
+    engine = get_engine()
+    redis_client.set(store.totals_key(engine, "default"), "another program's")
+    job = schedule(tasks.record, in_=0, args=["ran"])  # its count can never be written
+    with Running(tick=0.1) as worker:
+        wait_for(lambda: engine.stats("default").live_workers == 1)
+        wait_for(lambda: type(job).objects.get(pk=job.pk).status == "succeeded")
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            assert engine.stats("default").live_workers == 1
+            time.sleep(0.05)
+    assert worker.error is None
