@@ -12,7 +12,9 @@ import threading
 import time
 
 import pytest
+from django.contrib.auth.models import User
 from django.test import Client
+from django.urls import reverse
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
@@ -165,3 +167,34 @@ def test_a_failing_metrics_flush_does_not_let_the_workers_heartbeat_lapse(settin
             assert engine.stats("default").live_workers == 1
             time.sleep(0.05)
     assert worker.error is None
+
+
+def test_metrics_and_charts_read_a_client_that_decodes_its_replies(settings, redis_url):
+    """The engine takes a client that answers str (a django-redis cache whose pool has
+    ``decode_responses``; its readers accept bytes or str), but the metrics read every
+    reply as bytes: each scrape was a 500 (``'str' object has no attribute 'decode'``),
+    and so were the admin's queue page, whose charts read the same hashes, and
+    ``health/`` while a job was ready (its due time is read as the metrics read it)."""
+    settings.CACHES = {
+        **settings.CACHES,
+        "jobs": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_url,
+                 "OPTIONS": {"CONNECTION_POOL_KWARGS": {"decode_responses": True}}},
+    }  # fmt: skip
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "jobs", "METRICS_TOKEN": TOKEN}
+    engine = get_engine()
+    schedule(tasks.record, in_=0, args=["waits"])  # ready: its due time is read from its row
+    assert engine.stats("default").ready == 1
+    recorder = Recorder()
+    now = time.time()
+    recorder.record("default", result(Outcome.SUCCEEDED), now=now)
+    recorder.flush(engine, ["default"], now=now)
+    jobs = scrape()
+    assert jobs[("default", "succeeded")] == 1 and jobs[("default", "scheduled")] == 1
+    (found,) = history.read(engine, ["default"], 1, now=int(now // 60))
+    assert found.jobs == {"succeeded": 1}
+    health = Client().get(reverse("delayjobs_health"), {"min_workers": "0"})
+    assert health.status_code == 200, health.content
+    staff = Client()
+    staff.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    page = staff.get(reverse("admin:django_delayjobs_queues"))
+    assert page.status_code == 200 and b"<svg" in page.content

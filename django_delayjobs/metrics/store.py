@@ -32,17 +32,18 @@ def minute_key(engine: Engine, queue: str, minute: int) -> str:
     return f"{totals_key(engine, queue)}:{minute}"
 
 
-def _fields(raw: Mapping[bytes, bytes]) -> Fields:
-    """A metrics hash's fields. The recorder writes only finite numbers under UTF-8 names,
-    but another program may write anything: such a field is left out, as the engine's
-    reader leaves out a counter that is not an integer, so that one odd field does not
-    make every scrape and chart fail."""
+def _fields(raw: Mapping[bytes | str, bytes | str]) -> Fields:
+    """A metrics hash's fields (bytes, or str from a client that decodes its replies, as
+    the engine takes). The recorder writes only finite numbers under UTF-8 names, but
+    another program may write anything: such a field is left out, as the engine's reader
+    leaves out a counter that is not an integer, so that one odd field does not make every
+    scrape and chart fail."""
     found: Fields = {}
     for name, value in raw.items():
         try:
             number = float(value)
             if math.isfinite(number):
-                found[name.decode()] = number
+                found[name.decode() if isinstance(name, bytes) else name] = number
         except ValueError:  # UnicodeDecodeError included
             continue
     return found
