@@ -150,12 +150,12 @@ def test_a_failing_metrics_flush_does_not_let_the_workers_heartbeat_lapse(settin
     """The housekeeping thread extends leases, beats and flushes the metrics in one loop,
     which backs off up to 5 s after a Redis error. A metrics key of the wrong type (another
     program's) fails every flush while Redis serves everything else, and the backoff held
-    up the heartbeats (and lease extensions) due meanwhile: with HEARTBEAT_SECONDS = 1.1 a
+    up the heartbeats (and lease extensions) due meanwhile: with HEARTBEAT_SECONDS = 1.2 a
     live worker dropped out of ``delayjobs_workers`` and failed ``health/`` within 10 s
     (with a LEASE_SECONDS under 15, its running jobs' leases could lapse too). A pause
     after an error never outlasts the time to the next lease extension and heartbeat.
     (Watched for 10 s: the backoff doubles from 0.2 s at each failed flush.)"""
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "HEARTBEAT_SECONDS": 1.1}  # live for 3.3 s
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HEARTBEAT_SECONDS": 1.2}  # live for 3.6 s
     engine = get_engine()
     redis_client.set(store.totals_key(engine, "default"), "another program's")
     job = schedule(tasks.record, in_=0, args=["ran"])  # its count can never be written
