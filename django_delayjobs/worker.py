@@ -684,7 +684,11 @@ class WorkerProcess:
             except PartlyUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc, pause=0)
             except EngineUnavailable as exc:
-                backoff.failed("Redis is unavailable", exc)
+                # Never past the next lease extension and heartbeat: a failure of one
+                # chore (a metrics key of the wrong type fails every flush while Redis
+                # serves the rest) must not let this process's leases and beat lapse.
+                backoff.failed("Redis is unavailable", exc,
+                               pause=min(backoff.next_delay(), leases_every))  # fmt: skip
             if status_every and now - last_status >= status_every:
                 last_status = now
                 logger.info("status: %s", self.stats.line())

@@ -10,6 +10,7 @@ client that sends nothing must not hold the worker's threads and file descriptor
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import logging
 import math
@@ -89,10 +90,32 @@ def _ipv6(host: str) -> bool:
         return False
 
 
+class _Deadline(io.RawIOBase):
+    """The request's socket, read until a deadline: a timeout per read alone would let a
+    client that sends a byte now and then hold its connection for as long as it likes."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self.sock = sock
+        self.deadline = time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the client did not send its request in time")
+        self.sock.settimeout(left)  # sending the answer then gets as long as is left now
+        return self.sock.recv_into(buffer)
+
+
 class _QuietHandler(WSGIRequestHandler):
     def setup(self) -> None:
         super().setup()
-        self.connection.settimeout(REQUEST_TIMEOUT_SECONDS)  # read when it runs: tests shorten it
+        # Read when it runs: tests shorten it.
+        self.connection.settimeout(REQUEST_TIMEOUT_SECONDS)
+        self.rfile.close()  # the socket's own reader: the socket stays open
+        self.rfile = io.BufferedReader(_Deadline(self.connection, REQUEST_TIMEOUT_SECONDS))
 
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds would flood the worker's log."""

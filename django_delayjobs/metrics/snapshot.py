@@ -87,20 +87,20 @@ def oldest_overdue(engine: Engine, stats: QueueStats) -> float:
 def _ready_head_due_ms(engine: Engine, queue: str) -> float | None:
     keys = engine.keys(queue)
 
-    def head() -> list[bytes]:
-        entries = cast(list[bytes], engine.client.lrange(keys.ready, 0, READY_HEAD - 1))
+    def head() -> list[bytes | str]:  # str from a client that decodes its replies
+        entries = cast(list[bytes | str], engine.client.lrange(keys.ready, 0, READY_HEAD - 1))
         live = engine.client.smismember(keys.ready_set, entries) if entries else []
         found = [e for e, ok in zip(entries, live, strict=True) if ok]
         if found:
             return found[:1]
         # Only ids removed while ready (cancelled, rescheduled) at its head: the oldest of
         # up to READY_HEAD of its live ids, a lower bound where "nothing waits" would lie.
-        return cast(list[bytes], engine.client.srandmember(keys.ready_set, READY_HEAD))
+        return cast(list[bytes | str], engine.client.srandmember(keys.ready_set, READY_HEAD))
 
     pks = []
     for entry in guarded(head):
         try:
-            pks.append(uuid.UUID(entry.decode()))
+            pks.append(uuid.UUID(entry.decode() if isinstance(entry, bytes) else entry))
         except ValueError:
             continue  # not a job id of ours
     if not pks:

@@ -9,6 +9,7 @@ reset that a Redis which lost its data brings).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -31,8 +32,21 @@ def minute_key(engine: Engine, queue: str, minute: int) -> str:
     return f"{totals_key(engine, queue)}:{minute}"
 
 
-def _fields(raw: Mapping[bytes, bytes]) -> Fields:
-    return {k.decode(): float(v) for k, v in raw.items()}
+def _fields(raw: Mapping[bytes | str, bytes | str]) -> Fields:
+    """A metrics hash's fields (bytes, or str from a client that decodes its replies, as
+    the engine takes). The recorder writes only finite numbers under UTF-8 names, but
+    another program may write anything: such a field is left out, as the engine's reader
+    leaves out a counter that is not an integer, so that one odd field does not make every
+    scrape and chart fail."""
+    found: Fields = {}
+    for name, value in raw.items():
+        try:
+            number = float(value)
+            if math.isfinite(number):
+                found[name.decode() if isinstance(name, bytes) else name] = number
+        except ValueError:  # UnicodeDecodeError included
+            continue
+    return found
 
 
 #: Increments by (queue, minute or None for the totals), then field.
@@ -80,7 +94,17 @@ def _counters(engine: Engine, queue: str) -> list[int]:
         return cast(list[Any], pipe.execute())
 
     per_shard = guarded(run)
-    return [sum(int(v or 0) for v in column) for column in zip(*per_shard, strict=True)]
+    return [sum(_count(v) for v in column) for column in zip(*per_shard, strict=True)]
+
+
+def _count(value: bytes | None) -> int:
+    """A counter's value; 0 for one that is not an integer (another program's), as the
+    engine's reader (``stats``) leaves it out: a ValueError here would end the flush, and
+    with it the worker's housekeeping thread."""
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
 
 
 def _write_queue(
