@@ -47,6 +47,11 @@ def find_redis_server() -> str:
 
 PR_SET_PDEATHSIG = 1
 
+#: The longest unix socket path redis-server binds as given: ``sun_path`` holds 108 bytes
+#: on Linux (104 elsewhere) with the terminating NUL, and Redis cuts a longer path short
+#: without a word, binding a socket somewhere else than where clients look for it.
+MAX_SOCKET_PATH = 107 if sys.platform.startswith("linux") else 103
+
 
 def die_with_owner() -> Callable[[], None] | None:
     """A ``preexec_fn`` that has Linux SIGTERM the child when this process dies, or None.
@@ -83,6 +88,14 @@ class EmbeddedRedis:
         self.socket_path = self.directory / "redis.sock"
         self.process: subprocess.Popen[bytes] | None = None
         self._lock: int | None = None  # an open file on which this object holds flock
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
+            if self._owns_dir:
+                shutil.rmtree(self.directory, ignore_errors=True)
+            raise ValueError(
+                f"the socket path {self.socket_path} is too long for a unix socket "
+                f"({len(os.fsencode(self.socket_path))} bytes, at most {MAX_SOCKET_PATH}): "
+                "choose a shorter directory (or a shorter TMPDIR)"
+            )
 
     @property
     def url(self) -> str:
