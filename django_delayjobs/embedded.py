@@ -111,7 +111,16 @@ class EmbeddedRedis:
             return self.url
         self.directory.mkdir(parents=True, exist_ok=True)
         self._take_directory()
-        args = [
+        try:  # a missing binary, a time-out, a Ctrl-C: nothing started may run on
+            self.process = start_server(self._arguments())
+            self._wait_answers(self.process, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def _arguments(self) -> list[str]:
+        return [
             find_redis_server(),
             "--port", "0",
             "--unixsocket", str(self.socket_path),
@@ -123,15 +132,17 @@ class EmbeddedRedis:
             "--loglevel", "warning",
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
-        self.process = start_server(args)
+
+    def _wait_answers(self, process: subprocess.Popen[bytes], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not self._answers():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
-                self.stop()
+            if process.poll() is not None or time.monotonic() > deadline:
+                try:  # not there yet, if the server did not get that far
+                    log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
+                except OSError as exc:
+                    log = f"(no log: {exc})"
                 raise RuntimeError(f"redis-server did not start:\n{log}")
             time.sleep(0.02)
-        return self.url
 
     def stop(self) -> None:
         """Stop the server by pid (SIGTERM, then SIGKILL after 5 s)."""
@@ -182,7 +193,11 @@ class EmbeddedRedis:
             return False
 
     def __enter__(self) -> EmbeddedRedis:
-        self.start()
+        try:
+            self.start()
+        except BaseException:  # no __exit__ then: delete the directory here
+            self.close()
+            raise
         return self
 
     def __exit__(

@@ -43,3 +43,46 @@ def test_an_embedded_redis_in_a_temporary_directory_too_long_leaves_nothing(tmp_
     with pytest.raises(ValueError, match="shorter"):
         EmbeddedRedis()
     assert os.listdir(deep) == []
+
+
+def test_an_embedded_redis_that_exits_before_writing_its_log_releases_its_directory(tmp_path):
+    """A redis-server that exited (or a start that timed out) before the server had written
+    its log: ``start()`` raised the error of reading that log for its message
+    (FileNotFoundError, IsADirectoryError) instead of saying the server did not start, and
+    skipped ``stop()``: the directory stayed locked, refused to every later start."""
+    directory = tmp_path / "redis"
+    (directory / "redis.log").mkdir(parents=True)  # redis-server cannot open its log
+    server = EmbeddedRedis(directory)
+    with pytest.raises(RuntimeError, match="did not start"):
+        server.start()
+    assert server.process is None
+    (directory / "redis.log").rmdir()
+    again = EmbeddedRedis(directory)  # the directory is free again
+    try:
+        assert served_by(again.start()) == again.pid
+    finally:
+        again.close()
+
+
+class NeverAnswers(EmbeddedRedis):
+    """A redis-server that runs but does not answer in time (a loaded machine, say)."""
+
+    def _answers(self) -> bool:
+        return False
+
+    def start(self, timeout: float = 0.2) -> str:  # as ``with`` calls it
+        return super().start(timeout)
+
+
+def test_an_embedded_redis_that_fails_to_start_in_a_with_block_leaves_nothing(
+    tmp_path, monkeypatch
+):
+    """``with EmbeddedRedis() as server:`` whose start failed left its temporary directory
+    (with the server's log) in /tmp, ``__exit__`` not running when ``__enter__`` raises;
+    and a start that timed out before the server wrote its log left that server running."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    server = NeverAnswers()
+    with pytest.raises(RuntimeError, match="did not start"), server:
+        pass
+    assert server.process is None
+    assert os.listdir(tmp_path) == []
