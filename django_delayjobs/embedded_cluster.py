@@ -118,6 +118,9 @@ class EmbeddedCluster:
         self.nodes = [Node(base + i, self.directory / str(base + i)) for i in range(count)]
         try:
             for node in self.nodes:
+                # A new cluster: a nodes.conf left by a stop() on these ports would make the
+                # node rejoin the old one and refuse to form this one.
+                shutil.rmtree(node.directory, ignore_errors=True)
                 self._spawn(node)
             for node in self.nodes:
                 self._wait_answers(node, timeout)

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.embedded_cluster import EmbeddedCluster
 
 
 def served_by(url: str) -> int:
@@ -86,3 +87,25 @@ def test_an_embedded_redis_that_fails_to_start_in_a_with_block_leaves_nothing(
         pass
     assert server.process is None
     assert os.listdir(tmp_path) == []
+
+
+# -- EmbeddedCluster -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_embedded_cluster_starts_again_after_stop():
+    """``stop()`` then ``start()`` (the class says both may be called) failed: the new nodes
+    got the same ports and directories, loaded the old nodes' ``nodes.conf`` and refused to
+    form a new cluster ("Slot 0 is already busy"); the failed start then deleted the whole
+    directory."""
+    cluster = EmbeddedCluster(masters=1, replicas=0)
+    try:
+        cluster.start(timeout=30)
+        cluster.stop()
+        url = cluster.start(timeout=30)
+        with redis.Redis.from_url(url) as client:
+            assert client.execute_command("CLUSTER INFO")  # answers as a cluster node
+        assert len(cluster.master_nodes()) == 1
+    finally:
+        cluster.close()
