@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import redis
 
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.embedded_cluster import EmbeddedCluster
+from tests.helpers import ROOT
+
+MANAGE = ROOT / "example_project" / "manage.py"
 
 
 def served_by(url: str) -> int:
@@ -109,3 +115,52 @@ def test_an_embedded_cluster_starts_again_after_stop():
         assert len(cluster.master_nodes()) == 1
     finally:
         cluster.close()
+
+
+# -- the example shop ----------------------------------------------------------------------
+
+SHOP_PROGRAM = """
+from django.core.management import call_command
+from django.test import Client
+from shop.models import Order
+call_command("migrate", verbosity=0)
+client = Client(HTTP_HOST="localhost", raise_request_exception=False)
+print(client.post("/orders/", {"amount": "19.90"}).status_code)
+order = Order.objects.get()
+print(order.auto_cancel_key, Order.objects.count())
+"""
+
+
+def shop(env: dict[str, str], program: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(MANAGE), "shell", "-c", program],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def shop_env(tmp_path: Path, redis_url: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
+    }
+    return {**env, "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3"), "REDIS_URL": redis_url}
+
+
+@pytest.mark.slow
+def test_the_shop_places_an_order_due_at_once(shop_env):
+    """``SHOP_AUTO_CANCEL_SECONDS=0`` (or an order placed with a deadline already passed):
+    the payment reminder, due halfway to a deadline that had passed by the time it was
+    scheduled, expired before it was due; ``schedule_http`` refused it and every "Create
+    an order" answered 500."""
+    done = shop({**shop_env, "SHOP_AUTO_CANCEL_SECONDS": "0"}, SHOP_PROGRAM)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == ["302", "order-1-autocancel 1"], done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_the_shop_refuses_an_auto_cancel_delay_no_order_can_have(shop_env):
+    """``SHOP_AUTO_CANCEL_SECONDS=-5`` (or ``nan``) started the shop, then every "Create an
+    order" answered 500 (``schedule()`` refusing the delay); now the settings say so."""
+    done = shop({**shop_env, "SHOP_AUTO_CANCEL_SECONDS": "-5"}, SHOP_PROGRAM)
+    assert done.returncode != 0
+    assert "SHOP_AUTO_CANCEL_SECONDS must be a number of seconds" in done.stderr

@@ -128,6 +128,11 @@ DELAYJOBS = shop_delayjobs(SHOP_BASE_URL)
 
 #: An order not paid within this many seconds is cancelled.
 SHOP_AUTO_CANCEL_SECONDS = float(os.environ.get("SHOP_AUTO_CANCEL_SECONDS", 1800))
+if not 0 <= SHOP_AUTO_CANCEL_SECONDS < 10**9:  # NaN, inf or negative: no order could be placed
+    raise ImproperlyConfigured(
+        f"SHOP_AUTO_CANCEL_SECONDS must be a number of seconds from 0 to 10**9, "
+        f"not {os.environ['SHOP_AUTO_CANCEL_SECONDS']!r}"
+    )
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
