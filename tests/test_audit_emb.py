@@ -164,3 +164,31 @@ def test_the_shop_refuses_an_auto_cancel_delay_no_order_can_have(shop_env):
     done = shop({**shop_env, "SHOP_AUTO_CANCEL_SECONDS": "-5"}, SHOP_PROGRAM)
     assert done.returncode != 0
     assert "SHOP_AUTO_CANCEL_SECONDS must be a number of seconds" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "option", "value"),
+    [
+        ("demo", "--deadline", "inf"),
+        ("demo", "--deadline", "1e300"),
+        ("demo", "--arrivals", "nan"),
+        ("race", "--lead", "nan"),
+        ("race", "--spread", "-inf"),
+    ],
+)
+def test_demo_and_race_refuse_a_delay_they_cannot_use(shop_env, tmp_path, command, option, value):
+    """``demo --deadline inf`` (or ``1e300``) and ``race --lead nan`` were accepted: the
+    command migrated, started a redis-server and its workers, then died placing the first
+    order with a traceback (``InvalidSchedule``, ``ValueError: cannot convert float NaN``)."""
+    env = {k: v for k, v in shop_env.items() if k != "REDIS_URL"}  # would start its own
+    log = tmp_path / "worker.log"
+    done = subprocess.run(
+        [sys.executable, str(MANAGE), command, f"{option}={value}", "--orders", "2",
+         "--worker-log", str(log)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"argument {option}: invalid" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not log.exists()  # no worker was started

@@ -39,6 +39,25 @@ from .models import Order, PaymentRefused
 
 MANAGE = Path(settings.BASE_DIR) / "manage.py"
 
+#: The longest delay ``demo`` and ``race`` take: they wait for every deadline to pass.
+MAX_SECONDS = 86400.0
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds from 0 to a day (not NaN, not infinite)."""
+    value = float(text)
+    if not 0 <= value <= MAX_SECONDS:  # False for NaN too
+        raise ValueError(text)
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: ``seconds``, above 0."""
+    value = seconds(text)
+    if value == 0:
+        raise ValueError(text)
+    return value
+
 
 def redis_answers(url: str) -> bool:
     client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)

@@ -31,8 +31,8 @@ from shop.models import Order
 from shop.simulation import Payment, Progress, Result, percentile
 
 
-def positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
+def positive(kind: type[int]) -> Any:
+    def parse(text: str) -> int:
         value = kind(text)
         if not value > 0:
             raise ValueError(text)
@@ -62,11 +62,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         add = parser.add_argument
         add("--orders", type=positive(int), default=40, help="Orders to place (default 40).")
-        add("--deadline", type=positive(float), default=5.0,
+        add("--deadline", type=simulation.positive_seconds, default=5.0,
             help="Seconds an order may stay unpaid (default 5).")  # fmt: skip
         add("--at-deadline", type=int, default=None,
             help="Orders paid exactly at their deadline (default: a tenth, min 1).")  # fmt: skip
-        add("--arrivals", type=float, default=2.0,
+        add("--arrivals", type=simulation.seconds, default=2.0,
             help="Seconds over which orders come in (default 2, at most deadline/2).")  # fmt: skip
         add("--workers", type=positive(int), default=1,
             help="run_delayworker processes (default 1).")  # fmt: skip

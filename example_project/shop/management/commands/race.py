@@ -37,13 +37,13 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=4, help="Threads per worker.")
         parser.add_argument(
             "--lead",
-            type=float,
+            type=simulation.seconds,
             default=3.0,
             help="Seconds from the end of placing to the first deadline.",
         )
         parser.add_argument(
             "--spread",
-            type=float,
+            type=simulation.seconds,
             default=None,
             help="Seconds over which the deadlines are spread (default: 50 ms per order, so "
             "that each payment can be made at its exact moment).",
