@@ -154,13 +154,18 @@ class EmbeddedCluster:
         node.process = start_server(args)
 
     def _wait_answers(self, node: Node, timeout: float) -> None:
+        """Wait until the node's own process answers on its port: another server that took
+        the port (the node then exits, "Address already in use") is not the node."""
         deadline = time.monotonic() + timeout
         while True:
-            with contextlib.suppress(redis.RedisError), node.client() as client:
-                if client.ping():
-                    return
             if node.process is None or node.process.poll() is not None:
                 raise RuntimeError(f"redis-server on {node.address} exited:\n{self.log(node)}")
+            with contextlib.suppress(redis.RedisError), node.client() as client:
+                pid = int(client.info("server")["process_id"])
+                if pid == node.pid:
+                    return
+                raise RuntimeError(f"{node.address} is served by another process (pid {pid}), "
+                                   f"not the node's redis-server (pid {node.pid})")  # fmt: skip
             if time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server on {node.address} did not answer")
             time.sleep(0.02)

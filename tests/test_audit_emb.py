@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.embedded import EmbeddedRedis, find_redis_server, start_server
 from django_delayjobs.embedded_cluster import EmbeddedCluster
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_for
 
 MANAGE = ROOT / "example_project" / "manage.py"
 
@@ -192,3 +192,38 @@ def test_demo_and_race_refuse_a_delay_they_cannot_use(shop_env, tmp_path, comman
     assert f"argument {option}: invalid" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not log.exists()  # no worker was started
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_embedded_cluster_node_does_not_take_another_server_for_itself():
+    """A node whose port another server took meanwhile (a restart after a kill, a port
+    found free and taken before the node bound it): its redis-server exited ("Address
+    already in use"), but the other server's PONG counted as the node answering, so the
+    cluster was formed with, or waited for health from, a server that was not its own."""
+    cluster = EmbeddedCluster(masters=1, replicas=0)
+    foreign = None
+    try:
+        cluster.start(timeout=30)
+        node = cluster.nodes[0]
+        cluster.kill(node)
+        foreign = start_server([find_redis_server(), "--port", str(node.port), "--bind",
+                                "127.0.0.1", "--save", ""])  # fmt: skip
+        with redis.Redis(port=node.port) as client:
+            wait_for(lambda: _pings(client))
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=rf"{node.address}.*(exited|pid {foreign.pid})"):
+            cluster.restart(node, timeout=10)
+        assert time.monotonic() - started < 5
+    finally:
+        cluster.close()
+        if foreign is not None:
+            foreign.terminate()
+            foreign.wait(10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
