@@ -59,9 +59,16 @@ def _port_free(port: int) -> bool:
 
 
 def free_base_port(count: int, low: int = 20000, high: int = 30000) -> int:
-    """Return a port P with P..P+count-1 and their cluster bus ports (+10000) free."""
-    start = low + (os.getpid() * 7) % (high - low - count)
-    for base in range(start, high - count, count):
+    """Return a port P with P..P+count-1 (below ``high``) and their cluster bus ports
+    (+10000) free.
+
+    The search starts at a point that depends on the pid (two sessions at once rarely meet)
+    and goes up to ``high``, then on from ``low``.
+    """
+    top = high - count  # the last base whose ports are all below high
+    start = low + (os.getpid() * 7) % max(1, top - low + 1)
+    bases: list[int] = [*range(start, top + 1, count), *range(low, start, count)]
+    for base in bases:
         ports = [base + i for i in range(count)]
         if all(_port_free(p) and _port_free(p + 10000) for p in ports):
             return base

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -13,7 +14,7 @@ import pytest
 import redis
 
 from django_delayjobs.embedded import EmbeddedRedis, find_redis_server, start_server
-from django_delayjobs.embedded_cluster import EmbeddedCluster
+from django_delayjobs.embedded_cluster import EmbeddedCluster, _port_free, free_base_port
 from tests.helpers import ROOT, wait_for
 
 MANAGE = ROOT / "example_project" / "manage.py"
@@ -227,3 +228,23 @@ def _pings(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.ConnectionError:
         return False
+
+
+def test_free_base_port_looks_below_its_starting_point():
+    """The search for free ports began at a pid-dependent port and went up only: with the
+    ports from there to the top taken, it gave up ("no 1 free ports") with every port below
+    its start free. Here every port of a small range is taken but its first."""
+    span = next(n for n in range(3, 40) if (os.getpid() * 7) % (n - 1))
+    for low in range(40000, 45000, 50):
+        if all(_port_free(p) and _port_free(p + 10000) for p in range(low, low + span)):
+            break
+    taken = []
+    try:
+        for port in range(low + 1, low + span):
+            sock = socket.socket()
+            taken.append(sock)
+            sock.bind(("127.0.0.1", port))
+        assert free_base_port(1, low, low + span) == low
+    finally:
+        for sock in taken:
+            sock.close()
