@@ -84,7 +84,8 @@ class EmbeddedRedis:
 
     def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
         self._owns_dir = directory is None
-        self.directory = Path(directory or tempfile.mkdtemp(prefix="delayjobs-redis-"))
+        # Absolute: redis-server changes to its --dir before it opens the paths below it.
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="delayjobs-redis-")).absolute()
         self.socket_path = self.directory / "redis.sock"
         self.process: subprocess.Popen[bytes] | None = None
         self._lock: int | None = None  # an open file on which this object holds flock

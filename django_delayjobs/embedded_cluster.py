@@ -111,6 +111,10 @@ class EmbeddedCluster:
     )
     nodes: list[Node] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # Absolute: a node's redis-server changes to its --dir before it opens its log.
+        self.directory = Path(self.directory).absolute()
+
     @property
     def url(self) -> str:
         """A seed node's URL (any node can serve as the seed)."""

@@ -248,3 +248,22 @@ def test_free_base_port_looks_below_its_starting_point():
     finally:
         for sock in taken:
             sock.close()
+
+
+def test_an_embedded_redis_in_a_relative_directory(tmp_path, monkeypatch):
+    """``EmbeddedRedis("var/redis")`` never started: redis-server changes to its ``--dir``
+    first, then looked for its log (and would have put its socket) at the relative path
+    again below it; and the relative ``unix://var/...`` URL names another path."""
+    monkeypatch.chdir(tmp_path)
+    with EmbeddedRedis("var/redis") as server:
+        assert server.url == f"unix://{tmp_path}/var/redis/redis.sock"
+        assert served_by(server.url) == server.pid
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_embedded_cluster_in_a_relative_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with EmbeddedCluster(masters=1, replicas=0, directory=Path("cluster")) as cluster:
+        assert len(cluster.master_nodes()) == 1
+        assert cluster.nodes[0].directory.is_absolute()
