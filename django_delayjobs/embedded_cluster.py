@@ -110,6 +110,8 @@ class EmbeddedCluster:
         default_factory=lambda: Path(tempfile.mkdtemp(prefix="delayjobs-cluster-"))
     )
     nodes: list[Node] = field(default_factory=list)
+    #: The node directories ``start()`` made: ``close()`` deletes these, not the rest.
+    _made: list[Path] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Absolute: a node's redis-server changes to its --dir before it opens its log.
@@ -127,6 +129,7 @@ class EmbeddedCluster:
         count = self.masters * (1 + self.replicas)
         base = free_base_port(count)
         self.nodes = [Node(base + i, self.directory / str(base + i)) for i in range(count)]
+        self._made += [node.directory for node in self.nodes]
         try:
             for node in self.nodes:
                 # A new cluster: a nodes.conf left by a stop() on these ports would make the
@@ -215,9 +218,14 @@ class EmbeddedCluster:
         self.nodes = []
 
     def close(self) -> None:
-        """Stop every node and delete the cluster's directory."""
+        """Stop every node and delete their directories, and the cluster's directory if
+        nothing else is in it (a ``directory`` given may hold other files: they stay)."""
         self.stop()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        for path in self._made:
+            shutil.rmtree(path, ignore_errors=True)
+        self._made = []
+        with contextlib.suppress(OSError):  # not empty, or gone
+            self.directory.rmdir()
 
     # -- creating the cluster ----------------------------------------------------------
 

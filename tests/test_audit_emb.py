@@ -267,3 +267,22 @@ def test_an_embedded_cluster_in_a_relative_directory(tmp_path, monkeypatch):
     with EmbeddedCluster(masters=1, replicas=0, directory=Path("cluster")) as cluster:
         assert len(cluster.master_nodes()) == 1
         assert cluster.nodes[0].directory.is_absolute()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_embedded_cluster_deletes_only_what_it_made(tmp_path):
+    """``close()`` (also called by a failed ``start()``) deleted the whole ``directory`` it
+    was given, with whatever else was in it; as ``EmbeddedRedis`` does, it now deletes
+    only what it made: the nodes' directories, and a temporary directory of its own."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    with EmbeddedCluster(masters=1, replicas=0, directory=mine) as cluster:
+        made = cluster.nodes[0].directory
+        assert made.is_dir()
+    assert sorted(os.listdir(mine)) == ["keep.txt"]
+    own = EmbeddedCluster(masters=1, replicas=0)
+    with own:
+        pass
+    assert not own.directory.exists()
