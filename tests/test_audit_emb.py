@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import subprocess
@@ -286,3 +287,25 @@ def test_an_embedded_cluster_deletes_only_what_it_made(tmp_path):
     with own:
         pass
     assert not own.directory.exists()
+
+
+@pytest.mark.slow
+def test_the_shop_without_debug_refuses_the_secrets_published_in_its_source(shop_env):
+    """With ``SHOP_DEBUG=0`` (the deploy/ files' setting) the shop ran on the demo
+    ``SECRET_KEY`` and the demo webhook secret, both in its source: anyone could sign
+    sessions, or forge the payment reminders its endpoint accepts as its own."""
+
+    def check(**extra: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in shop_env.items() if not k.startswith("SHOP_") or k.endswith("PATH")}
+        return subprocess.run(
+            [sys.executable, str(MANAGE), "check"], env={**env, "SHOP_DEBUG": "0", **extra},
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    done = check()
+    assert done.returncode != 0 and "SHOP_SECRET_KEY must be set" in done.stderr, done.stderr
+    done = check(SHOP_SECRET_KEY="s" * 50)
+    assert done.returncode != 0 and "SHOP_WEBHOOK_SECRET must be set" in done.stderr
+    secret = "whsec_" + base64.b64encode(b"a secret of this deployment!").decode()
+    done = check(SHOP_SECRET_KEY="s" * 50, SHOP_WEBHOOK_SECRET=secret)
+    assert done.returncode == 0, done.stderr
