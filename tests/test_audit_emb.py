@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -309,3 +310,29 @@ def test_the_shop_without_debug_refuses_the_secrets_published_in_its_source(shop
     secret = "whsec_" + base64.b64encode(b"a secret of this deployment!").decode()
     done = check(SHOP_SECRET_KEY="s" * 50, SHOP_WEBHOOK_SECRET=secret)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.timeout(180)
+def test_the_demo_stops_when_its_redis_server_dies(shop_env, tmp_path):
+    """The demo's private redis-server killed (an OOM kill, say): the demo went on showing
+    its progress line, its workers retrying a socket that was gone, until its time-out a
+    minute after the last deadline (two minutes with ``--deadline 60``), and only then
+    said it timed out, without a word about Redis."""
+    from tests.test_example import demo_processes, kill_all, start_demo, wait_gone
+
+    env = {k: v for k, v in shop_env.items() if k != "REDIS_URL"}  # it starts its own
+    demo, out = start_demo(env, tmp_path)
+    pids: list[int] = []
+    try:
+        demo_processes(out, pids)
+        out.wait_for(r"orders:\s+\d+ pending", 60)  # waiting for the outcomes
+        os.kill(pids[0], signal.SIGKILL)  # the redis-server, a child of the demo
+        assert demo.wait(30) == 1, out.text
+        out.thread.join(10)
+        assert "the private redis-server exited (code -9)" in out.text, out.text
+        assert wait_gone(pids[1:], 10) == [], out.text  # its workers were stopped
+    finally:
+        kill_all(pids)
+        out.close(demo)

@@ -107,16 +107,16 @@ class Command(BaseCommand):
         try:
             with (
                 simulation.sigterm_interrupts(),
-                simulation.redis_for_run() as (redis_url, where),
+                simulation.redis_for_run() as self.redis_run,
                 simulation.shop_server() as web,
             ):
-                self.say(f"  redis:    {where}")
+                self.say(f"  redis:    {self.redis_run.description}")
                 self.say(f"  web:      the shop at {web} (receives its signed payment reminders)")
                 workers = simulation.start_workers(
-                    opts["workers"], redis_url, log, opts["concurrency"]
+                    opts["workers"], self.redis_run.url, log, opts["concurrency"]
                 )
                 try:
-                    simulation.wait_until_ready(workers, log)
+                    simulation.wait_until_ready(workers, log, redis_run=self.redis_run)
                     pids = ", ".join(str(w.pid) for w in workers)
                     self.say(
                         f"  worker:   {len(workers)} run_delayworker process(es) (pid {pids}), "
@@ -165,8 +165,9 @@ class Command(BaseCommand):
 
         payer = simulation.pay_in_background(payments, self.stop_paying)
         finished = simulation.wait_for_outcomes(
-            list(due), payments, workers, log, max(due.values()), self.progress
-        )
+            list(due), payments, workers, log, max(due.values()), self.progress,
+            redis_run=self.redis_run,
+        )  # fmt: skip
         payer.join(5)
         if self.tty:
             self.stdout.write("")  # end the progress line
