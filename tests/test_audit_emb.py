@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -325,8 +326,9 @@ def test_the_demo_stops_when_its_redis_server_dies(shop_env, tmp_path):
     env = {k: v for k, v in shop_env.items() if k != "REDIS_URL"}  # it starts its own
     demo, out = start_demo(env, tmp_path)
     pids: list[int] = []
+    directory = None
     try:
-        demo_processes(out, pids)
+        directory = demo_processes(out, pids)
         out.wait_for(r"orders:\s+\d+ pending", 60)  # waiting for the outcomes
         os.kill(pids[0], signal.SIGKILL)  # the redis-server, a child of the demo
         assert demo.wait(30) == 1, out.text
@@ -336,3 +338,5 @@ def test_the_demo_stops_when_its_redis_server_dies(shop_env, tmp_path):
     finally:
         kill_all(pids)
         out.close(demo)
+        if directory is not None:  # left if the demo had to be killed
+            shutil.rmtree(directory, ignore_errors=True)
