@@ -47,6 +47,11 @@ def find_redis_server() -> str:
 
 PR_SET_PDEATHSIG = 1
 
+#: The longest unix socket path redis-server binds as given: ``sun_path`` holds 108 bytes
+#: on Linux (104 elsewhere) with the terminating NUL, and Redis cuts a longer path short
+#: without a word, binding a socket somewhere else than where clients look for it.
+MAX_SOCKET_PATH = 107 if sys.platform.startswith("linux") else 103
+
 
 def die_with_owner() -> Callable[[], None] | None:
     """A ``preexec_fn`` that has Linux SIGTERM the child when this process dies, or None.
@@ -79,10 +84,19 @@ class EmbeddedRedis:
 
     def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
         self._owns_dir = directory is None
-        self.directory = Path(directory or tempfile.mkdtemp(prefix="delayjobs-redis-"))
+        # Absolute: redis-server changes to its --dir before it opens the paths below it.
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="delayjobs-redis-")).absolute()
         self.socket_path = self.directory / "redis.sock"
         self.process: subprocess.Popen[bytes] | None = None
         self._lock: int | None = None  # an open file on which this object holds flock
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
+            if self._owns_dir:
+                shutil.rmtree(self.directory, ignore_errors=True)
+            raise ValueError(
+                f"the socket path {self.socket_path} is too long for a unix socket "
+                f"({len(os.fsencode(self.socket_path))} bytes, at most {MAX_SOCKET_PATH}): "
+                "choose a shorter directory (or a shorter TMPDIR)"
+            )
 
     @property
     def url(self) -> str:
@@ -98,7 +112,16 @@ class EmbeddedRedis:
             return self.url
         self.directory.mkdir(parents=True, exist_ok=True)
         self._take_directory()
-        args = [
+        try:  # a missing binary, a time-out, a Ctrl-C: nothing started may run on
+            self.process = start_server(self._arguments())
+            self._wait_answers(self.process, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def _arguments(self) -> list[str]:
+        return [
             find_redis_server(),
             "--port", "0",
             "--unixsocket", str(self.socket_path),
@@ -110,15 +133,17 @@ class EmbeddedRedis:
             "--loglevel", "warning",
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
-        self.process = start_server(args)
+
+    def _wait_answers(self, process: subprocess.Popen[bytes], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not self._answers():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
-                self.stop()
+            if process.poll() is not None or time.monotonic() > deadline:
+                try:  # not there yet, if the server did not get that far
+                    log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
+                except OSError as exc:
+                    log = f"(no log: {exc})"
                 raise RuntimeError(f"redis-server did not start:\n{log}")
             time.sleep(0.02)
-        return self.url
 
     def stop(self) -> None:
         """Stop the server by pid (SIGTERM, then SIGKILL after 5 s)."""
@@ -169,7 +194,11 @@ class EmbeddedRedis:
             return False
 
     def __enter__(self) -> EmbeddedRedis:
-        self.start()
+        try:
+            self.start()
+        except BaseException:  # no __exit__ then: delete the directory here
+            self.close()
+            raise
         return self
 
     def __exit__(

@@ -59,9 +59,16 @@ def _port_free(port: int) -> bool:
 
 
 def free_base_port(count: int, low: int = 20000, high: int = 30000) -> int:
-    """Return a port P with P..P+count-1 and their cluster bus ports (+10000) free."""
-    start = low + (os.getpid() * 7) % (high - low - count)
-    for base in range(start, high - count, count):
+    """Return a port P with P..P+count-1 (below ``high``) and their cluster bus ports
+    (+10000) free.
+
+    The search starts at a point that depends on the pid (two sessions at once rarely meet)
+    and goes up to ``high``, then on from ``low``.
+    """
+    top = high - count  # the last base whose ports are all below high
+    start = low + (os.getpid() * 7) % max(1, top - low + 1)
+    bases: list[int] = [*range(start, top + 1, count), *range(low, start, count)]
+    for base in bases:
         ports = [base + i for i in range(count)]
         if all(_port_free(p) and _port_free(p + 10000) for p in ports):
             return base
@@ -103,6 +110,12 @@ class EmbeddedCluster:
         default_factory=lambda: Path(tempfile.mkdtemp(prefix="delayjobs-cluster-"))
     )
     nodes: list[Node] = field(default_factory=list)
+    #: The node directories ``start()`` made: ``close()`` deletes these, not the rest.
+    _made: list[Path] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Absolute: a node's redis-server changes to its --dir before it opens its log.
+        self.directory = Path(self.directory).absolute()
 
     @property
     def url(self) -> str:
@@ -116,8 +129,12 @@ class EmbeddedCluster:
         count = self.masters * (1 + self.replicas)
         base = free_base_port(count)
         self.nodes = [Node(base + i, self.directory / str(base + i)) for i in range(count)]
+        self._made += [node.directory for node in self.nodes]
         try:
             for node in self.nodes:
+                # A new cluster: a nodes.conf left by a stop() on these ports would make the
+                # node rejoin the old one and refuse to form this one.
+                shutil.rmtree(node.directory, ignore_errors=True)
                 self._spawn(node)
             for node in self.nodes:
                 self._wait_answers(node, timeout)
@@ -151,13 +168,18 @@ class EmbeddedCluster:
         node.process = start_server(args)
 
     def _wait_answers(self, node: Node, timeout: float) -> None:
+        """Wait until the node's own process answers on its port: another server that took
+        the port (the node then exits, "Address already in use") is not the node."""
         deadline = time.monotonic() + timeout
         while True:
-            with contextlib.suppress(redis.RedisError), node.client() as client:
-                if client.ping():
-                    return
             if node.process is None or node.process.poll() is not None:
                 raise RuntimeError(f"redis-server on {node.address} exited:\n{self.log(node)}")
+            with contextlib.suppress(redis.RedisError), node.client() as client:
+                pid = int(client.info("server")["process_id"])
+                if pid == node.pid:
+                    return
+                raise RuntimeError(f"{node.address} is served by another process (pid {pid}), "
+                                   f"not the node's redis-server (pid {node.pid})")  # fmt: skip
             if time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server on {node.address} did not answer")
             time.sleep(0.02)
@@ -196,9 +218,14 @@ class EmbeddedCluster:
         self.nodes = []
 
     def close(self) -> None:
-        """Stop every node and delete the cluster's directory."""
+        """Stop every node and delete their directories, and the cluster's directory if
+        nothing else is in it (a ``directory`` given may hold other files: they stay)."""
         self.stop()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        for path in self._made:
+            shutil.rmtree(path, ignore_errors=True)
+        self._made = []
+        with contextlib.suppress(OSError):  # not empty, or gone
+            self.directory.rmdir()
 
     # -- creating the cluster ----------------------------------------------------------
 

@@ -74,7 +74,7 @@ class Order(models.Model):
         The auto-cancel is due ``cancel_in`` (default ``SHOP_AUTO_CANCEL_SECONDS``) from
         now, or at ``cancel_at``: it is ``order.auto_cancel_job``. With ``remind``, halfway
         there a signed HTTP callback to the shop's own endpoint reminds the customer: it
-        is ``order.reminder_job``.
+        is ``order.reminder_job`` (None for an order due at once: no time to remind).
         """
         with transaction.atomic():
             order = cls.objects.create(amount=amount, number=number or new_number())
@@ -87,11 +87,13 @@ class Order(models.Model):
                 order.reminder_job = order.schedule_reminder(order.auto_cancel_job.run_at)
         return order
 
-    def schedule_reminder(self, deadline: datetime) -> Job:
+    def schedule_reminder(self, deadline: datetime) -> Job | None:
         """A payment reminder halfway to ``deadline``: a POST to the shop's own
         ``/hooks/payment-reminder/`` (the destination ``shop`` of ``HTTP_DESTINATIONS``),
-        signed, and never sent after the deadline."""
+        signed, and never sent after the deadline. None if the deadline has passed."""
         now = timezone.now()
+        if deadline <= now:  # a reminder due after its own expiry: schedule_http refuses it
+            return None
         return schedule_http(
             "shop:/hooks/payment-reminder/",
             json={"order": self.number, "deadline": deadline.isoformat()},

@@ -39,6 +39,25 @@ from .models import Order, PaymentRefused
 
 MANAGE = Path(settings.BASE_DIR) / "manage.py"
 
+#: The longest delay ``demo`` and ``race`` take: they wait for every deadline to pass.
+MAX_SECONDS = 86400.0
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds from 0 to a day (not NaN, not infinite)."""
+    value = float(text)
+    if not 0 <= value <= MAX_SECONDS:  # False for NaN too
+        raise ValueError(text)
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: ``seconds``, above 0."""
+    value = seconds(text)
+    if value == 0:
+        raise ValueError(text)
+    return value
+
 
 def redis_answers(url: str) -> bool:
     client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
@@ -66,18 +85,41 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@dataclass
+class RunRedis:
+    """The Redis of a run: ``REDIS_URL``'s, or a private redis-server (``server``)."""
+
+    url: str
+    description: str
+    server: EmbeddedRedis | None = None
+
+    def check(self) -> None:
+        """Raise ``CommandError`` if the private redis-server has exited: the workers would
+        wait for it, and the run for them, until its time-out, showing progress that
+        cannot come."""
+        if self.server is None:
+            return
+        process = self.server.process
+        if process is None or process.poll() is not None:
+            code = None if process is None else process.returncode
+            log = tail(self.server.directory / "redis.log")
+            raise CommandError(f"the private redis-server exited (code {code}):\n{log}")
+
+
 @contextlib.contextmanager
-def redis_for_run() -> Iterator[tuple[str, str]]:
-    """Yield (url, description): ``REDIS_URL``, or a private server stopped (by pid) at exit."""
+def redis_for_run() -> Iterator[RunRedis]:
+    """``REDIS_URL``'s Redis, or a private server stopped (by pid) at exit."""
     url = os.environ.get("REDIS_URL")
     if url:
-        yield url, f"REDIS_URL {url}"
+        yield RunRedis(url, f"REDIS_URL {url}")
         return
     server = EmbeddedRedis()  # a fresh temporary directory: never clashes with anything
     try:
         url = server.start()
         with override_settings(DELAYJOBS={**settings.DELAYJOBS, "REDIS_URL": url}):
-            yield url, f"a private redis-server (pid {server.pid}, stopped at exit)"
+            yield RunRedis(
+                url, f"a private redis-server (pid {server.pid}, stopped at exit)", server
+            )
     finally:
         server.close()
 
@@ -214,7 +256,10 @@ def start_workers(
 
 
 def wait_until_ready(
-    workers: Sequence[subprocess.Popen[bytes]], log: Path, timeout: float = 60
+    workers: Sequence[subprocess.Popen[bytes]],
+    log: Path,
+    timeout: float = 60,
+    redis_run: RunRedis | None = None,
 ) -> None:
     """Wait until every worker has sent its first heartbeat to Redis."""
     engine = get_engine()
@@ -222,6 +267,8 @@ def wait_until_ready(
     deadline = time.monotonic() + timeout
     wanted = {w.pid for w in workers}
     while True:
+        if redis_run is not None:
+            redis_run.check()
         for worker in workers:
             if worker.poll() is not None:
                 raise CommandError(f"the worker exited with code {worker.returncode}:\n{tail(log)}")
@@ -433,10 +480,12 @@ def wait_for_outcomes(
     last_deadline: float,
     report: Callable[[Progress], None],
     grace: float = 60.0,
+    redis_run: RunRedis | None = None,
 ) -> bool:
     """Wait until every payment was made and every job finished; False on time-out.
 
-    ``report`` is called with the progress about five times a second.
+    ``report`` is called with the progress about five times a second. A worker or the
+    private redis-server that exits ends the wait with ``CommandError``.
     """
     start = time.time()
     while True:
@@ -460,6 +509,8 @@ def wait_for_outcomes(
                 raise CommandError(
                     f"a worker exited early with code {worker.returncode}:\n{tail(log)}"
                 )
+        if redis_run is not None:
+            redis_run.check()
         if time.time() > last_deadline + grace:
             return False
         time.sleep(0.2)

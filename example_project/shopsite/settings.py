@@ -16,7 +16,8 @@ Environment:
   (default ``http://127.0.0.1:8000``, ``runserver``'s address; ``demo`` sets its own).
 - ``SHOP_WEBHOOK_SECRET``: the ``whsec_...`` secret that signs and verifies them.
 - ``SHOP_SECRET_KEY``, ``SHOP_DEBUG`` (``0`` or ``1``, default 1), ``SHOP_ALLOWED_HOSTS``
-  (comma-separated): for running it behind gunicorn (``deploy/``).
+  (comma-separated): for running it behind gunicorn (``deploy/``). With ``SHOP_DEBUG=0``,
+  ``SHOP_SECRET_KEY`` and ``SHOP_WEBHOOK_SECRET`` must be set.
 """
 
 import os
@@ -30,6 +31,13 @@ VAR_DIR = BASE_DIR / "var"  # gitignored: the SQLite file, the embedded Redis, l
 
 SECRET_KEY = os.environ.get("SHOP_SECRET_KEY", "example-shop-not-secret")
 DEBUG = os.environ.get("SHOP_DEBUG", "1") == "1"
+if not DEBUG:  # deployed: the defaults of these two are published in this file
+    for _name in ("SHOP_SECRET_KEY", "SHOP_WEBHOOK_SECRET"):
+        if not os.environ.get(_name):
+            raise ImproperlyConfigured(
+                f"{_name} must be set when SHOP_DEBUG=0: its default, in the shop's source, "
+                "would let anyone sign what the shop trusts"
+            )
 ALLOWED_HOSTS = os.environ.get("SHOP_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
 
 INSTALLED_APPS = [
@@ -128,6 +136,11 @@ DELAYJOBS = shop_delayjobs(SHOP_BASE_URL)
 
 #: An order not paid within this many seconds is cancelled.
 SHOP_AUTO_CANCEL_SECONDS = float(os.environ.get("SHOP_AUTO_CANCEL_SECONDS", 1800))
+if not 0 <= SHOP_AUTO_CANCEL_SECONDS < 10**9:  # NaN, inf or negative: no order could be placed
+    raise ImproperlyConfigured(
+        f"SHOP_AUTO_CANCEL_SECONDS must be a number of seconds from 0 to 10**9, "
+        f"not {os.environ['SHOP_AUTO_CANCEL_SECONDS']!r}"
+    )
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -31,8 +31,8 @@ from shop.models import Order
 from shop.simulation import Payment, Progress, Result, percentile
 
 
-def positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
+def positive(kind: type[int]) -> Any:
+    def parse(text: str) -> int:
         value = kind(text)
         if not value > 0:
             raise ValueError(text)
@@ -62,11 +62,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         add = parser.add_argument
         add("--orders", type=positive(int), default=40, help="Orders to place (default 40).")
-        add("--deadline", type=positive(float), default=5.0,
+        add("--deadline", type=simulation.positive_seconds, default=5.0,
             help="Seconds an order may stay unpaid (default 5).")  # fmt: skip
         add("--at-deadline", type=int, default=None,
             help="Orders paid exactly at their deadline (default: a tenth, min 1).")  # fmt: skip
-        add("--arrivals", type=float, default=2.0,
+        add("--arrivals", type=simulation.seconds, default=2.0,
             help="Seconds over which orders come in (default 2, at most deadline/2).")  # fmt: skip
         add("--workers", type=positive(int), default=1,
             help="run_delayworker processes (default 1).")  # fmt: skip
@@ -107,16 +107,16 @@ class Command(BaseCommand):
         try:
             with (
                 simulation.sigterm_interrupts(),
-                simulation.redis_for_run() as (redis_url, where),
+                simulation.redis_for_run() as self.redis_run,
                 simulation.shop_server() as web,
             ):
-                self.say(f"  redis:    {where}")
+                self.say(f"  redis:    {self.redis_run.description}")
                 self.say(f"  web:      the shop at {web} (receives its signed payment reminders)")
                 workers = simulation.start_workers(
-                    opts["workers"], redis_url, log, opts["concurrency"]
+                    opts["workers"], self.redis_run.url, log, opts["concurrency"]
                 )
                 try:
-                    simulation.wait_until_ready(workers, log)
+                    simulation.wait_until_ready(workers, log, redis_run=self.redis_run)
                     pids = ", ".join(str(w.pid) for w in workers)
                     self.say(
                         f"  worker:   {len(workers)} run_delayworker process(es) (pid {pids}), "
@@ -165,8 +165,9 @@ class Command(BaseCommand):
 
         payer = simulation.pay_in_background(payments, self.stop_paying)
         finished = simulation.wait_for_outcomes(
-            list(due), payments, workers, log, max(due.values()), self.progress
-        )
+            list(due), payments, workers, log, max(due.values()), self.progress,
+            redis_run=self.redis_run,
+        )  # fmt: skip
         payer.join(5)
         if self.tty:
             self.stdout.write("")  # end the progress line

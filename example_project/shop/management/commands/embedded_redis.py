@@ -28,7 +28,10 @@ class Command(BaseCommand):
                 f"REDIS_URL is set ({os.environ['REDIS_URL']}): the shop uses that Redis, "
                 "so there is no need for an embedded one"
             )
-        server = EmbeddedRedis(settings.EMBEDDED_REDIS_DIR)
+        try:
+            server = EmbeddedRedis(settings.EMBEDDED_REDIS_DIR)
+        except ValueError as exc:  # a clone so deep that var/redis/redis.sock is too long
+            raise CommandError(f"{exc}; or set REDIS_URL") from exc
         if redis_answers(server.url):
             raise CommandError(f"a Redis already answers at {server.url}")
         stop = threading.Event()

@@ -37,13 +37,13 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=4, help="Threads per worker.")
         parser.add_argument(
             "--lead",
-            type=float,
+            type=simulation.seconds,
             default=3.0,
             help="Seconds from the end of placing to the first deadline.",
         )
         parser.add_argument(
             "--spread",
-            type=float,
+            type=simulation.seconds,
             default=None,
             help="Seconds over which the deadlines are spread (default: 50 ms per order, so "
             "that each payment can be made at its exact moment).",
@@ -63,18 +63,22 @@ class Command(BaseCommand):
         log = opts["worker_log"] or Path(settings.VAR_DIR) / "race-worker.log"
         simulation.migrate()
         stop_paying = threading.Event()
-        with simulation.sigterm_interrupts(), simulation.redis_for_run() as (redis_url, where):
+        with simulation.sigterm_interrupts(), simulation.redis_for_run() as redis_run:
+            where = redis_run.description
             self.note(f"race: {n} orders, {simulation.describe_database()}, redis {where}")
-            workers = simulation.start_workers(opts["workers"], redis_url, log, opts["concurrency"])
+            workers = simulation.start_workers(
+                opts["workers"], redis_run.url, log, opts["concurrency"]
+            )
             try:
-                simulation.wait_until_ready(workers, log)
+                simulation.wait_until_ready(workers, log, redis_run=redis_run)
                 spread = n * 0.05 if opts["spread"] is None else opts["spread"]
                 ids, payments = self.place(n, opts["lead"], spread)
                 self.note(f"race: placed {n} orders; paying each exactly at its deadline")
                 payer = simulation.pay_in_background(payments, stop_paying, opts["threads"])
                 finished = simulation.wait_for_outcomes(
-                    ids, payments, workers, log, max(p.at for p in payments), self.progress
-                )
+                    ids, payments, workers, log, max(p.at for p in payments), self.progress,
+                    redis_run=redis_run,
+                )  # fmt: skip
                 payer.join(10)
             finally:
                 stop_paying.set()
