@@ -203,6 +203,11 @@ def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
         _number(value, path)
     elif isinstance(value, dict) and len(value) == 1 and next(iter(value)) in _LOADERS:
         ((tag, raw),) = value.items()
+        if not isinstance(raw, str):  # dump() writes text; uuid.UUID(5) raises AttributeError
+            raise InvalidSchedule(
+                f"{path} holds {tag} with a {type(raw).__name__}, where dump() writes text: "
+                "build jobs with build_job"
+            )
         try:
             loaded = _LOADERS[tag](raw)
         except (ArithmeticError, TypeError, ValueError):

@@ -1,0 +1,36 @@
+"""Audit of the values that go in and come out: serialization, the registry and the door.
+One test per finding; each says what used to happen."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_delayjobs import schedule_many
+from django_delayjobs.exceptions import InvalidSchedule
+from django_delayjobs.models import Job
+from django_delayjobs.services import build_job
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+HUGE = 10**5000  # repr() refuses an int of more than 4,300 digits (ValueError)
+
+
+@pytest.mark.parametrize(
+    ("tag", "raw"),
+    [("$uuid", 5), ("$uuid", 2.5), ("$uuid", True), ("$uuid", [1]), ("$uuid", {"a": 1}),
+     ("$dec", HUGE), ("$dt", HUGE), ("$d", None)],
+    ids=["uuid-int", "uuid-float", "uuid-bool", "uuid-list", "uuid-dict", "dec-huge",
+         "dt-huge", "d-none"],
+)  # fmt: skip
+def test_schedule_many_refuses_a_tag_holding_no_text(tag, raw):
+    """``{"$uuid": 5}`` in a job's args reached ``uuid.UUID(5)``, whose AttributeError
+    (``'int' object has no attribute 'replace'``) escaped ``schedule_many``; a huge int
+    under another tag was quoted with ``repr()``, whose ValueError ("Exceeds the limit
+    (4300 digits)") escaped instead of the ``InvalidSchedule`` naming the value."""
+    job = build_job(tasks.keep, in_=0)
+    job.args = [{tag: raw}]
+    with pytest.raises(InvalidSchedule, match=rf"args\[0\] holds \{tag} with a"):
+        schedule_many([job])
+    assert not Job.objects.exists()
