@@ -3,9 +3,11 @@ One test per finding; each says what used to happen."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 
-from django_delayjobs import schedule_many
+from django_delayjobs import schedule, schedule_many
 from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job
 from django_delayjobs.services import build_job
@@ -34,3 +36,34 @@ def test_schedule_many_refuses_a_tag_holding_no_text(tag, raw):
     with pytest.raises(InvalidSchedule, match=rf"args\[0\] holds \{tag} with a"):
         schedule_many([job])
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: schedule(tasks.keep, in_=0, args=[{HUGE: 1}]),
+        lambda: schedule(tasks.keep, in_=0, args=[{"a": {(HUGE, 1): 1}}]),
+        lambda: schedule(tasks.keep, in_=0, key=HUGE),
+        lambda: schedule(tasks.keep, in_=Fraction(HUGE)),
+        lambda: schedule_many([_with_id(HUGE)]),
+    ],
+    ids=["key-of-args", "nested-tuple-key", "key", "in_", "job-id"],
+)
+def test_a_huge_int_where_text_belongs_is_refused_naming_the_field(call):
+    """The messages quoted the bad value with ``repr()``, which raises ``ValueError``
+    ("Exceeds the limit (4300 digits) for integer string conversion") for a huge int: that
+    error escaped instead of the door's, naming neither the field nor what to do."""
+    with pytest.raises(TypeError) as refused:
+        call()
+    message = str(refused.value)
+    assert "4300 digits" not in message, message
+    assert message.startswith(
+        ("args[0] has a key", "args[0]['a'] has a key", "key must be", "in_ must be", "a job's id")
+    )
+    assert not Job.objects.exists()
+
+
+def _with_id(pk: object) -> Job:
+    job = build_job(tasks.keep, in_=0)
+    job.id = pk
+    return job
