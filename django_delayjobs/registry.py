@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .exceptions import InvalidSchedule, NotDelayable, UnknownAction
+from .serialization import short_repr
 
 if TYPE_CHECKING:
     from django.db.models import Model
@@ -64,7 +65,14 @@ class BoundAction(Generic[R]):
         return self.method.func(self.instance, *args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"<delayable {self.method.name} of {self.instance!r}>"
+        return f"<delayable {self.method.name} of {instance_name(self.instance)}>"
+
+
+def instance_name(instance: object) -> str:
+    """``Thing 42``: an instance named by its class and primary key, for messages. Not its
+    ``repr()``, which calls the model's ``__str__``: one that reads a foreign key not set
+    yet (an unsaved instance) raises, and would replace the message's own error."""
+    return f"{type(instance).__name__} {short_repr(getattr(instance, 'pk', None))}"
 
 
 @overload
@@ -126,7 +134,8 @@ def describe(fn: object) -> ActionRef:
             raise NotDelayable(f"{fn!r}: @delayable methods must belong to a Django model")
         if instance.pk is None or instance._state.adding:
             raise InvalidSchedule(
-                f"{fn!r} is bound to an unsaved {type(instance).__name__}; save it first"
+                f"{type(instance).__name__}.{fn.method.name} is bound to an unsaved "
+                f"{type(instance).__name__}; save it first"
             )
         check_single_pk(instance)
         return ActionRef(f"{instance._meta.label}.{fn.method.name}", instance)

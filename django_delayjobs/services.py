@@ -29,7 +29,7 @@ from .engine import MAX_BATCH, EngineUnavailable, PerShard, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, Status
 from .outcomes import Outage
-from .registry import BoundAction, DelayableMethod, describe
+from .registry import BoundAction, DelayableMethod, describe, instance_name
 from .rows import Unreadable, tolerant
 
 logger = logging.getLogger("django_delayjobs")
@@ -337,7 +337,7 @@ def cancel_for(
         # aborting the caller's transaction)
         serialization.check_text(name, "action")
     if obj.pk is None:
-        raise ValueError(f"{obj!r} is not saved, so no job can target it")
+        raise ValueError(f"this {type(obj).__name__} is not saved, so no job can target it")
     if obj._meta.is_composite_pk:  # schedule() refuses it: no job can target it
         return 0
     try:
@@ -370,7 +370,9 @@ def _cancel_unless_running(job: Job, obj: models.Model, actor: str) -> bool:
     while not cancel(job, actor=actor):
         status = Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
         if status == Status.RUNNING:
-            raise AlreadyRunning(f"{job.action} for {obj!r} is already running ({job.pk})")
+            raise AlreadyRunning(
+                f"{job.action} for {instance_name(obj)} is already running ({job.pk})"
+            )
         if status not in WAITING:
             return False
     return True
@@ -384,7 +386,8 @@ def _action_name(obj: models.Model, action: Any) -> str:
         # method of an unrelated model would name the object's own method of that name.
         if action.owner is not None and not isinstance(obj, action.owner):
             raise TypeError(
-                f"{action!r} is a method of {action.owner.__name__}, and {obj!r} is not one"
+                f"{action!r} is a method of {action.owner.__name__}, and {instance_name(obj)} "
+                "is not one"
             )
         return f"{obj._meta.label}.{action.name}"
     return describe(action).name

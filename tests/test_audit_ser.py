@@ -6,12 +6,16 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
+from django.core.exceptions import ObjectDoesNotExist
 
-from django_delayjobs import schedule, schedule_many
-from django_delayjobs.exceptions import InvalidSchedule
+from django_delayjobs import cancel_for, schedule, schedule_many
+from django_delayjobs.exceptions import AlreadyRunning, InvalidSchedule
 from django_delayjobs.models import Job
 from django_delayjobs.services import build_job
 from tests.testapp import tasks
+from tests.testapp.models import Thing
+
+from .test_rest_helpers import running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,3 +71,24 @@ def _with_id(pk: object) -> Job:
     job = build_job(tasks.keep, in_=0)
     job.id = pk
     return job
+
+
+def _no_str(self: Thing) -> str:  # what a __str__ reading an unset foreign key raises
+    raise ObjectDoesNotExist("Thing has no customer.")
+
+
+def test_an_unsaved_instance_whose_str_fails_is_refused_with_the_doors_error(monkeypatch):
+    """The refusal of an unsaved instance (and ``cancel_for``'s messages) quoted it with
+    ``repr()``, which calls the model's ``__str__``: one that reads a foreign key not set
+    yet raised ``RelatedObjectDoesNotExist`` out of ``schedule()`` instead of the door's
+    ``InvalidSchedule``."""
+    monkeypatch.setattr(Thing, "__str__", _no_str)
+    with pytest.raises(InvalidSchedule, match="unsaved Thing"):
+        schedule(Thing().expire, in_=0)
+    with pytest.raises(ValueError, match="not saved"):
+        cancel_for(Thing())
+    assert not Job.objects.exists()
+    thing = Thing.objects.create()
+    running(schedule(thing.expire, in_=0))
+    with pytest.raises(AlreadyRunning, match=rf"testapp.Thing.expire for Thing {thing.pk} is"):
+        cancel_for(thing, fail_if_running=True)
