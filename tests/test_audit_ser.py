@@ -13,7 +13,7 @@ from django_delayjobs.exceptions import AlreadyRunning, InvalidSchedule
 from django_delayjobs.models import Job
 from django_delayjobs.services import build_job
 from tests.testapp import tasks
-from tests.testapp.models import Thing
+from tests.testapp.models import SpecialThing, Thing
 
 from .test_rest_helpers import running
 
@@ -92,3 +92,23 @@ def test_an_unsaved_instance_whose_str_fails_is_refused_with_the_doors_error(mon
     running(schedule(thing.expire, in_=0))
     with pytest.raises(AlreadyRunning, match=rf"testapp.Thing.expire for Thing {thing.pk} is"):
         cancel_for(thing, fail_if_running=True)
+
+
+def test_cancel_for_cancels_the_rows_jobs_whichever_proxy_scheduled_them():
+    """A job scheduled through a proxy instance names the proxy's content type (so that the
+    proxy's method runs), and ``cancel_for`` looked only under the content type of the
+    instance it was given: ``cancel_for(order)`` left the job that ``PendingOrder(proxy)``
+    scheduled on the same row to run after the payment, and the other way round."""
+    special = SpecialThing.objects.create(name="s")
+    thing = Thing.objects.get(pk=special.pk)
+    via_proxy, via_model = schedule(special.touch, in_=3600), schedule(thing.touch, in_=3600)
+    other = schedule(Thing.objects.create().touch, in_=3600)
+    assert cancel_for(thing, Thing.touch) == 2
+    assert {job.status for job in Job.objects.filter(pk__in=[via_proxy.pk, via_model.pk])} == {
+        "cancelled"
+    }
+    via_proxy, via_model = schedule(special.touch, in_=3600), schedule(thing.expire, in_=3600)
+    assert cancel_for(thing, "testapp.Thing.touch") == 0  # a name given as text is exact
+    assert cancel_for(thing, thing.touch) == 1  # the bound method: as Thing.touch
+    assert cancel_for(special) == 1
+    assert Job.objects.get(pk=other.pk).status == "scheduled"
