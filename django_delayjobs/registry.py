@@ -88,9 +88,16 @@ def delayable(func: Callable[P, R] | None = None, /, *, atomic: bool = True) -> 
     such as an HTTP call, and must not hold a transaction open meanwhile); its outcome is
     written right after, and it may run more than once if its worker dies in between.
     """
+    _check_atomic(atomic)
     if func is None:
         return lambda fn: _mark(fn, atomic)
     return _mark(func, atomic)
+
+
+def _check_atomic(atomic: object) -> None:
+    # Not its truth: atomic="false" would run the action inside the outcome's transaction.
+    if not isinstance(atomic, bool):
+        raise TypeError(f"atomic must be a bool, not {type(atomic).__name__}")
 
 
 def _mark(func: Callable[..., Any], atomic: bool) -> Any:
@@ -110,6 +117,7 @@ def _mark(func: Callable[..., Any], atomic: bool) -> Any:
 def register(name: str, fn: Callable[..., Any], *, atomic: bool = True) -> None:
     """Register ``fn`` as the action ``name`` (used by the django.tasks backend and the
     HTTP callbacks); ``atomic`` as for ``@delayable``."""
+    _check_atomic(atomic)
     if _functions.get(name, fn) is not fn:
         raise NotDelayable(f"an action named {name!r} is already registered")
     fn.delayable_atomic = atomic  # type: ignore[attr-defined]

@@ -8,9 +8,10 @@ from fractions import Fraction
 import pytest
 from django.core.exceptions import ObjectDoesNotExist
 
-from django_delayjobs import cancel_for, schedule, schedule_many
+from django_delayjobs import cancel_for, delayable, schedule, schedule_many
 from django_delayjobs.exceptions import AlreadyRunning, InvalidSchedule
 from django_delayjobs.models import Job
+from django_delayjobs.registry import register
 from django_delayjobs.services import build_job
 from tests.testapp import tasks
 from tests.testapp.models import SpecialThing, Thing
@@ -112,3 +113,14 @@ def test_cancel_for_cancels_the_rows_jobs_whichever_proxy_scheduled_them():
     assert cancel_for(thing, thing.touch) == 1  # the bound method: as Thing.touch
     assert cancel_for(special) == 1
     assert Job.objects.get(pk=other.pk).status == "scheduled"
+
+
+@pytest.mark.parametrize("atomic", ["false", "no", None, 0, 1])
+def test_delayable_refuses_an_atomic_that_is_not_a_bool(atomic):
+    """``@delayable(atomic="false")`` was taken as true (a non-empty string), so the action
+    ran inside the outcome's transaction, holding it open across the outside call it was
+    meant to run outside of; ``atomic=None`` was taken as false."""
+    with pytest.raises(TypeError, match="atomic must be a bool"):
+        delayable(atomic=atomic)
+    with pytest.raises(TypeError, match="atomic must be a bool"):
+        register("tests.audit_ser.never", tasks.keep, atomic=atomic)
