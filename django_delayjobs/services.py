@@ -331,6 +331,8 @@ def cancel_for(
     """
     if not isinstance(obj, models.Model):
         raise TypeError(f"cancel_for takes a model instance, not {type(obj).__name__}")
+    if not isinstance(fail_if_running, bool):  # not its truth: "false" would be True
+        raise TypeError(f"fail_if_running must be a bool, not {type(fail_if_running).__name__}")
     actor = door.check_actor(actor)  # here, not only when a job is found
     family = _same_row_models(obj)
     names = None if action is None else _action_names(obj, action, family)

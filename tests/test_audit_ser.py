@@ -8,13 +8,13 @@ from fractions import Fraction
 import pytest
 from django.core.exceptions import ObjectDoesNotExist
 
-from django_delayjobs import cancel_for, delayable, schedule, schedule_many
+from django_delayjobs import cancel_for, cancel_on, delayable, schedule, schedule_many
 from django_delayjobs.exceptions import AlreadyRunning, InvalidSchedule
 from django_delayjobs.models import Job
 from django_delayjobs.registry import register
 from django_delayjobs.services import build_job
 from tests.testapp import tasks
-from tests.testapp.models import SpecialThing, Thing
+from tests.testapp.models import SpecialThing, Thing, thing_paid
 
 from .test_rest_helpers import running
 
@@ -124,3 +124,15 @@ def test_delayable_refuses_an_atomic_that_is_not_a_bool(atomic):
         delayable(atomic=atomic)
     with pytest.raises(TypeError, match="atomic must be a bool"):
         register("tests.audit_ser.never", tasks.keep, atomic=atomic)
+
+
+def test_cancel_for_and_cancel_on_refuse_a_fail_if_running_that_is_not_a_bool():
+    """``fail_if_running="false"`` was read by its truth, as ``True``: a payment arriving
+    while the job ran was rolled back with ``AlreadyRunning`` by a caller that had said
+    no. ``replace=`` was already checked this way."""
+    thing = Thing.objects.create()
+    running(schedule(thing.expire, in_=0))
+    with pytest.raises(TypeError, match="fail_if_running must be a bool"):
+        cancel_for(thing, fail_if_running="false")
+    with pytest.raises(TypeError, match="fail_if_running must be a bool"):
+        cancel_on(thing_paid, Thing.expire, fail_if_running="false")
