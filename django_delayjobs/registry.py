@@ -103,6 +103,13 @@ def _check_atomic(atomic: object) -> None:
 def _mark(func: Callable[..., Any], atomic: bool) -> Any:
     if not inspect.isfunction(func) or func.__name__ == "<lambda>":
         raise NotDelayable(f"@delayable takes a def-function, not {func!r}")
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        # Calling one runs none of its body: each attempt would make a generator, fail on
+        # it as a return value (not JSON), and the job end dead with nothing done.
+        raise NotDelayable(
+            f"{func.__qualname__} is a generator function (it yields): calling it runs none "
+            "of its body; make the action a plain function"
+        )
     qualname = func.__qualname__
     if "<locals>" in qualname:
         raise NotDelayable(f"{qualname} is defined inside a function; define it at module level")

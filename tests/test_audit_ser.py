@@ -3,13 +3,14 @@ One test per finding; each says what used to happen."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from fractions import Fraction
 
 import pytest
 from django.core.exceptions import ObjectDoesNotExist
 
 from django_delayjobs import cancel_for, cancel_on, delayable, schedule, schedule_many
-from django_delayjobs.exceptions import AlreadyRunning, InvalidSchedule
+from django_delayjobs.exceptions import AlreadyRunning, InvalidSchedule, NotDelayable
 from django_delayjobs.models import Job
 from django_delayjobs.registry import register
 from django_delayjobs.services import build_job
@@ -136,3 +137,23 @@ def test_cancel_for_and_cancel_on_refuse_a_fail_if_running_that_is_not_a_bool():
         cancel_for(thing, fail_if_running="false")
     with pytest.raises(TypeError, match="fail_if_running must be a bool"):
         cancel_on(thing_paid, Thing.expire, fail_if_running="false")
+
+
+def _steps(n: int) -> Iterator[int]:  # a generator function: calling it runs none of it
+    Thing.objects.create(name="ran")
+    yield n
+
+
+async def _async_steps(n: int) -> AsyncIterator[int]:
+    yield n
+
+
+@pytest.mark.parametrize("func", [_steps, _async_steps])
+def test_delayable_refuses_a_generator_function(func):
+    """A generator function was registered: a job of it "ran" by making a generator,
+    none of its body, and then failed every attempt on the return value (a generator is
+    not JSON) until it was dead."""
+    with pytest.raises(NotDelayable, match="generator"):
+        delayable(func)
+    with pytest.raises(NotDelayable, match="generator"):
+        delayable(atomic=False)(func)
