@@ -153,6 +153,7 @@ def describe(fn: object) -> ActionRef:
                 f"{type(instance).__name__}; save it first"
             )
         check_single_pk(instance)
+        check_database(instance)
         return ActionRef(f"{instance._meta.label}.{fn.method.name}", instance)
     name = getattr(fn, "delayable_name", None)
     if name is not None and _functions.get(name) is fn:
@@ -170,6 +171,26 @@ def check_single_pk(instance: Model) -> None:
         raise NotDelayable(
             f"{type(instance).__name__} has a composite primary key, and a job names its "
             "target by one value: schedule a @delayable function that takes the key's parts"
+        )
+
+
+def check_database(instance: Model) -> None:
+    """Raise ``InvalidSchedule`` if a worker would not find ``instance``'s row where it is.
+
+    A worker reads a job's target on ``db_for_write`` of its model with no instance to
+    route by, so an instance read from another database (``.using("shard2")``, which no
+    router sends this model's writes to) would be looked up by its pk in that one: another
+    row, or none.
+    """
+    from django.db import router
+
+    model = type(instance)
+    where, read = router.db_for_write(model, instance=instance), router.db_for_write(model)
+    if where != read:
+        raise InvalidSchedule(
+            f"this {model.__name__} is a row of the database {where!r}, and a worker reads "
+            f"{model.__name__} rows on {read!r} (db_for_write of the model): schedule a "
+            "@delayable function that takes the pk and reads it there"
         )
 
 

@@ -30,7 +30,7 @@ from .engine import MAX_BATCH, EngineUnavailable, PerShard, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, Status
 from .outcomes import Outage
-from .registry import BoundAction, DelayableMethod, describe, instance_name
+from .registry import BoundAction, DelayableMethod, check_database, describe, instance_name
 from .rows import Unreadable, tolerant
 
 logger = logging.getLogger("django_delayjobs")
@@ -343,6 +343,10 @@ def cancel_for(
     if obj.pk is None:
         raise ValueError(f"this {type(obj).__name__} is not saved, so no job can target it")
     if obj._meta.is_composite_pk:  # schedule() refuses it: no job can target it
+        return 0
+    try:
+        check_database(obj)
+    except InvalidSchedule:  # schedule() refuses it: its pk names a row of another database
         return 0
     try:
         # and the key's text as the instance holds it, which older versions stored

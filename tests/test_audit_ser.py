@@ -157,3 +157,29 @@ def test_delayable_refuses_a_generator_function(func):
         delayable(func)
     with pytest.raises(NotDelayable, match="generator"):
         delayable(atomic=False)(func)
+
+
+def _from_database(alias: str, pk: object) -> Thing:
+    """A Thing as ``Thing.objects.using(alias).get(pk=pk)`` gives it: Django notes the
+    database an instance was read from in ``_state.db`` (no query here, so the alias need
+    not be configured)."""
+    thing = Thing(pk=pk, name="elsewhere")
+    thing._state.adding, thing._state.db = False, alias
+    return thing
+
+
+def test_a_target_read_from_another_database_is_refused():
+    """The worker reads a job's target on ``db_for_write`` of its model, with no instance
+    to route by: a target read from another database (``.using("shard2")``, without a
+    router that sends its writes there) was accepted, and its job ran on the row of the
+    same pk in the default database, another object; ``cancel_for`` on it cancelled that
+    row's jobs."""
+    here = Thing.objects.create(name="here")
+    job = schedule(here.touch, in_=3600)
+    elsewhere = _from_database("shard2", here.pk)
+    with pytest.raises(InvalidSchedule, match="'shard2'"):
+        schedule(elsewhere.touch, in_=0)
+    assert Job.objects.count() == 1
+    assert cancel_for(elsewhere) == 0
+    assert Job.objects.get(pk=job.pk).status == "scheduled"
+    assert schedule(_from_database("default", here.pk).touch, in_=0)  # where it is read
