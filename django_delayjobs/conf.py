@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .callbacks import config as http
 from .engine.keys import validate_name
 from .exceptions import ConfigurationError
-from .timing import short_repr
+from .serialization import short_repr
 
 Validator = Callable[[Any], object]
 

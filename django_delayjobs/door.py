@@ -16,6 +16,7 @@ from .conf import delayjobs_settings
 from .engine import PRIORITY_RANGE, validate_name
 from .exceptions import InvalidSchedule
 from .models import Job, JobEvent
+from .serialization import short_repr
 
 #: The most attempts a job may have: PostgreSQL's ``integer`` column (the narrowest of the
 #: supported databases) holds no more.
@@ -28,7 +29,7 @@ def check_positive(value: object, what: str) -> int:
         raise TypeError(f"{what} must be an int, not {type(value).__name__}")
     if value < 1:
         # short_repr: str() of an int of more than 4,300 digits raises ValueError
-        raise InvalidSchedule(f"{what} must be at least 1, got {timing.short_repr(value)}")
+        raise InvalidSchedule(f"{what} must be at least 1, got {short_repr(value)}")
     if value > MAX_ATTEMPTS_LIMIT:
         raise InvalidSchedule(f"{what} must be at most {MAX_ATTEMPTS_LIMIT} (a 32-bit column)")
     return value
@@ -39,7 +40,7 @@ def check_priority(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"priority must be an int, not {type(value).__name__}")
     if value not in PRIORITY_RANGE:
-        raise InvalidSchedule(f"priority must be from -100 to 100, got {timing.short_repr(value)}")
+        raise InvalidSchedule(f"priority must be from -100 to 100, got {short_repr(value)}")
     return value
 
 
@@ -91,7 +92,9 @@ def check_key(key: object) -> str | None:
     if key is None:
         return None
     if not isinstance(key, str) or not key:
-        raise TypeError(f"key must be a non-empty str (at most 255 characters), not {key!r}")
+        raise TypeError(
+            f"key must be a non-empty str (at most 255 characters), not {short_repr(key)}"
+        )
     return check_column(key, "key", "key")
 
 
@@ -151,7 +154,7 @@ def check_built(job: Job, now: datetime.datetime) -> None:
     """The door for a job handed to ``schedule_many``: what ``build_job`` checks, on the
     values the job holds (it may have been changed, or built without ``build_job``)."""
     if not isinstance(job, Job):
-        raise TypeError(f"schedule_many takes jobs made by build_job, not {job!r}")
+        raise TypeError(f"schedule_many takes jobs made by build_job, not {short_repr(job)}")
     if not job._state.adding:
         raise InvalidSchedule(f"job {job.pk} is already saved: schedule_many inserts new jobs")
     fields = (field for field in Job._meta.concrete_fields if field.name in RUN_STATE)
@@ -162,7 +165,7 @@ def check_built(job: Job, now: datetime.datetime) -> None:
             "made them"
         )
     if not isinstance(job.pk, uuid.UUID):  # Django would convert 42, and Redis get "42"
-        raise TypeError(f"a job's id must be a UUID, not {job.pk!r}: use build_job")
+        raise TypeError(f"a job's id must be a UUID, not {short_repr(job.pk)}: use build_job")
     job.created_at = check_created(job.created_at, now)
     job.run_at = timing.within_range(timing.aware(job.run_at, "run_at"), "run_at", now)
     if job.expires_at is not None:

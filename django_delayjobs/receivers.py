@@ -35,6 +35,8 @@ def cancel_on(
         raise TypeError(f"signal must be a django.dispatch.Signal, not {type(signal).__name__}")
     if not isinstance(instance_kwarg, str):
         raise TypeError(f"instance_kwarg must be a str, not {type(instance_kwarg).__name__}")
+    if not isinstance(fail_if_running, bool):
+        raise TypeError(f"fail_if_running must be a bool, not {type(fail_if_running).__name__}")
     actor = check_column(f"signal:{name}" if name else "signal", "the actor 'signal:' + name",
                          "actor", JobEvent)  # fmt: skip
     if isinstance(action, str):

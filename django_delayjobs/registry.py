@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .exceptions import InvalidSchedule, NotDelayable, UnknownAction
+from .serialization import short_repr
 
 if TYPE_CHECKING:
     from django.db.models import Model
@@ -64,7 +65,14 @@ class BoundAction(Generic[R]):
         return self.method.func(self.instance, *args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"<delayable {self.method.name} of {self.instance!r}>"
+        return f"<delayable {self.method.name} of {instance_name(self.instance)}>"
+
+
+def instance_name(instance: object) -> str:
+    """``Thing 42``: an instance named by its class and primary key, for messages. Not its
+    ``repr()``, which calls the model's ``__str__``: one that reads a foreign key not set
+    yet (an unsaved instance) raises, and would replace the message's own error."""
+    return f"{type(instance).__name__} {short_repr(getattr(instance, 'pk', None))}"
 
 
 @overload
@@ -80,14 +88,28 @@ def delayable(func: Callable[P, R] | None = None, /, *, atomic: bool = True) -> 
     such as an HTTP call, and must not hold a transaction open meanwhile); its outcome is
     written right after, and it may run more than once if its worker dies in between.
     """
+    _check_atomic(atomic)
     if func is None:
         return lambda fn: _mark(fn, atomic)
     return _mark(func, atomic)
 
 
+def _check_atomic(atomic: object) -> None:
+    # Not its truth: atomic="false" would run the action inside the outcome's transaction.
+    if not isinstance(atomic, bool):
+        raise TypeError(f"atomic must be a bool, not {type(atomic).__name__}")
+
+
 def _mark(func: Callable[..., Any], atomic: bool) -> Any:
     if not inspect.isfunction(func) or func.__name__ == "<lambda>":
         raise NotDelayable(f"@delayable takes a def-function, not {func!r}")
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        # Calling one runs none of its body: each attempt would make a generator, fail on
+        # it as a return value (not JSON), and the job end dead with nothing done.
+        raise NotDelayable(
+            f"{func.__qualname__} is a generator function (it yields): calling it runs none "
+            "of its body; make the action a plain function"
+        )
     qualname = func.__qualname__
     if "<locals>" in qualname:
         raise NotDelayable(f"{qualname} is defined inside a function; define it at module level")
@@ -102,6 +124,7 @@ def _mark(func: Callable[..., Any], atomic: bool) -> Any:
 def register(name: str, fn: Callable[..., Any], *, atomic: bool = True) -> None:
     """Register ``fn`` as the action ``name`` (used by the django.tasks backend and the
     HTTP callbacks); ``atomic`` as for ``@delayable``."""
+    _check_atomic(atomic)
     if _functions.get(name, fn) is not fn:
         raise NotDelayable(f"an action named {name!r} is already registered")
     fn.delayable_atomic = atomic  # type: ignore[attr-defined]
@@ -126,9 +149,11 @@ def describe(fn: object) -> ActionRef:
             raise NotDelayable(f"{fn!r}: @delayable methods must belong to a Django model")
         if instance.pk is None or instance._state.adding:
             raise InvalidSchedule(
-                f"{fn!r} is bound to an unsaved {type(instance).__name__}; save it first"
+                f"{type(instance).__name__}.{fn.method.name} is bound to an unsaved "
+                f"{type(instance).__name__}; save it first"
             )
         check_single_pk(instance)
+        check_database(instance)
         return ActionRef(f"{instance._meta.label}.{fn.method.name}", instance)
     name = getattr(fn, "delayable_name", None)
     if name is not None and _functions.get(name) is fn:
@@ -146,6 +171,26 @@ def check_single_pk(instance: Model) -> None:
         raise NotDelayable(
             f"{type(instance).__name__} has a composite primary key, and a job names its "
             "target by one value: schedule a @delayable function that takes the key's parts"
+        )
+
+
+def check_database(instance: Model) -> None:
+    """Raise ``InvalidSchedule`` if a worker would not find ``instance``'s row where it is.
+
+    A worker reads a job's target on ``db_for_write`` of its model with no instance to
+    route by, so an instance read from another database (``.using("shard2")``, which no
+    router sends this model's writes to) would be looked up by its pk in that one: another
+    row, or none.
+    """
+    from django.db import router
+
+    model = type(instance)
+    where, read = router.db_for_write(model, instance=instance), router.db_for_write(model)
+    if where != read:
+        raise InvalidSchedule(
+            f"this {model.__name__} is a row of the database {where!r}, and a worker reads "
+            f"{model.__name__} rows on {read!r} (db_for_write of the model): schedule a "
+            "@delayable function that takes the pk and reads it there"
         )
 
 

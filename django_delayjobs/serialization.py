@@ -40,6 +40,16 @@ _LOADERS: dict[str, Callable[[str], Any]] = {
 }
 
 
+def short_repr(value: object) -> str:
+    """``repr(value)``, cut short; a huge int has no repr (Python refuses > 4,300 digits),
+    so quoting a bad value must not raise a ValueError of its own instead of the door's."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return "a huge number"
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
 def check_text(value: str, what: str, max_length: int | None = None) -> str:
     """Return ``value`` if every supported database stores it as it is, else raise
     ``InvalidSchedule``: no NUL (PostgreSQL refuses it), no lone surrogate (not Unicode)."""
@@ -188,7 +198,7 @@ def _items(value: dict[Any, Any], path: str) -> list[tuple[str, Any]]:
 
 def _key(key: object, path: str) -> str:
     if not isinstance(key, str):
-        raise TypeError(f"{path} has a key {key!r}: JSON object keys must be str")
+        raise TypeError(f"{path} has a key {short_repr(key)}: JSON object keys must be str")
     return check_text(key, f"{path} key {key!r}")
 
 
@@ -203,6 +213,11 @@ def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
         _number(value, path)
     elif isinstance(value, dict) and len(value) == 1 and next(iter(value)) in _LOADERS:
         ((tag, raw),) = value.items()
+        if not isinstance(raw, str):  # dump() writes text; uuid.UUID(5) raises AttributeError
+            raise InvalidSchedule(
+                f"{path} holds {tag} with a {type(raw).__name__}, where dump() writes text: "
+                "build jobs with build_job"
+            )
         try:
             loaded = _LOADERS[tag](raw)
         except (ArithmeticError, TypeError, ValueError):

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import cache, partial
 from typing import Any
 
+from django.apps import apps
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
@@ -29,7 +30,7 @@ from .engine import MAX_BATCH, EngineUnavailable, PerShard, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, Status
 from .outcomes import Outage
-from .registry import BoundAction, DelayableMethod, describe
+from .registry import BoundAction, DelayableMethod, check_database, describe, instance_name
 from .rows import Unreadable, tolerant
 
 logger = logging.getLogger("django_delayjobs")
@@ -330,27 +331,32 @@ def cancel_for(
     """
     if not isinstance(obj, models.Model):
         raise TypeError(f"cancel_for takes a model instance, not {type(obj).__name__}")
+    if not isinstance(fail_if_running, bool):  # not its truth: "false" would be True
+        raise TypeError(f"fail_if_running must be a bool, not {type(fail_if_running).__name__}")
     actor = door.check_actor(actor)  # here, not only when a job is found
-    name = None if action is None else _action_name(obj, action)
-    if name is not None:
+    family = _same_row_models(obj)
+    names = None if action is None else _action_names(obj, action, family)
+    for name in names or ():
         # before any query: the database refuses a NUL or a lone surrogate (PostgreSQL
         # aborting the caller's transaction)
         serialization.check_text(name, "action")
     if obj.pk is None:
-        raise ValueError(f"{obj!r} is not saved, so no job can target it")
+        raise ValueError(f"this {type(obj).__name__} is not saved, so no job can target it")
     if obj._meta.is_composite_pk:  # schedule() refuses it: no job can target it
+        return 0
+    try:
+        check_database(obj)
+    except InvalidSchedule:  # schedule() refuses it: its pk names a row of another database
         return 0
     try:
         # and the key's text as the instance holds it, which older versions stored
         target_ids = {door.target_id(obj), serialization.check_text(str(obj.pk), "pk")}
     except InvalidSchedule:  # schedule() refuses it: no job can target it
         return 0
-    jobs = Job.objects.filter(
-        target_type=ContentType.objects.get_for_model(obj, for_concrete_model=False),
-        target_id__in=target_ids,
-    )
-    if name is not None:
-        jobs = jobs.filter(action=name)
+    types = ContentType.objects.get_for_models(*family, for_concrete_models=False).values()
+    jobs = Job.objects.filter(target_type__in=list(types), target_id__in=target_ids)
+    if names is not None:
+        jobs = jobs.filter(action__in=names)
     if not fail_if_running:
         return sum(cancel(job, actor=actor) for job in jobs.filter(status__in=WAITING))
     # One transaction: a refusal undoes this call's cancels even where no caller's
@@ -370,24 +376,41 @@ def _cancel_unless_running(job: Job, obj: models.Model, actor: str) -> bool:
     while not cancel(job, actor=actor):
         status = Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
         if status == Status.RUNNING:
-            raise AlreadyRunning(f"{job.action} for {obj!r} is already running ({job.pk})")
+            raise AlreadyRunning(
+                f"{job.action} for {instance_name(obj)} is already running ({job.pk})"
+            )
         if status not in WAITING:
             return False
     return True
 
 
-def _action_name(obj: models.Model, action: Any) -> str:
+def _same_row_models(obj: models.Model) -> list[type[models.Model]]:
+    """``obj``'s concrete model and its proxies: a job scheduled through an instance of any
+    of them names that model (its content type, its label in the action), and targets
+    ``obj``'s row all the same."""
+    concrete = obj._meta.concrete_model
+    others = (model for model in apps.get_models() if model._meta.concrete_model is concrete)
+    return list(dict.fromkeys([type(obj), *others]))
+
+
+def _action_names(obj: models.Model, action: Any, family: list[type[models.Model]]) -> list[str]:
     if isinstance(action, str):
-        return action
+        return [action]
+    if isinstance(action, BoundAction):  # obj.cancel: the method, whoever it is bound to
+        action = action.method
     if isinstance(action, DelayableMethod):
-        # The name is the object's model's (a proxy's own, as schedule() stores it): a
-        # method of an unrelated model would name the object's own method of that name.
+        # The name is the model's the job was scheduled through (a proxy's own, as
+        # schedule() stores it): a method of an unrelated model would name the object's
+        # own method of that name.
         if action.owner is not None and not isinstance(obj, action.owner):
             raise TypeError(
-                f"{action!r} is a method of {action.owner.__name__}, and {obj!r} is not one"
+                f"{action!r} is a method of {action.owner.__name__}, and {instance_name(obj)} "
+                "is not one"
             )
-        return f"{obj._meta.label}.{action.name}"
-    return describe(action).name
+        owner = action.owner or object
+        return [f"{model._meta.label}.{action.name}" for model in family
+                if issubclass(model, owner)]  # fmt: skip
+    return [describe(action).name]
 
 
 def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = "code") -> bool:

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from .exceptions import ConfigurationError, InvalidSchedule
-from .serialization import TZINFO_ERRORS
+from .serialization import TZINFO_ERRORS, short_repr
 
 #: No due time or expiry before this: Redis scores are ms since the epoch.
 EARLIEST = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -45,7 +45,9 @@ def delay(value: object, what: str) -> datetime.timedelta:
     elif isinstance(value, int | float) and not isinstance(value, bool):
         seconds = value  # an int is compared as it is: float(10**400) raises OverflowError
     else:
-        raise TypeError(f"{what} must be a timedelta or a number of seconds, not {value!r}")
+        raise TypeError(
+            f"{what} must be a timedelta or a number of seconds, not {short_repr(value)}"
+        )
     if isinstance(seconds, float) and not math.isfinite(seconds):
         raise InvalidSchedule(f"{what} must be a finite, non-negative delay, got {value!r}")
     if seconds < 0:
@@ -129,12 +131,3 @@ def to_ms(value: datetime.datetime) -> float:
         )
     micros = (value - EARLIEST) // ONE_MICROSECOND
     return micros // 1000 if micros % 1000 == 0 else micros / 1000
-
-
-def short_repr(value: object) -> str:
-    """``repr(value)``, cut short; a huge int has no repr (Python refuses > 4,300 digits)."""
-    try:
-        text = repr(value)
-    except ValueError:
-        return "a huge number"
-    return text if len(text) <= 40 else f"{text[:37]}..."
