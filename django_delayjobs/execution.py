@@ -20,6 +20,7 @@ read or run at all is dead at once.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
 import time
@@ -55,7 +56,8 @@ from .registry import resolve
 
 logger = logging.getLogger("django_delayjobs.worker")
 
-#: The job whose action is running in this thread (for actions that want their attempt).
+#: The job whose action is running in this thread (for actions that want their attempt):
+#: a copy (``handed_out``), so that the action cannot move its outcome's fence.
 current_job: ContextVar[Job | None] = ContextVar("current_job", default=None)
 _notes: ContextVar[list[str] | None] = ContextVar("delayjobs_notes", default=None)
 
@@ -219,6 +221,15 @@ def receivers_left_autocommit_off(conn: BaseDatabaseWrapper) -> None:
         )
 
 
+def handed_out(job: Job) -> Job:
+    """A copy of ``job`` for user code (the action, through ``current_job``, and the
+    receivers of ``job_started``). The worker's own copy holds the fence (id, attempt,
+    delivery) that its outcome is written under: user code that changed it, or copied the
+    job as Django copies an instance (``pk = None``, ``save()``), left the job running,
+    its effects rolled back as if it had been overtaken, or its outcome in another row."""
+    return copy.copy(job)
+
+
 async def _await(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
@@ -270,7 +281,7 @@ class Execution:
             return claimed
         job = self.job = claimed
         self.connection = Connection(self.db)  # before the receivers: they may change it too
-        signals.send(signals.job_started, job)
+        signals.send(signals.job_started, handed_out(job))
         receivers_left_autocommit_off(self.db)
         if job.expires_at is not None and timezone.now() > job.expires_at:
             return self.finish(Outcome.SKIPPED, f"expired at {job.expires_at.isoformat()}")
@@ -546,7 +557,8 @@ class Execution:
         self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], notes: list[str]
     ) -> Any:
         """Run the action; return its value as stored (JSON), or raise."""
-        job_token, notes_token = current_job.set(self.job), _notes.set(notes)
+        assert self.job is not None
+        job_token, notes_token = current_job.set(handed_out(self.job)), _notes.set(notes)
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
         depth = len(self.db.atomic_blocks)  # 1 inside the job's transaction, else 0
         closed_before = self.db.closed_in_transaction

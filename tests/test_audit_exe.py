@@ -1,0 +1,92 @@
+"""Hostile actions against the transaction around them, run by a real worker (--burst in
+this process, or a worker process): whatever an action does, its job ends done, scheduled
+for a retry or visibly dead, and its history tells the truth."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from django_delayjobs import delayable, schedule_many, signals
+from django_delayjobs.execution import current_job
+from django_delayjobs.models import Job, Status
+from django_delayjobs.services import build_job
+from tests.testapp import tasks
+from tests.testapp.models import Record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def burst() -> None:
+    call_command("run_delayworker", "--burst", "-v", "0")
+
+
+def history(job: Job) -> list[tuple[str, int]]:
+    return list(job.events.order_by("at", "id").values_list("kind", "attempt"))
+
+
+# -- the job an action is handed -----------------------------------------------------------
+
+
+@delayable
+def copy_own_job(label: str) -> str:
+    """Schedules a follow-up by copying its own job the way Django documents copying a
+    model instance (``pk = None``, ``save()``), for an hour later."""
+    job = current_job.get()
+    assert job is not None
+    job.pk, job._state.adding = None, True
+    job.status, job.attempts, job.deliveries = Status.SCHEDULED, 0, 0
+    job.run_at = timezone.now() + timedelta(hours=1)
+    job.save()
+    Record.objects.create(label=label)
+    return str(job.pk)
+
+
+@delayable
+def change_own_job(label: str) -> str:
+    """Changes the fields of the job it is handed, in memory only."""
+    job = current_job.get()
+    assert job is not None
+    job.attempts, job.deliveries, job.status = 7, 7, Status.SCHEDULED
+    Record.objects.create(label=label)
+    return label
+
+
+def change_started_job(sender: object, job: Job, **kwargs: object) -> None:
+    job.attempts, job.deliveries = 7, 7
+
+
+@pytest.mark.parametrize(
+    ("action", "receiver"),
+    [(copy_own_job, None), (change_own_job, None), (tasks.record, change_started_job)],
+    ids=["copied", "changed", "changed-by-job_started"],
+)
+def test_what_user_code_does_to_the_job_it_is_handed_cannot_move_its_fence(action, receiver):
+    """The fence (the row's id, attempt and delivery) is the worker's own: an action that
+    copied or changed the ``Job`` that ``current_job`` handed it (or a receiver of
+    ``job_started`` that changed its ``job``) once left its job running, its effects
+    rolled back as if another worker had overtaken it (or its success recorded in the
+    copy), to be run again after its lease."""
+    job = build_job(action, at=timezone.now(), args=["ran"], max_attempts=1)
+    schedule_many([job])
+    if receiver is not None:
+        signals.job_started.connect(receiver)
+    try:
+        burst()
+    finally:
+        signals.job_started.disconnect(receiver)
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.deliveries) == (Status.SUCCEEDED, 1, 1), job.last_error
+    assert history(job) == [("scheduled", 0), ("started", 1), ("succeeded", 1)]
+    assert Record.objects.filter(label="ran").count() == 1
+    others = Job.objects.exclude(pk=job.pk)
+    if action is copy_own_job:
+        copy = others.get()
+        assert str(copy.pk) == job.result
+        assert (copy.status, copy.attempts) == (Status.SCHEDULED, 0)
+        assert not copy.events.exists()
+    else:
+        assert not others.exists()
