@@ -23,6 +23,8 @@ import contextlib
 import copy
 import inspect
 import logging
+import os
+import sys
 import time
 import traceback
 from collections.abc import Awaitable, Callable
@@ -228,6 +230,30 @@ def handed_out(job: Job) -> Job:
     job as Django copies an instance (``pk = None``, ``save()``), left the job running,
     its effects rolled back as if it had been overtaken, or its outcome in another row."""
     return copy.copy(job)
+
+
+def end_forked_child(pid: int, exc: BaseException | None) -> None:
+    """End this process here if it is not ``pid``, the worker, but a child that the action
+    forked (``os.fork()``) and that came back from it, raising (``sys.exit()``, an error)
+    or returning instead of ending by ``os._exit()``. It must not go on as the worker: it
+    would write the job's outcome over its parent's database connection, then claim jobs
+    with no heartbeat. It exits with the code ``sys.exit`` would give it (1 and the
+    traceback for an error), without the at-exit handlers, which are its parent's."""
+    if os.getpid() == pid:
+        return
+    code = 0
+    with contextlib.suppress(BaseException):  # nothing may keep it from exiting
+        if isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            if not isinstance(exc.code, int | None):
+                print(exc.code, file=sys.stderr)
+        elif exc is not None:
+            code = 1
+            traceback.print_exception(exc)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    os._exit(code)
 
 
 async def _await(awaitable: Awaitable[Any]) -> Any:
@@ -562,15 +588,18 @@ class Execution:
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
         depth = len(self.db.atomic_blocks)  # 1 inside the job's transaction, else 0
         closed_before = self.db.closed_in_transaction
+        pid = os.getpid()
         try:
             try:
                 value = fn(*args, **kwargs)
+                end_forked_child(pid, None)
                 if inspect.isawaitable(value):
                     # async_to_sync, not a private event loop: the coroutine's
                     # sync_to_async() ORM calls then run back in this thread, inside this
                     # transaction.
                     value = async_to_sync(_await)(value)
             except BaseException as exc:
+                end_forked_child(pid, exc)
                 problem = self.left_behind(depth, closed_before)
                 if problem is not None and self.db.closed_in_transaction and not closed_before:
                     raise problem from exc  # its close() is the cause of what it raised

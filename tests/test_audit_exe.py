@@ -10,10 +10,11 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from django_delayjobs import delayable, schedule_many, signals
+from django_delayjobs import delayable, schedule, schedule_many, signals
 from django_delayjobs.execution import current_job
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
+from tests.helpers import start_worker
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -90,3 +91,29 @@ def test_what_user_code_does_to_the_job_it_is_handed_cannot_move_its_fence(actio
         assert not copy.events.exists()
     else:
         assert not others.exists()
+
+
+# -- an action that forks ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("child", "code"), [("exit", 3), ("return", 0), ("raise", 1)])
+def test_a_child_an_action_forks_ends_with_the_action_never_running_the_worker(
+    redis_url, tmp_path, child, code
+):
+    """A child process the action forked and that ends by raising (``sys.exit()``, an
+    error) or returning, not by ``os._exit()``, came back into the worker: it recorded an
+    outcome for the job on its parent's database connection, and went on claiming jobs
+    as a worker with no heartbeat. It now exits there, with the code its end asks for."""
+    job = schedule(tasks.fork_and_wait, in_=0, args=[child, 10.0], max_attempts=1)
+    worker = start_worker(redis_url, "--burst", "-v", "3", log=tmp_path / "worker.log")
+    try:
+        assert worker.wait(60) == 0, (tmp_path / "worker.log").read_text()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    job.refresh_from_db()
+    assert (job.status, job.result) == (Status.SUCCEEDED, code), job.last_error
+    assert history(job) == [("scheduled", 0), ("started", 1), ("succeeded", 1)]
+    log = (tmp_path / "worker.log").read_text()
+    assert log.count(f"job {job.pk}: succeeded") == 1, log  # the parent's line alone
