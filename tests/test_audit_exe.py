@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from django_delayjobs import delayable, schedule, schedule_many, signals
+from django_delayjobs import Retry, delayable, schedule, schedule_many, signals
 from django_delayjobs.execution import current_job
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
@@ -117,3 +117,51 @@ def test_a_child_an_action_forks_ends_with_the_action_never_running_the_worker(
     assert history(job) == [("scheduled", 0), ("started", 1), ("succeeded", 1)]
     log = (tmp_path / "worker.log").read_text()
     assert log.count(f"job {job.pk}: succeeded") == 1, log  # the parent's line alone
+
+
+# -- the exception an action raises --------------------------------------------------------
+
+
+class Later(Retry):
+    """A ``Retry`` of the action's own that never calls ``Retry.__init__`` (so has no
+    ``after``), a common slip in a subclass."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"later: {self.reason}"
+
+
+class AfterChanged(Retry):
+    """A ``Retry`` whose ``after`` was set after ``Retry.__init__`` checked it."""
+
+    def __init__(self) -> None:
+        super().__init__("the receiver is busy")
+        self.after = "in a minute"  # type: ignore[assignment]
+
+
+@delayable
+def raise_retry(kind: str) -> None:
+    Record.objects.create(label=kind)
+    raise Later("busy") if kind == "no-after" else AfterChanged()
+
+
+@pytest.mark.parametrize("kind", ["no-after", "after-changed"])
+def test_a_retry_without_a_usable_delay_is_retried_with_the_usual_backoff(kind):
+    """Reading its ``after`` raised in the worker, not the action: the delivery was handed
+    back as after a bug, the job left running, and run again and again as the same attempt
+    until it was dead as a job that kills its workers."""
+    job = build_job(raise_retry, at=timezone.now(), args=[kind], max_attempts=3)
+    after = build_job(tasks.record, at=timezone.now() + timedelta(milliseconds=1), args=["after"])
+    schedule_many([job, after])
+    started = timezone.now()
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.deliveries) == (Status.RETRYING, 1, 1), job.last_error
+    # The usual backoff: RETRY_BACKOFF_SECONDS (10) times 0.5-1.0 for a first failure.
+    assert started + timedelta(seconds=5) <= job.run_at <= timezone.now() + timedelta(seconds=10)
+    assert history(job) == [("scheduled", 0), ("started", 1), ("failed", 1)]
+    assert job.last_error.splitlines()[0].startswith(f"{__name__}."), job.last_error
+    assert not Record.objects.filter(label=kind).exists()
+    assert Job.objects.get(pk=after.pk).status == Status.SUCCEEDED
