@@ -256,8 +256,17 @@ def end_forked_child(pid: int, exc: BaseException | None) -> None:
     os._exit(code)
 
 
-async def _await(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
+async def _await(awaitable: Awaitable[Any], pid: int) -> Any:
+    """Await ``awaitable`` in the event loop's thread, which a child the coroutine forked
+    would come back to: it ends there (``end_forked_child``), or it would wait forever for
+    work that only its parent's threads give."""
+    try:
+        value = await awaitable
+    except BaseException as exc:
+        end_forked_child(pid, exc)
+        raise
+    end_forked_child(pid, None)
+    return value
 
 
 class Execution:
@@ -597,7 +606,7 @@ class Execution:
                     # async_to_sync, not a private event loop: the coroutine's
                     # sync_to_async() ORM calls then run back in this thread, inside this
                     # transaction.
-                    value = async_to_sync(_await)(value)
+                    value = async_to_sync(_await)(value, pid)
             except BaseException as exc:
                 end_forked_child(pid, exc)
                 problem = self.left_behind(depth, closed_before)

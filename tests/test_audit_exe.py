@@ -97,15 +97,17 @@ def test_what_user_code_does_to_the_job_it_is_handed_cannot_move_its_fence(actio
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("action", [tasks.fork_and_wait, tasks.fork_and_wait_async],
+                         ids=["sync", "async"])  # fmt: skip
 @pytest.mark.parametrize(("child", "code"), [("exit", 3), ("return", 0), ("raise", 1)])
 def test_a_child_an_action_forks_ends_with_the_action_never_running_the_worker(
-    redis_url, tmp_path, child, code
+    redis_url, tmp_path, action, child, code
 ):
     """A child process the action forked and that ends by raising (``sys.exit()``, an
     error) or returning, not by ``os._exit()``, came back into the worker: it recorded an
     outcome for the job on its parent's database connection, and went on claiming jobs
     as a worker with no heartbeat. It now exits there, with the code its end asks for."""
-    job = schedule(tasks.fork_and_wait, in_=0, args=[child, 10.0], max_attempts=1)
+    job = schedule(action, in_=0, args=[child, 10.0], max_attempts=1)
     worker = start_worker(redis_url, "--burst", "-v", "3", log=tmp_path / "worker.log")
     try:
         assert worker.wait(60) == 0, (tmp_path / "worker.log").read_text()

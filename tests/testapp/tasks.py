@@ -467,6 +467,16 @@ def fork_and_wait(child: str, seconds: float) -> int:
     ``SystemExit(3)``, ``"return"`` returns, ``"raise"`` raises ``RuntimeError``), not by
     ``os._exit``. The parent waits for it (at most ``seconds``, then kills it) and returns
     its exit code (-9 if it had to be killed)."""
+    return _fork_and_wait(child, seconds)
+
+
+@delayable
+async def fork_and_wait_async(child: str, seconds: float) -> int:
+    """``fork_and_wait`` in a coroutine (which runs in an event loop's thread)."""
+    return _fork_and_wait(child, seconds)
+
+
+def _fork_and_wait(child: str, seconds: float) -> int:
     import os
     import signal
 
