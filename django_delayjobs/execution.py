@@ -522,8 +522,16 @@ class Execution:
         return claimed
 
     def record_success(self, job: Job, stored: Any, notes: list[str]) -> Job | None:
-        with transaction.atomic(using=self.db.alias):
-            return self.succeeded(job, stored, notes)
+        """Record a non-atomic action's success. If the database refused the claim of the
+        next job in that transaction, record it again alone: handing the job back would
+        run the action again, and its outside effect has happened."""
+        try:
+            with transaction.atomic(using=self.db.alias):
+                return self.succeeded(job, stored, notes)
+        except _ClaimAheadFailed:
+            self.then = None  # the next job is left to its own claim
+            with transaction.atomic(using=self.db.alias):
+                return self.succeeded(job, stored, notes)
 
     def once_more_if_lost(self, write: Callable[[], T]) -> T:
         """Run ``write``, an outcome's transaction. After a non-atomic action, run it once

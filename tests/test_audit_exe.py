@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
 
 from django_delayjobs import Retry, delayable, schedule, schedule_many, signals
@@ -167,3 +168,61 @@ def test_a_retry_without_a_usable_delay_is_retried_with_the_usual_backoff(kind):
     assert job.last_error.splitlines()[0].startswith(f"{__name__}."), job.last_error
     assert not Record.objects.filter(label=kind).exists()
     assert Job.objects.get(pk=after.pk).status == Status.SUCCEEDED
+
+
+# -- the claim of the next job, refused -----------------------------------------------------
+
+
+@pytest.fixture
+def refuse_one_claim():
+    """Returns a function that makes PostgreSQL refuse, once, the claim of the job with the
+    given id with a serialization failure: what a claim in a SERIALIZABLE or REPEATABLE
+    READ transaction meets when a cancel or a reschedule of that job commits meanwhile."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a claim that PostgreSQL refuses (SQLite's write lock serializes them)")
+    table = connection.ops.quote_name(Job._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE SEQUENCE delayjobs_test_refusals")
+
+    def refuse(job_id: object) -> None:
+        with connection.cursor() as cursor:
+            # nextval() is not rolled back with the refused claim: the next claim goes by.
+            cursor.execute(f"""
+                CREATE FUNCTION delayjobs_test_refuse() RETURNS trigger AS $$ BEGIN
+                  IF NEW.id = '{job_id}' AND NEW.status = 'running'
+                     AND nextval('delayjobs_test_refusals') = 1 THEN
+                    RAISE EXCEPTION 'could not serialize access due to concurrent update'
+                      USING ERRCODE = '40001';
+                  END IF;
+                  RETURN NEW;
+                END $$ LANGUAGE plpgsql""")  # fmt: skip
+            cursor.execute(f"CREATE TRIGGER delayjobs_test_refuse BEFORE UPDATE ON {table} "
+                           "FOR EACH ROW EXECUTE FUNCTION delayjobs_test_refuse()")  # fmt: skip
+
+    try:
+        yield refuse
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER IF EXISTS delayjobs_test_refuse ON {table}")
+            cursor.execute("DROP FUNCTION IF EXISTS delayjobs_test_refuse()")
+            cursor.execute("DROP SEQUENCE delayjobs_test_refusals")
+
+
+def test_a_refused_claim_of_the_next_job_never_runs_a_non_atomic_action_again(refuse_one_claim):
+    """A success claims the next job of the batch in the same transaction; when the
+    database refused that claim, the transaction was lost and the job handed back, so a
+    non-atomic action (an HTTP callback) whose outside effect had happened ran again. Its
+    success is now written alone, and the next job claimed on its own."""
+    past = timezone.now() - timedelta(seconds=1)
+    first = build_job(tasks.outside_call, at=past, args=["called out", False], max_attempts=1)
+    after = build_job(tasks.record, at=past + timedelta(milliseconds=1), args=["after"])
+    schedule_many([first, after])
+    refuse_one_claim(after.pk)
+    burst()
+    first.refresh_from_db()
+    assert (first.status, first.attempts, first.deliveries) == (Status.SUCCEEDED, 1, 1)
+    assert Record.objects.filter(label="called out").count() == 1  # its outside effect, once
+    assert history(first) == [("scheduled", 0), ("started", 1), ("succeeded", 1)]
+    after.refresh_from_db()
+    assert (after.status, after.attempts, after.deliveries) == (Status.SUCCEEDED, 1, 1)
+    assert Record.objects.filter(label="after").count() == 1
