@@ -258,7 +258,7 @@ def end_forked_child(pid: int, exc: BaseException | None) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
-    os._exit(code)
+    os._exit(code & 0xFF)  # as the system keeps it (and never too large for _exit)
 
 
 async def _await(awaitable: Awaitable[Any], pid: int) -> Any:

@@ -100,7 +100,9 @@ def test_what_user_code_does_to_the_job_it_is_handed_cannot_move_its_fence(actio
 @pytest.mark.slow
 @pytest.mark.parametrize("action", [tasks.fork_and_wait, tasks.fork_and_wait_async],
                          ids=["sync", "async"])  # fmt: skip
-@pytest.mark.parametrize(("child", "code"), [("exit", 3), ("return", 0), ("raise", 1)])
+@pytest.mark.parametrize(
+    ("child", "code"), [("exit", 3), ("exit-huge", 4), ("return", 0), ("raise", 1)]
+)
 def test_a_child_an_action_forks_ends_with_the_action_never_running_the_worker(
     redis_url, tmp_path, action, child, code
 ):

@@ -464,9 +464,9 @@ def close_connection_in_own_block(label: str) -> str:
 @delayable
 def fork_and_wait(child: str, seconds: float) -> int:
     """Forks; the child ends as a script's child often does (``child``: ``"exit"`` raises
-    ``SystemExit(3)``, ``"return"`` returns, ``"raise"`` raises ``RuntimeError``), not by
-    ``os._exit``. The parent waits for it (at most ``seconds``, then kills it) and returns
-    its exit code (-9 if it had to be killed)."""
+    ``SystemExit(3)``, ``"exit-huge"`` with a code past 64 bits, ``"return"`` returns,
+    ``"raise"`` raises ``RuntimeError``), not by ``os._exit``. The parent waits for it (at
+    most ``seconds``, then kills it) and returns its exit code (-9 if it had to be killed)."""
     return _fork_and_wait(child, seconds)
 
 
@@ -484,6 +484,8 @@ def _fork_and_wait(child: str, seconds: float) -> int:
     if pid == 0:
         if child == "exit":
             raise SystemExit(3)
+        if child == "exit-huge":
+            raise SystemExit(2**70 + 4)  # too large for os._exit(): 4 is what the system keeps
         if child == "raise":
             raise RuntimeError("the child failed")
         return -1
