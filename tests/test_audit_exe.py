@@ -17,7 +17,7 @@ from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
 from tests.helpers import start_worker
 from tests.testapp import tasks
-from tests.testapp.models import Record
+from tests.testapp.models import Record, Thing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -228,3 +228,37 @@ def test_a_refused_claim_of_the_next_job_never_runs_a_non_atomic_action_again(re
     after.refresh_from_db()
     assert (after.status, after.attempts, after.deliveries) == (Status.SUCCEEDED, 1, 1)
     assert Record.objects.filter(label="after").count() == 1
+
+
+# -- an action that cancels the jobs of its own target -------------------------------------
+
+
+def test_cancel_for_fail_if_running_inside_an_action_does_not_count_the_action_itself():
+    """An action that cancels its target's other jobs with ``fail_if_running=True`` (a
+    payment, run as a job) found its own job running and raised ``AlreadyRunning``: it
+    could never succeed. Its own job is not one that ``cancel_for`` must stop."""
+    thing = Thing.objects.create(name="order")
+    reminder = schedule(thing.touch, in_=3600)
+    job = schedule(thing.settle, in_=0, max_attempts=1)
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.result) == (Status.SUCCEEDED, 1), job.last_error
+    reminder.refresh_from_db()
+    assert reminder.status == Status.CANCELLED
+    thing.refresh_from_db()
+    assert thing.state == "settled"
+
+
+def test_cancel_for_fail_if_running_inside_an_action_still_refuses_another_running_job():
+    """Another job of the same target that runs (here: its row as a worker left it) is
+    still refused, the action's writes rolled back with it."""
+    thing = Thing.objects.create(name="order")
+    running = schedule(thing.touch, in_=3600)
+    Job.objects.filter(pk=running.pk).update(status=Status.RUNNING, attempts=1, deliveries=1)
+    job = schedule(thing.settle, in_=0, max_attempts=1)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    assert job.last_error.startswith("django_delayjobs.exceptions.AlreadyRunning:"), job.last_error
+    thing.refresh_from_db()
+    assert thing.state == "new"
