@@ -20,8 +20,11 @@ read or run at all is dead at once.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
+import os
+import sys
 import time
 import traceback
 from collections.abc import Awaitable, Callable
@@ -55,7 +58,8 @@ from .registry import resolve
 
 logger = logging.getLogger("django_delayjobs.worker")
 
-#: The job whose action is running in this thread (for actions that want their attempt).
+#: The job whose action is running in this thread (for actions that want their attempt):
+#: a copy (``handed_out``), so that the action cannot move its outcome's fence.
 current_job: ContextVar[Job | None] = ContextVar("current_job", default=None)
 _notes: ContextVar[list[str] | None] = ContextVar("delayjobs_notes", default=None)
 
@@ -219,8 +223,55 @@ def receivers_left_autocommit_off(conn: BaseDatabaseWrapper) -> None:
         )
 
 
-async def _await(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
+def handed_out(job: Job) -> Job:
+    """A copy of ``job`` for user code (the action, through ``current_job``, and the
+    receivers of ``job_started``). The worker's own copy holds the fence (id, attempt,
+    delivery) that its outcome is written under: user code that changed it, or copied the
+    job as Django copies an instance (``pk = None``, ``save()``), left the job running,
+    its effects rolled back as if it had been overtaken, or its outcome in another row.
+    Made as ``Model.__getstate__`` copies an instance, at a third of ``copy.copy``'s cost."""
+    clone = Job.__new__(Job)
+    clone.__dict__.update(job.__dict__)
+    state = clone._state = copy.copy(job._state)
+    state.fields_cache = state.fields_cache.copy()
+    return clone
+
+
+def end_forked_child(pid: int, exc: BaseException | None) -> None:
+    """End this process here if it is not ``pid``, the worker, but a child that the action
+    forked (``os.fork()``) and that came back from it, raising (``sys.exit()``, an error)
+    or returning instead of ending by ``os._exit()``. It must not go on as the worker: it
+    would write the job's outcome over its parent's database connection, then claim jobs
+    with no heartbeat. It exits with the code ``sys.exit`` would give it (1 and the
+    traceback for an error), without the at-exit handlers, which are its parent's."""
+    if os.getpid() == pid:
+        return
+    code = 0
+    with contextlib.suppress(BaseException):  # nothing may keep it from exiting
+        if isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            if not isinstance(exc.code, int | None):
+                print(exc.code, file=sys.stderr)
+        elif exc is not None:
+            code = 1
+            traceback.print_exception(exc)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    os._exit(code & 0xFF)  # as the system keeps it (and never too large for _exit)
+
+
+async def _await(awaitable: Awaitable[Any], pid: int) -> Any:
+    """Await ``awaitable`` in the event loop's thread, which a child the coroutine forked
+    would come back to: it ends there (``end_forked_child``), or it would wait forever for
+    work that only its parent's threads give."""
+    try:
+        value = await awaitable
+    except BaseException as exc:
+        end_forked_child(pid, exc)
+        raise
+    end_forked_child(pid, None)
+    return value
 
 
 class Execution:
@@ -270,7 +321,7 @@ class Execution:
             return claimed
         job = self.job = claimed
         self.connection = Connection(self.db)  # before the receivers: they may change it too
-        signals.send(signals.job_started, job)
+        signals.send(signals.job_started, handed_out(job))
         receivers_left_autocommit_off(self.db)
         if job.expires_at is not None and timezone.now() > job.expires_at:
             return self.finish(Outcome.SKIPPED, f"expired at {job.expires_at.isoformat()}")
@@ -476,8 +527,16 @@ class Execution:
         return claimed
 
     def record_success(self, job: Job, stored: Any, notes: list[str]) -> Job | None:
-        with transaction.atomic(using=self.db.alias):
-            return self.succeeded(job, stored, notes)
+        """Record a non-atomic action's success. If the database refused the claim of the
+        next job in that transaction, record it again alone: handing the job back would
+        run the action again, and its outside effect has happened."""
+        try:
+            with transaction.atomic(using=self.db.alias):
+                return self.succeeded(job, stored, notes)
+        except _ClaimAheadFailed:
+            self.then = None  # the next job is left to its own claim
+            with transaction.atomic(using=self.db.alias):
+                return self.succeeded(job, stored, notes)
 
     def once_more_if_lost(self, write: Callable[[], T]) -> T:
         """Run ``write``, an outcome's transaction. After a non-atomic action, run it once
@@ -546,19 +605,23 @@ class Execution:
         self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], notes: list[str]
     ) -> Any:
         """Run the action; return its value as stored (JSON), or raise."""
-        job_token, notes_token = current_job.set(self.job), _notes.set(notes)
+        assert self.job is not None
+        job_token, notes_token = current_job.set(handed_out(self.job)), _notes.set(notes)
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
         depth = len(self.db.atomic_blocks)  # 1 inside the job's transaction, else 0
         closed_before = self.db.closed_in_transaction
+        pid = os.getpid()
         try:
             try:
                 value = fn(*args, **kwargs)
+                end_forked_child(pid, None)
                 if inspect.isawaitable(value):
                     # async_to_sync, not a private event loop: the coroutine's
                     # sync_to_async() ORM calls then run back in this thread, inside this
                     # transaction.
-                    value = async_to_sync(_await)(value)
+                    value = async_to_sync(_await)(value, pid)
             except BaseException as exc:
+                end_forked_child(pid, exc)
                 problem = self.left_behind(depth, closed_before)
                 if problem is not None and self.db.closed_in_transaction and not closed_before:
                     raise problem from exc  # its close() is the cause of what it raised

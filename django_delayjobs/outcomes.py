@@ -92,12 +92,30 @@ def after_failure(job: Job, exc: BaseException) -> tuple[Outcome, datetime.datet
     """
     if isinstance(exc, GiveUp) or job.attempts >= job.max_attempts:
         return Outcome.DEAD, None
-    after = exc.after if isinstance(exc, Retry) else None
-    if after is not None and not (isinstance(after, float) and math.isnan(after)):
+    after = retry_after(exc)
+    if after is not None:
         delay = datetime.timedelta(seconds=min(max(after, 0.0), 86_400.0))
-    else:  # no delay given, or NaN (computed from a bad header, say): the usual backoff
+    else:
         delay = datetime.timedelta(seconds=backoff_seconds(job.attempts))
     return Outcome.RETRYING, timezone.now() + min(delay, MAX_RETRY_AFTER)
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The delay in seconds that ``exc``, a ``Retry``, asks for; None for the usual
+    backoff: none asked, NaN (computed from a bad header, say), or no number at all. The
+    exception is the action's: a subclass that never ran ``Retry.__init__`` has no
+    ``after``, and one may be set to anything after ``__init__`` checked it."""
+    if not isinstance(exc, Retry):
+        return None
+    try:
+        after = exc.after
+    except Exception:
+        return None
+    if isinstance(after, datetime.timedelta):
+        after = after.total_seconds()
+    if isinstance(after, bool) or not isinstance(after, int | float):
+        return None
+    return None if isinstance(after, float) and math.isnan(after) else after
 
 
 # -- settling: Redis, then signals ---------------------------------------------------------

@@ -327,7 +327,7 @@ def cancel_for(
     With ``fail_if_running``, raise ``AlreadyRunning`` if a matching job has already
     started, with this call's cancels undone: inside the caller's transaction that rolls
     the caller back too (a payment that arrives while the auto-cancel runs is refused,
-    instead of racing it).
+    instead of racing it). Called by an action, its own job is not one of them.
     """
     if not isinstance(obj, models.Model):
         raise TypeError(f"cancel_for takes a model instance, not {type(obj).__name__}")
@@ -359,6 +359,10 @@ def cancel_for(
         jobs = jobs.filter(action__in=names)
     if not fail_if_running:
         return sum(cancel(job, actor=actor) for job in jobs.filter(status__in=WAITING))
+    from .execution import current_job
+
+    if (calling := current_job.get()) is not None:  # an action: its own job is no rival
+        jobs = jobs.exclude(pk=calling.pk)
     # One transaction: a refusal undoes this call's cancels even where no caller's
     # transaction would (autocommit), so a call that raises has changed nothing.
     with transaction.atomic(using=sql.db()):

@@ -27,6 +27,15 @@ class Thing(models.Model):
     def touch(self) -> None:
         Thing.objects.filter(pk=self.pk).update(touched=models.F("touched") + 1)
 
+    @delayable
+    def settle(self) -> int:
+        """Marks the thing settled and cancels its other jobs, refusing (rolled back) if one
+        of them already runs: what a payment does, run as a job."""
+        from django_delayjobs import cancel_for
+
+        Thing.objects.filter(pk=self.pk).update(state="settled")
+        return cancel_for(self, fail_if_running=True)
+
     def not_delayable(self) -> None:
         pass
 

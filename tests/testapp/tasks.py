@@ -459,3 +459,41 @@ def close_connection_in_own_block(label: str) -> str:
         connection.close()
         Record.objects.filter(label=label).exists()
     return label
+
+
+@delayable
+def fork_and_wait(child: str, seconds: float) -> int:
+    """Forks; the child ends as a script's child often does (``child``: ``"exit"`` raises
+    ``SystemExit(3)``, ``"exit-huge"`` with a code past 64 bits, ``"return"`` returns,
+    ``"raise"`` raises ``RuntimeError``), not by ``os._exit``. The parent waits for it (at
+    most ``seconds``, then kills it) and returns its exit code (-9 if it had to be killed)."""
+    return _fork_and_wait(child, seconds)
+
+
+@delayable
+async def fork_and_wait_async(child: str, seconds: float) -> int:
+    """``fork_and_wait`` in a coroutine (which runs in an event loop's thread)."""
+    return _fork_and_wait(child, seconds)
+
+
+def _fork_and_wait(child: str, seconds: float) -> int:
+    import os
+    import signal
+
+    pid = os.fork()
+    if pid == 0:
+        if child == "exit":
+            raise SystemExit(3)
+        if child == "exit-huge":
+            raise SystemExit(2**70 + 4)  # too large for os._exit(): 4 is what the system keeps
+        if child == "raise":
+            raise RuntimeError("the child failed")
+        return -1
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
