@@ -7,9 +7,7 @@ be updating; every change is an action that calls the service functions user cod
 from __future__ import annotations
 
 import contextlib
-import itertools
 import uuid
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
@@ -300,11 +298,8 @@ class JobAdmin(JobModelAdmin):
         if request.POST.get("post") != "yes":
             keep = ["action", "index", "select_across", helpers.ACTION_CHECKBOX_NAME]
             hidden = [(name, value) for name in keep for value in request.POST.getlist(name)]
-            # Sliced: an open iterator over a million selected jobs would have PostgreSQL
-            # copy them all (a cursor WITH HOLD) to list the first ones.
-            listed = queryset[: PURGE_LISTED + 1]
             return self.purge_confirmation(
-                request, listed, form_url="", hidden=hidden, cancel_url=""
+                request, queryset, form_url="", hidden=hidden, cancel_url=""
             )
         operations.purge(request, operations.walk(queryset), self.message_user)
         return None
@@ -312,23 +307,29 @@ class JobAdmin(JobModelAdmin):
     def purge_confirmation(
         self,
         request: HttpRequest,
-        jobs: Iterable[Job],
+        jobs: QuerySet[Job],
         *,
         form_url: str,
         hidden: list[tuple[str, str]],
         cancel_url: str,
     ) -> TemplateResponse:
-        """Ask first: a purge deletes the jobs and their history for good."""
-        listed = list(itertools.islice(jobs, PURGE_LISTED + 1))
-        dead = [job for job in listed if job.status == Status.DEAD]
+        """Ask first: a purge deletes the jobs and their history for good.
+
+        The dead jobs and the others are read apart, each sliced: the first jobs of a
+        big selection may all be alive while dead ones follow (and an open iterator over
+        a million selected jobs would have PostgreSQL copy them all, a cursor WITH HOLD).
+        """
+        dead = list(jobs.filter(status=Status.DEAD)[: PURGE_LISTED + 1])
+        others = jobs.exclude(status=Status.DEAD)[: PURGE_LISTED + 1].count()
         context = {
             **self.admin_site.each_context(request),
             "title": _("Purge dead jobs?"),
             "subtitle": None,
             "opts": self.opts,
-            "dead": dead,
-            "others": len(listed) - len(dead),
-            "more": len(listed) > PURGE_LISTED,
+            "dead": dead[:PURGE_LISTED],
+            "others": min(others, PURGE_LISTED),
+            "more_others": others > PURGE_LISTED,
+            "more": len(dead) > PURGE_LISTED,
             "form_url": form_url,
             "hidden": hidden,
             "cancel_url": cancel_url,

@@ -288,7 +288,7 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     if request.POST.get("post") != "yes":
         return admin.purge_confirmation(
             request,
-            jobs,
+            Job.objects.filter(pk__in=[job.pk for job in jobs]),
             form_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues_purge"),
             hidden=[("job", str(pk)) for pk in ids],
             cancel_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues"),
