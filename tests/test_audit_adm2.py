@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import re
 
 import pytest
 from django.urls import reverse
 
-from django_delayjobs.models import Job, Status
+from django_delayjobs.models import EventKind, Job, JobEvent, Status
 from django_delayjobs.services import build_job, schedule_many
 from tests.testapp import tasks
 
@@ -51,3 +52,26 @@ def test_purge_of_a_selection_whose_first_jobs_are_not_dead_offers_its_dead_ones
     assert not Job.objects.filter(pk=dead.pk).exists()
     alive = Job.objects.filter(pk__in=[job.pk for job in waiting], status=Status.SCHEDULED)
     assert alive.count() == 101
+
+
+# -- the job page: a long history -----------------------------------------------------------
+
+
+def test_the_job_page_shows_the_latest_events_of_a_long_history(admin_client):
+    """Every event was a form of the inline: a job rescheduled 20,000 times (a debounce)
+    took 15 s and 7 MB to show, and more would time out."""
+    from django_delayjobs.admin.jobs import HISTORY_SHOWN
+
+    job = schedule_many([build_job(tasks.record, in_=60, args=["x"])])[0]
+    start = job.events.get().at
+    JobEvent.objects.bulk_create(
+        JobEvent(job=job, kind=EventKind.RESCHEDULED, actor="code", message=f"move {n:05d}",
+                 at=start + datetime.timedelta(seconds=n + 1))
+        for n in range(HISTORY_SHOWN + 50)
+    )  # fmt: skip
+    response = admin_client.get(reverse("admin:django_delayjobs_job_change", args=[job.pk]))
+    html = response.content.decode()
+    assert response.status_code == 200
+    shown = re.findall(r"move (\d{5})", html)
+    assert shown == [f"{n:05d}" for n in range(50, HISTORY_SHOWN + 50)]  # the latest, in order
+    assert f"The {HISTORY_SHOWN} latest of {HISTORY_SHOWN + 51} events are shown" in html

@@ -14,6 +14,8 @@ from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
 from django.db.models import Q, QuerySet
+from django.forms import ModelForm
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
@@ -30,13 +32,18 @@ from .pagination import EstimatedCountPaginator
 if TYPE_CHECKING:
     JobModelAdmin = admin.ModelAdmin[Job]
     EventInline = admin.TabularInline[JobEvent, Job]
+    EventFormSet = BaseInlineFormSet[JobEvent, Job, ModelForm[JobEvent]]
 else:
     JobModelAdmin = admin.ModelAdmin
     EventInline = admin.TabularInline
+    EventFormSet = BaseInlineFormSet
 
 
 #: Jobs listed on the purge confirmation page (all selected ones are purged).
 PURGE_LISTED = 100
+#: Events shown on a job's page: its latest ones (a job rescheduled on every keystroke
+#: may have tens of thousands, and each is a form of the inline).
+HISTORY_SHOWN = 200
 
 
 def has_job_permission(request: HttpRequest, action: str) -> bool:
@@ -45,10 +52,27 @@ def has_job_permission(request: HttpRequest, action: str) -> bool:
     return request.user.has_perm(f"{Job._meta.app_label}.{codename}")
 
 
+class LatestEvents(EventFormSet):
+    """The job's latest ``HISTORY_SHOWN`` events, oldest first; ``earlier`` says how many
+    older ones are left out."""
+
+    earlier = 0
+
+    def get_queryset(self) -> Any:
+        if not hasattr(self, "_queryset"):
+            events = super().get_queryset()
+            latest = list(events.reverse()[:HISTORY_SHOWN])[::-1]
+            if len(latest) == HISTORY_SHOWN:
+                self.earlier = events.count() - HISTORY_SHOWN
+            self._queryset = latest
+        return self._queryset
+
+
 class JobEventInline(EventInline):
     """A job's history: append-only, so shown and never edited."""
 
     model = JobEvent
+    formset = LatestEvents
     template = "admin/django_delayjobs/job/history_inline.html"
     extra = 0
     can_delete = False
