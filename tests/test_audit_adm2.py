@@ -75,3 +75,23 @@ def test_the_job_page_shows_the_latest_events_of_a_long_history(admin_client):
     shown = re.findall(r"move (\d{5})", html)
     assert shown == [f"{n:05d}" for n in range(50, HISTORY_SHOWN + 50)]  # the latest, in order
     assert f"The {HISTORY_SHOWN} latest of {HISTORY_SHOWN + 51} events are shown" in html
+
+
+# -- the queue page: big errors ---------------------------------------------------------------
+
+
+def test_the_queue_page_shows_a_bounded_part_of_each_dead_jobs_error(admin_client):
+    """Each of the 50 listed dead jobs had its whole error on the page: with a 1 MB error
+    (an exception's message holding a response body) the page was 50 MB."""
+    jobs = [dead_job() for _ in range(3)]
+    error = "builtins.ValueError: too big\n" + "x" * 1_000_000 + "\nTHE END"
+    Job.objects.filter(pk__in=[job.pk for job in jobs]).update(last_error=error)
+    response = admin_client.get(reverse("admin:django_delayjobs_queues"))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert len(html) < 100_000
+    assert html.count("builtins.ValueError: too big") == 6  # the summary and the text
+    assert "THE END" not in html
+    for job in jobs:
+        page = reverse("admin:django_delayjobs_job_change", args=[job.pk])
+        assert f'<a href="{page}">the whole error</a>' in html
