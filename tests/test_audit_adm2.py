@@ -95,3 +95,25 @@ def test_the_queue_page_shows_a_bounded_part_of_each_dead_jobs_error(admin_clien
     for job in jobs:
         page = reverse("admin:django_delayjobs_job_change", args=[job.pk])
         assert f'<a href="{page}">the whole error</a>' in html
+
+
+# -- actions: many refusals -------------------------------------------------------------------
+
+
+def test_an_action_refused_for_many_jobs_names_a_few_and_counts_the_rest(admin_client):
+    """Each refused job had a message of its own: requeueing 100,000 dead jobs whose
+    attempts are spent put 100,000 lines (20 MB) into the session and the next page."""
+    from django_delayjobs.admin.operations import REFUSALS_NAMED
+
+    jobs = schedule_many([build_job(tasks.record, in_=60, args=["x"]) for _ in range(30)])
+    spent = 2**31 - 1  # no attempt may be added
+    Job.objects.update(status=Status.DEAD, attempts=spent, max_attempts=spent)
+    selection = {"action": "requeue_dead", "_selected_action": [str(jobs[0].pk)], "index": "0"}
+    response = admin_client.post(
+        reverse(CHANGELIST), {**selection, "select_across": "1"}, follow=True
+    )
+    messages = [str(m) for m in response.context["messages"]]
+    named = [m for m in messages if m.startswith("Job ")]
+    assert len(named) == REFUSALS_NAMED
+    assert f"{30 - REFUSALS_NAMED} more jobs were not requeued for such reasons." in messages
+    assert not Job.objects.exclude(status=Status.DEAD).exists()

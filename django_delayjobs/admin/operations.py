@@ -8,7 +8,7 @@ started or finished meanwhile is counted as too late, not forced.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.contrib import messages
 from django.contrib.admin.models import DELETION, LogEntry
@@ -26,12 +26,39 @@ Report = Callable[[HttpRequest, str, int], None]
 
 #: Jobs read per query while an action walks a selection.
 BATCH = 1000
+#: Jobs a refusal message names, each with its reason; the rest are counted in one line
+#: (a selection of 100,000 would otherwise put as many messages into the session).
+REFUSALS_NAMED = 10
 
 
 @dataclass
 class Outcome:
     won: int = 0
     lost: int = 0
+
+
+@dataclass
+class Refusals:
+    """Jobs a service refused, with its reason: the first ``REFUSALS_NAMED`` are kept to
+    be named, the others only counted."""
+
+    named: list[str] = field(default_factory=list)
+    count: int = 0
+
+    def append(self, text: str) -> None:
+        self.count += 1
+        if len(self.named) < REFUSALS_NAMED:
+            self.named.append(text)
+
+    @property
+    def unnamed(self) -> int:
+        return self.count - len(self.named)
+
+    def report(self, report: Report, request: HttpRequest, more: str) -> None:
+        for text in self.named:
+            report(request, text, messages.WARNING)
+        if self.unnamed:
+            report(request, more % self.unnamed, messages.WARNING)
 
 
 def walk(queryset: QuerySet[Job], batch: int = BATCH) -> Iterator[Job]:
@@ -104,7 +131,7 @@ def run_now(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
 
 def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
     who = actor(request)
-    refused: list[str] = []
+    refused = Refusals()
 
     def again(job: Job) -> bool:
         try:
@@ -114,10 +141,13 @@ def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
             return False
 
     outcome = _each(jobs, lambda j: j.status == Status.DEAD, again)
-    outcome.lost -= len(refused)
-    for text in refused:
-        report(request, text, messages.WARNING)
-    if refused and not (outcome.won or outcome.lost):
+    outcome.lost -= refused.count
+    refused.report(
+        report, request,
+        ngettext("%d more job was not requeued for such reasons.",
+                 "%d more jobs were not requeued for such reasons.", refused.unnamed),
+    )  # fmt: skip
+    if refused.count and not (outcome.won or outcome.lost):
         return outcome  # said already
     _report(
         report, request, outcome,
@@ -134,7 +164,7 @@ def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
 def purge(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
     user_id = request.user.pk
     assert user_id is not None  # the admin only lets logged-in staff this far
-    refused: list[str] = []
+    refused = Refusals()
 
     def gone(job: Job) -> bool:
         # The job's own history goes with it, so the admin log keeps who purged it.
@@ -152,10 +182,13 @@ def purge(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
             return False
 
     outcome = _each(jobs, lambda j: j.status == Status.DEAD, gone)
-    outcome.lost -= len(refused)
-    for text in refused:
-        report(request, text, messages.WARNING)
-    if refused and not (outcome.won or outcome.lost):
+    outcome.lost -= refused.count
+    refused.report(
+        report, request,
+        ngettext("%d more job was not purged for such reasons.",
+                 "%d more jobs were not purged for such reasons.", refused.unnamed),
+    )  # fmt: skip
+    if refused.count and not (outcome.won or outcome.lost):
         return outcome  # said already
     _report(
         report, request, outcome,
