@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
+import socket
+import threading
 
 import pytest
 from django.urls import reverse
@@ -117,3 +120,55 @@ def test_an_action_refused_for_many_jobs_names_a_few_and_counts_the_rest(admin_c
     assert len(named) == REFUSALS_NAMED
     assert f"{30 - REFUSALS_NAMED} more jobs were not requeued for such reasons." in messages
     assert not Job.objects.exclude(status=Status.DEAD).exists()
+
+
+# -- actions while Redis does not answer ----------------------------------------------------
+
+
+class FrozenRedis:
+    """A TCP server that accepts connections and never answers (a Redis stopped with
+    SIGSTOP, or behind a dropped route): every command waits for its read timeout."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.05)
+        self.url = f"redis://127.0.0.1:{self.sock.getsockname()[1]}/0"
+        self.connections: list[socket.socket] = []
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.closing.is_set():
+            with contextlib.suppress(OSError):
+                self.connections.append(self.sock.accept()[0])
+
+    def close(self) -> None:
+        self.closing.set()
+        self.thread.join()
+        for conn in [*self.connections, self.sock]:
+            conn.close()
+
+
+@pytest.fixture
+def frozen_redis():
+    server = FrozenRedis()
+    yield server
+    server.close()
+
+
+@pytest.mark.slow
+def test_an_action_while_redis_does_not_answer_waits_for_it_once(admin_client, frozen_redis,
+                                                                 settings):  # fmt: skip
+    """Each job's Redis call after its commit waited for the read timeout: cancelling a
+    page of 100 jobs took 200 s (the web server's timeout cut it short). After one call
+    has failed the action leaves the rest to reconcile, as a failed call does."""
+    jobs = schedule_many([build_job(tasks.record, in_=600, args=["x"]) for _ in range(6)])
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": frozen_redis.url}
+    selection = {"action": "cancel_jobs", "_selected_action": [str(j.pk) for j in jobs]}
+    response = admin_client.post(reverse(CHANGELIST), {**selection, "index": "0"}, follow=True)
+    messages = [str(m) for m in response.context["messages"]]
+    assert "6 jobs cancelled." in messages
+    assert any(m.startswith("Redis did not answer") for m in messages), messages
+    assert len(frozen_redis.connections) <= 2  # one call (it was 2 connections a job)
+    assert Job.objects.filter(status=Status.CANCELLED).count() == 6

@@ -15,6 +15,7 @@ from django.contrib.admin.models import DELETION, LogEntry
 from django.db import IntegrityError, router, transaction
 from django.db.models import ProtectedError, QuerySet, RestrictedError
 from django.http import HttpRequest
+from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from .. import services
@@ -35,6 +36,8 @@ REFUSALS_NAMED = 10
 class Outcome:
     won: int = 0
     lost: int = 0
+    #: A Redis call after a change failed: the later ones were left to reconcile.
+    redis_down: bool = False
 
 
 @dataclass
@@ -82,13 +85,15 @@ def _each(
     jobs: Iterable[Job], eligible: Callable[[Job], bool], verb: Callable[[Job], bool]
 ) -> Outcome:
     outcome = Outcome()
-    for job in jobs:
-        # The status read here only spares a call that cannot win; the service's
-        # conditional UPDATE is what decides.
-        if eligible(job) and verb(job):
-            outcome.won += 1
-        else:
-            outcome.lost += 1
+    with services.skip_redis_after_a_failure() as redis:
+        for job in jobs:
+            # The status read here only spares a call that cannot win; the service's
+            # conditional UPDATE is what decides.
+            if eligible(job) and verb(job):
+                outcome.won += 1
+            else:
+                outcome.lost += 1
+    outcome.redis_down = redis.down
     return outcome
 
 
@@ -217,3 +222,7 @@ def _report(report: Report, request: HttpRequest, outcome: Outcome, won: str, lo
         report(request, won % outcome.won, messages.SUCCESS)
     if outcome.lost:
         report(request, lost % outcome.lost, messages.WARNING)
+    if outcome.redis_down:
+        text = _("Redis did not answer: the changes are in the database, and reconcile "
+                 "hands them to Redis when it is back.")  # fmt: skip
+        report(request, text, messages.WARNING)
