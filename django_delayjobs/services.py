@@ -7,12 +7,14 @@ the same transaction; Redis follows on commit and is repaired by reconcile if it
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from functools import cache, partial
 from typing import Any
 
@@ -42,6 +44,47 @@ _outage = Outage(
 )
 
 
+class RedisSkipped:
+    """What ``skip_redis_after_a_failure`` saw: whether a Redis call failed (``down``),
+    and how many later ones it skipped."""
+
+    down = False
+    skipped = 0
+
+
+_skipping: ContextVar[RedisSkipped | None] = ContextVar("delayjobs_skipping", default=None)
+
+
+@contextlib.contextmanager
+def skip_redis_after_a_failure() -> Iterator[RedisSkipped]:
+    """Within: once a Redis call after a commit has failed, skip the later ones, leaving
+    them to reconcile as a failed call does. For a series of changes (an admin action
+    over many jobs): a Redis that does not answer costs each call its read timeout, and
+    a hundred jobs took minutes."""
+    state = RedisSkipped()
+    token = _skipping.set(state)
+    try:
+        yield state
+    finally:
+        _skipping.reset(token)
+
+
+def _skip() -> bool:
+    """Whether to skip this Redis call (a call within the scope above has failed)."""
+    state = _skipping.get()
+    if state is None or not state.down:
+        return False
+    state.skipped += 1
+    return True
+
+
+def _unavailable(exc: EngineUnavailable) -> None:
+    _outage.failed(exc)
+    state = _skipping.get()
+    if state is not None:
+        state.down = True
+
+
 def _after_commit(fn: Callable[[], Any]) -> None:
     transaction.on_commit(fn, using=sql.db())
 
@@ -60,6 +103,8 @@ def _event(job: Job, kind: str, actor: str, message: str = "") -> None:
 
 def push(jobs: Iterable[Job]) -> int:
     """Hand jobs to the engine; on failure log and leave them to reconcile. Never raises."""
+    if _skip():
+        return 0
     by_queue: dict[str, dict[str, float]] = defaultdict(dict)
     priorities: dict[str, int] = {}
     for job in jobs:
@@ -80,7 +125,7 @@ def push(jobs: Iterable[Job]) -> int:
         _outage.ok()
     except EngineUnavailable as exc:
         # The rows are committed and scheduled: reconcile re-adds what Redis lacks.
-        _outage.failed(exc)
+        _unavailable(exc)
     except Exception:  # a bug: still never the caller's problem, whose rows committed
         logger.exception("could not hand jobs to Redis; reconcile will")
     return added
@@ -91,11 +136,13 @@ def _redis(fn: Callable[[], Any]) -> Callable[[], None]:
     would reach the caller, and Django would skip the transaction's later hooks."""
 
     def run() -> None:
+        if _skip():
+            return
         try:
             fn()
             _outage.ok()
         except EngineUnavailable as exc:
-            _outage.failed(exc)
+            _unavailable(exc)
         except Exception:  # a bug, or a row no Redis key can name: reconcile skips it too
             logger.exception("could not update Redis after a commit; reconcile will")
 
@@ -488,12 +535,14 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
 
 
 def _requeue_in_redis(job: Job) -> None:
+    if _skip():
+        return
     try:
         if get_engine().requeue(job.queue, [str(job.pk)]) == 0:
             push([job])  # not in garbage (Redis lost it): add it afresh
         _outage.ok()
     except EngineUnavailable as exc:
-        _outage.failed(exc)
+        _unavailable(exc)
     except Exception:  # as in _redis: an on-commit hook never raises
         logger.exception("could not requeue job %s in Redis; reconcile will", job.pk)
 

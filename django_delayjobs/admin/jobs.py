@@ -7,15 +7,15 @@ be updating; every change is an action that calls the service functions user cod
 from __future__ import annotations
 
 import contextlib
-import itertools
 import uuid
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
 from django.db.models import Q, QuerySet
+from django.forms import ModelForm
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
@@ -32,13 +32,18 @@ from .pagination import EstimatedCountPaginator
 if TYPE_CHECKING:
     JobModelAdmin = admin.ModelAdmin[Job]
     EventInline = admin.TabularInline[JobEvent, Job]
+    EventFormSet = BaseInlineFormSet[JobEvent, Job, ModelForm[JobEvent]]
 else:
     JobModelAdmin = admin.ModelAdmin
     EventInline = admin.TabularInline
+    EventFormSet = BaseInlineFormSet
 
 
 #: Jobs listed on the purge confirmation page (all selected ones are purged).
 PURGE_LISTED = 100
+#: Events shown on a job's page: its latest ones (a job rescheduled on every keystroke
+#: may have tens of thousands, and each is a form of the inline).
+HISTORY_SHOWN = 200
 
 
 def has_job_permission(request: HttpRequest, action: str) -> bool:
@@ -47,10 +52,27 @@ def has_job_permission(request: HttpRequest, action: str) -> bool:
     return request.user.has_perm(f"{Job._meta.app_label}.{codename}")
 
 
+class LatestEvents(EventFormSet):
+    """The job's latest ``HISTORY_SHOWN`` events, oldest first; ``earlier`` says how many
+    older ones are left out."""
+
+    earlier = 0
+
+    def get_queryset(self) -> Any:
+        if not hasattr(self, "_queryset"):
+            events = super().get_queryset()
+            latest = list(events.reverse()[:HISTORY_SHOWN])[::-1]
+            if len(latest) == HISTORY_SHOWN:
+                self.earlier = events.count() - HISTORY_SHOWN
+            self._queryset = latest
+        return self._queryset
+
+
 class JobEventInline(EventInline):
     """A job's history: append-only, so shown and never edited."""
 
     model = JobEvent
+    formset = LatestEvents
     template = "admin/django_delayjobs/job/history_inline.html"
     extra = 0
     can_delete = False
@@ -300,11 +322,8 @@ class JobAdmin(JobModelAdmin):
         if request.POST.get("post") != "yes":
             keep = ["action", "index", "select_across", helpers.ACTION_CHECKBOX_NAME]
             hidden = [(name, value) for name in keep for value in request.POST.getlist(name)]
-            # Sliced: an open iterator over a million selected jobs would have PostgreSQL
-            # copy them all (a cursor WITH HOLD) to list the first ones.
-            listed = queryset[: PURGE_LISTED + 1]
             return self.purge_confirmation(
-                request, listed, form_url="", hidden=hidden, cancel_url=""
+                request, queryset, form_url="", hidden=hidden, cancel_url=""
             )
         operations.purge(request, operations.walk(queryset), self.message_user)
         return None
@@ -312,23 +331,29 @@ class JobAdmin(JobModelAdmin):
     def purge_confirmation(
         self,
         request: HttpRequest,
-        jobs: Iterable[Job],
+        jobs: QuerySet[Job],
         *,
         form_url: str,
         hidden: list[tuple[str, str]],
         cancel_url: str,
     ) -> TemplateResponse:
-        """Ask first: a purge deletes the jobs and their history for good."""
-        listed = list(itertools.islice(jobs, PURGE_LISTED + 1))
-        dead = [job for job in listed if job.status == Status.DEAD]
+        """Ask first: a purge deletes the jobs and their history for good.
+
+        The dead jobs and the others are read apart, each sliced: the first jobs of a
+        big selection may all be alive while dead ones follow (and an open iterator over
+        a million selected jobs would have PostgreSQL copy them all, a cursor WITH HOLD).
+        """
+        dead = list(jobs.filter(status=Status.DEAD)[: PURGE_LISTED + 1])
+        others = jobs.exclude(status=Status.DEAD)[: PURGE_LISTED + 1].count()
         context = {
             **self.admin_site.each_context(request),
             "title": _("Purge dead jobs?"),
             "subtitle": None,
             "opts": self.opts,
-            "dead": dead,
-            "others": len(listed) - len(dead),
-            "more": len(listed) > PURGE_LISTED,
+            "dead": dead[:PURGE_LISTED],
+            "others": min(others, PURGE_LISTED),
+            "more_others": others > PURGE_LISTED,
+            "more": len(dead) > PURGE_LISTED,
             "form_url": form_url,
             "hidden": hidden,
             "cancel_url": cancel_url,

@@ -8,13 +8,14 @@ started or finished meanwhile is counted as too late, not forced.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.contrib import messages
 from django.contrib.admin.models import DELETION, LogEntry
 from django.db import IntegrityError, router, transaction
 from django.db.models import ProtectedError, QuerySet, RestrictedError
 from django.http import HttpRequest
+from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from .. import services
@@ -26,12 +27,41 @@ Report = Callable[[HttpRequest, str, int], None]
 
 #: Jobs read per query while an action walks a selection.
 BATCH = 1000
+#: Jobs a refusal message names, each with its reason; the rest are counted in one line
+#: (a selection of 100,000 would otherwise put as many messages into the session).
+REFUSALS_NAMED = 10
 
 
 @dataclass
 class Outcome:
     won: int = 0
     lost: int = 0
+    #: A Redis call after a change failed: the later ones were left to reconcile.
+    redis_down: bool = False
+
+
+@dataclass
+class Refusals:
+    """Jobs a service refused, with its reason: the first ``REFUSALS_NAMED`` are kept to
+    be named, the others only counted."""
+
+    named: list[str] = field(default_factory=list)
+    count: int = 0
+
+    def append(self, text: str) -> None:
+        self.count += 1
+        if len(self.named) < REFUSALS_NAMED:
+            self.named.append(text)
+
+    @property
+    def unnamed(self) -> int:
+        return self.count - len(self.named)
+
+    def report(self, report: Report, request: HttpRequest, more: str) -> None:
+        for text in self.named:
+            report(request, text, messages.WARNING)
+        if self.unnamed:
+            report(request, more % self.unnamed, messages.WARNING)
 
 
 def walk(queryset: QuerySet[Job], batch: int = BATCH) -> Iterator[Job]:
@@ -55,13 +85,15 @@ def _each(
     jobs: Iterable[Job], eligible: Callable[[Job], bool], verb: Callable[[Job], bool]
 ) -> Outcome:
     outcome = Outcome()
-    for job in jobs:
-        # The status read here only spares a call that cannot win; the service's
-        # conditional UPDATE is what decides.
-        if eligible(job) and verb(job):
-            outcome.won += 1
-        else:
-            outcome.lost += 1
+    with services.skip_redis_after_a_failure() as redis:
+        for job in jobs:
+            # The status read here only spares a call that cannot win; the service's
+            # conditional UPDATE is what decides.
+            if eligible(job) and verb(job):
+                outcome.won += 1
+            else:
+                outcome.lost += 1
+    outcome.redis_down = redis.down
     return outcome
 
 
@@ -104,7 +136,7 @@ def run_now(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
 
 def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
     who = actor(request)
-    refused: list[str] = []
+    refused = Refusals()
 
     def again(job: Job) -> bool:
         try:
@@ -114,10 +146,13 @@ def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
             return False
 
     outcome = _each(jobs, lambda j: j.status == Status.DEAD, again)
-    outcome.lost -= len(refused)
-    for text in refused:
-        report(request, text, messages.WARNING)
-    if refused and not (outcome.won or outcome.lost):
+    outcome.lost -= refused.count
+    refused.report(
+        report, request,
+        ngettext("%d more job was not requeued for such reasons.",
+                 "%d more jobs were not requeued for such reasons.", refused.unnamed),
+    )  # fmt: skip
+    if refused.count and not (outcome.won or outcome.lost):
         return outcome  # said already
     _report(
         report, request, outcome,
@@ -134,7 +169,7 @@ def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
 def purge(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
     user_id = request.user.pk
     assert user_id is not None  # the admin only lets logged-in staff this far
-    refused: list[str] = []
+    refused = Refusals()
 
     def gone(job: Job) -> bool:
         # The job's own history goes with it, so the admin log keeps who purged it.
@@ -152,10 +187,13 @@ def purge(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
             return False
 
     outcome = _each(jobs, lambda j: j.status == Status.DEAD, gone)
-    outcome.lost -= len(refused)
-    for text in refused:
-        report(request, text, messages.WARNING)
-    if refused and not (outcome.won or outcome.lost):
+    outcome.lost -= refused.count
+    refused.report(
+        report, request,
+        ngettext("%d more job was not purged for such reasons.",
+                 "%d more jobs were not purged for such reasons.", refused.unnamed),
+    )  # fmt: skip
+    if refused.count and not (outcome.won or outcome.lost):
         return outcome  # said already
     _report(
         report, request, outcome,
@@ -184,3 +222,7 @@ def _report(report: Report, request: HttpRequest, outcome: Outcome, won: str, lo
         report(request, won % outcome.won, messages.SUCCESS)
     if outcome.lost:
         report(request, lost % outcome.lost, messages.WARNING)
+    if outcome.redis_down:
+        text = _("Redis did not answer: the changes are in the database, and reconcile "
+                 "hands them to Redis when it is back.")  # fmt: skip
+        report(request, text, messages.WARNING)

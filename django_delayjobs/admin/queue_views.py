@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 #: Dead jobs listed per queue; the job list (status = dead) has all of them.
 GARBAGE_SHOWN = 50
 NEXT_DUE_SHOWN = 10
+#: Characters of a dead job's error on the page (its job page has all of it): an error
+#: may be megabytes, and the page lists many.
+ERROR_SHOWN = 5_000
 _PK = "00000000-0000-0000-0000-000000000000"
 
 
@@ -55,6 +58,14 @@ class Entry:
     @property
     def error_summary(self) -> str:
         return display.error_summary(self.error)
+
+    @property
+    def error_shown(self) -> str:
+        return self.error[:ERROR_SHOWN]
+
+    @property
+    def error_cut(self) -> bool:
+        return len(self.error) > ERROR_SHOWN
 
     @property
     def at_text(self) -> str:
@@ -288,7 +299,7 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     if request.POST.get("post") != "yes":
         return admin.purge_confirmation(
             request,
-            jobs,
+            Job.objects.filter(pk__in=[job.pk for job in jobs]),
             form_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues_purge"),
             hidden=[("job", str(pk)) for pk in ids],
             cancel_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues"),
