@@ -6,7 +6,7 @@ import datetime
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import Error as DatabaseError
 from django.utils import timezone
 
@@ -24,12 +24,13 @@ from ...retention import (
     parse_statuses,
     prune,
 )
+from ..output import SafeOutputCommand
 
 #: Seconds between two progress lines (at the default verbosity).
 PROGRESS_EVERY = 5.0
 
 
-class Command(BaseCommand):
+class Command(SafeOutputCommand):
     help = (
         "Delete finished jobs (and their history) that finished longer ago than "
         "--older-than; dead jobs only when --status names them."

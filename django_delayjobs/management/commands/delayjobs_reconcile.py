@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import Error as DatabaseError
 
 from ...connection import get_engine
 from ...engine import DelayJobsError
 from ...reconcile import reconcile
+from ..output import SafeOutputCommand
 
 
-class Command(BaseCommand):
+class Command(SafeOutputCommand):
     help = "Re-add every waiting job that Redis does not hold (after data loss in Redis)."
 
     def handle(self, *args: Any, **options: Any) -> None:

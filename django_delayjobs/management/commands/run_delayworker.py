@@ -14,7 +14,7 @@ from argparse import ArgumentTypeError
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import Error as DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
@@ -24,6 +24,7 @@ from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
 from ...preflight import check_owner, check_redis, describe_redis
 from ...worker import STOP_SIGNALS, Options, WorkerProcess
+from ..output import SafeOutputCommand
 
 if TYPE_CHECKING:
     from ...metrics.server import MetricsServer
@@ -95,7 +96,7 @@ def queue_list(value: str) -> list[str]:
     return list(dict.fromkeys(queues))  # "a,a": served once, in the order first given
 
 
-class Command(BaseCommand):
+class Command(SafeOutputCommand):
     help = "Run the delayjobs promoter and worker threads until SIGTERM/SIGINT/SIGHUP."
     process: WorkerProcess | None = None  # once built: signals go to it
 

@@ -1,0 +1,110 @@
+"""The management commands as an operator runs them: output to a pipe that was closed
+(``| head -1``), no stdout at all, an ASCII-only stdout, odd option values. Real servers
+only (the suite's Redis, the test database); worker processes are stopped by pid."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import TextIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
+from django_delayjobs.models import Job, Status
+from tests.helpers import ROOT, _die_with_parent, stop, worker_env
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def closed_pipe() -> Iterator[TextIO]:
+    """The write end of a pipe whose reader has gone (``| head -1`` once head exited),
+    line-buffered as a stdout is under PYTHONUNBUFFERED or on a terminal."""
+    read, write = os.pipe()
+    os.close(read)
+    stream = open(write, "w", buffering=1, encoding="utf-8")  # noqa: SIM115
+    try:
+        yield stream
+    finally:
+        with contextlib.suppress(BrokenPipeError):  # what the old code left in its buffer
+            stream.close()
+
+
+def test_stats_into_a_closed_pipe_ends_quietly(closed_pipe):
+    """``delayjobs_stats | head -1``: the first line head did not read ended the command
+    with a BrokenPipeError traceback. Now the rest of the table is dropped quietly."""
+    get_engine().add("a", {"x": 10**13})
+    call_command("delayjobs_stats", stdout=closed_pipe)
+
+
+def test_health_into_a_closed_pipe_keeps_its_exit_code(closed_pipe):
+    """The exit code is what a probe reads: a pipe closed after the first line must
+    not turn a failing check into a traceback (nor a passing one into exit 1)."""
+    with pytest.raises(CommandError) as failed:
+        call_command("delayjobs_health", stdout=closed_pipe)  # no worker: one check fails
+    assert failed.value.returncode == 1
+    call_command("delayjobs_health", "--min-workers", "0", stdout=closed_pipe)
+
+
+def test_health_on_an_ascii_stdout_shows_a_non_ascii_error_escaped(settings, tmp_path):
+    """``PYTHONIOENCODING=ascii`` (or a stdout opened as ASCII) and an error text with a
+    character it cannot encode (a path, a host, a localised database message): the
+    command died of a UnicodeEncodeError instead of saying which check failed."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": f"unix://{tmp_path}/r\xe9dis.sock"}
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="ascii", errors="strict", write_through=True)
+    with pytest.raises(CommandError) as failed:
+        call_command("delayjobs_health", stdout=out)
+    assert failed.value.returncode == 1
+    lines = raw.getvalue().decode("ascii").splitlines()
+    assert lines[0].startswith("FAIL redis") and "r\\xe9dis.sock" in lines[0], lines
+
+
+def run_burst(stdout_fd_closed: bool) -> subprocess.CompletedProcess[bytes]:
+    """``run_delayworker --burst`` whose stdout is a pipe nobody reads (its reader, a
+    log shipper, has exited) or, with ``stdout_fd_closed``, no stdout at all (``>&-``)."""
+    from django.conf import settings
+
+    def child_setup() -> None:
+        _die_with_parent()
+        if stdout_fd_closed:
+            os.close(1)
+
+    cmd = [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+           "-v", "1", "--burst"]  # fmt: skip
+    env = worker_env(settings.DELAYJOBS["REDIS_URL"])
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=write, stderr=subprocess.PIPE,
+                                 preexec_fn=child_setup)  # fmt: skip
+    finally:
+        os.close(write)
+    try:
+        _, err = child.communicate(timeout=60)
+    finally:
+        stop(child)
+    return subprocess.CompletedProcess(cmd, child.returncode, b"", err)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("no_stdout", [False, True], ids=["closed-pipe", "no-stdout"])
+def test_a_worker_whose_stdout_is_gone_still_runs_its_jobs(no_stdout):
+    """The worker's start line met a pipe whose reader had gone (or no stdout at all):
+    the worker died before running a job, and a supervisor restarted it into the same
+    death. Its stdout only says it started; it now runs its jobs as it would."""
+    job = schedule(tasks.record, in_=0, args=["ran"])
+    done = run_burst(no_stdout)
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 0, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
