@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -108,3 +109,49 @@ def test_a_worker_whose_stdout_is_gone_still_runs_its_jobs(no_stdout):
     assert done.returncode == 0, err
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+
+
+def start_command(*args: str) -> subprocess.Popen[bytes]:
+    """``manage.py <args>`` with the test settings, its SIGINT as at a terminal (a child
+    started by a shell script in the background would ignore it)."""
+    from django.conf import settings
+
+    def child_setup() -> None:
+        _die_with_parent()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    cmd = [sys.executable, "-m", "django", *args, "--settings", "tests.settings"]
+    return subprocess.Popen(cmd, cwd=ROOT, env=worker_env(settings.DELAYJOBS["REDIS_URL"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=child_setup)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_a_prune_stopped_by_a_signal_ends_its_batch_and_says_so(signum):
+    """SIGTERM (a deploy, a timer's timeout) or Ctrl-C during a prune: SIGTERM ended the
+    process wherever it was, SIGINT with a KeyboardInterrupt traceback, both without a
+    word of what had been deleted, and either could land between a batch's commit and
+    the purge of its dead ids from the Redis garbage, which then counted deleted jobs for
+    ever. Now the batch under way is finished, the prune stops at once (not after its
+    pace's pause) and says what it deleted, with the signal's exit code."""
+    from tests.test_retention import dead_in_garbage
+
+    dead_in_garbage("orders", 10)
+    prune = start_command("delayjobs_prune", "--older-than", "30d", "--status", "dead",
+                          "--batch", "4", "--max-rate", "1")  # then a pause of 4 s  # fmt: skip
+    try:
+        assert prune.stdout is not None
+        first = prune.stdout.readline().decode()
+        assert "batch 1: 4 job(s)" in first, first
+        prune.send_signal(signum)
+        out, err = prune.communicate(timeout=3)  # well before the pause's end
+    finally:
+        stop(prune)
+    assert prune.returncode == 128 + signum, err.decode()
+    assert "Traceback" not in err.decode(), err.decode()
+    stopped = f"stopped by {signal.Signals(signum).name}: deleted 4 dead jobs"
+    assert stopped in (out + err).decode(), (out + err).decode()
+    left = set(Job.objects.values_list("pk", flat=True))
+    assert len(left) == 6
+    assert get_engine().stats("orders").garbage == 6  # the deleted ones' ids purged
