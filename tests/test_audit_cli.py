@@ -155,3 +155,14 @@ def test_a_prune_stopped_by_a_signal_ends_its_batch_and_says_so(signum):
     left = set(Job.objects.values_list("pk", flat=True))
     assert len(left) == 6
     assert get_engine().stats("orders").garbage == 6  # the deleted ones' ids purged
+
+
+def test_stats_shows_a_queue_named_twice_once():
+    """``delayjobs_stats orders orders`` (a list pasted twice, a shell variable that
+    repeats a name) printed the same row twice, so the table's rows no longer added up
+    to the deployment's jobs; ``--queues a,a`` of the other commands serves one queue."""
+    get_engine().add("orders", {"x": 10**13})
+    out = io.StringIO()
+    call_command("delayjobs_stats", "orders", "other", "orders", stdout=out)
+    rows = [line.split()[0] for line in out.getvalue().splitlines()[1:]]
+    assert rows == ["orders", "other"]

@@ -55,7 +55,8 @@ class Command(SafeOutputCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             engine = get_engine()
-            queues = options["queues"] or engine.known_queues()
+            # Each once, in the order given (``--queues a,a`` of the others does the same).
+            queues = list(dict.fromkeys(options["queues"])) or engine.known_queues()
             table: list[tuple[str, ...]] = [COLUMNS]
             broken: list[str] = []
             for queue in queues:
