@@ -166,3 +166,22 @@ def test_stats_shows_a_queue_named_twice_once():
     call_command("delayjobs_stats", "orders", "other", "orders", stdout=out)
     rows = [line.split()[0] for line in out.getvalue().splitlines()[1:]]
     assert rows == ["orders", "other"]
+
+
+@pytest.mark.parametrize("command", [
+    ["delayjobs_reconcile"],
+    ["delayjobs_prune", "--older-than", "30d"],
+    ["delayjobs_prune", "--older-than", "30d", "--dry-run"],
+])  # fmt: skip
+def test_a_database_without_the_apps_migrations_is_named_so(command):
+    """A new version deployed before ``migrate``: reconcile and prune said "the database
+    is unavailable: no such column ...", sending the operator after a database that
+    answers. They now say which migrations are missing, as run_delayworker does."""
+    call_command("migrate", "django_delayjobs", "0002", verbosity=0)
+    try:
+        with pytest.raises(CommandError) as failed:
+            call_command(*command, stdout=io.StringIO())
+    finally:  # every app: going back unapplied testapp's migrations that depend on ours
+        call_command("migrate", verbosity=0)
+    message = str(failed.value)
+    assert "the database lacks" in message and "run manage.py migrate" in message, message

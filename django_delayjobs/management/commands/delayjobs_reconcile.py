@@ -10,6 +10,7 @@ from django.db import Error as DatabaseError
 from ...connection import get_engine
 from ...engine import DelayJobsError
 from ...reconcile import reconcile
+from ..errors import database_error
 from ..output import SafeOutputCommand
 
 
@@ -27,7 +28,7 @@ class Command(SafeOutputCommand):
         except DelayJobsError as exc:
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
-            raise CommandError(f"the database is unavailable: {exc}") from exc
+            raise CommandError(database_error(exc)) from exc
         if refused is not None:
             address, refusal = refused
             where = f" (master {address})" if address else ""
