@@ -8,6 +8,7 @@ import contextlib
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -111,7 +112,7 @@ def test_a_worker_whose_stdout_is_gone_still_runs_its_jobs(no_stdout):
     assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
 
 
-def start_command(*args: str) -> subprocess.Popen[bytes]:
+def start_command(*args: str, redis_url: str | None = None) -> subprocess.Popen[bytes]:
     """``manage.py <args>`` with the test settings, its SIGINT as at a terminal (a child
     started by a shell script in the background would ignore it)."""
     from django.conf import settings
@@ -121,7 +122,8 @@ def start_command(*args: str) -> subprocess.Popen[bytes]:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     cmd = [sys.executable, "-m", "django", *args, "--settings", "tests.settings"]
-    return subprocess.Popen(cmd, cwd=ROOT, env=worker_env(settings.DELAYJOBS["REDIS_URL"]),
+    env = worker_env(redis_url or settings.DELAYJOBS["REDIS_URL"])
+    return subprocess.Popen(cmd, cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=child_setup)  # fmt: skip
 
@@ -185,3 +187,24 @@ def test_a_database_without_the_apps_migrations_is_named_so(command):
         call_command("migrate", verbosity=0)
     message = str(failed.value)
     assert "the database lacks" in message and "run manage.py migrate" in message, message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["delayjobs_stats", "delayjobs_reconcile", "delayjobs_health"])
+def test_ctrl_c_while_redis_does_not_answer_ends_with_one_line(command):
+    """Ctrl-C on a command that waits for a Redis that accepted the connection and does
+    not answer (frozen, overloaded): a KeyboardInterrupt traceback of thirty lines
+    through redis-py. Now one line on stderr, and exit code 130 as a shell's."""
+    with socket.create_server(("127.0.0.1", 0)) as frozen:
+        port = frozen.getsockname()[1]
+        child = start_command(command, redis_url=f"redis://127.0.0.1:{port}/0")
+        try:
+            frozen.settimeout(30)
+            conn, _ = frozen.accept()  # the command now waits for Redis's answer
+            with conn:
+                child.send_signal(signal.SIGINT)
+                _, err = child.communicate(timeout=10)
+        finally:
+            stop(child)
+    assert child.returncode == 130, err.decode()
+    assert err.decode().strip() == "interrupted", err.decode()

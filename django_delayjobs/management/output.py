@@ -73,12 +73,23 @@ class Stream:
 
 
 class SafeOutputCommand(BaseCommand):
-    """A ``BaseCommand`` whose ``stdout`` and ``stderr`` are ``Stream``\\ s."""
+    """A ``BaseCommand`` whose ``stdout`` and ``stderr`` are ``Stream``\\ s, and which
+    ends a Ctrl-C on the command line without a traceback."""
 
     def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None,
                  no_color: bool = False, force_color: bool = False) -> None:  # fmt: skip
         super().__init__(Stream(stdout or sys.stdout), Stream(stderr or sys.stderr),  # type: ignore[arg-type]
                          no_color, force_color)  # fmt: skip
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """As Django's, but Ctrl-C (a command waiting for a Redis that does not answer)
+        ends it with one line and exit code 130, as a shell's, not a traceback. Only
+        here, on the command line: ``call_command`` lets the interrupt go on."""
+        try:
+            super().run_from_argv(argv)
+        except KeyboardInterrupt:
+            self.stderr.write("interrupted")
+            sys.exit(130)
 
     def execute(self, *args: Any, **options: Any) -> Any:
         for name in ("stdout", "stderr"):  # call_command(stdout=...) replaces them
