@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime
 import logging
 import re
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -394,6 +395,7 @@ def prune(
     max_batches: int | None = None,
     progress: Callable[[Pruned], None] | None = None,
     protected: Protected | None = None,
+    stop: threading.Event | None = None,
 ) -> Pruned:
     """Delete every finished job of ``statuses`` that finished before ``cutoff``, batch
     by batch (``max_batches`` at most); call ``progress`` with the running totals after
@@ -408,6 +410,9 @@ def prune(
     Redis did not take (down or refusing) are counted in one warning, and never raise.
     Jobs another table refers to are left (see ``Protected``; counted in one warning and,
     once none is left to delete, in ``protected``), and the others pruned.
+
+    ``stop`` set (a signal, by ``delayjobs_prune``): the prune returns after the batch
+    under way, its dead ids purged, and without the rest of a pause.
     """
     check_batch(batch)
     rate = None if max_rate is None else check_rate(max_rate)
@@ -418,6 +423,7 @@ def prune(
     total = Pruned()
     garbage = GarbagePurge()
     protected = Protected() if protected is None else protected
+    stop = threading.Event() if stop is None else stop
     try:
         while True:
             started = time.monotonic()
@@ -437,10 +443,10 @@ def prune(
                 total.protected += protected.count_referenced(cutoff, statuses)
                 total.complete = True
                 return total
-            if total.batches == max_batches:
+            if total.batches == max_batches or stop.is_set():
                 return total
-            if rate is not None:
-                time.sleep(max(0.0, started + done.jobs / rate - time.monotonic()))
+            if rate is not None and stop.wait(started + done.jobs / rate - time.monotonic()):
+                return total
     finally:
         garbage.report()
         protected.report()

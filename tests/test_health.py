@@ -228,8 +228,8 @@ def test_a_database_without_the_apps_migrations_fails():
     call_command("migrate", "django_delayjobs", "0002", verbosity=0)
     try:
         code, lines = health()
-    finally:
-        call_command("migrate", "django_delayjobs", verbosity=0)
+    finally:  # every app: going back unapplied testapp's migrations that depend on ours
+        call_command("migrate", verbosity=0)
     assert code == 1 and names(lines, "FAIL") == ["database"]
     assert "cannot read the job table (are the migrations applied? manage.py migrate)" in lines[1]
     assert health()[0] == 0

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ... import health
 from ...conf import delayjobs_settings
 from ...exceptions import DelayJobsError
+from ..output import SafeOutputCommand
 
 
-class Command(BaseCommand):
+class Command(SafeOutputCommand):
     help = (
         "Check Redis, the database, live workers, overdue jobs (and dead jobs with "
         "--max-garbage) of each queue; exit 1 if any check fails."

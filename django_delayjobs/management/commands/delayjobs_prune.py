@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import Error as DatabaseError
 from django.utils import timezone
 
@@ -24,12 +30,15 @@ from ...retention import (
     parse_statuses,
     prune,
 )
+from ...worker import STOP_SIGNALS
+from ..errors import database_error
+from ..output import SafeOutputCommand
 
 #: Seconds between two progress lines (at the default verbosity).
 PROGRESS_EVERY = 5.0
 
 
-class Command(BaseCommand):
+class Command(SafeOutputCommand):
     help = (
         "Delete finished jobs (and their history) that finished longer ago than "
         "--older-than; dead jobs only when --status names them."
@@ -63,6 +72,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         self.verbosity = options["verbosity"]
         self.last_progress: float | None = None
+        self.signalled: int | None = None
         cutoff = timezone.now() - age
         what = f"{','.join(statuses)} jobs finished before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
         try:
@@ -72,16 +82,44 @@ class Command(BaseCommand):
                     f"dry run: would delete {found.jobs} {what}, with {found.events} event(s)"
                 )
                 return
-            total = prune(cutoff, statuses, batch=batch, max_rate=max_rate,
-                          progress=self.progress)  # fmt: skip
+            with self.stop_on_signal() as stop:
+                total = prune(cutoff, statuses, batch=batch, max_rate=max_rate,
+                              progress=self.progress, stop=stop)  # fmt: skip
         except DatabaseError as exc:
-            raise CommandError(f"the database is unavailable: {exc}") from exc
-        self.stdout.write(
-            f"deleted {total.jobs} {what}, with {total.events} event(s), "
-            f"in {total.batches} batch(es)" + (f" (at most {max_rate} jobs/s)" if max_rate else "")
-        )
+            raise CommandError(database_error(exc)) from exc
+        done = (f"deleted {total.jobs} {what}, with {total.events} event(s), "
+                f"in {total.batches} batch(es)")  # fmt: skip
+        if self.signalled is not None and not total.complete:
+            name = signal.Signals(self.signalled).name
+            raise CommandError(f"stopped by {name}: {done}; run it again to go on",
+                               returncode=128 + self.signalled)  # fmt: skip
+        self.stdout.write(done + (f" (at most {max_rate} jobs/s)" if max_rate else ""))
         if total.protected:
             self.stdout.write(f"left {total.protected} job(s) that another table refers to")
+
+    @contextlib.contextmanager
+    def stop_on_signal(self) -> Iterator[threading.Event]:
+        """An event set by SIGTERM/SIGINT/SIGHUP while the prune runs: it then ends with
+        the batch under way (a second signal ends the process at once). Left to its
+        default, SIGTERM could land between a batch's commit and the purge of its dead ids
+        from the Redis garbage."""
+        self.signalled = None
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            if stop.is_set():
+                os._exit(128 + signum)
+            self.signalled = signum
+            stop.set()
+
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+        try:
+            yield stop
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     @staticmethod
     def checked(options: dict[str, Any]) -> tuple[datetime.timedelta, tuple[str, ...], int,

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import Error as DatabaseError
 
 from ...connection import get_engine
 from ...engine import DelayJobsError
 from ...reconcile import reconcile
+from ..errors import database_error
+from ..output import SafeOutputCommand
 
 
-class Command(BaseCommand):
+class Command(SafeOutputCommand):
     help = "Re-add every waiting job that Redis does not hold (after data loss in Redis)."
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -26,7 +28,7 @@ class Command(BaseCommand):
         except DelayJobsError as exc:
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
-            raise CommandError(f"the database is unavailable: {exc}") from exc
+            raise CommandError(database_error(exc)) from exc
         if refused is not None:
             address, refusal = refused
             where = f" (master {address})" if address else ""

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from ...connection import get_engine
 from ...engine import DelayJobsError, Engine, QueueStats, WrongType
 from ...queues import ms_datetime
+from ..output import SafeOutputCommand
 
 COLUMNS = (
     "queue", "pending", "overdue", "ready", "in_flight", "garbage", "next_due", "workers",
@@ -45,7 +46,7 @@ def rows(engine: Engine, queue: str) -> list[tuple[str, ...]]:
     ]
 
 
-class Command(BaseCommand):
+class Command(SafeOutputCommand):
     help = "Print pending, overdue, ready, in flight, garbage, next due and live workers."
 
     def add_arguments(self, parser: Any) -> None:
@@ -54,7 +55,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             engine = get_engine()
-            queues = options["queues"] or engine.known_queues()
+            # Each once, in the order given (``--queues a,a`` of the others does the same).
+            queues = list(dict.fromkeys(options["queues"])) or engine.known_queues()
             table: list[tuple[str, ...]] = [COLUMNS]
             broken: list[str] = []
             for queue in queues:

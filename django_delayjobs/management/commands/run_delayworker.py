@@ -14,7 +14,7 @@ from argparse import ArgumentTypeError
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import Error as DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
@@ -24,6 +24,8 @@ from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
 from ...preflight import check_owner, check_redis, describe_redis
 from ...worker import STOP_SIGNALS, Options, WorkerProcess
+from ..errors import database_error
+from ..output import SafeOutputCommand
 
 if TYPE_CHECKING:
     from ...metrics.server import MetricsServer
@@ -53,26 +55,6 @@ def check_metrics_host(opts: dict[str, Any]) -> None:
         )
 
 
-def database_error(exc: DatabaseError) -> str:
-    """The one line for a database error at start-up: a database that ``migrate`` has not
-    brought up to this version answers, yet refuses (``no such table``), and is said so."""
-    from django.db import connections
-    from django.db.migrations.executor import MigrationExecutor
-
-    from ...models import Deployment
-
-    connection, plan = connections[Deployment.objects.db], []
-    if connection.connection is not None:  # it answered (no second wait for one that did not)
-        with contextlib.suppress(Exception):  # a project's migrations that do not load
-            executor = MigrationExecutor(connection)
-            plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
-    missing = [migration.name for migration, _ in plan if migration.app_label == "django_delayjobs"]
-    if missing:
-        return (f"the database lacks {len(missing)} migration(s) of django_delayjobs "
-                f"({missing[0]} to {missing[-1]}): run manage.py migrate ({exc})")  # fmt: skip
-    return f"the database is unavailable: {exc}"
-
-
 class StoppedDuringStartUp(Exception):
     """A SIGTERM/SIGINT/SIGHUP came before the worker started: exit 0."""
 
@@ -95,7 +77,7 @@ def queue_list(value: str) -> list[str]:
     return list(dict.fromkeys(queues))  # "a,a": served once, in the order first given
 
 
-class Command(BaseCommand):
+class Command(SafeOutputCommand):
     help = "Run the delayjobs promoter and worker threads until SIGTERM/SIGINT/SIGHUP."
     process: WorkerProcess | None = None  # once built: signals go to it
 
