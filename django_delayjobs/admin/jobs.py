@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
+from django.core.paginator import Page, Paginator
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
@@ -48,7 +49,8 @@ def has_job_permission(request: HttpRequest, action: str) -> bool:
 
 
 class JobEventInline(EventInline):
-    """A job's history: append-only, so shown and never edited."""
+    """A job's history: append-only, so shown and never edited; ``per_page`` events at a
+    time (``?history=<page>``), oldest first."""
 
     model = JobEvent
     template = "admin/django_delayjobs/job/history_inline.html"
@@ -58,6 +60,36 @@ class JobEventInline(EventInline):
     readonly_fields = fields
     ordering = ("at", "id")
     verbose_name_plural = _("History")
+    #: Events per page: a job retried 1,000 times has over 2,000, each with up to 64 KiB of
+    #: traceback, which one page showing them all would carry.
+    per_page = 100
+    page_param = "history"
+    #: The page shown, and the links to the others (set per request: an inline is made
+    #: for each request).
+    page: Page[Any] | None = None
+    page_links: tuple[tuple[str, str], ...] = ()
+
+    def paged(
+        self, request: HttpRequest, job: Job, events: QuerySet[JobEvent]
+    ) -> QuerySet[JobEvent]:
+        """The page of ``job``'s ``events`` that the request asks for (an unknown page
+        number: the nearest one)."""
+        ids = events.filter(job=job).order_by(*self.ordering).values_list("pk", flat=True)
+        self.page = page = Paginator(ids, self.per_page).get_page(request.GET.get(self.page_param))
+        links = []
+        if page.paginator.num_pages > 1:
+            query = request.GET.copy()
+            for label, number in (
+                (_("first"), 1 if page.number > 1 else None),
+                (_("previous"), page.previous_page_number() if page.has_previous() else None),
+                (_("next"), page.next_page_number() if page.has_next() else None),
+                (_("last"), page.paginator.num_pages if page.has_next() else None),
+            ):
+                if number is not None:
+                    query[self.page_param] = str(number)
+                    links.append((str(label), f"?{query.urlencode()}"))
+        self.page_links = tuple(links)
+        return events.filter(pk__in=list(page.object_list))
 
     @admin.display(description=_("at"))
     def at_display(self, event: JobEvent) -> str:
@@ -175,6 +207,14 @@ class JobAdmin(JobModelAdmin):
         # A row the door would refuse (an older version, a manual edit) is listed and
         # shown with its unreadable values as text, instead of failing the whole page.
         return tolerant(super().get_queryset(request))
+
+    def get_formset_kwargs(
+        self, request: HttpRequest, obj: Any, inline: Any, prefix: str
+    ) -> dict[str, Any]:
+        params = super().get_formset_kwargs(request, obj, inline, prefix)
+        if isinstance(inline, JobEventInline) and obj is not None:
+            params["queryset"] = inline.paged(request, obj, params["queryset"])
+        return params
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[JobChangeList]:
         return JobChangeList
