@@ -4,14 +4,20 @@ it is shown, however long it is."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 
 import pytest
 from django.urls import reverse
 
-from django_delayjobs import schedule
-from django_delayjobs.models import EventKind, JobEvent
+from django_delayjobs import schedule, services
+from django_delayjobs.models import EventKind, JobEvent, Status
 from django_delayjobs.sql import insert_events
+from tests.helpers import ROOT, worker_env
 from tests.testapp import tasks
+
+from .test_rest_helpers import client_for, make_user, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,3 +69,37 @@ def test_the_admin_pages_a_long_history_completely_and_in_order(admin_client):
     assert page == 21  # 100 a page; a page number that is no page: the nearest (Django's rule)
     for asked, expected in (("x", wanted[:100]), ("99999", wanted[2000:]), ("-1", wanted[2000:])):
         assert shown(admin_client.get(url, {"history": asked}).content.decode()) == expected
+
+
+#: How far the clock of the worker's host is ahead of this one's, in seconds.
+WORKER_AHEAD = 30
+
+
+@pytest.mark.slow
+def test_the_history_is_in_the_order_things_happened_whatever_each_hosts_clock(
+    redis_url, admin_client
+):
+    """Each event's ``at`` is its writer's clock, and a worker's host may be ahead of the
+    web host's. The history was ordered by ``at``: a dead job requeued here a moment after
+    a worker (its clock 30 s ahead) buried it showed ``requeued`` before the attempt that
+    killed it. Every event of a job is written under its row's lock (the change it records
+    comes first), so the events' ids are the order in which the changes were committed:
+    the history is shown in that order, everywhere."""
+    faketime = shutil.which("faketime")
+    if faketime is None:
+        pytest.skip("needs libfaketime's faketime command (Debian: apt-get install faketime)")
+    job = schedule(tasks.fail, in_=0, args=["x"], max_attempts=1)
+    worker = [faketime, "-f", f"+{WORKER_AHEAD}s", sys.executable, "-m", "django",
+              "run_delayworker", "--settings", "tests.settings", "-v", "0", "--burst"]  # fmt: skip
+    # Its wall clock only: timed waits on a faked monotonic clock never end.
+    env = worker_env(redis_url, DONT_FAKE_MONOTONIC="1")
+    subprocess.run(worker, cwd=ROOT, env=env, timeout=60, check=True)
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    assert services.requeue(job, actor="here")
+    happened = ["scheduled", "started", "failed", "dead", "requeued"]
+    assert [event.kind for event in job.events.all()] == happened
+    page = admin_client.get(reverse("admin:django_delayjobs_job_change", args=[job.pk]))
+    assert [kind for kind, _ in shown(page.content.decode())] == happened
+    detail = client_for(make_user(superuser=True)).get(url("jobs", job.pk))
+    assert [event["kind"] for event in detail.data["events"]] == happened

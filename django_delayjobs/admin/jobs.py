@@ -50,7 +50,7 @@ def has_job_permission(request: HttpRequest, action: str) -> bool:
 
 class JobEventInline(EventInline):
     """A job's history: append-only, so shown and never edited; ``per_page`` events at a
-    time (``?history=<page>``), oldest first."""
+    time (``?history=<page>``), in the order they happened."""
 
     model = JobEvent
     template = "admin/django_delayjobs/job/history_inline.html"
@@ -58,7 +58,7 @@ class JobEventInline(EventInline):
     can_delete = False
     fields = ("at_display", "kind", "attempt", "actor", "message_display")
     readonly_fields = fields
-    ordering = ("at", "id")
+    ordering = ("id",)  # as JobEvent's: the order of the changes (see its Meta)
     verbose_name_plural = _("History")
     #: Events per page: a job retried 1,000 times has over 2,000, each with up to 64 KiB of
     #: traceback, which one page showing them all would carry.
