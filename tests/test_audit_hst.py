@@ -3,8 +3,10 @@ it is shown, however long it is."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -93,7 +95,15 @@ def test_the_history_is_in_the_order_things_happened_whatever_each_hosts_clock(
               "run_delayworker", "--settings", "tests.settings", "-v", "0", "--burst"]  # fmt: skip
     # Its wall clock only: timed waits on a faked monotonic clock never end.
     env = worker_env(redis_url, DONT_FAKE_MONOTONIC="1")
-    subprocess.run(worker, cwd=ROOT, env=env, timeout=60, check=True)
+    # In a process group of its own: faketime forks the worker and waits for it, so that
+    # killing faketime alone would leave the worker running.
+    burst = subprocess.Popen(worker, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        assert burst.wait(60) == 0
+    finally:
+        if burst.poll() is None:
+            os.killpg(burst.pid, signal.SIGKILL)
+            burst.wait(10)
     job.refresh_from_db()
     assert job.status == Status.DEAD
     assert services.requeue(job, actor="here")
