@@ -212,7 +212,12 @@ class JobEvent(models.Model):
     objects = OnWriteDatabase["JobEvent"]()
 
     class Meta:
-        ordering = ["at", "id"]
+        # The order the changes were committed in, not ``at``: each event is written in
+        # the transaction of the change it records, after that change's UPDATE (or INSERT)
+        # of the job's row, whose lock orders them, so a later one gets a higher id. ``at``
+        # is its writer's clock, and a worker's host may be seconds ahead of a web host's:
+        # by ``at``, a dead job requeued a moment after it died showed the requeue first.
+        ordering = ["id"]
         indexes = [models.Index(fields=["job", "at"], name="delayjobs_event_job_at")]
 
     def __str__(self) -> str:

@@ -47,7 +47,7 @@ class History:
     def of(cls, job: Job) -> History:
         events = JobEvent.objects.filter(
             job=job, kind__in=[EventKind.SCHEDULED, EventKind.STARTED, EventKind.FAILED]
-        ).order_by("at", "id")
+        ).order_by("id")  # the order of the changes (see JobEvent's Meta)
         actor, first_due = "", None
         started: dict[int, Attempt] = {}
         failures = []

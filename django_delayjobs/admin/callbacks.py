@@ -69,7 +69,7 @@ def last_status(job: Job) -> SafeString | str:
     """The latest attempt's answer: its status (or "no answer") and its history line."""
     event = (
         job.events.filter(kind__in=[EventKind.SUCCEEDED, EventKind.FAILED])
-        .order_by("-at", "-id")
+        .order_by("-id")  # the latest written (see JobEvent's Meta)
         .first()
     )
     lines = event.message.strip().splitlines() if event is not None else []

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
+from django.core.paginator import Page, Paginator
 from django.db.models import Q, QuerySet
-from django.forms import ModelForm
-from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
@@ -32,18 +31,13 @@ from .pagination import EstimatedCountPaginator
 if TYPE_CHECKING:
     JobModelAdmin = admin.ModelAdmin[Job]
     EventInline = admin.TabularInline[JobEvent, Job]
-    EventFormSet = BaseInlineFormSet[JobEvent, Job, ModelForm[JobEvent]]
 else:
     JobModelAdmin = admin.ModelAdmin
     EventInline = admin.TabularInline
-    EventFormSet = BaseInlineFormSet
 
 
 #: Jobs listed on the purge confirmation page (all selected ones are purged).
 PURGE_LISTED = 100
-#: Events shown on a job's page: its latest ones (a job rescheduled on every keystroke
-#: may have tens of thousands, and each is a form of the inline).
-HISTORY_SHOWN = 200
 
 
 def has_job_permission(request: HttpRequest, action: str) -> bool:
@@ -52,34 +46,50 @@ def has_job_permission(request: HttpRequest, action: str) -> bool:
     return request.user.has_perm(f"{Job._meta.app_label}.{codename}")
 
 
-class LatestEvents(EventFormSet):
-    """The job's latest ``HISTORY_SHOWN`` events, oldest first; ``earlier`` says how many
-    older ones are left out."""
-
-    earlier = 0
-
-    def get_queryset(self) -> Any:
-        if not hasattr(self, "_queryset"):
-            events = super().get_queryset()
-            latest = list(events.reverse()[:HISTORY_SHOWN])[::-1]
-            if len(latest) == HISTORY_SHOWN:
-                self.earlier = events.count() - HISTORY_SHOWN
-            self._queryset = latest
-        return self._queryset
-
-
 class JobEventInline(EventInline):
-    """A job's history: append-only, so shown and never edited."""
+    """A job's history: append-only, so shown and never edited; ``per_page`` events at a
+    time (``?history=<page>``, the last page, the latest events, by default), in the order
+    they happened."""
 
     model = JobEvent
-    formset = LatestEvents
     template = "admin/django_delayjobs/job/history_inline.html"
     extra = 0
     can_delete = False
     fields = ("at_display", "kind", "attempt", "actor", "message_display")
     readonly_fields = fields
-    ordering = ("at", "id")
+    ordering = ("id",)  # as JobEvent's: the order of the changes (see its Meta)
     verbose_name_plural = _("History")
+    #: Events per page: a job retried 1,000 times has over 2,000, each with up to 64 KiB of
+    #: traceback, which one page showing them all would carry.
+    per_page = 100
+    page_param = "history"
+    #: The page shown, and the links to the others (set per request: an inline is made
+    #: for each request).
+    page: Page[Any] | None = None
+    page_links: tuple[tuple[str, str], ...] = ()
+
+    def paged(
+        self, request: HttpRequest, job: Job, events: QuerySet[JobEvent]
+    ) -> QuerySet[JobEvent]:
+        """The page of ``job``'s ``events`` that the request asks for: the last one (the
+        latest events) if none, the nearest one for a number that is no page."""
+        ids = events.filter(job=job).order_by(*self.ordering).values_list("pk", flat=True)
+        pages = Paginator(ids, self.per_page, orphans=self.per_page // 4)  # no near-empty last page
+        self.page = page = pages.get_page(request.GET.get(self.page_param, pages.num_pages))
+        links = []
+        if page.paginator.num_pages > 1:
+            query = request.GET.copy()
+            for label, number in (
+                (_("first"), 1 if page.number > 1 else None),
+                (_("previous"), page.previous_page_number() if page.has_previous() else None),
+                (_("next"), page.next_page_number() if page.has_next() else None),
+                (_("last"), page.paginator.num_pages if page.has_next() else None),
+            ):
+                if number is not None:
+                    query[self.page_param] = str(number)
+                    links.append((str(label), f"?{query.urlencode()}"))
+        self.page_links = tuple(links)
+        return events.filter(pk__in=list(page.object_list))
 
     @admin.display(description=_("at"))
     def at_display(self, event: JobEvent) -> str:
@@ -197,6 +207,14 @@ class JobAdmin(JobModelAdmin):
         # A row the door would refuse (an older version, a manual edit) is listed and
         # shown with its unreadable values as text, instead of failing the whole page.
         return tolerant(super().get_queryset(request))
+
+    def get_formset_kwargs(
+        self, request: HttpRequest, obj: Any, inline: Any, prefix: str
+    ) -> dict[str, Any]:
+        params = super().get_formset_kwargs(request, obj, inline, prefix)
+        if isinstance(inline, JobEventInline) and obj is not None:
+            params["queryset"] = inline.paged(request, obj, params["queryset"])
+        return params
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[JobChangeList]:
         return JobChangeList

@@ -1,0 +1,114 @@
+"""The audit trail tells the truth: every job's history, complete and in order, wherever
+it is shown, however long it is."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+from django.urls import reverse
+
+from django_delayjobs import schedule, services
+from django_delayjobs.models import EventKind, JobEvent, Status
+from django_delayjobs.sql import insert_events
+from tests.helpers import ROOT, worker_env
+from tests.testapp import tasks
+
+from .test_rest_helpers import client_for, make_user, url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def retried(times: int, error: str = "boom") -> tuple[str, list[tuple[str, str]]]:
+    """A job with the history of ``times`` failed attempts (its events as the worker writes
+    them: a started and a failed per attempt, many in the same microsecond)."""
+    job = schedule(tasks.record, in_=60, args=["a"])
+    events = []
+    for attempt in range(1, times + 1):
+        job.attempts = attempt
+        events += [(job, EventKind.STARTED, "worker:w", f"attempt {attempt}"),
+                   (job, EventKind.FAILED, "worker:w", f"{error} {attempt}")]  # fmt: skip
+    insert_events(events)  # one timestamp for all of them: only the id orders them
+    wanted = list(JobEvent.objects.filter(job=job).order_by("id").values_list("kind", "message"))
+    return str(job.pk), wanted
+
+
+def shown(html: str) -> list[tuple[str, str]]:
+    rows = re.findall(
+        r'<tr class="form-row" data-kind="(\w+)">.*?<td class="field-message_display">(.*?)</td>',
+        html, re.S,
+    )  # fmt: skip
+    return [(kind, message) for kind, message in rows]
+
+
+@pytest.mark.slow
+def test_the_admin_pages_a_long_history_completely_and_in_order(admin_client):
+    """A job retried 1,000 times has 2,001 events: the change page rendered every one of
+    them (with up to 64 KiB of traceback each, a page of over 100 MB). It shows a page of
+    them at a time, with links to the others; read page by page, the history is complete,
+    in order, each event once."""
+    pk, wanted = retried(1000)
+    url = reverse("admin:django_delayjobs_job_change", args=[pk])
+    html = admin_client.get(url).content.decode()
+    assert shown(html) == wanted[1900:]  # the last page (101 events): the latest events
+    seen, page = [], 1
+    while True:
+        response = admin_client.get(url, {"history": page})
+        assert response.status_code == 200
+        rows = shown(response.content.decode())
+        seen += rows
+        if not re.search(rf'href="\?history={page + 1}#', response.content.decode()):
+            break
+        page += 1
+    assert seen == wanted
+    assert page == 20  # 100 a page, the last one left alone taken in; a page number that is
+    # no page: the nearest (Django's rule)
+    for asked, expected in (("x", wanted[:100]), ("99999", wanted[1900:]), ("-1", wanted[1900:])):
+        assert shown(admin_client.get(url, {"history": asked}).content.decode()) == expected
+
+
+#: How far the clock of the worker's host is ahead of this one's, in seconds.
+WORKER_AHEAD = 30
+
+
+@pytest.mark.slow
+def test_the_history_is_in_the_order_things_happened_whatever_each_hosts_clock(
+    redis_url, admin_client
+):
+    """Each event's ``at`` is its writer's clock, and a worker's host may be ahead of the
+    web host's. The history was ordered by ``at``: a dead job requeued here a moment after
+    a worker (its clock 30 s ahead) buried it showed ``requeued`` before the attempt that
+    killed it. Every event of a job is written under its row's lock (the change it records
+    comes first), so the events' ids are the order in which the changes were committed:
+    the history is shown in that order, everywhere."""
+    faketime = shutil.which("faketime")
+    if faketime is None:
+        pytest.skip("needs libfaketime's faketime command (Debian: apt-get install faketime)")
+    job = schedule(tasks.fail, in_=0, args=["x"], max_attempts=1)
+    worker = [faketime, "-f", f"+{WORKER_AHEAD}s", sys.executable, "-m", "django",
+              "run_delayworker", "--settings", "tests.settings", "-v", "0", "--burst"]  # fmt: skip
+    # Its wall clock only: timed waits on a faked monotonic clock never end.
+    env = worker_env(redis_url, DONT_FAKE_MONOTONIC="1")
+    # In a process group of its own: faketime forks the worker and waits for it, so that
+    # killing faketime alone would leave the worker running.
+    burst = subprocess.Popen(worker, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        assert burst.wait(60) == 0
+    finally:
+        if burst.poll() is None:
+            os.killpg(burst.pid, signal.SIGKILL)
+            burst.wait(10)
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    assert services.requeue(job, actor="here")
+    happened = ["scheduled", "started", "failed", "dead", "requeued"]
+    assert [event.kind for event in job.events.all()] == happened
+    page = admin_client.get(reverse("admin:django_delayjobs_job_change", args=[job.pk]))
+    assert [kind for kind, _ in shown(page.content.decode())] == happened
+    detail = client_for(make_user(superuser=True)).get(url("jobs", job.pk))
+    assert [event["kind"] for event in detail.data["events"]] == happened
