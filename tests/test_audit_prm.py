@@ -1,0 +1,104 @@
+"""The promoter, timing and waiting: a job is promoted on time, never early, and no queue
+waits behind another's backlog (audit of promoter.py, engine/waiting.py and their scripts).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+from django.test import override_settings
+
+from django_delayjobs.engine import Engine
+from django_delayjobs.promoter import Promoter
+
+
+@pytest.fixture
+def batch_of_10() -> Iterator[None]:
+    with override_settings(DELAYJOBS={**settings.DELAYJOBS, "BATCH_SIZE": 10}):
+        yield
+
+
+def backlog(engine: Engine, queue: str, count: int) -> float:
+    """Put ``count`` ids in ``queue``'s pending set, all due by the time this returns (an
+    add of an id already due would put it in ready at once); return their due time."""
+    due = engine.server_time_ms() + 50
+    for start in range(0, count, 1000):
+        engine.add(queue, {f"{queue}-{n:06d}": due for n in range(start, min(count, start + 1000))})
+    while engine.server_time_ms() <= due:
+        time.sleep(0.005)
+    return due
+
+
+def evalsha_order(client: redis.Redis, run: object) -> list[str]:
+    """The first key of every script call Redis ran during ``run()``, in order (read
+    from the slow log, which records every command while its threshold is 0)."""
+    old = client.config_get("slowlog-*")
+    client.config_set("slowlog-max-len", 100_000)
+    client.config_set("slowlog-log-slower-than", 0)
+    client.slowlog_reset()
+    try:
+        run()  # type: ignore[operator]
+        entries = client.slowlog_get(100_000)
+    finally:
+        for name, value in old.items():
+            client.config_set(name, value)
+        client.slowlog_reset()
+    keys = []
+    for entry in reversed(entries):  # newest first
+        command = entry["command"].split()
+        if command and command[0].upper() == b"EVALSHA":
+            keys.append(command[3].decode())
+    return keys
+
+
+def test_a_backlog_in_one_queue_does_not_hold_up_promotion_in_another(
+    engine, redis_client, batch_of_10
+):
+    """A pass promoted a shard until it had nothing due before it looked at the next: a
+    backlog of due ids in one queue (100k due at midnight take about 0.25 s at batch
+    1000, a million 2.5 s) held back every due job of the queues after it, and the lease
+    recovery of all, for as long as it took to drain. Shards now take turns, one batch
+    each per round."""
+    backlog(engine, "a", 500)
+    engine.add("b", {"b-1": engine.server_time_ms() + 20})
+    while not engine.stats("b").overdue:
+        time.sleep(0.005)
+    promoter = Promoter(engine, ["a", "b"], tick=1.0)
+    order = evalsha_order(redis_client, promoter.step)
+    promotes = [key for key in order if key.endswith(":pending")]
+    assert engine.stats("a").ready == 500 and engine.stats("b").ready == 1
+    first_b = promotes.index(engine.keys("b").pending)
+    assert first_b <= 2, f"queue b was first promoted after {first_b} calls on queue a"
+
+
+def test_the_wait_after_a_long_pass_counts_from_the_end_of_the_pass(engine, batch_of_10):
+    """The time until a shard's next due id was measured when that shard was promoted,
+    and the promoter slept that long after the whole pass: every ms the pass spent on the
+    shards after it (a backlog) made that job as late."""
+    backlog(engine, "b", 10_000)
+    server_ms, local = engine.server_time_ms(), time.monotonic()
+    due_ms = server_ms + 400
+    engine.add("a", {"a-1": due_ms})
+    promoter = Promoter(engine, ["a", "b"], tick=1.0)
+    wait = promoter.step()
+    woken = time.monotonic() + wait
+    assert engine.stats("b").ready == 10_000
+    assert 0.05 < time.monotonic() - local < 0.35, "the pass cannot show the delay"
+    late_ms = (woken - local) * 1000 - (due_ms - server_ms)
+    assert late_ms < 5, f"the promoter would wake {late_ms:.0f} ms after the job is due"
+
+
+def test_a_job_that_falls_due_during_a_long_pass_is_promoted_in_it(engine, batch_of_10):
+    """A shard was promoted once per pass (more only while it had a whole batch due): a
+    job that fell due while the pass drained another shard's backlog waited for the pass
+    to end. A shard whose next id is due takes its turn again."""
+    backlog(engine, "b", 10_000)
+    local = time.monotonic()
+    engine.add("a", {"a-1": engine.server_time_ms() + 20})
+    Promoter(engine, ["a", "b"], tick=1.0).step()
+    assert time.monotonic() - local > 0.05, "the pass was too short to show anything"
+    assert engine.stats("a").ready == 1
