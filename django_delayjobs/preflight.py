@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.db import transaction
 
@@ -51,6 +52,35 @@ def check_redis(engine: Engine) -> list[str]:
                 raise ConfigurationError(message + " (REFUSE_EVICTING_REDIS is on)")
             warnings.append(message)
     return warnings
+
+
+def pool_limit(client: Any) -> int | None:
+    """The most connections ``client`` opens to one Redis at once (None: no cap given)."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        limit = getattr(pool, "max_connections", None)
+    else:  # a RedisCluster: each master's pool is made with its connection kwargs
+        manager = getattr(client, "nodes_manager", None)
+        limit = (getattr(manager, "connection_kwargs", None) or {}).get("max_connections")
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+def check_pool(engine: Engine, threads: int) -> None:
+    """Raise ``ConfigurationError`` if the client's connection pool cannot give each of
+    ``threads`` threads a connection at once: every thread of a worker may hold one at the
+    same moment (the worker threads and the promoter wait on Redis for up to half a second
+    at a time), and each call beyond the cap fails with "Too many connections" (or waits
+    for a connection), so the promoter and the workers would back off in turn and a
+    process that looks alive would run next to nothing."""
+    limit = pool_limit(engine.client)
+    if limit is not None and limit < threads:
+        raise ConfigurationError(
+            f"the Redis connection pool opens at most {limit} connections (max_connections), "
+            f"but this worker has {threads} threads that use Redis at once: the others "
+            "would fail with 'Too many connections' and stall. Allow at least that many "
+            "(the ?max_connections= of REDIS_URL, or the CONNECTION_POOL_KWARGS of the "
+            "CACHE_ALIAS cache), or lower --concurrency"
+        )
 
 
 def deployment_uid() -> str:

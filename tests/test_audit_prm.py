@@ -4,6 +4,8 @@ waits behind another's backlog (audit of promoter.py, engine/waiting.py and thei
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -14,6 +16,7 @@ from django.test import override_settings
 
 from django_delayjobs.engine import Engine
 from django_delayjobs.promoter import Promoter
+from tests.helpers import ROOT, worker_env
 
 
 @pytest.fixture
@@ -102,3 +105,23 @@ def test_a_job_that_falls_due_during_a_long_pass_is_promoted_in_it(engine, batch
     Promoter(engine, ["a", "b"], tick=1.0).step()
     assert time.monotonic() - local > 0.05, "the pass was too short to show anything"
     assert engine.stats("a").ready == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_pool_smaller_than_the_workers_threads_is_refused_with_one_line(redis_url):
+    """Each thread of a worker holds a connection while it waits on Redis (the worker
+    threads and the promoter for up to half a second at a time). A pool capped below the
+    threads that use it (``?max_connections=`` in REDIS_URL, or a django-redis cache's
+    CONNECTION_POOL_KWARGS) made every other call fail with "Too many connections": the
+    promoter backed off up to 5 s, one job of 20 ran in 10 s, and the process looked
+    alive. It is refused at start, with what to change."""
+    env = worker_env(redis_url + "?max_connections=4")
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+         "--skip-checks", "--concurrency", "4"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=20,
+    )  # fmt: skip
+    assert run.returncode == 1 and time.monotonic() - started < 30
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("CommandError: ") and "max_connections" in line and " 8 " in line

@@ -22,7 +22,7 @@ from ...conf import bounds, delayjobs_settings
 from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
-from ...preflight import check_owner, check_redis, describe_redis
+from ...preflight import check_owner, check_pool, check_redis, describe_redis
 from ...worker import STOP_SIGNALS, Options, WorkerProcess
 
 if TYPE_CHECKING:
@@ -254,6 +254,7 @@ class Command(BaseCommand):
         for warning in warnings:
             self.stderr.write(self.style.WARNING(f"WARNING: {warning}"))
         process = WorkerProcess(engine, options)
+        check_pool(engine, process.redis_threads() + (opts["metrics_port"] is not None))
         if verbosity:
             roles = [r for r in ("promoter", "worker") if getattr(options, r)]
             self.stdout.write(
