@@ -13,8 +13,10 @@ import pytest
 import redis
 from django.conf import settings
 from django.test import override_settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from django_delayjobs.engine import Engine
+from django_delayjobs.engine import Engine, close_client
 from django_delayjobs.promoter import Promoter
 from tests.helpers import ROOT, worker_env
 
@@ -125,3 +127,26 @@ def test_a_connection_pool_smaller_than_the_workers_threads_is_refused_with_one_
     assert run.returncode == 1 and time.monotonic() - started < 30
     (line,) = run.stderr.strip().splitlines()
     assert line.startswith("CommandError: ") and "max_connections" in line and " 8 " in line
+
+
+def test_a_wait_on_a_client_with_a_very_short_socket_timeout_neither_fails_nor_spins(redis_url):
+    """Redis answers a blocking pop that timed out on its next tick, up to 100 ms late
+    (hz 10). A client whose socket timeout is shorter than that (a django-redis cache with
+    ``SOCKET_TIMEOUT`` 0.1, given as CACHE_ALIAS) saw its waits fail with a read timeout
+    about half the time: each one an 'unavailable Redis' to the worker and the promoter,
+    which backed off and reconnected, with jobs late by the backoff. Such a client polls
+    the token lists instead."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
+    try:
+        engine = Engine(client, prefix="t")
+        for _ in range(10):
+            started = time.monotonic()
+            assert engine.wait_for_work(["q"], 0.1) is False
+            assert time.monotonic() - started >= 0.01  # it waited: a loop around it does not spin
+        engine.add("q", {"a": 0})
+        assert engine.wait_for_work(["q"], 0.2) is True
+        due = engine.server_time_ms() + 100
+        engine.add("q", {"b": due})  # the earliest pending id: a wake token
+        assert engine.wait_for_wake(["q"], 0.2) is True
+    finally:
+        close_client(client)
