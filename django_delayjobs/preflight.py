@@ -9,6 +9,7 @@ from django.db import transaction
 
 from .conf import delayjobs_settings
 from .engine import Engine
+from .engine.waiting import socket_timeout
 from .exceptions import ConfigurationError
 
 logger = logging.getLogger("django_delayjobs.worker")
@@ -80,6 +81,19 @@ def check_pool(engine: Engine, threads: int) -> None:
             "would fail with 'Too many connections' and stall. Allow at least that many "
             "(the ?max_connections= of REDIS_URL, or the CONNECTION_POOL_KWARGS of the "
             "CACHE_ALIAS cache), or lower --concurrency"
+        )
+
+
+def check_socket_timeout(engine: Engine) -> None:
+    """Raise ``ConfigurationError`` if the client's connections have no socket timeout:
+    a Redis that stops answering (frozen, or cut off by the network with no reset) would
+    hold every thread of the worker in a read for good, the process up all the while."""
+    if socket_timeout(engine.client) is None:
+        raise ConfigurationError(
+            "the Redis client has no socket timeout: a Redis that stops answering would "
+            "hang every thread of this worker for good. Give it one, 1 to 5 s (the "
+            "SOCKET_TIMEOUT of the CACHE_ALIAS cache's OPTIONS, or socket_timeout in its "
+            "CONNECTION_POOL_KWARGS)"
         )
 
 

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import override_settings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from django_delayjobs.engine import Engine, close_client
+from django_delayjobs.management.commands import run_delayworker
 from django_delayjobs.promoter import Promoter
 from tests.helpers import ROOT, worker_env
 
@@ -150,3 +154,37 @@ def test_a_wait_on_a_client_with_a_very_short_socket_timeout_neither_fails_nor_s
         assert engine.wait_for_wake(["q"], 0.2) is True
     finally:
         close_client(client)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_client_without_a_socket_timeout_is_refused_at_start(redis_url, settings):
+    """A client with no socket timeout (a django-redis cache given as CACHE_ALIAS whose
+    pool has ``socket_timeout`` None, as redis-py before 8 gives by default) waits for
+    ever on a Redis that stops answering (frozen, or cut off with no reset): every thread
+    of the worker would hang in a read for good, with the process up to its supervisor.
+    ``run_delayworker`` refuses it at start, in one line."""
+    settings.CACHES = {
+        **settings.CACHES,
+        "jobs": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_url,
+                 "OPTIONS": {"CONNECTION_POOL_KWARGS": {"socket_timeout": None}}},
+    }  # fmt: skip
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "jobs"}
+    command = run_delayworker.Command()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call_command(command, verbosity=0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(5)
+    if thread.is_alive():  # it started: stop it, and fail
+        while command.process is None:
+            time.sleep(0.01)
+        command.process.stop()
+        thread.join(30)
+    assert errors and isinstance(errors[0], CommandError), "the worker started"
+    assert "socket timeout" in str(errors[0]) and "SOCKET_TIMEOUT" in str(errors[0])

@@ -22,7 +22,13 @@ from ...conf import bounds, delayjobs_settings
 from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
-from ...preflight import check_owner, check_pool, check_redis, describe_redis
+from ...preflight import (
+    check_owner,
+    check_pool,
+    check_redis,
+    check_socket_timeout,
+    describe_redis,
+)
 from ...worker import STOP_SIGNALS, Options, WorkerProcess
 
 if TYPE_CHECKING:
@@ -244,6 +250,7 @@ class Command(BaseCommand):
             status_every=delayjobs_settings.HEARTBEAT_SECONDS if verbosity >= 2 else 0.0,
         )
         engine = get_engine()
+        check_socket_timeout(engine)
         try:
             warnings = check_redis(engine)
         except DelayJobsError as exc:
