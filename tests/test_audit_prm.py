@@ -152,6 +152,8 @@ def test_a_wait_on_a_client_with_a_very_short_socket_timeout_neither_fails_nor_s
         due = engine.server_time_ms() + 100
         engine.add("q", {"b": due})  # the earliest pending id: a wake token
         assert engine.wait_for_wake(["q"], 0.2) is True
+        client.set(engine.keys("broken").notify, "x")  # another program's: passed over
+        assert engine.wait_for_work(["broken", "q"], 0.1) is False
     finally:
         close_client(client)
 

@@ -133,7 +133,11 @@ class BlockingWait:
             pipe = self.client.pipeline(transaction=False)
             for key in dict.fromkeys(keys):
                 pipe.lpop(key)
-            if any(token is not None for token in pipe.execute()):
+            replies = pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, Exception):  # as BLPOP's: a WRONGTYPE is named as such
+                    raise reply
+            if any(token is not None for token in replies):
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
