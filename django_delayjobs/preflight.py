@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.db import transaction
 
 from .conf import delayjobs_settings
 from .engine import Engine
+from .engine.waiting import socket_timeout
 from .exceptions import ConfigurationError
 
 logger = logging.getLogger("django_delayjobs.worker")
@@ -51,6 +53,48 @@ def check_redis(engine: Engine) -> list[str]:
                 raise ConfigurationError(message + " (REFUSE_EVICTING_REDIS is on)")
             warnings.append(message)
     return warnings
+
+
+def pool_limit(client: Any) -> int | None:
+    """The most connections ``client`` opens to one Redis at once (None: no cap given)."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        limit = getattr(pool, "max_connections", None)
+    else:  # a RedisCluster: each master's pool is made with its connection kwargs
+        manager = getattr(client, "nodes_manager", None)
+        limit = (getattr(manager, "connection_kwargs", None) or {}).get("max_connections")
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+def check_pool(engine: Engine, threads: int) -> None:
+    """Raise ``ConfigurationError`` if the client's connection pool cannot give each of
+    ``threads`` threads a connection at once: every thread of a worker may hold one at the
+    same moment (the worker threads and the promoter wait on Redis for up to half a second
+    at a time), and each call beyond the cap fails with "Too many connections" (or waits
+    for a connection), so the promoter and the workers would back off in turn and a
+    process that looks alive would run next to nothing."""
+    limit = pool_limit(engine.client)
+    if limit is not None and limit < threads:
+        raise ConfigurationError(
+            f"the Redis connection pool opens at most {limit} connections (max_connections), "
+            f"but this worker has {threads} threads that use Redis at once: the others "
+            "would fail with 'Too many connections' and stall. Allow at least that many "
+            "(the ?max_connections= of REDIS_URL, or the CONNECTION_POOL_KWARGS of the "
+            "CACHE_ALIAS cache), or lower --concurrency"
+        )
+
+
+def check_socket_timeout(engine: Engine) -> None:
+    """Raise ``ConfigurationError`` if the client's connections have no socket timeout:
+    a Redis that stops answering (frozen, or cut off by the network with no reset) would
+    hold every thread of the worker in a read for good, the process up all the while."""
+    if socket_timeout(engine.client) is None:
+        raise ConfigurationError(
+            "the Redis client has no socket timeout: a Redis that stops answering would "
+            "hang every thread of this worker for good. Give it one, 1 to 5 s (the "
+            "SOCKET_TIMEOUT of the CACHE_ALIAS cache's OPTIONS, or socket_timeout in its "
+            "CONNECTION_POOL_KWARGS)"
+        )
 
 
 def deployment_uid() -> str:

@@ -134,18 +134,34 @@ class Promoter:
         return found
 
     def _promote(self, each: PerShard) -> tuple[int, float | None]:
-        moved, next_due = 0, None
-        for shard in self.shards():
-            with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
-                while True:
+        """One batch from each shard per round, then more rounds for the shards that moved
+        a whole batch or whose next id fell due meanwhile: a backlog in one shard (a
+        million ids due at midnight take seconds) must hold back no other's due ids.
+
+        The time until the next due id is returned as from the end of the pass: each
+        shard's is measured when it is promoted, and a pass may last long after that."""
+        moved = 0
+        next_at: dict[str, float] = {}  # shard -> when its next id is due (monotonic)
+        every = turn = self.shards()
+        while turn:
+            full = set()
+            for shard in turn:
+                next_at.pop(shard, None)
+                with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
+                    sent = time.monotonic()  # Redis measured the wait after this
                     result = self.engine.promote(shard, self.batch)
                     moved += result.moved
-                    if result.moved < self.batch:
-                        break
-                if result.next_due_in_us is not None:
-                    due = result.next_due_in_us / 1e6
-                    next_due = due if next_due is None else min(next_due, due)
-        return moved, next_due
+                    if result.moved >= self.batch:  # more may be due: its next turn
+                        full.add(shard)
+                    elif result.next_due_in_us is not None:
+                        next_at[shard] = sent + result.next_due_in_us / 1e6
+            if not full:
+                break
+            now = time.monotonic()
+            turn = [s for s in every if s in full or next_at.get(s, now + 1) <= now]
+        if not next_at:
+            return moved, None
+        return moved, max(0.0, min(next_at.values()) - time.monotonic())
 
     def housekeeping(self, now: float, each: PerShard) -> None:
         """Recover expired leases and forget emptied shards of older counts (each second),

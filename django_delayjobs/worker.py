@@ -332,6 +332,11 @@ class WorkerProcess:
                 stream.flush()
         os._exit(1)
 
+    def redis_threads(self) -> int:
+        """How many of this process's threads may each hold a Redis connection at once."""
+        roles = 2 if self.options.promoter and not self.options.burst else 0
+        return 2 + roles + (self.options.concurrency if self.options.worker else 0)
+
     def start_threads(self) -> list[threading.Thread]:
         targets: list[tuple[str, Callable[[], None]]] = [
             ("delayjobs-housekeeping", self.housekeep),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,6 +25,12 @@ from .validation import brief, finite
 #: A doorbell's ``BLPOP`` lasts at most this long, so a doorbell nobody waits on any more
 #: ends within a second.
 BELL_BLOCK = 1.0
+#: How late Redis may answer a blocking pop that timed out: on its next tick (100 ms at
+#: ``hz 10``), plus a margin. A client whose socket timeout leaves less than this beside
+#: any wait (under 0.16 s) polls the token lists instead of blocking on them.
+HZ_SLACK = 0.12
+#: How often a client that polls (see ``HZ_SLACK``) looks at the token lists (seconds).
+POLL_EVERY = 0.025
 #: The shortest wait on a Cluster. Redis answers a timed-out ``BLPOP`` only on its next
 #: tick (100 ms at ``hz 10``), so a single Redis never waits less either; a shorter wait
 #: would return before a newly started doorbell had popped a token already there.
@@ -51,6 +58,14 @@ def longest_block(client: Any) -> float | None:
     stops half a second short of it (at a quarter of a timeout under 2/3 s): Redis may
     answer a blocking command up to one ``hz`` tick (100 ms by default) after its timeout.
     """
+    timeout = socket_timeout(client)
+    if timeout is None:
+        return None
+    return timeout - min(0.5, 0.75 * timeout)
+
+
+def socket_timeout(client: Any) -> float | None:
+    """Return the socket (read) timeout of ``client``'s connections (None: none)."""
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
         kwargs = getattr(pool, "connection_kwargs", None) or {}
@@ -67,7 +82,7 @@ def longest_block(client: Any) -> float | None:
         timeout = _default_socket_timeout(connection_class)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         return None
-    return float(timeout) - min(0.5, 0.75 * timeout)
+    return float(timeout)
 
 
 def _connection_class() -> object:
@@ -91,16 +106,43 @@ def _default_socket_timeout(connection_class: object) -> object:
 
 
 class BlockingWait:
-    """One Redis: one ``BLPOP`` over every key, never longer than the socket allows."""
+    """One Redis: one ``BLPOP`` over every key, never longer than the socket allows; a
+    client whose socket timeout is too short for any ``BLPOP`` (see ``HZ_SLACK``) polls."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.longest = longest_block(client)
+        timeout = socket_timeout(client)
+        self.polls = timeout is not None and timeout - (self.longest or 0.0) < HZ_SLACK
 
     def wait(self, keys: Sequence[str], seconds: float) -> bool:
+        if self.polls:
+            return self._poll(keys, seconds)
         if self.longest is not None:
             seconds = min(seconds, self.longest)
         return self.client.blpop(list(keys), timeout=max(seconds, 0.001)) is not None
+
+    def _poll(self, keys: Sequence[str], seconds: float) -> bool:
+        """Take a token from any of ``keys`` within ``seconds``, looking every
+        ``POLL_EVERY``; at least one look, and one ``POLL_EVERY`` asleep when there is no
+        token (so a caller's loop never spins). A token of each list is taken at once (one
+        round trip): one that was meant for another waiter costs it one ``POLL_EVERY``, or
+        one of its own waits."""
+        deadline = time.monotonic() + max(seconds, POLL_EVERY)
+        while True:
+            pipe = self.client.pipeline(transaction=False)
+            for key in dict.fromkeys(keys):
+                pipe.lpop(key)
+            replies = pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, Exception):  # as BLPOP's: a WRONGTYPE is named as such
+                    raise reply
+            if any(token is not None for token in replies):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(POLL_EVERY, left))
 
     def close(self) -> None:
         pass

@@ -22,7 +22,13 @@ from ...conf import bounds, delayjobs_settings
 from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
-from ...preflight import check_owner, check_redis, describe_redis
+from ...preflight import (
+    check_owner,
+    check_pool,
+    check_redis,
+    check_socket_timeout,
+    describe_redis,
+)
 from ...worker import STOP_SIGNALS, Options, WorkerProcess
 from ..errors import database_error
 from ..output import SafeOutputCommand
@@ -226,6 +232,7 @@ class Command(SafeOutputCommand):
             status_every=delayjobs_settings.HEARTBEAT_SECONDS if verbosity >= 2 else 0.0,
         )
         engine = get_engine()
+        check_socket_timeout(engine)
         try:
             warnings = check_redis(engine)
         except DelayJobsError as exc:
@@ -236,6 +243,7 @@ class Command(SafeOutputCommand):
         for warning in warnings:
             self.stderr.write(self.style.WARNING(f"WARNING: {warning}"))
         process = WorkerProcess(engine, options)
+        check_pool(engine, process.redis_threads() + (opts["metrics_port"] is not None))
         if verbosity:
             roles = [r for r in ("promoter", "worker") if getattr(options, r)]
             self.stdout.write(

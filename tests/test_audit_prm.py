@@ -1,0 +1,198 @@
+"""The promoter, timing and waiting: a job is promoted on time, never early, and no queue
+waits behind another's backlog (audit of promoter.py, engine/waiting.py and their scripts).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from django_delayjobs.engine import Engine, close_client
+from django_delayjobs.management.commands import run_delayworker
+from django_delayjobs.promoter import Promoter
+from tests.helpers import ROOT, worker_env
+
+
+@pytest.fixture
+def batch_of_10() -> Iterator[None]:
+    with override_settings(DELAYJOBS={**settings.DELAYJOBS, "BATCH_SIZE": 10}):
+        yield
+
+
+@pytest.fixture
+def batch_of_1() -> Iterator[None]:
+    with override_settings(DELAYJOBS={**settings.DELAYJOBS, "BATCH_SIZE": 1}):
+        yield
+
+
+def backlog(engine: Engine, queue: str, count: int) -> float:
+    """Put ``count`` ids in ``queue``'s pending set, all due by the time this returns (an
+    add of an id already due would put it in ready at once); return their due time."""
+    due = engine.server_time_ms() + 50
+    for start in range(0, count, 1000):
+        engine.add(queue, {f"{queue}-{n:06d}": due for n in range(start, min(count, start + 1000))})
+    while engine.server_time_ms() <= due:
+        time.sleep(0.005)
+    return due
+
+
+def evalsha_order(client: redis.Redis, run: object) -> list[str]:
+    """The first key of every script call Redis ran during ``run()``, in order (read
+    from the slow log, which records every command while its threshold is 0)."""
+    old = client.config_get("slowlog-*")
+    client.config_set("slowlog-max-len", 100_000)
+    client.config_set("slowlog-log-slower-than", 0)
+    client.slowlog_reset()
+    try:
+        run()  # type: ignore[operator]
+        entries = client.slowlog_get(100_000)
+    finally:
+        for name, value in old.items():
+            client.config_set(name, value)
+        client.slowlog_reset()
+    keys = []
+    for entry in reversed(entries):  # newest first
+        command = entry["command"].split()
+        if command and command[0].upper() == b"EVALSHA":
+            keys.append(command[3].decode())
+    return keys
+
+
+def test_a_backlog_in_one_queue_does_not_hold_up_promotion_in_another(
+    engine, redis_client, batch_of_10
+):
+    """A pass promoted a shard until it had nothing due before it looked at the next: a
+    backlog of due ids in one queue (100k due at midnight take about 0.25 s at batch
+    1000, a million 2.5 s) held back every due job of the queues after it, and the lease
+    recovery of all, for as long as it took to drain. Shards now take turns, one batch
+    each per round."""
+    backlog(engine, "a", 500)
+    engine.add("b", {"b-1": engine.server_time_ms() + 20})
+    while not engine.stats("b").overdue:
+        time.sleep(0.005)
+    promoter = Promoter(engine, ["a", "b"], tick=1.0)
+    order = evalsha_order(redis_client, promoter.step)
+    promotes = [key for key in order if key.endswith(":pending")]
+    assert engine.stats("a").ready == 500 and engine.stats("b").ready == 1
+    first_b = promotes.index(engine.keys("b").pending)
+    assert first_b <= 2, f"queue b was first promoted after {first_b} calls on queue a"
+
+
+def test_the_wait_after_a_long_pass_counts_from_the_end_of_the_pass(engine, batch_of_1):
+    """The time until a shard's next due id was measured when that shard was promoted,
+    and the promoter slept that long after the whole pass: every ms the pass spent on the
+    shards after it (a backlog) made that job as late."""
+    backlog(engine, "b", 4000)  # 4,000 calls: a pass of 0.1 s or more
+    server_ms, local = engine.server_time_ms(), time.monotonic()
+    due_ms = server_ms + 1000
+    engine.add("a", {"a-1": due_ms})
+    promoter = Promoter(engine, ["a", "b"], tick=5.0)
+    wait = promoter.step()
+    woken = time.monotonic() + wait
+    assert engine.stats("b").ready == 4000
+    assert 0.05 < time.monotonic() - local < 0.9, "the pass cannot show the delay"
+    late_ms = (woken - local) * 1000 - (due_ms - server_ms)
+    assert late_ms < 5, f"the promoter would wake {late_ms:.0f} ms after the job is due"
+
+
+def test_a_job_that_falls_due_during_a_long_pass_is_promoted_in_it(engine, batch_of_1):
+    """A shard was promoted once per pass (more only while it had a whole batch due): a
+    job that fell due while the pass drained another shard's backlog waited for the pass
+    to end. A shard whose next id is due takes its turn again."""
+    backlog(engine, "b", 4000)  # 4,000 calls: a pass of 0.1 s or more
+    local = time.monotonic()
+    engine.add("a", {"a-1": engine.server_time_ms() + 20})
+    Promoter(engine, ["a", "b"], tick=1.0).step()
+    assert time.monotonic() - local > 0.05, "the pass was too short to show anything"
+    assert engine.stats("a").ready == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_pool_smaller_than_the_workers_threads_is_refused_with_one_line(redis_url):
+    """Each thread of a worker holds a connection while it waits on Redis (the worker
+    threads and the promoter for up to half a second at a time). A pool capped below the
+    threads that use it (``?max_connections=`` in REDIS_URL, or a django-redis cache's
+    CONNECTION_POOL_KWARGS) made every other call fail with "Too many connections": the
+    promoter backed off up to 5 s, one job of 20 ran in 10 s, and the process looked
+    alive. It is refused at start, with what to change."""
+    env = worker_env(redis_url + "?max_connections=4")
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+         "--skip-checks", "--concurrency", "4"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=20,
+    )  # fmt: skip
+    assert run.returncode == 1 and time.monotonic() - started < 30
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("CommandError: ") and "max_connections" in line and " 8 " in line
+
+
+def test_a_wait_on_a_client_with_a_very_short_socket_timeout_neither_fails_nor_spins(redis_url):
+    """Redis answers a blocking pop that timed out on its next tick, up to 100 ms late
+    (hz 10). A client whose socket timeout is shorter than that (a django-redis cache with
+    ``SOCKET_TIMEOUT`` 0.1, given as CACHE_ALIAS) saw its waits fail with a read timeout
+    about half the time: each one an 'unavailable Redis' to the worker and the promoter,
+    which backed off and reconnected, with jobs late by the backoff. Such a client polls
+    the token lists instead."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
+    try:
+        engine = Engine(client, prefix="t")
+        for _ in range(10):
+            started = time.monotonic()
+            assert engine.wait_for_work(["q"], 0.1) is False
+            assert time.monotonic() - started >= 0.01  # it waited: a loop around it does not spin
+        engine.add("q", {"a": 0})
+        assert engine.wait_for_work(["q"], 0.2) is True
+        due = engine.server_time_ms() + 100
+        engine.add("q", {"b": due})  # the earliest pending id: a wake token
+        assert engine.wait_for_wake(["q"], 0.2) is True
+        client.set(engine.keys("broken").notify, "x")  # another program's: passed over
+        assert engine.wait_for_work(["broken", "q"], 0.1) is False
+    finally:
+        close_client(client)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_client_without_a_socket_timeout_is_refused_at_start(redis_url, settings):
+    """A client with no socket timeout (a django-redis cache given as CACHE_ALIAS whose
+    pool has ``socket_timeout`` None, as redis-py before 8 gives by default) waits for
+    ever on a Redis that stops answering (frozen, or cut off with no reset): every thread
+    of the worker would hang in a read for good, with the process up to its supervisor.
+    ``run_delayworker`` refuses it at start, in one line."""
+    settings.CACHES = {
+        **settings.CACHES,
+        "jobs": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_url,
+                 "OPTIONS": {"CONNECTION_POOL_KWARGS": {"socket_timeout": None}}},
+    }  # fmt: skip
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "jobs"}
+    command = run_delayworker.Command()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call_command(command, verbosity=0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(5)
+    if thread.is_alive():  # it started: stop it, and fail
+        while command.process is None:
+            time.sleep(0.01)
+        command.process.stop()
+        thread.join(30)
+    assert errors and isinstance(errors[0], CommandError), "the worker started"
+    assert "socket timeout" in str(errors[0]) and "SOCKET_TIMEOUT" in str(errors[0])
