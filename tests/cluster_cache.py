@@ -20,7 +20,9 @@ class ClusterConnectionFactory(ConnectionFactory):  # type: ignore[misc]
 
     def connect(self, url: str) -> Any:
         if url not in self._clusters:
-            self._clusters[url] = RedisCluster.from_url(url)
+            # a socket timeout (redis-py 8 gives 5 s; earlier ones none, which the
+            # worker refuses: a master that stops answering would hang it for good)
+            self._clusters[url] = RedisCluster.from_url(url, socket_timeout=5)
         return self._clusters[url]
 
     def disconnect(self, connection: Any) -> None:
