@@ -96,11 +96,16 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 def _no_outage_under_way() -> None:
     """Each test starts with no Redis outage under way in this process: one that an
     earlier test left (it ends only after SETTLED_SECONDS without a failure) would keep
-    this test's first failure from being logged."""
+    this test's first failure from being logged. Nor with the process's metrics of an
+    earlier test: its counts not flushed, or its snapshot of this minute, which keeps this
+    test's worker from taking its own in this test's Redis."""
     from django_delayjobs import outcomes, services
+    from django_delayjobs.metrics.recorder import RECORDER
 
     for outage in (services._outage, outcomes._OUTAGE):
         outage.failures = 0
+    RECORDER.take()
+    RECORDER.snapped.clear()
 
 
 @pytest.fixture(autouse=True)
