@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
+from django_redis.pool import ConnectionFactory
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -165,7 +166,8 @@ def test_a_wait_on_a_client_with_a_very_short_socket_timeout_neither_fails_nor_s
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_client_without_a_socket_timeout_is_refused_at_start(redis_url, settings):
+def test_a_client_without_a_socket_timeout_is_refused_at_start(redis_url, settings,
+                                                               monkeypatch):  # fmt: skip
     """A client with no socket timeout (a django-redis cache given as CACHE_ALIAS whose
     pool has ``socket_timeout`` None, as redis-py before 8 gives by default) waits for
     ever on a Redis that stops answering (frozen, or cut off with no reset): every thread
@@ -177,6 +179,9 @@ def test_a_client_without_a_socket_timeout_is_refused_at_start(redis_url, settin
                  "OPTIONS": {"CONNECTION_POOL_KWARGS": {"socket_timeout": None}}},
     }  # fmt: skip
     settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "jobs"}
+    # django-redis keeps one pool per URL for the process: one an earlier test made for
+    # this Redis (with a timeout) would be given to this cache
+    monkeypatch.setattr(ConnectionFactory, "_pools", {})
     command = run_delayworker.Command()
     errors: list[BaseException] = []
 

@@ -91,9 +91,13 @@ def test_a_bad_queues_option_says_why(value, reason):
     assert reason in str(raised.value)
 
 
+#: How many migrations django_delayjobs has (a database never migrated lacks them all).
+MIGRATIONS = len(list((ROOT / "django_delayjobs" / "migrations").glob("[0-9]*.py")))
+
+
 @pytest.mark.parametrize(
     ("path", "said"),
-    [("empty.sqlite3", "lacks 7 migration(s) of django_delayjobs (0001_initial to "),
+    [("empty.sqlite3", f"lacks {MIGRATIONS} migration(s) of django_delayjobs (0001_initial to "),
      ("no-such-directory/db.sqlite3", "the database is unavailable: unable to open")],
 )  # fmt: skip
 def test_a_database_never_migrated_is_named_as_such_at_start_up(redis_url, tmp_path, path,
