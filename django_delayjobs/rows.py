@@ -9,7 +9,8 @@ too long for ``int()``. Reading such a row the ordinary way raises (``DataError`
 ``tolerant(queryset)`` reads the ordinary way and, only if that fails, reads the rest
 again with every datetime, JSON and UUID column cast to text, converting each value on
 its own: a value that cannot be converted becomes an ``Unreadable`` (its stored text, and
-why) in its field, and the row is shown like any other. ``unreadable_fields(job)`` says
+why) in its field, and the row is shown like any other. It reads a job's history
+(``JobEvent``) the same way. ``unreadable_fields(job)`` says
 which fields of a job are such values (for a worker that must settle the job as dead).
 """
 
@@ -20,7 +21,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import DataError, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -33,6 +34,8 @@ from .logs import one_line
 from .models import Job
 
 logger = logging.getLogger("django_delayjobs")
+
+M = TypeVar("M", bound=models.Model)
 
 #: What converting a stored value may raise when the value is poison: psycopg's loaders
 #: (``DataError``), ``json.loads`` (``ValueError`` for > 4,300 digits, ``RecursionError``),
@@ -67,7 +70,7 @@ def unreadable_fields(job: Job) -> dict[str, Unreadable]:
     }
 
 
-def tolerant(queryset: models.QuerySet[Job]) -> models.QuerySet[Job]:
+def tolerant(queryset: models.QuerySet[M, M]) -> models.QuerySet[M, M]:
     """``queryset``, reading poison rows with ``Unreadable`` values instead of raising."""
     clone = queryset.all()
     clone._iterable_class = TolerantIterable
@@ -83,24 +86,25 @@ def read_job(pk: uuid.UUID | str, using: str | None = None) -> Job | None:
 class TolerantIterable(ModelIterable):  # type: ignore[type-arg]
     """Model instances as usual; from the first row that cannot be read, value by value."""
 
-    def __iter__(self) -> Iterator[Job]:
+    def __iter__(self) -> Iterator[models.Model]:
         done = 0
         try:
-            for job in super().__iter__():
-                yield job
+            for row in super().__iter__():
+                yield row
                 done += 1
         except POISON as exc:
             logger.warning(
-                "a job row cannot be read (%s: %s); reading the rest value by value",
-                type(exc).__name__, one_line(_text(str(exc))),
+                "a %s row cannot be read (%s: %s); reading the rest value by value",
+                self.queryset.model._meta.model_name, type(exc).__name__,
+                one_line(_text(str(exc))),
             )  # fmt: skip
             yield from itertools.islice(self._value_by_value(), done, None)
 
-    def _value_by_value(self) -> Iterator[Job]:
+    def _value_by_value(self) -> Iterator[models.Model]:
         queryset = self.queryset
-        alias = queryset.db
+        model, alias = queryset.model, queryset.db
         conn = connections[alias]
-        fields = Job._meta.concrete_fields
+        fields = model._meta.concrete_fields
         as_text = (models.DateTimeField, models.JSONField, models.UUIDField)
         columns = [
             Cast(field.attname, models.TextField()) if isinstance(field, as_text) else field.attname
@@ -116,7 +120,7 @@ class TolerantIterable(ModelIterable):  # type: ignore[type-arg]
             if isinstance(values[0], Unreadable):  # no id to show or link to: leave it out
                 logger.warning("a job row has an id that is not a UUID: %r", values[0])
                 continue
-            yield Job.from_db(alias, attnames, values)
+            yield model.from_db(alias, attnames, values)
 
 
 def _convert(field: models.Field[Any, Any], raw: Any, conn: BaseDatabaseWrapper) -> Any:

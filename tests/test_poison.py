@@ -26,7 +26,7 @@ from django_delayjobs import schedule
 from django_delayjobs.admin import operations
 from django_delayjobs.connection import get_engine
 from django_delayjobs.engine.validation import MAX_DUE_MS
-from django_delayjobs.models import Job, Status
+from django_delayjobs.models import Job, JobEvent, Status
 from django_delayjobs.reconcile import horizon, reconcile
 from django_delayjobs.rows import tolerant
 from django_delayjobs.worker import Options, WorkerProcess
@@ -283,6 +283,39 @@ def test_admin_and_api_render_a_poison_row(name, superuser_clients):
         ids = [job["id"] for job in pages[page].json()["results"]]
         assert sorted(ids) == sorted([str(bad.pk), str(normal.pk)]), page
     assert pages["api detail"].json()["id"] == str(bad.pk)
+
+
+@pytest.mark.parametrize(
+    "literal", ["'2026-02-30 10:00:00'", "'infinity'", "'10000-01-01 00:00:00+00'"]
+)
+def test_admin_and_api_render_a_history_event_that_cannot_be_read(literal, superuser_clients):
+    """An event whose time Python cannot read (30 February in SQLite, 'infinity' or year
+    10000 in PostgreSQL) is shown as stored, with the rest of the job's history."""
+    if (literal == "'2026-02-30 10:00:00'") != sqlite():
+        pytest.skip(f"{literal} cannot be stored in {connection.vendor}")
+    admin, api = superuser_clients
+    job = schedule(tasks.record, in_=60, args=["x"])
+    job.reschedule(in_=120, actor="admin:bob")
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {quote(JobEvent._meta.db_table)} SET {quote('at')} = {literal} "
+            f"WHERE {quote('id')} = %s",
+            [job.events.order_by("id").first().pk],
+        )
+    pages = {
+        "admin detail": admin.get(reverse(CHANGE, args=[job.pk])),
+        "api detail": api.get(url("jobs", job.pk)),
+        "api events": api.get(url("jobs", job.pk, "events")),
+    }
+    for page, response in pages.items():
+        assert response.status_code == 200, (page, response.content[:300])
+    stored = literal.strip("'")
+    assert f"{stored} (unreadable)" in pages["admin detail"].content.decode()
+    for events in (pages["api detail"].json()["events"], pages["api events"].json()["results"]):
+        assert [(e["kind"], e["at"] == stored) for e in events] == [
+            ("scheduled", True), ("rescheduled", False),
+        ]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["run_at 9999", "run_at infinity", "run_at 1969"])

@@ -111,8 +111,8 @@ def send(api, example: Example, ids: dict[str, str]) -> Any:
 
 def test_every_endpoint_is_documented():
     names = {resolve(e.path.partition("?")[0]).url_name for e in examples(DOC.read_text())}
-    assert names == {"job-list", "job-detail", "job-cancel", "job-reschedule", "job-requeue",
-                     "queues"}  # fmt: skip
+    assert names == {"job-list", "job-detail", "job-events", "job-cancel", "job-reschedule",
+                     "job-requeue", "queues"}  # fmt: skip
 
 
 def test_documented_examples_are_true(world):

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ENDPOINTS = {
     ("get", "/api/delayjobs/jobs/"),
     ("get", "/api/delayjobs/jobs/{id}/"),
+    ("get", "/api/delayjobs/jobs/{id}/events/"),
     ("post", "/api/delayjobs/jobs/{id}/cancel/"),
     ("post", "/api/delayjobs/jobs/{id}/reschedule/"),
     ("post", "/api/delayjobs/jobs/{id}/requeue/"),
@@ -99,6 +100,17 @@ def test_list_documents_every_filter_and_the_paging(schema):
     assert names == set(JobFilterSerializer().fields) | {"cursor", "page_size"}
     page = schema["components"]["schemas"][ref(op["responses"]["200"])]
     assert set(page["properties"]) == {"next", "previous", "results"}
+
+
+def test_the_events_endpoint_documents_its_paging(schema):
+    op = schema["paths"]["/api/delayjobs/jobs/{id}/events/"]["get"]
+    assert {p["name"] for p in op["parameters"]} == {"id", "cursor", "page_size"}
+    assert set(op["responses"]) == {"200", "400", "403", "404", "503"}
+    page = schema["components"]["schemas"][ref(op["responses"]["200"])]
+    assert set(page["properties"]) == {"next", "previous", "results"}
+    assert page["properties"]["results"]["items"]["$ref"].endswith("/JobEvent")
+    detail = schema["components"]["schemas"]["JobDetail"]["properties"]
+    assert detail["events_omitted"]["type"] == "integer"
 
 
 def test_schema_is_yaml_by_default_and_as_private_as_the_api():

@@ -89,7 +89,7 @@ class JobEventInline(EventInline):
                     query[self.page_param] = str(number)
                     links.append((str(label), f"?{query.urlencode()}"))
         self.page_links = tuple(links)
-        return events.filter(pk__in=list(page.object_list))
+        return tolerant(events.filter(pk__in=list(page.object_list)))
 
     @admin.display(description=_("at"))
     def at_display(self, event: JobEvent) -> str:

@@ -189,8 +189,7 @@ def shown(request: Request, job: Job, detail: bool = False) -> Any:
     if not can_view(request):
         return CallbackReceiptSerializer(job).data
     if detail:
-        job = Job.objects.prefetch_related("events").get(pk=job.pk)
-        return s.JobDetailSerializer(job).data
+        return s.JobDetailSerializer(Job.objects.get(pk=job.pk)).data
     return s.JobSerializer(job).data
 
 

@@ -1,9 +1,11 @@
-"""Keyset pagination of jobs on (run_at, id): no COUNT(*), no OFFSET, any number of ties.
+"""Keyset pagination of jobs on (run_at, id), and of a job's events on their id: no
+COUNT(*), no OFFSET, any number of ties.
 
 DRF's ``CursorPagination`` keys on one field and breaks ties with an offset capped at
 1,000, and ``schedule_many`` can give thousands of jobs the same ``run_at``; the id makes
 the key unique. The filter ``run_at <= x AND (run_at < x OR id < y)`` lets the database
-walk its ``run_at`` (or ``status, run_at``) index from the cursor on.
+walk its ``run_at`` (or ``status, run_at``) index from the cursor on. Events have a unique
+key of their own, so DRF's class pages them, with a cursor checked before it is used.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import json
 import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
+from urllib.parse import parse_qs
 
 from django.db import connections
 from django.db.models import Q, QuerySet, Value
-from rest_framework.exceptions import ValidationError
-from rest_framework.pagination import BasePagination
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import BasePagination, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
@@ -78,6 +81,18 @@ def decode(token: str, vendor: str) -> Cursor:
         raise ValidationError(INVALID) from None
 
 
+def strict_page_size(request: Request, param: str, default: int, maximum: int) -> int:
+    """``?<param>=``: a whole number from 1 to ``maximum`` written in ASCII digits, or a
+    400 (DRF's own falls back to the default for anything else)."""
+    raw = request.query_params.get(param)
+    if raw is None:
+        return default
+    # int() also takes " 5", "1_0" and other scripts' digits, and refuses 5,000 of them
+    if not (raw.isascii() and raw.isdigit() and len(raw) < 10 and 1 <= int(raw) <= maximum):
+        raise ValidationError({param: [f"Give a whole number from 1 to {maximum}."]})
+    return int(raw)
+
+
 class JobCursorPagination(BasePagination):
     """Pages of jobs; ``?ordering=run_at`` walks them soonest first (default: latest first)."""
 
@@ -112,22 +127,9 @@ class JobCursorPagination(BasePagination):
         return rows
 
     def get_page_size(self, request: Request) -> int:
-        raw = request.query_params.get(self.page_size_query_param)
-        if raw is None:
-            return self.page_size
-        try:
-            size = int(raw)
-        except ValueError:
-            size = 0
-        if not 1 <= size <= self.max_page_size:
-            raise ValidationError(
-                {
-                    self.page_size_query_param: [
-                        f"Give a whole number from 1 to {self.max_page_size}."
-                    ]
-                }
-            )
-        return size
+        return strict_page_size(
+            request, self.page_size_query_param, self.page_size, self.max_page_size
+        )
 
     def _link(self, job: Job, backwards: bool) -> str:
         url = self.request.build_absolute_uri()
@@ -179,3 +181,41 @@ def after(cursor: Cursor, ascending: bool) -> Q:
 
 _EDGES = (datetime.datetime.min.replace(tzinfo=datetime.UTC),
           datetime.datetime.max.replace(tzinfo=datetime.UTC))  # fmt: skip
+
+
+class EventCursorPagination(CursorPagination):
+    """A job's events, oldest first, a page at a time."""
+
+    page_size = 100
+    max_page_size = 500
+    page_size_query_param = "page_size"
+    ordering = "id"
+
+    def get_page_size(self, request: Request) -> int:
+        return strict_page_size(request, "page_size", self.page_size, 500)
+
+    def decode_cursor(self, request: Request) -> Any:
+        """DRF's cursor, from a token DRF wrote: its position (an event id) reaches the
+        database only as a number the id column holds, and anything else is a 400."""
+        token = request.query_params.get(self.cursor_query_param)
+        if token is None:
+            return None
+        try:
+            text = base64.b64decode(token.encode("ascii"), validate=True).decode("ascii")
+            fields = parse_qs(text, keep_blank_values=True, strict_parsing=True)
+            cursor = super().decode_cursor(request)
+        except (binascii.Error, UnicodeError, ValueError, NotFound):
+            raise ValidationError(INVALID) from None
+        assert cursor is not None
+        position = cursor.position
+        if not fields.keys() <= {"o", "r", "p"} or any(len(v) > 1 for v in fields.values()):
+            raise ValidationError(INVALID)
+        if position is not None and not (
+            isinstance(position, str)
+            and position.isascii()
+            and position.isdigit()
+            and len(position) < 20
+            and int(position) < 2**63
+        ):
+            raise ValidationError(INVALID)
+        return cursor

@@ -12,7 +12,7 @@ from django.utils import timezone
 from rest_framework import ISO_8601, serializers
 
 from ..models import Job, JobEvent, Status
-from ..rows import Unreadable
+from ..rows import Unreadable, tolerant
 from ..serialization import showable
 
 
@@ -141,12 +141,35 @@ class JobSerializer(ShownModelSerializer):
         return type_label(job.target_type_id)
 
 
+#: The most events a job's answer embeds (its latest); ``jobs/<id>/events/`` pages them all.
+EMBEDDED_EVENTS = 100
+
+
 class JobDetailSerializer(JobSerializer):
-    events = JobEventSerializer(many=True, read_only=True)
+    """A job with its latest events: a job retried a thousand times must not make its
+    answer a hundred megabytes."""
+
+    events = JobEventSerializer(
+        source="latest_events", many=True, read_only=True,
+        help_text=f"The latest {EMBEDDED_EVENTS} events at most, oldest first.",
+    )  # fmt: skip
+    events_omitted = serializers.IntegerField(
+        read_only=True,
+        help_text="How many earlier events `events` leaves out; events/ has every one.",
+    )
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "events"]
+        fields = [*JobSerializer.Meta.fields, "events", "events_omitted"]
         read_only_fields = fields
+
+    def to_representation(self, job: Job) -> Any:
+        newest = list(tolerant(job.events.order_by("-id"))[: EMBEDDED_EVENTS + 1])
+        shown = newest[:EMBEDDED_EVENTS]
+        job.latest_events = shown[::-1]  # type: ignore[attr-defined]
+        job.events_omitted = (  # type: ignore[attr-defined]
+            job.events.filter(id__lt=shown[-1].pk).count() if len(newest) > len(shown) else 0
+        )
+        return super().to_representation(job)
 
 
 # -- action bodies ------------------------------------------------------------------------

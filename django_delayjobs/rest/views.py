@@ -24,7 +24,7 @@ from ..rows import tolerant
 from . import serializers as s
 from .filters import JobFilterSerializer, filter_jobs
 from .formats import SafeFormats
-from .pagination import JobCursorPagination
+from .pagination import EventCursorPagination, JobCursorPagination
 from .permissions import permissions_for
 from .schema import auto_schema, document
 
@@ -101,6 +101,8 @@ class JobViewSet(
         verb = self.action_map.get((self.request.method or "").lower(), self.action)
         if verb in _BODIES:
             return _BODIES[verb]
+        if self.action == "events":
+            return s.JobEventSerializer
         return s.JobDetailSerializer if self.action == "retrieve" else s.JobSerializer
 
     def get_object(self) -> Job:
@@ -109,19 +111,15 @@ class JobViewSet(
             pk = uuid.UUID(raw)
         except ValueError:
             raise NotFound(f"No job with id {raw!r}: job ids are UUIDs.") from None
-        queryset = self.get_queryset()
-        if self.action == "retrieve":
-            queryset = queryset.prefetch_related("events")
         try:
-            job = queryset.get(pk=pk)
+            job = self.get_queryset().get(pk=pk)
         except Job.DoesNotExist:
             raise NotFound("No job with this id.") from None
         self.check_object_permissions(self.request, job)
         return job
 
     def _detail(self, job: Job) -> Response:
-        job = tolerant(Job.objects.prefetch_related("events")).get(pk=job.pk)
-        return Response(s.JobDetailSerializer(job).data)
+        return Response(s.JobDetailSerializer(tolerant(Job.objects.all()).get(pk=job.pk)).data)
 
     @document(
         operation_id="jobs_list",
@@ -139,6 +137,17 @@ class JobViewSet(
     @document(operation_id="jobs_retrieve", responses={200: s.JobDetailSerializer, **_REFUSED})
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().retrieve(request, *args, **kwargs)
+
+    @document(
+        operation_id="jobs_events",
+        responses={200: s.JobEventSerializer(many=True), 400: dict, **_REFUSED},
+    )
+    @action(detail=True, methods=["get"], pagination_class=EventCursorPagination)
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        """The job's whole history, oldest first, a page at a time."""
+        history = tolerant(self.get_object().events.all())
+        page = self.paginate_queryset(history)  # type: ignore[arg-type]  # not of jobs
+        return self.get_paginated_response(s.JobEventSerializer(page, many=True).data)
 
     @document(operation_id="jobs_cancel", request=s.CancelSerializer, responses=_CHANGED)
     @action(detail=True, methods=["post"])
