@@ -22,7 +22,7 @@ from django.apps import apps
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from . import door, serialization, signals, sql, timing
@@ -512,10 +512,13 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
         raise InvalidSchedule(f"{job.attempts} + {extra} attempts exceed {limit}")
     actor = door.check_actor(actor)
     now = timezone.now()
+    dead = Job.objects.filter(pk=job.pk, status=Status.DEAD)
     with transaction.atomic(using=sql.db()):
         try:
             with transaction.atomic(using=sql.db()):  # the key's constraint may refuse it
-                won = Job.objects.filter(pk=job.pk, status=Status.DEAD).update(
+                # one past its expiry would be skipped at once: never to run, as reschedule
+                unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+                won = dead.filter(unexpired).update(
                     status=Status.SCHEDULED, run_at=now, finished_at=None,
                     # Attempts only grow: the attempt number is the fencing token of outcomes.
                     max_attempts=F("attempts") + extra,
@@ -531,6 +534,10 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
             job.refresh_from_db()
             _event(job, EventKind.REQUEUED, actor, f"{extra} more attempt(s)")
             _after_commit(lambda: _requeue_in_redis(job))
+        elif expired := tolerant(dead.filter(expires_at__lte=now).only("expires_at")).first():
+            raise InvalidSchedule(
+                f"the job expired at {_iso(expired.expires_at)}: it would be skipped at once"
+            )
     return bool(won)
 
 

@@ -218,6 +218,19 @@ def test_requeue_of_a_dead_job_whose_key_another_job_holds_is_409(api):
     }
 
 
+def test_requeue_of_a_dead_job_past_its_expiry_is_409(api):
+    job = dead_job()
+    expired = timezone.now() - datetime.timedelta(minutes=1)
+    Job.objects.filter(pk=job.pk).update(expires_at=expired)
+    response = post(api, job, "requeue")
+    assert response.status_code == 409
+    assert response.data == {
+        "detail": f"Cannot requeue: the job expired at {expired.isoformat()}: it would be "
+        "skipped at once.",
+        "status": "dead",
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [({"attempts": 0}, "attempts"), ({"attempts": "many"}, "attempts"),

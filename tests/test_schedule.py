@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 import time
 import uuid
 from decimal import Decimal
@@ -520,6 +521,25 @@ def test_requeue_of_a_dead_job_whose_key_another_job_holds_now_is_refused():
     assert Job.objects.get(pk=fresh.pk).status == Status.SCHEDULED
     assert list(dead.events.values_list("kind", flat=True)) == ["scheduled", "started", "failed",
                                                                 "dead"]  # fmt: skip
+
+
+def test_requeue_of_a_dead_job_past_its_expiry_is_refused():
+    """A dead job whose expiry has passed would be skipped by the first worker to take it
+    (``skipped``, the action never called) while ``requeue`` said it was revived: it is
+    refused as ``reschedule`` refuses a due time past the expiry, and stays dead."""
+    dead = schedule(tasks.fail, in_=0, expires=datetime.timedelta(hours=1), max_attempts=1)
+    call_command("run_delayworker", "--burst", "-v", "0")
+    past = timezone.now() - datetime.timedelta(seconds=1)
+    Job.objects.filter(pk=dead.pk).update(expires_at=past)  # an hour went by
+    refusal = f"the job expired at {past.isoformat()}: it would be skipped at once"
+    with pytest.raises(InvalidSchedule, match=re.escape(refusal)):
+        dead.requeue()
+    assert Job.objects.get(pk=dead.pk).status == Status.DEAD
+    assert dead.events.filter(kind=EventKind.REQUEUED).count() == 0
+    # one that has not expired yet is requeued as ever
+    Job.objects.filter(pk=dead.pk).update(expires_at=past + datetime.timedelta(hours=1))
+    assert dead.requeue() is True
+    assert Job.objects.get(pk=dead.pk).status == Status.SCHEDULED
 
 
 def test_cancel_of_a_row_whose_queue_names_no_redis_key_runs_the_later_commit_hooks():
