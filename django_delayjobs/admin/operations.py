@@ -141,7 +141,7 @@ def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
     def again(job: Job) -> bool:
         try:
             return services.requeue(job, actor=who)
-        except InvalidSchedule as exc:  # its key is held again, or too many attempts
+        except InvalidSchedule as exc:  # its key is held again, too many attempts, expired
             refused.append(f"Job {job.pk} was not requeued: {exc}.")
             return False
 

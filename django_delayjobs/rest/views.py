@@ -187,7 +187,7 @@ class JobViewSet(
         body.is_valid(raise_exception=True)
         try:
             won = services.requeue(job, actor=actor(request), **body.validated_data)
-        except InvalidSchedule as exc:  # its key is held again, or too many attempts
+        except InvalidSchedule as exc:  # its key is held again, too many attempts, expired
             return _conflict(job, f"Cannot requeue: {exc}.")
         if won:
             return self._detail(job)
