@@ -10,8 +10,8 @@ too long for ``int()``. Reading such a row the ordinary way raises (``DataError`
 again with every datetime, JSON and UUID column cast to text, converting each value on
 its own: a value that cannot be converted becomes an ``Unreadable`` (its stored text, and
 why) in its field, and the row is shown like any other. It reads a job's history
-(``JobEvent``) the same way. ``unreadable_fields(job)`` says
-which fields of a job are such values (for a worker that must settle the job as dead).
+(``JobEvent``) the same way. ``unreadable_fields(job)`` says which fields of a job are
+such values (for a worker that must settle the job as dead).
 """
 
 from __future__ import annotations
