@@ -14,6 +14,7 @@ from typing import Any
 
 from ..conf import delayjobs_settings
 from ..exceptions import ConfigurationError, GiveUp, Retry
+from ..redact import without_userinfo
 from . import config, policy, signing
 from .request import InvalidCallback, load
 
@@ -22,6 +23,19 @@ ACTION = "django_delayjobs.callbacks.deliver"
 MISSING_CLIENT = (
     "HTTP callbacks need urllib3, the extra django-delayjobs[http]: pip install urllib3"
 )
+
+
+def shown_kwargs(action: str, kwargs: Any) -> Any:
+    """A job's kwargs as the admin and the API show them: a callback's URL (or its
+    destination's path) with user information and credential query values masked
+    (``?token=***``), as its history lines show it. The row keeps them: they are sent."""
+    if action != ACTION or not isinstance(kwargs, dict):
+        return kwargs
+    return {
+        name: without_userinfo(value) if name in ("url", "path") and isinstance(value, str)
+        else value
+        for name, value in kwargs.items()
+    }  # fmt: skip
 
 
 def client_installed() -> bool:
