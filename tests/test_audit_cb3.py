@@ -6,14 +6,20 @@ Every delivery here goes to a real server on 127.0.0.1, run by a real (in-proces
 
 from __future__ import annotations
 
+import ipaddress
+import socket
+import time
+from collections.abc import Iterator
+
 import pytest
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
 from django_delayjobs import schedule_http
+from django_delayjobs.callbacks import policy
 from django_delayjobs.callbacks.signing import new_secret
-from django_delayjobs.models import Job
+from django_delayjobs.models import EventKind, Job, Status
 from tests.callback_server import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -74,3 +80,40 @@ def test_a_token_in_a_callback_url_is_shown_masked_by_the_admin_and_the_api(
         assert "s3cret" not in shown
         assert "token=***&amp;order=42" in shown or "token=***&order=42" in shown
     assert Job.objects.get(pk=job.pk).kwargs == job.kwargs  # the row keeps what is sent
+
+
+# -- the total time bounds the connect that the lookup left short ------------------------------
+
+
+@pytest.fixture
+def blackhole() -> Iterator[int]:
+    """A port on 127.0.0.1 whose listener's backlog is full: the kernel drops every further
+    SYN, so a connect to it waits until the client gives up (a host that does not answer)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port))  # fills the backlog
+    probe = socket.socket()
+    probe.settimeout(0.2)
+    with pytest.raises(TimeoutError), probe:  # the next SYN is dropped
+        probe.connect(("127.0.0.1", port))
+    yield port
+    filler.close()
+    listener.close()
+
+
+def test_a_connect_after_a_slow_lookup_ends_with_the_total_time(settings, redis_client, blackhole):
+    allow(settings, f"callback.test:{blackhole}",
+          HTTP_CONNECT_TIMEOUT_SECONDS=5, HTTP_TIMEOUT_SECONDS=1.0)  # fmt: skip
+
+    def slow(host: str, port: int) -> list[policy.IPAddress]:
+        time.sleep(0.6)  # a resolver that answers late, within the lookup's limit
+        return [ipaddress.ip_address("127.0.0.1")]
+
+    job = schedule_http(f"http://callback.test:{blackhole}/", in_=0)
+    with policy.use_resolver(slow):
+        burst()
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING and "no answer (timeout)" in job.last_error
+    failed = job.events.get(kind=EventKind.FAILED).at
+    took = (failed - job.started_at).total_seconds()  # the attempt, without the burst's start
+    assert 0.9 < took < 1.3, f"the attempt took {took:.2f} s; HTTP_TIMEOUT_SECONDS is 1.0"

@@ -7,9 +7,10 @@ no second DNS lookup happens (DNS rebinding), and TLS is still verified against 
 One connection per delivery, no pool, no retries and no redirects in the client: a retry
 is the job's, and a 3xx is the caller's to judge.
 
-Timeouts: ``connect`` bounds the TCP connect and the TLS handshake, ``read`` each wait for
-data, and ``total`` the whole exchange, enforced by a timer that shuts the socket down (a
-server trickling one byte at a time never trips a read timeout). Only the first
+Timeouts: ``connect`` bounds the TCP connect (and no more of ``total`` than is left) and
+the TLS handshake, ``read`` each wait for data, and ``total`` the whole exchange, enforced
+by a timer that shuts the socket down (a server trickling one byte at a time never trips a
+read timeout). Only the first
 ``keep_bytes`` of the body are read; the connection is then closed and the rest discarded.
 """
 
@@ -153,8 +154,11 @@ class _TLSConnection(_Checked, HTTPSConnection):
     response_class = _FinalResponse
 
 
-def _connection(target: Target, address: IPAddress, limits: Limits) -> HTTPConnection:
-    timeout = min(limits.connect, limits.total)
+def _connection(target: Target, address: IPAddress, limits: Limits, left: float) -> HTTPConnection:
+    # The TCP connect has no socket for the deadline's timer to shut down until it is
+    # done: what is left of the total time bounds it (the lookup, or an address that did
+    # not answer, may have used most of it).
+    timeout = min(limits.connect, left)
     if target.scheme == "https":
         return _TLSConnection(
             str(address), target.port, timeout=timeout,
@@ -246,7 +250,7 @@ def send(
         if left <= 0:
             break
         try:
-            conn = _connection(target, address, limits)
+            conn = _connection(target, address, limits, left)
         except OSError as exc:  # HTTP_CA_BUNDLE missing or unreadable (SSLError: not PEM)
             raise DeliveryFailed(
                 f"TLS failed: HTTP_CA_BUNDLE {limits.ca_file!r} cannot be loaded: {exc}", "tls"
