@@ -117,3 +117,21 @@ def test_a_connect_after_a_slow_lookup_ends_with_the_total_time(settings, redis_
     failed = job.events.get(kind=EventKind.FAILED).at
     took = (failed - job.started_at).total_seconds()  # the attempt, without the burst's start
     assert 0.9 < took < 1.3, f"the attempt took {took:.2f} s; HTTP_TIMEOUT_SECONDS is 1.0"
+
+
+# -- a Retry-After of more digits than a clock counts ---------------------------------------
+
+
+@pytest.mark.parametrize("value", ["9999999999999", "1" + "0" * 40, "9" * 5000])
+def test_a_retry_after_of_many_digits_waits_the_longest_retry_after(
+    value, callback_server, settings, redis_client
+):
+    """RFC 9110's delay-seconds is any number of digits: a receiver asking for more than the
+    longest wait gets the longest wait, not the job's short backoff (60 s here)."""
+    allow(settings, callback_server.netloc, HTTP_RETRY_AFTER_MAX_SECONDS=3600)
+    callback_server.script("/hook", Reply(503, b"later", headers={"Retry-After": value}))
+    job = schedule_http(callback_server.url(), in_=0)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING and "Retry-After: retrying in 3600 s" in job.last_error
+    assert (job.run_at - job.started_at).total_seconds() > 3500
