@@ -133,5 +133,21 @@ def test_a_retry_after_of_many_digits_waits_the_longest_retry_after(
     job = schedule_http(callback_server.url(), in_=0)
     burst()
     job.refresh_from_db()
-    assert job.status == Status.RETRYING and "Retry-After: retrying in 3600 s" in job.last_error
+    assert job.status == Status.RETRYING and "Retry-After: 3600 s" in job.last_error
     assert (job.run_at - job.started_at).total_seconds() > 3500
+
+
+# -- the last attempt's error says what happened, not a retry that will not come ----------------
+
+
+def test_a_retry_after_on_the_last_attempt_does_not_promise_a_retry(
+    callback_server, settings, redis_client
+):
+    allow(settings, callback_server.netloc)
+    callback_server.script("/hook", Reply(429, b"slow down", headers={"Retry-After": "120"}))
+    job = schedule_http(callback_server.url(), in_=0, max_attempts=1)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD and "-> 429" in job.last_error
+    assert "Retry-After: 120 s" in job.last_error  # what the receiver asked is still said
+    assert "retrying" not in job.last_error.lower(), job.last_error

@@ -103,7 +103,8 @@ def judge(
         raise GiveUp(f"{text}; a redirect is not followed (Location: {location[:500]})")
     if status >= 500 or status in retry_statuses:
         after = retry_after(response.headers.get("retry-after"), retry_after_max)
-        when = "" if after is None else f"; Retry-After: retrying in {after:g} s"
+        # Not "retrying in": on the last attempt the job ends dead with this line.
+        when = "" if after is None else f"; Retry-After: {after:g} s"
         raise Retry(text + when, after=after)
     raise GiveUp(f"{text}; not retried (only 5xx and {sorted(retry_statuses)} are)")
 
