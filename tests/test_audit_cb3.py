@@ -151,3 +151,26 @@ def test_a_retry_after_on_the_last_attempt_does_not_promise_a_retry(
     assert job.status == Status.DEAD and "-> 429" in job.last_error
     assert "Retry-After: 120 s" in job.last_error  # what the receiver asked is still said
     assert "retrying" not in job.last_error.lower(), job.last_error
+
+
+# -- a malformed row's error does not quote its token --------------------------------------------
+
+
+def test_a_malformed_rows_error_masks_the_token_of_its_url(
+    callback_server, settings, redis_client, admin_client
+):
+    """A row written by anything (an older version, a manual edit) is refused at delivery,
+    its error quoting the row: the URL in that quote is masked as everywhere else."""
+    from django_delayjobs import schedule
+    from django_delayjobs.callbacks.action import deliver
+
+    allow(settings, callback_server.netloc)
+    stored = {"method": "TRACE", "url": callback_server.url("/hook?token=s3cret")}
+    job = schedule(deliver, in_=0, kwargs=stored)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD and "malformed" in job.last_error
+    assert "token=***" in job.last_error and "s3cret" not in job.last_error
+    page = admin_client.get(reverse("admin:django_delayjobs_job_change", args=[job.pk]))
+    assert "s3cret" not in page.content.decode()
+    assert callback_server.count() == 0

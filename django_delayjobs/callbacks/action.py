@@ -14,9 +14,8 @@ from typing import Any
 
 from ..conf import delayjobs_settings
 from ..exceptions import ConfigurationError, GiveUp, Retry
-from ..redact import without_userinfo
 from . import config, policy, signing
-from .request import InvalidCallback, load
+from .request import InvalidCallback, load, masked
 
 #: The action's registered name: what a callback job's ``action`` column holds.
 ACTION = "django_delayjobs.callbacks.deliver"
@@ -27,15 +26,11 @@ MISSING_CLIENT = (
 
 def shown_kwargs(action: str, kwargs: Any) -> Any:
     """A job's kwargs as the admin and the API show them: a callback's URL (or its
-    destination's path) with user information and credential query values masked
-    (``?token=***``), as its history lines show it. The row keeps them: they are sent."""
+    destination's path) masked as its history lines show it (``?token=***``). The row
+    keeps them as they are: they are sent."""
     if action != ACTION or not isinstance(kwargs, dict):
         return kwargs
-    return {
-        name: without_userinfo(value) if name in ("url", "path") and isinstance(value, str)
-        else value
-        for name, value in kwargs.items()
-    }  # fmt: skip
+    return masked(kwargs)
 
 
 def client_installed() -> bool:

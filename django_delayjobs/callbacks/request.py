@@ -96,6 +96,17 @@ class CallbackRequest:
         return merged(self.headers, destination.headers if destination else {})
 
 
+def masked(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """Stored kwargs as they are shown (the admin, the API, an error quoting a row): the
+    ``url`` (or a destination's ``path``) with user information and credential query values
+    masked (``?token=***``), as ``where`` shows it."""
+    return {
+        name: without_userinfo(value) if name in ("url", "path") and isinstance(value, str)
+        else value
+        for name, value in stored.items()
+    }  # fmt: skip
+
+
 # -- building -------------------------------------------------------------------------------
 
 
@@ -243,7 +254,7 @@ def _load(stored: Mapping[str, Any]) -> CallbackRequest:
     unknown = set(stored) - {"method", "url", "destination", "path", "headers", "body"}
     method, body = stored.get("method"), stored.get("body")
     if unknown or method not in METHODS or not isinstance(body, str | None):
-        raise InvalidCallback(f"the stored request is malformed: {dict(stored)!r:.200}", "url")
+        raise InvalidCallback(f"the stored request is malformed: {masked(stored)!r:.200}", "url")
     if (stored.get("url") is None) == (stored.get("destination") is None):
         raise InvalidCallback("the stored request has no URL or destination", "url")
     if stored.get("url") is not None:
