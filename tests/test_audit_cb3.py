@@ -174,3 +174,29 @@ def test_a_malformed_rows_error_masks_the_token_of_its_url(
     page = admin_client.get(reverse("admin:django_delayjobs_job_change", args=[job.pk]))
     assert "s3cret" not in page.content.decode()
     assert callback_server.count() == 0
+
+
+# -- a header named as a credential is shown masked ---------------------------------------------
+
+
+def test_a_header_named_as_a_credential_is_sent_but_shown_masked(
+    callback_server, settings, redis_client, admin_client
+):
+    """``Authorization``, ``Cookie`` and the like are refused in a row; a header whose name
+    says it holds a credential (``X-Access-Token``, ``X-Webhook-Secret``) is sent as given,
+    and shown masked, as a ``?token=`` is."""
+    from tests.test_rest_helpers import client_for, make_user, url
+
+    allow(settings, callback_server.netloc)
+    headers = {"X-Access-Token": "s3cret", "X-Webhook-Secret": "hunter2", "X-Order": "42"}
+    job = schedule_http(callback_server.url(), in_=0, headers=headers)
+    burst()
+    sent = callback_server.wait_for(1)[0].headers
+    assert (sent["x-access-token"], sent["x-webhook-secret"]) == ("s3cret", "hunter2")
+    api = client_for(make_user(superuser=True))
+    shown = api.get(url("jobs", job.pk)).json()["kwargs"]["headers"]
+    assert shown == {"X-Access-Token": "***", "X-Webhook-Secret": "***", "X-Order": "42"}
+    page = admin_client.get(reverse("admin:django_delayjobs_job_change", args=[job.pk]))
+    text = page.content.decode()
+    assert "s3cret" not in text and "hunter2" not in text and "X-Order" in text
+    assert Job.objects.get(pk=job.pk).kwargs["headers"] == headers  # the row: what is sent

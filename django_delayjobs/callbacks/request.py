@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 from django.core.serializers.json import DjangoJSONEncoder
 
 from ..exceptions import InvalidSchedule
-from ..redact import without_userinfo
+from ..redact import secret_name, without_userinfo
 from .config import Destination, HttpConfig
 from .headers import InvalidHeader, check_headers, merged
 from .policy import MAX_URL_LENGTH, Target, addresses, check_host, parse_url
@@ -99,12 +99,18 @@ class CallbackRequest:
 def masked(stored: Mapping[str, Any]) -> dict[str, Any]:
     """Stored kwargs as they are shown (the admin, the API, an error quoting a row): the
     ``url`` (or a destination's ``path``) with user information and credential query values
-    masked (``?token=***``), as ``where`` shows it."""
-    return {
-        name: without_userinfo(value) if name in ("url", "path") and isinstance(value, str)
-        else value
-        for name, value in stored.items()
-    }  # fmt: skip
+    masked (``?token=***``), as ``where`` shows it, and the values of headers whose name
+    says they hold a credential (``X-Access-Token``) too."""
+    shown = dict(stored)
+    for name in ("url", "path"):
+        if isinstance(shown.get(name), str):
+            shown[name] = without_userinfo(shown[name])
+    if isinstance(shown.get("headers"), Mapping):
+        shown["headers"] = {
+            name: "***" if isinstance(name, str) and secret_name(name) else value
+            for name, value in shown["headers"].items()
+        }
+    return shown
 
 
 # -- building -------------------------------------------------------------------------------
