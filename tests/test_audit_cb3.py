@@ -200,3 +200,31 @@ def test_a_header_named_as_a_credential_is_sent_but_shown_masked(
     text = page.content.decode()
     assert "s3cret" not in text and "hunter2" not in text and "X-Order" in text
     assert Job.objects.get(pk=job.pk).kwargs["headers"] == headers  # the row: what is sent
+
+
+# -- a CA bundle rewritten in place is read again -------------------------------------------------
+
+
+def test_a_ca_bundle_rewritten_in_place_is_trusted_at_the_next_attempt(
+    tls_server, tls_ca, tmp_path, settings, redis_client
+):
+    """The bundle is a file a deployment rotates in place (a mounted secret): a worker
+    running for weeks must not trust only what the file held at its first callback."""
+    import trustme
+
+    bundle = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(bundle))  # not the authority of the server
+    allow(settings, f"callback.test:{tls_server.port}", HTTP_CA_BUNDLE=str(bundle))
+    loopback = [ipaddress.ip_address("127.0.0.1")]
+    url = f"https://callback.test:{tls_server.port}/hook"
+    with policy.use_resolver(lambda host, port: loopback):
+        refused = schedule_http(url, in_=0)
+        burst()
+        refused.refresh_from_db()
+        assert refused.status == Status.RETRYING and "no answer (tls)" in refused.last_error
+        tls_ca[0].cert_pem.write_to_path(str(bundle))  # the rotation: the server's authority
+        trusted = schedule_http(url, in_=0)
+        burst()
+    trusted.refresh_from_db()
+    assert trusted.status == Status.SUCCEEDED, trusted.last_error
+    assert tls_server.count() == 1

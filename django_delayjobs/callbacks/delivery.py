@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.client
+import os
 import socket
 import ssl
 import threading
@@ -65,10 +66,20 @@ class DeliveryFailed(Exception):
         self.kind = kind
 
 
-@functools.lru_cache(maxsize=8)
 def tls_context(ca_file: str | None) -> ssl.SSLContext:
-    """A verifying client context (certificate chain and host name), built once: loading
-    the system's trust store takes milliseconds."""
+    """A verifying client context (certificate chain and host name), built once per
+    version of ``ca_file``: loading a trust store takes milliseconds, and a bundle is a
+    file that deployments rewrite in place (a mounted secret) while a worker runs."""
+    version = None
+    if ca_file is not None:
+        with contextlib.suppress(OSError):  # then loading it fails, with its own error
+            found = os.stat(ca_file)
+            version = (found.st_dev, found.st_ino, found.st_mtime_ns, found.st_size)
+    return _tls_context(ca_file, version)
+
+
+@functools.lru_cache(maxsize=8)
+def _tls_context(ca_file: str | None, version: object) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=ca_file)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
