@@ -228,3 +228,23 @@ def test_a_ca_bundle_rewritten_in_place_is_trusted_at_the_next_attempt(
     trusted.refresh_from_db()
     assert trusted.status == Status.SUCCEEDED, trusted.last_error
     assert tls_server.count() == 1
+
+
+# -- one secret given as a str, not a list ------------------------------------------------------
+
+
+def test_one_secret_passed_as_a_str_is_a_type_error_that_says_so():
+    """A str is a sequence of str: each character was read as a secret, and the error said
+    a secret must start with 'whsec_' (of a secret that does), at every request."""
+    from django_delayjobs.callbacks.receiving import verify_webhook
+    from django_delayjobs.callbacks.signing import sign, verify
+
+    secret = new_secret()
+    headers = sign("msg_1", b"{}", [secret])
+    with pytest.raises(TypeError, match="a list"):
+        verify(headers, b"{}", secret)
+    with pytest.raises(TypeError, match="a list"):
+        sign("msg_1", b"{}", secret)
+    with pytest.raises(TypeError, match="a list"):  # at import time, not at each request
+        verify_webhook(secrets=secret)
+    assert verify(headers, b"{}", [secret]) == "msg_1"
