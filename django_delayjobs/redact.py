@@ -15,8 +15,13 @@ _PARAMETER = re.compile(r"(?P<head>[?&;#](?P<name>[^=?&;#]*)=)[^&;#]*")
 _SECRET_NAME = re.compile(r"(?i)pass|pwd|secret|token|key|auth|sig|cred")
 
 
+def secret_name(name: str) -> bool:
+    """True if ``name`` (a query parameter's, a header's) says its value is a credential."""
+    return _SECRET_NAME.search(name) is not None
+
+
 def _mask_parameter(found: re.Match[str]) -> str:
-    secret = _SECRET_NAME.search(unquote_plus(found["name"]))
+    secret = secret_name(unquote_plus(found["name"]))
     return f"{found['head']}***" if secret else found[0]
 
 

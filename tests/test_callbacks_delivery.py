@@ -290,7 +290,7 @@ def test_a_total_time_used_up_during_the_connect_stops_before_the_tls_handshake(
     server = raw_server(lambda conn: time.sleep(5))
     target = parse_url(f"https://callback.test:{server.port}/")
     limits = Limits(connect=3, read=3, total=5, keep_bytes=10)
-    conn = _connection(target, LOOPBACK[0], limits)
+    conn = _connection(target, LOOPBACK[0], limits, limits.total)
     conn.deadline = deadline = _Deadline(conn, 0)
     deadline.timer.join()
     assert deadline.fired

@@ -196,7 +196,7 @@ def test_retry_after_is_honoured(callback_server, form):
     assert job.status == Status.RETRYING
     wait = (job.run_at - before).total_seconds()
     assert 27 < wait < 32, wait
-    assert "Retry-After: retrying in" in job.last_error
+    assert "; Retry-After: " in job.last_error
 
 
 def test_retry_after_is_bounded(callback_server, settings):

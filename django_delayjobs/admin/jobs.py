@@ -22,6 +22,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
+from ..callbacks.action import shown_kwargs
 from ..models import Job, JobEvent, Status
 from ..rows import tolerant
 from . import callbacks, display, operations, queue_views
@@ -293,7 +294,7 @@ class JobAdmin(JobModelAdmin):
 
     @admin.display(description=_("kwargs"))
     def kwargs_display(self, job: Job) -> SafeString | str:
-        return display.as_json(job.kwargs)
+        return display.as_json(shown_kwargs(job.action, job.kwargs))
 
     @admin.display(description=_("result"))
     def result_display(self, job: Job) -> SafeString | str:

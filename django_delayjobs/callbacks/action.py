@@ -15,13 +15,22 @@ from typing import Any
 from ..conf import delayjobs_settings
 from ..exceptions import ConfigurationError, GiveUp, Retry
 from . import config, policy, signing
-from .request import InvalidCallback, load
+from .request import InvalidCallback, load, masked
 
 #: The action's registered name: what a callback job's ``action`` column holds.
 ACTION = "django_delayjobs.callbacks.deliver"
 MISSING_CLIENT = (
     "HTTP callbacks need urllib3, the extra django-delayjobs[http]: pip install urllib3"
 )
+
+
+def shown_kwargs(action: str, kwargs: Any) -> Any:
+    """A job's kwargs as the admin and the API show them: a callback's URL (or its
+    destination's path) masked as its history lines show it (``?token=***``). The row
+    keeps them as they are: they are sent."""
+    if action != ACTION or not isinstance(kwargs, dict):
+        return kwargs
+    return masked(kwargs)
 
 
 def client_installed() -> bool:

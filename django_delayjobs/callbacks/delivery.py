@@ -7,9 +7,10 @@ no second DNS lookup happens (DNS rebinding), and TLS is still verified against 
 One connection per delivery, no pool, no retries and no redirects in the client: a retry
 is the job's, and a 3xx is the caller's to judge.
 
-Timeouts: ``connect`` bounds the TCP connect and the TLS handshake, ``read`` each wait for
-data, and ``total`` the whole exchange, enforced by a timer that shuts the socket down (a
-server trickling one byte at a time never trips a read timeout). Only the first
+Timeouts: ``connect`` bounds the TCP connect (and no more of ``total`` than is left) and
+the TLS handshake, ``read`` each wait for data, and ``total`` the whole exchange, enforced
+by a timer that shuts the socket down (a server trickling one byte at a time never trips a
+read timeout). Only the first
 ``keep_bytes`` of the body are read; the connection is then closed and the rest discarded.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.client
+import os
 import socket
 import ssl
 import threading
@@ -64,10 +66,20 @@ class DeliveryFailed(Exception):
         self.kind = kind
 
 
-@functools.lru_cache(maxsize=8)
 def tls_context(ca_file: str | None) -> ssl.SSLContext:
-    """A verifying client context (certificate chain and host name), built once: loading
-    the system's trust store takes milliseconds."""
+    """A verifying client context (certificate chain and host name), built once per
+    version of ``ca_file``: loading a trust store takes milliseconds, and a bundle is a
+    file that deployments rewrite in place (a mounted secret) while a worker runs."""
+    version = None
+    if ca_file is not None:
+        with contextlib.suppress(OSError):  # then loading it fails, with its own error
+            found = os.stat(ca_file)
+            version = (found.st_dev, found.st_ino, found.st_mtime_ns, found.st_size)
+    return _tls_context(ca_file, version)
+
+
+@functools.lru_cache(maxsize=8)
+def _tls_context(ca_file: str | None, version: object) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=ca_file)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
@@ -153,8 +165,11 @@ class _TLSConnection(_Checked, HTTPSConnection):
     response_class = _FinalResponse
 
 
-def _connection(target: Target, address: IPAddress, limits: Limits) -> HTTPConnection:
-    timeout = min(limits.connect, limits.total)
+def _connection(target: Target, address: IPAddress, limits: Limits, left: float) -> HTTPConnection:
+    # The TCP connect has no socket for the deadline's timer to shut down until it is
+    # done: what is left of the total time bounds it (the lookup, or an address that did
+    # not answer, may have used most of it).
+    timeout = min(limits.connect, left)
     if target.scheme == "https":
         return _TLSConnection(
             str(address), target.port, timeout=timeout,
@@ -246,7 +261,7 @@ def send(
         if left <= 0:
             break
         try:
-            conn = _connection(target, address, limits)
+            conn = _connection(target, address, limits, left)
         except OSError as exc:  # HTTP_CA_BUNDLE missing or unreadable (SSLError: not PEM)
             raise DeliveryFailed(
                 f"TLS failed: HTTP_CA_BUNDLE {limits.ca_file!r} cannot be loaded: {exc}", "tls"

@@ -23,7 +23,7 @@ from ..redact import without_userinfo
 if TYPE_CHECKING:  # not at run time: the admin reads status_in() without urllib3
     from .delivery import DeliveryFailed, Response
 
-_SECONDS = re.compile(r"[0-9]{1,12}")  # ASCII digits only: str.isdigit() takes "\xb2"
+_SECONDS = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() takes "\xb2"
 _STATUS = re.compile(r" -> ([1-5][0-9][0-9]) |-> (no answer \([a-z]+\))")
 #: Characters kept of a reason phrase: the receiver's text, which http.client reads up to
 #: 64 KiB, would otherwise fill every attempt's history line and log line.
@@ -43,17 +43,17 @@ def retry_after(value: str | None, bound: float, now: float | None = None) -> fl
         return None
     value = value.strip()
     if _SECONDS.fullmatch(value):
-        seconds = float(value)
-    else:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        if when is None:
-            return None
-        if when.tzinfo is None:  # asctime (RFC 9110 5.6.7: accepted) or "-0000": GMT both
-            when = when.replace(tzinfo=datetime.UTC)
-        seconds = when.timestamp() - (time.time() if now is None else now)
+        # Any number of digits (RFC 9110 10.2.3): twelve are past every bound already.
+        return bound if len(value) > 12 else min(float(value), bound)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:  # asctime (RFC 9110 5.6.7: accepted) or "-0000": GMT both
+        when = when.replace(tzinfo=datetime.UTC)
+    seconds = when.timestamp() - (time.time() if now is None else now)
     if not math.isfinite(seconds):
         return None
     return min(max(seconds, 0.0), bound)
@@ -103,7 +103,8 @@ def judge(
         raise GiveUp(f"{text}; a redirect is not followed (Location: {location[:500]})")
     if status >= 500 or status in retry_statuses:
         after = retry_after(response.headers.get("retry-after"), retry_after_max)
-        when = "" if after is None else f"; Retry-After: retrying in {after:g} s"
+        # Not "retrying in": on the last attempt the job ends dead with this line.
+        when = "" if after is None else f"; Retry-After: {after:g} s"
         raise Retry(text + when, after=after)
     raise GiveUp(f"{text}; not retried (only 5xx and {sorted(retry_statuses)} are)")
 

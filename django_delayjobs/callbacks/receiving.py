@@ -17,7 +17,7 @@ from typing import Any, TypeVar, overload
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from .signing import InvalidSignature, verify
+from .signing import InvalidSignature, require_list, verify
 
 View = TypeVar("View", bound=Callable[..., Any])
 Secrets = Sequence[str] | Callable[[], Sequence[str]] | None
@@ -60,6 +60,8 @@ def verify_webhook(
 ) -> Any:
     """Decorate a view that receives callbacks: 401 unless the signature verifies; the
     view sees ``request.webhook_id``. Use bare or with ``secrets=``/``tolerance=``."""
+    if not callable(secrets) and secrets is not None:
+        require_list(secrets)  # said now, not as a 500 at every request
 
     def decorate(view: View) -> View:
         if inspect.iscoroutinefunction(view):

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 from django.core.serializers.json import DjangoJSONEncoder
 
 from ..exceptions import InvalidSchedule
-from ..redact import without_userinfo
+from ..redact import secret_name, without_userinfo
 from .config import Destination, HttpConfig
 from .headers import InvalidHeader, check_headers, merged
 from .policy import MAX_URL_LENGTH, Target, addresses, check_host, parse_url
@@ -94,6 +94,23 @@ class CallbackRequest:
 
     def send_headers(self, destination: Destination | None) -> dict[str, str]:
         return merged(self.headers, destination.headers if destination else {})
+
+
+def masked(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """Stored kwargs as they are shown (the admin, the API, an error quoting a row): the
+    ``url`` (or a destination's ``path``) with user information and credential query values
+    masked (``?token=***``), as ``where`` shows it, and the values of headers whose name
+    says they hold a credential (``X-Access-Token``) too."""
+    shown = dict(stored)
+    for name in ("url", "path"):
+        if isinstance(shown.get(name), str):
+            shown[name] = without_userinfo(shown[name])
+    if isinstance(shown.get("headers"), Mapping):
+        shown["headers"] = {
+            name: "***" if isinstance(name, str) and secret_name(name) else value
+            for name, value in shown["headers"].items()
+        }
+    return shown
 
 
 # -- building -------------------------------------------------------------------------------
@@ -243,7 +260,7 @@ def _load(stored: Mapping[str, Any]) -> CallbackRequest:
     unknown = set(stored) - {"method", "url", "destination", "path", "headers", "body"}
     method, body = stored.get("method"), stored.get("body")
     if unknown or method not in METHODS or not isinstance(body, str | None):
-        raise InvalidCallback(f"the stored request is malformed: {dict(stored)!r:.200}", "url")
+        raise InvalidCallback(f"the stored request is malformed: {masked(stored)!r:.200}", "url")
     if (stored.get("url") is None) == (stored.get("destination") is None):
         raise InvalidCallback("the stored request has no URL or destination", "url")
     if stored.get("url") is not None:

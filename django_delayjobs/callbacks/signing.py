@@ -57,6 +57,13 @@ def secret_key(secret: object) -> bytes:
     return key
 
 
+def require_list(secrets: object) -> None:
+    """Raise ``TypeError`` for one secret given where a list of them is taken: a str is a
+    sequence of str, and each of its characters would be read as a secret."""
+    if isinstance(secrets, str | bytes):
+        raise TypeError("secrets must be a list of 'whsec_...' secrets, not one str: [secret]")
+
+
 def new_secret() -> str:
     """Return a fresh random secret (32 bytes) in the ``whsec_`` form."""
     return PREFIX + base64.b64encode(os.urandom(32)).decode()
@@ -76,6 +83,7 @@ def sign(
     which is all a receiver looks at: ``InvalidSecret`` for more), its signature
     space-separated from the others, so a receiver that holds any one of them verifies
     the request while secrets are rotated. No secret: no signature."""
+    require_list(secrets)
     if len(secrets) > MAX_SIGNATURES:
         raise InvalidSecret(f"at most {MAX_SIGNATURES} signing secrets, not {len(secrets)}")
     when = int(time.time()) if timestamp is None else timestamp
@@ -121,6 +129,7 @@ def verify(
     ``whsec_...`` secrets, any of which may have signed. Raise ``InvalidSignature`` saying
     what is wrong; nothing else is raised for any header value.
     """
+    require_list(secrets)
     if not secrets:
         raise InvalidSignature("no secret to verify with")
     keys = [secret_key(secret) for secret in secrets]  # a bad secret is the caller's bug

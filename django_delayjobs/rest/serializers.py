@@ -11,6 +11,7 @@ from django.db import models
 from django.utils import timezone
 from rest_framework import ISO_8601, serializers
 
+from ..callbacks.action import shown_kwargs
 from ..models import Job, JobEvent, Status
 from ..rows import Unreadable, tolerant
 from ..serialization import showable
@@ -139,6 +140,11 @@ class JobSerializer(ShownModelSerializer):
 
     def get_target_type(self, job: Job) -> str | None:
         return type_label(job.target_type_id)
+
+    def to_representation(self, job: Job) -> dict[str, Any]:
+        shown: dict[str, Any] = super().to_representation(job)
+        shown["kwargs"] = shown_kwargs(job.action, shown["kwargs"])  # no ?token= value
+        return shown
 
 
 #: The most events a job's answer embeds (its latest); ``jobs/<id>/events/`` pages them all.
