@@ -1,0 +1,85 @@
+"""Audit of the metrics and health, round 2: the last flush of a worker that stops, keys
+another program wrote, jobs whose lease ran out with no promoter, the metrics port's
+callers and a database that does not answer. Real servers only (the suite's Redis, private
+redis-servers stopped with SIGSTOP, the test database)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.test import Client
+
+from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.engine import Engine, EngineUnavailable
+from django_delayjobs.metrics.recorder import Recorder, last_flush
+from django_delayjobs.outcomes import Outcome
+from tests.helpers import wait_for
+from tests.test_metrics import TOKEN, get, parser, result
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def token(settings):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": TOKEN}
+
+
+def gauge(name: str, queue: str = "default") -> float:
+    """One queue's sample of a gauge, through the view, with the token."""
+    response = get(Client(), TOKEN)
+    assert response.status_code == 200, response.content[:200]
+    for family in parser.text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("queue") == queue:
+                return float(sample.value)
+    raise AssertionError(f"no {name}{{queue={queue!r}}} in the scrape")
+
+
+@pytest.fixture
+def private_redis(tmp_path) -> Iterator[EmbeddedRedis]:
+    """A redis-server of this test's own, which it may stop with SIGSTOP."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    server.start()
+    assert server.pid is not None
+    try:
+        yield server
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.close()
+
+
+# -- the last flush -------------------------------------------------------------------------
+
+
+def test_the_last_flush_waits_for_a_flush_under_way(private_redis, caplog):
+    """A worker that stops flushes its counts a last time, and says how many outcomes it
+    could not write. But that flush did not wait for the housekeeping thread's, under way
+    at that moment: it found the counts taken, wrote nothing, said nothing, and the
+    process exited with the housekeeping thread still holding them (Redis slow or not
+    answering: lost without a word). Flushes now run one at a time."""
+    assert private_redis.pid is not None
+    engine = Engine(redis.Redis.from_url(private_redis.url, socket_timeout=0.3), prefix="t")
+    recorder = Recorder()
+    recorder.record("default", result(Outcome.SUCCEEDED))
+    os.kill(private_redis.pid, signal.SIGSTOP)  # takes connections, answers nothing
+
+    def housekeeping() -> None:
+        with contextlib.suppress(EngineUnavailable):  # it logs it and tries again
+            recorder.flush(engine, [])
+
+    thread = threading.Thread(target=housekeeping)
+    thread.start()
+    try:
+        wait_for(lambda: not recorder.tallies)  # it took the count: its write is under way
+        with caplog.at_level(logging.WARNING, "django_delayjobs.metrics"):
+            last_flush(engine, [], recorder)
+    finally:
+        thread.join(5)
+    assert "the counts of 1 outcome(s) could not be written" in caplog.text
