@@ -10,18 +10,25 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 import redis
+from django.contrib.auth.models import User
 from django.test import Client
+from django.urls import reverse
 
+from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import Engine, EngineUnavailable
+from django_delayjobs.metrics import history, store
 from django_delayjobs.metrics.recorder import Recorder, last_flush
 from django_delayjobs.outcomes import Outcome
 from tests.helpers import wait_for
 from tests.test_metrics import TOKEN, get, parser, result
+from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,3 +90,29 @@ def test_the_last_flush_waits_for_a_flush_under_way(private_redis, caplog):
     finally:
         thread.join(5)
     assert "the counts of 1 outcome(s) could not be written" in caplog.text
+
+
+# -- keys another program wrote -------------------------------------------------------------
+
+
+def test_one_queues_minute_key_of_the_wrong_type_hides_no_charts(redis_client):
+    """A queue's running totals key of another type (another program's) leaves that queue
+    out of scrapes, but one of its per-minute keys made the charts' read raise WrongType:
+    the queue page showed no chart at all, for any queue, with "a key has the wrong type"
+    where the charts were. That minute of that queue is left out now."""
+    engine = get_engine()
+    for queue in ("default", "orders"):
+        schedule(tasks.record, in_=600, args=["x"], queue=queue)  # known queues
+    recorder = Recorder()
+    now = time.time()
+    minute = int(now // 60)
+    for queue in ("default", "orders"):
+        recorder.record(queue, result(Outcome.SUCCEEDED), now=now)
+    recorder.flush(engine, [], now=now)
+    redis_client.set(store.minute_key(engine, "orders", minute - 1), "another program's")
+    earlier, current = history.read(engine, ["default", "orders"], 2, now=minute)
+    assert current.jobs.get("succeeded") == 2 and not earlier.jobs
+    staff = Client()
+    staff.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    page = staff.get(reverse("admin:django_delayjobs_queues"))
+    assert page.status_code == 200 and b"<svg" in page.content

@@ -160,33 +160,35 @@ def _raise(error: Exception) -> None:
 def totals(engine: Engine, queues: Sequence[str]) -> dict[str, Fields]:
     """The running totals of each queue, in one round trip; a queue whose totals key has
     another type (another program's key) is left out, not every queue."""
-
-    def run() -> list[Any]:
-        pipe = engine.client.pipeline(transaction=False)
-        for queue in queues:
-            pipe.hgetall(totals_key(engine, queue))
-        return cast(list[Any], pipe.execute(raise_on_error=False))
-
-    found: dict[str, Fields] = {}
-    for queue, raw in zip(queues, guarded(run), strict=True):
-        if isinstance(raw, Exception):
-            try:
-                _raise(raw)
-            except WrongType:
-                continue
-        found[queue] = _fields(raw)
-    return found
+    found = _hashes(engine, [totals_key(engine, queue) for queue in queues])
+    return {queue: fields for queue, fields in zip(queues, found, strict=True)
+            if fields is not None}  # fmt: skip
 
 
 def minutes(engine: Engine, queue: str, first: int, last: int) -> dict[int, Fields]:
     """The per-minute hashes of one queue from ``first`` to ``last`` (inclusive) that
-    exist, by minute, in one round trip."""
+    exist, by minute, in one round trip; a minute whose key has another type (another
+    program's) is left out, not the queue's every minute and every other queue."""
+    found = _hashes(engine, [minute_key(engine, queue, at) for at in range(first, last + 1)])
+    return {first + i: fields for i, fields in enumerate(found) if fields}
+
+
+def _hashes(engine: Engine, keys: Sequence[str]) -> list[Fields | None]:
+    """The fields of each hash, in one round trip; None for a key of another type."""
 
     def run() -> list[Any]:
         pipe = engine.client.pipeline(transaction=False)
-        for at in range(first, last + 1):
-            pipe.hgetall(minute_key(engine, queue, at))
-        return cast(list[Any], pipe.execute())
+        for key in keys:
+            pipe.hgetall(key)
+        return cast(list[Any], pipe.execute(raise_on_error=False))
 
-    found = guarded(run)
-    return {first + i: _fields(raw) for i, raw in enumerate(found) if raw}
+    found: list[Fields | None] = []
+    for raw in guarded(run):
+        if isinstance(raw, Exception):
+            try:
+                _raise(raw)
+            except WrongType:
+                found.append(None)
+                continue
+        found.append(_fields(raw))
+    return found
