@@ -19,7 +19,8 @@ the oldest ready job, as for the metrics).
   ``run_delayworker`` that serves it, promoter-only ones too; one counts as live for three
   ``HEARTBEAT_SECONDS`` after its last beat).
 - ``overdue:<queue>``: the oldest job that is due and has not started has waited at most
-  ``max_overdue`` seconds (a due job nobody promoted, or a ready job nobody claimed).
+  ``max_overdue`` seconds (a due job nobody promoted, a ready job nobody claimed, or a
+  job whose lease ran out that nobody recovered: since the lease's end).
   A ready job's due time is its row's: when the ``database`` check failed, a queue with a
   ready job fails this one without asking the database again.
 - ``garbage:<queue>`` (only with ``max_garbage``): the queue holds at most that many dead

@@ -19,7 +19,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from django_delayjobs import schedule
+from django_delayjobs import health, schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import Engine, EngineUnavailable
@@ -116,3 +116,24 @@ def test_one_queues_minute_key_of_the_wrong_type_hides_no_charts(redis_client):
     staff.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
     page = staff.get(reverse("admin:django_delayjobs_queues"))
     assert page.status_code == 200 and b"<svg" in page.content
+
+
+# -- jobs whose lease ran out ---------------------------------------------------------------
+
+
+def test_a_job_whose_lease_ran_out_with_no_promoter_is_overdue(token):
+    """A job claimed by a worker that died stays in flight until a promoter recovers it
+    when its lease ends. With no promoter running (a worker run with --worker-only, its
+    promoter process gone) it waited for ever, while ``delayjobs_oldest_overdue_seconds``
+    said 0 and ``health/``'s ``overdue:<queue>`` passed: the alert the docs give never
+    fired. The time since the lease ended counts now."""
+    engine = get_engine()
+    schedule(tasks.record, in_=0, args=["x"])
+    assert engine.claim("default", 1, lease_ms=50)  # by a worker that then died
+    wait_for(lambda: engine.stats("default").expired_leases == 1)
+    time.sleep(0.2)
+    assert gauge("delayjobs_oldest_overdue_seconds") >= 0.2
+    limits = health.Limits(("default",), max_overdue=0.1, min_workers=0)
+    (overdue,) = [c for c in health.check_queue(engine, "default", limits)
+                  if c.name == "overdue:default"]  # fmt: skip
+    assert not overdue.ok, overdue

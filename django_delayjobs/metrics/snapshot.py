@@ -69,13 +69,16 @@ def read(engine: Engine) -> list[QueueReading]:
 
 def oldest_overdue(engine: Engine, stats: QueueStats) -> float:
     """Seconds since the due time of the oldest job that is due and has not started:
-    the head of pending if it is overdue (no promoter ran it), or the oldest live id in
-    ready (waiting for a worker), whose due time its row holds. (When the first
-    ``READY_HEAD`` entries of ready are all ids removed while ready, the oldest of up to
-    as many of its live ids, picked at random.)"""
+    the head of pending if it is overdue (no promoter ran it), the oldest live id in
+    ready (waiting for a worker), whose due time its row holds, or the oldest lease that
+    ran out (its worker was lost, and no promoter has recovered it): since the lease's
+    end. (When the first ``READY_HEAD`` entries of ready are all ids removed while ready,
+    the oldest of up to as many of its live ids, picked at random.)"""
     ages: list[float] = [0]
     if stats.overdue and stats.next_due_ms is not None:
         ages.append(stats.now_ms - stats.next_due_ms)
+    if stats.expired_leases and stats.oldest_lease_ms is not None:
+        ages.append(stats.now_ms - stats.oldest_lease_ms)
     for shard in stats.shards or [stats]:  # a queue of several shards: each one's head
         if shard.ready:
             due_ms = _ready_head_due_ms(engine, shard.queue)
