@@ -6,6 +6,7 @@ redis-servers stopped with SIGSTOP, the test database)."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import logging
 import os
 import signal
@@ -137,3 +138,60 @@ def test_a_job_whose_lease_ran_out_with_no_promoter_is_overdue(token):
     (overdue,) = [c for c in health.check_queue(engine, "default", limits)
                   if c.name == "overdue:default"]  # fmt: skip
     assert not overdue.ok, overdue
+
+
+# -- the worker's metrics port --------------------------------------------------------------
+
+
+def port_get(srv, host: str | None) -> tuple[int, bytes]:
+    """GET /metrics from the port, with ``host`` as the Host header (None: none at all)."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+    try:
+        conn.putrequest("GET", "/metrics", skip_host=True)
+        if host is not None:
+            conn.putheader("Host", host)
+        conn.endheaders()
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+REBOUND = ["rebind.attacker.example:9808", "rebind.attacker.example", "127.0.0.1.nip.io",
+           "localhost.attacker.example", None]  # fmt: skip
+
+
+@pytest.mark.parametrize("host", REBOUND)
+def test_the_open_metrics_port_answers_no_page_of_another_site(host):
+    """Without METRICS_TOKEN the port is open on a loopback address, but a web page in a
+    browser on the same host could read it all the same through DNS rebinding (its name
+    resolved again to 127.0.0.1: the browser sends that name as Host and lets the page
+    read the answer). It answers only a request for a loopback Host now (403 otherwise)."""
+    from django_delayjobs.metrics import server as metrics_server
+
+    srv = metrics_server.MetricsServer("127.0.0.1", 0).start()
+    try:
+        status, body = port_get(srv, host)
+        assert status == 403 and b"delayjobs_" not in body, body[:200]
+        for allowed in (f"127.0.0.1:{srv.port}", "localhost", f"LOCALHOST.:{srv.port}",
+                        f"[::1]:{srv.port}", "127.0.0.2"):  # fmt: skip
+            status, body = port_get(srv, allowed)
+            assert status == 200 and b"delayjobs_jobs_total" in body, (allowed, status)
+    finally:
+        srv.close()
+
+
+def test_a_port_with_a_token_answers_any_host(token):
+    """With METRICS_TOKEN, a page cannot send the token: any Host is answered (a scraper
+    may reach the port through a name of its own)."""
+    from django_delayjobs.metrics import server as metrics_server
+
+    srv = metrics_server.MetricsServer("127.0.0.1", 0).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+        conn.request("GET", "/metrics", headers={"Host": "worker-3.internal:9808",
+                                                 "Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        srv.close()
