@@ -17,10 +17,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from django_delayjobs import health, schedule
+from django_delayjobs import bounded, health, schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import Engine, EngineUnavailable
@@ -28,6 +29,8 @@ from django_delayjobs.metrics import history, store
 from django_delayjobs.metrics.recorder import Recorder, last_flush
 from django_delayjobs.outcomes import Outcome
 from tests.helpers import wait_for
+from tests.test_audit_ops import locked_job_table
+from tests.test_audit_wdb import within
 from tests.test_metrics import TOKEN, get, parser, result
 from tests.testapp import tasks
 
@@ -195,3 +198,37 @@ def test_a_port_with_a_token_answers_any_host(token):
         conn.close()
     finally:
         srv.close()
+
+
+# -- a database that does not answer --------------------------------------------------------
+
+
+def test_a_scrape_gives_up_on_a_database_that_does_not_answer(token, monkeypatch):
+    """A ready job's due time is its row's, read with no time limit: while the job table
+    was locked (a migration's ALTER TABLE), or the database host hung, each scrape waited
+    for as long (a web worker held, or one of the metrics port's 8 connections), and
+    Prometheus saw a timeout, not why. ``health/`` was bounded; the scrape now is too, by
+    ``DATABASE_TIMEOUT_SECONDS``: 503, the database is unavailable."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the read must be held: a lock holds PostgreSQL's reads only")
+    from django_delayjobs.metrics import server as metrics_server
+
+    monkeypatch.setattr(bounded, "DATABASE_TIMEOUT_SECONDS", 0.5)
+    schedule(tasks.record, in_=0, args=["ready"])  # its due time is its row's
+    srv = metrics_server.MetricsServer("127.0.0.1", 0).start()
+    lock = locked_job_table()
+    try:
+        started = time.monotonic()
+        response = within(10, lambda: get(Client(), TOKEN))
+        assert response.status_code == 503, response.content[:200]
+        assert response.content == b"the database is unavailable\n"
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert conn.getresponse().status == 503
+        conn.close()
+        assert time.monotonic() - started < 5
+    finally:
+        lock.rollback()
+        lock.close()
+        srv.close()
+    assert gauge("delayjobs_oldest_overdue_seconds") >= 0  # answered again

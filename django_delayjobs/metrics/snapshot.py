@@ -1,7 +1,8 @@
 """One reading of the whole deployment: every queue's state and running totals.
 
 Read from Redis (and, for the oldest ready job's due time, one primary-key lookup per
-queue), never from per-process memory: one scrape shows every worker process on every
+queue, waited for at most ``bounded.DATABASE_TIMEOUT_SECONDS``), never from per-process
+memory: one scrape shows every worker process on every
 host, whichever process serves it.
 """
 
@@ -11,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from .. import timing
+from .. import bounded, timing
 from ..conf import delayjobs_settings
 from ..engine import QueueStats
 from ..engine.errors import WrongType, guarded
@@ -109,5 +110,5 @@ def _ready_head_due_ms(engine: Engine, queue: str) -> float | None:
     if not pks:
         return None
     found = Job.objects.filter(pk__in=pks).order_by("run_at").values_list("run_at", flat=True)
-    run_at = found.first()
+    run_at = bounded.read(found.first)  # a database that hangs must not hold the scrape
     return None if run_at is None else timing.to_ms(run_at)
