@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ..engine.errors import PerShard, WrongType, guarded
+from ..engine.reader import counter_value
 from . import layout
 
 if TYPE_CHECKING:
@@ -94,17 +95,9 @@ def _counters(engine: Engine, queue: str) -> list[int]:
         return cast(list[Any], pipe.execute())
 
     per_shard = guarded(run)
-    return [sum(_count(v) for v in column) for column in zip(*per_shard, strict=True)]
-
-
-def _count(value: bytes | None) -> int:
-    """A counter's value; 0 for one that is not an integer (another program's), as the
-    engine's reader (``stats``) leaves it out: a ValueError here would end the flush, and
-    with it the worker's housekeeping thread."""
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
+    # 0 for a counter that is not an integer (another program's), as ``stats`` leaves it
+    # out: a ValueError here would end the flush, and with it the housekeeping thread.
+    return [sum(counter_value(v) or 0 for v in column) for column in zip(*per_shard, strict=True)]
 
 
 def _write_queue(
