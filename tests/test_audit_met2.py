@@ -232,3 +232,19 @@ def test_a_scrape_gives_up_on_a_database_that_does_not_answer(token, monkeypatch
         lock.close()
         srv.close()
     assert gauge("delayjobs_oldest_overdue_seconds") >= 0  # answered again
+
+
+def test_one_queues_ready_list_of_the_wrong_type_leaves_only_that_queue_out(token, redis_client):
+    """Scrapes leave out a queue whose keys have the wrong type (another program's), as
+    its stats fail. But the stats count ready jobs by the ready *set*: with its ready
+    *list* overwritten while jobs were ready, the read of its oldest ready job raised
+    WrongType, and every scrape answered 503 for the whole deployment. Only that queue is
+    left out now."""
+    engine = get_engine()
+    schedule(tasks.record, in_=0, args=["ready"], queue="orders")
+    schedule(tasks.record, in_=0, args=["ready"])
+    redis_client.set(engine.keys("orders").ready, "another program's")
+    assert engine.stats("orders").ready == 1
+    assert gauge("delayjobs_queue_jobs") >= 0  # the default queue's series are there
+    response = get(Client(), TOKEN)
+    assert b'queue="orders"' not in response.content

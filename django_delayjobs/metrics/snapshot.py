@@ -61,9 +61,9 @@ def read(engine: Engine) -> list[QueueReading]:
             continue
         try:
             stats = engine.stats(name)
+            overdue = oldest_overdue(engine, stats)  # reads the ready list, which stats do not
         except WrongType:
             continue
-        overdue = oldest_overdue(engine, stats)
         readings.append(QueueReading(name, stats, totals[name], overdue, actions))
     return readings
 
