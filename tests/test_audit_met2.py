@@ -248,3 +248,29 @@ def test_one_queues_ready_list_of_the_wrong_type_leaves_only_that_queue_out(toke
     assert gauge("delayjobs_queue_jobs") >= 0  # the default queue's series are there
     response = get(Client(), TOKEN)
     assert b'queue="orders"' not in response.content
+
+
+def test_a_health_check_of_many_queues_waits_for_a_database_that_hangs_once(monkeypatch):
+    """The due time of a queue's ready job is read within the bound; a check of several
+    queues with ready jobs, the database answering its own check and then not (the job
+    table locked in between), waited the bound once per queue: 100 queues, over 8 minutes.
+    Once one read was given up on, the others fail at once while it still waits."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the read must be held: a lock holds PostgreSQL's reads only")
+    monkeypatch.setattr(bounded, "DATABASE_TIMEOUT_SECONDS", 0.5)
+    queues = tuple(f"q{n}" for n in range(6))
+    for queue in queues:
+        schedule(tasks.record, in_=0, args=["ready"], queue=queue)
+    engine = get_engine()
+    limits = health.Limits(queues, min_workers=0)
+    lock = locked_job_table()
+    try:
+        started = time.monotonic()
+        checks = [c for q in queues for c in health.check_queue(engine, q, limits, rows=True)]
+        took = time.monotonic() - started
+    finally:
+        lock.rollback()
+        lock.close()
+    overdue = [c for c in checks if c.name.startswith("overdue:")]
+    assert len(overdue) == 6 and not any(c.ok for c in overdue), overdue
+    assert took < 1.5, f"{took:.1f} s"
