@@ -5,7 +5,7 @@ Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``DEL`` of 
 does not exist, per master), two ``SELECT`` for the database (one a primary-key lookup; on
 SQLite also an ``UPDATE`` that matches no row), and per queue one stats script call
 (counts of sorted sets, no scan) plus at most one query by primary keys (the due time of
-the oldest ready job, as for the metrics).
+the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read``).
 
 - ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
   not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
