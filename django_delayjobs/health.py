@@ -5,7 +5,7 @@ Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``DEL`` of 
 does not exist, per master), two ``SELECT`` for the database (one a primary-key lookup; on
 SQLite also an ``UPDATE`` that matches no row), and per queue one stats script call
 (counts of sorted sets, no scan) plus at most one query by primary keys (the due time of
-the oldest ready job, as for the metrics).
+the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read``).
 
 - ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
   not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
@@ -19,7 +19,8 @@ the oldest ready job, as for the metrics).
   ``run_delayworker`` that serves it, promoter-only ones too; one counts as live for three
   ``HEARTBEAT_SECONDS`` after its last beat).
 - ``overdue:<queue>``: the oldest job that is due and has not started has waited at most
-  ``max_overdue`` seconds (a due job nobody promoted, or a ready job nobody claimed).
+  ``max_overdue`` seconds (a due job nobody promoted, a ready job nobody claimed, or a
+  job whose lease ran out that nobody recovered: since the lease's end).
   A ready job's due time is its row's: when the ``database`` check failed, a queue with a
   ready job fails this one without asking the database again.
 - ``garbage:<queue>`` (only with ``max_garbage``): the queue holds at most that many dead

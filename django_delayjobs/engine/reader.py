@@ -40,14 +40,14 @@ def _is_cluster(client: object) -> bool:
     return isinstance(client, RedisCluster)
 
 
-def _is_int(value: bytes | str) -> bool:
-    """Whether a counter holds an integer: the scripts write nothing else (HINCRBY), but
-    another program may, and one odd field must not make every reader of stats fail."""
+def counter_value(value: bytes | str | None) -> int | None:
+    """A counter's value; None for one that is missing or not an integer: the scripts
+    write nothing else (HINCRBY), but another program may, and one odd field must not make
+    every reader of the counters fail (stats, or the metrics' snapshot of them)."""
     try:
-        int(value)
+        return None if value is None else int(value)
     except ValueError:
-        return False
-    return True
+        return None
 
 
 def _description(raw: bytes | None) -> dict[str, Any]:
@@ -237,8 +237,8 @@ class Reader:
         now, pend, overdue, ready, flight, expired, garb, live, nxt, lease, flat = self._run(
             "stats", keys, []
         )
-        counters = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)
-                    if _is_int(flat[i + 1])}  # fmt: skip
+        counters = {_text(flat[i]): n for i in range(0, len(flat), 2)
+                    if (n := counter_value(flat[i + 1])) is not None}  # fmt: skip
         return QueueStats(
             self._router.name(shard), int(now), int(pend), int(overdue), int(ready), int(flight),
             int(expired), int(garb), int(live), _opt_int(nxt), _opt_int(lease), counters,

@@ -83,6 +83,9 @@ class Recorder:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        # One flush at a time: the last flush of a process that stops must wait for the
+        # housekeeping thread's, whose counts are taken and not yet written (or given back).
+        self.flushing = threading.Lock()
         self.tallies: Tallies = {}
         self.snapped: dict[str, int] = {}  # queue -> last minute whose snapshot was taken
 
@@ -117,6 +120,10 @@ class Recorder:
         """Write what was tallied to Redis; snapshot the engine counters of ``queues`` once
         a minute. Raises ``EngineUnavailable`` (the counts of the queues not written are kept
         for the next try)."""
+        with self.flushing:
+            self._flush(engine, queues, now)
+
+    def _flush(self, engine: Engine, queues: Sequence[str], now: float | None) -> None:
         now = time.time() if now is None else now
         minute = int(now // 60)
         history = int(delayjobs_settings.METRICS_HISTORY_HOURS * 60)

@@ -140,6 +140,9 @@ def app(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
         if not access.token_ok(given):
             return _plain(start, "401 Unauthorized", "the METRICS_TOKEN bearer token is needed",
                           ("WWW-Authenticate", 'Bearer realm="delayjobs metrics"'))  # fmt: skip
+    elif not access.loopback_host(environ.get("HTTP_HOST")):  # DNS rebinding
+        return _plain(start, "403 Forbidden", "without METRICS_TOKEN only a request for "
+                      "localhost or a loopback address is answered")  # fmt: skip
     try:
         body = exposition.render(snapshot.read(get_engine()))
     except EngineUnavailable as exc:

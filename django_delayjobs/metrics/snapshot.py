@@ -1,7 +1,8 @@
 """One reading of the whole deployment: every queue's state and running totals.
 
 Read from Redis (and, for the oldest ready job's due time, one primary-key lookup per
-queue), never from per-process memory: one scrape shows every worker process on every
+queue, waited for at most ``bounded.DATABASE_TIMEOUT_SECONDS``), never from per-process
+memory: one scrape shows every worker process on every
 host, whichever process serves it.
 """
 
@@ -11,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from .. import timing
+from .. import bounded, timing
 from ..conf import delayjobs_settings
 from ..engine import QueueStats
 from ..engine.errors import WrongType, guarded
@@ -60,22 +61,25 @@ def read(engine: Engine) -> list[QueueReading]:
             continue
         try:
             stats = engine.stats(name)
+            overdue = oldest_overdue(engine, stats)  # reads the ready list, which stats do not
         except WrongType:
             continue
-        overdue = oldest_overdue(engine, stats)
         readings.append(QueueReading(name, stats, totals[name], overdue, actions))
     return readings
 
 
 def oldest_overdue(engine: Engine, stats: QueueStats) -> float:
     """Seconds since the due time of the oldest job that is due and has not started:
-    the head of pending if it is overdue (no promoter ran it), or the oldest live id in
-    ready (waiting for a worker), whose due time its row holds. (When the first
-    ``READY_HEAD`` entries of ready are all ids removed while ready, the oldest of up to
-    as many of its live ids, picked at random.)"""
+    the head of pending if it is overdue (no promoter ran it), the oldest live id in
+    ready (waiting for a worker), whose due time its row holds, or the oldest lease that
+    ran out (its worker was lost, and no promoter has recovered it): since the lease's
+    end. (When the first ``READY_HEAD`` entries of ready are all ids removed while ready,
+    the oldest of up to as many of its live ids, picked at random.)"""
     ages: list[float] = [0]
     if stats.overdue and stats.next_due_ms is not None:
         ages.append(stats.now_ms - stats.next_due_ms)
+    if stats.expired_leases and stats.oldest_lease_ms is not None:
+        ages.append(stats.now_ms - stats.oldest_lease_ms)
     for shard in stats.shards or [stats]:  # a queue of several shards: each one's head
         if shard.ready:
             due_ms = _ready_head_due_ms(engine, shard.queue)
@@ -106,5 +110,5 @@ def _ready_head_due_ms(engine: Engine, queue: str) -> float | None:
     if not pks:
         return None
     found = Job.objects.filter(pk__in=pks).order_by("run_at").values_list("run_at", flat=True)
-    run_at = found.first()
+    run_at = bounded.read(found.first)  # a database that hangs must not hold the scrape
     return None if run_at is None else timing.to_ms(run_at)

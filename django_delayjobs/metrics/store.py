@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ..engine.errors import PerShard, WrongType, guarded
+from ..engine.reader import counter_value
 from . import layout
 
 if TYPE_CHECKING:
@@ -94,17 +95,9 @@ def _counters(engine: Engine, queue: str) -> list[int]:
         return cast(list[Any], pipe.execute())
 
     per_shard = guarded(run)
-    return [sum(_count(v) for v in column) for column in zip(*per_shard, strict=True)]
-
-
-def _count(value: bytes | None) -> int:
-    """A counter's value; 0 for one that is not an integer (another program's), as the
-    engine's reader (``stats``) leaves it out: a ValueError here would end the flush, and
-    with it the worker's housekeeping thread."""
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
+    # 0 for a counter that is not an integer (another program's), as ``stats`` leaves it
+    # out: a ValueError here would end the flush, and with it the housekeeping thread.
+    return [sum(counter_value(v) or 0 for v in column) for column in zip(*per_shard, strict=True)]
 
 
 def _write_queue(
@@ -160,33 +153,35 @@ def _raise(error: Exception) -> None:
 def totals(engine: Engine, queues: Sequence[str]) -> dict[str, Fields]:
     """The running totals of each queue, in one round trip; a queue whose totals key has
     another type (another program's key) is left out, not every queue."""
-
-    def run() -> list[Any]:
-        pipe = engine.client.pipeline(transaction=False)
-        for queue in queues:
-            pipe.hgetall(totals_key(engine, queue))
-        return cast(list[Any], pipe.execute(raise_on_error=False))
-
-    found: dict[str, Fields] = {}
-    for queue, raw in zip(queues, guarded(run), strict=True):
-        if isinstance(raw, Exception):
-            try:
-                _raise(raw)
-            except WrongType:
-                continue
-        found[queue] = _fields(raw)
-    return found
+    found = _hashes(engine, [totals_key(engine, queue) for queue in queues])
+    return {queue: fields for queue, fields in zip(queues, found, strict=True)
+            if fields is not None}  # fmt: skip
 
 
 def minutes(engine: Engine, queue: str, first: int, last: int) -> dict[int, Fields]:
     """The per-minute hashes of one queue from ``first`` to ``last`` (inclusive) that
-    exist, by minute, in one round trip."""
+    exist, by minute, in one round trip; a minute whose key has another type (another
+    program's) is left out, not the queue's every minute and every other queue."""
+    found = _hashes(engine, [minute_key(engine, queue, at) for at in range(first, last + 1)])
+    return {first + i: fields for i, fields in enumerate(found) if fields}
+
+
+def _hashes(engine: Engine, keys: Sequence[str]) -> list[Fields | None]:
+    """The fields of each hash, in one round trip; None for a key of another type."""
 
     def run() -> list[Any]:
         pipe = engine.client.pipeline(transaction=False)
-        for at in range(first, last + 1):
-            pipe.hgetall(minute_key(engine, queue, at))
-        return cast(list[Any], pipe.execute())
+        for key in keys:
+            pipe.hgetall(key)
+        return cast(list[Any], pipe.execute(raise_on_error=False))
 
-    found = guarded(run)
-    return {first + i: _fields(raw) for i, raw in enumerate(found) if raw}
+    found: list[Fields | None] = []
+    for raw in guarded(run):
+        if isinstance(raw, Exception):
+            try:
+                _raise(raw)
+            except WrongType:
+                found.append(None)
+                continue
+        found.append(_fields(raw))
+    return found

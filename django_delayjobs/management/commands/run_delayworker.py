@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import ipaddress
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ from ...conf import bounds, delayjobs_settings
 from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
+from ...metrics.access import loopback
 from ...preflight import (
     check_owner,
     check_pool,
@@ -35,16 +35,6 @@ from ..output import SafeOutputCommand
 
 if TYPE_CHECKING:
     from ...metrics.server import MetricsServer
-
-
-def loopback(host: str) -> bool:
-    """True if only this machine reaches ``host``: a loopback address or ``localhost``."""
-    if host.lower().rstrip(".") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
-    except ValueError:  # any other name may resolve to any address
-        return False
 
 
 def check_metrics_host(opts: dict[str, Any]) -> None:
