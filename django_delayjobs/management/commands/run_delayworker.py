@@ -22,6 +22,7 @@ from ...conf import bounds, delayjobs_settings
 from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
+from ...numbers import decimal_number, option, whole_number
 from ...preflight import (
     check_owner,
     check_pool,
@@ -92,7 +93,9 @@ class Command(SafeOutputCommand):
             "--queues", type=queue_list, default=None,
             help="Comma-separated queues in strict priority order (default: DEFAULT_QUEUE).",
         )  # fmt: skip
-        parser.add_argument("--concurrency", type=int, default=1, help="Worker threads.")
+        parser.add_argument(
+            "--concurrency", type=option(whole_number), default=1, help="Worker threads."
+        )
         roles = parser.add_mutually_exclusive_group()
         roles.add_argument("--promoter-only", action="store_true", help="Only promote.")
         roles.add_argument("--worker-only", action="store_true", help="Only run jobs.")
@@ -100,7 +103,7 @@ class Command(SafeOutputCommand):
                             help="Run everything due now, then exit 0.")  # fmt: skip
         parser.add_argument(
             "--tick",
-            type=float,
+            type=option(decimal_number),
             default=None,
             help="Longest promoter sleep in seconds (default: TICK_SECONDS).",
         )
@@ -110,7 +113,7 @@ class Command(SafeOutputCommand):
                  "the django_delayjobs loggers' handlers.",
         )  # fmt: skip
         parser.add_argument(
-            "--metrics-port", type=int, default=None,
+            "--metrics-port", type=option(whole_number), default=None,
             help="Serve the deployment's Prometheus metrics on this port (0: any free "
                  "port); needs the metrics extra.",
         )  # fmt: skip

@@ -1,0 +1,60 @@
+"""The management commands, round 2: option values an operator (or a template) gets wrong,
+settings that cannot work, what a command does when stopped. Real servers only (the
+suite's Redis, the test database); processes are stopped by pid."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client
+from django.urls import reverse
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: Numbers Python's int()/float() read but that no operator means: other scripts' digits,
+#: digit group underscores, padding (a template's stray quote or space).
+ODD_NUMBERS = ["\u0663", "1_0", " 3 ", "3\n", "\uff13", "0x10"]
+
+
+@pytest.mark.parametrize("value", ODD_NUMBERS)
+@pytest.mark.parametrize(("command", "option", "extra"), [
+    ("run_delayworker", "--concurrency", ["--burst", "-v", "0"]),
+    ("run_delayworker", "--tick", ["--burst", "-v", "0"]),
+    ("delayjobs_prune", "--batch", ["--older-than", "30d"]),
+    ("delayjobs_prune", "--max-rate", ["--older-than", "30d"]),
+])  # fmt: skip
+def test_numeric_options_take_ascii_digits_only(command, option, extra, value):
+    """``--concurrency ٣`` started a worker of 3 threads, ``--batch 1_0`` pruned in batches
+    of 10: whatever int()/float() read was taken, not refused as a mistake."""
+    with pytest.raises(CommandError, match=option.removeprefix("--")):
+        call_command(command, *extra, option, value)
+
+
+@pytest.mark.parametrize("value", ODD_NUMBERS)
+@pytest.mark.parametrize("option", ["--min-workers", "--max-garbage", "--max-overdue"])
+def test_health_options_take_ascii_digits_only(option, value):
+    with pytest.raises(CommandError) as raised:
+        call_command("delayjobs_health", option, value)
+    assert raised.value.returncode == 2
+    assert raised.value.args[0].startswith(option)
+
+
+@pytest.mark.parametrize("value", ODD_NUMBERS)
+@pytest.mark.parametrize("name", ["min_workers", "max_garbage", "max_overdue"])
+def test_the_health_view_takes_ascii_digits_only(name, value):
+    response = Client().get(reverse("delayjobs_health"), {name: value})
+    assert response.status_code == 400
+
+
+@pytest.mark.parametrize(("command", "args"), [
+    ("run_delayworker", ["--burst", "-v", "0", "--concurrency", "2", "--tick", "0.5"]),
+    ("run_delayworker", ["--burst", "-v", "0", "--concurrency", "-0", "--tick", "1e-1"]),
+    ("delayjobs_prune", ["--older-than", "30d", "--batch", "010", "--max-rate", "0"]),
+])  # fmt: skip
+def test_plain_numbers_are_still_taken(command, args):
+    if "-0" in args:  # 0 is out of range: refused for its range, not its spelling
+        with pytest.raises(CommandError, match="must be from 1"):
+            call_command(command, *args)
+        return
+    call_command(command, *args)
