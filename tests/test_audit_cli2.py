@@ -4,11 +4,15 @@ suite's Redis, the test database); processes are stopped by pid."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import reverse
+
+from django_delayjobs.connection import get_engine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,3 +62,36 @@ def test_plain_numbers_are_still_taken(command, args):
             call_command(command, *args)
         return
     call_command(command, *args)
+
+
+def stats(*names: str) -> tuple[int, list[str]]:
+    out = io.StringIO()
+    try:
+        call_command("delayjobs_stats", *names, stdout=out)
+        code = 0
+    except CommandError as exc:
+        code, out = exc.returncode, io.StringIO(out.getvalue() + f"ERROR {exc}\n")
+    return code, out.getvalue().splitlines()
+
+
+def test_stats_says_a_queue_or_shard_redis_never_held_is_unknown(settings):
+    """``delayjobs_stats ordres`` (a typo), or a shard of a count the queue never had,
+    printed a row of zeros and exit 0: "no job waiting" to an operator who had mistyped."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 2}}
+    get_engine().add("orders", {"a": 10**13, "b": 10**13})
+    code, lines = stats("orders", "ordres", "orders#1/3")
+    assert code == 1
+    assert [line.split()[0] for line in lines[1:-1]] == ["orders", "orders#0/2", "orders#1/2"]
+    assert "ordres" in lines[-1] and "orders#1/3" in lines[-1] and "unknown" in lines[-1]
+
+
+def test_stats_shows_a_configured_or_served_queue_that_never_held_a_job(settings):
+    """Zeros are the truth for the default queue, a queue of QUEUE_SHARDS, and a queue a
+    worker serves: those are not refused as unknown."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"big": 2}}
+    engine = get_engine()
+    engine.heartbeat("served", "w1", ttl_ms=60_000)
+    code, lines = stats("default", "big", "big#1/2", "served")
+    assert code == 0, lines
+    rows = [line.split()[0] for line in lines[1:]]
+    assert rows == ["default", "big", "big#0/2", "big#1/2", "big#1/2", "served"]

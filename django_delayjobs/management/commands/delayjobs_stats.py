@@ -1,7 +1,9 @@
 """``manage.py delayjobs_stats``: the state of every queue as a plain table.
 
 A queue of several shards gets a row of totals, then one row per shard (indented); on a
-Redis Cluster the last column names the master that holds each shard.
+Redis Cluster the last column names the master that holds each shard. A name Redis never
+held (a typo, a shard of a count the queue never had) is said to be unknown, not shown
+as a row of zeros: "nothing waiting" to an operator who mistyped.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from ...conf import delayjobs_settings
 from ...connection import get_engine
-from ...engine import DelayJobsError, Engine, QueueStats, WrongType
+from ...engine import DelayJobsError, Engine, QueueStats, WrongType, sharding
 from ...queues import ms_datetime
 from ..output import SafeOutputCommand
 
@@ -36,6 +39,24 @@ def row(
             master or "-")  # fmt: skip
 
 
+def known(engine: Engine, name: str, listed: set[str]) -> bool:
+    """Whether ``name`` is a queue (or one of its shards) that Redis holds or this
+    deployment uses: listed in the directory, ``DEFAULT_QUEUE``, a queue of
+    ``QUEUE_SHARDS``; a shard is one the queue's count or the directory gives it."""
+    shard = sharding.parse(name)
+    used = {delayjobs_settings.DEFAULT_QUEUE, *delayjobs_settings.QUEUE_SHARDS}
+    if shard.queue not in listed | used:
+        return False
+    return not sharding.explicit(name) or shard in map(sharding.parse, engine.shards(shard.queue))
+
+
+def empty(r: tuple[str, ...]) -> bool:
+    """No job in any state and no live worker (a queue that holds ids is shown, even one
+    the directory lost)."""
+    counts = dict(zip(COLUMNS, r, strict=True))
+    return all(counts[c] == "0" for c in ("pending", "ready", "in_flight", "garbage", "workers"))
+
+
 def rows(engine: Engine, queue: str) -> list[tuple[str, ...]]:
     """The queue's row, then (for a queue of several shards) one row per shard."""
     stats = engine.stats(queue)
@@ -56,12 +77,18 @@ class Command(SafeOutputCommand):
         try:
             engine = get_engine()
             # Each once, in the order given (``--queues a,a`` of the others does the same).
-            queues = list(dict.fromkeys(options["queues"])) or engine.known_queues()
+            listed = engine.known_queues()
+            queues = list(dict.fromkeys(options["queues"])) or listed
             table: list[tuple[str, ...]] = [COLUMNS]
             broken: list[str] = []
+            unknown: list[str] = []
             for queue in queues:
                 try:
-                    table += rows(engine, queue)
+                    found = rows(engine, queue)
+                    if empty(found[0]) and not known(engine, queue, set(listed)):
+                        unknown.append(queue)
+                        continue
+                    table += found
                 except WrongType as exc:  # that queue alone: the others are shown
                     broken.append(f"{queue}: {exc}")
         except (DelayJobsError, ValueError, TypeError) as exc:
@@ -71,5 +98,9 @@ class Command(SafeOutputCommand):
             self.stdout.write(
                 "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
             )
-        if broken:
-            raise CommandError("cannot read queue " + "; queue ".join(broken))
+        problems = ["cannot read queue " + "; queue ".join(broken)] if broken else []
+        if unknown:
+            problems.append(f"unknown queue(s), never held by Redis: {', '.join(unknown)} "
+                            f"(known: {', '.join(listed) or 'none'})")  # fmt: skip
+        if problems:
+            raise CommandError("; ".join(problems))
