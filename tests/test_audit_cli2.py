@@ -95,3 +95,18 @@ def test_stats_shows_a_configured_or_served_queue_that_never_held_a_job(settings
     assert code == 0, lines
     rows = [line.split()[0] for line in lines[1:]]
     assert rows == ["default", "big", "big#0/2", "big#1/2", "big#1/2", "served"]
+
+
+def test_stats_of_named_queues_still_shows_them_when_the_directory_is_another_type(
+    redis_client,
+):
+    """The directory of queues overwritten by another program: the queues named are
+    shown (none is called unknown: the directory cannot say), and the key is named."""
+    engine = get_engine()
+    engine.add("orders", {"a": 10**13})
+    redis_client.delete(engine.queues_key)
+    redis_client.set(engine.queues_key, "x")
+    code, lines = stats("orders", "ordres")
+    assert code == 1
+    assert [line.split()[0] for line in lines[1:-1]] == ["orders", "ordres"]
+    assert "not a set" in lines[-1] and "unknown" not in lines[-1]

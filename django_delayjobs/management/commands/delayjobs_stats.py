@@ -77,20 +77,30 @@ class Command(SafeOutputCommand):
         try:
             engine = get_engine()
             # Each once, in the order given (``--queues a,a`` of the others does the same).
-            listed = engine.known_queues()
-            queues = list(dict.fromkeys(options["queues"])) or listed
+            named = list(dict.fromkeys(options["queues"]))
             table: list[tuple[str, ...]] = [COLUMNS]
             broken: list[str] = []
             unknown: list[str] = []
-            for queue in queues:
+            try:
+                listed: list[str] | None = engine.known_queues()
+            except WrongType as exc:  # the queues named can be shown, not told unknown
+                if not named:
+                    raise
+                broken.append(str(exc))
+                listed = None
+            for queue in named or listed or []:
                 try:
                     found = rows(engine, queue)
-                    if empty(found[0]) and not known(engine, queue, set(listed)):
+                    if (
+                        listed is not None
+                        and empty(found[0])
+                        and not known(engine, queue, set(listed))
+                    ):
                         unknown.append(queue)
                         continue
                     table += found
                 except WrongType as exc:  # that queue alone: the others are shown
-                    broken.append(f"{queue}: {exc}")
+                    broken.append(f"queue {queue}: {exc}")
         except (DelayJobsError, ValueError, TypeError) as exc:
             raise CommandError(str(exc)) from exc
         widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
@@ -98,9 +108,9 @@ class Command(SafeOutputCommand):
             self.stdout.write(
                 "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
             )
-        problems = ["cannot read queue " + "; queue ".join(broken)] if broken else []
+        problems = ["cannot read " + "; ".join(broken)] if broken else []
         if unknown:
             problems.append(f"unknown queue(s), never held by Redis: {', '.join(unknown)} "
-                            f"(known: {', '.join(listed) or 'none'})")  # fmt: skip
+                            f"(known: {', '.join(listed or []) or 'none'})")  # fmt: skip
         if problems:
             raise CommandError("; ".join(problems))
