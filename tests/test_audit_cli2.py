@@ -110,3 +110,44 @@ def test_stats_of_named_queues_still_shows_them_when_the_directory_is_another_ty
     assert code == 1
     assert [line.split()[0] for line in lines[1:-1]] == ["orders", "ordres"]
     assert "not a set" in lines[-1] and "unknown" not in lines[-1]
+
+
+#: REDIS_URL query values redis-py parses but cannot use: each crashed the worker with a
+#: traceback (ValueError, OverflowError at the first connect) or went elsewhere in silence.
+BAD_URL_VALUES = ["socket_timeout=nan", "socket_timeout=-1", "socket_timeout=1e400",
+                  "socket_timeout=0", "socket_connect_timeout=nan", "max_connections=-5",
+                  "timeout=inf", "protocol=9", "db=-1", "sockettimeout=1"]  # fmt: skip
+
+
+@pytest.mark.parametrize("query", BAD_URL_VALUES)
+def test_a_redis_url_value_redis_py_cannot_use_is_a_check_error_not_a_traceback(
+    settings, redis_url, query
+):
+    from django_delayjobs.checks import check_settings
+    from django_delayjobs.connection import reset_engine
+
+    url = redis_url + ("&" if "?" in redis_url else "?") + query
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
+    errors = check_settings()
+    assert [e.id for e in errors] == ["django_delayjobs.E016"]
+    name = query.split("=")[0]
+    assert {"db": "database"}.get(name, name) in errors[0].msg
+    reset_engine()
+    try:
+        with pytest.raises(CommandError, match="REDIS_URL"):
+            call_command("run_delayworker", "--burst", "-v", "0", "--skip-checks")
+    finally:
+        reset_engine()
+
+
+@pytest.mark.parametrize("url", [
+    "redis://redis.internal:0", "redis://redis.internal/1x", "redis://redis.internal/db1",
+    "rediss://r.internal/-1", "redis://redis.internal/1?db=2",
+])  # fmt: skip
+def test_a_redis_url_that_redis_py_would_send_to_port_6379_or_database_0_is_refused(settings, url):
+    """Port 0 and a database path that is not a number were dropped by redis-py without a
+    word: the worker went to port 6379, database 0 (another application's, perhaps)."""
+    from django_delayjobs.checks import check_settings
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
+    assert [e.id for e in check_settings()] == ["django_delayjobs.E016"]
