@@ -151,3 +151,12 @@ def test_a_redis_url_that_redis_py_would_send_to_port_6379_or_database_0_is_refu
 
     settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url}
     assert [e.id for e in check_settings()] == ["django_delayjobs.E016"]
+
+
+def test_a_ca_bundle_path_with_a_nul_character_is_a_check_error_not_a_crash(settings):
+    """``HTTP_CA_BUNDLE = "ca\\x00.pem"`` made ``manage.py check`` itself fail with a
+    traceback (ValueError: embedded null byte), hiding every other check's message."""
+    from django_delayjobs.checks import check_settings
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_CA_BUNDLE": "ca\x00.pem"}
+    assert [e.id for e in check_settings()] == ["django_delayjobs.E009"]
