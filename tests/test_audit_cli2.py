@@ -160,3 +160,29 @@ def test_a_ca_bundle_path_with_a_nul_character_is_a_check_error_not_a_crash(sett
 
     settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_CA_BUNDLE": "ca\x00.pem"}
     assert [e.id for e in check_settings()] == ["django_delayjobs.E009"]
+
+
+@pytest.mark.parametrize(
+    "entry", ["os.system", "builtins.object", "django.contrib.auth.models.User"]
+)
+def test_api_permission_classes_that_are_no_permission_class_are_a_check_error(settings, entry):
+    """A callable that is no permission class passed check E008: then every API request
+    answered 500 (``os.system()`` without its argument, an ``object`` without
+    ``has_permission``)."""
+    from django_delayjobs.checks import check_settings
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "API_PERMISSION_CLASSES": [entry]}
+    errors = check_settings()
+    assert [e.id for e in errors] == ["django_delayjobs.E008"]
+    assert entry in errors[0].msg
+
+
+def test_api_permission_classes_and_their_combinations_still_pass(settings):
+    from rest_framework.permissions import IsAdminUser, IsAuthenticated
+
+    from django_delayjobs.checks import check_settings
+
+    value = ["rest_framework.permissions.IsAuthenticated", IsAuthenticated & IsAdminUser,
+             ~IsAdminUser]  # fmt: skip
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "API_PERMISSION_CLASSES": value}
+    assert check_settings() == []
