@@ -186,3 +186,23 @@ def test_api_permission_classes_and_their_combinations_still_pass(settings):
              ~IsAdminUser]  # fmt: skip
     settings.DELAYJOBS = {**settings.DELAYJOBS, "API_PERMISSION_CLASSES": value}
     assert check_settings() == []
+
+
+@pytest.mark.parametrize("args", [
+    ["run_delayworker", "--concurrency", "0"], ["run_delayworker", "--tick", "0"],
+    ["run_delayworker", "--metrics-port", "70000"], ["run_delayworker", "--burst", "--worker-only",
+                                                    "--tick", "61"],
+    ["delayjobs_prune", "--older-than", "0d"], ["delayjobs_prune", "--older-than", "1d",
+                                                "--status", "running"],
+    ["delayjobs_prune", "--older-than", "1d", "--batch", "0"],
+    ["delayjobs_prune", "--older-than", "1d", "--max-rate", "-1"],
+    ["delayjobs_stats", "a b"], ["delayjobs_stats", "q#2/2"],
+])  # fmt: skip
+def test_a_bad_option_value_exits_2_as_argparse_does(args):
+    """``--concurrency x`` exited 2 (argparse) but ``--concurrency 0`` 1, the code of a
+    worker or prune that failed: a timer or a script could not tell a typo in its unit
+    from a database that was down. Every bad option value exits 2 now, as in
+    ``delayjobs_health``."""
+    with pytest.raises(CommandError) as raised:
+        call_command(*args)
+    assert raised.value.returncode == 2

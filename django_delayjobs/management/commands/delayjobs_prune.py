@@ -69,8 +69,8 @@ class Command(SafeOutputCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             age, statuses, batch, max_rate = self.checked(options)
-        except ValueError as exc:
-            raise CommandError(str(exc)) from exc
+        except ValueError as exc:  # a bad option: exit 2, as argparse's own refusals
+            raise CommandError(str(exc), returncode=2) from exc
         self.verbosity = options["verbosity"]
         self.last_progress: float | None = None
         self.signalled: int | None = None

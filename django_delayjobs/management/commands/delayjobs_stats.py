@@ -67,6 +67,17 @@ def rows(engine: Engine, queue: str) -> list[tuple[str, ...]]:
     ]
 
 
+def checked_names(names: list[str]) -> list[str]:
+    """Each name once, in the order given (``--queues a,a`` of the other commands does the
+    same); a bad one is refused with exit code 2, as argparse refuses a bad option."""
+    for name in names:
+        try:
+            sharding.parse(name)
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+    return list(dict.fromkeys(names))
+
+
 class Command(SafeOutputCommand):
     help = "Print pending, overdue, ready, in flight, garbage, next due and live workers."
 
@@ -76,8 +87,7 @@ class Command(SafeOutputCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             engine = get_engine()
-            # Each once, in the order given (``--queues a,a`` of the others does the same).
-            named = list(dict.fromkeys(options["queues"]))
+            named = checked_names(options["queues"])
             table: list[tuple[str, ...]] = [COLUMNS]
             broken: list[str] = []
             unknown: list[str] = []

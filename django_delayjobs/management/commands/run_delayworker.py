@@ -206,17 +206,18 @@ class Command(SafeOutputCommand):
             raise StoppedDuringStartUp
 
     def check_options(self, opts: dict[str, Any]) -> None:
+        """Refuse a bad option value with exit code 2, as argparse refuses a bad spelling."""
         if not 1 <= opts["concurrency"] <= MAX_CONCURRENCY:
-            raise CommandError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}")
+            raise CommandError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}", returncode=2)
         low, high = bounds("TICK_SECONDS")
         if opts["tick"] is not None and not low <= opts["tick"] <= high:
-            raise CommandError(f"--tick must be from {low} to {high} seconds")
+            raise CommandError(f"--tick must be from {low} to {high} seconds", returncode=2)
         port = opts["metrics_port"]
         if port is not None and not 0 <= port <= 65535:
-            raise CommandError("--metrics-port must be from 0 to 65535")
+            raise CommandError("--metrics-port must be from 0 to 65535", returncode=2)
         if opts["burst"] and opts["promoter_only"]:
             raise CommandError("--burst runs the jobs that are due: it needs the worker role, "
-                               "not --promoter-only")  # fmt: skip
+                               "not --promoter-only", returncode=2)  # fmt: skip
 
     def run(self, opts: dict[str, Any]) -> None:
         check_metrics_host(opts)  # here: reading the settings may raise DelayJobsError
