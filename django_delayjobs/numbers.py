@@ -29,7 +29,7 @@ def whole_number(text: str) -> int:
     """An integer of ASCII digits, with an optional sign; ValueError for anything else."""
     if not isinstance(text, str) or _WHOLE.fullmatch(text) is None:
         raise ValueError(f"{text!r} is not a whole number")
-    if len(text) > _MAX_DIGITS:
+    if len(text.lstrip("+-").lstrip("0")) > _MAX_DIGITS:
         raise ValueError(f"{text[:_MAX_DIGITS]!r}... is too large")
     return int(text)
 

@@ -55,6 +55,7 @@ def test_the_health_view_takes_ascii_digits_only(name, value):
     ("run_delayworker", ["--burst", "-v", "0", "--concurrency", "2", "--tick", "0.5"]),
     ("run_delayworker", ["--burst", "-v", "0", "--concurrency", "-0", "--tick", "1e-1"]),
     ("delayjobs_prune", ["--older-than", "30d", "--batch", "010", "--max-rate", "0"]),
+    ("delayjobs_prune", ["--older-than", "30d", "--batch", "0" * 40 + "10"]),
 ])  # fmt: skip
 def test_plain_numbers_are_still_taken(command, args):
     if "-0" in args:  # 0 is out of range: refused for its range, not its spelling
