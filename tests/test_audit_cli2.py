@@ -89,13 +89,14 @@ def test_stats_says_a_queue_or_shard_redis_never_held_is_unknown(settings):
 def test_stats_shows_a_configured_or_served_queue_that_never_held_a_job(settings):
     """Zeros are the truth for the default queue, a queue of QUEUE_SHARDS, and a queue a
     worker serves: those are not refused as unknown."""
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"big": 2}}
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"big": 2},
+                          "API_CALLBACK_QUEUES": ["hooks"]}  # fmt: skip
     engine = get_engine()
     engine.heartbeat("served", "w1", ttl_ms=60_000)
-    code, lines = stats("default", "big", "big#1/2", "served")
+    code, lines = stats("default", "big", "big#1/2", "served", "hooks")
     assert code == 0, lines
     rows = [line.split()[0] for line in lines[1:]]
-    assert rows == ["default", "big", "big#0/2", "big#1/2", "big#1/2", "served"]
+    assert rows == ["default", "big", "big#0/2", "big#1/2", "big#1/2", "served", "hooks"]
 
 
 def test_stats_of_named_queues_still_shows_them_when_the_directory_is_another_type(

@@ -42,9 +42,11 @@ def row(
 def known(engine: Engine, name: str, listed: set[str]) -> bool:
     """Whether ``name`` is a queue (or one of its shards) that Redis holds or this
     deployment uses: listed in the directory, ``DEFAULT_QUEUE``, a queue of
-    ``QUEUE_SHARDS``; a shard is one the queue's count or the directory gives it."""
+    ``QUEUE_SHARDS`` or ``API_CALLBACK_QUEUES``; a shard is one the queue's count or the
+    directory gives it."""
     shard = sharding.parse(name)
-    used = {delayjobs_settings.DEFAULT_QUEUE, *delayjobs_settings.QUEUE_SHARDS}
+    used = {delayjobs_settings.DEFAULT_QUEUE, *delayjobs_settings.QUEUE_SHARDS,
+            *(delayjobs_settings.API_CALLBACK_QUEUES or ())}  # fmt: skip
     if shard.queue not in listed | used:
         return False
     return not sharding.explicit(name) or shard in map(sharding.parse, engine.shards(shard.queue))
