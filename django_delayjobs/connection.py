@@ -141,7 +141,11 @@ def cluster_url_problem(url: str) -> str | None:
         return f"{shown!r} names no host"
     if parts.path.strip("/") not in ("", "0") or "db=" in parts.query:
         return f"{shown!r} names a database other than 0 (a Cluster has only database 0)"
-    return None
+    try:
+        problem = options_problem(url, redis.connection.parse_url(url))  # type: ignore[no-untyped-call]
+    except ValueError as exc:  # a bad query value
+        problem = f"cannot be used by redis-py: {exc}"
+    return f"{shown!r} {problem}" if problem else None
 
 
 def cluster_client(url: str) -> Any:

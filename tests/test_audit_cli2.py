@@ -208,3 +208,16 @@ def test_a_bad_option_value_exits_2_as_argparse_does(args):
     with pytest.raises(CommandError) as raised:
         call_command(*args)
     assert raised.value.returncode == 2
+
+
+@pytest.mark.parametrize("url", [
+    "redis://node.internal:7000?socket_timeout=nan", "redis://node.internal:0",
+    "redis://node.internal:7000?db=x",
+])  # fmt: skip
+def test_a_cluster_url_redis_py_cannot_use_is_a_check_error_too(settings, url):
+    """With REDIS_CLUSTER, check E013 looked at the scheme, host and database only: a
+    socket timeout of nan passed, and the worker said it "cannot reach" the Cluster."""
+    from django_delayjobs.checks import check_settings
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": url, "REDIS_CLUSTER": True}
+    assert [e.id for e in check_settings()] == ["django_delayjobs.E013"]
