@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from django.core.cache.backends.base import InvalidCacheBackendError
@@ -26,6 +27,11 @@ CONNECT_TIMEOUT = 1.0
 #: to the old master, after which redis-py has read the new slot table and the retry goes
 #: to the new one. (MOVED and ASK redirections are followed within a command, at most 16.)
 CLUSTER_RETRIES = 1
+#: The longest socket timeout a ``REDIS_URL`` may give: past a day it is a slip of the
+#: keyboard (and past about 1e10 s the first connect fails with ``OverflowError``).
+MAX_URL_TIMEOUT = 86_400.0
+#: A database path redis-py reads: none, ``/`` or ``/<number>``.
+_DB_PATH = re.compile(r"/?(?:[0-9]+)?", re.ASCII)
 
 _lock = threading.Lock()
 _engine: Engine | None = None
@@ -89,9 +95,35 @@ def redis_url_problem(url: str) -> str | None:
     if problem:
         return f"is not a valid URL ({problem})"
     try:
-        redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
-    except ValueError as exc:  # its scheme, a port out of range, a bad query value
+        options = redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+        # Built, not connected: a query name no connection takes (TypeError at the first
+        # command, in a worker thread), a max_connections below 0, a protocol not 2 or 3.
+        redis.ConnectionPool.from_url(url).make_connection()
+    except (TypeError, ValueError, redis.RedisError) as exc:  # ValueError: its scheme too
         return f"cannot be used by redis-py: {exc}"
+    return options_problem(url, options)
+
+
+def options_problem(url: str, options: dict[str, Any]) -> str | None:
+    """What redis-py takes from ``url`` without a word but cannot use, or None: a port 0
+    or a database path that is not a number, which it drops (for 6379 and database 0,
+    perhaps another application's), a database below 0, and socket timeouts that fail
+    the first connect (``nan``, ``0``: non-blocking, below 0, ``1e400``)."""
+    parts = urlsplit(url)
+    if parts.scheme != "unix":
+        if parts.port == 0:
+            return "names port 0 (redis-py would connect to port 6379)"
+        path = unquote(parts.path)
+        if _DB_PATH.fullmatch(path) is None:
+            return f"names database {path!r}: give a number (redis-py would use database 0)"
+        if path.strip("/") and "db" in parse_qs(parts.query):
+            return "names its database twice, in its path and in db="
+    if options.get("db", 0) < 0:
+        return f"names database {options['db']}: databases are numbered from 0"
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        value = options.get(name)
+        if value is not None and not 0 < value <= MAX_URL_TIMEOUT:
+            return f"gives {name}={value}: give from more than 0 to {MAX_URL_TIMEOUT:g} seconds"
     return None
 
 
@@ -109,7 +141,11 @@ def cluster_url_problem(url: str) -> str | None:
         return f"{shown!r} names no host"
     if parts.path.strip("/") not in ("", "0") or "db=" in parts.query:
         return f"{shown!r} names a database other than 0 (a Cluster has only database 0)"
-    return None
+    try:
+        problem = options_problem(url, redis.connection.parse_url(url))  # type: ignore[no-untyped-call]
+    except ValueError as exc:  # a bad query value
+        problem = f"cannot be used by redis-py: {exc}"
+    return f"{shown!r} {problem}" if problem else None
 
 
 def cluster_client(url: str) -> Any:

@@ -50,6 +50,7 @@ from . import sql
 from .engine import DelayJobsError, EngineUnavailable, validate_name
 from .engine.errors import unreachable
 from .models import Job
+from .numbers import decimal_number, whole_number
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -103,8 +104,8 @@ def parse_queues(text: str) -> tuple[str, ...]:
 
 def parse_seconds(text: str) -> float:
     try:
-        value = float(text)
-    except (TypeError, ValueError):
+        value = decimal_number(text)
+    except ValueError:
         raise ValueError(f"{text!r} is not a number of seconds") from None
     if not math.isfinite(value) or not 0 <= value <= MAX_OVERDUE:
         raise ValueError(f"must be from 0 to {MAX_OVERDUE:.0f} seconds, not {text!r}")
@@ -112,10 +113,7 @@ def parse_seconds(text: str) -> float:
 
 
 def parse_count(text: str, high: int) -> int:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"{text!r} is not a whole number") from None
+    value = whole_number(text)
     if not 0 <= value <= high:
         raise ValueError(f"must be from 0 to {high}, not {text!r}")
     return value

@@ -164,6 +164,7 @@ def test_stats_shows_a_queue_named_twice_once():
     repeats a name) printed the same row twice, so the table's rows no longer added up
     to the deployment's jobs; ``--queues a,a`` of the other commands serves one queue."""
     get_engine().add("orders", {"x": 10**13})
+    get_engine().add("other", {"y": 10**13})
     out = io.StringIO()
     call_command("delayjobs_stats", "orders", "other", "orders", stdout=out)
     rows = [line.split()[0] for line in out.getvalue().splitlines()[1:]]

@@ -121,7 +121,8 @@ def rate(value: object) -> object:
 
 
 def ca_bundle(value: object) -> object:
-    if value is not None and (not isinstance(value, str) or not value):
+    # A NUL is in no path: the check's load and every delivery's would fail with ValueError.
+    if value is not None and (not isinstance(value, str) or not value or "\x00" in value):
         raise ValueError("must be None (the system's trust store) or the path of a PEM file")
     return value
 

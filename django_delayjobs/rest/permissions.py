@@ -5,9 +5,9 @@ model permissions the admin asks for: ``view_job`` (or ``change_job``) to read,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
-from rest_framework.permissions import BasePermission
+from rest_framework.permissions import BasePermission, OperationHolderMixin
 from rest_framework.request import Request
 from rest_framework.settings import perform_import
 from rest_framework.views import APIView
@@ -45,10 +45,20 @@ def load_permissions(entries: object) -> list[Callable[[], Any]]:
             raise ConfigurationError(
                 f"{setting} names {entry!r}, which cannot be imported: {exc}"
             ) from exc
-        if not callable(found):
+        if not is_permission_class(found):
             raise ConfigurationError(f"{setting}: {entry!r} is not a permission class")
         classes.append(found)
     return classes
+
+
+def is_permission_class(found: object) -> TypeGuard[Callable[[], Any]]:
+    """A ``BasePermission`` subclass, a combination (``A & B``, ``~A``), or a class with
+    DRF's two methods: any other callable (``os.system``, a model) passed, and every
+    request then answered 500."""
+    if isinstance(found, OperationHolderMixin):  # BasePermission's metaclass is one too
+        return True
+    methods = ("has_permission", "has_object_permission")
+    return isinstance(found, type) and all(callable(getattr(found, m, None)) for m in methods)
 
 
 class CanChangeJobs(BasePermission):

@@ -16,6 +16,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import Error as DatabaseError
 from django.utils import timezone
 
+from ...numbers import option, whole_number
 from ...retention import (
     DEFAULT_BATCH,
     DEFAULT_RATE,
@@ -55,11 +56,11 @@ class Command(SafeOutputCommand):
                  "add dead to prune dead jobs too).",
         )  # fmt: skip
         parser.add_argument(
-            "--batch", type=int, default=DEFAULT_BATCH,
+            "--batch", type=option(whole_number), default=DEFAULT_BATCH,
             help=f"Jobs per transaction, 1 to {MAX_BATCH} (default {DEFAULT_BATCH}).",
         )  # fmt: skip
         parser.add_argument(
-            "--max-rate", type=int, default=DEFAULT_RATE, metavar="JOBS",
+            "--max-rate", type=option(whole_number), default=DEFAULT_RATE, metavar="JOBS",
             help=f"At most this many jobs per second, up to {MAX_RATE} (default "
                  f"{DEFAULT_RATE}; 0: as fast as the database deletes them, for a quiet hour).",
         )  # fmt: skip
@@ -68,8 +69,8 @@ class Command(SafeOutputCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             age, statuses, batch, max_rate = self.checked(options)
-        except ValueError as exc:
-            raise CommandError(str(exc)) from exc
+        except ValueError as exc:  # a bad option: exit 2, as argparse's own refusals
+            raise CommandError(str(exc), returncode=2) from exc
         self.verbosity = options["verbosity"]
         self.last_progress: float | None = None
         self.signalled: int | None = None

@@ -1,7 +1,9 @@
 """``manage.py delayjobs_stats``: the state of every queue as a plain table.
 
 A queue of several shards gets a row of totals, then one row per shard (indented); on a
-Redis Cluster the last column names the master that holds each shard.
+Redis Cluster the last column names the master that holds each shard. A name Redis never
+held (a typo, a shard of a count the queue never had) is said to be unknown, not shown
+as a row of zeros: "nothing waiting" to an operator who mistyped.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from ...conf import delayjobs_settings
 from ...connection import get_engine
-from ...engine import DelayJobsError, Engine, QueueStats, WrongType
+from ...engine import DelayJobsError, Engine, QueueStats, WrongType, sharding
 from ...queues import ms_datetime
 from ..output import SafeOutputCommand
 
@@ -36,6 +39,26 @@ def row(
             master or "-")  # fmt: skip
 
 
+def known(engine: Engine, name: str, listed: set[str]) -> bool:
+    """Whether ``name`` is a queue (or one of its shards) that Redis holds or this
+    deployment uses: listed in the directory, ``DEFAULT_QUEUE``, a queue of
+    ``QUEUE_SHARDS`` or ``API_CALLBACK_QUEUES``; a shard is one the queue's count or the
+    directory gives it."""
+    shard = sharding.parse(name)
+    used = {delayjobs_settings.DEFAULT_QUEUE, *delayjobs_settings.QUEUE_SHARDS,
+            *(delayjobs_settings.API_CALLBACK_QUEUES or ())}  # fmt: skip
+    if shard.queue not in listed | used:
+        return False
+    return not sharding.explicit(name) or shard in map(sharding.parse, engine.shards(shard.queue))
+
+
+def empty(r: tuple[str, ...]) -> bool:
+    """No job in any state and no live worker (a queue that holds ids is shown, even one
+    the directory lost)."""
+    counts = dict(zip(COLUMNS, r, strict=True))
+    return all(counts[c] == "0" for c in ("pending", "ready", "in_flight", "garbage", "workers"))
+
+
 def rows(engine: Engine, queue: str) -> list[tuple[str, ...]]:
     """The queue's row, then (for a queue of several shards) one row per shard."""
     stats = engine.stats(queue)
@@ -44,6 +67,17 @@ def rows(engine: Engine, queue: str) -> list[tuple[str, ...]]:
     return [row(stats)] + [
         row(shard, f"  {shard.queue}", "-", engine.node_of(shard.queue)) for shard in stats.shards
     ]
+
+
+def checked_names(names: list[str]) -> list[str]:
+    """Each name once, in the order given (``--queues a,a`` of the other commands does the
+    same); a bad one is refused with exit code 2, as argparse refuses a bad option."""
+    for name in names:
+        try:
+            sharding.parse(name)
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+    return list(dict.fromkeys(names))
 
 
 class Command(SafeOutputCommand):
@@ -55,15 +89,30 @@ class Command(SafeOutputCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             engine = get_engine()
-            # Each once, in the order given (``--queues a,a`` of the others does the same).
-            queues = list(dict.fromkeys(options["queues"])) or engine.known_queues()
+            named = checked_names(options["queues"])
             table: list[tuple[str, ...]] = [COLUMNS]
             broken: list[str] = []
-            for queue in queues:
+            unknown: list[str] = []
+            try:
+                listed: list[str] | None = engine.known_queues()
+            except WrongType as exc:  # the queues named can be shown, not told unknown
+                if not named:
+                    raise
+                broken.append(str(exc))
+                listed = None
+            for queue in named or listed or []:
                 try:
-                    table += rows(engine, queue)
+                    found = rows(engine, queue)
+                    if (
+                        listed is not None
+                        and empty(found[0])
+                        and not known(engine, queue, set(listed))
+                    ):
+                        unknown.append(queue)
+                        continue
+                    table += found
                 except WrongType as exc:  # that queue alone: the others are shown
-                    broken.append(f"{queue}: {exc}")
+                    broken.append(f"queue {queue}: {exc}")
         except (DelayJobsError, ValueError, TypeError) as exc:
             raise CommandError(str(exc)) from exc
         widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
@@ -71,5 +120,9 @@ class Command(SafeOutputCommand):
             self.stdout.write(
                 "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
             )
-        if broken:
-            raise CommandError("cannot read queue " + "; queue ".join(broken))
+        problems = ["cannot read " + "; ".join(broken)] if broken else []
+        if unknown:
+            problems.append(f"unknown queue(s), never held by Redis: {', '.join(unknown)} "
+                            f"(known: {', '.join(listed or []) or 'none'})")  # fmt: skip
+        if problems:
+            raise CommandError("; ".join(problems))

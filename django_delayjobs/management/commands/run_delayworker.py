@@ -22,6 +22,7 @@ from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
 from ...metrics.access import loopback
+from ...numbers import decimal_number, option, whole_number
 from ...preflight import (
     check_owner,
     check_pool,
@@ -82,7 +83,9 @@ class Command(SafeOutputCommand):
             "--queues", type=queue_list, default=None,
             help="Comma-separated queues in strict priority order (default: DEFAULT_QUEUE).",
         )  # fmt: skip
-        parser.add_argument("--concurrency", type=int, default=1, help="Worker threads.")
+        parser.add_argument(
+            "--concurrency", type=option(whole_number), default=1, help="Worker threads."
+        )
         roles = parser.add_mutually_exclusive_group()
         roles.add_argument("--promoter-only", action="store_true", help="Only promote.")
         roles.add_argument("--worker-only", action="store_true", help="Only run jobs.")
@@ -90,7 +93,7 @@ class Command(SafeOutputCommand):
                             help="Run everything due now, then exit 0.")  # fmt: skip
         parser.add_argument(
             "--tick",
-            type=float,
+            type=option(decimal_number),
             default=None,
             help="Longest promoter sleep in seconds (default: TICK_SECONDS).",
         )
@@ -100,7 +103,7 @@ class Command(SafeOutputCommand):
                  "the django_delayjobs loggers' handlers.",
         )  # fmt: skip
         parser.add_argument(
-            "--metrics-port", type=int, default=None,
+            "--metrics-port", type=option(whole_number), default=None,
             help="Serve the deployment's Prometheus metrics on this port (0: any free "
                  "port); needs the metrics extra.",
         )  # fmt: skip
@@ -193,17 +196,18 @@ class Command(SafeOutputCommand):
             raise StoppedDuringStartUp
 
     def check_options(self, opts: dict[str, Any]) -> None:
+        """Refuse a bad option value with exit code 2, as argparse refuses a bad spelling."""
         if not 1 <= opts["concurrency"] <= MAX_CONCURRENCY:
-            raise CommandError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}")
+            raise CommandError(f"--concurrency must be from 1 to {MAX_CONCURRENCY}", returncode=2)
         low, high = bounds("TICK_SECONDS")
         if opts["tick"] is not None and not low <= opts["tick"] <= high:
-            raise CommandError(f"--tick must be from {low} to {high} seconds")
+            raise CommandError(f"--tick must be from {low} to {high} seconds", returncode=2)
         port = opts["metrics_port"]
         if port is not None and not 0 <= port <= 65535:
-            raise CommandError("--metrics-port must be from 0 to 65535")
+            raise CommandError("--metrics-port must be from 0 to 65535", returncode=2)
         if opts["burst"] and opts["promoter_only"]:
             raise CommandError("--burst runs the jobs that are due: it needs the worker role, "
-                               "not --promoter-only")  # fmt: skip
+                               "not --promoter-only", returncode=2)  # fmt: skip
 
     def run(self, opts: dict[str, Any]) -> None:
         check_metrics_host(opts)  # here: reading the settings may raise DelayJobsError
