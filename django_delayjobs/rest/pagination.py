@@ -29,6 +29,7 @@ from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from ..models import Job
+from ..numbers import whole_number
 from ..rows import Unreadable
 
 
@@ -87,10 +88,17 @@ def strict_page_size(request: Request, param: str, default: int, maximum: int) -
     raw = request.query_params.get(param)
     if raw is None:
         return default
-    # int() also takes " 5", "1_0" and other scripts' digits, and refuses 5,000 of them
-    if not (raw.isascii() and raw.isdigit() and len(raw) < 10 and 1 <= int(raw) <= maximum):
+    if not 1 <= _whole(raw) <= maximum:
         raise ValidationError({param: [f"Give a whole number from 1 to {maximum}."]})
-    return int(raw)
+    return _whole(raw)
+
+
+def _whole(text: object) -> int:
+    """``text``'s whole number if it is one in ASCII digits, else -1."""
+    try:
+        return whole_number(text) if isinstance(text, str) else -1
+    except ValueError:
+        return -1
 
 
 class JobCursorPagination(BasePagination):
@@ -210,12 +218,6 @@ class EventCursorPagination(CursorPagination):
         position = cursor.position
         if not fields.keys() <= {"o", "r", "p"} or any(len(v) > 1 for v in fields.values()):
             raise ValidationError(INVALID)
-        if position is not None and not (
-            isinstance(position, str)
-            and position.isascii()
-            and position.isdigit()
-            and len(position) < 20
-            and int(position) < 2**63
-        ):
+        if position is not None and not 0 <= _whole(position) < 2**63:
             raise ValidationError(INVALID)
         return cursor
