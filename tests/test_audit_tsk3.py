@@ -1,0 +1,93 @@
+"""Audit of the django.tasks backend, round 3: signals, validation, several databases."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from django.utils import timezone
+
+from django_delayjobs import signals, sql
+from django_delayjobs.backends import TaskResultStatus
+from django_delayjobs.models import Job, Status
+from tests.testapp import task_functions as t
+
+try:
+    from django.tasks import default_task_backend
+    from django.tasks import signals as task_signals
+except ImportError:
+    from django_tasks import default_task_backend
+    from django_tasks import signals as task_signals
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    pass
+
+
+def burst() -> None:
+    call_command("run_delayworker", "--burst", "--queues", "default,other", "-v", "0")
+
+
+@pytest.fixture
+def finished():
+    """The task results ``task_finished`` was sent with, and the jobs ``job_succeeded``,
+    ``job_failed`` and ``job_dead`` were sent with (as (signal, job) pairs)."""
+    seen: dict[str, list] = {"tasks": [], "jobs": []}
+
+    def on_task(sender, task_result, **kwargs):
+        seen["tasks"].append(task_result)
+
+    def on_job(signal):
+        def receiver(sender, job, **kwargs):
+            seen["jobs"].append((signal, job))
+
+        return receiver
+
+    receivers = {name: on_job(name) for name in ("job_succeeded", "job_failed", "job_dead")}
+    task_signals.task_finished.connect(on_task)
+    for name, receiver in receivers.items():
+        getattr(signals, name).connect(receiver)
+    yield seen
+    task_signals.task_finished.disconnect(on_task)
+    for name, receiver in receivers.items():
+        getattr(signals, name).disconnect(receiver)
+
+
+def test_task_finished_carries_the_finish_time_and_outcome_the_database_has(finished):
+    """The worker sent its outcome signals with its copy of the job as claimed (no
+    finished_at, the last_error of the attempt before): task_finished's result, and the
+    job of a job_succeeded or job_dead receiver, said a finished task had not finished."""
+    ok, bad = t.add.enqueue(1, 2), t.explode.enqueue("boom")
+    burst()
+    by_id = {result.id: result for result in finished["tasks"]}
+    for enqueued in (ok, bad):
+        sent, read = by_id[enqueued.id], default_task_backend.get_result(enqueued.id)
+        assert sent.finished_at is not None
+        assert (sent.status, sent.finished_at, sent.errors) == (
+            read.status, read.finished_at, read.errors)  # fmt: skip
+    for _signal, job in finished["jobs"]:
+        row = Job.objects.get(pk=job.pk)
+        assert (job.status, job.finished_at, job.last_error) == (
+            row.status, row.finished_at, row.last_error)  # fmt: skip
+
+
+def test_a_task_whose_worker_was_always_lost_finishes_with_the_reason(finished):
+    """A job dead because each delivery's worker was lost has no failure of its own:
+    its one error is the reason the worker wrote, in task_finished's result too."""
+    result = t.add.enqueue(1, 2)
+    for worker in ("lost-1", "lost-2", "lost-3"):  # MAX_DELIVERIES is 3 in the tests
+        with transaction.atomic():  # a claim as Execution.claim writes it, never settled
+            job = sql.claim(result.id, worker, timezone.now(), 3)
+            assert job is not None
+            sql.insert_event(job, "started", f"worker:{worker}", "attempt 1 of 1")
+    burst()
+    assert Job.objects.get(pk=result.id).status == Status.DEAD
+    (sent,) = finished["tasks"]
+    read = default_task_backend.get_result(result.id)
+    assert sent.status == read.status == TaskResultStatus.FAILED
+    (error,) = sent.errors
+    assert "never recorded an outcome" in error.traceback
+    assert sent.errors == read.errors and sent.finished_at == read.finished_at
