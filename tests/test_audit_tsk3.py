@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
+
 import pytest
 from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
 from django_delayjobs import signals, sql
-from django_delayjobs.backends import TaskResultStatus
+from django_delayjobs.backends import InvalidTask, TaskResultStatus
 from django_delayjobs.models import Job, Status
 from tests.testapp import task_functions as t
 
@@ -91,3 +94,32 @@ def test_a_task_whose_worker_was_always_lost_finishes_with_the_reason(finished):
     (error,) = sent.errors
     assert "never recorded an outcome" in error.traceback
     assert sent.errors == read.errors and sent.finished_at == read.finished_at
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        # A delay, as Celery's countdown: the framework's own check raised AttributeError
+        # ('datetime.timedelta' object has no attribute 'utcoffset').
+        ({"run_after": datetime.timedelta(minutes=5)}, "timezone.now\\(\\) \\+ the timedelta"),
+        ({"run_after": "2030-01-01T00:00:00+00:00"}, "not str"),
+        ({"run_after": datetime.date(2030, 1, 1)}, "not date"),
+        ({"run_after": 1_900_000_000}, "not int"),
+        # The framework's check raised ValueError, TypeError or decimal.InvalidOperation.
+        ({"priority": float("nan")}, "whole number"),
+        ({"priority": decimal.Decimal("NaN")}, "whole number"),
+        ({"priority": "5"}, "whole number"),
+        ({"priority": 1j}, "whole number"),
+    ],
+)
+def test_run_after_and_priority_of_the_wrong_kind_are_an_invalid_task(changes, message):
+    with pytest.raises(InvalidTask, match=message):
+        t.add.using(**changes)
+    assert not Job.objects.exists()
+
+
+def test_whole_number_priorities_and_aware_datetimes_still_pass():
+    when = timezone.now() + datetime.timedelta(hours=1)
+    for priority in (5, 5.0, decimal.Decimal("5"), True):
+        result = t.add.using(priority=priority, run_after=when).enqueue(1, 2)
+        assert Job.objects.get(pk=result.id).priority == int(priority)
