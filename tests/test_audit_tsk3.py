@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
+import subprocess
+import sys
 
 import pytest
 from django.core.management import call_command
@@ -13,6 +16,7 @@ from django.utils import timezone
 from django_delayjobs import signals, sql
 from django_delayjobs.backends import InvalidTask, TaskResultStatus
 from django_delayjobs.models import Job, Status
+from tests.helpers import ROOT, worker_env
 from tests.testapp import task_functions as t
 
 try:
@@ -123,3 +127,62 @@ def test_whole_number_priorities_and_aware_datetimes_still_pass():
     for priority in (5, 5.0, decimal.Decimal("5"), True):
         result = t.add.using(priority=priority, run_after=when).enqueue(1, 2)
         assert Job.objects.get(pk=result.id).priority == int(priority)
+
+
+#: Job on a database of its own ("jobs"), made after the project's: its content types are
+#: numbered in another order than those of "default", which the models' are read from.
+JOBS_APART = """
+import json
+from datetime import timedelta
+
+import django
+
+django.setup()
+from django.contrib.auth.models import User
+from django.contrib.contenttypes.models import ContentType
+from django.core.management import call_command
+from django.db import connections
+from django.test import Client
+from django.test.utils import setup_test_environment
+
+call_command("migrate", verbosity=0)
+call_command("migrate", database="jobs", verbosity=0)
+rows = list(ContentType.objects.using("jobs").order_by("-id").values_list("app_label", "model"))
+with connections["jobs"].cursor() as cursor:
+    cursor.execute("PRAGMA foreign_keys = OFF")
+    cursor.execute("DELETE FROM django_content_type")
+    for n, (app_label, model) in enumerate(rows, start=1):
+        cursor.execute("INSERT INTO django_content_type (id, app_label, model) "
+                       "VALUES (%s, %s, %s)", [n, app_label, model])
+    cursor.execute("PRAGMA foreign_keys = ON")
+
+from django_delayjobs import schedule
+from tests.testapp.models import Thing
+
+thing = Thing.objects.create()
+job = schedule(thing.expire, in_=timedelta(hours=1))
+setup_test_environment()  # ALLOWED_HOSTS for the test client
+client = Client()
+client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw"))
+page = client.get("/admin/django_delayjobs/job/").content.decode()
+detail = client.get(f"/admin/django_delayjobs/job/{job.pk}/change/").content.decode()
+label = f"Thing {thing.pk}"
+print(json.dumps({"changelist": label in page, "detail": label in detail}))
+"""
+
+
+def test_the_admin_names_the_target_the_worker_runs_with_job_on_its_own_database(
+    redis_url, tmp_path
+):
+    """The worker and the services read a target's content type where the project reads
+    content types; the changelist joined the jobs database's table instead, which (made
+    at another time) gives the id another model: the job of a Thing showed as another
+    model's row, linked to that model's page."""
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
+           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "jobs.sqlite3")}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", JOBS_APART], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "changelist": True, "detail": True}  # fmt: skip
