@@ -147,13 +147,15 @@ from django.test.utils import setup_test_environment
 
 call_command("migrate", verbosity=0)
 call_command("migrate", database="jobs", verbosity=0)
-rows = list(ContentType.objects.using("jobs").order_by("-id").values_list("app_label", "model"))
+# The same ids as the project's, each given to another model (the next one's).
+rows = list(ContentType.objects.using("default").order_by("id").values_list("id", "app_label",
+                                                                           "model"))
 with connections["jobs"].cursor() as cursor:
     cursor.execute("PRAGMA foreign_keys = OFF")
     cursor.execute("DELETE FROM django_content_type")
-    for n, (app_label, model) in enumerate(rows, start=1):
+    for (pk, _, _), (_, app_label, model) in zip(rows, rows[1:] + rows[:1]):
         cursor.execute("INSERT INTO django_content_type (id, app_label, model) "
-                       "VALUES (%s, %s, %s)", [n, app_label, model])
+                       "VALUES (%s, %s, %s)", [pk, app_label, model])
     cursor.execute("PRAGMA foreign_keys = ON")
 
 from django_delayjobs import schedule
