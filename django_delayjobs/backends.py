@@ -119,6 +119,7 @@ class DelayJobsBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task[Any, Any]) -> None:
         """Validate like every backend, then register the task as an action."""
+        _check_kinds(task)
         super().validate_task(task)
         try:
             validate_name(task.queue_name, "queue name")
@@ -153,15 +154,12 @@ class DelayJobsBackend(BaseTaskBackend):
             args, kwargs = json_keys(args, "args"), json_keys(kwargs, "kwargs")
         except ValueError as exc:
             raise InvalidTask(str(exc)) from None
-        run_after = task.run_after
-        if isinstance(run_after, datetime.timedelta):  # older backport versions allow it
-            run_after = timezone.now() + run_after
         from .services import schedule
 
         try:
             job = schedule(
                 registry._functions[PREFIX + task.module_path],
-                at=run_after or timezone.now(),
+                at=task.run_after or timezone.now(),
                 args=args,
                 kwargs=kwargs,
                 queue=task.queue_name,
@@ -191,6 +189,28 @@ class DelayJobsBackend(BaseTaskBackend):
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         return to_result(job)
+
+
+def _check_kinds(task: Task[Any, Any]) -> None:
+    """Refuse a ``run_after`` that is not a datetime, or a ``priority`` that cannot be
+    compared with numbers, as ``InvalidTask``: the framework's own checks compare and
+    convert them, and raised ``AttributeError`` for a timedelta (it has no
+    ``utcoffset``), ``TypeError`` for a str, ``ValueError`` for a NaN."""
+    run_after = task.run_after
+    if run_after is not None and not isinstance(run_after, datetime.datetime):
+        delay = isinstance(run_after, datetime.timedelta)
+        raise InvalidTask(
+            f"run_after must be an aware datetime, not {type(run_after).__name__}"
+            + (" (for a delay, pass run_after=timezone.now() + the timedelta)" if delay else "")
+        )
+    priority = task.priority
+    try:  # what the framework's check computes; it says itself why a number is refused
+        _ = (int(priority) == priority, priority < 0)
+    except (ArithmeticError, TypeError, ValueError):  # int(nan), "5" < 0, Decimal("NaN") < 0
+        raise InvalidTask(
+            f"priority must be a whole number between -100 and 100, "
+            f"not {serialization.short_repr(priority)}"
+        ) from None
 
 
 def json_keys(value: Any, path: str) -> Any:

@@ -274,6 +274,21 @@ async def _await(awaitable: Awaitable[Any], pid: int) -> Any:
     return value
 
 
+def success(stored: Any) -> dict[str, Any]:
+    """The columns a success writes, ``stored`` being the action's return value."""
+    return {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
+
+
+def settled(job: Job, values: dict[str, Any]) -> None:
+    """Give the worker's copy of ``job`` the outcome just committed, as the row has it:
+    the receivers of the outcome's signals (and ``task_finished``'s result) read it.
+    Except ``run_at``, the next due time of a retry: the copy keeps the due time of the
+    attempt that ran, which its lateness is measured from."""
+    for name, value in values.items():
+        if name != "run_at":
+            setattr(job, name, value)
+
+
 class Execution:
     """Everything that happens to one id a worker took from Redis."""
 
@@ -455,12 +470,12 @@ class Execution:
                     # The first on-commit callback: it runs before any the action leaves,
                     # so one of those that raises cannot pass for a failure of the job.
                     transaction.on_commit(partial(committed.append, True), using=self.db.alias)
-                    stored = self.call(fn, args, kwargs, notes)
-                    claimed = self.succeeded(job, stored, notes)
+                    done = success(self.call(fn, args, kwargs, notes))
+                    claimed = self.succeeded(job, done, notes)
             else:  # an outside call: no transaction is held open while it runs
                 self.outside = connection
-                stored = self.call(fn, args, kwargs, notes)
-                claimed = self.once_more_if_lost(lambda: self.record_success(job, stored, notes))
+                done = success(self.call(fn, args, kwargs, notes))
+                claimed = self.once_more_if_lost(lambda: self.record_success(job, done, notes))
         except _Overtaken:
             logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts,
                            extra=job_fields(job.pk, self.queue, job, "overtaken"))  # fmt: skip
@@ -473,7 +488,7 @@ class Execution:
                              "raised %s (the callbacks after it did not run)", job.pk,
                              class_path(exc), exc_info=exc,
                              extra=job_fields(job.pk, self.queue, job, "succeeded"))  # fmt: skip
-                return self.committed(job, stored, claimed, started)
+                return self.committed(job, done, claimed, started)
             duration = time.perf_counter() - started
             if isinstance(exc, JobRowDeleted) and not atomic:
                 return self.row_deleted()
@@ -482,7 +497,7 @@ class Execution:
             if connection.lost(exc) or (not self.called and isinstance(exc, DatabaseError)):
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
-        return self.committed(job, stored, claimed, started)
+        return self.committed(job, done, claimed, started)
 
     def row_deleted(self) -> Result:
         """The row of a non-atomic action's job was deleted while it ran (by the action, or
@@ -495,15 +510,17 @@ class Execution:
                        extra=job_fields(self.job_id, self.queue, self.job, "dropped"))  # fmt: skip
         return Result(Outcome.DROPPED, self.job, error=error)
 
-    def committed(self, job: Job, stored: Any, claimed: Job | None, started: float) -> Result:
+    def committed(
+        self, job: Job, done: dict[str, Any], claimed: Job | None, started: float
+    ) -> Result:
         """The success as committed. Only now: a next job claimed in an outcome transaction
         that did not commit (refused at COMMIT, or its connection lost) is left to its own
         claim."""
         self.next_job = claimed
-        job.status, job.result = Status.SUCCEEDED, stored
+        settled(job, done)
         return Result(Outcome.SUCCEEDED, job, duration=time.perf_counter() - started)
 
-    def succeeded(self, job: Job, stored: Any, notes: list[str]) -> Job | None:
+    def succeeded(self, job: Job, done: dict[str, Any], notes: list[str]) -> Job | None:
         """Record success, fenced by this delivery, and claim the next job (returned);
         their events go in one statement."""
         if transaction.get_rollback(using=self.db.alias):  # the outcome would roll back with it
@@ -512,7 +529,6 @@ class Execution:
                 "(transaction.set_rollback(True), or a database error caught inside an atomic "
                 "block that has no savepoint): its writes were rolled back"
             )
-        done = {"status": Status.SUCCEEDED, "finished_at": timezone.now(), "result": stored}
         if not sql.update_fenced(job, done):
             # Read in the action's own transaction: a row another worker took is still
             # there; one the action deleted is not (a redelivery would delete it again).
@@ -527,17 +543,17 @@ class Execution:
         sql.insert_events(events)
         return claimed
 
-    def record_success(self, job: Job, stored: Any, notes: list[str]) -> Job | None:
+    def record_success(self, job: Job, done: dict[str, Any], notes: list[str]) -> Job | None:
         """Record a non-atomic action's success. If the database refused the claim of the
         next job in that transaction, record it again alone: handing the job back would
         run the action again, and its outside effect has happened."""
         try:
             with transaction.atomic(using=self.db.alias):
-                return self.succeeded(job, stored, notes)
+                return self.succeeded(job, done, notes)
         except _ClaimAheadFailed:
             self.then = None  # the next job is left to its own claim
             with transaction.atomic(using=self.db.alias):
-                return self.succeeded(job, stored, notes)
+                return self.succeeded(job, done, notes)
 
     def once_more_if_lost(self, write: Callable[[], T]) -> T:
         """Run ``write``, an outcome's transaction. After a non-atomic action, run it once
@@ -744,7 +760,7 @@ class Execution:
             return self.hand_back(exc)
         if not won:
             return Result(Outcome.OVERTAKEN, job)
-        job.status = values["status"]
+        settled(job, values)
         return result
 
     def hand_back(self, exc: BaseException) -> Result:

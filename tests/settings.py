@@ -6,6 +6,7 @@ The Redis URL is filled in by ``conftest.py`` (REDIS_URL, or a private server it
 import json
 import os
 import tempfile
+from typing import Any
 
 import dj_database_url
 
@@ -97,7 +98,29 @@ if os.environ.get("DELAYJOBS_TEST_REPLICA"):  # tests/test_routers.py: reads go 
         def allow_relation(self, obj1: object, obj2: object, **hints: object) -> bool:
             return True
 
-    DATABASE_ROUTERS = [PrimaryReplica()]
+    DATABASE_ROUTERS: list[object] = [PrimaryReplica()]
+
+if os.environ.get("DELAYJOBS_TEST_JOBS_DB"):  # tests/test_audit_tsk3.py: Job on a database
+    DATABASES["jobs"] = {"ENGINE": "django.db.backends.sqlite3",  # of its own
+                         "NAME": os.environ["DELAYJOBS_TEST_JOBS_DB"]}  # fmt: skip
+
+    class JobsApart:
+        """delayjobs' tables on "jobs" (content types on both, as its foreign key needs)."""
+
+        def db_for_write(self, model: Any, **hints: object) -> str | None:
+            return "jobs" if model._meta.app_label == "django_delayjobs" else None
+
+        db_for_read = db_for_write
+
+        def allow_relation(self, obj1: object, obj2: object, **hints: object) -> bool:
+            return True
+
+        def allow_migrate(self, db: str, app_label: str, **hints: object) -> bool:
+            if app_label in ("django_delayjobs", "contenttypes"):
+                return app_label == "contenttypes" or db == "jobs"
+            return db == "default"
+
+    DATABASE_ROUTERS = [JobsApart()]
 
 DELAYJOBS = {
     "REDIS_URL": os.environ.get("REDIS_URL", "redis://localhost:6379/0"),

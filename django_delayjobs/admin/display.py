@@ -90,10 +90,11 @@ def lateness(job: Job) -> datetime.timedelta | None:
 
 
 def _content_type(job: Job) -> ContentType:
-    # Loaded with the row by the changelist (list_select_related); elsewhere from
-    # ContentType's per-process cache. Either way no query per job.
-    if Job.target_type.is_cached(job) and job.target_type is not None:
-        return job.target_type
+    # From ContentType's per-process cache (no query per job), on the database the project
+    # reads content types from, as the services that wrote the id and the worker that
+    # runs the target do: not ``job.target_type``, which is read on the database of Job
+    # and, when that one numbers content types otherwise (made at another time), another
+    # model's.
     assert job.target_type_id is not None
     return ContentType.objects.get_for_id(job.target_type_id)
 
