@@ -1,0 +1,81 @@
+"""Execution, second audit: what actions do to the worker (raise from inside exception
+groups, change their own job's row, leave other databases' transactions open), and what
+the worker says about it. A real worker runs each job (--burst in this process)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.core.management import call_command
+from django.utils import timezone
+
+from django_delayjobs import GiveUp, Retry, delayable, schedule
+from django_delayjobs.models import Job, Status
+from tests.testapp.models import Record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def burst() -> None:
+    call_command("run_delayworker", "--burst", "-v", "0")
+
+
+def history(job: Job) -> list[tuple[str, int]]:
+    return list(job.events.order_by("id").values_list("kind", "attempt"))
+
+
+# -- Retry and GiveUp inside an exception group --------------------------------------------
+
+
+@delayable
+async def in_a_task_group(raised: list[str]) -> None:
+    """Runs one task per entry of ``raised`` in an asyncio TaskGroup (the group wraps
+    what they raise in an ExceptionGroup); "nested" runs a TaskGroup of its own."""
+
+    async def task(what: str) -> None:
+        await asyncio.sleep(0)
+        if what == "giveup":
+            raise GiveUp("the order is gone")
+        if what.startswith("retry"):
+            raise Retry("the shop is busy", after=float(what.partition(":")[2] or "nan"))
+        if what == "nested":
+            async with asyncio.TaskGroup() as group:
+                group.create_task(task("giveup"))
+        raise ValueError(what)
+
+    await sync_to_async(Record.objects.create)(label="wrote")  # rolled back
+    async with asyncio.TaskGroup() as group:
+        for what in raised:
+            group.create_task(task(what))
+
+
+@pytest.mark.parametrize(
+    "raised", [["giveup"], ["giveup", "error"], ["nested", "error"]],
+    ids=["alone", "mixed", "nested"],
+)  # fmt: skip
+def test_a_give_up_in_an_exception_group_gives_up(raised):
+    """A ``GiveUp`` raised in a task of an asyncio TaskGroup reaches the worker inside an
+    ``ExceptionGroup``: it was a plain failure, retried with the usual backoff until the
+    attempts ran out, though the action had said the job can never succeed."""
+    job = schedule(in_a_task_group, in_=0, args=[raised], max_attempts=5)
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.DEAD, 1), job.last_error
+    assert history(job) == [("scheduled", 0), ("started", 1), ("failed", 1), ("dead", 1)]
+    assert "GiveUp: the order is gone" in job.last_error
+    assert not Record.objects.exists()
+
+
+def test_a_retry_in_an_exception_group_waits_as_long_as_the_longest_asks():
+    """Each ``Retry`` in the group asked not to be tried again before its ``after``: the
+    next attempt waits for the longest (an hour), not the usual backoff (about 10 s)."""
+    job = schedule(in_a_task_group, in_=0, args=[["retry:60", "retry:3600", "error"]])
+    before = timezone.now()
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.RETRYING, 1), job.last_error
+    hour = timedelta(hours=1)
+    assert before + hour <= job.run_at <= timezone.now() + hour
