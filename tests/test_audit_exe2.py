@@ -10,10 +10,13 @@ from datetime import timedelta
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from django_delayjobs import GiveUp, Retry, delayable, schedule
+from django_delayjobs.execution import Execution
 from django_delayjobs.models import Job, Status
+from tests.testapp import tasks
 from tests.testapp.models import Record
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,3 +82,24 @@ def test_a_retry_in_an_exception_group_waits_as_long_as_the_longest_asks():
     assert (job.status, job.attempts) == (Status.RETRYING, 1), job.last_error
     hour = timedelta(hours=1)
     assert before + hour <= job.run_at <= timezone.now() + hour
+
+
+# -- --burst: a bug is not the database ---------------------------------------------------
+
+
+def test_a_burst_that_met_a_bug_says_so_not_that_the_database_was_unavailable(monkeypatch, caplog):
+    """A delivery that met a bug in this package is handed back like one the database
+    refused, and a burst exits 1 for it: its message blamed the database ("the database
+    was unavailable"), sending whoever read it to look at a database that was fine."""
+
+    def bug(self: Execution) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(Execution, "run", bug)
+    schedule(tasks.record, in_=0, args=["never"])
+    with pytest.raises(CommandError) as raised:
+        burst()
+    message = str(raised.value)
+    assert "1 job(s)" in message and "unexpected error" in message, message
+    assert "database" not in message, message
+    assert "unexpected error" in caplog.text
