@@ -9,7 +9,7 @@ worker took the row) cannot commit a second outcome: its effects roll back.
 Who is to blame decides what a failure costs. Anything the action raises, ``SystemExit``
 and ``KeyboardInterrupt`` included, is the action's failure: an attempt is used. So is
 what it does to the transaction it runs in: closing the connection inside it, leaving an
-atomic block open or autocommit off, deleting its own job's row. A lost
+atomic block open or autocommit off, deleting or changing its own job's row. A lost
 database connection is not: the delivery is handed back and the same attempt runs again
 (at most ``MAX_DELIVERIES`` times), except after a non-atomic action, whose outcome is
 first tried once more on a new connection, or again for a while if the database refuses it
@@ -88,7 +88,19 @@ def note(text: str) -> None:
 
 
 class _Overtaken(Exception):
-    """The fenced outcome UPDATE matched no row: another delivery owns the job."""
+    """The fenced outcome UPDATE matched no row: another delivery owns the job, or the
+    action changed its row. ``row``: its (status, attempt, delivery) as the outcome's
+    transaction read it."""
+
+    def __init__(self, row: tuple[str, int, int]) -> None:
+        super().__init__(row)
+        self.row = row
+
+
+class JobRowChanged(Exception):
+    """The action changed the status, attempt or delivery of the row of the job running
+    it (the worker's to write): an atomic action's attempt failed (the change rolled
+    back with its other writes)."""
 
 
 class JobRowDeleted(Exception):
@@ -461,10 +473,8 @@ class Execution:
                 self.outside = connection
                 stored = self.call(fn, args, kwargs, notes)
                 claimed = self.once_more_if_lost(lambda: self.record_success(job, stored, notes))
-        except _Overtaken:
-            logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts,
-                           extra=job_fields(job.pk, self.queue, job, "overtaken"))  # fmt: skip
-            return Result(Outcome.OVERTAKEN, job)
+        except _Overtaken as exc:
+            return self.overtaken(job, exc.row, atomic, time.perf_counter() - started)
         except _ClaimAheadFailed as exc:  # not the action's fault: run it again
             return self.hand_back(exc.__cause__ or exc)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
@@ -483,6 +493,36 @@ class Execution:
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
         return self.committed(job, stored, claimed, started)
+
+    def overtaken(
+        self, job: Job, row: tuple[str, int, int], atomic: bool, duration: float
+    ) -> Result:
+        """The outcome's fence found ``row`` (status, attempt, delivery) changed. Rolled
+        back, an atomic action's row that is this delivery's again was changed by the
+        action itself, in its transaction: its attempt failed. Otherwise another delivery
+        owns the job now (its lease was lost), and writes its outcome."""
+        try:
+            own = atomic and sql.holds_fence(job)
+        except DatabaseError as exc:
+            return self.hand_back(exc)
+        changed = (f"status {job.status!r}, attempt {job.attempts}, delivery {job.deliveries}"
+                   f" to {row[0]!r}, {row[1]}, {row[2]}")  # fmt: skip
+        if own:
+            error = JobRowChanged(
+                f"the action changed its own job's row ({changed}): the worker writes those "
+                "fields; the change was rolled back with the action's other writes"
+            )
+            return self.failed(error, [], duration)
+        fields = job_fields(job.pk, self.queue, job, "overtaken")
+        if atomic:
+            logger.warning("job %s attempt %s was taken over (%s); rolled back", job.pk,
+                           job.attempts, changed, extra=fields)  # fmt: skip
+        else:
+            logger.warning("job %s attempt %s: its row changed while its action ran outside "
+                           "a transaction (%s: taken over, or changed by the action or by "
+                           "hand); its outcome is not recorded", job.pk, job.attempts, changed,
+                           extra=fields)  # fmt: skip
+        return Result(Outcome.OVERTAKEN, job)
 
     def row_deleted(self) -> Result:
         """The row of a non-atomic action's job was deleted while it ran (by the action, or
@@ -516,9 +556,10 @@ class Execution:
         if not sql.update_fenced(job, done):
             # Read in the action's own transaction: a row another worker took is still
             # there; one the action deleted is not (a redelivery would delete it again).
-            if not Job.objects.filter(pk=job.pk).exists():
+            row = Job.objects.filter(pk=job.pk).values_list("status", "attempts", "deliveries")
+            if (found := row.first()) is None:
                 raise JobRowDeleted("the action deleted its own job row")
-            raise _Overtaken
+            raise _Overtaken(found)
         events = [(job, EventKind.SUCCEEDED.value, self.actor, "\n".join(notes))]
         claimed = self.claim_ahead()
         if claimed is not None:

@@ -103,3 +103,32 @@ def test_a_burst_that_met_a_bug_says_so_not_that_the_database_was_unavailable(mo
     assert "1 job(s)" in message and "unexpected error" in message, message
     assert "database" not in message, message
     assert "unexpected error" in caplog.text
+
+
+# -- an action that changes its own job's row ----------------------------------------------
+
+
+@delayable
+def change_own_row(label: str) -> str:
+    """Settles every job of its kind through the ORM, its own (running) one included:
+    cleanup code that ends an order's jobs in one UPDATE, say."""
+    Record.objects.create(label=label)
+    Job.objects.filter(action=change_own_row.delayable_name).update(status=Status.CANCELLED)
+    return label
+
+
+def test_an_action_that_changes_its_own_jobs_row_fails_its_attempt_saying_so(caplog):
+    """Its outcome's fenced UPDATE found the row changed and took that for another worker
+    having taken the job over: the job stayed running, its writes rolled back, until its
+    lease ended and it ran again; after MAX_DELIVERIES such runs it was dead as a job
+    whose worker was lost each time. The change was the action's own, rolled back with
+    its other writes: its attempt failed, with an error that says what it did."""
+    job = schedule(change_own_row, in_=0, args=["ran"], max_attempts=2)
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.deliveries) == (Status.RETRYING, 1, 1), job.last_error
+    assert history(job) == [("scheduled", 0), ("started", 1), ("failed", 1)]
+    first = job.last_error.splitlines()[0]
+    assert first.startswith("django_delayjobs.execution.JobRowChanged: the action changed"), first
+    assert "taken over" not in caplog.text
+    assert not Record.objects.exists()
