@@ -220,6 +220,52 @@ def close_atomic_blocks(conn: BaseDatabaseWrapper, depth: int) -> int:
     return max(left_open, 0)
 
 
+#: Per database alias whose connection this thread has set up: how many atomic blocks it
+#: has open, and whether it was closed inside one (``transaction_states``).
+TransactionStates = dict[str, tuple[int, bool]]
+
+
+def transaction_states() -> TransactionStates:
+    """The state of this thread's connections to every database, to repair afterwards
+    what user code (an action) did to them (``left_behind``)."""
+    return {conn.alias: (len(conn.atomic_blocks), conn.closed_in_transaction)
+            for conn in connections.all(initialized_only=True)}  # fmt: skip
+
+
+def left_behind(
+    before: TransactionStates, first: BaseDatabaseWrapper
+) -> list[tuple[BaseDatabaseWrapper, str]]:
+    """Repair what user code did to this thread's connections since ``before`` that would
+    cost the worker's later jobs (see ``close_atomic_blocks`` and ``restore_autocommit``),
+    on every database: left so on another than the jobs', the later jobs' writes there
+    would be lost. Return each connection it found so with what was done to it, ``first``
+    (the jobs' database) first. May raise ``DatabaseError`` (a lost connection)."""
+    found = []
+    for conn in sorted(connections.all(initialized_only=True), key=lambda c: c is not first):
+        depth, closed_before = before.get(conn.alias, (0, False))
+        # Set by close() inside an atomic block only (until the next connect): a lost
+        # connection never sets it, so user code's close() is not taken for the database
+        # failing (and handed back).
+        closed = conn.closed_in_transaction and not closed_before
+        left_open = close_atomic_blocks(conn, depth)
+        left_off = restore_autocommit(conn)
+        on = "" if conn is first else f" on the database {conn.alias!r}"
+        if closed:
+            what = (f"closed the database connection{on} (connection.close()) inside a "
+                    "transaction: what it wrote in that transaction was rolled back")  # fmt: skip
+        elif left_open:
+            blocks = "block" if left_open == 1 else "blocks"
+            what = (f"left {left_open} transaction.atomic() {blocks} open{on} (entered and "
+                    "never exited): what it wrote was rolled back")  # fmt: skip
+        elif left_off:
+            what = (f"left autocommit off{on} (transaction.set_autocommit(False)) without "
+                    "turning it back on: what it wrote uncommitted was rolled back")  # fmt: skip
+        else:
+            continue
+        found.append((conn, what))
+    return found
+
+
 def receivers_left_autocommit_off(conn: BaseDatabaseWrapper) -> None:
     """Turn autocommit on again if a signal receiver left it off (logged). Never raises."""
     try:
@@ -650,8 +696,7 @@ class Execution:
         assert self.job is not None
         job_token, notes_token = current_job.set(handed_out(self.job)), _notes.set(notes)
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
-        depth = len(self.db.atomic_blocks)  # 1 inside the job's transaction, else 0
-        closed_before = self.db.closed_in_transaction
+        before = transaction_states()  # the jobs' database: 1 block in its transaction
         pid = os.getpid()
         try:
             try:
@@ -664,13 +709,15 @@ class Execution:
                     value = async_to_sync(_await)(value, pid)
             except BaseException as exc:
                 end_forked_child(pid, exc)
-                problem = self.left_behind(depth, closed_before)
-                if problem is not None and self.db.closed_in_transaction and not closed_before:
-                    raise problem from exc  # its close() is the cause of what it raised
+                found = left_behind(before, self.db)
+                closed_before = before.get(self.db.alias, (0, False))[1]
+                if found and self.db.closed_in_transaction and not closed_before:
+                    # its close() is the cause of what it raised
+                    raise TransactionManagementError(f"the action {found[0][1]}") from exc
                 raise
-            problem = self.left_behind(depth, closed_before)
-            if problem is not None:
-                raise problem
+            found = left_behind(before, self.db)
+            if found:
+                raise TransactionManagementError(f"the action {found[0][1]}")
             stored = serialization.dump(value, "the action's return value")
             limit = delayjobs_settings.MAX_JSON_BYTES
             serialization.check_size((stored,), "the action's return value", limit)
@@ -679,36 +726,6 @@ class Execution:
             self.running_since, self.outside_since = None, time.monotonic()
             current_job.reset(job_token)
             _notes.reset(notes_token)
-
-    def left_behind(self, depth: int, closed_before: bool) -> TransactionManagementError | None:
-        """Repair what the action did to this thread's connection that would cost the
-        worker's later jobs (see ``close_atomic_blocks`` and ``restore_autocommit``);
-        return the error that fails its attempt, or None. ``depth``: the number of atomic
-        blocks open when the action started; ``closed_before``: whether the connection was
-        already closed in a transaction then."""
-        # Set by close() inside an atomic block only (until the next connect): a lost
-        # connection never sets it, so the action's close() is not taken for the database
-        # failing (and handed back).
-        closed = self.db.closed_in_transaction and not closed_before
-        left_open = close_atomic_blocks(self.db, depth)
-        left_off = restore_autocommit(self.db)
-        if closed:
-            return TransactionManagementError(
-                "the action closed the database connection (connection.close()) inside a "
-                "transaction: what it wrote in that transaction was rolled back"
-            )
-        if left_open:
-            blocks = "block" if left_open == 1 else "blocks"
-            return TransactionManagementError(
-                f"the action left {left_open} transaction.atomic() {blocks} open (entered and "
-                "never exited): what it wrote was rolled back"
-            )
-        if left_off:
-            return TransactionManagementError(
-                "the action left autocommit off (transaction.set_autocommit(False)) "
-                "without turning it back on: what it wrote uncommitted was rolled back"
-            )
-        return None
 
     def overran(self, limit: float) -> Result:
         """Fail this attempt from another thread: its action has run for more than

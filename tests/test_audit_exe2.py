@@ -5,12 +5,14 @@ the worker says about it. A real worker runs each job (--burst in this process).
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connections, transaction
 from django.utils import timezone
 
 from django_delayjobs import GiveUp, Retry, delayable, schedule
@@ -132,3 +134,72 @@ def test_an_action_that_changes_its_own_jobs_row_fails_its_attempt_saying_so(cap
     assert first.startswith("django_delayjobs.execution.JobRowChanged: the action changed"), first
     assert "taken over" not in caplog.text
     assert not Record.objects.exists()
+
+
+# -- what an action leaves open on another database ----------------------------------------
+
+OTHER = "exe2_other"
+
+
+@pytest.fixture(scope="module")
+def other_database(django_db_setup, tmp_path_factory):
+    """A second database alias (a SQLite file with a table ``t``), as a project with an
+    analytics or legacy database has; its path. Module-scoped, so that it exists before
+    a test's ``databases`` are checked; after the test databases are made (none for it)."""
+    path = tmp_path_factory.mktemp("other") / "other.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE t (label TEXT)")
+    configured = {"default": connections.settings["default"],
+                  OTHER: {"ENGINE": "django.db.backends.sqlite3", "NAME": str(path)}}  # fmt: skip
+    connections.settings[OTHER] = connections.configure_settings(configured)[OTHER]
+    try:
+        yield path
+    finally:
+        connections[OTHER].close()
+        del connections.settings[OTHER]
+
+
+def write_other(label: str) -> None:
+    with connections[OTHER].cursor() as cursor:
+        cursor.execute("INSERT INTO t (label) VALUES (%s)", [label])
+
+
+@delayable
+def leave_other_open(how: str) -> str:
+    """Writes to the other database in a block it never exits, or with autocommit off."""
+    if how == "atomic":
+        transaction.atomic(using=OTHER).__enter__()
+    else:
+        transaction.set_autocommit(False, using=OTHER)
+    write_other("left open")
+    return how
+
+
+@delayable
+def write_other_database(label: str) -> str:
+    write_other(label)
+    return label
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", OTHER])
+@pytest.mark.parametrize("how", ["atomic", "autocommit"])
+def test_what_an_action_leaves_open_on_another_database_is_repaired(other_database, how):
+    """An action that left an atomic block open (or autocommit off) on another database
+    than the jobs' left it so for the worker thread's later jobs: their writes there went
+    into a transaction that never committed, and were lost when the connection was
+    closed, their jobs succeeded all the same. As on the jobs' database: rolled back and
+    repaired, and the action's attempt failed."""
+    with sqlite3.connect(other_database) as db:
+        db.execute("DELETE FROM t")
+    now = timezone.now()
+    bad = schedule(leave_other_open, at=now, args=[how], max_attempts=2)
+    good = schedule(write_other_database, at=now + timedelta(milliseconds=1), args=["after"])
+    burst()
+    bad.refresh_from_db()
+    good.refresh_from_db()
+    assert good.status == Status.SUCCEEDED, good.last_error
+    with sqlite3.connect(other_database) as db:
+        assert db.execute("SELECT label FROM t").fetchall() == [("after",)]
+    assert (bad.status, bad.attempts) == (Status.RETRYING, 1), bad.last_error
+    first = bad.last_error.splitlines()[0]
+    assert f"on the database '{OTHER}'" in first, first
