@@ -266,19 +266,17 @@ def left_behind(
     return found
 
 
-def receivers_left_autocommit_off(conn: BaseDatabaseWrapper) -> None:
-    """Turn autocommit on again if a signal receiver left it off (logged). Never raises."""
+def receivers_left_behind(first: BaseDatabaseWrapper) -> None:
+    """Repair what signal receivers did to this thread's connections (``left_behind``; the
+    worker holds no transaction while it sends signals), and log it. Never raises."""
     try:
-        restored = restore_autocommit(conn)
+        found = left_behind({}, first)
     except DatabaseError:  # a lost connection: closed, and the next query opens a new one
         with contextlib.suppress(DatabaseError):
-            conn.close()
+            connections.close_all()
         return
-    if restored:
-        logger.error(
-            "a receiver of a django-delayjobs signal left autocommit off "
-            "(transaction.set_autocommit(False)); rolled back and turned it on again"
-        )
+    for _, what in found:
+        logger.error("a receiver of a django-delayjobs signal %s; repaired", what)
 
 
 def handed_out(job: Job) -> Job:
@@ -381,7 +379,7 @@ class Execution:
         self.connection = Connection(self.db)  # before the receivers: they may change it too
         if signals.job_started.has_listeners():  # the copy for them costs a few us
             signals.send(signals.job_started, handed_out(job))
-        receivers_left_autocommit_off(self.db)
+        receivers_left_behind(self.db)
         if job.expires_at is not None and timezone.now() > job.expires_at:
             return self.finish(Outcome.SKIPPED, f"expired at {job.expires_at.isoformat()}")
         connection = Connection(self.db)

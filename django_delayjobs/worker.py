@@ -42,7 +42,7 @@ from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
 from .exceptions import ConfigurationError, DelayJobsError
-from .execution import Execution, receivers_left_autocommit_off
+from .execution import Execution, receivers_left_behind
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner
@@ -577,7 +577,7 @@ class WorkerProcess:
                 # would find it gone and warn that its lease was lost
                 self.release([job_id], thread)
             settle(self.engine, queue, job_id, result, ack, self.outage)
-            receivers_left_autocommit_off(execution.db)
+            receivers_left_behind(execution.db)
             if execution.changed_session():  # by an outcome's signal receiver
                 drop_connections()
         finally:

@@ -203,3 +203,36 @@ def test_what_an_action_leaves_open_on_another_database_is_repaired(other_databa
     assert (bad.status, bad.attempts) == (Status.RETRYING, 1), bad.last_error
     first = bad.last_error.splitlines()[0]
     assert f"on the database '{OTHER}'" in first, first
+
+
+# -- what a signal receiver leaves open ----------------------------------------------------
+
+
+@pytest.mark.parametrize("signal_name", ["job_started", "job_succeeded"])
+def test_an_atomic_block_a_receiver_leaves_open_costs_no_job_its_outcome(signal_name, caplog):
+    """A receiver that entered ``transaction.atomic()`` and never exited it left every
+    later claim, action and outcome of the worker thread in a transaction that never
+    committed (on SQLite holding the database's write lock meanwhile): the jobs were
+    reported succeeded and acked in Redis while their rows stayed running, their writes
+    lost. The block is rolled back and the receiver named in the log, as for autocommit."""
+    from django_delayjobs import signals
+
+    def left_open(sender, job, **kwargs):
+        if job.args == ["first"]:
+            transaction.atomic().__enter__()
+
+    getattr(signals, signal_name).connect(left_open)
+    try:
+        now = timezone.now()
+        jobs = [
+            schedule(tasks.record, at=now + timedelta(milliseconds=n), args=[label])
+            for n, label in enumerate(["first", "next"])
+        ]
+        burst()
+    finally:
+        getattr(signals, signal_name).disconnect(left_open)
+    for job in jobs:
+        job.refresh_from_db()
+        assert (job.status, job.deliveries) == (Status.SUCCEEDED, 1), job.last_error
+    assert sorted(Record.objects.values_list("label", flat=True)) == ["first", "next"]
+    assert "left 1 transaction.atomic() block open" in caplog.text
