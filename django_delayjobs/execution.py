@@ -46,7 +46,7 @@ from django.db import (
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from . import serialization, signals, sql
 from .conf import delayjobs_settings
@@ -372,6 +372,11 @@ class Execution:
 
     def run(self) -> Result:
         """Process the job and return what became of it. Never raises for the job's sake."""
+        # Each job starts in the project's time zone and language, as a worker thread
+        # does: one an earlier action (or a receiver) activated for the rest of the thread
+        # (``activate()``, not ``override()``) would be the next job's, another customer's.
+        timezone.deactivate()
+        translation.deactivate()
         claimed = self.claimed or self.claim()
         if isinstance(claimed, Result):
             return claimed

@@ -13,7 +13,7 @@ from asgiref.sync import sync_to_async
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connections, transaction
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from django_delayjobs import GiveUp, Retry, delayable, schedule
 from django_delayjobs.execution import Execution
@@ -236,3 +236,32 @@ def test_an_atomic_block_a_receiver_leaves_open_costs_no_job_its_outcome(signal_
         assert (job.status, job.deliveries) == (Status.SUCCEEDED, 1), job.last_error
     assert sorted(Record.objects.values_list("label", flat=True)) == ["first", "next"]
     assert "left 1 transaction.atomic() block open" in caplog.text
+
+
+# -- what an action leaves activated -------------------------------------------------------
+
+#: (label, the time zone and the language each ``localized`` call found active)
+found: list[tuple[str, str, str | None]] = []
+
+
+@delayable
+def localized(label: str, activate: bool) -> str:
+    """Sends a customer's e-mail in the customer's time zone and language, activated for
+    the rest of the thread (``activate()``, not the ``override()`` blocks)."""
+    found.append((label, timezone.get_current_timezone_name(), translation.get_language()))
+    if activate:
+        timezone.activate("Asia/Tokyo")
+        translation.activate("fr")
+    return label
+
+
+def test_the_time_zone_and_language_an_action_activates_end_with_its_job(settings):
+    """They stayed active in the worker thread: the next job, for another customer, ran
+    in the first one's time zone and language (its e-mail sent in French)."""
+    found.clear()
+    now = timezone.now()
+    schedule(localized, at=now, args=["tokyo", True])
+    schedule(localized, at=now + timedelta(milliseconds=1), args=["next", False])
+    burst()
+    default = (settings.TIME_ZONE, settings.LANGUAGE_CODE)
+    assert found == [("tokyo", *default), ("next", *default)]
