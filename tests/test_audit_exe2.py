@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone, translation
 
 from django_delayjobs import GiveUp, Retry, delayable, schedule
 from django_delayjobs.execution import Execution
 from django_delayjobs.models import Job, Status
+from tests.helpers import start_worker
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -141,11 +143,12 @@ def test_an_action_that_changes_its_own_jobs_row_fails_its_attempt_saying_so(cap
 OTHER = "exe2_other"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def other_database(django_db_setup, tmp_path_factory):
     """A second database alias (a SQLite file with a table ``t``), as a project with an
-    analytics or legacy database has; its path. Module-scoped, so that it exists before
-    a test's ``databases`` are checked; after the test databases are made (none for it)."""
+    analytics or legacy database has; its path. For a class: so that it exists before a
+    test's ``databases`` are checked, and is gone before the next tests' worker threads
+    meet it; after the test databases are made (none for it)."""
     path = tmp_path_factory.mktemp("other") / "other.sqlite3"
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE t (label TEXT)")
@@ -182,27 +185,28 @@ def write_other_database(label: str) -> str:
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", OTHER])
-@pytest.mark.parametrize("how", ["atomic", "autocommit"])
-def test_what_an_action_leaves_open_on_another_database_is_repaired(other_database, how):
-    """An action that left an atomic block open (or autocommit off) on another database
-    than the jobs' left it so for the worker thread's later jobs: their writes there went
-    into a transaction that never committed, and were lost when the connection was
-    closed, their jobs succeeded all the same. As on the jobs' database: rolled back and
-    repaired, and the action's attempt failed."""
-    with sqlite3.connect(other_database) as db:
-        db.execute("DELETE FROM t")
-    now = timezone.now()
-    bad = schedule(leave_other_open, at=now, args=[how], max_attempts=2)
-    good = schedule(write_other_database, at=now + timedelta(milliseconds=1), args=["after"])
-    burst()
-    bad.refresh_from_db()
-    good.refresh_from_db()
-    assert good.status == Status.SUCCEEDED, good.last_error
-    with sqlite3.connect(other_database) as db:
-        assert db.execute("SELECT label FROM t").fetchall() == [("after",)]
-    assert (bad.status, bad.attempts) == (Status.RETRYING, 1), bad.last_error
-    first = bad.last_error.splitlines()[0]
-    assert f"on the database '{OTHER}'" in first, first
+class TestAnotherDatabase:
+    @pytest.mark.parametrize("how", ["atomic", "autocommit"])
+    def test_what_an_action_leaves_open_on_it_is_repaired(self, other_database, how):
+        """An action that left an atomic block open (or autocommit off) on another database
+        than the jobs' left it so for the worker thread's later jobs: their writes there went
+        into a transaction that never committed, and were lost when the connection was
+        closed, their jobs succeeded all the same. As on the jobs' database: rolled back and
+        repaired, and the action's attempt failed."""
+        with sqlite3.connect(other_database) as db:
+            db.execute("DELETE FROM t")
+        now = timezone.now()
+        bad = schedule(leave_other_open, at=now, args=[how], max_attempts=2)
+        good = schedule(write_other_database, at=now + timedelta(milliseconds=1), args=["after"])
+        burst()
+        bad.refresh_from_db()
+        good.refresh_from_db()
+        assert good.status == Status.SUCCEEDED, good.last_error
+        with sqlite3.connect(other_database) as db:
+            assert db.execute("SELECT label FROM t").fetchall() == [("after",)]
+        assert (bad.status, bad.attempts) == (Status.RETRYING, 1), bad.last_error
+        first = bad.last_error.splitlines()[0]
+        assert f"on the database '{OTHER}'" in first, first
 
 
 # -- what a signal receiver leaves open ----------------------------------------------------
@@ -265,3 +269,62 @@ def test_the_time_zone_and_language_an_action_activates_end_with_its_job(setting
     burst()
     default = (settings.TIME_ZONE, settings.LANGUAGE_CODE)
     assert found == [("tokyo", *default), ("next", *default)]
+
+
+# -- what an action leaves running -----------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["pool", "thread"])
+def test_a_thread_an_action_leaves_running_holds_the_exit_up_for_the_grace_at_most(
+    redis_url, tmp_path, how
+):
+    """At exit Python waits for the tasks of every ThreadPoolExecutor and for threads that
+    are not daemons: a task an action left running held a worker that had stopped (its
+    heartbeat removed), or a --burst run by cron, up for as long as it ran, for good if
+    it never ends. The process now waits SHUTDOWN_GRACE_SECONDS for them, then exits."""
+    job = schedule(tasks.leave_a_thread, in_=0, args=[how, 60.0])
+    log = tmp_path / "worker.log"
+    started = time.monotonic()
+    worker = start_worker(redis_url, "--burst", env={"DELAYJOBS_SHUTDOWN_GRACE_SECONDS": "1"},
+                          log=log)  # fmt: skip
+    try:
+        assert worker.wait(15) == 0, log.read_text()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert time.monotonic() - started < 15, log.read_text()
+    job.refresh_from_db()
+    assert job.status == Status.SUCCEEDED
+    assert "still exiting 1 s after the worker stopped" in log.read_text(), log.read_text()
+
+
+# -- PostgreSQL's idle-in-transaction timeout -----------------------------------------------
+
+
+@delayable
+def idle_in_transaction(label: str) -> str:
+    """Writes, then holds its transaction idle past the session's timeout (an HTTP call
+    between its queries, say)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL idle_in_transaction_session_timeout = '100ms'")
+    Record.objects.create(label=label)
+    time.sleep(0.4)
+    return label
+
+
+def test_an_idle_in_transaction_timeout_is_the_actions_failure():
+    """Decided, not a bug: the server ends a session that an action holds idle in its
+    transaction, and its writes with it. That is the action's doing (the same attempt
+    would meet the same timeout), so the attempt fails saying so, as one past
+    MAX_RUN_SECONDS does; it is not delivered again as after a lost connection, which
+    after MAX_DELIVERIES would be dead as a job whose worker was lost each time."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's idle_in_transaction_session_timeout")
+    job = schedule(idle_in_transaction, in_=0, args=["idle"], max_attempts=2)
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.deliveries) == (Status.RETRYING, 1, 1)
+    assert "idle-in-transaction timeout" in job.last_error.splitlines()[0], job.last_error
+    assert not Record.objects.exists()
