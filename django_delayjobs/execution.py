@@ -239,8 +239,10 @@ def left_behind(
     cost the worker's later jobs (see ``close_atomic_blocks`` and ``restore_autocommit``),
     on every database: left so on another than the jobs', the later jobs' writes there
     would be lost. Return each connection it found so with what was done to it, ``first``
-    (the jobs' database) first. May raise ``DatabaseError`` (a lost connection)."""
+    (the jobs' database) first. Then raise the ``DatabaseError`` of a rollback that
+    failed, if one did (a lost connection: closed, the next query opens a new one)."""
     found = []
+    failed: DatabaseError | None = None
     for conn in sorted(connections.all(initialized_only=True), key=lambda c: c is not first):
         depth, closed_before = before.get(conn.alias, (0, False))
         # Set by close() inside an atomic block only (until the next connect): a lost
@@ -248,7 +250,13 @@ def left_behind(
         # failing (and handed back).
         closed = conn.closed_in_transaction and not closed_before
         left_open = close_atomic_blocks(conn, depth)
-        left_off = restore_autocommit(conn)
+        try:
+            left_off = restore_autocommit(conn)
+        except DatabaseError as exc:  # the others are repaired all the same
+            failed = failed or exc
+            with contextlib.suppress(DatabaseError):
+                conn.close()
+            continue
         on = "" if conn is first else f" on the database {conn.alias!r}"
         if closed:
             what = (f"closed the database connection{on} (connection.close()) inside a "
@@ -263,6 +271,8 @@ def left_behind(
         else:
             continue
         found.append((conn, what))
+    if failed is not None:
+        raise failed
     return found
 
 
@@ -272,8 +282,6 @@ def receivers_left_behind(first: BaseDatabaseWrapper) -> None:
     try:
         found = left_behind({}, first)
     except DatabaseError:  # a lost connection: closed, and the next query opens a new one
-        with contextlib.suppress(DatabaseError):
-            connections.close_all()
         return
     for _, what in found:
         logger.error("a receiver of a django-delayjobs signal %s; repaired", what)
