@@ -46,12 +46,19 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+#: The least time the interpreter's own exit is given (its at-exit handlers: a log or an
+#: error reporter flushing), whatever ``SHUTDOWN_GRACE_SECONDS`` says (it may be 0).
+EXIT_SLACK_SECONDS = 1.0
+
+
 def exit_within(seconds: float, code: int) -> None:
     """Exit with ``code`` in ``seconds`` unless the interpreter's own exit is over by then.
     It waits for the tasks of every ``ThreadPoolExecutor`` and for threads that are not
     daemons: one that an action left running (a fire-and-forget send) has that long to
     end, and no longer, or it would hold up a stopped worker (or a ``--burst`` run by
     cron) for as long as it runs, for good if it never ends."""
+
+    seconds = max(seconds, EXIT_SLACK_SECONDS)
 
     def watch() -> None:
         time.sleep(seconds)  # a daemon thread: it never wakes if the exit is over first
