@@ -259,8 +259,10 @@ def left_behind(
             continue
         on = "" if conn is first else f" on the database {conn.alias!r}"
         if closed:
-            what = (f"closed the database connection{on} (connection.close()) inside a "
-                    "transaction: what it wrote in that transaction was rolled back")  # fmt: skip
+            what = (f"closed the database connection{on} inside a transaction "
+                    "(connection.close(), or close_old_connections(), which closes one that "
+                    "is in a transaction): what it wrote in that transaction was rolled "
+                    "back")  # fmt: skip
         elif left_open:
             blocks = "block" if left_open == 1 else "blocks"
             what = (f"left {left_open} transaction.atomic() {blocks} open{on} (entered and "

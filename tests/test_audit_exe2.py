@@ -13,7 +13,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection, connections, transaction
+from django.db import close_old_connections, connection, connections, transaction
 from django.utils import timezone, translation
 
 from django_delayjobs import GiveUp, Retry, delayable, schedule
@@ -207,6 +207,29 @@ class TestAnotherDatabase:
         assert (bad.status, bad.attempts) == (Status.RETRYING, 1), bad.last_error
         first = bad.last_error.splitlines()[0]
         assert f"on the database '{OTHER}'" in first, first
+
+
+@delayable
+def tidy_connections(label: str) -> str:
+    """Writes, then calls ``close_old_connections()``, as code shared with Celery tasks or
+    threads does at its start or end."""
+    Record.objects.create(label=label)
+    close_old_connections()
+    return label
+
+
+def test_close_old_connections_in_an_atomic_action_is_named_as_what_closed_it():
+    """Inside a transaction Django's ``close_old_connections()`` closes the connection
+    (autocommit is off there, as it is not in the settings): the attempt fails, and its
+    error said only ``connection.close()``, which the action never called."""
+    job = schedule(tidy_connections, in_=0, args=["tidy"], max_attempts=1)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    first = job.last_error.splitlines()[0]
+    assert "the action closed the database connection" in first, first
+    assert "close_old_connections()" in first, first
+    assert not Record.objects.exists()
 
 
 # -- what a signal receiver leaves open ----------------------------------------------------
