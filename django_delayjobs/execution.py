@@ -103,6 +103,11 @@ class JobRowChanged(Exception):
     back with its other writes)."""
 
 
+class ResultNotStored(GiveUp):
+    """A non-atomic action returned a value that cannot be stored: its job is dead, not
+    retried, since its outside effect has happened and running it again would repeat it."""
+
+
 class JobRowDeleted(Exception):
     """The action deleted the row of the job running it: an atomic action's attempt
     failed (the deletion rolled back with its other writes)."""
@@ -731,14 +736,27 @@ class Execution:
             found = left_behind(before, self.db)
             if found:
                 raise TransactionManagementError(f"the action {found[0][1]}")
-            stored = serialization.dump(value, "the action's return value")
-            limit = delayjobs_settings.MAX_JSON_BYTES
-            serialization.check_size((stored,), "the action's return value", limit)
-            return stored
+            return self.stored(value)
         finally:
             self.running_since, self.outside_since = None, time.monotonic()
             current_job.reset(job_token)
             _notes.reset(notes_token)
+
+    def stored(self, value: Any) -> Any:
+        """The action's return value as stored (JSON). One that cannot be fails the
+        attempt; after a non-atomic action, for good (``ResultNotStored``)."""
+        what = "the action's return value"
+        try:
+            stored = serialization.dump(value, what)
+            serialization.check_size((stored,), what, delayjobs_settings.MAX_JSON_BYTES)
+        except (TypeError, ValueError) as exc:
+            if self.outside is None:  # atomic: its writes roll back, it may run again
+                raise
+            raise ResultNotStored(
+                f"{exc}. Not run again: the action ran outside a transaction, so its effects "
+                "stay, and another attempt would repeat them"
+            ) from exc
+        return stored
 
     def overran(self, limit: float) -> Result:
         """Fail this attempt from another thread: its action has run for more than

@@ -232,6 +232,28 @@ def test_close_old_connections_in_an_atomic_action_is_named_as_what_closed_it():
     assert not Record.objects.exists()
 
 
+@delayable(atomic=False)
+def call_out_and_return_the_response(label: str) -> object:
+    """Makes its outside call (here a committed write), then returns the response object
+    itself instead of its JSON: a slip."""
+    Record.objects.create(label=label)
+    return object()
+
+
+def test_a_non_atomic_action_whose_return_value_cannot_be_stored_is_not_run_again():
+    """Its attempt failed and was retried like any failure, so its outside effect (an HTTP
+    call, an e-mail) happened again at every attempt, each time to the same end. Its
+    effect is done and cannot roll back: the job is dead at once, saying why."""
+    job = schedule(call_out_and_return_the_response, in_=0, args=["sent"], max_attempts=3)
+    burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.DEAD, 1), job.last_error
+    first = job.last_error.splitlines()[0]
+    assert first.startswith("django_delayjobs.execution.ResultNotStored: "), first
+    assert "Not run again" in job.last_error, job.last_error
+    assert Record.objects.filter(label="sent").count() == 1
+
+
 # -- what a signal receiver leaves open ----------------------------------------------------
 
 
