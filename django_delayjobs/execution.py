@@ -53,7 +53,7 @@ from .conf import delayjobs_settings
 from .exceptions import GiveUp, Retry, TimeLimitExceeded, UnknownAction
 from .logs import job_fields, one_line
 from .models import ACTIVE, EventKind, Job, Status
-from .outcomes import Outcome, Result, after_failure
+from .outcomes import Outcome, Result, after_failure, leaves
 from .registry import resolve
 
 logger = logging.getLogger("django_delayjobs.worker")
@@ -163,10 +163,11 @@ class Connection:
 
     def lost(self, exc: BaseException) -> bool:
         """Whether ``exc`` is the connection failing, not the job: an operational or
-        interface error after which the connection is gone, replaced or unusable. (When a
-        rollback fails Django drops the connection, and may have opened a new one by the
-        time the error arrives here.)"""
-        if not isinstance(exc, OperationalError | InterfaceError):
+        interface error (alone, or in an exception group: an asyncio ``TaskGroup``'s)
+        after which the connection is gone, replaced or unusable. (When a rollback fails
+        Django drops the connection, and may have opened a new one by the time the error
+        arrives here.)"""
+        if not any(isinstance(leaf, OperationalError | InterfaceError) for leaf in leaves(exc)):
             return False
         raw = self.wrapper.connection
         return raw is None or raw is not self.raw or not self.wrapper.is_usable()

@@ -88,6 +88,35 @@ def test_a_retry_in_an_exception_group_waits_as_long_as_the_longest_asks():
     assert before + hour <= job.run_at <= timezone.now() + hour
 
 
+@delayable
+async def lose_the_connection_in_a_task_group(label: str) -> None:
+    """Writes, then loses its database connection in a task of a TaskGroup (the server
+    ends the session, as a failover or a restart does)."""
+
+    def write_then_lose() -> None:
+        Record.objects.create(label=label)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    async with asyncio.TaskGroup() as group:
+        group.create_task(sync_to_async(write_then_lose)())
+
+
+def test_a_connection_lost_inside_an_exception_group_costs_no_attempt():
+    """A lost connection is no failure of the action: its delivery is handed back and the
+    same attempt runs again. Raised in a TaskGroup's task, the error reached the worker
+    inside an ``ExceptionGroup`` and an attempt was used (with max_attempts=1, dead)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no connection to terminate")
+    job = schedule(lose_the_connection_in_a_task_group, in_=0, args=["lost"], max_attempts=1)
+    with pytest.raises(CommandError, match=r"handed back 1 job\(s\)"):
+        burst()
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.deliveries) == (Status.RUNNING, 1, 1), job.last_error
+    assert history(job) == [("scheduled", 0), ("started", 1)]
+    assert not Record.objects.exists()
+
+
 # -- --burst: a bug is not the database ---------------------------------------------------
 
 
