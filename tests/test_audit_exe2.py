@@ -1,6 +1,8 @@
-"""Execution, second audit: what actions do to the worker (raise from inside exception
-groups, change their own job's row, leave other databases' transactions open), and what
-the worker says about it. A real worker runs each job (--burst in this process)."""
+"""Execution, second audit: what actions and signal receivers do to the worker (raise
+from inside exception groups, change their own job's row, leave transactions open on any
+database, activate a time zone, return what cannot be stored, leave threads running), and
+what the worker says about it. A real worker runs each job (--burst in this process, or a
+worker process)."""
 
 from __future__ import annotations
 
