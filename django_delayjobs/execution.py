@@ -9,7 +9,7 @@ worker took the row) cannot commit a second outcome: its effects roll back.
 Who is to blame decides what a failure costs. Anything the action raises, ``SystemExit``
 and ``KeyboardInterrupt`` included, is the action's failure: an attempt is used. So is
 what it does to the transaction it runs in: closing the connection inside it, leaving an
-atomic block open or autocommit off, deleting its own job's row. A lost
+atomic block open or autocommit off, deleting or changing its own job's row. A lost
 database connection is not: the delivery is handed back and the same attempt runs again
 (at most ``MAX_DELIVERIES`` times), except after a non-atomic action, whose outcome is
 first tried once more on a new connection, or again for a while if the database refuses it
@@ -46,14 +46,14 @@ from django.db import (
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from . import serialization, signals, sql
 from .conf import delayjobs_settings
 from .exceptions import GiveUp, Retry, TimeLimitExceeded, UnknownAction
 from .logs import job_fields, one_line
 from .models import ACTIVE, EventKind, Job, Status
-from .outcomes import Outcome, Result, after_failure
+from .outcomes import Outcome, Result, after_failure, leaves
 from .registry import resolve
 
 logger = logging.getLogger("django_delayjobs.worker")
@@ -88,7 +88,24 @@ def note(text: str) -> None:
 
 
 class _Overtaken(Exception):
-    """The fenced outcome UPDATE matched no row: another delivery owns the job."""
+    """The fenced outcome UPDATE matched no row: another delivery owns the job, or the
+    action changed its row. ``row``: its (status, attempt, delivery) as the outcome's
+    transaction read it."""
+
+    def __init__(self, row: tuple[str, int, int]) -> None:
+        super().__init__(row)
+        self.row = row
+
+
+class JobRowChanged(Exception):
+    """The action changed the status, attempt or delivery of the row of the job running
+    it (the worker's to write): an atomic action's attempt failed (the change rolled
+    back with its other writes)."""
+
+
+class ResultNotStored(GiveUp):
+    """A non-atomic action returned a value that cannot be stored: its job is dead, not
+    retried, since its outside effect has happened and running it again would repeat it."""
 
 
 class JobRowDeleted(Exception):
@@ -146,10 +163,11 @@ class Connection:
 
     def lost(self, exc: BaseException) -> bool:
         """Whether ``exc`` is the connection failing, not the job: an operational or
-        interface error after which the connection is gone, replaced or unusable. (When a
-        rollback fails Django drops the connection, and may have opened a new one by the
-        time the error arrives here.)"""
-        if not isinstance(exc, OperationalError | InterfaceError):
+        interface error (alone, or in an exception group: an asyncio ``TaskGroup``'s)
+        after which the connection is gone, replaced or unusable. (When a rollback fails
+        Django drops the connection, and may have opened a new one by the time the error
+        arrives here.)"""
+        if not any(isinstance(leaf, OperationalError | InterfaceError) for leaf in leaves(exc)):
             return False
         raw = self.wrapper.connection
         return raw is None or raw is not self.raw or not self.wrapper.is_usable()
@@ -208,19 +226,73 @@ def close_atomic_blocks(conn: BaseDatabaseWrapper, depth: int) -> int:
     return max(left_open, 0)
 
 
-def receivers_left_autocommit_off(conn: BaseDatabaseWrapper) -> None:
-    """Turn autocommit on again if a signal receiver left it off (logged). Never raises."""
+#: Per database alias whose connection this thread has set up: how many atomic blocks it
+#: has open, and whether it was closed inside one (``transaction_states``).
+TransactionStates = dict[str, tuple[int, bool]]
+
+
+def transaction_states() -> TransactionStates:
+    """The state of this thread's connections to every database, to repair afterwards
+    what user code (an action) did to them (``left_behind``)."""
+    return {conn.alias: (len(conn.atomic_blocks), conn.closed_in_transaction)
+            for conn in connections.all(initialized_only=True)}  # fmt: skip
+
+
+def left_behind(
+    before: TransactionStates, first: BaseDatabaseWrapper
+) -> list[tuple[BaseDatabaseWrapper, str]]:
+    """Repair what user code did to this thread's connections since ``before`` that would
+    cost the worker's later jobs (see ``close_atomic_blocks`` and ``restore_autocommit``),
+    on every database: left so on another than the jobs', the later jobs' writes there
+    would be lost. Return each connection it found so with what was done to it, ``first``
+    (the jobs' database) first. Then raise the ``DatabaseError`` of a rollback that
+    failed, if one did (a lost connection: closed, the next query opens a new one)."""
+    found = []
+    failed: DatabaseError | None = None
+    for conn in sorted(connections.all(initialized_only=True), key=lambda c: c is not first):
+        depth, closed_before = before.get(conn.alias, (0, False))
+        # Set by close() inside an atomic block only (until the next connect): a lost
+        # connection never sets it, so user code's close() is not taken for the database
+        # failing (and handed back).
+        closed = conn.closed_in_transaction and not closed_before
+        left_open = close_atomic_blocks(conn, depth)
+        try:
+            left_off = restore_autocommit(conn)
+        except DatabaseError as exc:  # the others are repaired all the same
+            failed = failed or exc
+            with contextlib.suppress(DatabaseError):
+                conn.close()
+            continue
+        on = "" if conn is first else f" on the database {conn.alias!r}"
+        if closed:
+            what = (f"closed the database connection{on} inside a transaction "
+                    "(connection.close(), or close_old_connections(), which closes one that "
+                    "is in a transaction): what it wrote in that transaction was rolled "
+                    "back")  # fmt: skip
+        elif left_open:
+            blocks = "block" if left_open == 1 else "blocks"
+            what = (f"left {left_open} transaction.atomic() {blocks} open{on} (entered and "
+                    "never exited): what it wrote was rolled back")  # fmt: skip
+        elif left_off:
+            what = (f"left autocommit off{on} (transaction.set_autocommit(False)) without "
+                    "turning it back on: what it wrote uncommitted was rolled back")  # fmt: skip
+        else:
+            continue
+        found.append((conn, what))
+    if failed is not None:
+        raise failed
+    return found
+
+
+def receivers_left_behind(first: BaseDatabaseWrapper) -> None:
+    """Repair what signal receivers did to this thread's connections (``left_behind``; the
+    worker holds no transaction while it sends signals), and log it. Never raises."""
     try:
-        restored = restore_autocommit(conn)
+        found = left_behind({}, first)
     except DatabaseError:  # a lost connection: closed, and the next query opens a new one
-        with contextlib.suppress(DatabaseError):
-            conn.close()
         return
-    if restored:
-        logger.error(
-            "a receiver of a django-delayjobs signal left autocommit off "
-            "(transaction.set_autocommit(False)); rolled back and turned it on again"
-        )
+    for _, what in found:
+        logger.error("a receiver of a django-delayjobs signal %s; repaired", what)
 
 
 def handed_out(job: Job) -> Job:
@@ -331,6 +403,11 @@ class Execution:
 
     def run(self) -> Result:
         """Process the job and return what became of it. Never raises for the job's sake."""
+        # Each job starts in the project's time zone and language, as a worker thread
+        # does: one an earlier action (or a receiver) activated for the rest of the thread
+        # (``activate()``, not ``override()``) would be the next job's, another customer's.
+        timezone.deactivate()
+        translation.deactivate()
         claimed = self.claimed or self.claim()
         if isinstance(claimed, Result):
             return claimed
@@ -338,7 +415,7 @@ class Execution:
         self.connection = Connection(self.db)  # before the receivers: they may change it too
         if signals.job_started.has_listeners():  # the copy for them costs a few us
             signals.send(signals.job_started, handed_out(job))
-        receivers_left_autocommit_off(self.db)
+        receivers_left_behind(self.db)
         if job.expires_at is not None and timezone.now() > job.expires_at:
             return self.finish(Outcome.SKIPPED, f"expired at {job.expires_at.isoformat()}")
         connection = Connection(self.db)
@@ -476,10 +553,8 @@ class Execution:
                 self.outside = connection
                 done = success(self.call(fn, args, kwargs, notes))
                 claimed = self.once_more_if_lost(lambda: self.record_success(job, done, notes))
-        except _Overtaken:
-            logger.warning("job %s attempt %s was taken over; rolled back", job.pk, job.attempts,
-                           extra=job_fields(job.pk, self.queue, job, "overtaken"))  # fmt: skip
-            return Result(Outcome.OVERTAKEN, job)
+        except _Overtaken as exc:
+            return self.overtaken(job, exc.row, atomic, time.perf_counter() - started)
         except _ClaimAheadFailed as exc:  # not the action's fault: run it again
             return self.hand_back(exc.__cause__ or exc)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
@@ -498,6 +573,36 @@ class Execution:
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
         return self.committed(job, done, claimed, started)
+
+    def overtaken(
+        self, job: Job, row: tuple[str, int, int], atomic: bool, duration: float
+    ) -> Result:
+        """The outcome's fence found ``row`` (status, attempt, delivery) changed. Rolled
+        back, an atomic action's row that is this delivery's again was changed by the
+        action itself, in its transaction: its attempt failed. Otherwise another delivery
+        owns the job now (its lease was lost), and writes its outcome."""
+        try:
+            own = atomic and sql.holds_fence(job)
+        except DatabaseError as exc:
+            return self.hand_back(exc)
+        changed = (f"status {job.status!r}, attempt {job.attempts}, delivery {job.deliveries}"
+                   f" to {row[0]!r}, {row[1]}, {row[2]}")  # fmt: skip
+        if own:
+            error = JobRowChanged(
+                f"the action changed its own job's row ({changed}): the worker writes those "
+                "fields; the change was rolled back with the action's other writes"
+            )
+            return self.failed(error, [], duration)
+        fields = job_fields(job.pk, self.queue, job, "overtaken")
+        if atomic:
+            logger.warning("job %s attempt %s was taken over (%s); rolled back", job.pk,
+                           job.attempts, changed, extra=fields)  # fmt: skip
+        else:
+            logger.warning("job %s attempt %s: its row changed while its action ran outside "
+                           "a transaction (%s: taken over, or changed by the action or by "
+                           "hand); its outcome is not recorded", job.pk, job.attempts, changed,
+                           extra=fields)  # fmt: skip
+        return Result(Outcome.OVERTAKEN, job)
 
     def row_deleted(self) -> Result:
         """The row of a non-atomic action's job was deleted while it ran (by the action, or
@@ -532,9 +637,10 @@ class Execution:
         if not sql.update_fenced(job, done):
             # Read in the action's own transaction: a row another worker took is still
             # there; one the action deleted is not (a redelivery would delete it again).
-            if not Job.objects.filter(pk=job.pk).exists():
+            row = Job.objects.filter(pk=job.pk).values_list("status", "attempts", "deliveries")
+            if (found := row.first()) is None:
                 raise JobRowDeleted("the action deleted its own job row")
-            raise _Overtaken
+            raise _Overtaken(found)
         events = [(job, EventKind.SUCCEEDED.value, self.actor, "\n".join(notes))]
         claimed = self.claim_ahead()
         if claimed is not None:
@@ -625,8 +731,7 @@ class Execution:
         assert self.job is not None
         job_token, notes_token = current_job.set(handed_out(self.job)), _notes.set(notes)
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
-        depth = len(self.db.atomic_blocks)  # 1 inside the job's transaction, else 0
-        closed_before = self.db.closed_in_transaction
+        before = transaction_states()  # the jobs' database: 1 block in its transaction
         pid = os.getpid()
         try:
             try:
@@ -639,51 +744,36 @@ class Execution:
                     value = async_to_sync(_await)(value, pid)
             except BaseException as exc:
                 end_forked_child(pid, exc)
-                problem = self.left_behind(depth, closed_before)
-                if problem is not None and self.db.closed_in_transaction and not closed_before:
-                    raise problem from exc  # its close() is the cause of what it raised
+                found = left_behind(before, self.db)
+                closed_before = before.get(self.db.alias, (0, False))[1]
+                if found and self.db.closed_in_transaction and not closed_before:
+                    # its close() is the cause of what it raised
+                    raise TransactionManagementError(f"the action {found[0][1]}") from exc
                 raise
-            problem = self.left_behind(depth, closed_before)
-            if problem is not None:
-                raise problem
-            stored = serialization.dump(value, "the action's return value")
-            limit = delayjobs_settings.MAX_JSON_BYTES
-            serialization.check_size((stored,), "the action's return value", limit)
-            return stored
+            found = left_behind(before, self.db)
+            if found:
+                raise TransactionManagementError(f"the action {found[0][1]}")
+            return self.stored(value)
         finally:
             self.running_since, self.outside_since = None, time.monotonic()
             current_job.reset(job_token)
             _notes.reset(notes_token)
 
-    def left_behind(self, depth: int, closed_before: bool) -> TransactionManagementError | None:
-        """Repair what the action did to this thread's connection that would cost the
-        worker's later jobs (see ``close_atomic_blocks`` and ``restore_autocommit``);
-        return the error that fails its attempt, or None. ``depth``: the number of atomic
-        blocks open when the action started; ``closed_before``: whether the connection was
-        already closed in a transaction then."""
-        # Set by close() inside an atomic block only (until the next connect): a lost
-        # connection never sets it, so the action's close() is not taken for the database
-        # failing (and handed back).
-        closed = self.db.closed_in_transaction and not closed_before
-        left_open = close_atomic_blocks(self.db, depth)
-        left_off = restore_autocommit(self.db)
-        if closed:
-            return TransactionManagementError(
-                "the action closed the database connection (connection.close()) inside a "
-                "transaction: what it wrote in that transaction was rolled back"
-            )
-        if left_open:
-            blocks = "block" if left_open == 1 else "blocks"
-            return TransactionManagementError(
-                f"the action left {left_open} transaction.atomic() {blocks} open (entered and "
-                "never exited): what it wrote was rolled back"
-            )
-        if left_off:
-            return TransactionManagementError(
-                "the action left autocommit off (transaction.set_autocommit(False)) "
-                "without turning it back on: what it wrote uncommitted was rolled back"
-            )
-        return None
+    def stored(self, value: Any) -> Any:
+        """The action's return value as stored (JSON). One that cannot be fails the
+        attempt; after a non-atomic action, for good (``ResultNotStored``)."""
+        what = "the action's return value"
+        try:
+            stored = serialization.dump(value, what)
+            serialization.check_size((stored,), what, delayjobs_settings.MAX_JSON_BYTES)
+        except (TypeError, ValueError) as exc:
+            if self.outside is None:  # atomic: its writes roll back, it may run again
+                raise
+            raise ResultNotStored(
+                f"{exc}. Not run again: the action ran outside a transaction, so its effects "
+                "stay, and another attempt would repeat them"
+            ) from exc
+        return stored
 
     def overran(self, limit: float) -> Result:
         """Fail this attempt from another thread: its action has run for more than

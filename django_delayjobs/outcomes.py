@@ -9,6 +9,7 @@ comes back when its lease ends, finds its row finished and is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import logging
@@ -88,16 +89,40 @@ MAX_RETRY_AFTER = datetime.timedelta(days=1)
 def after_failure(job: Job, exc: BaseException) -> tuple[Outcome, datetime.datetime | None]:
     """Decide what a failed attempt leads to: ``(DEAD, None)`` or ``(RETRYING, when)``.
 
-    The one place that says whether attempts are left and when the next one is due.
+    The one place that says whether attempts are left and when the next one is due. An
+    exception group (an asyncio ``TaskGroup``'s) is what it holds: a ``GiveUp`` anywhere
+    in it gives up, and the next attempt waits for the longest ``Retry`` in it asks.
     """
-    if isinstance(exc, GiveUp) or job.attempts >= job.max_attempts:
+    raised = leaves(exc)
+    if any(isinstance(leaf, GiveUp) for leaf in raised) or job.attempts >= job.max_attempts:
         return Outcome.DEAD, None
-    after = retry_after(exc)
-    if after is not None:
-        delay = datetime.timedelta(seconds=min(max(after, 0.0), 86_400.0))
+    asked = [after for leaf in raised if (after := retry_after(leaf)) is not None]
+    if asked:
+        delay = datetime.timedelta(seconds=min(max(max(asked), 0.0), 86_400.0))
     else:
         delay = datetime.timedelta(seconds=backoff_seconds(job.attempts))
     return Outcome.RETRYING, timezone.now() + min(delay, MAX_RETRY_AFTER)
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions ``exc`` stands for: itself, or those an exception group holds, at
+    any depth. The group is the action's: one whose ``exceptions`` cannot be read, or
+    holds a group seen already, stands for itself."""
+    found: list[BaseException] = []
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:  # not recursive: a group nested past the recursion limit is no bug here
+        current = stack.pop()
+        inner: tuple[BaseException, ...] = ()
+        if isinstance(current, BaseExceptionGroup) and id(current) not in seen:
+            seen.add(id(current))
+            with contextlib.suppress(Exception):
+                inner = tuple(current.exceptions)
+        if inner:
+            stack.extend(reversed(inner))
+        else:
+            found.append(current)
+    return found
 
 
 def retry_after(exc: BaseException) -> float | None:

@@ -169,6 +169,17 @@ def update_fenced(job: Job, values: Mapping[str, Any]) -> bool:
         return bool(cursor.rowcount)
 
 
+def holds_fence(job: Job) -> bool:
+    """Whether the row is still running ``job``'s delivery of its attempt (as the
+    committed row says, outside a transaction): ``update_fenced``'s condition."""
+    return (
+        Job.objects.using(db())
+        .filter(pk=job.pk, attempts=job.attempts, deliveries=job.deliveries)
+        .filter(status=Status.RUNNING)
+        .exists()
+    )
+
+
 def transaction_usable() -> bool:
     """Whether the current transaction still takes statements (after an error PostgreSQL
     refuses every statement until the rollback; a value that failed to convert on the

@@ -42,7 +42,7 @@ from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
 from .exceptions import ConfigurationError, DelayJobsError
-from .execution import Execution, receivers_left_autocommit_off
+from .execution import Execution, receivers_left_behind
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner
@@ -96,16 +96,18 @@ class Stats:
     """Counters shared by the threads of one process (guarded by ``lock``)."""
 
     outcomes: Counter[str] = field(default_factory=Counter)
+    bugs: int = 0  # of the handed-back deliveries, those that met a bug in this package
     max_lag_ms: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, result: Result) -> None:
+    def record(self, result: Result, *, bug: bool = False) -> None:
         job = result.job
         lag = None
         if result.outcome == Outcome.SUCCEEDED and job is not None and job.started_at:
             lag = (job.started_at - job.run_at).total_seconds() * 1000
         with self.lock:
             self.outcomes[result.outcome.value] += 1
+            self.bugs += bug
             if lag is not None and job is not None and job.attempts == 1:
                 self.max_lag_ms = max(self.max_lag_ms, lag)
 
@@ -113,6 +115,20 @@ class Stats:
         """How many deliveries this process has settled so far."""
         with self.lock:
             return sum(self.outcomes.values())
+
+    def handed_back(self) -> str | None:
+        """Why deliveries were handed back, for a burst that fell short; None if none were."""
+        with self.lock:
+            total, bugs = self.outcomes[Outcome.HANDED_BACK.value], self.bugs
+        if not total:
+            return None
+        why = []
+        if total > bugs:
+            why.append(f"{total - bugs} as the database was unavailable")
+        if bugs:
+            why.append(f"{bugs} after an unexpected error in django-delayjobs (a bug)")
+        return (f"--burst: handed back {total} job(s) that could not run ({', '.join(why)}; "
+                "see the log); they are due again")  # fmt: skip
 
     def line(self) -> str:
         with self.lock:
@@ -251,11 +267,9 @@ class WorkerProcess:
                 faulthandler.cancel_dump_traceback_later()
         if self.fatal:
             raise WorkerDied(self.fatal)
-        handed_back = self.stats.outcomes[Outcome.HANDED_BACK.value]
+        handed_back = self.stats.handed_back()
         if self.options.burst and handed_back:  # cron must see that a burst fell short
-            raise WorkerDied(f"--burst: handed back {handed_back} job(s) that could not run "
-                             "(the database was unavailable, see the log); they are due "
-                             "again")  # fmt: skip
+            raise WorkerDied(handed_back)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -563,13 +577,13 @@ class WorkerProcess:
                 # would find it gone and warn that its lease was lost
                 self.release([job_id], thread)
             settle(self.engine, queue, job_id, result, ack, self.outage)
-            receivers_left_autocommit_off(execution.db)
+            receivers_left_behind(execution.db)
             if execution.changed_session():  # by an outcome's signal receiver
                 drop_connections()
         finally:
             with self.held_lock:
                 del self.running[thread]
-        self.stats.record(result)
+        self.stats.record(result, bug=bug)
         log_outcome(queue, job_id, result)
         if result.outcome == Outcome.HANDED_BACK:
             drop_connections()

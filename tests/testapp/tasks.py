@@ -1,6 +1,7 @@
 """Module-level actions for the tests."""
 
 import itertools
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -497,3 +498,15 @@ def _fork_and_wait(child: str, seconds: float) -> int:
         time.sleep(0.01)
     os.kill(pid, signal.SIGKILL)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@delayable
+def leave_a_thread(how: str, seconds: float) -> str:
+    """Leave a thread running ``seconds`` after the action returns: a task handed to a
+    ThreadPoolExecutor ("pool"), or a thread of its own that is not a daemon ("thread"),
+    as a fire-and-forget send does. Python waits for both at exit."""
+    if how == "pool":
+        ThreadPoolExecutor(1).submit(time.sleep, seconds)
+    else:
+        threading.Thread(target=time.sleep, args=[seconds], daemon=False).start()
+    return how

@@ -9,9 +9,10 @@ import os
 import signal
 import sys
 import threading
+import time
 from argparse import ArgumentTypeError
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.core.management.base import CommandError, CommandParser
 from django.db import Error as DatabaseError
@@ -36,6 +37,43 @@ from ..output import SafeOutputCommand
 
 if TYPE_CHECKING:
     from ...metrics.server import MetricsServer
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit with ``code`` at once, whatever threads still run, once the output is out."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(ValueError, OSError):  # a closed stream, a broken pipe
+            stream.flush()
+    os._exit(code)
+
+
+#: The least time the interpreter's own exit is given (its at-exit handlers: a log or an
+#: error reporter flushing), whatever ``SHUTDOWN_GRACE_SECONDS`` says (it may be 0).
+EXIT_SLACK_SECONDS = 1.0
+
+
+def exit_within(seconds: float, code: int) -> None:
+    """Exit with ``code`` in ``seconds`` unless the interpreter's own exit is over by then.
+    It waits for the tasks of every ``ThreadPoolExecutor`` and for threads that are not
+    daemons: one that an action left running (a fire-and-forget send) has that long to
+    end, and no longer, or it would hold up a stopped worker (or a ``--burst`` run by
+    cron) for as long as it runs, for good if it never ends."""
+
+    seconds = max(seconds, EXIT_SLACK_SECONDS)
+
+    def watch() -> None:
+        time.sleep(seconds)  # a daemon thread: it never wakes if the exit is over first
+        left = [thread.name for thread in threading.enumerate()
+                if thread not in (threading.main_thread(), threading.current_thread())]  # fmt: skip
+        logging.getLogger("django_delayjobs.worker").warning(
+            "still exiting %g s after the worker stopped, with threads running: %s (at exit "
+            "Python waits for the tasks an action left to a ThreadPoolExecutor, and for "
+            "threads that are not daemons); exiting without them", seconds, ", ".join(left),
+        )  # fmt: skip
+        exit_now(code)
+
+    with contextlib.suppress(RuntimeError):  # "can't start new thread": the usual exit
+        threading.Thread(target=watch, name="delayjobs-exit", daemon=True).start()
 
 
 def check_metrics_host(opts: dict[str, Any]) -> None:
@@ -129,10 +167,9 @@ class Command(SafeOutputCommand):
             raise
         finally:
             if self.process is not None and self.process.abandoned:
-                for stream in (sys.stdout, sys.stderr):
-                    with contextlib.suppress(ValueError, OSError):  # a closed stream, a broken pipe
-                        stream.flush()
-                os._exit(code)
+                exit_now(code)
+            elif self.process is not None:
+                exit_within(delayjobs_settings.SHUTDOWN_GRACE_SECONDS, code)
 
     def check(self, *args: Any, **kwargs: Any) -> Any:
         """Django's system checks, which may open the database before ``handle`` (on SQLite
