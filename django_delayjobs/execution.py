@@ -415,7 +415,7 @@ class Execution:
         self.connection = Connection(self.db)  # before the receivers: they may change it too
         if signals.job_started.has_listeners():  # the copy for them costs a few us
             signals.send(signals.job_started, handed_out(job))
-        receivers_left_behind(self.db)
+            receivers_left_behind(self.db)
         if job.expires_at is not None and timezone.now() > job.expires_at:
             return self.finish(Outcome.SKIPPED, f"expired at {job.expires_at.isoformat()}")
         connection = Connection(self.db)

@@ -197,9 +197,9 @@ def settle(
     result: Result,
     ack: Callable[[str], None] | None = None,
     outage: Outage = _OUTAGE,
-) -> None:
-    """Tell Redis what became of ``job_id``, count it, then send the outcome's signals.
-    Never raises.
+) -> bool:
+    """Tell Redis what became of ``job_id``, count it, then send the outcome's signals;
+    True if they had receivers. Never raises.
 
     ``ack`` may collect ids to acknowledge later in one call (acking late is safe: a
     redelivered id finds its row finished and is dropped); by default it acks at once.
@@ -230,7 +230,7 @@ def settle(
         outage.failed(exc)
     # In memory; the worker's housekeeping flushes it. Counted per queue, whatever shard.
     metrics.record(queue_of(queue), result)
-    send_signals(result)
+    return send_signals(result)
 
 
 #: The nacks whose due time was read from the row, which a reschedule may change before
@@ -286,16 +286,17 @@ def log_outcome(queue: str, job_id: str, result: Result) -> None:
         logger.log(level, "job %s: %s", job_id, result.outcome.value, extra=fields)
 
 
-def send_signals(result: Result) -> None:
+def send_signals(result: Result) -> bool:
+    """Send the outcome's signals; True if they had receivers."""
     job = result.job
     if job is None:
-        return
+        return False
     extra: dict[str, Any] = {"error": result.error}
     if result.outcome == Outcome.SUCCEEDED:
-        signals.send(signals.job_succeeded, job)
-    elif result.outcome == Outcome.RETRYING:
-        signals.send(signals.job_failed, job, **extra)
-    elif result.outcome == Outcome.DEAD:
-        if result.failed:
-            signals.send(signals.job_failed, job, **extra)
-        signals.send(signals.job_dead, job, **extra)
+        return signals.send(signals.job_succeeded, job)
+    if result.outcome == Outcome.RETRYING:
+        return signals.send(signals.job_failed, job, **extra)
+    if result.outcome == Outcome.DEAD:
+        failed = result.failed and signals.send(signals.job_failed, job, **extra)
+        return signals.send(signals.job_dead, job, **extra) or failed
+    return False

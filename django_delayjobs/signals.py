@@ -19,18 +19,18 @@ job_failed = Signal()
 job_dead = Signal()
 
 
-def send(signal: Signal, job: Any, **kwargs: Any) -> None:
+def send(signal: Signal, job: Any, **kwargs: Any) -> bool:
     """Send ``signal`` for ``job``; a failing receiver is logged, never raised to the
-    worker or to a transaction that already committed.
+    worker or to a transaction that already committed. True if it had receivers.
 
     A receiver that raises a ``BaseException`` (``SystemExit``, a library's exception
     that unwinds everything) is logged too, as the worker treats an action that does;
     ``send_robust`` catches only ``Exception``, so the receivers after it miss this one.
     """
-    send_logged(signal, type(job), job=job, **kwargs)
+    return send_logged(signal, type(job), job=job, **kwargs)
 
 
-def send_logged(signal: Signal, sender: Any, **kwargs: Any) -> None:
+def send_logged(signal: Signal, sender: Any, **kwargs: Any) -> bool:
     """Send ``signal`` as ``send`` does, for any sender: the backend's ``django.tasks``
     signals, which follow a commit too."""
     try:
@@ -38,8 +38,9 @@ def send_logged(signal: Signal, sender: Any, **kwargs: Any) -> None:
     except BaseException as exc:
         logger.error("a receiver of a django-delayjobs signal raised %r; the receivers "
                      "after it were not called", exc, exc_info=exc)  # fmt: skip
-        return
+        return True
     for receiver, result in results:
         if isinstance(result, Exception):
             logger.error("receiver %r of a django-delayjobs signal failed", receiver,
                          exc_info=result)  # fmt: skip
+    return bool(results)

@@ -576,8 +576,8 @@ class WorkerProcess:
                 # end: no more extensions first, or one between the move and the release
                 # would find it gone and warn that its lease was lost
                 self.release([job_id], thread)
-            settle(self.engine, queue, job_id, result, ack, self.outage)
-            receivers_left_behind(execution.db)
+            if settle(self.engine, queue, job_id, result, ack, self.outage):
+                receivers_left_behind(execution.db)  # the receivers ran in this thread
             if execution.changed_session():  # by an outcome's signal receiver
                 drop_connections()
         finally:
