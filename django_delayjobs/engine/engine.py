@@ -48,6 +48,7 @@ _SCRIPTS = (
     "stats",
     "heartbeat",
     "fold_counters",
+    "add_counts",
 )
 
 
