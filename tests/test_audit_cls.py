@@ -7,6 +7,7 @@ the others run on one Redis too, for comparison.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,3 +59,26 @@ def test_a_field_of_the_new_shard_that_holds_no_integer_counts_nothing_twice(cli
     assert client.hget(engine.keys(INTO).counters, "acked") == b"x"
     left = [counters(engine, shard) for shard in OLD]
     assert left == [{"acked": 4}, {"acked": 4}]
+
+
+def test_a_wait_on_a_client_with_a_very_short_socket_timeout_neither_fails_nor_spins(backend):
+    """Redis answers a blocking pop that timed out on its next tick, up to 100 ms late
+    (hz 10). One Redis polls the token lists for a client whose socket timeout is shorter
+    than that; a Cluster's doorbells still blocked, each BLPOP cut to 12 ms by the 50 ms
+    timeout: about half the waits failed with a read timeout (an outage to the worker and
+    the promoter each time)."""
+    client = backend.client(socket_timeout=0.05)
+    try:
+        engine = Engine(client, prefix="t", shards={"q": 3})
+        client.flushall()
+        for _ in range(10):
+            started = time.monotonic()
+            assert engine.wait_for_work(["q", "r"], 0.1) is False
+            assert time.monotonic() - started >= 0.01  # it waited: a loop around it does not spin
+        engine.add("q", {"a": 0})
+        assert engine.wait_for_work(["q", "r"], 0.2) is True
+        due = engine.server_time_ms() + 100
+        engine.add("r", {"b": due})  # the earliest pending id: a wake token
+        assert engine.wait_for_wake(["q", "r"], 0.2) is True
+    finally:
+        engine.close()

@@ -8,6 +8,9 @@ single-key ``BLPOP`` on that list while at least one of the process's threads wa
 and hands each token it pops to exactly one of them (or pushes it back when none is left,
 so another process gets it). Redis holds a blocked client at no cost, so an idle process
 costs one ``BLPOP`` per list per second, and a token wakes a waiter within a round trip.
+
+A client whose socket timeout is too short to hold any ``BLPOP`` polls instead, on one
+Redis or a Cluster (``Polling``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from .validation import brief, finite
 BELL_BLOCK = 1.0
 #: How late Redis may answer a blocking pop that timed out: on its next tick (100 ms at
 #: ``hz 10``), plus a margin. A client whose socket timeout leaves less than this beside
-#: any wait (under 0.16 s) polls the token lists instead of blocking on them.
+#: any wait (under 0.16 s) polls the token lists instead of blocking on them (one Redis
+#: and Cluster alike).
 HZ_SLACK = 0.12
 #: How often a client that polls (see ``HZ_SLACK``) looks at the token lists (seconds).
 POLL_EVERY = 0.025
@@ -105,24 +109,39 @@ def _default_socket_timeout(connection_class: object) -> object:
     return None
 
 
+def waiter(client: Any, cluster: bool) -> Waiter:
+    """How ``client`` waits: doorbells on a Cluster, one ``BLPOP`` on one Redis, or, for a
+    client whose socket timeout is too short for any ``BLPOP`` (see ``HZ_SLACK``), polls."""
+    timeout = socket_timeout(client)
+    if timeout is not None and timeout - (longest_block(client) or 0.0) < HZ_SLACK:
+        return Polling(client)
+    return Doorbells(client) if cluster else BlockingWait(client)
+
+
 class BlockingWait:
-    """One Redis: one ``BLPOP`` over every key, never longer than the socket allows; a
-    client whose socket timeout is too short for any ``BLPOP`` (see ``HZ_SLACK``) polls."""
+    """One Redis: one ``BLPOP`` over every key, never longer than the socket allows."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.longest = longest_block(client)
-        timeout = socket_timeout(client)
-        self.polls = timeout is not None and timeout - (self.longest or 0.0) < HZ_SLACK
 
     def wait(self, keys: Sequence[str], seconds: float) -> bool:
-        if self.polls:
-            return self._poll(keys, seconds)
         if self.longest is not None:
             seconds = min(seconds, self.longest)
         return self.client.blpop(list(keys), timeout=max(seconds, 0.001)) is not None
 
-    def _poll(self, keys: Sequence[str], seconds: float) -> bool:
+    def close(self) -> None:
+        pass
+
+
+class Polling:
+    """A client whose socket timeout is too short for any ``BLPOP``, on one Redis or on a
+    Cluster (a pipeline of one ``LPOP`` per key: one round trip per master)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def wait(self, keys: Sequence[str], seconds: float) -> bool:
         """Take a token from any of ``keys`` within ``seconds``, looking every
         ``POLL_EVERY``; at least one look, and one ``POLL_EVERY`` asleep when there is no
         token (so a caller's loop never spins). A token of each list is taken at once (one
