@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from django_delayjobs.engine import Engine, EngineUnavailable, close_client
+from tests.conftest import cluster_client
 from tests.engine.conftest import Backend, on_cluster, open_backend
 
 Q = "q"
@@ -82,3 +83,52 @@ def test_a_wait_on_a_client_with_a_very_short_socket_timeout_neither_fails_nor_s
         assert engine.wait_for_wake(["q", "r"], 0.2) is True
     finally:
         engine.close()
+
+
+@pytest.mark.cluster
+def test_a_wait_follows_a_shard_whose_slot_moved_to_another_master(redis_cluster):
+    """A doorbell blocks on the master of its list by the client's slot table. After the
+    slot moved, that master answered MOVED, which every waiter got as an outage (the worker
+    and the promoter logged it and backed off), and again at every wait until some other
+    command of the process met a MOVED and corrected the table: a process that only
+    waited never did. The doorbell follows the redirection, as redis-py's commands do."""
+    from django_delayjobs.engine.sharding import slot
+    from tests.test_cluster import _move_slot
+
+    redis_cluster.wait_healthy()
+    client = cluster_client(redis_cluster.url)
+    client.flushall()
+    engine = Engine(client, prefix="move")
+    the_slot = slot(engine.keys(Q).notify.split("}")[0][1:])
+    masters = {n.address: n for n in redis_cluster.master_nodes()}
+    source_node = masters[engine.node_of(Q)]
+    target_node = next(n for a, n in masters.items() if a != source_node.address)
+    with source_node.client() as source, target_node.client() as target:
+        others = [n.client() for n in masters.values() if n not in (source_node, target_node)]
+        try:
+            assert engine.wait_for_work([Q], 0.1) is False  # a doorbell on the source
+            time.sleep(1.2)  # it ends: nobody waits
+            _move_slot(the_slot, source, target, others, finish=True)
+            for _ in range(3):
+                assert engine.wait_for_work([Q], 0.1) is False
+            target.rpush(engine.keys(Q).notify, "1")
+            assert engine.wait_for_work([Q], 0.5) is True
+        finally:  # put the slot back: other tests count shards per master
+            engine.close()
+            with source_node.client() as check:
+                if _node_id_of_slot(check, the_slot) != _node_id_of(source):
+                    _move_slot(the_slot, target, source, others, finish=True)
+            for other in others:
+                other.close()
+    redis_cluster.wait_healthy()
+
+
+def _node_id_of(node: Any) -> str:
+    return node.execute_command("CLUSTER MYID").decode()
+
+
+def _node_id_of_slot(node: Any, the_slot: int) -> str:
+    for start, end, master, *_ in node.execute_command("CLUSTER SLOTS"):
+        if start <= the_slot <= end:
+            return master[2].decode()
+    raise AssertionError(f"slot {the_slot} has no master")

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from redis.exceptions import MovedError
+
 from .validation import brief, finite
 
 #: A doorbell's ``BLPOP`` lasts at most this long, so a doorbell nobody waits on any more
@@ -39,6 +41,9 @@ POLL_EVERY = 0.025
 #: tick (100 ms at ``hz 10``), so a single Redis never waits less either; a shorter wait
 #: would return before a newly started doorbell had popped a token already there.
 MIN_CLUSTER_WAIT = 0.1
+#: How many MOVED in a row a doorbell follows (each time reading the slot table anew)
+#: before its waiters hear of it: a table still out of date after that is an outage.
+MAX_MOVED = 3
 
 
 class Waiter(Protocol):
@@ -223,6 +228,7 @@ class Doorbells:
         return me.won
 
     def _ring(self, bell: _Bell) -> None:
+        moved = 0
         while True:
             with self._lock:
                 if self._closed or not bell.waiters:
@@ -234,20 +240,43 @@ class Doorbells:
                 # at once when the engine closes its connections.
                 node = self._node_client(bell.key)
                 popped = node.blpop([bell.key], timeout=self.block)
-            except Exception as exc:  # unreachable, failover, MOVED...: every waiter hears it
-                with self._lock:
-                    for waiting in bell.waiters:
-                        if not waiting.event.is_set():
-                            waiting.error = exc
-                            waiting.event.set()
-                    bell.waiters.clear()
-                    bell.ringing = False
+            except MovedError as exc:
+                # The slot moved to another master: read the slot table anew, as redis-py
+                # does for its own commands, and block there (a process that only waits
+                # would otherwise meet the old master's MOVED at every wait).
+                moved += 1
+                if moved <= MAX_MOVED and self._read_slots():
+                    continue
+                self._fail(bell, exc)
                 return
+            except Exception as exc:  # unreachable, failover...: every waiter hears it
+                self._fail(bell, exc)
+                return
+            moved = 0
             if popped is not None and not self._hand_over(bell):
                 # Nobody here wants it any more: leave it for another process (a token
                 # lost on the way delays a waiter by one tick at most).
                 with contextlib.suppress(Exception):
                     node.lpush(bell.key, popped[1])
+
+    def _read_slots(self) -> bool:
+        """Read the Cluster's slot table anew; False if that failed (the error is left to
+        the next command, which meets it too)."""
+        try:
+            self.client.nodes_manager.initialize()
+        except Exception:
+            return False
+        return True
+
+    def _fail(self, bell: _Bell, exc: BaseException) -> None:
+        """Give ``exc`` to every waiter of ``bell`` and end it."""
+        with self._lock:
+            for waiting in bell.waiters:
+                if not waiting.event.is_set():
+                    waiting.error = exc
+                    waiting.event.set()
+            bell.waiters.clear()
+            bell.ringing = False
 
     def _node_client(self, key: str) -> Any:
         node = self.client.get_node_from_key(key)
