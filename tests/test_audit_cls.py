@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from django_delayjobs.embedded_cluster import EmbeddedCluster
 from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from tests.conftest import cluster_client
 from tests.engine.conftest import Backend, on_cluster, open_backend
@@ -132,3 +133,30 @@ def _node_id_of_slot(node: Any, the_slot: int) -> str:
         if start <= the_slot <= end:
             return master[2].decode()
     raise AssertionError(f"slot {the_slot} has no master")
+
+
+@pytest.fixture(scope="module")
+def one_master() -> Iterator[EmbeddedCluster]:
+    """A Redis Cluster of a single master (a managed cluster of one shard, say)."""
+    with EmbeddedCluster(masters=1, replicas=0) as cluster:
+        yield cluster
+
+
+@pytest.mark.cluster
+def test_the_start_up_and_health_checks_read_a_cluster_of_one_master(one_master):
+    """redis-py gives a command sent to several nodes as {node: reply}, but to one node as
+    the bare reply: on a Cluster of one master, ``masters()`` read INFO's fields as
+    masters, and the worker's start-up checks and the health check failed with an
+    AttributeError ('str' object has no attribute 'get')."""
+    from django_delayjobs import health, preflight
+
+    client = cluster_client(one_master.url)
+    try:
+        engine = Engine(client, prefix="t")
+        found = engine.masters()
+        assert list(found) == [one_master.nodes[0].address]
+        assert found[one_master.nodes[0].address]["role"] == "master"
+        assert preflight.check_redis(engine) == []
+        assert health.check_redis(engine) == (health.Check("redis", True, "answers"), True)
+    finally:
+        close_client(client)

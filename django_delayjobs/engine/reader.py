@@ -300,8 +300,13 @@ class Reader:
             return {"": self.info()}
 
         def read() -> dict[str, dict[str, Any]]:
-            return cast(dict[str, dict[str, Any]], self._call(
-                lambda: self.client.info(target_nodes=self.client.PRIMARIES)))  # fmt: skip
+            # One node at a time: redis-py gives a command sent to several nodes as
+            # {node: reply}, but one sent to a single node (a Cluster of one master) bare.
+            def run() -> dict[str, dict[str, Any]]:
+                return {node.name: self.client.info(target_nodes=node)
+                        for node in self.client.get_primaries()}  # fmt: skip
+
+            return self._call(run)
 
         found = read()
         if any(info.get("role", "master") != "master" for info in found.values()):
