@@ -160,3 +160,20 @@ def test_the_start_up_and_health_checks_read_a_cluster_of_one_master(one_master)
         assert health.check_redis(engine) == (health.Check("redis", True, "answers"), True)
     finally:
         close_client(client)
+
+
+def test_a_polling_wait_keeps_the_token_it_took_beside_a_list_of_the_wrong_type(backend):
+    """A polling client takes a token of each list in one round trip. When another
+    queue's list held another program's STRING, the wait raised its WRONGTYPE with the
+    token of ``r`` already taken; the engine waited again on the good lists, where it was
+    gone: the worker slept a whole wait (a tick) with a job ready."""
+    client = backend.client(socket_timeout=0.05)
+    engine = Engine(client, prefix="t")
+    try:
+        client.flushall()
+        client.set(engine.keys("q").notify, "another program's")
+        engine.add("r", {"a": 0})  # ready now: a notify token
+        assert engine.wait_for_work(["q", "r"], 0.2) is True
+        assert engine.wait_for_work(["q", "r"], 0.1) is False  # the WRONGTYPE is passed over
+    finally:
+        engine.close()

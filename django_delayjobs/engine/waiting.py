@@ -158,11 +158,11 @@ class Polling:
             for key in dict.fromkeys(keys):
                 pipe.lpop(key)
             replies = pipe.execute(raise_on_error=False)
+            if any(reply is not None and not isinstance(reply, Exception) for reply in replies):
+                return True  # a token taken is used, whatever another list's error
             for reply in replies:
                 if isinstance(reply, Exception):  # as BLPOP's: a WRONGTYPE is named as such
                     raise reply
-            if any(token is not None for token in replies):
-                return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
