@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from django_delayjobs.embedded_cluster import EmbeddedCluster
-from django_delayjobs.engine import Engine, EngineUnavailable, close_client
+from django_delayjobs.engine import Engine, EngineUnavailable, PartlyUnavailable, close_client
 from tests.conftest import cluster_client
 from tests.engine.conftest import Backend, on_cluster, open_backend
 
@@ -177,3 +177,47 @@ def test_a_polling_wait_keeps_the_token_it_took_beside_a_list_of_the_wrong_type(
         assert engine.wait_for_work(["q", "r"], 0.1) is False  # the WRONGTYPE is passed over
     finally:
         engine.close()
+
+
+@pytest.fixture(scope="module")
+def lonely() -> Iterator[EmbeddedCluster]:
+    """3 masters, no replicas; a dead master is not declared failed for 60 s."""
+    with EmbeddedCluster(masters=3, replicas=0, node_timeout_ms=60_000) as cluster:
+        yield cluster
+
+
+@pytest.mark.cluster
+def test_an_idle_worker_waits_on_the_healthy_masters_while_one_is_down(lonely):
+    """With one master down (until its failover, or for good without a replica), an idle
+    worker's claim passed over its shards but raised, the others being empty, and its
+    wait raised as soon as that master's doorbell failed: the worker slept its backoff
+    (0.2 s doubling to 5 s) instead of waiting, and a job that became ready on a healthy
+    master waited up to 5 s. Both now fail only when no master answers."""
+    from django_delayjobs.worker import Options, WorkerProcess
+
+    lonely.wait_healthy()
+    client = cluster_client(lonely.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    client.flushall()
+    engine = Engine(client, prefix="t", shards={Q: 6})
+    shards = engine.shards(Q)
+    directory = engine.node_of(Q)  # the directory's and the workers' master: kept alive
+    victim = next(n for n in lonely.nodes if n.address != directory
+                  and n.address in {engine.node_of(s) for s in shards})  # fmt: skip
+    healthy = [s for s in shards if engine.node_of(s) != victim.address]
+    try:
+        lonely.kill(victim)
+        process = WorkerProcess(engine, Options(queues=[Q], tick=0.1))
+        for _ in range(len(shards) + 1):  # every shard in turn, the dead ones too
+            with pytest.raises(PartlyUnavailable):  # the loop waits, then claims again
+                process.claim([Q])
+        started = time.monotonic()
+        assert engine.wait_for_work([Q], 0.3) is False
+        assert time.monotonic() - started >= 0.25
+        engine.add(healthy[0], {"a": 0})  # ready now: a notify token on a healthy master
+        assert engine.wait_for_work([Q], 1.0) is True
+        assert process.claim([Q]) == (healthy[0], ["a"])
+        with pytest.raises(EngineUnavailable):  # none of its masters answers
+            engine.wait_for_work([s for s in shards if s not in healthy], 0.3)
+    finally:
+        engine.close()
+        lonely.restart(victim)

@@ -174,11 +174,13 @@ class Polling:
 
 @dataclass(eq=False)
 class _Waiting:
-    """One thread's wait: set once, by the doorbell that gives it a token (or an error)."""
+    """One thread's wait: set once, by the doorbell that gives it a token, or by the last
+    of its doorbells to fail (a master down leaves the others' lists to wait on)."""
 
     event: threading.Event = field(default_factory=threading.Event)
     won: bool = False
     error: BaseException | None = None
+    bells: int = 0  # its doorbells that have not failed
 
 
 @dataclass(eq=False)
@@ -201,7 +203,7 @@ class Doorbells:
         self._nodes: dict[int, Any] = {}  # the masters' clients the doorbells block on
 
     def wait(self, keys: Sequence[str], seconds: float) -> bool:
-        me = _Waiting()
+        me = _Waiting(bells=len(dict.fromkeys(keys)))
         with self._lock:
             if self._closed:
                 raise RuntimeError("the engine was closed")
@@ -223,7 +225,7 @@ class Doorbells:
                     found = self._bells.get(key)
                     if found is not None and me in found.waiters:
                         found.waiters.remove(me)
-        if me.error is not None:
+        if me.error is not None and not me.won and me.bells <= 0:
             raise me.error
         return me.won
 
@@ -269,12 +271,15 @@ class Doorbells:
         return True
 
     def _fail(self, bell: _Bell, exc: BaseException) -> None:
-        """Give ``exc`` to every waiter of ``bell`` and end it."""
+        """End ``bell``; a waiter that has no other doorbell left gets ``exc`` (the first
+        of its doorbells' errors): one master down stops no wait on the others."""
         with self._lock:
             for waiting in bell.waiters:
                 if not waiting.event.is_set():
-                    waiting.error = exc
-                    waiting.event.set()
+                    waiting.error = waiting.error or exc
+                    waiting.bells -= 1
+                    if waiting.bells <= 0:
+                        waiting.event.set()
             bell.waiters.clear()
             bell.ringing = False
 
