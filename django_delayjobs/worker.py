@@ -377,14 +377,20 @@ class WorkerProcess:
     def promote_loop(self) -> None:
         backoff = Backoff(self.stopping, "promoter")
         while not self.stopping.is_set():
+            partly = False
             try:
                 wait = self.promoter.step()
                 backoff.ok()
-                self.promoter.sleep(wait)
             except PartlyUnavailable as exc:  # the other shards were served: keep their pace
-                backoff.failed("Redis is unavailable", exc, pause=exc.done)
+                backoff.failed("Redis is unavailable", exc, pause=0)
+                wait, partly = exc.done, True
             except EngineUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc)
+                continue
+            try:  # woken by an earlier job (on the masters that answer, if one does not)
+                self.promoter.sleep(wait)
+            except EngineUnavailable as exc:
+                backoff.failed("Redis is unavailable", exc, pause=wait if partly else None)
 
     def reconcile_loop(self) -> None:
         """Repair Redis from the database every RECONCILE_SECONDS, beside the promoter: a

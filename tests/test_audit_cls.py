@@ -7,6 +7,7 @@ the others run on one Redis too, for comparison.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -219,5 +220,40 @@ def test_an_idle_worker_waits_on_the_healthy_masters_while_one_is_down(lonely):
         with pytest.raises(EngineUnavailable):  # none of its masters answers
             engine.wait_for_work([s for s in shards if s not in healthy], 0.3)
     finally:
+        engine.close()
+        lonely.restart(victim)
+
+
+@pytest.mark.cluster
+def test_the_promoter_is_woken_by_an_earlier_job_while_a_master_is_down(lonely):
+    """While a pass could not reach one master, the promoter slept until the next due time
+    (up to the tick) without waiting on the wake lists, as their wait failed with that
+    master's: a job scheduled earlier, on a healthy master, was promoted up to a tick
+    late. It waits on the lists of the masters that answer."""
+    from django_delayjobs.worker import Options, WorkerProcess
+
+    lonely.wait_healthy()
+    client = cluster_client(lonely.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    client.flushall()
+    engine = Engine(client, prefix="t", shards={Q: 6})
+    shards = engine.shards(Q)
+    directory = engine.node_of(Q)
+    victim = next(n for n in lonely.nodes if n.address != directory
+                  and n.address in {engine.node_of(s) for s in shards})  # fmt: skip
+    healthy = [s for s in shards if engine.node_of(s) != victim.address]
+    process = WorkerProcess(engine, Options(queues=[Q], tick=3.0))
+    thread = threading.Thread(target=process.promote_loop)
+    try:
+        lonely.kill(victim)
+        thread.start()
+        time.sleep(0.5)  # its first pass met the dead master: it sleeps (a tick: 3 s)
+        engine.add(healthy[0], {"a": engine.server_time_ms() + 100})  # a wake token
+        started = time.monotonic()
+        while engine.stats(healthy[0]).ready == 0:
+            assert time.monotonic() - started < 1.0, "not promoted within 1 s"
+            time.sleep(0.02)
+    finally:
+        process.stopping.set()
+        thread.join()
         engine.close()
         lonely.restart(victim)
