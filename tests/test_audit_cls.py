@@ -257,3 +257,31 @@ def test_the_promoter_is_woken_by_an_earlier_job_while_a_master_is_down(lonely):
         thread.join()
         engine.close()
         lonely.restart(victim)
+
+
+@pytest.mark.cluster
+def test_a_process_started_while_the_directory_master_is_down_serves_the_others(lonely):
+    """The directory of queues lives on one master. A process that started while that
+    master was down (failing over, say) could never read it, and every promote and claim,
+    on every queue, raised until it was back: the queues on the other masters stopped
+    too. It serves its queues' current shards meanwhile, and reads the directory again
+    within ``DIRECTORY_TTL``, as after a failed read of one it had read before."""
+    lonely.wait_healthy()
+    seed = cluster_client(lonely.url)
+    directory = seed.get_node_from_key("{t}:queues").name
+    queue = next(q for q in (f"q{n}" for n in range(100))
+                 if seed.get_node_from_key(f"{{t:{q}}}:pending").name != directory)  # fmt: skip
+    close_client(seed)
+    victim = next(n for n in lonely.nodes if n.address == directory)
+    alive = next(n for n in lonely.nodes if n is not victim)
+    client = cluster_client(f"redis://{alive.address}/0", socket_timeout=1.0,
+                            socket_connect_timeout=1.0)  # fmt: skip
+    engine = Engine(client, prefix="t")
+    try:
+        lonely.kill(victim)
+        client.zadd(engine.keys(queue).pending, {"a": 0})  # due: the add lists it, here not
+        assert engine.promote(queue).moved == 1
+        assert engine.claim(queue, 1, 60_000) == ["a"]
+    finally:
+        engine.close()
+        lonely.restart(victim)
