@@ -391,14 +391,20 @@ class WorkerProcess:
     def promote_loop(self) -> None:
         backoff = Backoff(self.stopping, "promoter")
         while not self.stopping.is_set():
+            partly = False
             try:
                 wait = self.promoter.step()
                 backoff.ok()
-                self.promoter.sleep(wait)
             except PartlyUnavailable as exc:  # the other shards were served: keep their pace
-                backoff.failed("Redis is unavailable", exc, pause=exc.done)
+                backoff.failed("Redis is unavailable", exc, pause=0)
+                wait, partly = exc.done, True
             except EngineUnavailable as exc:
                 backoff.failed("Redis is unavailable", exc)
+                continue
+            try:  # woken by an earlier job (on the masters that answer, if one does not)
+                self.promoter.sleep(wait)
+            except EngineUnavailable as exc:
+                backoff.failed("Redis is unavailable", exc, pause=wait if partly else None)
 
     def reconcile_loop(self) -> None:
         """Repair Redis from the database every RECONCILE_SECONDS, beside the promoter: a
@@ -437,10 +443,16 @@ class WorkerProcess:
                 backoff.ok()
                 redis_lost = None
             except EngineUnavailable as exc:
-                redis_lost = redis_lost or time.monotonic()
-                if not self.redis_failed(backoff, exc, redis_lost):
-                    return
-                continue
+                if isinstance(exc, PartlyUnavailable) and not self.options.burst:
+                    # Some masters answered, none had ids: wait on them as an idle worker
+                    # does (the outage logged once), not a backoff's sleep.
+                    backoff.failed("Redis is unavailable", exc, pause=0)
+                    claimed = None
+                else:
+                    redis_lost = redis_lost or time.monotonic()
+                    if not self.redis_failed(backoff, exc, redis_lost):
+                        return
+                    continue
             if claimed is None:
                 if self.options.burst:
                     continue
@@ -498,10 +510,12 @@ class WorkerProcess:
         A shard whose master is unreachable (a Cluster failing over) is passed over, and
         the shards of a master that just failed to answer are for ``SKIP_SECONDS`` (the
         promoter's breaker: a frozen master costs each call the client's timeout); the
-        error is raised only if no other shard had ids, so the rest keep being served. A
-        shard with a key of the wrong type is passed over and reported (``BrokenKeys``).
+        error is raised only if no other shard had ids: ``PartlyUnavailable`` if some
+        answered (an idle worker then waits on them), else the error itself. A shard with
+        a key of the wrong type is passed over and reported (``BrokenKeys``).
         """
         failure: EngineUnavailable | None = None
+        answered = False
         for queue in queues:
             count = self.prefetch if queue == queues[0] else 1
             shards = self.engine.shards(queue)
@@ -516,11 +530,14 @@ class WorkerProcess:
                 except EngineUnavailable as exc:
                     failure = failure or exc
                     continue
+                answered = True
                 if ids:
                     with self.held_lock:
                         self.held.update(dict.fromkeys(ids, (shard, threading.get_ident())))
                         self.lost.difference_update(ids)  # in flight again: this claim's
                     return shard, ids
+        if failure is not None and answered:
+            raise PartlyUnavailable(str(failure), None) from failure
         if failure is not None:
             raise failure
         return None

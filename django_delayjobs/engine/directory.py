@@ -70,18 +70,19 @@ class Directory:
     def listed(self, queue: str | None = None, *, fresh: bool = False) -> dict[str, set[Shard]]:
         """Return queue -> its listed shards (read at most DIRECTORY_TTL ago unless fresh).
 
-        If a read fails after an earlier one succeeded (the master of the directory is
-        failing over), the last listing is used: serving the shards known a moment ago is
-        better than serving none. A directory of the wrong type (another program's key)
-        lists what was last read, or nothing: callers serve their queues' current shards
-        (every queue's only shard, for a queue never split), not none at all. ``fresh``
-        reads raise, so the key is named where queues are listed (stats, metrics).
+        A read that fails (the directory's master is failing over, or its key is another
+        program's, of the wrong type) lists what was last read, or nothing if none was:
+        callers serve their queues' current shards (every queue's only shard, for a queue
+        never split), not none at all; it is read again after ``DIRECTORY_TTL``. (On a
+        Cluster, a process that started while the directory's master was down served no
+        queue at all until it was back.) ``fresh`` reads raise, so the failure is named
+        where queues are listed (stats, metrics).
         """
         if fresh or not self._known or time.monotonic() - self._read_at >= DIRECTORY_TTL:
             try:
                 members = self._run(lambda: self.client.smembers(self.key))
-            except EngineUnavailable as exc:
-                if fresh or not (self._known or isinstance(exc, WrongType)):
+            except EngineUnavailable:
+                if fresh:
                     raise
                 members = {shard.name for found in self._shards.values() for shard in found}
             shards: dict[str, set[Shard]] = {}

@@ -28,7 +28,7 @@ from .validation import check_ms as _ms
 from .validation import check_priorities as _priorities
 from .validation import score_ms as _score_ms
 from .validation import text as _text
-from .waiting import BlockingWait, Doorbells, Waiter, check_timeout
+from .waiting import Waiter, check_timeout, waiter
 
 _SCRIPTS = (
     "add",
@@ -48,6 +48,7 @@ _SCRIPTS = (
     "stats",
     "heartbeat",
     "fold_counters",
+    "add_counts",
 )
 
 
@@ -118,7 +119,7 @@ class Engine(Reader):
         self._scripts: dict[str, Script] = {
             name: client.register_script(checked_source(name)) for name in _SCRIPTS
         }
-        self._waiter: Waiter = Doorbells(client) if self.is_cluster else BlockingWait(client)
+        self._waiter: Waiter = waiter(client, self.is_cluster)
         # Per queue: one turn for all would step a queue by the queues claimed between.
         self._turns: defaultdict[str, Iterator[int]] = defaultdict(itertools.count)
 

@@ -93,7 +93,7 @@ class Reader:
         # scripts (not inside them) so each script still touches a single slot.
         return f"{{{self.prefix}}}:queues"
 
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[str | float]) -> Any:
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[str | bytes | float]) -> Any:
         script = self._scripts[name]
 
         def run() -> Any:
@@ -174,41 +174,46 @@ class Reader:
         the counts are taken from ``shard`` by one script (``fold_counters``), and a second
         taker finds nothing left. On one Redis the same script adds them to ``into``: one
         atomic step. On a Cluster the two shards may be on two masters, so they are added
-        by a second call; if that fails, they are put back into ``shard`` (which stays
-        listed, so the next fold moves them) and the failure is raised. What is left: a
-        read between the two calls sees the totals short by these counts for that instant;
-        a process that dies between them loses them (the totals drop once), and so does one
-        whose put-back fails too (raised, with the counts); an add to ``into`` whose reply
-        was lost after it was applied is put back too, and the counts are counted twice.
+        by a second script (``add_counts``); the counts it cannot add (their field in
+        ``into`` holds another program's value, which one Redis leaves alone too) are put
+        back into ``shard``, and so are all of them if it fails (``shard`` stays listed, so
+        the next fold moves them; the failure is raised). What is left: a read between the
+        two calls sees the totals short by these counts for that instant; a process that
+        dies between them loses them (the totals drop once), and so does one whose put-back
+        fails too (raised, with the counts); an add to ``into`` whose reply was lost after
+        it was applied is put back too, and the counts are counted twice.
         """
         source, target = self._keys(shard).counters, self._keys(into).counters
         if not self.is_cluster:
             self._run("fold_counters", [source, target], [])
             return
-        flat = self._run("fold_counters", [source], [])
-        counts = {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
-        if counts:
-            try:
-                self._call(partial(self._add_counts, target, counts))
-            except EngineUnavailable as exc:
-                self._put_back(source, counts, exc)
-                raise
-
-    def _add_counts(self, key: str, counts: Mapping[str, int]) -> None:
-        pipe = self.client.pipeline(transaction=True)  # one key, one slot: read all or none
-        for name, count in counts.items():
-            pipe.hincrby(key, name, count)
-        pipe.execute()
-
-    def _put_back(self, key: str, counts: Mapping[str, int], exc: EngineUnavailable) -> None:
-        """Give a shard back the counts taken from it for a fold that failed (``exc``)."""
+        taken = self._run("fold_counters", [source], [])
+        if not taken:
+            return
         try:
-            self._call(partial(self._add_counts, key, counts))
+            refused = self._run("add_counts", [target], taken)
+        except EngineUnavailable as exc:
+            self._put_back(source, taken, exc)
+            raise
+        if refused:
+            self._put_back(source, refused, None)
+
+    def _put_back(self, key: str, flat: list[bytes], exc: EngineUnavailable | None) -> None:
+        """Give a shard back the counts (``flat``: name, count, ...) taken from it for a
+        fold that failed (``exc``) or could not add them; raise if some stay lost."""
+        cause: EngineUnavailable | None = None
+        try:
+            lost = self._run("add_counts", [key], flat)
         except EngineUnavailable as again:
+            lost, cause = flat, again
+        if lost:
+            counts = {_text(lost[i]): _text(lost[i + 1]) for i in range(0, len(lost), 2)}
+            why = cause or "their fields there hold another program's values now"
             raise EngineUnavailable(
-                f"the counters {counts} of {key} could not be folded ({exc}) nor put back "
-                f"({again}): the queue's totals lose them"
-            ) from again
+                f"the counters {counts} of {key} could not be folded "
+                f"({exc or 'refused by the new shard'}) nor put back ({why}): the queue's "
+                "totals lose them"
+            ) from cause
 
     def _empty(self, shard: Shard) -> bool:
         s = self._stats(shard)
@@ -295,8 +300,13 @@ class Reader:
             return {"": self.info()}
 
         def read() -> dict[str, dict[str, Any]]:
-            return cast(dict[str, dict[str, Any]], self._call(
-                lambda: self.client.info(target_nodes=self.client.PRIMARIES)))  # fmt: skip
+            # One node at a time: redis-py gives a command sent to several nodes as
+            # {node: reply}, but one sent to a single node (a Cluster of one master) bare.
+            def run() -> dict[str, dict[str, Any]]:
+                return {node.name: self.client.info(target_nodes=node)
+                        for node in self.client.get_primaries()}  # fmt: skip
+
+            return self._call(run)
 
         found = read()
         if any(info.get("role", "master") != "master" for info in found.values()):

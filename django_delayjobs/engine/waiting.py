@@ -8,6 +8,9 @@ single-key ``BLPOP`` on that list while at least one of the process's threads wa
 and hands each token it pops to exactly one of them (or pushes it back when none is left,
 so another process gets it). Redis holds a blocked client at no cost, so an idle process
 costs one ``BLPOP`` per list per second, and a token wakes a waiter within a round trip.
+
+A client whose socket timeout is too short to hold any ``BLPOP`` polls instead, on one
+Redis or a Cluster (``Polling``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from redis.exceptions import MovedError
+
 from .validation import brief, finite
 
 #: A doorbell's ``BLPOP`` lasts at most this long, so a doorbell nobody waits on any more
@@ -27,7 +32,8 @@ from .validation import brief, finite
 BELL_BLOCK = 1.0
 #: How late Redis may answer a blocking pop that timed out: on its next tick (100 ms at
 #: ``hz 10``), plus a margin. A client whose socket timeout leaves less than this beside
-#: any wait (under 0.16 s) polls the token lists instead of blocking on them.
+#: any wait (under 0.16 s) polls the token lists instead of blocking on them (one Redis
+#: and Cluster alike).
 HZ_SLACK = 0.12
 #: How often a client that polls (see ``HZ_SLACK``) looks at the token lists (seconds).
 POLL_EVERY = 0.025
@@ -35,6 +41,9 @@ POLL_EVERY = 0.025
 #: tick (100 ms at ``hz 10``), so a single Redis never waits less either; a shorter wait
 #: would return before a newly started doorbell had popped a token already there.
 MIN_CLUSTER_WAIT = 0.1
+#: How many MOVED in a row a doorbell follows (each time reading the slot table anew)
+#: before its waiters hear of it: a table still out of date after that is an outage.
+MAX_MOVED = 3
 
 
 class Waiter(Protocol):
@@ -105,24 +114,39 @@ def _default_socket_timeout(connection_class: object) -> object:
     return None
 
 
+def waiter(client: Any, cluster: bool) -> Waiter:
+    """How ``client`` waits: doorbells on a Cluster, one ``BLPOP`` on one Redis, or, for a
+    client whose socket timeout is too short for any ``BLPOP`` (see ``HZ_SLACK``), polls."""
+    timeout = socket_timeout(client)
+    if timeout is not None and timeout - (longest_block(client) or 0.0) < HZ_SLACK:
+        return Polling(client)
+    return Doorbells(client) if cluster else BlockingWait(client)
+
+
 class BlockingWait:
-    """One Redis: one ``BLPOP`` over every key, never longer than the socket allows; a
-    client whose socket timeout is too short for any ``BLPOP`` (see ``HZ_SLACK``) polls."""
+    """One Redis: one ``BLPOP`` over every key, never longer than the socket allows."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.longest = longest_block(client)
-        timeout = socket_timeout(client)
-        self.polls = timeout is not None and timeout - (self.longest or 0.0) < HZ_SLACK
 
     def wait(self, keys: Sequence[str], seconds: float) -> bool:
-        if self.polls:
-            return self._poll(keys, seconds)
         if self.longest is not None:
             seconds = min(seconds, self.longest)
         return self.client.blpop(list(keys), timeout=max(seconds, 0.001)) is not None
 
-    def _poll(self, keys: Sequence[str], seconds: float) -> bool:
+    def close(self) -> None:
+        pass
+
+
+class Polling:
+    """A client whose socket timeout is too short for any ``BLPOP``, on one Redis or on a
+    Cluster (a pipeline of one ``LPOP`` per key: one round trip per master)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def wait(self, keys: Sequence[str], seconds: float) -> bool:
         """Take a token from any of ``keys`` within ``seconds``, looking every
         ``POLL_EVERY``; at least one look, and one ``POLL_EVERY`` asleep when there is no
         token (so a caller's loop never spins). A token of each list is taken at once (one
@@ -134,11 +158,11 @@ class BlockingWait:
             for key in dict.fromkeys(keys):
                 pipe.lpop(key)
             replies = pipe.execute(raise_on_error=False)
+            if any(reply is not None and not isinstance(reply, Exception) for reply in replies):
+                return True  # a token taken is used, whatever another list's error
             for reply in replies:
                 if isinstance(reply, Exception):  # as BLPOP's: a WRONGTYPE is named as such
                     raise reply
-            if any(token is not None for token in replies):
-                return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -150,11 +174,13 @@ class BlockingWait:
 
 @dataclass(eq=False)
 class _Waiting:
-    """One thread's wait: set once, by the doorbell that gives it a token (or an error)."""
+    """One thread's wait: set once, by the doorbell that gives it a token, or by the last
+    of its doorbells to fail (a master down leaves the others' lists to wait on)."""
 
     event: threading.Event = field(default_factory=threading.Event)
     won: bool = False
     error: BaseException | None = None
+    bells: int = 0  # its doorbells that have not failed
 
 
 @dataclass(eq=False)
@@ -177,7 +203,7 @@ class Doorbells:
         self._nodes: dict[int, Any] = {}  # the masters' clients the doorbells block on
 
     def wait(self, keys: Sequence[str], seconds: float) -> bool:
-        me = _Waiting()
+        me = _Waiting(bells=len(dict.fromkeys(keys)))
         with self._lock:
             if self._closed:
                 raise RuntimeError("the engine was closed")
@@ -199,11 +225,12 @@ class Doorbells:
                     found = self._bells.get(key)
                     if found is not None and me in found.waiters:
                         found.waiters.remove(me)
-        if me.error is not None:
+        if me.error is not None and not me.won and me.bells <= 0:
             raise me.error
         return me.won
 
     def _ring(self, bell: _Bell) -> None:
+        moved = 0
         while True:
             with self._lock:
                 if self._closed or not bell.waiters:
@@ -215,20 +242,46 @@ class Doorbells:
                 # at once when the engine closes its connections.
                 node = self._node_client(bell.key)
                 popped = node.blpop([bell.key], timeout=self.block)
-            except Exception as exc:  # unreachable, failover, MOVED...: every waiter hears it
-                with self._lock:
-                    for waiting in bell.waiters:
-                        if not waiting.event.is_set():
-                            waiting.error = exc
-                            waiting.event.set()
-                    bell.waiters.clear()
-                    bell.ringing = False
+            except MovedError as exc:
+                # The slot moved to another master: read the slot table anew, as redis-py
+                # does for its own commands, and block there (a process that only waits
+                # would otherwise meet the old master's MOVED at every wait).
+                moved += 1
+                if moved <= MAX_MOVED and self._read_slots():
+                    continue
+                self._fail(bell, exc)
                 return
+            except Exception as exc:  # unreachable, failover...: every waiter hears it
+                self._fail(bell, exc)
+                return
+            moved = 0
             if popped is not None and not self._hand_over(bell):
                 # Nobody here wants it any more: leave it for another process (a token
                 # lost on the way delays a waiter by one tick at most).
                 with contextlib.suppress(Exception):
                     node.lpush(bell.key, popped[1])
+
+    def _read_slots(self) -> bool:
+        """Read the Cluster's slot table anew; False if that failed (the error is left to
+        the next command, which meets it too)."""
+        try:
+            self.client.nodes_manager.initialize()
+        except Exception:
+            return False
+        return True
+
+    def _fail(self, bell: _Bell, exc: BaseException) -> None:
+        """End ``bell``; a waiter that has no other doorbell left gets ``exc`` (the first
+        of its doorbells' errors): one master down stops no wait on the others."""
+        with self._lock:
+            for waiting in bell.waiters:
+                if not waiting.event.is_set():
+                    waiting.error = waiting.error or exc
+                    waiting.bells -= 1
+                    if waiting.bells <= 0:
+                        waiting.event.set()
+            bell.waiters.clear()
+            bell.ringing = False
 
     def _node_client(self, key: str) -> Any:
         node = self.client.get_node_from_key(key)
