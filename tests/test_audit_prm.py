@@ -97,13 +97,13 @@ def test_the_wait_after_a_long_pass_counts_from_the_end_of_the_pass(engine, batc
     shards after it (a backlog) made that job as late."""
     backlog(engine, "b", 4000)  # 4,000 calls: a pass of 0.1 s or more
     server_ms, local = engine.server_time_ms(), time.monotonic()
-    due_ms = server_ms + 1000
+    due_ms = server_ms + 3000  # after the pass, however loaded the machine (0.95 s seen)
     engine.add("a", {"a-1": due_ms})
     promoter = Promoter(engine, ["a", "b"], tick=5.0)
     wait = promoter.step()
     woken = time.monotonic() + wait
     assert engine.stats("b").ready == 4000
-    assert 0.05 < time.monotonic() - local < 0.9, "the pass cannot show the delay"
+    assert 0.05 < time.monotonic() - local < 2.9, "the pass cannot show the delay"
     late_ms = (woken - local) * 1000 - (due_ms - server_ms)
     assert late_ms < 5, f"the promoter would wake {late_ms:.0f} ms after the job is due"
 
