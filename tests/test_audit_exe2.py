@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from contextlib import closing
 from datetime import timedelta
 
 import pytest
@@ -181,7 +182,7 @@ def other_database(django_db_setup, tmp_path_factory):
     test's ``databases`` are checked, and is gone before the next tests' worker threads
     meet it; after the test databases are made (none for it)."""
     path = tmp_path_factory.mktemp("other") / "other.sqlite3"
-    with sqlite3.connect(path) as db:
+    with closing(sqlite3.connect(path)) as db, db:
         db.execute("CREATE TABLE t (label TEXT)")
     configured = {"default": connections.settings["default"],
                   OTHER: {"ENGINE": "django.db.backends.sqlite3", "NAME": str(path)}}  # fmt: skip
@@ -224,7 +225,7 @@ class TestAnotherDatabase:
         into a transaction that never committed, and were lost when the connection was
         closed, their jobs succeeded all the same. As on the jobs' database: rolled back and
         repaired, and the action's attempt failed."""
-        with sqlite3.connect(other_database) as db:
+        with closing(sqlite3.connect(other_database)) as db, db:
             db.execute("DELETE FROM t")
         now = timezone.now()
         bad = schedule(leave_other_open, at=now, args=[how], max_attempts=2)
@@ -233,7 +234,7 @@ class TestAnotherDatabase:
         bad.refresh_from_db()
         good.refresh_from_db()
         assert good.status == Status.SUCCEEDED, good.last_error
-        with sqlite3.connect(other_database) as db:
+        with closing(sqlite3.connect(other_database)) as db, db:
             assert db.execute("SELECT label FROM t").fetchall() == [("after",)]
         assert (bad.status, bad.attempts) == (Status.RETRYING, 1), bad.last_error
         first = bad.last_error.splitlines()[0]
