@@ -425,6 +425,8 @@ class Execution:
         except Exception as exc:
             if connection.lost(exc):
                 return self.hand_back(exc)
+            if isinstance(exc, OperationalError | InterfaceError):  # the target's database:
+                return self.failed(exc, [], 0.0)  # an attempt failed, as in the action
             return self.finish(Outcome.DEAD, f"cannot run this job: {exc}")
         if fn is None:
             return self.finish(Outcome.SKIPPED, "the target object no longer exists")

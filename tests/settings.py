@@ -122,6 +122,18 @@ if os.environ.get("DELAYJOBS_TEST_JOBS_DB"):  # tests/test_audit_tsk3.py: Job on
 
     DATABASE_ROUTERS = [JobsApart()]
 
+if os.environ.get("DELAYJOBS_TEST_THINGS_DB"):  # tests/test_audit_lead.py: the test app's
+    DATABASES["things"] = {"ENGINE": "django.db.backends.sqlite3",  # Thing rows elsewhere
+                           "NAME": os.environ["DELAYJOBS_TEST_THINGS_DB"]}  # fmt: skip
+
+    class ThingsApart:
+        def db_for_write(self, model: Any, **hints: object) -> str | None:
+            return "things" if model._meta.label == "testapp.Thing" else None
+
+        db_for_read = db_for_write
+
+    DATABASE_ROUTERS = [ThingsApart()]
+
 DELAYJOBS = {
     "REDIS_URL": os.environ.get("REDIS_URL", "redis://localhost:6379/0"),
     "LEASE_SECONDS": float(os.environ.get("DELAYJOBS_LEASE_SECONDS", 300)),
