@@ -4,10 +4,12 @@ the database's own ``on_delete``, the jobs on a database of their own."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.apps import apps
+from django.db import connection, models
 from django.utils import timezone
 
 from django_delayjobs import retention
@@ -89,3 +91,47 @@ def test_a_finish_time_that_cannot_be_read_does_not_stop_the_walk():
     done = retention.prune(timezone.now() - timedelta(days=30), batch=10)
     assert (done.jobs, done.complete) == (25, True), done
     assert not Job.objects.exists()
+
+
+@pytest.fixture
+def note_model() -> Iterator[type[models.Model]]:
+    """A model of the user's whose foreign key to ``Job`` the database acts on itself
+    (Django 6's ``DB_CASCADE``, ``DB_SET_NULL``), with its table; gone afterwards."""
+    made = []
+
+    def make(on_delete: object) -> type[models.Model]:
+        name = f"Note{len(made)}"
+        attrs = {
+            "__module__": __name__,
+            "job": models.ForeignKey(Job, on_delete=on_delete, null=True, related_name="+"),
+            "Meta": type("Meta", (), {"app_label": "testapp"}),
+        }
+        model = type(name, (models.Model,), attrs)
+        with connection.schema_editor() as editor:
+            editor.create_model(model)
+        made.append(model)
+        return model
+
+    yield make
+    for model in made:
+        with connection.schema_editor() as editor:
+            editor.delete_model(model)
+        del apps.all_models["testapp"][model._meta.model_name]
+    apps.clear_cache()
+
+
+@pytest.mark.skipif(not hasattr(models, "DB_CASCADE"), reason="Django 6's database on_delete")
+@pytest.mark.parametrize("action", ["DB_CASCADE", "DB_SET_NULL"])
+def test_a_foreign_key_the_database_acts_on_does_not_keep_its_jobs(note_model, action):
+    """The database deletes (or clears) the rows that refer to a pruned job itself: those
+    jobs are pruned with the rest, not left as if the key refused their delete."""
+    model = note_model(getattr(models, action))
+    jobs = old_jobs(3, timedelta(days=40))
+    for job in jobs:
+        model._default_manager.create(job=job)
+    assert model._meta.get_field("job") not in retention.references("default")
+    done = retention.prune(timezone.now() - timedelta(days=30))
+    assert (done.jobs, done.protected) == (3, 0), done
+    assert not Job.objects.exists()
+    left = list(model._default_manager.values_list("job_id", flat=True))
+    assert left == ([] if action == "DB_CASCADE" else [None] * 3)
