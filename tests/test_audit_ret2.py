@@ -3,18 +3,21 @@ the database's own ``on_delete``, the jobs on a database of their own."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from django.apps import apps
-from django.db import connection, models
+from django.db import connection, connections, models
 from django.utils import timezone
 
 from django_delayjobs import retention
-from django_delayjobs.models import Job
+from django_delayjobs.connection import get_engine
+from django_delayjobs.models import Job, JobEvent, Status
 from tests.test_audit_ret import copies, old_jobs
+from tests.test_retention import dead_in_garbage
 from tests.testapp.models import Receipt
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -135,3 +138,31 @@ def test_a_foreign_key_the_database_acts_on_does_not_keep_its_jobs(note_model, a
     assert not Job.objects.exists()
     left = list(model._default_manager.values_list("job_id", flat=True))
     assert left == ([] if action == "DB_CASCADE" else [None] * 3)
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="the batch chosen before its lock")
+def test_a_dead_job_requeued_after_the_batch_chose_it_is_left_with_its_history():
+    """On SQLite a batch's jobs are chosen before its transaction: one requeued in
+    between is scheduled again, and the batch must neither delete it (nor its events)
+    nor purge its id from Redis, where the requeue has put it back to run."""
+    [job] = dead_in_garbage("orders")
+    events = JobEvent.objects.filter(job=job).count()
+    requeued = []
+
+    def requeue_first(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.startswith("BEGIN") and not requeued:
+            thread = threading.Thread(target=lambda: (requeued.append(job.requeue()),
+                                                      connections.close_all()))  # fmt: skip
+            thread.start()
+            thread.join(10)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(requeue_first):
+        done = retention.prune(timezone.now() - timedelta(days=30), [Status.DEAD])
+    assert requeued == [True]
+    assert done.jobs == 0, done
+    job.refresh_from_db()
+    assert job.status == Status.SCHEDULED
+    assert JobEvent.objects.filter(job=job).count() == events + 1  # and "requeued"
+    stats = get_engine().stats("orders")
+    assert (stats.garbage, stats.pending + stats.ready) == (0, 1), stats
