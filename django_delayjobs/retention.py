@@ -9,14 +9,20 @@ Deletion goes in batches, each in its own short transaction: select (and, where 
 database can, lock, skipping locked rows) up to ``batch`` primary keys, delete their
 events, then the jobs. Both deletes restate the conditions, so a job requeued between the
 select and the delete is left alone on every database. On PostgreSQL the three are one
-statement. Rows are deleted without loading them (no ``pre_delete``/``post_delete``
-signals): a row that cannot be read back cannot stop the pruning.
+statement; on a database without row locks (SQLite) the select runs before the
+transaction, so the write lock lasts only as long as the deletes. Rows are deleted without
+loading them (no ``pre_delete``/``post_delete`` signals): a row that cannot be read back
+cannot stop the pruning.
+
+A pass walks the jobs in (``finished_at``, id) order, each batch on from the last job the
+one before chose: the jobs it leaves (those a model refers to, those another transaction
+had locked) are read past once a pass, not by every batch.
 
 A job another table refers to cannot be deleted (the database refuses). The jobs your
 models refer to (a foreign key to ``Job``) are left out by the batch's own query; a
 refusal no model explains (a table without a model, a trigger) rolls its batch back, and
 that batch is retried one job per transaction, the refused jobs left behind a keyset
-cursor on (``finished_at``, id). Neither grows with the number of jobs left: an earlier
+position on (``finished_at``, id). Neither grows with the number of jobs left: an earlier
 version sent every refused id back in each batch's ``NOT IN``, which SQLite refuses past
 32,766 of them.
 
@@ -168,7 +174,10 @@ def _after(cursor: Cursor | None) -> Q:
     if cursor is None:
         return Q()
     finished_at, pk = cursor
-    return Q(finished_at__gt=finished_at) | Q(finished_at=finished_at, pk__gt=pk)
+    # The first term lets the finished_at index find where to start (an OR alone does not).
+    return Q(finished_at__gte=finished_at) & (
+        Q(finished_at__gt=finished_at) | Q(finished_at=finished_at, pk__gt=pk)
+    )
 
 
 @dataclass
@@ -184,6 +193,8 @@ class Pruned:
     protected: int = 0
     #: Whether the prune went to the end: no job it may delete is left.
     complete: bool = False
+    #: The last job a batch chose (deleted, or found refused): the next batch's start.
+    last: Cursor | None = None
 
 
 def count(cutoff: datetime.datetime, statuses: Sequence[str]) -> Pruned:
@@ -202,18 +213,94 @@ def delete_batch(
     conn = connections[alias]
     if conn.vendor == "postgresql":
         return _delete_batch_postgresql(alias, cutoff, statuses, size, after)
-    features = conn.features
-    with transaction.atomic(using=alias):
-        chosen = (_finished(cutoff, statuses).filter(_after(after), _unreferenced(alias))
-                  .order_by("finished_at"))  # fmt: skip
-        if features.has_select_for_update:
-            chosen = chosen.select_for_update(
-                skip_locked=features.has_select_for_update_skip_locked
-            )
-        pks = list(chosen.values_list("pk", flat=True)[:size])
-        if not pks:
+    rows: list[tuple[datetime.datetime | None, uuid.UUID]]
+    if conn.vendor == "sqlite":
+        # No row locks to take: chosen before the transaction, whose write lock then waits
+        # for no read past the jobs left (_delete restates the conditions).
+        rows = _choose_sqlite(alias, cutoff, statuses, size, after)
+        if not rows:
             return Pruned()
-        return _delete(alias, cutoff, statuses, pks)
+        with transaction.atomic(using=alias):
+            done = _delete(alias, cutoff, statuses, [pk for _, pk in rows])
+    else:
+        features = conn.features
+        chosen = (_finished(cutoff, statuses).filter(_after(after), _unreferenced(alias))
+                  .order_by("finished_at", "pk").values_list("finished_at", "pk"))  # fmt: skip
+        with transaction.atomic(using=alias):
+            if features.has_select_for_update:
+                chosen = chosen.select_for_update(
+                    skip_locked=features.has_select_for_update_skip_locked
+                )
+            rows = list(chosen[:size])
+            if not rows:
+                return Pruned()
+            done = _delete(alias, cutoff, statuses, [pk for _, pk in rows])
+    # The last job whose finish time could be read (a poison row's is not needed to
+    # delete it): an earlier position would only read a few jobs again.
+    done.last = next(((f, pk) for f, pk in reversed(rows) if f is not None), after)
+    return done
+
+
+def _choose_sqlite(
+    alias: str,
+    cutoff: datetime.datetime,
+    statuses: Sequence[str],
+    size: int,
+    after: Cursor | None,
+) -> list[tuple[datetime.datetime | None, uuid.UUID]]:
+    """The batch's (``finished_at``, id) pairs, through the ``finished_at`` index."""
+    conn = connections[alias]
+    job = conn.ops.quote_name(Job._meta.db_table)
+    statement = _sqlite_sql(alias, len(statuses), after is not None, _referenced_sql(alias, job))
+
+    def prep(name: str, value: Any) -> Any:
+        return sql._prep(conn, Job._meta, name, value)
+
+    past = [] if after is None else [prep("finished_at", after[0]), prep("finished_at", after[0]),
+                                     prep("id", after[1])]  # fmt: skip
+    params = [*statuses, prep("finished_at", cutoff), *past, size]
+    with conn.cursor() as cursor:
+        cursor.execute(statement, params)
+        rows = cursor.fetchall()
+    return [(_finish_time(conn, finished_at), uuid.UUID(pk)) for pk, finished_at in rows]
+
+
+def _finish_time(conn: Any, value: object) -> datetime.datetime | None:
+    """A finish time as stored by SQLite (text), or None for one that is not a time."""
+    try:
+        finished_at = conn.ops.convert_datetimefield_value(value, None, conn)
+    except (ValueError, TypeError, AttributeError):  # a row written by hand
+        return None
+    return finished_at if isinstance(finished_at, datetime.datetime) else None
+
+
+@cache
+def _sqlite_sql(alias: str, statuses: int, after: bool, referenced: str) -> str:
+    """SQLite's planner, which has no statistics, reads "status IN (...)" through the
+    (status, run_at) index, i.e. every finished job, kept ones too, and sorts them; and
+    it takes a partial index only for a query that repeats the index's condition with the
+    same literal values. So the query repeats it and names the index."""
+    conn = connections[alias]
+    job = conn.ops.quote_name(Job._meta.db_table)
+
+    def c(name: str) -> str:
+        return sql._q(conn, Job._meta, name)
+
+    [index] = [i for i in Job._meta.indexes if i.name == "delayjobs_finished_at"]
+    assert index.condition == Q(status__in=FINISHED)  # the literal values below
+    finished = ", ".join(f"'{s.value}'" for s in FINISHED)  # our constants, not input
+    past = f" AND {c('finished_at')} >= %s AND ({c('finished_at')}, {c('id')}) > (%s, %s)"
+    return (
+        # As text: the connection's converter of a datetime column raises for one that
+        # is not (a row written by hand), and the batch deletes it all the same.
+        f"SELECT {c('id')}, CAST({c('finished_at')} AS TEXT) FROM {job}"
+        f" INDEXED BY {conn.ops.quote_name(index.name)}"
+        f" WHERE {c('status')} IN ({finished})"
+        f" AND {c('status')} IN ({', '.join(['%s'] * statuses)}) AND {c('finished_at')} < %s"
+        + (past if after else "")
+        + referenced
+        + f" ORDER BY {c('finished_at')}, {c('id')} LIMIT %s"
+    )
 
 
 def _delete(
@@ -221,12 +308,16 @@ def _delete(
 ) -> Pruned:
     """Delete the jobs ``pks`` that still match, and their events (in the caller's
     transaction)."""
-    # Restated: on a database without row locks a job may have been requeued since.
-    still = _finished(cutoff, statuses).filter(pk__in=pks)
+    # Restated: on a database without row locks a job may have been requeued since. As
+    # "not another status", which SQLite reads by primary key: it reads "status IN (...)"
+    # through the (status, run_at) index, i.e. every finished job, kept ones too.
+    others = [s for s in Status.values if s not in statuses]
+    still = (Job.objects.using(alias).filter(pk__in=pks, finished_at__lt=cutoff)
+             .exclude(status__in=others))  # fmt: skip
     dead = []
     if Status.DEAD in statuses:
-        dead = [(q, str(pk)) for q, pk in still.filter(status=Status.DEAD)
-                .values_list("queue", "pk")]  # fmt: skip
+        dead = [(q, str(pk)) for q, pk, status in still.values_list("queue", "pk", "status")
+                if status == Status.DEAD]  # fmt: skip
     events = JobEvent.objects.using(alias).filter(job__in=still.values("pk"))
     deleted_events = events._raw_delete(alias)
     deleted_jobs = still._raw_delete(alias)
@@ -260,11 +351,11 @@ def _batch_sql(alias: str, statuses: int, after: bool, referenced: str) -> str:
     # The first term lets the finished_at index find where to start.
     past = f" AND {c('finished_at')} >= %s AND ({c('finished_at')}, {c('id')}) > (%s, %s)"
     return (
-        f"WITH chosen AS (SELECT {c('id')} FROM {job}"
+        f"WITH chosen AS (SELECT {c('id')}, {c('finished_at')} FROM {job}"
         f" WHERE {c('status')} IN ({', '.join(['%s'] * statuses)}) AND {c('finished_at')} < %s"
         + (past if after else "")
         + referenced
-        + f" ORDER BY {c('finished_at')} LIMIT %s FOR UPDATE SKIP LOCKED),"
+        + f" ORDER BY {c('finished_at')}, {c('id')} LIMIT %s FOR UPDATE SKIP LOCKED),"
         f" events AS (DELETE FROM {event} WHERE {job_id} IN (SELECT {c('id')} FROM chosen)"
         f" RETURNING 1),"
         f" jobs AS (DELETE FROM {job} WHERE {c('id')} IN (SELECT {c('id')} FROM chosen)"
@@ -272,7 +363,10 @@ def _batch_sql(alias: str, statuses: int, after: bool, referenced: str) -> str:
         f" SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM events),"
         # The dead jobs only (few), for their ids in Redis's garbage: [[queue, id], ...].
         f" ARRAY(SELECT ARRAY[{c('queue')}::text, {c('id')}::text] FROM jobs"
-        f" WHERE {c('status')} = %s)"
+        f" WHERE {c('status')} = %s),"
+        # Where the next batch starts.
+        f" (SELECT {c('finished_at')} FROM chosen ORDER BY 1 DESC, {c('id')} DESC LIMIT 1),"
+        f" (SELECT {c('id')} FROM chosen ORDER BY {c('finished_at')} DESC, 1 DESC LIMIT 1)"
     )
 
 
@@ -293,10 +387,11 @@ def _delete_batch_postgresql(
     past: list[Any] = [after[0], *after] if after is not None else []
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         cursor.execute(statement, [*statuses, cutoff, *past, size, Status.DEAD])
-        jobs, events, dead = cursor.fetchone()
-    if not jobs:
+        jobs, events, dead, finished_at, pk = cursor.fetchone()
+    if pk is None:
         return Pruned()
-    return Pruned(jobs=jobs, events=events, batches=1, dead=[(q, i) for q, i in dead])
+    return Pruned(jobs=jobs, events=events, batches=1, dead=[(q, i) for q, i in dead],
+                  last=(finished_at, pk))  # fmt: skip
 
 
 class Protected:
@@ -311,15 +406,24 @@ class Protected:
     there up to ``after`` is one it refused. The state is a count and one position,
     whatever the number of jobs left, and an ``AutoPrune`` keeps it across its passes, so
     that a refused job is not tried again by every pass (a later finish is past it).
+
+    ``walked`` is how far the pass under way has gone (the last job a batch chose): its
+    next batch starts there, and the next pass at ``after``.
     """
 
     def __init__(self) -> None:
         self.after: Cursor | None = None
+        self.walked: Cursor | None = None
         self.refused = 0  # jobs the database refused, since this object was made
         self.referenced = 0  # jobs a model refers to, when the last prune was done
         self.models: list[str] = []
         self.error = ""
         self._reported = 0
+
+    @property
+    def position(self) -> Cursor | None:
+        """Where the next batch starts."""
+        return max((p for p in (self.walked, self.after) if p is not None), default=None)
 
     def refuse(self, position: Cursor, exc: IntegrityError) -> None:
         self.after = position
@@ -359,22 +463,24 @@ def delete_singly(
 ) -> Pruned:
     """The batch ``delete_batch`` could not delete as a whole (the database refused it: a
     row another table refers to), one job per transaction, in (``finished_at``, id)
-    order: those it refuses are left behind ``protected.after``. Only after such a
-    refusal, so the usual batch stays one statement. If the database fails part-way, the
-    dead ids of the jobs already deleted still leave ``garbage`` before the error goes
-    on."""
+    order from ``protected.position``: those it refuses are left behind
+    ``protected.after``. Only after such a refusal, so the usual batch stays one
+    statement. If the database fails part-way, the dead ids of the jobs already deleted
+    still leave ``garbage`` before the error goes on."""
     alias = sql.db()
-    chosen = (_finished(cutoff, statuses).filter(_after(protected.after), _unreferenced(alias))
+    chosen = (_finished(cutoff, statuses).filter(_after(protected.position),
+                                                 _unreferenced(alias))
               .order_by("finished_at", "pk"))  # fmt: skip
     done = Pruned(batches=1)
     try:
-        for finished_at, pk in list(chosen.values_list("finished_at", "pk")[:size]):
+        for row in list(chosen.values_list("finished_at", "pk")[:size]):
+            assert row[0] is not None  # _finished() has finished_at < cutoff
+            done.last = (row[0], row[1])
             try:  # a transaction each: a deferred constraint refuses at COMMIT
                 with transaction.atomic(using=alias):
-                    one = _delete(alias, cutoff, statuses, [pk])
+                    one = _delete(alias, cutoff, statuses, [row[1]])
             except IntegrityError as exc:
-                assert finished_at is not None  # _finished() has finished_at < cutoff
-                protected.refuse((finished_at, pk), exc)
+                protected.refuse(done.last, exc)
                 done.protected += 1
                 continue
             done.jobs += one.jobs
@@ -428,9 +534,11 @@ def prune(
         while True:
             started = time.monotonic()
             try:
-                done = delete_batch(cutoff, statuses, batch, protected.after)
+                done = delete_batch(cutoff, statuses, batch, protected.position)
             except IntegrityError:  # a row another table refers to: the rest, one by one
                 done = delete_singly(cutoff, statuses, batch, protected, garbage)
+            if done.last is not None:
+                protected.walked = done.last
             if done.batches:
                 garbage.purge(done.dead)
                 total.jobs += done.jobs
@@ -442,6 +550,7 @@ def prune(
             if not done.batches or done.jobs + done.protected < batch:  # none left
                 total.protected += protected.count_referenced(cutoff, statuses)
                 total.complete = True
+                protected.walked = None  # the next pass starts again at the oldest
                 return total
             if total.batches == max_batches or stop.is_set():
                 return total
