@@ -57,7 +57,9 @@ def die_with_owner() -> Callable[[], None] | None:
     """A ``preexec_fn`` that has Linux SIGTERM the child when this process dies, or None.
 
     The kernel sends it when the *thread* that started the child ends, so only the main
-    thread (which ends with the process) asks for it.
+    thread (which ends with the process) asks for it. It sends nothing for an owner that
+    died before the child asked (between the fork and the prctl): the child then sees
+    another parent, and exits before it runs anything.
     """
     if not sys.platform.startswith("linux") or threading.current_thread() is not (
         threading.main_thread()
@@ -67,9 +69,12 @@ def die_with_owner() -> Callable[[], None] | None:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
+    owner = os.getpid()
 
     def preexec() -> None:  # pragma: no cover - runs in the child, before exec
         prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != owner:
+            os._exit(1)
 
     return preexec
 

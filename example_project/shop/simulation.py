@@ -31,7 +31,7 @@ from django.test.utils import override_settings
 
 from django_delayjobs.conf import delayjobs_settings
 from django_delayjobs.connection import get_engine
-from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.embedded import EmbeddedRedis, die_with_owner
 from django_delayjobs.models import Job
 from django_delayjobs.models import Status as JobStatus
 
@@ -214,13 +214,6 @@ def forged_reminder(base_url: str) -> int:
 # -- worker processes ------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Linux: the worker gets SIGTERM if the demo dies without stopping it."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def start_workers(
     count: int, redis_url: str, log: Path, concurrency: int
 ) -> list[subprocess.Popen[bytes]]:
@@ -238,7 +231,7 @@ def start_workers(
         str(concurrency),
     ]
     log.parent.mkdir(parents=True, exist_ok=True)
-    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    preexec = die_with_owner()  # Linux: SIGTERM if the demo dies without stopping it
     workers = []
     with open(log, "wb") as out:  # each child keeps its own copy of the descriptor
         for _ in range(count):
