@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.db.backends.signals import connection_created
+from django.test import Client
 
+from django_delayjobs.connection import SOCKET_TIMEOUT
+from django_delayjobs.embedded import EmbeddedRedis
 from tests.helpers import ROOT
 from tests.test_example import kill_all, wait_gone
 
@@ -64,3 +73,50 @@ def test_a_redis_server_whose_owner_dies_as_it_starts_does_not_run_on(tmp_path: 
         assert not (tmp_path / "redis.sock").exists()
     finally:
         kill_all([server])
+
+
+# -- health/ when Redis stops answering half-way -------------------------------------------
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path, settings: Any) -> Iterator[EmbeddedRedis]:
+    """A redis-server of this test's own, which it may stop with SIGSTOP."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": server.start()}
+    assert server.pid is not None
+    try:
+        yield server
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_waits_for_a_redis_that_stopped_answering_once_not_once_per_queue(
+    client: Client, own_redis: EmbeddedRedis
+) -> None:
+    """Redis answered the ``redis`` check, then stopped answering (frozen, a long command,
+    a host gone) while ``health/`` checked the database: each queue's check then waited
+    its own read timeout, one second a queue (and a shard), so that an anonymous request
+    for 100 queues held a web worker for 100 s. The queues left now fail at once."""
+    assert own_redis.pid is not None
+    pid = own_redis.pid
+
+    def freeze(sender: object, connection: Any, **kwargs: Any) -> None:
+        if threading.current_thread().name == "delayjobs-health-database":
+            os.kill(pid, signal.SIGSTOP)  # after the redis check, before the queues'
+
+    connection_created.connect(freeze)
+    try:
+        started = time.monotonic()
+        response = client.get("/delayjobs/health/", {"queues": ",".join(f"q{i}" for i in range(8))})
+        took = time.monotonic() - started
+    finally:
+        connection_created.disconnect(freeze)
+    assert response.status_code == 503
+    checks = response.json()["checks"]
+    assert checks["redis"] == "ok" and checks["database"] == "ok", checks
+    assert [n for n, v in checks.items() if v == "fail"] == [
+        f"{kind}:q{i}" for i in range(8) for kind in ("workers", "overdue")
+    ]
+    assert took < 4 * SOCKET_TIMEOUT, took  # 8 queues waited 8 s
