@@ -120,3 +120,28 @@ def test_health_waits_for_a_redis_that_stopped_answering_once_not_once_per_queue
         f"{kind}:q{i}" for i in range(8) for kind in ("workers", "overdue")
     ]
     assert took < 4 * SOCKET_TIMEOUT, took  # 8 queues waited 8 s
+
+
+# -- a redis-server that does not start -----------------------------------------------------
+
+
+def test_a_redis_server_that_does_not_start_is_explained_by_its_own_log(tmp_path: Path) -> None:
+    """A directory used before (``manage.py embedded_redis``'s ``var/redis``) keeps the
+    log of earlier servers: a server that failed to start was explained by the last 2,000
+    characters of that log, whatever run wrote them (a clean shutdown the day before, or
+    an earlier failure), and the error did not say whether it exited (with what code) or
+    did not answer in time. Now it shows only what this server wrote, and which it was."""
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    (directory / "redis.log").write_text("1:M 01 Jan 2026 # an earlier run's last words\n" * 50)
+    (directory / "redis.sock").mkdir()  # not a socket: the server cannot bind there
+    server = EmbeddedRedis(directory)
+    with pytest.raises(RuntimeError) as failed:
+        server.start(timeout=10)
+    assert server.process is None
+    message = str(failed.value)
+    assert message.startswith(
+        "redis-server did not start: it exited with code 1 before it answered"
+    ), message
+    assert "Address already in use" in message
+    assert "an earlier run's" not in message
