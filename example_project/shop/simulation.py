@@ -115,7 +115,10 @@ def redis_for_run() -> Iterator[RunRedis]:
         return
     server = EmbeddedRedis()  # a fresh temporary directory: never clashes with anything
     try:
-        url = server.start()
+        try:
+            url = server.start()
+        except (OSError, RuntimeError) as exc:  # no redis-server to run, or it did not start
+            raise CommandError(str(exc)) from exc
         with override_settings(DELAYJOBS={**settings.DELAYJOBS, "REDIS_URL": url}):
             yield RunRedis(
                 url, f"a private redis-server (pid {server.pid}, stopped at exit)", server

@@ -40,7 +40,7 @@ class Command(BaseCommand):
         try:
             try:
                 url = server.start()
-            except RuntimeError as exc:  # another one holds the directory, or did not start
+            except (OSError, RuntimeError) as exc:  # no redis-server, or it did not start
                 raise CommandError(str(exc)) from exc
             self.stdout.write(f"embedded Redis (pid {server.pid}) at {url}; Ctrl-C stops it")
             while not stop.wait(1.0):
