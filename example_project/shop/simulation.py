@@ -233,10 +233,14 @@ def start_workers(
         "--concurrency",
         str(concurrency),
     ]
-    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log, "wb")  # noqa: SIM115 - closed below: each child keeps its own copy
+    except OSError as exc:  # --worker-log names a directory, or a place that is not ours
+        raise CommandError(f"cannot write the workers' log: {exc}") from exc
     preexec = die_with_owner()  # Linux: SIGTERM if the demo dies without stopping it
     workers = []
-    with open(log, "wb") as out:  # each child keeps its own copy of the descriptor
+    with out:
         for _ in range(count):
             workers.append(
                 subprocess.Popen(
