@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -204,3 +205,56 @@ def test_the_demo_and_race_with_a_worker_log_they_cannot_write_say_so_in_one_lin
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "CommandError: cannot write the workers' log: [Errno 21] Is a directory" in done.stderr
+
+
+# -- the shop's home page ---------------------------------------------------------------------
+
+#: Places an order, then prints SQLite's plan of each query of the home page.
+HOME_PAGE_PLANS = textwrap.dedent(
+    """
+    import json
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+    call_command("migrate", verbosity=0)
+    client = Client(HTTP_HOST="localhost")
+    assert client.post("/orders/", {"amount": "19.90"}).status_code == 302
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get("/")
+    assert page.status_code == 200 and b"ORD-" in page.content
+    plans = {}
+    with connection.cursor() as cursor:
+        for query in queries.captured_queries:
+            for table in ("shop_order", "django_delayjobs_job"):
+                if f'FROM "{table}"' in query["sql"]:
+                    cursor.execute("EXPLAIN QUERY PLAN " + query["sql"])
+                    plans[table] = [row[3] for row in cursor.fetchall()]
+    print(json.dumps(plans))
+    """
+)
+
+
+@pytest.mark.slow
+def test_the_shops_home_page_reads_its_orders_and_their_jobs_by_index(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The home page (anonymous, and the application of the ``deploy/`` files) read every
+    job of the database to find its 50 orders' auto-cancels (by ``key``, which only the
+    unique index of *active* jobs holds: SQLite scanned the table in ``run_at`` order),
+    and sorted every order to find the 50 newest: each request cost as much as the tables
+    had rows, and the job table keeps every finished job until it is pruned."""
+    gone = ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
+    env = {k: v for k, v in os.environ.items() if k not in gone}
+    env = {**env, "REDIS_URL": redis_url, "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "example_project" / "manage.py"), "shell", "-c",
+         HOME_PAGE_PLANS],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    plans = json.loads(done.stdout.splitlines()[-1])
+    orders, jobs = plans["shop_order"], plans["django_delayjobs_job"]
+    assert all(step.startswith("SEARCH") for step in jobs), jobs
+    # in the index's order, so no further than the 50 newest
+    assert orders == ["SCAN shop_order USING INDEX shop_order_newest"], orders
