@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from django.db.backends.signals import connection_created
 from django.test import Client
 
 from django_delayjobs.connection import SOCKET_TIMEOUT
-from django_delayjobs.embedded import EmbeddedRedis
-from tests.helpers import ROOT
+from django_delayjobs.embedded import EmbeddedRedis, find_redis_server, start_server
+from tests.helpers import ROOT, wait_for
 from tests.test_example import kill_all, wait_gone
 
 LINUX = sys.platform.startswith("linux")
@@ -258,3 +259,57 @@ def test_the_shops_home_page_reads_its_orders_and_their_jobs_by_index(
     assert all(step.startswith("SEARCH") for step in jobs), jobs
     # in the index's order, so no further than the 50 newest
     assert orders == ["SCAN shop_order USING INDEX shop_order_newest"], orders
+
+
+# -- REDIS_URL with a password ------------------------------------------------------------------
+
+PASSWORD = "s3cret-pw-of-the-shop"
+
+
+@pytest.fixture
+def redis_with_password(tmp_path: Path) -> Iterator[str]:
+    """The URL, with its password, of a private redis-server that requires one."""
+    sock = tmp_path / "redis.sock"
+    server = start_server([find_redis_server(), "--port", "0", "--unixsocket", str(sock),
+                           "--requirepass", PASSWORD, "--save", ""])  # fmt: skip
+    try:
+        url = f"unix://:{PASSWORD}@{sock}"
+        with redis.Redis.from_url(url) as client:
+            wait_for(lambda: _pings(client))
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "command", [["embedded_redis"], ["race", "--orders", "1", "--lead", "0.2", "--workers", "1"]]
+)
+def test_the_shops_commands_show_no_password_of_redis_url(
+    tmp_path: Path, redis_with_password: str, command: list[str]
+) -> None:
+    """``demo`` and ``race`` printed the Redis they use as ``REDIS_URL`` verbatim, and
+    ``embedded_redis`` refused to run with it set, quoting it: a password in it went to
+    the terminal, or a CI log. The URL is shown with its password masked now."""
+    gone = ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
+    env = {k: v for k, v in os.environ.items() if k not in gone}
+    env = {**env, "REDIS_URL": redis_with_password,
+           "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3")}  # fmt: skip
+    log = [] if command[0] == "embedded_redis" else ["--worker-log", str(tmp_path / "w.log")]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "example_project" / "manage.py"), *command, *log],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert f"unix://***@{tmp_path}/redis.sock" in output, output
+    assert PASSWORD not in output, output
+    if command[0] == "race":
+        assert done.returncode == 0, output

@@ -34,6 +34,7 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis, die_with_owner
 from django_delayjobs.models import Job
 from django_delayjobs.models import Status as JobStatus
+from django_delayjobs.redact import without_userinfo
 
 from .models import Order, PaymentRefused
 
@@ -111,7 +112,7 @@ def redis_for_run() -> Iterator[RunRedis]:
     """``REDIS_URL``'s Redis, or a private server stopped (by pid) at exit."""
     url = os.environ.get("REDIS_URL")
     if url:
-        yield RunRedis(url, f"REDIS_URL {url}")
+        yield RunRedis(url, f"REDIS_URL {without_userinfo(url)}")  # no password shown
         return
     server = EmbeddedRedis()  # a fresh temporary directory: never clashes with anything
     try:
