@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 
 def find_redis_server() -> str:
@@ -105,7 +106,9 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        return f"unix://{self.socket_path}"
+        # Quoted: redis-py reads a "#" or a "?" in the path as the start of a fragment or a
+        # query, and decodes a "%".
+        return f"unix://{quote(str(self.socket_path))}"
 
     @property
     def pid(self) -> int | None:

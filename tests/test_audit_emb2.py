@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -313,3 +314,49 @@ def test_the_shops_commands_show_no_password_of_redis_url(
     assert PASSWORD not in output, output
     if command[0] == "race":
         assert done.returncode == 0, output
+
+
+# -- socket paths a URL must quote --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["c#", "why?", "x%41y", "a b"])
+def test_an_embedded_redis_url_names_its_socket_whatever_its_directory(
+    tmp_path: Path, name: str
+) -> None:
+    """``EmbeddedRedis(directory).url`` put the socket's path into the URL as it was: in a
+    directory whose path holds a ``#`` or a ``?`` (a clone under ``~/c#/``) redis-py read
+    the rest as a fragment or a query and connected to another path; a ``%41`` was
+    decoded to ``A``. The server started, and every client of its URL failed."""
+    with EmbeddedRedis(tmp_path / name) as server:
+        assert served_by(server.url) == server.pid
+
+
+def served_by(url: str) -> int:
+    with redis.Redis.from_url(url, socket_timeout=5) as client:
+        return int(client.info("server")["process_id"])
+
+
+@pytest.mark.slow
+def test_the_shop_finds_its_embedded_redis_in_a_clone_whose_path_needs_quoting(
+    tmp_path: Path,
+) -> None:
+    """The shop's settings name the socket of ``manage.py embedded_redis`` by the same kind
+    of URL, built from the clone's path: a clone under ``~/c#/`` pointed the shop and
+    its workers at ``~/c`` (no such socket)."""
+    clone = tmp_path / "c#"
+    clone.mkdir()
+    shutil.copytree(ROOT / "example_project", clone / "example_project",
+                    ignore=shutil.ignore_patterns("var", "__pycache__"))  # fmt: skip
+    (clone / "django_delayjobs").symlink_to(ROOT / "django_delayjobs")
+    gone = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
+    env = {k: v for k, v in os.environ.items() if k not in gone}
+    program = "from django.conf import settings; print(settings.DELAYJOBS['REDIS_URL'])"
+    done = subprocess.run(
+        [sys.executable, str(clone / "example_project" / "manage.py"), "shell", "-c", program],
+        cwd=tmp_path, env={**env, "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    url = done.stdout.splitlines()[-1]
+    socket_path = clone / "example_project" / "var" / "redis" / "redis.sock"
+    assert redis.connection.parse_url(url)["path"] == str(socket_path), url
