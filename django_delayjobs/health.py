@@ -130,7 +130,8 @@ def run(engine: Engine, limits: Limits) -> list[Check]:
         try:
             checks += _queue_checks(engine, queue, limits, rows=database.ok)
         except EngineUnavailable as exc:  # stopped answering: each call would wait as long
-            return checks + _failed(limits.queues[n:], limits, str(exc))
+            left = _failed(limits.queues[n + 1 :], limits, f"not checked: {exc}")
+            return checks + _failed([queue], limits, str(exc)) + left
     return checks
 
 

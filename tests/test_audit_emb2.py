@@ -112,7 +112,7 @@ def own_redis(tmp_path: Path, settings: Any) -> Iterator[EmbeddedRedis]:
 
 @pytest.mark.django_db(transaction=True)
 def test_health_waits_for_a_redis_that_stopped_answering_once_not_once_per_queue(
-    client: Client, own_redis: EmbeddedRedis
+    client: Client, own_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Redis answered the ``redis`` check, then stopped answering (frozen, a long command,
     a host gone) while ``health/`` checked the database: each queue's check then waited
@@ -139,6 +139,8 @@ def test_health_waits_for_a_redis_that_stopped_answering_once_not_once_per_queue
         f"{kind}:q{i}" for i in range(8) for kind in ("workers", "overdue")
     ]
     assert took < 4 * SOCKET_TIMEOUT, took  # 8 queues waited 8 s
+    assert "health: 16 failed: workers:q0 (Redis is unreachable: Timeout" in caplog.text
+    assert "workers:q1 (not checked: Redis is unreachable: Timeout" in caplog.text
 
 
 # -- a redis-server that does not start -----------------------------------------------------
