@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 
 def find_redis_server() -> str:
@@ -57,7 +58,9 @@ def die_with_owner() -> Callable[[], None] | None:
     """A ``preexec_fn`` that has Linux SIGTERM the child when this process dies, or None.
 
     The kernel sends it when the *thread* that started the child ends, so only the main
-    thread (which ends with the process) asks for it.
+    thread (which ends with the process) asks for it. It sends nothing for an owner that
+    died before the child asked (between the fork and the prctl): the child then sees
+    another parent, and exits before it runs anything.
     """
     if not sys.platform.startswith("linux") or threading.current_thread() is not (
         threading.main_thread()
@@ -67,9 +70,12 @@ def die_with_owner() -> Callable[[], None] | None:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
+    owner = os.getpid()
 
     def preexec() -> None:  # pragma: no cover - runs in the child, before exec
         prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != owner:
+            os._exit(1)
 
     return preexec
 
@@ -100,7 +106,9 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        return f"unix://{self.socket_path}"
+        # Quoted: redis-py reads a "#" or a "?" in the path as the start of a fragment or a
+        # query, and decodes a "%".
+        return f"unix://{quote(str(self.socket_path))}"
 
     @property
     def pid(self) -> int | None:
@@ -113,8 +121,9 @@ class EmbeddedRedis:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._take_directory()
         try:  # a missing binary, a time-out, a Ctrl-C: nothing started may run on
+            logged = self._log_size()  # what earlier servers wrote explains nothing now
             self.process = start_server(self._arguments())
-            self._wait_answers(self.process, timeout)
+            self._wait_answers(self.process, timeout, logged)
         except BaseException:
             self.stop()
             raise
@@ -134,16 +143,34 @@ class EmbeddedRedis:
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
 
-    def _wait_answers(self, process: subprocess.Popen[bytes], timeout: float) -> None:
+    def _wait_answers(self, process: subprocess.Popen[bytes], timeout: float, logged: int) -> None:
         deadline = time.monotonic() + timeout
         while not self._answers():
-            if process.poll() is not None or time.monotonic() > deadline:
-                try:  # not there yet, if the server did not get that far
-                    log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
-                except OSError as exc:
-                    log = f"(no log: {exc})"
-                raise RuntimeError(f"redis-server did not start:\n{log}")
-            time.sleep(0.02)
+            if process.poll() is not None:
+                why = f"it exited with code {process.returncode} before it answered"
+            elif time.monotonic() > deadline:
+                why = f"it did not answer within {timeout:g} s"
+            else:
+                time.sleep(0.02)
+                continue
+            raise RuntimeError(f"redis-server did not start: {why}; its log:\n"
+                               f"{self._log_since(logged)}")  # fmt: skip
+
+    def _log_size(self) -> int:
+        try:
+            return (self.directory / "redis.log").stat().st_size
+        except OSError:
+            return 0
+
+    def _log_since(self, offset: int) -> str:
+        """The last lines the server wrote to its log past ``offset``."""
+        try:  # not there yet, if the server did not get that far
+            with open(self.directory / "redis.log", "rb") as log:
+                log.seek(offset)
+                text = log.read().decode(errors="replace")
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return text[-2000:] or "(nothing)"
 
     def stop(self) -> None:
         """Stop the server by pid (SIGTERM, then SIGKILL after 5 s)."""

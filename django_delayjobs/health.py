@@ -126,16 +126,22 @@ def run(engine: Engine, limits: Limits) -> list[Check]:
         return without_redis(redis, limits)
     database = check_database()
     checks = [redis, database]
-    for queue in limits.queues:
-        checks += check_queue(engine, queue, limits, rows=database.ok)
+    for n, queue in enumerate(limits.queues):
+        try:
+            checks += _queue_checks(engine, queue, limits, rows=database.ok)
+        except EngineUnavailable as exc:  # stopped answering: each call would wait as long
+            left = _failed(limits.queues[n + 1 :], limits, f"not checked: {exc}")
+            return checks + _failed([queue], limits, str(exc)) + left
     return checks
 
 
 def without_redis(redis: Check, limits: Limits) -> list[Check]:
     """Every check when Redis does not answer (``redis`` says why): the queue checks fail."""
-    why = "Redis is unavailable"
-    queues = [Check(f"{kind}:{q}", False, why) for q in limits.queues for kind in _kinds(limits)]
-    return [redis, check_database(), *queues]
+    return [redis, check_database(), *_failed(limits.queues, limits, "Redis is unavailable")]
+
+
+def _failed(queues: Sequence[str], limits: Limits, why: str) -> list[Check]:
+    return [Check(f"{kind}:{q}", False, why) for q in queues for kind in _kinds(limits)]
 
 
 def run_from_settings(limits: Limits) -> list[Check]:
@@ -269,12 +275,23 @@ def check_queue(engine: Engine, queue: str, limits: Limits, rows: bool = True) -
     """The queue's checks; without ``rows`` (the ``database`` check failed) the due time of
     a ready job is not read: a database that did not answer that check within its bound
     would hold this one, outside any bound, for as long as it does not answer."""
+    try:
+        return _queue_checks(engine, queue, limits, rows)
+    except EngineUnavailable as exc:
+        return _failed([queue], limits, str(exc))
+
+
+def _queue_checks(engine: Engine, queue: str, limits: Limits, rows: bool) -> list[Check]:
+    """``check_queue``, but a Redis that does not answer (``unreachable``) raises its
+    ``EngineUnavailable``: the checks of the next queues need not wait for it too."""
     from .metrics.snapshot import oldest_overdue
 
     try:
         stats = engine.stats(queue)
     except DelayJobsError as exc:
-        return [Check(f"{kind}:{queue}", False, str(exc)) for kind in _kinds(limits)]
+        if _stopped_answering(exc):
+            raise
+        return _failed([queue], limits, str(exc))
     live = stats.live_workers
     checks = [
         Check(f"workers:{queue}", live >= limits.min_workers,
@@ -287,12 +304,18 @@ def check_queue(engine: Engine, queue: str, limits: Limits, rows: bool = True) -
     try:
         overdue = oldest_overdue(engine, stats)
     except (DelayJobsError, DatabaseError) as exc:
+        if _stopped_answering(exc):
+            raise
         checks.append(Check(f"overdue:{queue}", False, f"cannot tell: {exc}"))
     else:
         checks.append(Check(f"overdue:{queue}", overdue <= limits.max_overdue,
                             f"oldest due job waiting {overdue:.1f} s, at most "
                             f"{limits.max_overdue:g} s allowed"))  # fmt: skip
     return checks + _garbage(queue, stats.garbage, limits)
+
+
+def _stopped_answering(exc: Exception) -> bool:
+    return isinstance(exc, EngineUnavailable) and unreachable(exc)
 
 
 def _garbage(queue: str, garbage: int, limits: Limits) -> list[Check]:

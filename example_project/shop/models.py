@@ -44,6 +44,7 @@ class Order(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["-created_at", "-id"], name="shop_order_newest")]
 
     def __str__(self) -> str:
         return f"{self.number} ({self.status})"

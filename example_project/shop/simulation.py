@@ -31,9 +31,10 @@ from django.test.utils import override_settings
 
 from django_delayjobs.conf import delayjobs_settings
 from django_delayjobs.connection import get_engine
-from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.embedded import EmbeddedRedis, die_with_owner
 from django_delayjobs.models import Job
 from django_delayjobs.models import Status as JobStatus
+from django_delayjobs.redact import without_userinfo
 
 from .models import Order, PaymentRefused
 
@@ -111,11 +112,14 @@ def redis_for_run() -> Iterator[RunRedis]:
     """``REDIS_URL``'s Redis, or a private server stopped (by pid) at exit."""
     url = os.environ.get("REDIS_URL")
     if url:
-        yield RunRedis(url, f"REDIS_URL {url}")
+        yield RunRedis(url, f"REDIS_URL {without_userinfo(url)}")  # no password shown
         return
     server = EmbeddedRedis()  # a fresh temporary directory: never clashes with anything
     try:
-        url = server.start()
+        try:
+            url = server.start()
+        except (OSError, RuntimeError) as exc:  # no redis-server to run, or it did not start
+            raise CommandError(str(exc)) from exc
         with override_settings(DELAYJOBS={**settings.DELAYJOBS, "REDIS_URL": url}):
             yield RunRedis(
                 url, f"a private redis-server (pid {server.pid}, stopped at exit)", server
@@ -214,13 +218,6 @@ def forged_reminder(base_url: str) -> int:
 # -- worker processes ------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Linux: the worker gets SIGTERM if the demo dies without stopping it."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def start_workers(
     count: int, redis_url: str, log: Path, concurrency: int
 ) -> list[subprocess.Popen[bytes]]:
@@ -237,10 +234,14 @@ def start_workers(
         "--concurrency",
         str(concurrency),
     ]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log, "wb")  # noqa: SIM115 - closed below: each child keeps its own copy
+    except OSError as exc:  # --worker-log names a directory, or a place that is not ours
+        raise CommandError(f"cannot write the workers' log: {exc}") from exc
+    preexec = die_with_owner()  # Linux: SIGTERM if the demo dies without stopping it
     workers = []
-    with open(log, "wb") as out:  # each child keeps its own copy of the descriptor
+    with out:
         for _ in range(count):
             workers.append(
                 subprocess.Popen(

@@ -5,6 +5,7 @@ import json
 from decimal import Decimal, InvalidOperation
 
 from django.contrib import messages
+from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -22,17 +23,17 @@ TOO_MUCH = 10 ** (AMOUNT.max_digits - AMOUNT.decimal_places)  # type: ignore[att
 
 @require_GET
 def order_list(request: HttpRequest) -> HttpResponse:
-    orders = list(Order.objects.all()[:50])
-    deadlines = (
-        {
-            job.target_id: job
-            for job in Job.objects.filter(key__in=[o.auto_cancel_key for o in orders]).only(
-                "target_id", "run_at", "status"
-            )
-        }
-        if orders
-        else {}
+    orders = list(Order.objects.all()[:50])  # the newest, by the index on created_at
+    # Their auto-cancel jobs, found by their target (an index; the job table keeps every
+    # finished job until it is pruned, and only an active job's key is in an index).
+    jobs = Job.objects.filter(
+        target_type=ContentType.objects.get_for_model(Order),
+        target_id__in=[str(order.pk) for order in orders],
+        key__in=[order.auto_cancel_key for order in orders],
     )
+    deadlines = {
+        job.target_id: job for job in jobs.order_by().only("target_id", "run_at", "status")
+    }
     rows = [(order, deadlines.get(str(order.pk))) for order in orders]
     return render(request, "shop/order_list.html", {"rows": rows})
 

@@ -22,7 +22,7 @@ Environment:
 
 import os
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -116,8 +116,10 @@ SHOP_BASE_URL = os.environ.get("SHOP_BASE_URL", "http://127.0.0.1:8000")
 
 def shop_delayjobs(base_url: str) -> dict[str, object]:
     """The DELAYJOBS settings, with the shop's own address as the ``shop`` destination."""
+    # Quoted, as EmbeddedRedis.url is: in a clone under ~/c#/ a "#" starts no fragment.
+    socket = quote(str(EMBEDDED_REDIS_DIR / "redis.sock"))
     return {
-        "REDIS_URL": os.environ.get("REDIS_URL") or f"unix://{EMBEDDED_REDIS_DIR / 'redis.sock'}",
+        "REDIS_URL": os.environ.get("REDIS_URL") or f"unix://{socket}",
         # Callbacks go only to the shop itself. It is on this machine (127.0.0.1), a
         # private address, which a production site would not allow.
         "HTTP_DESTINATIONS": {"shop": {"url": base_url}},

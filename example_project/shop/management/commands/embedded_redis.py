@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.redact import without_userinfo
 from shop.simulation import redis_answers
 
 
@@ -25,8 +26,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if os.environ.get("REDIS_URL"):
             raise CommandError(
-                f"REDIS_URL is set ({os.environ['REDIS_URL']}): the shop uses that Redis, "
-                "so there is no need for an embedded one"
+                f"REDIS_URL is set ({without_userinfo(os.environ['REDIS_URL'])}): the shop "
+                "uses that Redis, so there is no need for an embedded one"
             )
         try:
             server = EmbeddedRedis(settings.EMBEDDED_REDIS_DIR)
@@ -40,7 +41,7 @@ class Command(BaseCommand):
         try:
             try:
                 url = server.start()
-            except RuntimeError as exc:  # another one holds the directory, or did not start
+            except (OSError, RuntimeError) as exc:  # no redis-server, or it did not start
                 raise CommandError(str(exc)) from exc
             self.stdout.write(f"embedded Redis (pid {server.pid}) at {url}; Ctrl-C stops it")
             while not stop.wait(1.0):
