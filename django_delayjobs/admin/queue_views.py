@@ -28,6 +28,7 @@ from ..conf import delayjobs_settings
 from ..engine import EngineUnavailable, validate_name
 from ..exceptions import ConfigurationError
 from ..models import Job, Status
+from ..rows import tolerant
 from . import charts, display, operations
 
 if TYPE_CHECKING:
@@ -262,7 +263,8 @@ def _back(admin: JobAdmin) -> HttpResponseRedirect:
 
 def _jobs(admin: JobAdmin, request: HttpRequest) -> tuple[list[uuid.UUID], list[Job]]:
     ids = _posted_ids(request)
-    jobs = list(Job.objects.filter(pk__in=ids)) if ids else []
+    # Tolerantly, as the page that listed them: a poison row has its buttons too.
+    jobs = list(tolerant(Job.objects.filter(pk__in=ids))) if ids else []
     if not ids:
         admin.message_user(request, _("No job was selected."), "warning")
     elif len(jobs) < len(ids):
@@ -299,7 +301,7 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     if request.POST.get("post") != "yes":
         return admin.purge_confirmation(
             request,
-            Job.objects.filter(pk__in=[job.pk for job in jobs]),
+            tolerant(Job.objects.filter(pk__in=[job.pk for job in jobs])),
             form_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues_purge"),
             hidden=[("job", str(pk)) for pk in ids],
             cancel_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues"),

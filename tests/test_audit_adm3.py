@@ -1,0 +1,93 @@
+"""The admin, third audit: buttons and actions on poison rows."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.urls import reverse
+
+from django_delayjobs.connection import get_engine
+from django_delayjobs.models import Job, Status
+
+from .test_poison import plant
+from .test_rest_helpers import dead_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHANGELIST = "admin:django_delayjobs_job_changelist"
+QUEUES = "admin:django_delayjobs_queues"
+
+#: Poison rows SQLite and PostgreSQL both store: values Python's JSON parser refuses.
+JSON_POISON = ["args nested 1500 deep", "kwargs 5000-digit int", "result nested 1500 deep"]
+
+
+def status_of(job: Job) -> str | None:
+    return Job.objects.filter(pk=job.pk).values_list("status", flat=True).first()
+
+
+# -- poison rows: the buttons the pages offer for them work -----------------------------
+
+
+@pytest.mark.parametrize("name", JSON_POISON)
+def test_a_dead_poison_row_is_requeued_from_the_job_list_and_the_queue_page(admin_client, name):
+    """The queue page lists a dead job whose JSON Python cannot parse, with its buttons,
+    but requeue read the row the ordinary way (the queue page's posted jobs, and the
+    service's refresh after its UPDATE): a 500, from the job list's action too."""
+    listed, buttoned = dead_job(), dead_job()
+    plant(listed, name)
+    plant(buttoned, name)
+    page = admin_client.get(reverse(QUEUES)).content.decode()
+    assert f'name="one" value="{buttoned.pk}"' in page
+    selection = {"action": "requeue_dead", ACTION_CHECKBOX_NAME: [str(listed.pk)], "index": "0"}
+    assert admin_client.post(reverse(CHANGELIST), selection).status_code == 302
+    response = admin_client.post(reverse(f"{QUEUES}_requeue"), {"one": str(buttoned.pk)})
+    assert response.status_code == 302
+    assert status_of(listed) == status_of(buttoned) == Status.SCHEDULED
+    assert get_engine().stats("default").garbage == 0
+
+
+@pytest.mark.parametrize("name", JSON_POISON)
+def test_a_dead_poison_row_is_purged_from_the_job_list_and_the_queue_page(admin_client, name):
+    """Purge is how a poison row is cleared away, but it deleted through Django's
+    collector, which reads every column of the row: a 500, on the confirmation of the
+    queue page's button and on the purge itself, from either page."""
+    listed, buttoned = dead_job(), dead_job()
+    plant(listed, name)
+    plant(buttoned, name)
+    selection = {"action": "purge_dead", ACTION_CHECKBOX_NAME: [str(listed.pk)], "index": "0"}
+    assert admin_client.post(reverse(CHANGELIST), selection).status_code == 200  # asks
+    response = admin_client.post(reverse(CHANGELIST), {**selection, "post": "yes"})
+    assert response.status_code == 302
+    button = {"one": str(buttoned.pk)}
+    response = admin_client.post(reverse(f"{QUEUES}_purge"), button)
+    assert response.status_code == 200 and "Yes, purge them" in response.content.decode()
+    response = admin_client.post(reverse(f"{QUEUES}_purge"), {**button, "post": "yes"})
+    assert response.status_code == 302
+    assert status_of(listed) is None and status_of(buttoned) is None
+    assert get_engine().stats("default").garbage == 0
+
+
+def test_the_api_answers_a_requeued_poison_row_with_its_new_state(admin_user):
+    """The API shows the job the service requeued: the service refreshes the caller's
+    copy, tolerantly, so the answer says scheduled, not dead."""
+    from .test_rest_helpers import client_for, url
+
+    dead = dead_job()
+    plant(dead, "kwargs 5000-digit int")
+    response = client_for(admin_user).post(url("jobs", dead.pk, "requeue"), {}, format="json")
+    assert response.status_code == 200
+    assert response.json()["status"] == Status.SCHEDULED
+
+
+def test_the_services_given_a_poison_rows_id_change_it():
+    """Given an id, the services read the row the ordinary way: a ValueError (or a
+    RecursionError) for a poison row, which only its id can name."""
+    from django_delayjobs import services
+
+    requeued, purged = dead_job(), dead_job()
+    plant(requeued, "kwargs 5000-digit int")
+    plant(purged, "args nested 1500 deep")
+    assert services.requeue(str(requeued.pk)) is True
+    assert services.cancel(requeued.pk) is True
+    assert services.purge(purged.pk) is True
+    assert status_of(requeued) == Status.CANCELLED and status_of(purged) is None
