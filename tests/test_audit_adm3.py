@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from django_delayjobs.connection import get_engine
+from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
 from django_delayjobs.models import Job, Status
 
+from . import test_audit_adm2
 from .test_poison import plant
 from .test_rest_helpers import dead_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+frozen_redis = test_audit_adm2.frozen_redis  # a fixture: a redis-server stopped by SIGSTOP
 
 CHANGELIST = "admin:django_delayjobs_job_changelist"
 QUEUES = "admin:django_delayjobs_queues"
@@ -91,3 +97,45 @@ def test_the_services_given_a_poison_rows_id_change_it():
     assert services.cancel(requeued.pk) is True
     assert services.purge(purged.pk) is True
     assert status_of(requeued) == Status.CANCELLED and status_of(purged) is None
+
+
+# -- ATOMIC_REQUESTS: the actions' Redis calls run after the request's commit -------------
+
+
+@pytest.fixture
+def atomic_requests():
+    """The project wraps every view in a transaction (``ATOMIC_REQUESTS``)."""
+    from django.db import connection
+
+    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        yield
+    finally:
+        connection.settings_dict["ATOMIC_REQUESTS"] = False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", ["job list", "queue page"])
+def test_an_action_under_atomic_requests_while_redis_does_not_answer_waits_once(
+    admin_client, frozen_redis, settings, atomic_requests, page
+):
+    """With ``ATOMIC_REQUESTS`` the request's transaction held every change, so each job's
+    Redis call ran at the request's commit, after the action had stopped skipping them:
+    each waited for the read timeout (a page of 100 jobs took 100 s), and the page did
+    not say Redis was down. The actions commit job by job, as without it."""
+    jobs = [dead_job() for _ in range(4)]
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": frozen_redis}
+    ids = [str(job.pk) for job in jobs]
+    started = time.monotonic()
+    if page == "job list":
+        selection = {"action": "requeue_dead", ACTION_CHECKBOX_NAME: ids, "index": "0"}
+        response = admin_client.post(reverse(CHANGELIST), selection)
+    else:
+        response = admin_client.post(reverse(f"{QUEUES}_requeue"), {"job": ids})
+    took = time.monotonic() - started
+    assert response.status_code == 302
+    messages = [str(m) for m in get_messages(response.wsgi_request)]
+    assert "4 dead jobs requeued." in messages
+    assert any(m.startswith("Redis did not answer") for m in messages), messages
+    assert took < 3 * SOCKET_TIMEOUT, took  # one call's wait, not one a job
+    assert Job.objects.filter(status=Status.SCHEDULED).count() == 4
