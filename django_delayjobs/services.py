@@ -574,13 +574,17 @@ def purge(job: Job | Any) -> bool:
 
 
 def forget(queue: str, ids: Iterable[uuid.UUID]) -> int:
-    """Remove ids without a row from a queue's Redis garbage; return how many were there.
+    """Remove ids whose job is not dead from a queue's Redis garbage; return how many
+    were there.
 
-    Only ids whose row is gone (deleted by hand, or pruned while Redis was down): an id
-    with a row is left alone, its dead job goes with its history through ``purge``.
+    An id whose row is gone (deleted by hand, or pruned while Redis was down), or whose
+    job is no longer dead (requeued while Redis was down, then cancelled before reconcile,
+    which looks at waiting jobs only, revived it): Redis would count it as garbage for
+    ever. A dead job's id is left alone: it goes with its history through ``purge``.
     Raises ``EngineUnavailable`` when Redis cannot be reached.
     """
     validate_name(queue, "queue")
     wanted = set(ids)
-    wanted -= set(Job.objects.filter(pk__in=wanted).values_list("pk", flat=True))
+    dead = Job.objects.filter(pk__in=wanted, status=Status.DEAD)
+    wanted -= set(dead.values_list("pk", flat=True))
     return get_engine().purge(queue, [str(pk) for pk in wanted]) if wanted else 0

@@ -139,3 +139,44 @@ def test_an_action_under_atomic_requests_while_redis_does_not_answer_waits_once(
     assert any(m.startswith("Redis did not answer") for m in messages), messages
     assert took < 3 * SOCKET_TIMEOUT, took  # one call's wait, not one a job
     assert Job.objects.filter(status=Status.SCHEDULED).count() == 4
+
+
+# -- garbage: an id whose job is no longer dead ---------------------------------------------
+
+
+def test_a_garbage_id_whose_job_finished_otherwise_can_be_forgotten(admin_client, settings):
+    """A dead job requeued while Redis was unreachable, then cancelled before reconcile
+    revived it, stayed in its queue's Redis garbage: reconcile looks at waiting jobs only,
+    and the queue page offered no button (not dead: no purge; a row: no forget), so it
+    counted as garbage until its row was pruned. Forget takes an id whose job is not dead."""
+    from django_delayjobs.reconcile import reconcile
+
+    dead = dead_job()
+    reachable = settings.DELAYJOBS
+    settings.DELAYJOBS = {**reachable, "REDIS_URL": "redis://127.0.0.1:1/0"}
+    for action in ("requeue_dead", "cancel_jobs"):
+        selection = {"action": action, ACTION_CHECKBOX_NAME: [str(dead.pk)], "index": "0"}
+        admin_client.post(reverse(CHANGELIST), selection)
+    settings.DELAYJOBS = reachable
+    reconcile(get_engine(), horizon=None)
+    assert status_of(dead) == Status.CANCELLED
+    assert get_engine().stats("default").garbage == 1
+    page = admin_client.get(reverse(QUEUES)).content.decode()
+    assert f'name="one" value="{dead.pk}" formaction="{reverse(f"{QUEUES}_forget")}"' in page
+    response = admin_client.post(
+        reverse(f"{QUEUES}_forget"), {"queue": "default", "one": str(dead.pk)}, follow=True
+    )
+    messages = [str(m) for m in response.context["messages"]]
+    assert messages == ["1 id forgotten from the garbage of queue default."]
+    assert get_engine().stats("default").garbage == 0
+    assert status_of(dead) == Status.CANCELLED  # the row is the job's record: left alone
+
+
+def test_forget_leaves_the_id_of_a_dead_job_to_purge(admin_client):
+    dead = dead_job()
+    response = admin_client.post(
+        reverse(f"{QUEUES}_forget"), {"queue": "default", "one": str(dead.pk)}, follow=True
+    )
+    messages = [str(m) for m in response.context["messages"]]
+    assert messages == [f"Job {dead.pk} has a database row: purge it instead."]
+    assert get_engine().stats("default").garbage == 1

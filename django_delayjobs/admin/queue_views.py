@@ -87,6 +87,13 @@ class Entry:
             return False  # not written by us: left to whoever wrote it
         return True
 
+    @property
+    def is_stale(self) -> bool:
+        """An id the garbage holds for nothing: one of ours without a row, or whose job is
+        not dead (requeued while Redis was down, then cancelled before reconcile revived
+        it): only an entry left behind, to forget."""
+        return self.is_orphan or (self.job is not None and self.job.status != Status.DEAD)
+
 
 @dataclass
 class Worker:
@@ -311,11 +318,11 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
 
 
 def forget(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
-    """POST: remove a garbage id without a row from its queue's Redis garbage, back to the
-    page.
+    """POST: remove a garbage id whose job is not dead (or has no row) from its queue's
+    Redis garbage, back to the page.
 
-    No confirmation step, unlike purge: the id has no row (the service checks again), so
-    no job and no history is lost, only an entry that would count as garbage for ever.
+    No confirmation step, unlike purge: the job is not dead (the service checks again),
+    so no job and no history is lost, only an entry that would count as garbage for ever.
     """
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
@@ -328,7 +335,7 @@ def forget(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     except ValueError:
         admin.message_user(request, _("No valid queue and job id were posted."), "warning")
         return _back(admin)
-    if Job.objects.filter(pk=pk).exists():
+    if Job.objects.filter(pk=pk, status=Status.DEAD).exists():
         admin.message_user(
             request, _("Job %s has a database row: purge it instead.") % pk, "warning"
         )
@@ -343,8 +350,8 @@ def forget(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         return _back(admin)
     if gone:
         text = ngettext(
-            "%(count)d id without a job forgotten from the garbage of queue %(queue)s.",
-            "%(count)d ids without a job forgotten from the garbage of queue %(queue)s.",
+            "%(count)d id forgotten from the garbage of queue %(queue)s.",
+            "%(count)d ids forgotten from the garbage of queue %(queue)s.",
             gone,
         )
         admin.message_user(request, text % {"count": gone, "queue": queue}, "success")
