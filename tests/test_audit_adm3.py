@@ -1,4 +1,4 @@
-"""The admin, third audit: buttons and actions on poison rows."""
+"""The admin, third audit: poison rows, ATOMIC_REQUESTS, stale garbage, lost content types."""
 
 from __future__ import annotations
 
@@ -6,15 +6,20 @@ import time
 
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.contenttypes.models import ContentType
 from django.contrib.messages import get_messages
+from django.db import connection
 from django.urls import reverse
 
+from django_delayjobs import schedule, services
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
 from django_delayjobs.models import Job, Status
+from django_delayjobs.reconcile import reconcile
+from tests.testapp.models import Thing
 
 from . import test_audit_adm2
 from .test_poison import plant
-from .test_rest_helpers import dead_job
+from .test_rest_helpers import client_for, dead_job, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,8 +81,6 @@ def test_a_dead_poison_row_is_purged_from_the_job_list_and_the_queue_page(admin_
 def test_the_api_answers_a_requeued_poison_row_with_its_new_state(admin_user):
     """The API shows the job the service requeued: the service refreshes the caller's
     copy, tolerantly, so the answer says scheduled, not dead."""
-    from .test_rest_helpers import client_for, url
-
     dead = dead_job()
     plant(dead, "kwargs 5000-digit int")
     response = client_for(admin_user).post(url("jobs", dead.pk, "requeue"), {}, format="json")
@@ -88,8 +91,6 @@ def test_the_api_answers_a_requeued_poison_row_with_its_new_state(admin_user):
 def test_the_services_given_a_poison_rows_id_change_it():
     """Given an id, the services read the row the ordinary way: a ValueError (or a
     RecursionError) for a poison row, which only its id can name."""
-    from django_delayjobs import services
-
     requeued, purged = dead_job(), dead_job()
     plant(requeued, "kwargs 5000-digit int")
     plant(purged, "args nested 1500 deep")
@@ -105,8 +106,6 @@ def test_the_services_given_a_poison_rows_id_change_it():
 @pytest.fixture
 def atomic_requests():
     """The project wraps every view in a transaction (``ATOMIC_REQUESTS``)."""
-    from django.db import connection
-
     connection.settings_dict["ATOMIC_REQUESTS"] = True
     try:
         yield
@@ -149,8 +148,6 @@ def test_a_garbage_id_whose_job_finished_otherwise_can_be_forgotten(admin_client
     revived it, stayed in its queue's Redis garbage: reconcile looks at waiting jobs only,
     and the queue page offered no button (not dead: no purge; a row: no forget), so it
     counted as garbage until its row was pruned. Forget takes an id whose job is not dead."""
-    from django_delayjobs.reconcile import reconcile
-
     dead = dead_job()
     reachable = settings.DELAYJOBS
     settings.DELAYJOBS = {**reachable, "REDIS_URL": "redis://127.0.0.1:1/0"}
@@ -180,3 +177,41 @@ def test_forget_leaves_the_id_of_a_dead_job_to_purge(admin_client):
     messages = [str(m) for m in response.context["messages"]]
     assert messages == [f"Job {dead.pk} has a database row: purge it instead."]
     assert get_engine().stats("default").garbage == 1
+
+
+# -- a target whose content type is gone ----------------------------------------------------
+
+
+def dangle_target_type(job: Job) -> None:
+    """Point ``job``'s target type at a content type that does not exist, past its
+    foreign key (as with the jobs on a database of their own, whose content types
+    outlive those the project removes as stale)."""
+    table = connection.ops.quote_name(Job._meta.db_table)
+    sql = f"UPDATE {table} SET target_type_id = 999999 WHERE id = %s"
+    pk = Job._meta.pk.get_db_prep_value(job.pk, connection)
+    with connection.constraint_checks_disabled(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET session_replication_role = replica")  # no foreign key check
+        cursor.execute(sql, [pk])
+        if connection.vendor == "postgresql":
+            cursor.execute("SET session_replication_role = DEFAULT")
+    ContentType.objects.clear_cache()
+
+
+def test_the_pages_show_a_job_whose_target_content_type_is_gone(admin_client, admin_user):
+    """The job list and page showed such a target as "-" (Django's admin catches the
+    DoesNotExist), but the queue page, which lists the next due jobs and the garbage
+    through the same functions, was a 500, and so were the API's jobs/ and jobs/<id>/."""
+    job = schedule(Thing.objects.create(name="t").touch, in_=60)
+    dangle_target_type(job)
+    for page in (
+        reverse(QUEUES),
+        reverse(CHANGELIST),
+        reverse("admin:django_delayjobs_job_change", args=[job.pk]),
+    ):
+        assert admin_client.get(page).status_code == 200, page
+    html = admin_client.get(reverse(QUEUES)).content.decode()
+    assert f"(unknown model) {job.target_id}" in html
+    api = client_for(admin_user)
+    for answer in (api.get(url("jobs", job.pk)).json(), api.get(url("jobs")).json()["results"][0]):
+        assert (answer["target_type"], answer["target_id"]) == (None, job.target_id)

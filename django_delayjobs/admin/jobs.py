@@ -139,7 +139,7 @@ class JobAdmin(JobModelAdmin):
     list_display_links = ("short_id",)
     list_filter = ("status", callbacks.KindFilter, ("queue", QueueFilter), ("action", ActionFilter))
     # Not the target's content type: joined on the jobs' database, it is that database's,
-    # and the services and the worker read the project's (display._content_type).
+    # and the services and the worker read the project's (display._model).
     list_select_related = ()
     # Only run_at has an index that serves ORDER BY ... LIMIT on a million rows.
     sortable_by = ("run_at_display",)
