@@ -130,7 +130,8 @@ class JobEventSerializer(ShownModelSerializer):
 
 class JobSerializer(ShownModelSerializer):
     target_type = serializers.SerializerMethodField(
-        help_text="The target's model as app_label.model, or null for a plain function."
+        help_text="The target's model as app_label.model, or null for a plain function "
+        "(or a model whose content type is gone)."
     )
 
     class Meta:
