@@ -346,7 +346,7 @@ def _job(job: Job | Any) -> Job:
             code="invalid",
         )
     pk: uuid.UUID = Job._meta.pk.to_python(job)  # ValidationError for a bad text or int
-    return Job.objects.get(pk=pk)
+    return tolerant(Job.objects.filter(pk=pk)).get()  # a poison row can still be changed
 
 
 def cancel(job: Job | Any, *, actor: str = "code") -> bool:
@@ -531,7 +531,9 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
                 f"job {holder.pk} holds the key {job.key!r} now: cancel it first"
             ) from None
         if won:
-            job.refresh_from_db()
+            # Tolerantly: a poison row (JSON Python cannot parse) is requeued all the same,
+            # and its worker settles it as dead with the reason.
+            job.refresh_from_db(from_queryset=tolerant(Job.objects.all()))
             _event(job, EventKind.REQUEUED, actor, f"{extra} more attempt(s)")
             _after_commit(lambda: _requeue_in_redis(job))
         elif expired := tolerant(dead.filter(expires_at__lte=now).only("expires_at")).first():
@@ -563,20 +565,26 @@ def purge(job: Job | Any) -> bool:
         # Locked first: Django's delete reads the rows, then deletes by primary key alone,
         # so a requeue committing in between would be deleted with its revived job.
         dead = Job.objects.select_for_update().filter(pk=job.pk, status=Status.DEAD)
-        deleted = bool(dead.values_list("pk", flat=True)) and dead.delete()[0]
+        # Django's collector reads the rows it deletes: tolerantly, or a poison row (the
+        # very row a purge is for) could never be deleted.
+        deleted = bool(dead.values_list("pk", flat=True)) and tolerant(dead).delete()[0]
         if deleted:
             _after_commit(_redis(lambda: get_engine().purge(job.queue, [str(job.pk)])))
     return bool(deleted)
 
 
 def forget(queue: str, ids: Iterable[uuid.UUID]) -> int:
-    """Remove ids without a row from a queue's Redis garbage; return how many were there.
+    """Remove ids whose job is not dead from a queue's Redis garbage; return how many
+    were there.
 
-    Only ids whose row is gone (deleted by hand, or pruned while Redis was down): an id
-    with a row is left alone, its dead job goes with its history through ``purge``.
+    An id whose row is gone (deleted by hand, or pruned while Redis was down), or whose
+    job is no longer dead (requeued while Redis was down, then cancelled before reconcile,
+    which looks at waiting jobs only, revived it): Redis would count it as garbage for
+    ever. A dead job's id is left alone: it goes with its history through ``purge``.
     Raises ``EngineUnavailable`` when Redis cannot be reached.
     """
     validate_name(queue, "queue")
     wanted = set(ids)
-    wanted -= set(Job.objects.filter(pk__in=wanted).values_list("pk", flat=True))
+    dead = Job.objects.filter(pk__in=wanted, status=Status.DEAD)
+    wanted -= set(dead.values_list("pk", flat=True))
     return get_engine().purge(queue, [str(pk) for pk in wanted]) if wanted else 0

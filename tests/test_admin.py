@@ -799,9 +799,7 @@ def test_forget_button_removes_an_id_without_a_row_from_the_garbage(admin_client
     assert '<input type="hidden" name="queue" value="default">' in garbage
     response = admin_client.post(reverse(FORGET), {"queue": "default", "one": orphan}, follow=True)
     assert response.redirect_chain == [(reverse(QUEUES), 302)]
-    assert messages_of(response) == [
-        "1 id without a job forgotten from the garbage of queue default."
-    ]
+    assert messages_of(response) == ["1 id forgotten from the garbage of queue default."]
     assert garbage_count() == 0
     assert summary(response.content.decode(), "default", "garbage") == "0"
 

@@ -10,6 +10,7 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.contrib.contenttypes.models import ContentType
+from django.db import models
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
@@ -89,21 +90,26 @@ def lateness(job: Job) -> datetime.timedelta | None:
     return job.started_at - job.run_at
 
 
-def _content_type(job: Job) -> ContentType:
+def _model(job: Job) -> type[models.Model] | None:
+    """The target's model; None if it is gone, or its content type is."""
     # From ContentType's per-process cache (no query per job), on the database the project
     # reads content types from, as the services that wrote the id and the worker that
     # runs the target do: not ``job.target_type``, which is read on the database of Job
     # and, when that one numbers content types otherwise (made at another time), another
-    # model's.
+    # model's. The project's may have lost it (removed as stale) while the jobs' database
+    # keeps it for its foreign key.
     assert job.target_type_id is not None
-    return ContentType.objects.get_for_id(job.target_type_id)
+    try:
+        return ContentType.objects.get_for_id(job.target_type_id).model_class()
+    except ContentType.DoesNotExist:
+        return None
 
 
 def target_url(job: Job, site: admin.AdminSite) -> str | None:
     """The target's admin change page, if its model is registered on ``site``."""
     if job.target_type_id is None or not job.target_id:
         return None
-    model = _content_type(job).model_class()
+    model = _model(job)
     if model is None or not site.is_registered(model):
         return None
     name = f"{site.name}:{model._meta.app_label}_{model._meta.model_name}_change"
@@ -117,7 +123,7 @@ def target_label(job: Job) -> str:
     """``Thing 42``: the target's model and primary key, without loading the row."""
     if job.target_type_id is None:
         return EMPTY
-    model = _content_type(job).model_class()
+    model = _model(job)
     name = capfirst(model._meta.verbose_name) if model is not None else "(unknown model)"
     return f"{name} {job.target_id}"
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
 from django.core.paginator import Page, Paginator
+from django.db import connections, transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
@@ -37,8 +39,21 @@ else:
     EventInline = admin.TabularInline
 
 
+V = TypeVar("V", bound=Callable[..., Any])
+
 #: Jobs listed on the purge confirmation page (all selected ones are purged).
 PURGE_LISTED = 100
+
+
+def own_transactions(view: V) -> V:
+    """Mark ``view`` to run outside ``ATOMIC_REQUESTS``: an action commits job by job, as
+    each service call does on its own. In the request's transaction its Redis calls ran
+    at the end, each waiting for a Redis that does not answer (the action stops calling
+    it after the first failure only while it runs), and the rows it changed stayed locked
+    from the workers until the last job was done."""
+    for alias in connections:
+        transaction.non_atomic_requests(using=alias)(view)
+    return view
 
 
 def has_job_permission(request: HttpRequest, action: str) -> bool:
@@ -124,7 +139,7 @@ class JobAdmin(JobModelAdmin):
     list_display_links = ("short_id",)
     list_filter = ("status", callbacks.KindFilter, ("queue", QueueFilter), ("action", ActionFilter))
     # Not the target's content type: joined on the jobs' database, it is that database's,
-    # and the services and the worker read the project's (display._content_type).
+    # and the services and the worker read the project's (display._model).
     list_select_related = ()
     # Only run_at has an index that serves ORDER BY ... LIMIT on a million rows.
     sortable_by = ("run_at_display",)
@@ -389,13 +404,21 @@ class JobAdmin(JobModelAdmin):
     def get_urls(self) -> list[URLPattern]:
         name = self.opts.app_label
         wrap = self.admin_site.admin_view
-        return [
+
+        def changes(view: Callable[[HttpRequest], HttpResponse]) -> Callable[..., HttpResponse]:
+            return own_transactions(wrap(view))
+
+        urls = [
             path("queues/", wrap(self.queues_view), name=f"{name}_queues"),
-            path("queues/requeue/", wrap(self.requeue_view), name=f"{name}_queues_requeue"),
-            path("queues/purge/", wrap(self.purge_view), name=f"{name}_queues_purge"),
-            path("queues/forget/", wrap(self.forget_view), name=f"{name}_queues_forget"),
+            path("queues/requeue/", changes(self.requeue_view), name=f"{name}_queues_requeue"),
+            path("queues/purge/", changes(self.purge_view), name=f"{name}_queues_purge"),
+            path("queues/forget/", changes(self.forget_view), name=f"{name}_queues_forget"),
             *super().get_urls(),
         ]
+        for url in urls:  # the actions are posted to the job list
+            if url.name == f"{name}_{self.opts.model_name}_changelist":
+                own_transactions(url.callback)
+        return urls
 
     def queues_view(self, request: HttpRequest) -> HttpResponse:
         return queue_views.queues_page(self, request)

@@ -28,6 +28,7 @@ from ..conf import delayjobs_settings
 from ..engine import EngineUnavailable, validate_name
 from ..exceptions import ConfigurationError
 from ..models import Job, Status
+from ..rows import tolerant
 from . import charts, display, operations
 
 if TYPE_CHECKING:
@@ -85,6 +86,13 @@ class Entry:
         except ValueError:
             return False  # not written by us: left to whoever wrote it
         return True
+
+    @property
+    def is_stale(self) -> bool:
+        """An id the garbage holds for nothing: one of ours without a row, or whose job is
+        not dead (requeued while Redis was down, then cancelled before reconcile revived
+        it): only an entry left behind, to forget."""
+        return self.is_orphan or (self.job is not None and self.job.status != Status.DEAD)
 
 
 @dataclass
@@ -262,7 +270,8 @@ def _back(admin: JobAdmin) -> HttpResponseRedirect:
 
 def _jobs(admin: JobAdmin, request: HttpRequest) -> tuple[list[uuid.UUID], list[Job]]:
     ids = _posted_ids(request)
-    jobs = list(Job.objects.filter(pk__in=ids)) if ids else []
+    # Tolerantly, as the page that listed them: a poison row has its buttons too.
+    jobs = list(tolerant(Job.objects.filter(pk__in=ids))) if ids else []
     if not ids:
         admin.message_user(request, _("No job was selected."), "warning")
     elif len(jobs) < len(ids):
@@ -299,7 +308,7 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     if request.POST.get("post") != "yes":
         return admin.purge_confirmation(
             request,
-            Job.objects.filter(pk__in=[job.pk for job in jobs]),
+            tolerant(Job.objects.filter(pk__in=[job.pk for job in jobs])),
             form_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues_purge"),
             hidden=[("job", str(pk)) for pk in ids],
             cancel_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues"),
@@ -309,11 +318,11 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
 
 
 def forget(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
-    """POST: remove a garbage id without a row from its queue's Redis garbage, back to the
-    page.
+    """POST: remove a garbage id whose job is not dead (or has no row) from its queue's
+    Redis garbage, back to the page.
 
-    No confirmation step, unlike purge: the id has no row (the service checks again), so
-    no job and no history is lost, only an entry that would count as garbage for ever.
+    No confirmation step, unlike purge: the job is not dead (the service checks again),
+    so no job and no history is lost, only an entry that would count as garbage for ever.
     """
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
@@ -326,7 +335,7 @@ def forget(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     except ValueError:
         admin.message_user(request, _("No valid queue and job id were posted."), "warning")
         return _back(admin)
-    if Job.objects.filter(pk=pk).exists():
+    if Job.objects.filter(pk=pk, status=Status.DEAD).exists():
         admin.message_user(
             request, _("Job %s has a database row: purge it instead.") % pk, "warning"
         )
@@ -341,8 +350,8 @@ def forget(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         return _back(admin)
     if gone:
         text = ngettext(
-            "%(count)d id without a job forgotten from the garbage of queue %(queue)s.",
-            "%(count)d ids without a job forgotten from the garbage of queue %(queue)s.",
+            "%(count)d id forgotten from the garbage of queue %(queue)s.",
+            "%(count)d ids forgotten from the garbage of queue %(queue)s.",
             gone,
         )
         admin.message_user(request, text % {"count": gone, "queue": queue}, "success")

@@ -18,10 +18,14 @@ from ..serialization import showable
 
 
 def type_label(content_type_id: int | None) -> str | None:
-    """Return ``app_label.model`` of a content type id (cached by Django), or None."""
+    """Return ``app_label.model`` of a content type id (cached by Django), or None (also
+    for one the project no longer has: see ``admin.display._model``)."""
     if content_type_id is None:
         return None
-    ct = ContentType.objects.get_for_id(content_type_id)
+    try:
+        ct = ContentType.objects.get_for_id(content_type_id)
+    except ContentType.DoesNotExist:
+        return None
     return f"{ct.app_label}.{ct.model}"
 
 
@@ -126,7 +130,8 @@ class JobEventSerializer(ShownModelSerializer):
 
 class JobSerializer(ShownModelSerializer):
     target_type = serializers.SerializerMethodField(
-        help_text="The target's model as app_label.model, or null for a plain function."
+        help_text="The target's model as app_label.model, or null for a plain function "
+        "(or a model whose content type is gone)."
     )
 
     class Meta:
