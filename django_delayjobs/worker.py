@@ -589,7 +589,7 @@ class WorkerProcess:
             bug = result is None
             if result is None:
                 result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
-            if result.outcome.redis_move != "ack":  # it leaves flight now, not at the batch's
+            if result.redis_move != "ack":  # it leaves flight now, not at the batch's
                 # end: no more extensions first, or one between the move and the release
                 # would find it gone and warn that its lease was lost
                 self.release([job_id], thread)
