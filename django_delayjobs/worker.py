@@ -43,6 +43,7 @@ from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution, receivers_left_behind
+from .logs import job_fields
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner
@@ -546,18 +547,43 @@ class WorkerProcess:
         acks: list[str] = []
         waiting = deque(job_id for job_id in ids if self.is_job_id(queue, job_id, acks.append))
         claimed: Job | None = None  # the next job's row, claimed by the previous outcome
+        thread = threading.get_ident()
         try:
             while waiting and not (self.stopping.is_set() and claimed is None):
                 job_id = waiting.popleft()
+                if claimed is None and not self.holds(job_id, thread):
+                    self.let_go(queue, job_id, thread)
+                    continue
                 following = waiting[0] if waiting else None
 
                 def then(following: str | None = following) -> str | None:
-                    return None if self.stopping.is_set() else following
+                    if self.stopping.is_set() or following is None:
+                        return None
+                    return following if self.holds(following, thread) else None
 
                 claimed = self.process(queue, job_id, backoff, acks.append, claimed, then)
         finally:  # what never started (stopping, or this thread dies) goes back at once
-            self.hand_back(queue, list(waiting), threading.get_ident())
+            self.hand_back(queue, list(waiting), thread)
             self.settle_batch(queue, ids, acks)
+
+    def holds(self, job_id: str, thread: int) -> bool:
+        """Whether worker thread ``thread`` still holds ``job_id``, claimed with its batch:
+        not once a lease extension found it out of flight (Redis lost it, or handed it to
+        another worker when its lease ended), nor once another thread of this process has
+        claimed it again. Its row may be running for that other delivery by now, and the
+        claim would read it as a delivery whose worker was lost: the job would run twice
+        at once. No round trip: what the extensions and claims have seen."""
+        with self.held_lock:
+            return job_id not in self.lost and self.held.get(job_id, ("", None))[1] == thread
+
+    def let_go(self, queue: str, job_id: str, thread: int) -> None:
+        """Leave an id this thread no longer holds to whoever holds it now: neither acked
+        nor handed back, which would move the other delivery's id. One that Redis lost is
+        added again by the reconcile sweep (its row is still waiting)."""
+        self.release([job_id], thread)
+        logger.warning("job %s: its lease was lost before it started; not run here (another "
+                       "delivery has it, or the reconcile sweep adds it again)", job_id,
+                       extra=job_fields(job_id, queue))  # fmt: skip
 
     @staticmethod
     def is_job_id(queue: str, job_id: str, ack: Callable[[str], None]) -> bool:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from django_delayjobs import schedule
+from django_delayjobs import schedule, schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
+from django_delayjobs.reconcile import reconcile
+from django_delayjobs.services import build_job
 from tests.helpers import start_worker, stop, wait_for
 from tests.testapp import tasks
+from tests.testapp.models import Record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,3 +46,34 @@ def test_a_dead_job_whose_bury_was_lost_goes_to_garbage_when_it_comes_back(tmp_p
     assert list(Job.objects.get(pk=job.pk).events.values_list("kind", flat=True)) == [
         "scheduled", "started", "failed", "dead",
     ]  # fmt: skip
+
+
+def test_a_claimed_id_whose_lease_was_lost_before_it_started_is_not_run_a_second_time(
+    redis_client, redis_url, tmp_path
+):
+    """A worker thread claimed two ids at once (``PREFETCH``) and ran the first; Redis lost
+    its data meanwhile. The reconcile sweep put the second one back in ready, and the
+    process's other thread took it and ran it; once the first job was over, its thread
+    ran the second one too (its running row read as a delivery whose worker was lost),
+    beside the other thread: a non-atomic action's effect twice."""
+    log = tmp_path / "w.log"
+    env = {"DELAYJOBS_LEASE_SECONDS": "1"}
+    worker = start_worker(redis_url, "--worker-only", "--concurrency", "2", env=env, log=log)
+    try:
+        wait_for(lambda: get_engine().stats("default").live_workers)
+        first = build_job(tasks.slow, in_=0, args=["first", 2.0])
+        second = build_job(tasks.slow_outside, in_=0, args=["second", 3.0])
+        schedule_many([first, second])  # one add: one thread claims both
+        wait_for(lambda: status(first) == Status.RUNNING)
+        assert status(second) == Status.SCHEDULED
+        redis_client.flushdb()  # a restart without persistence
+        wait_for(lambda: f"lost the lease of job {second.pk}" in log.read_text())
+        reconcile(get_engine())  # the first back in flight, the second in ready
+        wait_for(lambda: status(second) == Status.SUCCEEDED, timeout=10)
+        wait_for(lambda: status(first) == Status.SUCCEEDED, timeout=10)
+    finally:
+        assert stop(worker) == 0
+    assert Record.objects.filter(label="second").count() == 1
+    assert f"job {second.pk}: its lease was lost before it started" in log.read_text()
+    second.refresh_from_db()
+    assert (second.attempts, second.deliveries) == (1, 1)
