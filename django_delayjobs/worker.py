@@ -533,15 +533,26 @@ class WorkerProcess:
                     continue
                 answered = True
                 if ids:
-                    with self.held_lock:
-                        self.held.update(dict.fromkeys(ids, (shard, threading.get_ident())))
-                        self.lost.difference_update(ids)  # in flight again: this claim's
-                    return shard, ids
+                    return shard, self.hold(shard, ids)
         if failure is not None and answered:
             raise PartlyUnavailable(str(failure), None) from failure
         if failure is not None:
             raise failure
         return None
+
+    def hold(self, shard: str, ids: list[str]) -> list[str]:
+        """Hold the ids just claimed for this thread; return those this process did not
+        hold already. One it holds came back from Redis while another thread runs it or
+        has it in its batch (its lease ended while Redis was frozen, or the reconcile
+        sweep gave it back after Redis lost its data): it stays that thread's, in flight
+        again under this claim's lease, which the extensions keep. Run here too, it would
+        run beside that thread, the second claim reading the first one's running row as
+        a delivery whose worker was lost."""
+        with self.held_lock:
+            fresh = [job_id for job_id in ids if job_id not in self.held]
+            self.held.update(dict.fromkeys(fresh, (shard, threading.get_ident())))
+            self.lost.difference_update(ids)  # in flight again: this claim's
+        return fresh
 
     def run_batch(self, queue: str, ids: list[str], backoff: Backoff) -> None:
         acks: list[str] = []
@@ -569,10 +580,9 @@ class WorkerProcess:
     def holds(self, job_id: str, thread: int) -> bool:
         """Whether worker thread ``thread`` still holds ``job_id``, claimed with its batch:
         not once a lease extension found it out of flight (Redis lost it, or handed it to
-        another worker when its lease ended), nor once another thread of this process has
-        claimed it again. Its row may be running for that other delivery by now, and the
-        claim would read it as a delivery whose worker was lost: the job would run twice
-        at once. No round trip: what the extensions and claims have seen."""
+        another worker when its lease ended). Its row may be running for that other
+        delivery by now, and the claim would read it as a delivery whose worker was lost:
+        the job would run twice at once. No round trip: what the extensions have seen."""
         with self.held_lock:
             return job_id not in self.lost and self.held.get(job_id, ("", None))[1] == thread
 

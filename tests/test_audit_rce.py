@@ -4,6 +4,8 @@ of every job once it is over."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from django_delayjobs import schedule, schedule_many
@@ -48,32 +50,66 @@ def test_a_dead_job_whose_bury_was_lost_goes_to_garbage_when_it_comes_back(tmp_p
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("workers", [["2"], ["1", "1"]], ids=["threads", "processes"])
 def test_a_claimed_id_whose_lease_was_lost_before_it_started_is_not_run_a_second_time(
-    redis_client, redis_url, tmp_path
+    redis_client, redis_url, tmp_path, workers
 ):
     """A worker thread claimed two ids at once (``PREFETCH``) and ran the first; Redis lost
-    its data meanwhile. The reconcile sweep put the second one back in ready, and the
-    process's other thread took it and ran it; once the first job was over, its thread
-    ran the second one too (its running row read as a delivery whose worker was lost),
-    beside the other thread: a non-atomic action's effect twice."""
-    log = tmp_path / "w.log"
+    its data meanwhile. The reconcile sweep put the second one back in ready, where another
+    thread (of the same process, or of another) took it and ran it; once the first job was
+    over, the first thread ran the second one too (its running row read as a delivery
+    whose worker was lost), beside the other: a non-atomic action's effect twice."""
+    logs = [tmp_path / f"{n}.log" for n in range(len(workers))]
     env = {"DELAYJOBS_LEASE_SECONDS": "1"}
-    worker = start_worker(redis_url, "--worker-only", "--concurrency", "2", env=env, log=log)
+    processes = [
+        start_worker(redis_url, "--worker-only", "--concurrency", threads, env=env, log=log)
+        for threads, log in zip(workers, logs, strict=True)
+    ]
     try:
-        wait_for(lambda: get_engine().stats("default").live_workers)
+        wait_for(lambda: get_engine().stats("default").live_workers == len(workers))
         first = build_job(tasks.slow, in_=0, args=["first", 2.0])
         second = build_job(tasks.slow_outside, in_=0, args=["second", 3.0])
         schedule_many([first, second])  # one add: one thread claims both
         wait_for(lambda: status(first) == Status.RUNNING)
         assert status(second) == Status.SCHEDULED
         redis_client.flushdb()  # a restart without persistence
-        wait_for(lambda: f"lost the lease of job {second.pk}" in log.read_text())
+        lost = f"lost the lease of job {second.pk}"
+        wait_for(lambda: any(lost in log.read_text() for log in logs))
         reconcile(get_engine())  # the first back in flight, the second in ready
         wait_for(lambda: status(second) == Status.SUCCEEDED, timeout=10)
         wait_for(lambda: status(first) == Status.SUCCEEDED, timeout=10)
     finally:
-        assert stop(worker) == 0
+        assert [stop(process) for process in processes] == [0] * len(workers)
     assert Record.objects.filter(label="second").count() == 1
-    assert f"job {second.pk}: its lease was lost before it started" in log.read_text()
     second.refresh_from_db()
     assert (second.attempts, second.deliveries) == (1, 1)
+
+
+def test_a_job_whose_lease_ended_while_its_worker_was_frozen_is_not_run_again_beside_itself(
+    redis_url, tmp_path
+):
+    """A worker process froze (SIGSTOP: swapping, a long GC pause; Redis frozen does the
+    same) for longer than the lease of the job it was running, and the id went back to
+    ready. Once the process ran again, its idle thread claimed the id and ran the job a
+    second time, beside the thread still running it (the row read as a delivery whose
+    worker was lost), and the first run's outcome was overtaken."""
+    log = tmp_path / "w.log"
+    env = {"DELAYJOBS_LEASE_SECONDS": "1"}
+    worker = start_worker(redis_url, "--concurrency", "2", env=env, log=log)
+    engine = get_engine()
+    try:
+        wait_for(lambda: engine.stats("default").live_workers)
+        job = schedule(tasks.slow_outside, in_=0, args=["once", 2.0])
+        wait_for(lambda: status(job) == Status.RUNNING)
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            assert wait_for(lambda: engine.recover_expired("default"), timeout=5) == [str(job.pk)]
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        wait_for(lambda: status(job) == Status.SUCCEEDED, timeout=10)
+        wait_for(lambda: engine.stats("default").in_flight == 0)
+    finally:
+        assert stop(worker) == 0
+    assert Record.objects.filter(label="once").count() == 1
+    job.refresh_from_db()
+    assert (job.attempts, job.deliveries) == (1, 1)
