@@ -209,6 +209,9 @@ class WorkerProcess:
         # it), for the ids this process holds in flight: their leases are extended
         self.held: dict[str, tuple[str, int]] = {}
         self.lost: set[str] = set()  # held ids whose lost lease was logged (held_lock)
+        # While a lease extension is under way, the ids claimed since it began (held_lock):
+        # out of flight when it asked, in flight again by now, so not lost.
+        self.claimed_meanwhile: set[str] | None = None
         self.running: dict[int, Execution] = {}  # by worker thread (guarded by held_lock)
         # Per queue, which of its shards a claim tries first. Per queue: one counter for
         # all would step a queue by the number of queues tried before it (two queues: its
@@ -552,6 +555,8 @@ class WorkerProcess:
             fresh = [job_id for job_id in ids if job_id not in self.held]
             self.held.update(dict.fromkeys(fresh, (shard, threading.get_ident())))
             self.lost.difference_update(ids)  # in flight again: this claim's
+            if self.claimed_meanwhile is not None:
+                self.claimed_meanwhile.update(ids)
         return fresh
 
     def run_batch(self, queue: str, ids: list[str], backoff: Backoff) -> None:
@@ -857,19 +862,28 @@ class WorkerProcess:
             by_queue: dict[str, list[str]] = {}
             for job_id, (queue, _) in self.held.items():
                 by_queue.setdefault(queue, []).append(job_id)
+            self.claimed_meanwhile = set()
         each = PerShard()  # a shard whose master is down must not stop the others' leases
-        for queue, ids in by_queue.items():
-            with each.attempt():
-                kept = set(self.engine.extend_lease(queue, ids, self.lease_ms))
-                with self.held_lock:  # each once: a long action would warn every extension
-                    lost = [
-                        i for i in ids if i not in kept and i in self.held and i not in self.lost
-                    ]
-                    self.lost.update(lost)
-                for job_id in lost:  # still running here, yet Redis no longer has it in flight
-                    logger.warning("lost the lease of job %s; another worker may take it",
-                                   job_id)  # fmt: skip
+        try:
+            for queue, ids in by_queue.items():
+                with each.attempt():
+                    self.extend(queue, ids)
+        finally:
+            with self.held_lock:
+                self.claimed_meanwhile = None
         each.check()
+
+    def extend(self, queue: str, ids: list[str]) -> None:
+        """Extend the leases of ``ids``; mark (and log once) those found out of flight and
+        not claimed again since: the batch that holds one no longer runs it."""
+        kept = set(self.engine.extend_lease(queue, ids, self.lease_ms))
+        with self.held_lock:  # each once: a long action would warn every extension
+            again = self.claimed_meanwhile or set()
+            lost = [i for i in ids if i not in kept and i in self.held and i not in self.lost
+                    and i not in again]  # fmt: skip
+            self.lost.update(lost)
+        for job_id in lost:  # still running here, yet Redis no longer has it in flight
+            logger.warning("lost the lease of job %s; another worker may take it", job_id)
 
     def heartbeat(self, ttl_ms: float) -> None:
         """Record this process as live for ``ttl_ms`` (0: remove it); a process that is

@@ -11,9 +11,11 @@ import pytest
 from django_delayjobs import schedule, schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.engine import Engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import build_job
+from django_delayjobs.worker import Backoff, Options, WorkerProcess
 from tests.helpers import start_worker, stop, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -113,3 +115,37 @@ def test_a_job_whose_lease_ended_while_its_worker_was_frozen_is_not_run_again_be
     assert Record.objects.filter(label="once").count() == 1
     job.refresh_from_db()
     assert (job.attempts, job.deliveries) == (1, 1)
+
+
+class ClaimedAgainDuringTheExtension(Engine):
+    """An engine whose lease extension finds one id out of flight, and before it returns,
+    another thread of the worker claims that id again from ready: the window between the
+    extension's answer and its bookkeeping (a fast retry's id, taken at once)."""
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.meanwhile = lambda: None
+
+    def extend_lease(self, queue, ids, lease_ms):  # type: ignore[no-untyped-def]
+        kept = super().extend_lease(queue, ids, lease_ms)
+        self.meanwhile()
+        return kept
+
+
+def test_an_id_claimed_again_while_a_lease_extension_is_under_way_is_not_let_go():
+    """The extension marked the id lost after the process had claimed it again: the thread
+    holding it then let it go instead of running it, and it waited in flight, unheld and
+    unextended, until its lease ended."""
+    engine = ClaimedAgainDuringTheExtension(get_engine().client, prefix=get_engine().prefix)
+    process = WorkerProcess(engine, Options(queues=["default"]))
+    job = schedule(tasks.record, in_=0, args=["once"])
+    assert wait_for(lambda: process.claim(["default"])) == ("default", [str(job.pk)])
+    engine.nack("default", {str(job.pk): 0})  # its lease ended: back in ready
+    wait_for(lambda: engine.promote("default").moved)
+    claimed: list[tuple[str, list[str]] | None] = []
+    engine.meanwhile = lambda: claimed.append(process.claim(["default"]))
+    process.extend_leases()
+    assert claimed == [("default", [])]  # in flight again, still this thread's to run
+    process.run_batch("default", [str(job.pk)], Backoff(process.stopping, "test"))
+    assert status(job) == Status.SUCCEEDED
+    assert Record.objects.filter(label="once").count() == 1
