@@ -27,6 +27,7 @@ from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, queue_of
 from .exceptions import GiveUp, Retry
 from .logs import job_fields, one_line
+from .models import Status
 
 if TYPE_CHECKING:
     from .models import Job
@@ -70,6 +71,17 @@ class Result:
     failed: bool = False  # the action itself raised: ``job_failed`` is sent
     retry_at: datetime.datetime | None = None  # when a nacked id is due again
     duration: float | None = None  # seconds the action ran
+
+    @property
+    def redis_move(self) -> str:
+        """The outcome's move (``Outcome.redis_move``), except for an id dropped because
+        its row is dead: it goes to garbage, where a dead job's id is kept. Its own move
+        there was lost (its worker killed, or Redis unreachable, after the outcome
+        committed), and the id came back with its lease."""
+        job = self.job
+        if self.outcome == Outcome.DROPPED and job is not None and job.status == Status.DEAD:
+            return "bury"
+        return self.outcome.redis_move
 
 
 # -- the retry policy ------------------------------------------------------------------
@@ -205,7 +217,7 @@ def settle(
     redelivered id finds its row finished and is dropped); by default it acks at once.
     """
     try:
-        move = result.outcome.redis_move
+        move = result.redis_move
         if move == "ack":
             if ack is None:
                 engine.ack(queue, [job_id])

@@ -43,6 +43,7 @@ from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution, receivers_left_behind
+from .logs import job_fields
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner
@@ -208,6 +209,9 @@ class WorkerProcess:
         # it), for the ids this process holds in flight: their leases are extended
         self.held: dict[str, tuple[str, int]] = {}
         self.lost: set[str] = set()  # held ids whose lost lease was logged (held_lock)
+        # While a lease extension is under way, the ids claimed since it began (held_lock):
+        # out of flight when it asked, in flight again by now, so not lost.
+        self.claimed_meanwhile: set[str] | None = None
         self.running: dict[int, Execution] = {}  # by worker thread (guarded by held_lock)
         # Per queue, which of its shards a claim tries first. Per queue: one counter for
         # all would step a queue by the number of queues tried before it (two queues: its
@@ -532,32 +536,69 @@ class WorkerProcess:
                     continue
                 answered = True
                 if ids:
-                    with self.held_lock:
-                        self.held.update(dict.fromkeys(ids, (shard, threading.get_ident())))
-                        self.lost.difference_update(ids)  # in flight again: this claim's
-                    return shard, ids
+                    return shard, self.hold(shard, ids)
         if failure is not None and answered:
             raise PartlyUnavailable(str(failure), None) from failure
         if failure is not None:
             raise failure
         return None
 
+    def hold(self, shard: str, ids: list[str]) -> list[str]:
+        """Hold the ids just claimed for this thread; return those this process did not
+        hold already. One it holds came back from Redis while another thread runs it or
+        has it in its batch (its lease ended while Redis was frozen, or the reconcile
+        sweep gave it back after Redis lost its data): it stays that thread's, in flight
+        again under this claim's lease, which the extensions keep. Run here too, it would
+        run beside that thread, the second claim reading the first one's running row as
+        a delivery whose worker was lost."""
+        with self.held_lock:
+            fresh = [job_id for job_id in ids if job_id not in self.held]
+            self.held.update(dict.fromkeys(fresh, (shard, threading.get_ident())))
+            self.lost.difference_update(ids)  # in flight again: this claim's
+            if self.claimed_meanwhile is not None:
+                self.claimed_meanwhile.update(ids)
+        return fresh
+
     def run_batch(self, queue: str, ids: list[str], backoff: Backoff) -> None:
         acks: list[str] = []
         waiting = deque(job_id for job_id in ids if self.is_job_id(queue, job_id, acks.append))
         claimed: Job | None = None  # the next job's row, claimed by the previous outcome
+        thread = threading.get_ident()
         try:
             while waiting and not (self.stopping.is_set() and claimed is None):
                 job_id = waiting.popleft()
+                if claimed is None and not self.holds(job_id, thread):
+                    self.let_go(queue, job_id, thread)
+                    continue
                 following = waiting[0] if waiting else None
 
                 def then(following: str | None = following) -> str | None:
-                    return None if self.stopping.is_set() else following
+                    if self.stopping.is_set() or following is None:
+                        return None
+                    return following if self.holds(following, thread) else None
 
                 claimed = self.process(queue, job_id, backoff, acks.append, claimed, then)
         finally:  # what never started (stopping, or this thread dies) goes back at once
-            self.hand_back(queue, list(waiting), threading.get_ident())
+            self.hand_back(queue, list(waiting), thread)
             self.settle_batch(queue, ids, acks)
+
+    def holds(self, job_id: str, thread: int) -> bool:
+        """Whether worker thread ``thread`` still holds ``job_id``, claimed with its batch:
+        not once a lease extension found it out of flight (Redis lost it, or handed it to
+        another worker when its lease ended). Its row may be running for that other
+        delivery by now, and the claim would read it as a delivery whose worker was lost:
+        the job would run twice at once. No round trip: what the extensions have seen."""
+        with self.held_lock:
+            return job_id not in self.lost and self.held.get(job_id, ("", None))[1] == thread
+
+    def let_go(self, queue: str, job_id: str, thread: int) -> None:
+        """Leave an id this thread no longer holds to whoever holds it now: neither acked
+        nor handed back, which would move the other delivery's id. One that Redis lost is
+        added again by the reconcile sweep (its row is still waiting)."""
+        self.release([job_id], thread)
+        logger.warning("job %s: its lease was lost before it started; not run here (another "
+                       "delivery has it, or the reconcile sweep adds it again)", job_id,
+                       extra=job_fields(job_id, queue))  # fmt: skip
 
     @staticmethod
     def is_job_id(queue: str, job_id: str, ack: Callable[[str], None]) -> bool:
@@ -589,7 +630,7 @@ class WorkerProcess:
             bug = result is None
             if result is None:
                 result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
-            if result.outcome.redis_move != "ack":  # it leaves flight now, not at the batch's
+            if result.redis_move != "ack":  # it leaves flight now, not at the batch's
                 # end: no more extensions first, or one between the move and the release
                 # would find it gone and warn that its lease was lost
                 self.release([job_id], thread)
@@ -821,19 +862,28 @@ class WorkerProcess:
             by_queue: dict[str, list[str]] = {}
             for job_id, (queue, _) in self.held.items():
                 by_queue.setdefault(queue, []).append(job_id)
+            self.claimed_meanwhile = set()
         each = PerShard()  # a shard whose master is down must not stop the others' leases
-        for queue, ids in by_queue.items():
-            with each.attempt():
-                kept = set(self.engine.extend_lease(queue, ids, self.lease_ms))
-                with self.held_lock:  # each once: a long action would warn every extension
-                    lost = [
-                        i for i in ids if i not in kept and i in self.held and i not in self.lost
-                    ]
-                    self.lost.update(lost)
-                for job_id in lost:  # still running here, yet Redis no longer has it in flight
-                    logger.warning("lost the lease of job %s; another worker may take it",
-                                   job_id)  # fmt: skip
+        try:
+            for queue, ids in by_queue.items():
+                with each.attempt():
+                    self.extend(queue, ids)
+        finally:
+            with self.held_lock:
+                self.claimed_meanwhile = None
         each.check()
+
+    def extend(self, queue: str, ids: list[str]) -> None:
+        """Extend the leases of ``ids``; mark (and log once) those found out of flight and
+        not claimed again since: the batch that holds one no longer runs it."""
+        kept = set(self.engine.extend_lease(queue, ids, self.lease_ms))
+        with self.held_lock:  # each once: a long action would warn every extension
+            again = self.claimed_meanwhile or set()
+            lost = [i for i in ids if i not in kept and i in self.held and i not in self.lost
+                    and i not in again]  # fmt: skip
+            self.lost.update(lost)
+        for job_id in lost:  # still running here, yet Redis no longer has it in flight
+            logger.warning("lost the lease of job %s; another worker may take it", job_id)
 
     def heartbeat(self, ttl_ms: float) -> None:
         """Record this process as live for ``ttl_ms`` (0: remove it); a process that is

@@ -228,6 +228,19 @@ def stop_redis_then_fail(url: str) -> None:
     raise RuntimeError("failing after Redis went away")
 
 
+@delayable
+def stop_redis_saving_then_fail(url: str) -> None:
+    """Shuts the test's Redis down, saving its data (this job in flight) for its restart,
+    then fails."""
+    import contextlib
+
+    import redis
+
+    with contextlib.suppress(redis.ConnectionError):  # the server hangs up as it goes
+        redis.Redis.from_url(url).shutdown(save=True)
+    raise RuntimeError("failing after Redis went away")
+
+
 @delayable(atomic=False)
 def stop_redis_then_hang(url: str, seconds: float) -> None:
     """Shuts the test's Redis down, saving its data for its restart, then sleeps."""
