@@ -171,8 +171,7 @@ def check_built(job: Job, now: datetime.datetime) -> None:
     if job.expires_at is not None:
         expires_at = timing.aware(job.expires_at, "expires_at")
         job.expires_at = timing.within_range(expires_at, "expires_at", now)
-        if job.expires_at <= job.run_at:
-            raise InvalidSchedule("expires_at must be later than run_at")
+        timing.check_runnable(job.run_at, job.expires_at, now)
     check_queue(job.queue)
     check_column(job.action, "action", "action")
     if job.target_id is not None:

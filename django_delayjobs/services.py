@@ -471,10 +471,8 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
     actor = door.check_actor(actor)
     if isinstance(job.expires_at, Unreadable):  # a poison row read by rows.tolerant()
         raise InvalidSchedule(f"the job's expires_at cannot be read ({job.expires_at}): cancel it")
-    if job.expires_at is not None and run_at >= job.expires_at:  # as build_job: never to run
-        raise InvalidSchedule(
-            f"the new due time {run_at} is not before the job expires ({job.expires_at})"
-        )
+    if job.expires_at is not None:  # as build_job: never to run
+        timing.check_runnable(run_at, job.expires_at)
     with transaction.atomic(using=sql.db()):
         # The row as it is now, locked until the UPDATE: its due time is the one replaced,
         # whatever copy of the job the caller holds (a poison row's: Unreadable).

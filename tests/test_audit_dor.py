@@ -1,0 +1,58 @@
+"""Audit of the scheduling door, round 2: every entry point that creates or changes a job.
+One test per finding; each says what used to happen."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from django.utils import timezone
+
+from django_delayjobs import schedule, schedule_many
+from django_delayjobs.exceptions import InvalidSchedule
+from django_delayjobs.models import Job
+from django_delayjobs.services import build_job, reschedule
+from tests.testapp import tasks
+
+from .test_rest_helpers import snapshot
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HOUR = datetime.timedelta(hours=1)
+
+
+def _expired_batch() -> None:
+    job = build_job(tasks.record, in_=0, args=["x"], expires=HOUR)
+    job.run_at, job.expires_at = job.run_at - 2 * HOUR, job.run_at - HOUR
+    schedule_many([job])
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda now: schedule(tasks.record, at=now - 2 * HOUR, expires=now - HOUR, args=["x"]),
+        lambda now: schedule(tasks.record, at=now - 2 * HOUR, expires=HOUR, args=["x"]),
+        lambda now: _expired_batch(),
+    ],
+    ids=["expires-datetime", "expires-delay", "schedule_many"],
+)
+def test_a_job_expired_before_it_is_scheduled_is_refused(call):
+    """A due time in the past with an expiry also past (``at`` two hours ago, ``expires``
+    an hour after it) was accepted, and the job was skipped at its first claim: never to
+    run, where ``requeue`` and ``reschedule`` refuse such a job."""
+    with pytest.raises(InvalidSchedule, match="already passed"):
+        call(timezone.now())
+    assert not Job.objects.exists()
+
+
+def test_a_job_past_its_expiry_cannot_be_rescheduled_to_a_time_before_it():
+    """``reschedule(at=...)`` checked the new due time against the expiry only: a waiting
+    job whose expiry has passed took a due time before it, to be skipped at once."""
+    job = schedule(tasks.record, in_=3600, args=["x"], expires=HOUR)
+    past = timezone.now() - datetime.timedelta(minutes=1)
+    Job.objects.filter(pk=job.pk).update(expires_at=past)
+    job.refresh_from_db()
+    before = snapshot(job)
+    with pytest.raises(InvalidSchedule, match="already passed"):
+        reschedule(job, at=past - HOUR)
+    assert snapshot(job) == before
