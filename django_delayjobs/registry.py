@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .exceptions import InvalidSchedule, NotDelayable, UnknownAction
-from .serialization import short_repr
+from .serialization import check_text, short_repr
 
 if TYPE_CHECKING:
     from django.db.models import Model
@@ -24,6 +24,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _functions: dict[str, Callable[..., Any]] = {}
+
+#: The longest name of an action: the ``Job.action`` column holds no more.
+ACTION_MAX_LENGTH = 255
 
 
 class DelayableMethod(Generic[R]):
@@ -125,10 +128,22 @@ def register(name: str, fn: Callable[..., Any], *, atomic: bool = True) -> None:
     """Register ``fn`` as the action ``name`` (used by the django.tasks backend and the
     HTTP callbacks); ``atomic`` as for ``@delayable``."""
     _check_atomic(atomic)
+    _check_name(name)
     if _functions.get(name, fn) is not fn:
         raise NotDelayable(f"an action named {name!r} is already registered")
     fn.delayable_atomic = atomic  # type: ignore[attr-defined]
     _functions[name] = fn
+
+
+def _check_name(name: object) -> None:
+    """Refuse a name no job can store: refused here, when the action is defined, not by
+    each ``schedule()`` of it."""
+    if not isinstance(name, str) or not name:
+        raise NotDelayable(f"an action's name must be a non-empty str, not {short_repr(name)}")
+    try:
+        check_text(name, f"the action's name {short_repr(name)}", ACTION_MAX_LENGTH)
+    except InvalidSchedule as exc:
+        raise NotDelayable(f"{exc}: no job could name this action") from None
 
 
 @dataclass(frozen=True)

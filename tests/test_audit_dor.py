@@ -4,12 +4,13 @@ One test per finding; each says what used to happen."""
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 
 import pytest
 from django.utils import timezone
 
-from django_delayjobs import schedule, schedule_many
-from django_delayjobs.exceptions import InvalidSchedule
+from django_delayjobs import delayable, registry, schedule, schedule_many
+from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
 from django_delayjobs.models import Job
 from django_delayjobs.services import build_job, reschedule
 from tests.testapp import tasks
@@ -56,3 +57,35 @@ def test_a_job_past_its_expiry_cannot_be_rescheduled_to_a_time_before_it():
     with pytest.raises(InvalidSchedule, match="already passed"):
         reschedule(job, at=past - HOUR)
     assert snapshot(job) == before
+
+
+def _action_named(qualname: str) -> Callable[[], None]:
+    def action() -> None:
+        pass
+
+    action.__qualname__ = action.__name__ = qualname
+    return action
+
+
+@pytest.mark.parametrize(
+    ("qualname", "why"),
+    [("x" * 256, "characters long"), ("a\x00b", "NUL"), ("a\ud800b", "surrogate")],
+    ids=["too-long", "nul", "surrogate"],
+)
+def test_delayable_refuses_a_function_whose_name_no_job_can_store(qualname, why):
+    """``@delayable`` registered a function whose ``<module>.<qualname>`` the ``action``
+    column cannot hold (more than 255 characters, a NUL, a lone surrogate): the decorator
+    said nothing, and every ``schedule()`` of it raised ``InvalidSchedule`` instead."""
+    action = _action_named(qualname)
+    with pytest.raises(NotDelayable, match=why):
+        delayable(action)
+    assert f"{__name__}.{qualname}" not in registry._functions
+    with pytest.raises(NotDelayable, match="not registered"):
+        schedule(action, in_=0)
+
+
+@pytest.mark.parametrize("name", ["", 42, None])
+def test_register_refuses_a_name_that_is_not_a_non_empty_str(name):
+    with pytest.raises(NotDelayable, match="name"):
+        registry.register(name, _action_named("fine"))
+    assert name not in registry._functions
