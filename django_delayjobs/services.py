@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import inspect
 import logging
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
-from functools import cache, partial
+from functools import partial
 from typing import Any
 
 from django.apps import apps
@@ -32,7 +31,14 @@ from .engine import MAX_BATCH, EngineUnavailable, PerShard, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, Status
 from .outcomes import Outage
-from .registry import BoundAction, DelayableMethod, check_database, describe, instance_name
+from .registry import (
+    BoundAction,
+    DelayableMethod,
+    check_arguments,
+    check_database,
+    describe,
+    instance_name,
+)
 from .rows import Unreadable, tolerant
 
 logger = logging.getLogger("django_delayjobs")
@@ -152,24 +158,16 @@ def _redis(fn: Callable[[], Any]) -> Callable[[], None]:
 # -- schedule ---------------------------------------------------------------------------
 
 
-_signature = cache(inspect.signature)  # actions are registered functions: a few, for good
-
-
 def _check_arguments(fn: Any, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     if not isinstance(args, list | tuple):
         raise TypeError(f"args must be a list or tuple, not {type(args).__name__}")
     kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict, not {type(kwargs).__name__}")
-    func = fn.method.func if isinstance(fn, BoundAction) else fn
-    try:
-        signature = _signature(func)
-        if isinstance(fn, BoundAction):
-            signature.bind(fn.instance, *args, **kwargs)
-        else:
-            signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise TypeError(f"the arguments do not fit {func.__qualname__}: {exc}") from None
+    if isinstance(fn, BoundAction):
+        check_arguments(fn.method.func, args, kwargs, method=True)
+    else:
+        check_arguments(fn, args, kwargs, method=False)
     stored = serialization.dump(list(args), "args"), serialization.dump(kwargs, "kwargs")
     serialization.check_size(stored, "args and kwargs", delayjobs_settings.MAX_JSON_BYTES)
     return stored

@@ -14,6 +14,7 @@ from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
 from django_delayjobs.models import Job
 from django_delayjobs.services import build_job, reschedule
 from tests.testapp import tasks
+from tests.testapp.models import Thing
 
 from .test_rest_helpers import snapshot
 
@@ -89,3 +90,36 @@ def test_register_refuses_a_name_that_is_not_a_non_empty_str(name):
     with pytest.raises(NotDelayable, match="name"):
         registry.register(name, _action_named("fine"))
     assert name not in registry._functions
+
+
+def _changed(**fields: object) -> Callable[[], list[Job]]:
+    def call() -> list[Job]:
+        job = build_job(Thing.objects.create().touch if "method" in fields else tasks.record,
+                        in_=0, args=[] if "method" in fields else ["x"])  # fmt: skip
+        for name, value in fields.items():
+            setattr(job, name if name != "method" else "action", value)
+        return schedule_many([job])
+
+    return call
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "why"),
+    [
+        (_changed(action="os.system"), NotDelayable, "no @delayable function"),
+        (_changed(method="testapp.Thing.not_delayable"), NotDelayable, "not a @delayable"),
+        (_changed(args=["x", "y", "z"]), TypeError, "do not fit"),
+        (_changed(kwargs={"label": "y"}), TypeError, "do not fit"),
+        (_changed(method="testapp.Thing.touch", args=[1]), TypeError, "do not fit"),
+    ],
+    ids=["unregistered", "undecorated-method", "args", "kwargs", "method-args"],
+)
+def test_schedule_many_refuses_a_job_no_worker_would_run(call, error, why):
+    """``schedule_many`` re-checked a job's values but not its action: a job whose action
+    names no registered function (``os.system``) or no ``@delayable`` method was inserted
+    and went dead at its first claim, and one whose arguments do not fit its action was
+    retried ``max_attempts`` times with a ``TypeError`` before it did, where ``schedule``
+    refuses both at once."""
+    with pytest.raises(error, match=why):
+        call()
+    assert not Job.objects.exists()
