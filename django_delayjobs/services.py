@@ -210,7 +210,10 @@ def build_job(
 
 
 def _existing(job: Job) -> Job | None:
-    return Job.objects.filter(queue=job.queue, key=job.key, status__in=ACTIVE).first()
+    """The active job holding ``job``'s key, read by ``tolerant``: a holder whose row cannot
+    be read back (a poison row) is returned, or cancelled by ``replace``, like any other."""
+    holders = Job.objects.filter(queue=job.queue, key=job.key, status__in=ACTIVE)
+    return tolerant(holders).first()
 
 
 def _insert(job: Job, replace: bool, actor: str) -> Job:
@@ -241,7 +244,7 @@ def _insert_keyed(job: Job, replace: bool, actor: str) -> Job | None:
             if not replace:
                 return current
             if not cancel(current, actor=actor):
-                still = Job.objects.filter(pk=current.pk, status=Status.RUNNING).first()
+                still = tolerant(Job.objects.filter(pk=current.pk, status=Status.RUNNING)).first()
                 if still is not None:  # running: it cannot be replaced
                     return still
                 continue  # finished, or its attempt failed since (waiting again)

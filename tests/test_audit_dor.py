@@ -16,6 +16,7 @@ from django_delayjobs.services import build_job, reschedule
 from tests.testapp import tasks
 from tests.testapp.models import Thing
 
+from .test_poison import plant
 from .test_rest_helpers import snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -123,3 +124,23 @@ def test_schedule_many_refuses_a_job_no_worker_would_run(call, error, why):
     with pytest.raises(error, match=why):
         call()
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("name", ["args nested 1500 deep", "kwargs 5000-digit int"])
+@pytest.mark.parametrize("replace", [False, True], ids=["keep", "replace"])
+def test_a_poison_row_holding_the_key_is_returned_or_replaced(name, replace):
+    """``schedule(key=...)`` read the job holding the key the ordinary way: a holder whose
+    row cannot be read back (a poison row: JSON nested deeper than Python parses, a
+    5,000-digit int) made every ``schedule`` of that key raise ``RecursionError`` or
+    ``ValueError``, ``replace=True`` included, which must cancel it (a poison row can be
+    cancelled)."""
+    holder = schedule(tasks.record, in_=60, args=["poison"], key="k")
+    plant(holder, name)
+    job = schedule(tasks.record, in_=60, args=["x"], key="k", replace=replace)
+    if replace:
+        assert job.pk != holder.pk
+        status = Job.objects.filter(pk=holder.pk).values_list("status", flat=True)
+        assert list(status) == ["cancelled"]
+    else:
+        assert job.pk == holder.pk
+        assert Job.objects.filter(key="k").count() == 1
