@@ -347,7 +347,7 @@ def _job(job: Job | Any) -> Job:
             code="invalid",
         )
     pk: uuid.UUID = Job._meta.pk.to_python(job)  # ValidationError for a bad text or int
-    return Job.objects.get(pk=pk)
+    return tolerant(Job.objects.filter(pk=pk)).get()  # a poison row too: it can be changed
 
 
 def cancel(job: Job | Any, *, actor: str = "code") -> bool:
@@ -405,8 +405,9 @@ def cancel_for(
     jobs = Job.objects.filter(target_type__in=list(types), target_id__in=target_ids)
     if names is not None:
         jobs = jobs.filter(action__in=names)
+    # tolerant: a poison row among them is cancelled too, and stops no other
     if not fail_if_running:
-        return sum(cancel(job, actor=actor) for job in jobs.filter(status__in=WAITING))
+        return sum(cancel(job, actor=actor) for job in tolerant(jobs.filter(status__in=WAITING)))
     from .execution import current_job
 
     if (calling := current_job.get()) is not None:  # an action: its own job is no rival
@@ -415,7 +416,8 @@ def cancel_for(
     # transaction would (autocommit), so a call that raises has changed nothing.
     with transaction.atomic(using=sql.db()):
         return sum(
-            _cancel_unless_running(job, obj, actor) for job in jobs.filter(status__in=ACTIVE)
+            _cancel_unless_running(job, obj, actor)
+            for job in tolerant(jobs.filter(status__in=ACTIVE))
         )
 
 

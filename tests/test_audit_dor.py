@@ -9,10 +9,10 @@ from collections.abc import Callable
 import pytest
 from django.utils import timezone
 
-from django_delayjobs import delayable, registry, schedule, schedule_many
+from django_delayjobs import cancel_for, delayable, registry, schedule, schedule_many
 from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
 from django_delayjobs.models import Job
-from django_delayjobs.services import build_job, reschedule
+from django_delayjobs.services import build_job, cancel, reschedule
 from tests.testapp import tasks
 from tests.testapp.models import Thing
 
@@ -144,3 +144,21 @@ def test_a_poison_row_holding_the_key_is_returned_or_replaced(name, replace):
     else:
         assert job.pk == holder.pk
         assert Job.objects.filter(key="k").count() == 1
+
+
+@pytest.mark.parametrize("name", ["args nested 1500 deep", "kwargs 5000-digit int"])
+@pytest.mark.parametrize("fail_if_running", [False, True], ids=["plain", "fail_if_running"])
+def test_cancel_for_and_cancel_by_id_cancel_a_poison_row(name, fail_if_running):
+    """``cancel_for(obj)`` read the object's jobs the ordinary way, and ``cancel(job_id)``
+    the job: a poison row among them made them raise ``RecursionError``/``ValueError``
+    (a payment's ``cancel_for(order)`` failed for good), though such a job can be
+    cancelled."""
+    thing = Thing.objects.create()
+    poison, fine = schedule(thing.touch, in_=60), schedule(thing.expire, in_=60)
+    plant(poison, name)
+    assert cancel_for(thing, fail_if_running=fail_if_running) == 2
+    other = schedule(tasks.record, in_=60, args=["x"])
+    plant(other, name)
+    assert cancel(other.pk) is True
+    statuses = Job.objects.values_list("status", flat=True)
+    assert set(statuses.filter(pk__in=[poison.pk, fine.pk, other.pk])) == {"cancelled"}
