@@ -4,12 +4,21 @@ One test per finding; each says what used to happen."""
 from __future__ import annotations
 
 import datetime
+import ipaddress
 from collections.abc import Callable
 
 import pytest
 from django.utils import timezone
 
-from django_delayjobs import cancel_for, delayable, registry, schedule, schedule_many
+from django_delayjobs import (
+    cancel_for,
+    delayable,
+    registry,
+    schedule,
+    schedule_http,
+    schedule_many,
+)
+from django_delayjobs.callbacks import policy
 from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
 from django_delayjobs.models import Job
 from django_delayjobs.services import build_job, cancel, reschedule
@@ -17,7 +26,7 @@ from tests.testapp import tasks
 from tests.testapp.models import Thing
 
 from .test_poison import plant
-from .test_rest_helpers import snapshot
+from .test_rest_helpers import client_for, make_user, snapshot, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -162,3 +171,19 @@ def test_cancel_for_and_cancel_by_id_cancel_a_poison_row(name, fail_if_running):
     assert cancel(other.pk) is True
     statuses = Job.objects.values_list("status", flat=True)
     assert set(statuses.filter(pk__in=[poison.pk, fine.pk, other.pk])) == {"cancelled"}
+
+
+@pytest.mark.parametrize("by", ["key", "id"])
+def test_the_callback_endpoints_cancel_a_poison_callback(by, settings):
+    """``callbacks/cancel/`` found the callback by reading its row the ordinary way, and
+    answered with its row read so again: a poison row (here its kwargs, a 5,000-digit int)
+    was a 500, though the job could be cancelled."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_ALLOWED_HOSTS": ["hooks.example.com"]}
+    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
+        job = schedule_http("https://hooks.example.com/x", in_=60, key="order-1")
+    plant(job, "kwargs 5000-digit int")
+    api = client_for(make_user(superuser=True))
+    body = {"key": "order-1"} if by == "key" else {"id": str(job.pk)}
+    response = api.post(url("callbacks", "cancel"), body, format="json")
+    assert response.status_code == 200, response.content[:300]
+    assert response.json()["status"] == "cancelled"
