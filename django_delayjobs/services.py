@@ -532,7 +532,7 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
                 f"job {holder.pk} holds the key {job.key!r} now: cancel it first"
             ) from None
         if won:
-            job.refresh_from_db()
+            _refresh(job)
             _event(job, EventKind.REQUEUED, actor, f"{extra} more attempt(s)")
             _after_commit(lambda: _requeue_in_redis(job))
         elif expired := tolerant(dead.filter(expires_at__lte=now).only("expires_at")).first():
@@ -540,6 +540,13 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
                 f"the job expired at {_iso(expired.expires_at)}: it would be skipped at once"
             )
     return bool(won)
+
+
+def _refresh(job: Job) -> None:
+    """``job.refresh_from_db()``, reading a poison row's values as ``Unreadable``."""
+    fresh = tolerant(Job.objects.filter(pk=job.pk)).get()
+    for field in Job._meta.concrete_fields:
+        setattr(job, field.attname, getattr(fresh, field.attname))
 
 
 def _requeue_in_redis(job: Job) -> None:
@@ -564,7 +571,8 @@ def purge(job: Job | Any) -> bool:
         # Locked first: Django's delete reads the rows, then deletes by primary key alone,
         # so a requeue committing in between would be deleted with its revived job.
         dead = Job.objects.select_for_update().filter(pk=job.pk, status=Status.DEAD)
-        deleted = bool(dead.values_list("pk", flat=True)) and dead.delete()[0]
+        # tolerant: Django loads the rows it deletes, and a poison row must go too
+        deleted = bool(dead.values_list("pk", flat=True)) and tolerant(dead).delete()[0]
         if deleted:
             _after_commit(_redis(lambda: get_engine().purge(job.queue, [str(job.pk)])))
     return bool(deleted)

@@ -21,12 +21,12 @@ from django_delayjobs import (
 from django_delayjobs.callbacks import policy
 from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
 from django_delayjobs.models import Job
-from django_delayjobs.services import build_job, cancel, reschedule
+from django_delayjobs.services import build_job, cancel, purge, requeue, reschedule
 from tests.testapp import tasks
 from tests.testapp.models import Thing
 
 from .test_poison import plant
-from .test_rest_helpers import client_for, make_user, snapshot, url
+from .test_rest_helpers import client_for, dead_job, make_user, snapshot, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -187,3 +187,17 @@ def test_the_callback_endpoints_cancel_a_poison_callback(by, settings):
     response = api.post(url("callbacks", "cancel"), body, format="json")
     assert response.status_code == 200, response.content[:300]
     assert response.json()["status"] == "cancelled"
+
+
+@pytest.mark.parametrize("name", ["args nested 1500 deep", "kwargs 5000-digit int"])
+def test_a_dead_poison_row_can_be_requeued_or_purged(name):
+    """``requeue`` read the revived row back whole, and ``purge`` had Django load the rows
+    it deletes: for a dead poison row both raised ``RecursionError``/``ValueError`` (the
+    admin's requeue and purge buttons too), and the job could not be cleared away."""
+    requeued, purged = dead_job(), dead_job()
+    plant(requeued, name)
+    plant(purged, name)
+    assert requeue(requeued.pk) is True
+    assert requeued.pk in Job.objects.filter(status="scheduled").values_list("pk", flat=True)
+    assert purge(purged.pk) is True
+    assert not Job.objects.filter(pk=purged.pk).exists()
