@@ -11,7 +11,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from . import serialization, sql, timing
+from . import registry, serialization, sql, timing
 from .conf import delayjobs_settings
 from .engine import PRIORITY_RANGE, validate_name
 from .exceptions import InvalidSchedule
@@ -114,17 +114,18 @@ def check_batch(jobs: list[Job], now: datetime.datetime) -> None:
         seen.add(job.pk)
 
 
-def check_target(job: Job) -> None:
-    """Refuse a job whose target is half set, or of another model than its action names
-    (``app_label.Model.method``, as ``build_job`` stores it, proxy models included): it
-    would run that other model's method of the same name, or go dead."""
+def check_target(job: Job) -> type[models.Model] | None:
+    """The model of ``job``'s target (None: it has none). Refuse a job whose target is half
+    set, or of another model than its action names (``app_label.Model.method``, as
+    ``build_job`` stores it, proxy models included): it would run that other model's
+    method of the same name, or go dead."""
     if (job.target_type_id is None) != (job.target_id is None):
         raise InvalidSchedule(
             f"job {job.pk} has a target_type without a target_id or the other way round: "
             "use build_job"
         )
     if job.target_type_id is None:
-        return
+        return None
     try:
         model = ContentType.objects.get_for_id(job.target_type_id).model_class()
     except ContentType.DoesNotExist:
@@ -135,6 +136,7 @@ def check_target(job: Job) -> None:
             f"job {job.pk}'s action {job.action!r} is not a method of its target's model "
             f"({label}): use build_job"
         )
+    return model
 
 
 def check_created(value: object, now: datetime.datetime) -> datetime.datetime:
@@ -171,13 +173,12 @@ def check_built(job: Job, now: datetime.datetime) -> None:
     if job.expires_at is not None:
         expires_at = timing.aware(job.expires_at, "expires_at")
         job.expires_at = timing.within_range(expires_at, "expires_at", now)
-        if job.expires_at <= job.run_at:
-            raise InvalidSchedule("expires_at must be later than run_at")
+        timing.check_runnable(job.run_at, job.expires_at, now)
     check_queue(job.queue)
     check_column(job.action, "action", "action")
     if job.target_id is not None:
         check_column(job.target_id, "the target's primary key", "target_id")
-    check_target(job)
+    model = check_target(job)
     check_positive(job.max_attempts, "max_attempts")
     check_priority(job.priority)
     if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
@@ -186,3 +187,5 @@ def check_built(job: Job, now: datetime.datetime) -> None:
     serialization.check_stored(job.kwargs, "kwargs")
     limit = delayjobs_settings.MAX_JSON_BYTES
     serialization.check_size((job.args, job.kwargs), "args and kwargs", limit)
+    args, kwargs = serialization.load(job.args), serialization.load(job.kwargs)
+    registry.check_call(job.action, model, args, kwargs)  # what schedule() refuses

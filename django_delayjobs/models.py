@@ -12,6 +12,8 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import models, router
 from django.utils import timezone
 
+from .registry import ACTION_MAX_LENGTH
+
 
 class Status(models.TextChoices):
     SCHEDULED = "scheduled"
@@ -67,7 +69,9 @@ class Job(models.Model):
 
     id = models.UUIDField(primary_key=True, default=time_ordered_uuid, editable=False)
     queue = models.CharField(max_length=64)
-    action = models.CharField(max_length=255, help_text="Registered name of the action.")
+    action = models.CharField(
+        max_length=ACTION_MAX_LENGTH, help_text="Registered name of the action."
+    )
     # No index of its own: the (target_type, target_id) index below serves it as well.
     target_type = models.ForeignKey(
         ContentType, null=True, blank=True, on_delete=models.PROTECT, related_name="+",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from .exceptions import InvalidSchedule, NotDelayable, UnknownAction
-from .serialization import short_repr
+from .serialization import check_text, short_repr
 
 if TYPE_CHECKING:
     from django.db.models import Model
@@ -24,6 +24,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _functions: dict[str, Callable[..., Any]] = {}
+
+#: The longest name of an action: the ``Job.action`` column holds no more.
+ACTION_MAX_LENGTH = 255
 
 
 class DelayableMethod(Generic[R]):
@@ -125,10 +128,22 @@ def register(name: str, fn: Callable[..., Any], *, atomic: bool = True) -> None:
     """Register ``fn`` as the action ``name`` (used by the django.tasks backend and the
     HTTP callbacks); ``atomic`` as for ``@delayable``."""
     _check_atomic(atomic)
+    _check_name(name)
     if _functions.get(name, fn) is not fn:
         raise NotDelayable(f"an action named {name!r} is already registered")
     fn.delayable_atomic = atomic  # type: ignore[attr-defined]
     _functions[name] = fn
+
+
+def _check_name(name: object) -> None:
+    """Refuse a name no job can store: refused here, when the action is defined, not by
+    each ``schedule()`` of it."""
+    if not isinstance(name, str) or not name:
+        raise NotDelayable(f"an action's name must be a non-empty str, not {short_repr(name)}")
+    try:
+        check_text(name, f"the action's name {short_repr(name)}", ACTION_MAX_LENGTH)
+    except InvalidSchedule as exc:
+        raise NotDelayable(f"{exc}: no job could name this action") from None
 
 
 @dataclass(frozen=True)
@@ -197,26 +212,61 @@ def check_database(instance: Model) -> None:
 def resolve(name: str, target: Model | None) -> Callable[..., Any]:
     """Return the callable a stored job names, or raise ``UnknownAction``."""
     if target is None:
-        try:
-            return _functions[name]
-        except KeyError:
-            raise UnknownAction(
-                f"no @delayable function named {name!r} is registered in this process "
-                "(is its module imported by the worker? put it in an app's models.py or "
-                "tasks.py)"
-            ) from None
+        return _function(name)
+    return BoundAction(_method(name, type(target)), target)
+
+
+def _function(name: str) -> Callable[..., Any]:
+    try:
+        return _functions[name]
+    except KeyError:
+        raise UnknownAction(
+            f"no @delayable function named {name!r} is registered in this process "
+            "(is its module imported by the worker? put it in an app's models.py or "
+            "tasks.py)"
+        ) from None
+
+
+def _method(name: str, model: type[Model]) -> DelayableMethod[Any]:
     label, _, attr = name.rpartition(".")
-    if label != target._meta.label:
+    if label != model._meta.label:
         # The action names its model: a row whose target is of another model (or a proxy
         # the method was not scheduled on) must not run that model's method of the name.
         raise UnknownAction(
             f"{name!r} is a method of {label or 'no model'}, but the job's target is a "
-            f"{target._meta.label}: nothing runs"
+            f"{model._meta.label}: nothing runs"
         )
-    for klass in type(target).__mro__:
+    for klass in model.__mro__:
         if attr in vars(klass):
             marked = vars(klass)[attr]
             if isinstance(marked, DelayableMethod):
-                return BoundAction(marked, target)
+                return marked
             break
-    raise UnknownAction(f"{type(target).__name__}.{attr} is not a @delayable method")
+    raise UnknownAction(f"{model.__name__}.{attr} is not a @delayable method")
+
+
+_signature = functools.cache(inspect.signature)  # actions are registered: a few, for good
+
+
+def check_call(name: str, model: type[Model] | None, args: Any, kwargs: Any) -> None:
+    """Raise ``NotDelayable`` unless ``name`` is an action this process runs (a method of
+    ``model``'s rows, or a function), and ``TypeError`` unless it takes ``args`` and
+    ``kwargs``: what ``schedule()`` refuses, for a job built elsewhere."""
+    try:
+        func = _function(name) if model is None else _method(name, model).func
+    except UnknownAction as exc:
+        raise NotDelayable(str(exc)) from None
+    check_arguments(func, args, kwargs, method=model is not None)
+
+
+def check_arguments(func: Callable[..., Any], args: Any, kwargs: Any, *, method: bool) -> None:
+    """Raise ``TypeError`` unless ``func`` (a method: after its instance) takes ``args``
+    and ``kwargs``."""
+    try:
+        signature = _signature(func)
+        if method:
+            signature.bind(None, *args, **kwargs)
+        else:
+            signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"the arguments do not fit {func.__qualname__}: {exc}") from None

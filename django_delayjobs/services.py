@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import inspect
 import logging
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
-from functools import cache, partial
+from functools import partial
 from typing import Any
 
 from django.apps import apps
@@ -32,7 +31,14 @@ from .engine import MAX_BATCH, EngineUnavailable, PerShard, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, Status
 from .outcomes import Outage
-from .registry import BoundAction, DelayableMethod, check_database, describe, instance_name
+from .registry import (
+    BoundAction,
+    DelayableMethod,
+    check_arguments,
+    check_database,
+    describe,
+    instance_name,
+)
 from .rows import Unreadable, tolerant
 
 logger = logging.getLogger("django_delayjobs")
@@ -152,24 +158,16 @@ def _redis(fn: Callable[[], Any]) -> Callable[[], None]:
 # -- schedule ---------------------------------------------------------------------------
 
 
-_signature = cache(inspect.signature)  # actions are registered functions: a few, for good
-
-
 def _check_arguments(fn: Any, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     if not isinstance(args, list | tuple):
         raise TypeError(f"args must be a list or tuple, not {type(args).__name__}")
     kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict, not {type(kwargs).__name__}")
-    func = fn.method.func if isinstance(fn, BoundAction) else fn
-    try:
-        signature = _signature(func)
-        if isinstance(fn, BoundAction):
-            signature.bind(fn.instance, *args, **kwargs)
-        else:
-            signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise TypeError(f"the arguments do not fit {func.__qualname__}: {exc}") from None
+    if isinstance(fn, BoundAction):
+        check_arguments(fn.method.func, args, kwargs, method=True)
+    else:
+        check_arguments(fn, args, kwargs, method=False)
     stored = serialization.dump(list(args), "args"), serialization.dump(kwargs, "kwargs")
     serialization.check_size(stored, "args and kwargs", delayjobs_settings.MAX_JSON_BYTES)
     return stored
@@ -212,7 +210,10 @@ def build_job(
 
 
 def _existing(job: Job) -> Job | None:
-    return Job.objects.filter(queue=job.queue, key=job.key, status__in=ACTIVE).first()
+    """The active job holding ``job``'s key, read by ``tolerant``: a holder whose row cannot
+    be read back (a poison row) is returned, or cancelled by ``replace``, like any other."""
+    holders = Job.objects.filter(queue=job.queue, key=job.key, status__in=ACTIVE)
+    return tolerant(holders).first()
 
 
 def _insert(job: Job, replace: bool, actor: str) -> Job:
@@ -243,7 +244,7 @@ def _insert_keyed(job: Job, replace: bool, actor: str) -> Job | None:
             if not replace:
                 return current
             if not cancel(current, actor=actor):
-                still = Job.objects.filter(pk=current.pk, status=Status.RUNNING).first()
+                still = tolerant(Job.objects.filter(pk=current.pk, status=Status.RUNNING)).first()
                 if still is not None:  # running: it cannot be replaced
                     return still
                 continue  # finished, or its attempt failed since (waiting again)
@@ -404,8 +405,9 @@ def cancel_for(
     jobs = Job.objects.filter(target_type__in=list(types), target_id__in=target_ids)
     if names is not None:
         jobs = jobs.filter(action__in=names)
+    # tolerant: a poison row among them is cancelled too, and stops no other
     if not fail_if_running:
-        return sum(cancel(job, actor=actor) for job in jobs.filter(status__in=WAITING))
+        return sum(cancel(job, actor=actor) for job in tolerant(jobs.filter(status__in=WAITING)))
     from .execution import current_job
 
     if (calling := current_job.get()) is not None:  # an action: its own job is no rival
@@ -414,7 +416,8 @@ def cancel_for(
     # transaction would (autocommit), so a call that raises has changed nothing.
     with transaction.atomic(using=sql.db()):
         return sum(
-            _cancel_unless_running(job, obj, actor) for job in jobs.filter(status__in=ACTIVE)
+            _cancel_unless_running(job, obj, actor)
+            for job in tolerant(jobs.filter(status__in=ACTIVE))
         )
 
 
@@ -471,10 +474,8 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
     actor = door.check_actor(actor)
     if isinstance(job.expires_at, Unreadable):  # a poison row read by rows.tolerant()
         raise InvalidSchedule(f"the job's expires_at cannot be read ({job.expires_at}): cancel it")
-    if job.expires_at is not None and run_at >= job.expires_at:  # as build_job: never to run
-        raise InvalidSchedule(
-            f"the new due time {run_at} is not before the job expires ({job.expires_at})"
-        )
+    if job.expires_at is not None:  # as build_job: never to run
+        timing.check_runnable(run_at, job.expires_at)
     with transaction.atomic(using=sql.db()):
         # The row as it is now, locked until the UPDATE: its due time is the one replaced,
         # whatever copy of the job the caller holds (a poison row's: Unreadable).

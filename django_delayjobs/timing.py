@@ -111,9 +111,26 @@ def expiry(
     else:
         expires_at = run_at + delay(expires, "expires")
     expires_at = within_range(expires_at, "expires", now)
-    if expires_at <= run_at:
-        raise InvalidSchedule(f"expires ({expires_at}) must be later than the due time ({run_at})")
+    check_runnable(run_at, expires_at, now)
     return expires_at
+
+
+def check_runnable(
+    run_at: datetime.datetime, expires_at: datetime.datetime, now: datetime.datetime | None = None
+) -> None:
+    """Raise ``InvalidSchedule`` unless a job due at ``run_at`` may still start before it
+    expires at ``expires_at``: one that expires at its due time or earlier, or that has
+    expired already, would be skipped at its first claim, never run."""
+    if expires_at <= run_at:
+        raise InvalidSchedule(
+            f"expires ({expires_at.isoformat()}) must be later than the due time "
+            f"({run_at.isoformat()})"
+        )
+    if expires_at <= (now or timezone.now()):
+        raise InvalidSchedule(
+            f"expires ({expires_at.isoformat()}) has already passed: the job would be "
+            "skipped, never run; give a later expiry, or none"
+        )
 
 
 def to_ms(value: datetime.datetime) -> float:

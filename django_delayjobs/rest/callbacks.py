@@ -28,6 +28,7 @@ from ..callbacks.service import KeyHeld, active_callback, create
 from ..conf import delayjobs_settings
 from ..exceptions import ConfigurationError
 from ..models import Job
+from ..rows import tolerant
 from . import serializers as s
 from .formats import SafeFormats
 from .permissions import can_view, configured_permissions
@@ -189,7 +190,7 @@ def shown(request: Request, job: Job, detail: bool = False) -> Any:
     if not can_view(request):
         return CallbackReceiptSerializer(job).data
     if detail:
-        return s.JobDetailSerializer(Job.objects.get(pk=job.pk)).data
+        return s.JobDetailSerializer(tolerant(Job.objects.filter(pk=job.pk)).get()).data
     return s.JobSerializer(job).data
 
 
@@ -261,20 +262,18 @@ class CallbackCreateView(CallbackView):
 
 
 def _find(lookup: dict[str, Any]) -> Job:
-    """The callback job an id or a key names: for a key, its active job, else its latest."""
+    """The callback job an id or a key names: for a key, its active job, else its latest.
+    Read by ``tolerant``: a poison row is found, and can be cancelled or moved."""
     if "id" in lookup:
-        job = Job.objects.filter(pk=lookup["id"], action=ACTION).first()
+        job = tolerant(Job.objects.filter(pk=lookup["id"], action=ACTION)).first()
     else:
         queue = lookup.get("queue", delayjobs_settings.DEFAULT_QUEUE)
         try:
             active = active_callback(lookup["key"], queue)
         except (TypeError, ValueError):  # a key or queue no job can hold: none is found
             raise NotFound("No callback with this id or key.") from None
-        job = active or (
-            Job.objects.filter(queue=queue, key=lookup["key"], action=ACTION)
-            .order_by("-created_at")
-            .first()
-        )
+        latest = Job.objects.filter(queue=queue, key=lookup["key"], action=ACTION)
+        job = active or tolerant(latest.order_by("-created_at")).first()
     if job is None:
         raise NotFound("No callback with this id or key.")
     return job
