@@ -212,7 +212,8 @@ def build_job(
 
 
 def _existing(job: Job) -> Job | None:
-    return Job.objects.filter(queue=job.queue, key=job.key, status__in=ACTIVE).first()
+    # tolerant: a holder that is a poison row is returned as one, not a ValueError
+    return tolerant(Job.objects.filter(queue=job.queue, key=job.key, status__in=ACTIVE)).first()
 
 
 def _insert(job: Job, replace: bool, actor: str) -> Job:
@@ -243,7 +244,7 @@ def _insert_keyed(job: Job, replace: bool, actor: str) -> Job | None:
             if not replace:
                 return current
             if not cancel(current, actor=actor):
-                still = Job.objects.filter(pk=current.pk, status=Status.RUNNING).first()
+                still = tolerant(Job.objects.filter(pk=current.pk, status=Status.RUNNING)).first()
                 if still is not None:  # running: it cannot be replaced
                     return still
                 continue  # finished, or its attempt failed since (waiting again)
@@ -346,7 +347,7 @@ def _job(job: Job | Any) -> Job:
             code="invalid",
         )
     pk: uuid.UUID = Job._meta.pk.to_python(job)  # ValidationError for a bad text or int
-    return Job.objects.get(pk=pk)
+    return tolerant(Job.objects.all()).get(pk=pk)  # a poison row too: the verbs take it
 
 
 def cancel(job: Job | Any, *, actor: str = "code") -> bool:

@@ -8,6 +8,7 @@ from .. import door
 from ..conf import delayjobs_settings
 from ..exceptions import InvalidSchedule
 from ..models import ACTIVE, Job
+from ..rows import tolerant
 from ..services import build_job, submit
 from . import config
 from .action import ACTION, deliver, require_client
@@ -95,4 +96,5 @@ def active_callback(key: str, queue: str | None = None) -> Job | None:
         raise TypeError("key must be a non-empty str (at most 255 characters), not None")
     door.check_key(key)  # what Job.key cannot store as it is raises
     queue = door.check_queue(delayjobs_settings.DEFAULT_QUEUE if queue is None else queue)
-    return Job.objects.filter(queue=queue, key=key, action=ACTION, status__in=ACTIVE).first()
+    holding = Job.objects.filter(queue=queue, key=key, action=ACTION, status__in=ACTIVE)
+    return tolerant(holding).first()  # a poison row too: it holds the key

@@ -28,6 +28,7 @@ from ..callbacks.service import KeyHeld, active_callback, create
 from ..conf import delayjobs_settings
 from ..exceptions import ConfigurationError
 from ..models import Job
+from ..rows import tolerant
 from . import serializers as s
 from .formats import SafeFormats
 from .permissions import can_view, configured_permissions
@@ -189,7 +190,7 @@ def shown(request: Request, job: Job, detail: bool = False) -> Any:
     if not can_view(request):
         return CallbackReceiptSerializer(job).data
     if detail:
-        return s.JobDetailSerializer(Job.objects.get(pk=job.pk)).data
+        return s.JobDetailSerializer(tolerant(Job.objects.all()).get(pk=job.pk)).data
     return s.JobSerializer(job).data
 
 
@@ -261,9 +262,11 @@ class CallbackCreateView(CallbackView):
 
 
 def _find(lookup: dict[str, Any]) -> Job:
-    """The callback job an id or a key names: for a key, its active job, else its latest."""
+    """The callback job an id or a key names: for a key, its active job, else its latest.
+    Read tolerantly, as jobs/<id>/ reads: a poison row is found, shown and changed."""
+    callbacks = tolerant(Job.objects.filter(action=ACTION))
     if "id" in lookup:
-        job = Job.objects.filter(pk=lookup["id"], action=ACTION).first()
+        job = callbacks.filter(pk=lookup["id"]).first()
     else:
         queue = lookup.get("queue", delayjobs_settings.DEFAULT_QUEUE)
         try:
@@ -271,9 +274,7 @@ def _find(lookup: dict[str, Any]) -> Job:
         except (TypeError, ValueError):  # a key or queue no job can hold: none is found
             raise NotFound("No callback with this id or key.") from None
         job = active or (
-            Job.objects.filter(queue=queue, key=lookup["key"], action=ACTION)
-            .order_by("-created_at")
-            .first()
+            callbacks.filter(queue=queue, key=lookup["key"]).order_by("-created_at").first()
         )
     if job is None:
         raise NotFound("No callback with this id or key.")

@@ -1,0 +1,102 @@
+"""Audit of the REST API, second round: what test_audit_api and the test_rest_* files did
+not try (poison callback rows, the events endpoint with the database down, ...)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from django.core.cache import cache
+from django.db import connection
+
+from django_delayjobs import schedule
+from django_delayjobs.models import Job, Status
+from tests.testapp import tasks
+
+from .test_poison import POISON, plant
+from .test_rest_helpers import client_for, make_user, url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HOOK = "https://hooks.example.com/orders/42/expire"
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_client):
+    """Every test starts from an empty Redis database."""
+
+
+@pytest.fixture
+def api():
+    client = client_for(make_user(superuser=True))
+    client.raise_request_exception = False  # a 500 is a status to assert on, not a raise
+    return client
+
+
+@pytest.fixture
+def http(settings):
+    from django_delayjobs.callbacks import policy
+    from django_delayjobs.callbacks.signing import new_secret
+
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+        "API_CALLBACK_THROTTLE_RATE": None,
+    }
+    cache.clear()
+    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
+        yield settings
+
+
+# -- a callback whose row cannot be read the ordinary way (a poison row) ----------------------
+
+CALLBACK_POISON = ["run_at 30 February", "run_at infinity", "args nested 1500 deep",
+                   "kwargs 5000-digit int"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CALLBACK_POISON)
+def test_the_callback_endpoints_find_and_change_a_poison_callback(api, http, name):
+    """jobs/<id>/cancel/ cancels a poison row; callbacks/cancel/ and callbacks/reschedule/
+    read the callback the ordinary way: by key it was "not found" (404: its ValueError was
+    taken for a key no job can hold), by id a 500, and callbacks/ with its key a 400 that
+    blamed the request ("day is out of range for month") or a 500."""
+    if POISON[name][0] not in (None, connection.vendor):
+        pytest.skip(f"{name!r} cannot be stored in {connection.vendor}")
+
+    def poison_callback() -> str:
+        Job.objects.filter(status__in=[Status.SCHEDULED]).update(status=Status.CANCELLED)
+        created = api.post(url("callbacks"), {"url": HOOK, "in": 60, "key": "k"}, format="json")
+        assert created.status_code == 201, created.content[:300]
+        plant(Job.objects.get(pk=created.json()["id"]), name)
+        return str(created.json()["id"])
+
+    job_id = poison_callback()
+    again = api.post(url("callbacks"), {"url": HOOK, "in": 60, "key": "k"}, format="json")
+    assert (again.status_code, again.json()["id"]) == (200, job_id), again.content[:300]
+    for path, lookup in [
+        ("reschedule", {"key": "k"}), ("reschedule", {"id": job_id}),
+        ("cancel", {"key": "k"}), ("cancel", {"id": job_id}),
+    ]:  # fmt: skip
+        if path == "cancel" and "id" in lookup:
+            job_id = poison_callback()
+            lookup = {"id": job_id}
+        body = {**lookup, **({"in": 5} if path == "reschedule" else {})}
+        response = api.post(url("callbacks", path), body, format="json")
+        assert response.status_code == 200, (path, lookup, response.content[:300])
+        assert response.json()["id"] == job_id
+    assert Job.objects.filter(pk=job_id).values_list("status", flat=True).get() == "cancelled"
+
+
+@pytest.mark.parametrize("name", ["run_at 30 February", "run_at infinity"])
+def test_the_verbs_take_the_id_of_a_poison_row_and_schedule_returns_it_as_the_holder(name):
+    """What the callback endpoints stood on: ``schedule(key=...)`` whose key a poison row
+    held, and ``cancel(<its id>)``, raised the row's ValueError."""
+    from django_delayjobs.services import cancel
+
+    if POISON[name][0] not in (None, connection.vendor):
+        pytest.skip(f"{name!r} cannot be stored in {connection.vendor}")
+    held = schedule(tasks.record, in_=60, args=["x"], key="k")
+    plant(held, name)
+    assert schedule(tasks.record, in_=60, args=["y"], key="k").pk == held.pk
+    assert cancel(str(held.pk)) is True
