@@ -100,3 +100,30 @@ def test_the_verbs_take_the_id_of_a_poison_row_and_schedule_returns_it_as_the_ho
     plant(held, name)
     assert schedule(tasks.record, in_=60, args=["y"], key="k").pk == held.pk
     assert cancel(str(held.pk)) is True
+
+
+# -- the callback throttle's cache down ---------------------------------------------------------
+
+
+def test_the_callback_throttle_with_its_cache_down_is_a_json_503(api, http, tmp_path):
+    """``API_CALLBACK_THROTTLE_RATE`` counts in the project's cache, often django-redis on
+    the Redis the jobs use: with that Redis down, every callbacks/ request was Django's
+    HTML 500 page (the cache's ConnectionInterrupted went through DRF)."""
+    pytest.importorskip("django_redis")
+    http.DELAYJOBS = {**http.DELAYJOBS, "API_CALLBACK_THROTTLE_RATE": "100/minute"}
+    http.CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"unix://{tmp_path}/no-redis.sock",  # nothing listens: refused at once
+        }
+    }
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    for path, body in [
+        ("callbacks", {"url": HOOK, "in": 60}),
+        ("callbacks/cancel", {"id": str(job.pk)}),
+        ("callbacks/reschedule", {"id": str(job.pk), "in": 5}),
+    ]:
+        response = api.post(url(*path.split("/")), body, format="json")
+        assert response.status_code == 503, (path, response.status_code, response.content[:200])
+        assert "throttl" in response.json()["detail"], path
+    assert Job.objects.count() == 1

@@ -10,10 +10,11 @@ They need ``API_CALLBACK_PERMISSIONS`` (``add_job`` by default) on top of
 from __future__ import annotations
 
 import datetime
+import logging
 from typing import Any
 
 from rest_framework import serializers, status
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -34,6 +35,8 @@ from .formats import SafeFormats
 from .permissions import can_view, configured_permissions
 from .schema import auto_schema, document, field_schema, one_of
 from .views import actor
+
+logger = logging.getLogger("django_delayjobs")
 
 
 @field_schema(
@@ -194,6 +197,14 @@ def shown(request: Request, job: Job, detail: bool = False) -> Any:
     return s.JobSerializer(job).data
 
 
+class ThrottleUnavailable(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = (
+        "The cache that counts requests for throttling cannot be reached; try again later."
+    )
+    default_code = "throttle_unavailable"
+
+
 class CallbackThrottle(UserRateThrottle):
     """``API_CALLBACK_THROTTLE_RATE`` per user (or per address when anonymous); None: off."""
 
@@ -201,6 +212,15 @@ class CallbackThrottle(UserRateThrottle):
 
     def get_rate(self) -> str | None:
         return delayjobs_settings.API_CALLBACK_THROTTLE_RATE
+
+    def allow_request(self, request: Request, view: APIView) -> bool:
+        try:
+            return super().allow_request(request, view)
+        except Exception as exc:  # the cache backend's own error, of its own type
+            # (django-redis on the jobs' Redis, down): a JSON 503, not Django's HTML 500;
+            # and no request let through uncounted
+            logger.warning("callbacks/ throttled while its cache cannot be read: %s", exc)
+            raise ThrottleUnavailable() from exc
 
 
 class CallbackView(SafeFormats, APIView):
