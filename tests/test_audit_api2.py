@@ -127,3 +127,37 @@ def test_the_callback_throttle_with_its_cache_down_is_a_json_503(api, http, tmp_
         assert response.status_code == 503, (path, response.status_code, response.content[:200])
         assert "throttl" in response.json()["detail"], path
     assert Job.objects.count() == 1
+
+
+# -- the events endpoint ----------------------------------------------------------------------
+
+
+def test_the_events_endpoint_with_the_database_down_is_a_json_503(api, tmp_path):
+    """test_audit_api's 503 battery predates ``jobs/<id>/events/``."""
+    from tests.helpers import database_down
+
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    with database_down(tmp_path):
+        response = api.get(url("jobs", job.pk, "events"))
+        assert response.status_code == 503, response.content[:200]
+        assert "database" in response.json()["detail"]
+    assert api.get(url("jobs", job.pk, "events")).status_code == 200
+
+
+def test_the_schema_gives_the_bounds_of_the_events_page_size(api):
+    """The events endpoint answers a page_size outside 1..500 with 400, and its OpenAPI
+    parameter said any integer ("Number of results to return per page.")."""
+    import json
+
+    from django_delayjobs.rest.schema import spectacular_installed
+
+    if not spectacular_installed():
+        pytest.skip("drf-spectacular is not installed")
+    doc = json.loads(api.get(url("schema"), {"format": "json"}).content)
+    operation = doc["paths"]["/api/delayjobs/jobs/{id}/events/"]["get"]
+    size = next(p for p in operation["parameters"] if p["name"] == "page_size")
+    assert (size["schema"]["minimum"], size["schema"]["maximum"]) == (1, 500), size
+    assert "100" in size["description"], size  # the default
+    job = schedule(tasks.record, in_=60, args=["x"])
+    for wrong in ("0", "501"):
+        assert api.get(url("jobs", job.pk, "events"), {"page_size": wrong}).status_code == 400
