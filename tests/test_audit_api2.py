@@ -161,3 +161,21 @@ def test_the_schema_gives_the_bounds_of_the_events_page_size(api):
     job = schedule(tasks.record, in_=60, args=["x"])
     for wrong in ("0", "501"):
         assert api.get(url("jobs", job.pk, "events"), {"page_size": wrong}).status_code == 400
+
+
+# -- bodies Django refuses ----------------------------------------------------------------------
+
+
+def test_a_multipart_body_with_too_many_files_is_a_json_400(api, http):
+    """A ``multipart/form-data`` body of more than ``DATA_UPLOAD_MAX_NUMBER_FILES`` files
+    (100) was Django's HTML "Bad Request" page (``TooManyFilesSent`` went through DRF),
+    where too many form fields are a JSON 400 that names the limit."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    files = {f"f{i}": SimpleUploadedFile(f"f{i}.txt", b"x") for i in range(101)}
+    for path in [url("jobs", job.pk, "cancel"), url("callbacks"), url("callbacks", "cancel")]:
+        response = api.post(path, files, format="multipart")
+        assert response.status_code == 400, (path, response.status_code)
+        assert "DATA_UPLOAD_MAX_NUMBER_FILES" in response.json()["detail"], path
+    assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
