@@ -4,6 +4,7 @@ not try (poison callback rows, the events endpoint with the database down, ...).
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 import pytest
 from django.core.cache import cache
@@ -179,3 +180,52 @@ def test_a_multipart_body_with_too_many_files_is_a_json_400(api, http):
         assert response.status_code == 400, (path, response.status_code)
         assert "DATA_UPLOAD_MAX_NUMBER_FILES" in response.json()["detail"], path
     assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
+
+
+# -- a verb that loses to a running attempt which then fails -------------------------------------
+
+
+def after_nth_statement_on_jobs(n: int, fn: Any) -> Any:
+    """An execute wrapper that calls ``fn`` once, right after the ``n``-th statement on the
+    jobs table of this connection."""
+    seen = [0]
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if '"django_delayjobs_job"' in sql:
+            seen[0] += 1
+            if seen[0] == n:
+                fn()
+        return result
+
+    return wrapper
+
+
+@pytest.mark.parametrize("verb", ["cancel", "reschedule"])
+def test_a_verb_that_lost_to_an_attempt_that_failed_meanwhile_still_wins(api, verb):
+    """The verb's conditional UPDATE found the job running; its attempt failed before the
+    answer was written (the worker made it ``retrying``: waiting for its next attempt), and
+    the answer was 409 "Too late: the job has started or finished" with status
+    ``retrying``, a job the verb takes. The job ran again at its retry, though the caller
+    had cancelled it in time for that attempt. The verb now tries again (as ``cancel_for``
+    does): 200."""
+    from django.db import connection
+
+    from .test_rest_helpers import running
+
+    job = running(schedule(tasks.record, in_=3600, args=["x"]))
+
+    def attempt_fails() -> None:  # what the worker commits when the attempt raises
+        Job.objects.filter(pk=job.pk).update(status=Status.RETRYING)
+
+    body = {"in": 60} if verb == "reschedule" else {}
+    # statement 1 reads the job (get_object), statement 2 is the verb's, which loses
+    with connection.execute_wrapper(after_nth_statement_on_jobs(2, attempt_fails)):
+        response = api.post(url("jobs", job.pk, verb), body, format="json")
+    assert response.status_code == 200, response.content[:300]
+    expected = Status.CANCELLED if verb == "cancel" else Status.RETRYING  # at its new time
+    assert response.json()["status"] == expected
+    assert Job.objects.get(pk=job.pk).status == expected
+    last = response.json()["events"][-1]
+    assert (last["kind"], last["actor"]) == ({"cancel": "cancelled"}.get(verb, "rescheduled"),
+                                             "api:ada")  # fmt: skip
