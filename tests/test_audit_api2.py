@@ -229,3 +229,30 @@ def test_a_verb_that_lost_to_an_attempt_that_failed_meanwhile_still_wins(api, ve
     last = response.json()["events"][-1]
     assert (last["kind"], last["actor"]) == ({"cancel": "cancelled"}.get(verb, "rescheduled"),
                                              "api:ada")  # fmt: skip
+
+
+# -- callbacks/: errors by field ----------------------------------------------------------------
+
+
+def test_callback_values_the_service_refuses_are_reported_by_field(api, http):
+    """docs/callbacks.md: "bad values get 400 naming the field". A queue name Redis keys
+    cannot carry, an ``in``/``at`` more than 100 years away and an ``expires`` not after
+    the due time were refused by the service, and reported under ``non_field_errors`` (the
+    delay as ``in_``, the Python parameter): a client could not tell which field to fix."""
+    import json
+
+    cases = [
+        ({"queue": "q:x"}, "queue"),
+        ({"in": 4e9}, "in"),
+        ({"in": None, "at": "2300-01-01T00:00:00Z"}, "at"),
+        ({"expires": 1e300}, "expires"),
+        ({"expires": "2000-01-01T00:00:00Z"}, "expires"),
+        ({"expires": 1e-9}, "expires"),
+    ]
+    for extra, field in cases:
+        body = {k: v for k, v in {"url": HOOK, "in": 60, **extra}.items() if v is not None}
+        response = api.post(url("callbacks"), json.dumps(body), content_type="application/json")
+        assert response.status_code == 400, (extra, response.content[:300])
+        assert list(response.json()) == [field], (extra, response.json())
+        assert "in_" not in response.json()[field][0], response.json()
+    assert not Job.objects.exists()

@@ -13,6 +13,7 @@ import datetime
 import logging
 from typing import Any
 
+from django.utils import timezone
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.permissions import BasePermission
@@ -21,13 +22,13 @@ from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
-from .. import services
+from .. import door, services, timing
 from ..callbacks.action import ACTION
 from ..callbacks.policy import Refused
 from ..callbacks.request import METHODS, InvalidCallback, check_method
 from ..callbacks.service import KeyHeld, active_callback, create
 from ..conf import delayjobs_settings
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, InvalidSchedule
 from ..models import Job
 from ..rows import tolerant
 from . import serializers as s
@@ -120,9 +121,21 @@ class CallbackSerializer(s.StrictSerializer):
         )
         return fields
 
+    def validate_queue(self, value: str) -> str:
+        try:
+            return door.check_queue(value)
+        except InvalidSchedule as exc:
+            raise ValidationError(str(exc)) from None
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("in" in attrs) == ("at" in attrs):
             raise ValidationError("Give exactly one of 'in' (seconds from now) and 'at'.")
+        now = timezone.now()  # the service checks again; here each refusal names its field
+        run_at = s.due_time(attrs, now)
+        try:
+            timing.expiry(attrs.get("expires"), run_at, now)
+        except InvalidSchedule as exc:
+            raise ValidationError({"expires": [str(exc)]}) from None
         if "json" in attrs and "data" in attrs:
             raise ValidationError({"data": ["Give json or data, not both."]})
         queue = attrs.get("queue", delayjobs_settings.DEFAULT_QUEUE)
@@ -163,6 +176,7 @@ class CallbackRescheduleSerializer(LookupSerializer):
         attrs = super().validate(attrs)
         if ("in" in attrs) == ("at" in attrs):
             raise ValidationError("Give exactly one of 'in' (seconds from now) and 'at'.")
+        s.due_time(attrs, timezone.now())
         return attrs
 
 
