@@ -256,3 +256,19 @@ def test_callback_values_the_service_refuses_are_reported_by_field(api, http):
         assert list(response.json()) == [field], (extra, response.json())
         assert "in_" not in response.json()[field][0], response.json()
     assert not Job.objects.exists()
+
+
+def test_the_events_endpoint_refuses_parameters_it_does_not_read(api):
+    """jobs/ answers an unknown parameter or one given twice with 400, "so that a typo does
+    not silently" answer another question; jobs/<id>/events/ ignored ``?pagesize=5`` (100
+    events came back) and read ``?page_size=5&page_size=500`` as 500."""
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    events = url("jobs", job.pk, "events")
+    for query, field in [
+        ("pagesize=5", "pagesize"), ("ordering=-id", "ordering"),
+        ("page_size=5&page_size=500", "page_size"), ("cursor=cD0x&cursor=cD0y", "cursor"),
+    ]:  # fmt: skip
+        response = api.get(f"{events}?{query}")
+        assert response.status_code == 400, (query, response.content[:200])
+        assert list(response.json()) == [field], response.json()
+    assert api.get(f"{events}?page_size=5&format=json").status_code == 200
