@@ -1,5 +1,8 @@
 """Audit of the REST API, second round: what test_audit_api and the test_rest_* files did
-not try (poison callback rows, the events endpoint with the database down, ...)."""
+not try. Poison callback rows through callbacks/, the callback throttle with its cache
+down, the events endpoint (database down, its OpenAPI paging, parameters it does not
+read), multipart bodies of too many files, cancel/reschedule losing to an attempt that
+fails before they return, and callbacks/ errors reported by field."""
 
 from __future__ import annotations
 
