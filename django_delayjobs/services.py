@@ -354,17 +354,28 @@ def cancel(job: Job | Any, *, actor: str = "code") -> bool:
     """Cancel a job that has not started; True when this call won."""
     actor = door.check_actor(actor)
     job = _job(job)
-    now = timezone.now()
-    with transaction.atomic(using=sql.db()):
-        won = Job.objects.filter(pk=job.pk, status__in=WAITING).update(
-            status=Status.CANCELLED, finished_at=now
-        )
-        if won:
-            job.status, job.finished_at = Status.CANCELLED, now
-            _event(job, EventKind.CANCELLED, actor)
-            _after_commit(_redis(lambda: get_engine().remove(job.queue, [str(job.pk)])))
-            _send(signals.job_cancelled, job)
-    return bool(won)
+    while True:
+        now = timezone.now()
+        with transaction.atomic(using=sql.db()):
+            won = Job.objects.filter(pk=job.pk, status__in=WAITING).update(
+                status=Status.CANCELLED, finished_at=now
+            )
+            if won:
+                job.status, job.finished_at = Status.CANCELLED, now
+                _event(job, EventKind.CANCELLED, actor)
+                _after_commit(_redis(lambda: get_engine().remove(job.queue, [str(job.pk)])))
+                _send(signals.job_cancelled, job)
+                return True
+        if not _waiting_again(job):
+            return False
+
+
+def _waiting_again(job: Job) -> bool:
+    """After a verb found ``job`` neither scheduled nor retrying: whether it is one now.
+    An attempt running then may have failed since, and the job waits for its next one:
+    the verb, in time for that attempt, tries again rather than say it came too late.
+    (Each try lost to a new claim of the job: they end with its attempts.)"""
+    return Job.objects.filter(pk=job.pk, status__in=WAITING).exists()
 
 
 def cancel_for(
@@ -476,26 +487,27 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
         raise InvalidSchedule(f"the job's expires_at cannot be read ({job.expires_at}): cancel it")
     if job.expires_at is not None:  # as build_job: never to run
         timing.check_runnable(run_at, job.expires_at)
-    with transaction.atomic(using=sql.db()):
-        # The row as it is now, locked until the UPDATE: its due time is the one replaced,
-        # whatever copy of the job the caller holds (a poison row's: Unreadable).
-        waiting = Job.objects.select_for_update().filter(pk=job.pk, status__in=WAITING)
-        row = tolerant(waiting.only("run_at")).first()
-        won = row is not None and waiting.update(run_at=run_at)
-        if won:
-            assert row is not None
-            before, job.run_at = row.run_at, run_at
-            _event(
-                job,
-                EventKind.RESCHEDULED,
-                actor,
-                # a due time that could not be read (a poison row) is repaired here
-                f"from {_iso(before)} to {run_at.isoformat()}",
-            )
-            # add() moves a pending id; an id already promoted is handed back by the
-            # worker, which sees the new run_at when it claims the row.
-            _after_commit(lambda: push([job]))
-    return bool(won)
+    while True:
+        with transaction.atomic(using=sql.db()):
+            # The row as it is now, locked until the UPDATE: its due time is the one
+            # replaced, whatever copy of the job the caller holds (a poison row's).
+            waiting = Job.objects.select_for_update().filter(pk=job.pk, status__in=WAITING)
+            row = tolerant(waiting.only("run_at")).first()
+            if row is not None and waiting.update(run_at=run_at):
+                before, job.run_at = row.run_at, run_at
+                _event(
+                    job,
+                    EventKind.RESCHEDULED,
+                    actor,
+                    # a due time that could not be read (a poison row) is repaired here
+                    f"from {_iso(before)} to {run_at.isoformat()}",
+                )
+                # add() moves a pending id; an id already promoted is handed back by the
+                # worker, which sees the new run_at when it claims the row.
+                _after_commit(lambda: push([job]))
+                return True
+        if not _waiting_again(job):
+            return False
 
 
 def _iso(value: object) -> str:

@@ -10,23 +10,25 @@ They need ``API_CALLBACK_PERMISSIONS`` (``add_job`` by default) on top of
 from __future__ import annotations
 
 import datetime
+import logging
 from typing import Any
 
+from django.utils import timezone
 from rest_framework import serializers, status
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
-from .. import services
+from .. import door, services, timing
 from ..callbacks.action import ACTION
 from ..callbacks.policy import Refused
 from ..callbacks.request import METHODS, InvalidCallback, check_method
 from ..callbacks.service import KeyHeld, active_callback, create
 from ..conf import delayjobs_settings
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, InvalidSchedule
 from ..models import Job
 from ..rows import tolerant
 from . import serializers as s
@@ -34,6 +36,8 @@ from .formats import SafeFormats
 from .permissions import can_view, configured_permissions
 from .schema import auto_schema, document, field_schema, one_of
 from .views import actor
+
+logger = logging.getLogger("django_delayjobs")
 
 
 @field_schema(
@@ -117,9 +121,21 @@ class CallbackSerializer(s.StrictSerializer):
         )
         return fields
 
+    def validate_queue(self, value: str) -> str:
+        try:
+            return door.check_queue(value)
+        except InvalidSchedule as exc:
+            raise ValidationError(str(exc)) from None
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("in" in attrs) == ("at" in attrs):
             raise ValidationError("Give exactly one of 'in' (seconds from now) and 'at'.")
+        now = timezone.now()  # the service checks again; here each refusal names its field
+        run_at = s.due_time(attrs, now)
+        try:
+            timing.expiry(attrs.get("expires"), run_at, now)
+        except InvalidSchedule as exc:
+            raise ValidationError({"expires": [str(exc)]}) from None
         if "json" in attrs and "data" in attrs:
             raise ValidationError({"data": ["Give json or data, not both."]})
         queue = attrs.get("queue", delayjobs_settings.DEFAULT_QUEUE)
@@ -160,6 +176,7 @@ class CallbackRescheduleSerializer(LookupSerializer):
         attrs = super().validate(attrs)
         if ("in" in attrs) == ("at" in attrs):
             raise ValidationError("Give exactly one of 'in' (seconds from now) and 'at'.")
+        s.due_time(attrs, timezone.now())
         return attrs
 
 
@@ -194,6 +211,14 @@ def shown(request: Request, job: Job, detail: bool = False) -> Any:
     return s.JobSerializer(job).data
 
 
+class ThrottleUnavailable(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = (
+        "The cache that counts requests for throttling cannot be reached; try again later."
+    )
+    default_code = "throttle_unavailable"
+
+
 class CallbackThrottle(UserRateThrottle):
     """``API_CALLBACK_THROTTLE_RATE`` per user (or per address when anonymous); None: off."""
 
@@ -201,6 +226,15 @@ class CallbackThrottle(UserRateThrottle):
 
     def get_rate(self) -> str | None:
         return delayjobs_settings.API_CALLBACK_THROTTLE_RATE
+
+    def allow_request(self, request: Request, view: APIView) -> bool:
+        try:
+            return super().allow_request(request, view)
+        except Exception as exc:  # the cache backend's own error, of its own type
+            # (django-redis on the jobs' Redis, down): a JSON 503, not Django's HTML 500;
+            # and no request let through uncounted
+            logger.warning("callbacks/ throttled while its cache cannot be read: %s", exc)
+            raise ThrottleUnavailable() from exc
 
 
 class CallbackView(SafeFormats, APIView):
@@ -263,17 +297,19 @@ class CallbackCreateView(CallbackView):
 
 def _find(lookup: dict[str, Any]) -> Job:
     """The callback job an id or a key names: for a key, its active job, else its latest.
-    Read by ``tolerant``: a poison row is found, and can be cancelled or moved."""
+    Read tolerantly, as jobs/<id>/ reads: a poison row is found, shown and changed."""
+    callbacks = tolerant(Job.objects.filter(action=ACTION))
     if "id" in lookup:
-        job = tolerant(Job.objects.filter(pk=lookup["id"], action=ACTION)).first()
+        job = callbacks.filter(pk=lookup["id"]).first()
     else:
         queue = lookup.get("queue", delayjobs_settings.DEFAULT_QUEUE)
         try:
             active = active_callback(lookup["key"], queue)
         except (TypeError, ValueError):  # a key or queue no job can hold: none is found
             raise NotFound("No callback with this id or key.") from None
-        latest = Job.objects.filter(queue=queue, key=lookup["key"], action=ACTION)
-        job = active or tolerant(latest.order_by("-created_at")).first()
+        job = active or (
+            callbacks.filter(queue=queue, key=lookup["key"]).order_by("-created_at").first()
+        )
     if job is None:
         raise NotFound("No callback with this id or key.")
     return job

@@ -88,6 +88,16 @@ class JobFilterSerializer(serializers.Serializer[Any]):
         return attrs
 
 
+def check_paging_only(query: QueryDict) -> None:
+    """Raise a 400 for a parameter other than the paging ones, or one given twice (the
+    events endpoint reads no filter): a typo must not answer another question."""
+    errors = {name: ["Unknown query parameter."] for name in query
+              if name not in PAGINATION_PARAMETERS}  # fmt: skip
+    errors.update(ambiguous(query, set()))
+    if errors:
+        raise serializers.ValidationError(errors)
+
+
 def ambiguous(query: QueryDict, filters: set[str]) -> dict[str, list[str]]:
     """The parameters DRF would read otherwise than meant: one given twice (a field reads
     the last value alone) and an empty filter (a field that is not required drops it, so

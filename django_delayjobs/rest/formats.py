@@ -13,7 +13,7 @@ session's user is read: Django's HTML 500 page. The views answer a JSON 503, as
 ``queues/`` answers Redis down and ``metrics/`` the database down.
 
 A body over Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (a list of 100,000 ids, say), or a
-form over ``DATA_UPLOAD_MAX_NUMBER_FIELDS``, is refused by Django with a
+form over ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (or ``..._FILES``), is refused by Django with a
 ``SuspiciousOperation`` that DRF does not handle: Django's HTML "Bad Request" page. The
 views answer in JSON instead, saying which limit it was.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db import InterfaceError, OperationalError
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
@@ -103,6 +103,8 @@ def _refusal(exc: Exception) -> Exception:
         return BodyTooLarge()
     if isinstance(exc, TooManyFieldsSent):
         return ParseError("The form has more fields than DATA_UPLOAD_MAX_NUMBER_FIELDS allows.")
+    if isinstance(exc, TooManyFilesSent):
+        return ParseError("The form has more files than DATA_UPLOAD_MAX_NUMBER_FILES allows.")
     return exc
 
 

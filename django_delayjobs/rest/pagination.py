@@ -165,14 +165,19 @@ class JobCursorPagination(BasePagination):
         }
 
     def get_schema_operation_parameters(self, view: APIView) -> list[dict[str, Any]]:
-        return [
-            {"name": self.cursor_query_param, "required": False, "in": "query",
-             "description": "Opaque position from a next/previous link.",
-             "schema": {"type": "string"}},
-            {"name": self.page_size_query_param, "required": False, "in": "query",
-             "description": f"Jobs per page, 1 to {self.max_page_size} (default {self.page_size}).",
-             "schema": {"type": "integer", "minimum": 1, "maximum": self.max_page_size}},
-        ]  # fmt: skip
+        return paging_parameters("Jobs", self.page_size, self.max_page_size)
+
+
+def paging_parameters(items: str, default: int, maximum: int) -> list[dict[str, Any]]:
+    """The OpenAPI description of ``?cursor=`` and ``?page_size=`` as they are checked."""
+    return [
+        {"name": "cursor", "required": False, "in": "query",
+         "description": "Opaque position from a next/previous link.",
+         "schema": {"type": "string"}},
+        {"name": "page_size", "required": False, "in": "query",
+         "description": f"{items} per page, 1 to {maximum} (default {default}).",
+         "schema": {"type": "integer", "minimum": 1, "maximum": maximum}},
+    ]  # fmt: skip
 
 
 def after(cursor: Cursor, ascending: bool) -> Q:
@@ -200,7 +205,10 @@ class EventCursorPagination(CursorPagination):
     ordering = "id"
 
     def get_page_size(self, request: Request) -> int:
-        return strict_page_size(request, "page_size", self.page_size, 500)
+        return strict_page_size(request, "page_size", self.page_size, self.max_page_size)
+
+    def get_schema_operation_parameters(self, view: APIView) -> list[dict[str, Any]]:
+        return paging_parameters("Events", self.page_size, self.max_page_size)
 
     def decode_cursor(self, request: Request) -> Any:
         """DRF's cursor, from a token DRF wrote: its position (an event id) reaches the

@@ -11,7 +11,9 @@ from django.db import models
 from django.utils import timezone
 from rest_framework import ISO_8601, serializers
 
+from .. import timing
 from ..callbacks.action import shown_kwargs
+from ..exceptions import InvalidSchedule
 from ..models import Job, JobEvent, Status
 from ..rows import Unreadable, tolerant
 from ..serialization import showable
@@ -190,6 +192,18 @@ class CancelSerializer(StrictSerializer):
     """Cancel takes no fields; the body may be empty or ``{}``."""
 
 
+def due_time(attrs: Mapping[str, Any], now: datetime.datetime) -> datetime.datetime:
+    """The due time a body's ``in`` or ``at`` gives, checked as ``schedule()`` checks it
+    (from 1970, at most 100 years ahead); a refusal is the error of that field."""
+    field = "in" if "in" in attrs else "at"
+    try:
+        if field == "in":
+            return timing.within_range(now + timing.delay(attrs["in"], "in"), "in", now)
+        return timing.within_range(attrs["at"], "at", now)
+    except InvalidSchedule as exc:
+        raise serializers.ValidationError({field: [str(exc)]}) from None
+
+
 class RescheduleSerializer(StrictSerializer):
     """Exactly one of ``in`` (seconds from now, at least 0) and ``at``; nothing else."""
 
@@ -208,6 +222,7 @@ class RescheduleSerializer(StrictSerializer):
             raise serializers.ValidationError(
                 "Give exactly one of 'in' (seconds from now) and 'at' (an ISO 8601 datetime)."
             )
+        due_time(attrs, timezone.now())
         return attrs
 
 

@@ -22,7 +22,7 @@ from ..models import Job
 from ..queues import readable_queue_states
 from ..rows import tolerant
 from . import serializers as s
-from .filters import JobFilterSerializer, filter_jobs
+from .filters import JobFilterSerializer, check_paging_only, filter_jobs
 from .formats import SafeFormats
 from .pagination import EventCursorPagination, JobCursorPagination
 from .permissions import permissions_for
@@ -145,6 +145,7 @@ class JobViewSet(
     @action(detail=True, methods=["get"], pagination_class=EventCursorPagination)
     def events(self, request: Request, pk: str | None = None) -> Response:
         """The job's whole history, oldest first, a page at a time."""
+        check_paging_only(request.query_params)
         history = tolerant(self.get_object().events.all())
         page = self.paginate_queryset(history)  # type: ignore[arg-type]  # not of jobs
         return self.get_paginated_response(s.JobEventSerializer(page, many=True).data)
