@@ -19,6 +19,7 @@ from django_delayjobs.callbacks.delivery import DeliveryFailed, Limits, send
 from django_delayjobs.callbacks.policy import parse_url
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.models import Status
+from tests.callback_server import Reply
 
 LOOPBACK = [ipaddress.ip_address("127.0.0.1")]
 BIG = 1 << 20  # the largest body HTTP_MAX_REQUEST_BYTES allows; far past the buffers below
@@ -126,3 +127,38 @@ def test_a_413_answered_early_ends_the_job_dead_not_retrying(early, settings, re
         job.refresh_from_db()
         assert job.status == Status.DEAD, job.last_error
         assert "-> 413 Payload Too Large" in job.last_error
+
+
+# -- a Retry-After sooner than the job's backoff ----------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "1", "Sun, 06 Nov 1994 08:49:37 GMT"])
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_after_sooner_than_the_backoff_does_not_hurry_the_retry(
+    value, callback_server, settings, redis_client
+):
+    """A failing receiver answering 503 with ``Retry-After: 0`` (or a date gone by) had its
+    job retried at once, every attempt, until dead within a second: a retry waits for the
+    later of what the receiver asks and the job's own backoff (60 s here, jittered to
+    30-60)."""
+    allow(settings, callback_server.netloc)
+    callback_server.script("/hook", Reply(503, b"busy", headers={"Retry-After": value}))
+    job = schedule_http(callback_server.url(), in_=0)
+    call_command("run_delayworker", "--burst", "-v", "0")
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING and job.attempts == 1, job.last_error
+    assert (job.run_at - job.started_at).total_seconds() >= 29
+    assert "; Retry-After: " in job.last_error  # what the receiver asked is still said
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_after_later_than_the_backoff_is_waited_for(
+    callback_server, settings, redis_client
+):
+    allow(settings, callback_server.netloc, RETRY_BACKOFF_SECONDS=1)
+    callback_server.script("/hook", Reply(429, b"", headers={"Retry-After": "600"}))
+    job = schedule_http(callback_server.url(), in_=0)
+    call_command("run_delayworker", "--burst", "-v", "0")
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING
+    assert 595 < (job.run_at - job.started_at).total_seconds() < 605
