@@ -200,7 +200,11 @@ def test_retry_after_is_honoured(callback_server, form):
 
 
 def test_retry_after_is_bounded(callback_server, settings):
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_RETRY_AFTER_MAX_SECONDS": 5}
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_RETRY_AFTER_MAX_SECONDS": 5,
+        "RETRY_BACKOFF_SECONDS": 1,
+    }  # a retry waits at least the backoff
     callback_server.script("/hook", Reply(429, b"", {"Retry-After": "86400"}))
     job = schedule_http(callback_server.url(), in_=0)
     before = timezone.now()

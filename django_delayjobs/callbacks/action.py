@@ -49,6 +49,7 @@ def deliver(**stored: Any) -> dict[str, Any]:
     """Send the stored request once; return the answer's summary, or raise ``Retry`` or
     ``GiveUp``."""
     from ..execution import current_job, note
+    from ..outcomes import backoff_seconds
 
     job = current_job.get()
     if job is None:
@@ -94,6 +95,7 @@ def deliver(**stored: Any) -> dict[str, Any]:
         response,
         retry_statuses=settings.HTTP_RETRY_STATUSES,
         retry_after_max=settings.HTTP_RETRY_AFTER_MAX_SECONDS,
+        backoff=backoff_seconds(job.attempts),
     )  # a failure's Retry/GiveUp message is its history line; a success notes its own
     note(outcome.line(request.method, request.where, response))
     return result

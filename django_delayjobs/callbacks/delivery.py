@@ -190,6 +190,10 @@ def _failure(exc: BaseException, timed_out: bool, limits: Limits) -> DeliveryFai
     return DeliveryFailed(f"{type(exc).__name__}: {exc}", "network")
 
 
+#: What writing to a connection the receiver has closed raises (a TLS one: an EOF).
+_PEER_CLOSED = (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError)
+
+
 def _exchange(
     conn: HTTPConnection,
     target: Target,
@@ -204,9 +208,20 @@ def _exchange(
         del sent["User-Agent"]  # the job's or the destination's replaces ours
     sent.update(headers)
     conn.timeout = limits.read  # from now on, each wait for data
-    conn.request(method, target.target, body=body or None, headers=sent,
-                 preload_content=False, decode_content=False)  # fmt: skip
-    response = conn.getresponse()
+    try:
+        conn.request(method, target.target, body=body or None, headers=sent,
+                     preload_content=False, decode_content=False)  # fmt: skip
+        unsent = None
+    except _PEER_CLOSED as exc:
+        # A receiver may answer before it has read the whole body (413, 401) and close:
+        # the rest cannot be written, but its answer has come, and it is the answer.
+        unsent = exc
+    try:
+        response = conn.getresponse()
+    except (OSError, http.client.HTTPException):
+        if unsent is None:
+            raise
+        raise unsent from None  # no answer came: what failed is the sending
     try:
         if deadline.fired:  # the status line or the headers were cut short
             raise TimeoutError("total time used up while reading the headers")

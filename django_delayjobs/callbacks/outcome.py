@@ -3,8 +3,9 @@ line each attempt leaves in the job's history.
 
 2xx succeeds. 5xx, the 4xx codes of ``HTTP_RETRY_STATUSES`` (408 and 429 by default) and
 failures without an answer (network, timeout, TLS) are retried with the job's backoff,
-or after ``Retry-After`` when the receiver sent one, bounded. Any other status (3xx:
-redirects are not followed; other 4xx: retrying cannot help) ends the job dead now.
+or after ``Retry-After`` when the receiver sent one (bounded) and it is later: a
+``Retry-After: 0`` must not turn the job's attempts into a tight loop. Any other status
+(3xx: redirects are not followed; other 4xx: retrying cannot help) ends the job dead now.
 """
 
 from __future__ import annotations
@@ -85,8 +86,10 @@ def judge(
     *,
     retry_statuses: Collection[int],
     retry_after_max: float,
+    backoff: float,
 ) -> dict[str, Any]:
-    """Return the job's result for a 2xx answer; raise ``Retry`` or ``GiveUp`` otherwise."""
+    """Return the job's result for a 2xx answer; raise ``Retry`` or ``GiveUp`` otherwise.
+    ``backoff``: the job's own wait before its next attempt, the shortest a retry waits."""
     text = line(method, where, response)
     status = response.status
     if 200 <= status < 300:
@@ -105,7 +108,7 @@ def judge(
         after = retry_after(response.headers.get("retry-after"), retry_after_max)
         # Not "retrying in": on the last attempt the job ends dead with this line.
         when = "" if after is None else f"; Retry-After: {after:g} s"
-        raise Retry(text + when, after=after)
+        raise Retry(text + when, after=None if after is None else max(after, backoff))
     raise GiveUp(f"{text}; not retried (only 5xx and {sorted(retry_statuses)} are)")
 
 
