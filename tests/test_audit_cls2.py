@@ -1,0 +1,89 @@
+"""Audit of the Redis Cluster paths (round 3): what the queue page and the metrics show
+while one master is down.
+
+Every test here needs a Redis Cluster (``pytest -m cluster``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.conf import settings
+from django.test import Client, override_settings
+
+from django_delayjobs import queues
+from django_delayjobs.connection import get_engine
+from django_delayjobs.embedded_cluster import EmbeddedCluster
+from django_delayjobs.engine import close_client
+from django_delayjobs.metrics import snapshot
+from tests.conftest import cluster_client
+from tests.test_metrics import TOKEN, get
+
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db]
+
+
+@pytest.fixture(scope="module")
+def lonely() -> Iterator[EmbeddedCluster]:
+    """3 masters, no replicas; a dead master is not declared failed for 60 s."""
+    with EmbeddedCluster(masters=3, replicas=0, node_timeout_ms=60_000) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def one_master_down(lonely: EmbeddedCluster) -> Iterator[tuple[str, str]]:
+    """The Django settings on ``lonely``, a job in a queue on the directory's master and
+    one in a queue on another master, which is then killed: (healthy queue, lost queue)."""
+    lonely.wait_healthy()
+    seed = cluster_client(lonely.url)
+    seed.flushall()
+    prefix = settings.DELAYJOBS.get("PREFIX", "delayjobs")
+    directory = seed.get_node_from_key(f"{{{prefix}}}:queues").name
+
+    def master(queue: str) -> str:
+        return str(seed.get_node_from_key(f"{{{prefix}:{queue}}}:pending").name)
+
+    names = [f"q{n}" for n in range(100)]
+    healthy = next(q for q in names if master(q) == directory)
+    lost = next(q for q in names if master(q) != directory)
+    victim = next(n for n in lonely.nodes if n.address == master(lost))
+    close_client(seed)
+    dj = {**settings.DELAYJOBS, "REDIS_URL": lonely.url, "REDIS_CLUSTER": True}
+    try:
+        with override_settings(DELAYJOBS=dj):
+            engine = get_engine()
+            engine.add(healthy, {"a": 0})
+            engine.add(lost, {"b": 0})
+            lonely.kill(victim)
+            yield healthy, lost
+    finally:
+        lonely.restart(victim)
+
+
+def test_the_queue_page_shows_the_queues_of_the_masters_that_answer(one_master_down):
+    """With one master of a Cluster down, the queue page showed no queue at all, only
+    "Redis is unavailable": the queues of the healthy masters are shown, and each queue
+    that cannot be read is named with its error."""
+    healthy, lost = one_master_down
+    states, errors = queues.readable_queue_states()
+    assert [s.name for s in states if s.name in (healthy, lost)] == [healthy]
+    assert lost in errors and "unreachable" in errors[lost]
+
+
+def test_a_scrape_shows_the_queues_of_the_masters_that_answer(one_master_down, caplog):
+    """A scrape with one master down answered 503, so every queue's series were gone; it
+    has those of the healthy masters, and says which queues it could not read."""
+    healthy, lost = one_master_down
+    unreadable: dict[str, str] = {}
+    readings = snapshot.read(get_engine(), unreadable)
+    assert [r.name for r in readings if r.name in (healthy, lost)] == [healthy]
+    assert lost in unreadable and "unreachable" in unreadable[lost]
+    with override_settings(DELAYJOBS={**settings.DELAYJOBS, "METRICS_TOKEN": TOKEN}):
+        response = get(Client(), TOKEN)
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert f'delayjobs_queue_jobs{{queue="{healthy}",state="ready"}} 1.0' in text
+    assert f'delayjobs_queue_readable{{queue="{healthy}"}} 1.0' in text
+    assert f'delayjobs_queue_readable{{queue="{lost}"}} 0.0' in text
+    assert f'queue="{lost}",' not in text
+    assert f"queue {lost!r} could not be read" in caplog.text
