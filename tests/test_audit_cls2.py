@@ -6,6 +6,7 @@ Every test here needs a Redis Cluster (``pytest -m cluster``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,7 +16,7 @@ from django.test import Client, override_settings
 from django_delayjobs import queues
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded_cluster import EmbeddedCluster
-from django_delayjobs.engine import close_client
+from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from django_delayjobs.metrics import snapshot
 from tests.conftest import cluster_client
 from tests.test_metrics import TOKEN, get
@@ -87,3 +88,32 @@ def test_a_scrape_shows_the_queues_of_the_masters_that_answer(one_master_down, c
     assert f'delayjobs_queue_readable{{queue="{lost}"}} 0.0' in text
     assert f'queue="{lost}",' not in text
     assert f"queue {lost!r} could not be read" in caplog.text
+
+
+def test_a_polling_wait_waits_on_the_masters_that_answer(lonely):
+    """A client whose socket timeout is too short for BLPOP polls the token lists, one
+    pipeline of LPOPs over every master. With one master down the whole pipeline failed,
+    so every wait raised at once (the worker slept its backoff, up to 5 s, with a job ready
+    on a healthy master), where the doorbells wait on the lists of the masters that
+    answer. It polls those, and fails only when none answers."""
+    lonely.wait_healthy()
+    client = cluster_client(lonely.url, socket_timeout=0.05, socket_connect_timeout=0.05)
+    client.flushall()
+    engine = Engine(client, prefix="t", shards={"q": 6})
+    shards = engine.shards("q")
+    directory = engine.node_of("q")
+    victim = next(n for n in lonely.nodes if n.address != directory
+                  and n.address in {engine.node_of(s) for s in shards})  # fmt: skip
+    healthy = [s for s in shards if engine.node_of(s) != victim.address]
+    try:
+        lonely.kill(victim)
+        started = time.monotonic()
+        assert engine.wait_for_work(["q"], 0.3) is False
+        assert time.monotonic() - started >= 0.25
+        engine.add(healthy[0], {"a": 0})  # ready now: a notify token on a healthy master
+        assert engine.wait_for_work(["q"], 1.0) is True
+        with pytest.raises(EngineUnavailable):  # none of its masters answers
+            engine.wait_for_work([s for s in shards if s not in healthy], 0.3)
+    finally:
+        engine.close()
+        lonely.restart(victim)
