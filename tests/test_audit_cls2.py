@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -117,3 +118,63 @@ def test_a_polling_wait_waits_on_the_masters_that_answer(lonely):
     finally:
         engine.close()
         lonely.restart(victim)
+
+
+def _start_move(nodes: dict[str, Any], slot: int, source: str, target: str) -> None:
+    """Mark ``slot`` as moving from the master ``source`` to ``target`` (their clients in
+    ``nodes`` by address); no key moves yet."""
+    ids = {a: str(c.execute_command("CLUSTER MYID"), "utf-8") for a, c in nodes.items()}
+    nodes[target].execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[source])
+    nodes[source].execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[target])
+
+
+def _migrate(nodes: dict[str, Any], slot: int, source: str, target: str, *keys: str) -> None:
+    """MIGRATE ``keys`` of ``slot`` (every key left in it if none is named) to ``target``."""
+    host, port = target.split(":")
+    found = keys or nodes[source].execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+    if found:
+        nodes[source].execute_command("MIGRATE", host, port, "", 0, 5000, "KEYS", *found)
+
+
+def _finish_move(nodes: dict[str, Any], slot: int, source: str, target: str) -> None:
+    _migrate(nodes, slot, source, target)
+    owner = str(nodes[target].execute_command("CLUSTER MYID"), "utf-8")
+    for node in nodes.values():
+        node.execute_command("CLUSTER SETSLOT", slot, "NODE", owner)
+
+
+def test_a_queue_whose_slot_is_migrating_fails_visibly_and_loses_no_id(lonely):
+    """While a queue's slot migrates, Redis refuses a multi-key command one of whose keys
+    is missing (TRYAGAIN), and a queue's scripts always name some that are (an empty
+    unack or garbage): redis-py retries for about 0.1 s, then every move raises
+    ``EngineUnavailable``, having changed nothing. Once the slot has moved, every id is
+    where it was, on the new master."""
+    lonely.wait_healthy()
+    client = cluster_client(lonely.url)
+    client.flushall()
+    engine = Engine(client, prefix="t")
+    keys = engine.keys("q")
+    slot = client.keyslot(keys.pending)
+    source = engine.node_of("q")
+    target = next(n.address for n in lonely.nodes if n.address != source)
+    nodes = {n.address: n.client() for n in lonely.nodes if n.address in (source, target)}
+    try:
+        now = engine.server_time_ms()
+        engine.add("q", {"later": now + 600_000, "now": 0})
+        _start_move(nodes, slot, source, target)
+        _migrate(nodes, slot, source, target, keys.ready)
+        moves = [lambda: engine.claim("q", 1, 60_000), lambda: engine.add("q", {"x": 0}),
+                 lambda: engine.promote("q"), lambda: engine.remove("q", ["later"])]  # fmt: skip
+        for move in moves:
+            with pytest.raises(EngineUnavailable):
+                move()
+        _finish_move(nodes, slot, source, target)
+        assert [job for job, _ in engine.next_due("q")] == ["later"]
+        assert engine.claim("q", 10, 60_000) == ["now"]
+    finally:
+        engine.close()
+        _finish_move(nodes, slot, source, target)  # then back: the cluster as it was
+        _start_move(nodes, slot, target, source)
+        _finish_move(nodes, slot, target, source)
+        for node in nodes.values():
+            node.close()
