@@ -15,7 +15,7 @@ from typing import Any
 
 from .conf import delayjobs_settings
 from .connection import get_engine
-from .engine import Engine, QueueStats, WrongType, is_valid_name
+from .engine import Engine, EngineUnavailable, QueueStats, WrongType, is_valid_name
 from .models import ACTIVE, Job, Status
 from .rows import tolerant
 
@@ -162,15 +162,20 @@ def all_queue_states(*, next_due: int = 10) -> list[QueueState]:
 
 def readable_queue_states(*, next_due: int = 10) -> tuple[list[QueueState], dict[str, str]]:
     """Return the state of every queue that can be read, and queue -> why for the queues
-    that cannot: one with a key of the wrong type (another program's) hides no other.
-    Raises ``EngineUnavailable`` if Redis is down."""
+    that cannot: one with a key of the wrong type (another program's), or on a Cluster
+    master that does not answer, hides no other. Raises ``EngineUnavailable`` if Redis is
+    down (no queue could be read, and not for a wrong type)."""
     engine = get_engine()
     states, errors = [], {}
+    down: EngineUnavailable | None = None
     for name in queue_names(engine):
         try:
             states.append(queue_state(name, next_due=next_due, engine=engine))
-        except WrongType as exc:
+        except EngineUnavailable as exc:
             errors[name] = str(exc)
+            down = down or (None if isinstance(exc, WrongType) else exc)
+    if down is not None and not states:
+        raise down
     return states, errors
 
 

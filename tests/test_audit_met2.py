@@ -239,7 +239,7 @@ def test_one_queues_ready_list_of_the_wrong_type_leaves_only_that_queue_out(toke
     its stats fail. But the stats count ready jobs by the ready *set*: with its ready
     *list* overwritten while jobs were ready, the read of its oldest ready job raised
     WrongType, and every scrape answered 503 for the whole deployment. Only that queue is
-    left out now."""
+    left out now (only ``delayjobs_queue_readable`` says it could not be read)."""
     engine = get_engine()
     schedule(tasks.record, in_=0, args=["ready"], queue="orders")
     schedule(tasks.record, in_=0, args=["ready"])
@@ -247,7 +247,8 @@ def test_one_queues_ready_list_of_the_wrong_type_leaves_only_that_queue_out(toke
     assert engine.stats("orders").ready == 1
     assert gauge("delayjobs_queue_jobs") >= 0  # the default queue's series are there
     response = get(Client(), TOKEN)
-    assert b'queue="orders"' not in response.content
+    assert b'queue="orders",' not in response.content
+    assert b'delayjobs_queue_readable{queue="orders"} 0.0' in response.content
 
 
 def test_a_health_check_of_many_queues_waits_for_a_database_that_hangs_once(monkeypatch):

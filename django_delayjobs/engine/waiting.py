@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from redis.exceptions import MovedError
+from redis.exceptions import MovedError, RedisError, ResponseError
 
 from .validation import brief, finite
 
@@ -119,7 +119,7 @@ def waiter(client: Any, cluster: bool) -> Waiter:
     client whose socket timeout is too short for any ``BLPOP`` (see ``HZ_SLACK``), polls."""
     timeout = socket_timeout(client)
     if timeout is not None and timeout - (longest_block(client) or 0.0) < HZ_SLACK:
-        return Polling(client)
+        return Polling(client, cluster)
     return Doorbells(client) if cluster else BlockingWait(client)
 
 
@@ -143,30 +143,57 @@ class Polling:
     """A client whose socket timeout is too short for any ``BLPOP``, on one Redis or on a
     Cluster (a pipeline of one ``LPOP`` per key: one round trip per master)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, cluster: bool = False) -> None:
         self.client = client
+        self.cluster = cluster
 
     def wait(self, keys: Sequence[str], seconds: float) -> bool:
         """Take a token from any of ``keys`` within ``seconds``, looking every
         ``POLL_EVERY``; at least one look, and one ``POLL_EVERY`` asleep when there is no
         token (so a caller's loop never spins). A token of each list is taken at once (one
         round trip): one that was meant for another waiter costs it one ``POLL_EVERY``, or
-        one of its own waits."""
+        one of its own waits. On a Cluster, the lists of a master that does not answer are
+        left out of this wait, as a doorbell's: it fails only when none is left."""
         deadline = time.monotonic() + max(seconds, POLL_EVERY)
+        left_keys, failure = list(dict.fromkeys(keys)), None
         while True:
-            pipe = self.client.pipeline(transaction=False)
-            for key in dict.fromkeys(keys):
-                pipe.lpop(key)
-            replies = pipe.execute(raise_on_error=False)
+            replies = self._look(left_keys)
             if any(reply is not None and not isinstance(reply, Exception) for reply in replies):
                 return True  # a token taken is used, whatever another list's error
             for reply in replies:
-                if isinstance(reply, Exception):  # as BLPOP's: a WRONGTYPE is named as such
+                if isinstance(reply, ResponseError):  # as BLPOP's: a WRONGTYPE is named
                     raise reply
+            failed = {key: r for key, r in zip(left_keys, replies, strict=True)
+                      if isinstance(r, Exception)}  # fmt: skip
+            if failed:
+                failure = failure or next(iter(failed.values()))
+                left_keys = [key for key in left_keys if key not in failed]
+                if not left_keys:
+                    raise failure
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             time.sleep(min(POLL_EVERY, left))
+
+    def _look(self, keys: list[str]) -> list[Any]:
+        """One ``LPOP`` per key, in one pipeline: each reply, or its error. A Cluster's
+        pipeline fails whole when one master does not answer: each key is then popped on
+        its own."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.lpop(key)
+        try:
+            return list(pipe.execute(raise_on_error=False))
+        except RedisError:
+            if not self.cluster or len(keys) < 2:
+                raise
+        replies: list[Any] = []
+        for key in keys:
+            try:
+                replies.append(self.client.lpop(key))
+            except RedisError as exc:
+                replies.append(exc)
+        return replies
 
     def close(self) -> None:
         pass

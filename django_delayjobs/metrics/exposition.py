@@ -14,12 +14,14 @@ id, and an action only when the settings name it):
 - ``delayjobs_action_jobs_total{queue,action,outcome}`` and
   ``delayjobs_action_run_seconds{queue,action}``: the workers' outcomes and run times of
   the actions named in ``METRICS_ACTIONS`` (opt-in, so the labels stay bounded; absent
-  when none is named or none of them ran).
+  when none is named or none of them ran);
+- ``delayjobs_queue_readable{queue}``: gauge, 1 for each queue read, 0 for one that could
+  not be (its master down, or a key of another program's type), which has no other series.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -40,8 +42,9 @@ STATES = {"pending": "pending", "overdue": "overdue", "ready": "ready",
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
-def families(readings: Sequence[QueueReading]) -> list[Metric]:
-    """Every metric family of a snapshot; each queue has every series, zeros included."""
+def families(readings: Sequence[QueueReading], unreadable: Iterable[str] = ()) -> list[Metric]:
+    """Every metric family of a snapshot; each queue read has every series, zeros
+    included, and each one in ``unreadable`` only ``delayjobs_queue_readable``."""
     jobs = CounterMetricFamily(
         "delayjobs_jobs", "Jobs by outcome: scheduled and cancelled as Redis took them; "
         "succeeded, failed (attempts whose action raised), retried, dead and skipped as "
@@ -76,7 +79,15 @@ def families(readings: Sequence[QueueReading]) -> list[Metric]:
         "delayjobs_action_run_seconds", "How long the actions named in METRICS_ACTIONS ran.",
         labels=["queue", "action"],
     )  # fmt: skip
+    readable = GaugeMetricFamily(
+        "delayjobs_queue_readable", "1 if the queue could be read, 0 if not (its Redis "
+        "Cluster master is down, or a key of it holds another program's type).",
+        labels=["queue"],
+    )  # fmt: skip
+    for name in sorted(unreadable):
+        readable.add_metric([name], 0)
     for r in readings:
+        readable.add_metric([r.name], 1)
         for action in r.actions:
             fields = layout.action_fields(r.totals, action)
             if not fields:
@@ -96,7 +107,7 @@ def families(readings: Sequence[QueueReading]) -> list[Metric]:
         for shard in r.stats.shards:
             for state, field in STATES.items():
                 shards.add_metric([r.name, shard.queue, state], getattr(shard, field))
-    found = [jobs, lateness, run, states, overdue, workers]
+    found = [jobs, lateness, run, states, overdue, workers, readable]
     return found + [f for f in (shards, action_jobs, action_run) if f.samples]
 
 
@@ -112,14 +123,14 @@ def _cumulative(histogram: str, totals: dict[str, float]) -> list[tuple[str, flo
 class DeploymentCollector(Collector):
     """Reads a fresh snapshot on every scrape."""
 
-    def __init__(self, read: Callable[[], Sequence[QueueReading]]) -> None:
+    def __init__(self, read: Callable[[], list[Metric]]) -> None:
         self.read = read
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(self.read())
+        yield from self.read()
 
 
-def registry(read: Callable[[], Sequence[QueueReading]]) -> CollectorRegistry:
+def registry(read: Callable[[], list[Metric]]) -> CollectorRegistry:
     """A registry holding only the deployment's metrics (no process or GC metrics: they
     would describe whichever process served the scrape, not the deployment)."""
     reg = CollectorRegistry(auto_describe=False)
@@ -127,6 +138,6 @@ def registry(read: Callable[[], Sequence[QueueReading]]) -> CollectorRegistry:
     return reg
 
 
-def render(readings: Sequence[QueueReading]) -> bytes:
-    """The text exposition of a snapshot."""
-    return generate_latest(registry(lambda: readings))
+def render(readings: Sequence[QueueReading], unreadable: Iterable[str] = ()) -> bytes:
+    """The text exposition of a snapshot (and of the queues that could not be read)."""
+    return generate_latest(registry(lambda: families(readings, unreadable)))

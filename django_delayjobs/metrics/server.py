@@ -143,8 +143,9 @@ def app(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
     elif not access.loopback_host(environ.get("HTTP_HOST")):  # DNS rebinding
         return _plain(start, "403 Forbidden", "without METRICS_TOKEN only a request for "
                       "localhost or a loopback address is answered")  # fmt: skip
+    unreadable: dict[str, str] = {}
     try:
-        body = exposition.render(snapshot.read(get_engine()))
+        body = exposition.render(snapshot.read(get_engine(), unreadable), unreadable)
     except EngineUnavailable as exc:
         logger.warning("metrics: Redis is unavailable (%s)", exc)
         return _plain(start, "503 Service Unavailable", "Redis is unavailable")
@@ -153,6 +154,7 @@ def app(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
         return _plain(start, "503 Service Unavailable", "the database is unavailable")
     finally:
         connections.close_all()  # this thread's; the next scrape runs in a new one
+    snapshot.log_unreadable(logger, unreadable)
     start("200 OK", [("Content-Type", exposition.CONTENT_TYPE), ("Cache-Control", "no-store")])
     return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
 

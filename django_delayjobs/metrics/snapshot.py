@@ -8,6 +8,7 @@ host, whichever process serves it.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 from .. import bounded, timing
 from ..conf import delayjobs_settings
 from ..engine import QueueStats
-from ..engine.errors import WrongType, guarded
+from ..engine.errors import EngineUnavailable, WrongType, guarded
 from ..models import Job
 from . import layout, store
 
@@ -48,24 +49,39 @@ def queue_names(engine: Engine) -> list[str]:
     return sorted(set(engine.known_queues()) | {delayjobs_settings.DEFAULT_QUEUE})
 
 
-def read(engine: Engine) -> list[QueueReading]:
-    """Read every queue but those with a key of the wrong type (another program's: the
-    queue page and ``delayjobs_health`` name an engine key, the worker's log a metrics
-    key). Raises ``EngineUnavailable`` if Redis is down."""
+def read(engine: Engine, unreadable: dict[str, str] | None = None) -> list[QueueReading]:
+    """Read every queue that can be read; each one that cannot goes into ``unreadable``
+    with why: a key of the wrong type (another program's: the queue page and
+    ``delayjobs_health`` name an engine key, the worker's log a metrics key), or, on a
+    Cluster, its master (or one of its shards') that does not answer, which must not hide
+    the queues of the masters that do. Raises ``EngineUnavailable`` if Redis is down (no
+    queue could be read, and not for a wrong type)."""
     names = queue_names(engine)
-    totals = store.totals(engine, names)
+    failed = {} if unreadable is None else unreadable
+    totals = store.totals(engine, names, failed)
     actions = tuple(delayjobs_settings.METRICS_ACTIONS)
     readings = []
+    down: EngineUnavailable | None = None
     for name in names:
         if name not in totals:
             continue
         try:
             stats = engine.stats(name)
             overdue = oldest_overdue(engine, stats)  # reads the ready list, which stats do not
-        except WrongType:
+        except EngineUnavailable as exc:
+            failed[name] = str(exc)
+            down = down or (None if isinstance(exc, WrongType) else exc)
             continue
         readings.append(QueueReading(name, stats, totals[name], overdue, actions))
+    if down is not None and not readings:
+        raise down
     return readings
+
+
+def log_unreadable(logger: logging.Logger, unreadable: dict[str, str]) -> None:
+    """Warn of the queues a scrape could not read (``read``), each with why."""
+    for name, why in sorted(unreadable.items()):
+        logger.warning("metrics: queue %r could not be read (%s)", name, why)
 
 
 def oldest_overdue(engine: Engine, stats: QueueStats) -> float:

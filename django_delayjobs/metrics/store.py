@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ..engine.errors import PerShard, WrongType, guarded
+from ..engine.errors import EngineUnavailable, PerShard, WrongType, guarded
 from ..engine.reader import counter_value
 from . import layout
 
@@ -150,10 +150,31 @@ def _raise(error: Exception) -> None:
     guarded(refuse)
 
 
-def totals(engine: Engine, queues: Sequence[str]) -> dict[str, Fields]:
+def totals(
+    engine: Engine, queues: Sequence[str], unreachable: dict[str, str] | None = None
+) -> dict[str, Fields]:
     """The running totals of each queue, in one round trip; a queue whose totals key has
-    another type (another program's key) is left out, not every queue."""
-    found = _hashes(engine, [totals_key(engine, queue) for queue in queues])
+    another type (another program's key) is left out, not every queue. On a Cluster with
+    a master down, so is each queue on that master (with why in ``unreachable``) as long
+    as another queue's can be read: one round trip per queue, then."""
+    keys = [totals_key(engine, queue) for queue in queues]
+    try:
+        found = _hashes(engine, keys)
+    except EngineUnavailable:
+        if not engine.is_cluster or len(keys) < 2:
+            raise
+        found, each = [], PerShard()
+        for queue, key in zip(queues, keys, strict=True):
+            found.append(None)
+            with each.attempt():
+                try:
+                    found[-1] = _hashes(engine, [key])[0]
+                except EngineUnavailable as exc:
+                    if unreachable is not None:
+                        unreachable[queue] = str(exc)
+                    raise
+        if not each.reached:
+            each.check()  # none answered: raises
     return {queue: fields for queue, fields in zip(queues, found, strict=True)
             if fields is not None}  # fmt: skip
 

@@ -58,8 +58,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
             "metrics need prometheus_client, the extra django-delayjobs[metrics]: "
             "pip install prometheus-client",
         )
+    unreadable: dict[str, str] = {}
     try:
-        readings = snapshot.read(get_engine())
+        readings = snapshot.read(get_engine(), unreadable)
     except ConfigurationError as exc:  # passed manage.py check, yet gives no Redis client
         logger.error("metrics: the DELAYJOBS settings cannot work (%s)", exc)
         return _text(503, "the DELAYJOBS settings cannot work")
@@ -69,4 +70,6 @@ def metrics(request: HttpRequest) -> HttpResponse:
     except DatabaseError as exc:  # the due time of a ready job is its row's
         logger.warning("metrics: the database is unavailable (%s)", exc)
         return _text(503, "the database is unavailable")
-    return HttpResponse(exposition.render(readings), content_type=exposition.CONTENT_TYPE)
+    snapshot.log_unreadable(logger, unreadable)
+    body = exposition.render(readings, unreadable)
+    return HttpResponse(body, content_type=exposition.CONTENT_TYPE)
