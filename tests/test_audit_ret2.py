@@ -16,7 +16,7 @@ from django.utils import timezone
 from django_delayjobs import retention
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, JobEvent, Status
-from tests.test_audit_ret import copies, old_jobs
+from tests.test_audit_ret import clone_rows, copies, old_jobs
 from tests.test_retention import dead_in_garbage
 from tests.testapp.models import Receipt
 
@@ -45,19 +45,7 @@ def test_batches_do_not_read_again_the_jobs_a_model_keeps():
 def recent_jobs(n: int) -> None:
     """``n`` jobs finished a moment ago, as a deployment keeps (made by the database)."""
     [job] = old_jobs(1, timedelta(0))
-    quote, table = connection.ops.quote_name, connection.ops.quote_name(Job._meta.db_table)
-    pk = quote(Job._meta.pk.column)
-    columns = ", ".join(quote(f.column) for f in Job._meta.concrete_fields if not f.primary_key)
-    new_id = (
-        "gen_random_uuid()" if connection.vendor == "postgresql" else "lower(hex(randomblob(16)))"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} ({pk}, {columns}) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL"
-            f" SELECT i + 1 FROM n WHERE i < %s) SELECT {new_id}, {columns} FROM {table}, n"
-            f" WHERE {table}.{pk} = %s",
-            [n - 1, Job._meta.pk.get_db_prep_value(job.pk, connection)],
-        )
+    clone_rows(job, n - 1)
 
 
 def timed_prune(n: int) -> float:
