@@ -59,10 +59,11 @@ class Reconciled(Counter[str]):
 def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled:
     """Re-add waiting jobs due within ``horizon`` (all of them when None); count per queue.
 
-    A ``running`` job Redis holds nowhere (it lost its data while the job ran) is put back
-    in flight with a new lease (``adopt``), not in ready: its worker, if it still runs it,
-    extends that lease, so no second worker runs it meanwhile; if its worker is gone too,
-    the lease ends and the job is delivered again.
+    A ``running`` job Redis holds nowhere (it lost its data while the job ran), or only in
+    garbage (it was restored from a snapshot taken while the job was dead, before a retry),
+    is put back in flight with a new lease (``adopt``), not in ready: its worker, if it
+    still runs it, extends that lease, so no second worker runs it meanwhile; if its worker
+    is gone too, the lease ends and the job is delivered again.
     A job created less than ``FRESH`` ago is re-added if Redis lacks it, but not counted.
     A job Redis holds pending is moved only to an earlier due time: the one read here may
     be older than one a ``reschedule`` committed since has given Redis (a job handed over
@@ -231,22 +232,31 @@ def _add(
 
 
 def _adopt(engine: Engine, queue: str, ids: list[str], each: PerShard) -> int:
-    """Put the running ``ids`` that Redis holds nowhere back in flight; return how many.
-    A job that finished since its row was read leaves flight again at once."""
+    """Put the running ``ids`` that Redis holds nowhere, or only in garbage, back in
+    flight; return how many. A job that finished since its row was read leaves flight
+    again at once: to garbage if it died (its worker may have buried the id just before
+    the adopt took it out), else nowhere."""
     lease_ms = delayjobs_settings.LEASE_SECONDS * 1000
     adopted = each.run(partial(engine.adopt, queue, ids, lease_ms), list[str]())
     if not adopted:
         return 0
-    active = set(_active(adopted))
-    finished = [id_ for id_ in adopted if id_ not in active]
-    if finished:
-        each.run(partial(engine.ack, queue, finished), 0)
+    statuses = _statuses(adopted)
+    finished = [id_ for id_ in adopted if statuses.get(id_) not in ACTIVE]
+    dead = [id_ for id_ in finished if statuses.get(id_) == Status.DEAD]
+    if dead:
+        each.run(partial(engine.bury, queue, dead), 0)
+    if len(dead) < len(finished):
+        each.run(partial(engine.ack, queue, [i for i in finished if i not in dead]), 0)
     return len(adopted) - len(finished)
 
 
+def _statuses(ids: list[str]) -> dict[str, str]:
+    return {str(pk): status for pk, status in Job.objects.filter(pk__in=ids)
+            .values_list("pk", "status")}  # fmt: skip
+
+
 def _active(ids: list[str]) -> list[str]:
-    return [str(pk) for pk in Job.objects.filter(pk__in=ids, status__in=ACTIVE)
-            .values_list("pk", flat=True)]  # fmt: skip
+    return [id_ for id_, status in _statuses(ids).items() if status in ACTIVE]
 
 
 def _still_active(queue: str, engine: Engine, added: list[str], each: PerShard) -> list[str]:

@@ -688,17 +688,22 @@ def test_extend_lease_rescues_an_expired_lease_not_yet_recovered(engine, redis_c
     assert list(state(redis_client, engine)["unack"]) == ["a"]
 
 
-def test_adopt_puts_only_ids_held_nowhere_in_flight_with_a_lease(populated, redis_client):
-    """Reconcile's move for running jobs Redis lost: pending, ready, in flight and garbage
-    ids are left as they are; a new one goes in flight, and its lease ends like a claim's."""
+def test_adopt_puts_only_ids_held_nowhere_or_in_garbage_in_flight_with_a_lease(
+    populated, redis_client
+):
+    """Reconcile's move for running jobs Redis lost: pending, ready and in flight ids are
+    left as they are; a new one goes in flight, and its lease ends like a claim's; one in
+    garbage (a stale copy: its row says it runs) is moved in flight."""
     before_s = state(redis_client, populated)
     before = populated.server_time_ms()
-    assert populated.adopt(Q, ["p", "r", "u", "g", "new", "new"], 60_000) == ["new"]
+    assert populated.adopt(Q, ["p", "r", "u", "g", "new", "new"], 60_000) == ["g", "new"]
     after = populated.server_time_ms()
     s = state(redis_client, populated)
-    assert before + 60_000 - 1 <= s["unack"]["new"] <= after + 60_000
-    assert {k: v for k, v in s["unack"].items() if k != "new"} == before_s["unack"]
-    for place in ("pending", "ready", "garbage"):
+    for id_ in ("g", "new"):
+        assert before + 60_000 - 1 <= s["unack"][id_] <= after + 60_000
+    assert {k: v for k, v in s["unack"].items() if k not in ("g", "new")} == before_s["unack"]
+    assert "g" not in s["garbage"] and before_s["garbage"].keys() - {"g"} == s["garbage"].keys()
+    for place in ("pending", "ready"):
         assert s[place] == before_s[place]
     assert populated.adopt(Q, ["x"], 0) == ["x"]  # a lease already over
     assert "x" in populated.recover_expired(Q)

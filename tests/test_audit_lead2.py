@@ -1,0 +1,47 @@
+"""A Redis restored from an older snapshot: a running job whose id it holds in garbage."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from django_delayjobs.connection import get_engine
+from django_delayjobs.engine import Engine
+from django_delayjobs.models import Job, Status
+from django_delayjobs.reconcile import reconcile
+from tests.helpers import wait_for
+from tests.test_audit_rec import running_long
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_running_job_redis_holds_only_in_garbage_is_put_back_in_flight(settings):
+    """Redis restored from a snapshot taken while the job was dead; it was retried and
+    claimed since. Reconcile left it alone (the id was "held", in garbage): the row said
+    running forever, and no worker would ever deliver it again once its own was gone."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1}
+    engine = get_engine()
+    job = running_long(engine)
+    assert engine.bury("default", [str(job.pk)]) == 1  # the snapshot's copy: in garbage
+    assert reconcile(engine, horizon=timedelta(minutes=5)) == {"default": 1}
+    stats = engine.stats("default")
+    assert (stats.in_flight, stats.garbage) == (1, 0)
+    assert wait_for(lambda: engine.recover_expired("default")) == [str(job.pk)]
+
+
+def test_a_running_job_that_dies_as_reconcile_adopts_it_stays_in_garbage():
+    """The row was read running; its worker then settled it dead and buried its id. The
+    id taken from garbage into flight goes back to garbage, not nowhere."""
+    engine = get_engine()
+    job = running_long(engine)
+
+    class DiedFirst(Engine):
+        def adopt(self, queue, ids, lease_ms):  # type: ignore[no-untyped-def]
+            Job.objects.filter(pk=job.pk).update(status=Status.DEAD)
+            assert self.bury(queue, [str(job.pk)]) == 1
+            return super().adopt(queue, ids, lease_ms)
+
+    assert sum(reconcile(DiedFirst(engine.client, prefix=engine.prefix)).values()) == 0
+    stats = engine.stats("default")
+    assert (stats.in_flight, stats.garbage) == (0, 1)
