@@ -48,12 +48,14 @@ FRESH = timedelta(seconds=10)
 class Reconciled(Counter[str]):
     """Jobs re-added per queue; ``unusable``: rows whose due time cannot be used (poison
     rows: id -> why), handed to a worker due now; ``skipped``: rows no worker can claim,
-    whose id is not a job id or whose queue cannot name Redis keys."""
+    whose id is not a job id or whose queue cannot name Redis keys; ``cleared`` (a full
+    pass only): ids taken out of a queue's garbage whose job is not dead."""
 
     def __init__(self) -> None:
         super().__init__()
         self.unusable: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
+        self.cleared: Counter[str] = Counter()
 
 
 def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled:
@@ -81,6 +83,10 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     text, which cannot fail, and converted here, row by row. A row Redis cannot hold at
     all (its id is not a job id, its queue cannot name keys) is left out, counted in
     ``skipped`` and named in one log line.
+
+    A full pass (``horizon`` None) also reads every queue's garbage: an id whose job
+    finished other than dead, or whose row is gone, is taken out of it (a Redis restored
+    from an older snapshot holds the dead of then, and the admin would show them dead).
 
     After a queue's shard count changed (``QUEUE_SHARDS``), a job still waiting in a shard
     of the old count is moved to its shard under the new one: taken out of the old shard,
@@ -160,12 +166,41 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
                 repair(queue, batch.pop(queue))
     for queue, items in batch.items():
         repair(queue, items)
+    if horizon is None and None not in down:
+        for queue in each.run(engine.known_queues, list[str]()):
+            if queue not in down:
+                with each.attempt():
+                    result.cleared[queue] = _clear_garbage(engine, queue)
     _report(result, moved)
     each.check(result)
     return result
 
 
+def _clear_garbage(engine: Engine, queue: str) -> int:
+    """Take the ids of jobs that are not dead (finished otherwise, or deleted) out of
+    ``queue``'s garbage; return how many. A waiting or running job's id is left to the
+    repair above (``requeue``, ``adopt``), an id that is not a job id to whoever wrote it."""
+    cleared = 0
+    for chunk in engine.garbage_ids(queue, CHUNK):
+        ids = [id_ for id_ in chunk if _is_job_id(id_)]
+        statuses = _statuses(ids)
+        stale = [id_ for id_ in ids if statuses.get(id_) not in (Status.DEAD, *ACTIVE)]
+        if stale:
+            cleared += engine.purge(queue, stale)
+    return cleared
+
+
+def _is_job_id(text: str) -> bool:
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
+
+
 def _report(result: Reconciled, moved: Counter[str]) -> None:
+    if sum(result.cleared.values()):
+        logger.warning("reconcile took %s id(s) out of Redis garbage whose job is not dead: "
+                       "%s", sum(result.cleared.values()), dict(+result.cleared))  # fmt: skip
     if sum(moved.values()):  # a Counter holding zeros is truthy
         logger.info("reconcile moved %s waiting job(s) to their shard under QUEUE_SHARDS: %s",
                     sum(moved.values()), dict(moved))  # fmt: skip

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import io
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 
 from django_delayjobs.connection import get_engine
 from django_delayjobs.engine import Engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
+from django_delayjobs.services import schedule
 from tests.helpers import wait_for
 from tests.test_audit_rec import running_long
+from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,3 +49,26 @@ def test_a_running_job_that_dies_as_reconcile_adopts_it_stays_in_garbage():
     assert sum(reconcile(DiedFirst(engine.client, prefix=engine.prefix)).values()) == 0
     stats = engine.stats("default")
     assert (stats.in_flight, stats.garbage) == (0, 1)
+
+
+
+def test_a_full_pass_takes_out_of_garbage_the_ids_of_jobs_that_are_not_dead():
+    """A Redis restored from an older snapshot holds the dead of then in garbage: jobs
+    retried and finished since, or deleted since. The admin showed them dead forever."""
+    engine = get_engine()
+    jobs = {name: schedule(tasks.record, in_=0, args=[name]) for name in
+            ("succeeded", "cancelled", "skipped", "gone", "dead", "retrying")}  # fmt: skip
+    ids = {name: str(job.pk) for name, job in jobs.items()}
+    assert sorted(engine.claim("default", 10, 60_000)) == sorted(ids.values())
+    assert engine.bury("default", list(ids.values())) == 6
+    for name in ("succeeded", "cancelled", "skipped", "dead", "retrying"):
+        Job.objects.filter(pk=ids[name]).update(status=name)
+    Job.objects.filter(pk=ids["gone"]).delete()
+
+    assert reconcile(engine, horizon=timedelta(minutes=5)).cleared == {}
+    assert engine.stats("default").garbage == 5  # the retrying one was requeued
+    out = io.StringIO()
+    call_command("delayjobs_reconcile", stdout=out)
+    assert "default: took 4 id(s) out of garbage whose job is not dead" in out.getvalue()
+    assert [id_ for id_, _ in engine.garbage("default")] == [ids["dead"]]
+    assert reconcile(engine, horizon=None).cleared == {"default": 0}

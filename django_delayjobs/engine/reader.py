@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -274,6 +274,19 @@ class Reader:
             rows = cast(Rows, self._call(partial(self.client.zrevrange, key, 0, last, True)))
             found += [(_text(id_), _score_ms(score)) for id_, score in rows]
         return sorted(found, key=lambda row: -row[1])[: last + 1]
+
+    def garbage_ids(self, queue: str, count: int = 1000) -> Iterator[list[str]]:
+        """Yield the buried ids of every shard of ``queue`` (listed ones of older counts
+        too), a chunk of about ``count`` at a time. Read with ZSCAN: an id buried or taken
+        out meanwhile may be missed, none held throughout is."""
+        for shard in self._router.targets(queue):
+            key, cursor = self._keys(shard).garbage, 0
+            while True:
+                cursor, rows = self._call(partial(self.client.zscan, key, cursor, None, count))
+                if rows:
+                    yield [_text(id_) for id_, _score in rows]
+                if not cursor:
+                    break
 
     def workers(self, queue: str) -> list[dict[str, Any]]:
         """Return the live workers of a queue: their description and heartbeat expiry."""

@@ -36,6 +36,8 @@ class Command(SafeOutputCommand):
         for queue, count in sorted(repaired.items()):
             self.stdout.write(f"{queue}: re-added {count} job(s)")
         self.stdout.write(f"repaired {sum(repaired.values())} job(s)")
+        for queue, count in sorted((+repaired.cleared).items()):
+            self.stdout.write(f"{queue}: took {count} id(s) out of garbage whose job is not dead")
         for pk, why in repaired.unusable.items():
             self.stdout.write(f"{pk}: due time unusable ({why}); handed to a worker due now")
         for pk, why in repaired.skipped.items():
