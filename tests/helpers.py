@@ -57,12 +57,18 @@ def worker_env(redis_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
+_TEST_PROCESS = os.getpid()
+
+
 def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it if the test process dies first."""
+    """Runs in the child before exec: SIGKILL it if the test process dies first (and
+    exit at once if it died between the fork and the prctl, which then sends nothing)."""
     import ctypes
     import signal
 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != _TEST_PROCESS:
+        os._exit(1)
 
 
 def start_worker(redis_url: str, *args: str, env: dict[str, str] | None = None,
