@@ -104,6 +104,9 @@ def test_the_page_and_a_scrape_show_the_queues_that_answer_while_the_directory_i
             for queue in (configured, seen):
                 assert f'<tr data-queue="{queue}">' in html
             assert f'data-queue-error="{on_directory}"' in html
+            api = admin_client.get("/api/delayjobs/queues/").json()
+            assert "directory of queues" in api["unlisted"]
+            assert {q["queue"] for q in api["queues"]} == {configured, seen}
 
             text = scrape()
             for queue in (configured, seen):
@@ -155,6 +158,10 @@ def test_a_queue_with_a_dead_shard_shows_the_counts_of_the_shards_that_answer(
             assert f'<tr data-queue="{queue}">' in html
             assert f'data-queue-partial="{queue}"' in html
             assert all(shard in html for shard in lost)
+            [api] = [q for q in admin_client.get("/api/delayjobs/queues/").json()["queues"]
+                     if q["queue"] == queue]  # fmt: skip
+            assert api["pending"] == 6 - len(lost) and "unreachable" in api["incomplete"]
+            assert sorted(api["missing_shards"]) == sorted(lost)
 
             text = scrape()
             pending = 6 - len(lost)
