@@ -16,6 +16,7 @@ from typing import Any
 from .conf import delayjobs_settings
 from .connection import get_engine
 from .engine import Engine, EngineUnavailable, QueueStats, WrongType, is_valid_name
+from .engine.errors import PartlyUnavailable, PerShard, unreachable
 from .models import ACTIVE, Job, Status
 from .rows import tolerant
 
@@ -73,6 +74,10 @@ class QueueState:
     workers: list[dict[str, Any]] = field(default_factory=list)
     #: Per shard; the totals above sum them.
     shards: list[ShardState] = field(default_factory=list)
+    #: Why part of the queue could not be read ("" when all of it was): the shards in
+    #: ``missing`` (their masters down) are left out of the counts and lists above.
+    partial: str = ""
+    missing: list[str] = field(default_factory=list)
 
     @property
     def next_due_at(self) -> datetime.datetime | None:
@@ -105,33 +110,62 @@ class QueueState:
                 {**w, "expires_at": ms_datetime(w.get("expires_ms"))} for w in self.workers
             ],
             "shards": [shard.as_dict() for shard in self.shards],
+            "incomplete": self.partial or None,
+            "missing_shards": self.missing,
         }
 
 
-def queue_names(engine: Engine | None = None) -> list[str]:
+def listed_queues(engine: Engine) -> tuple[set[str], str]:
+    """The queues Redis lists, the default queue and those ``QUEUE_SHARDS`` names; and ""
+    or, when the directory of queues cannot be read but Redis answers (on a Cluster, the
+    directory's master is down; or another program's key took its name), why: the queues
+    are then those it listed when this process last read it, so a queue that only Redis
+    knows of may be missing, and the caller says so."""
+    configured = {delayjobs_settings.DEFAULT_QUEUE, *delayjobs_settings.QUEUE_SHARDS}
+    try:
+        return set(engine.known_queues()) | configured, ""
+    except EngineUnavailable as exc:
+        if unreachable(exc) and not engine.is_cluster:
+            raise  # one Redis: every queue's master is down too
+        listed = set(engine.known_queues(fresh=False)) | configured
+        return listed, f"the directory of queues cannot be read, so a queue may be missing: {exc}"
+
+
+def queue_names(engine: Engine | None = None) -> tuple[list[str], str]:
     """Every queue Redis knows of, plus those of active jobs and the default queue; not a
-    name no Redis key can carry (a row written by hand: reconcile names it)."""
+    name no Redis key can carry (a row written by hand: reconcile names it). And why some
+    may be missing, or "" (see ``listed_queues``)."""
     engine = engine or get_engine()
-    names = set(engine.known_queues()) | {delayjobs_settings.DEFAULT_QUEUE}
+    names, unlisted = listed_queues(engine)
     # order_by(): with Meta.ordering's run_at, DISTINCT would be over (queue, run_at) and
     # return a row per active job.
     active = Job.objects.filter(status__in=ACTIVE).order_by().values_list("queue", flat=True)
     names |= set(active.distinct())
-    return sorted(name for name in names if is_valid_name(name))
+    return sorted(name for name in names if is_valid_name(name)), unlisted
 
 
 def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) -> QueueState:
-    """Return the state of one queue. Raises ``EngineUnavailable`` if Redis is down."""
+    """Return the state of one queue; of the shards that answer if some do not (their
+    masters down: ``partial`` says why). Raises ``EngineUnavailable`` if none answers."""
     engine = engine or get_engine()
-    stats = engine.stats(name)  # first: its script names a key of the wrong type
-    upcoming = engine.next_due(name, next_due)
+    each = PerShard()
+    stats: QueueStats | None = each.run(lambda: engine.stats(name), None)  # names a WRONGTYPE
+    if stats is None:
+        each.check()  # raises: no shard answered
+    assert stats is not None
+    nothing: list[Any] = []
+    upcoming = each.run(lambda: engine.next_due(name, next_due), nothing)
+    workers = each.run(lambda: engine.workers(name), nothing)
+    answered = {s.queue for s in stats.shards or [stats]}
     return QueueState(
         name=name,
         stats=stats,
         retrying=Job.objects.filter(queue=name, status=Status.RETRYING).count(),
         next_due=_with_rows(upcoming),
-        workers=[_worker(info) for info in engine.workers(name)],
+        workers=[_worker(info) for info in workers],
         shards=[ShardState(s.queue, engine.node_of(s.queue), s) for s in stats.shards or [stats]],
+        partial=str(each.failure or ""),
+        missing=[s for s in engine.shards(name) if each.failure and s not in answered],
     )
 
 
@@ -157,18 +191,21 @@ def _worker(info: dict[str, Any]) -> dict[str, Any]:
 def all_queue_states(*, next_due: int = 10) -> list[QueueState]:
     """Return the state of every queue (see ``queue_names``)."""
     engine = get_engine()
-    return [queue_state(name, next_due=next_due, engine=engine) for name in queue_names(engine)]
+    names, _ = queue_names(engine)
+    return [queue_state(name, next_due=next_due, engine=engine) for name in names]
 
 
-def readable_queue_states(*, next_due: int = 10) -> tuple[list[QueueState], dict[str, str]]:
-    """Return the state of every queue that can be read, and queue -> why for the queues
-    that cannot: one with a key of the wrong type (another program's), or on a Cluster
-    master that does not answer, hides no other. Raises ``EngineUnavailable`` if Redis is
-    down (no queue could be read, and not for a wrong type)."""
+def readable_queue_states(*, next_due: int = 10) -> tuple[list[QueueState], dict[str, str], str]:
+    """Return the state of every queue that can be read (in part: ``partial``), queue ->
+    why for the queues that cannot: one with a key of the wrong type (another program's),
+    or on a Cluster master that does not answer, hides no other; and why a queue may be
+    missing, or "" (see ``listed_queues``). Raises ``EngineUnavailable`` if Redis is down
+    (no queue could be read, and not for a wrong type)."""
     engine = get_engine()
     states, errors = [], {}
     down: EngineUnavailable | None = None
-    for name in queue_names(engine):
+    names, unlisted = queue_names(engine)
+    for name in names:
         try:
             states.append(queue_state(name, next_due=next_due, engine=engine))
         except EngineUnavailable as exc:
@@ -176,12 +213,17 @@ def readable_queue_states(*, next_due: int = 10) -> tuple[list[QueueState], dict
             down = down or (None if isinstance(exc, WrongType) else exc)
     if down is not None and not states:
         raise down
-    return states, errors
+    return states, errors, unlisted
 
 
 def garbage(name: str, limit: int = 100) -> list[tuple[Job | None, str, datetime.datetime | None]]:
-    """Return the most recently buried jobs of a queue: (row or None, id, time of death)."""
-    return _with_rows(get_engine().garbage(name, limit))
+    """Return the most recently buried jobs of a queue: (row or None, id, time of death);
+    of the shards that answer, if some do not."""
+    try:
+        entries = get_engine().garbage(name, limit)
+    except PartlyUnavailable as exc:  # its state says so (``partial``)
+        entries = exc.done
+    return _with_rows(entries)
 
 
 def _with_rows(

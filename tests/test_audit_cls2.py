@@ -67,7 +67,7 @@ def test_the_queue_page_shows_the_queues_of_the_masters_that_answer(one_master_d
     "Redis is unavailable": the queues of the healthy masters are shown, and each queue
     that cannot be read is named with its error."""
     healthy, lost = one_master_down
-    states, errors = queues.readable_queue_states()
+    states, errors, _ = queues.readable_queue_states()
     assert [s.name for s in states if s.name in (healthy, lost)] == [healthy]
     assert lost in errors and "unreachable" in errors[lost]
 

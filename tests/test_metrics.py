@@ -373,7 +373,7 @@ def test_the_token_gets_every_series_of_every_queue(with_token):
     assert set(families) == {
         "delayjobs_jobs", "delayjobs_lateness_seconds", "delayjobs_run_seconds",
         "delayjobs_queue_jobs", "delayjobs_oldest_overdue_seconds", "delayjobs_workers",
-        "delayjobs_queue_readable",
+        "delayjobs_queue_readable", "delayjobs_directory_readable",
     }  # fmt: skip
     assert families["delayjobs_jobs"].type == "counter"
     assert families["delayjobs_lateness_seconds"].type == "histogram"

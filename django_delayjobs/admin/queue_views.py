@@ -187,11 +187,12 @@ def _workers(state: queues.QueueState, now: datetime.datetime) -> list[Worker]:
     return workers
 
 
-def _sections(admin: JobAdmin, now: datetime.datetime) -> tuple[list[Section], dict[str, str]]:
-    """The sections of the queues that can be read, and queue -> why for the others."""
+def _sections(admin: JobAdmin, now: datetime.datetime) -> tuple[list[Section], dict[str, str], str]:
+    """The sections of the queues that can be read, queue -> why for the others, and why
+    a queue may be missing (or "")."""
     changelist = reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist")
     sections = []
-    states, errors = queues.readable_queue_states(next_due=NEXT_DUE_SHOWN)
+    states, errors, unlisted = queues.readable_queue_states(next_due=NEXT_DUE_SHOWN)
     for state in states:
         sections.append(
             Section(
@@ -204,7 +205,7 @@ def _sections(admin: JobAdmin, now: datetime.datetime) -> tuple[list[Section], d
                 oldest_lease=display.relative(state.oldest_lease_at, now),
             )
         )
-    return sections, errors
+    return sections, errors, unlisted
 
 
 def _permissions(admin: JobAdmin, request: HttpRequest) -> dict[str, bool]:
@@ -221,11 +222,14 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     sections: list[Section] = []
     queue_errors: dict[str, str] = {}
-    redis_error = settings_error = ""
+    redis_error = settings_error = unlisted = charts_error = ""
     graphs: charts.Charts | None = None
     try:
-        sections, queue_errors = _sections(admin, now)
-        graphs = charts.build(request.GET.get("charts"))
+        sections, queue_errors, unlisted = _sections(admin, now)
+        try:
+            graphs = charts.build(request.GET.get("charts"))
+        except EngineUnavailable as exc:  # a master down: the queues read above stay shown
+            charts_error = str(exc)
     except ConfigurationError as exc:  # its text names the setting, never a password
         settings_error = str(exc)
     except EngineUnavailable as exc:
@@ -237,9 +241,11 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         "opts": admin.opts,
         "sections": sections,
         "charts": graphs,
+        "charts_error": charts_error,
         "redis_error": redis_error,
         "settings_error": settings_error,
         "queue_errors": sorted(queue_errors.items()),
+        "unlisted": unlisted,
         "now": now,
         "changelist_url": reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist"),
         "requeue_url": reverse(f"{admin.admin_site.name}:django_delayjobs_queues_requeue"),

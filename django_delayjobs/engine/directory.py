@@ -67,6 +67,11 @@ class Directory:
         with self._lock:
             self._shards.get(shard.queue, set()).discard(shard)
 
+    def last(self) -> set[str]:
+        """The queues listed when the directory was last read (none before), unread."""
+        with self._lock:
+            return set(self._shards)
+
     def listed(self, queue: str | None = None, *, fresh: bool = False) -> dict[str, set[Shard]]:
         """Return queue -> its listed shards (read at most DIRECTORY_TTL ago unless fresh).
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import redis
-from redis.exceptions import RedisClusterException
+from redis.exceptions import ClusterError, RedisClusterException
 
 T = TypeVar("T")
 
@@ -111,5 +111,22 @@ def guarded(fn: Callable[[], T]) -> T:
         if str(exc).startswith("WRONGTYPE"):
             raise WrongType(f"a key has the wrong type: {exc}") from exc
         raise EngineUnavailable(f"Redis refused the command: {exc}") from exc
+    except ClusterError as exc:  # redis-py's "TTL exhausted.": it gave up following
+        raise EngineUnavailable(gave_up(exc)) from exc
     except (redis.RedisError, RedisClusterException) as exc:  # ClusterDown, no slots...
         raise EngineUnavailable(f"the Redis Cluster cannot serve: {exc}") from exc
+
+
+def gave_up(exc: ClusterError) -> str:
+    """What redis-py's bare "TTL exhausted." means: the command was redirected (MOVED, ASK),
+    told to try again (TRYAGAIN) or failed to connect over and over, and it stopped."""
+    connection = getattr(exc, "connection", None)  # the last one redis-py used, if any
+    host, port = getattr(connection, "host", None), getattr(connection, "port", None)
+    node = f"{host}:{port}" if host else ""
+    return (
+        "the Redis Cluster could not serve the command: redis-py gave up after being "
+        "redirected or failing to connect again and again (slots moving between masters, "
+        "a failover in progress, or nodes unreachable)"
+        + (f"; the last node tried was {node}" if node else "")
+        + f" ({exc})"
+    )

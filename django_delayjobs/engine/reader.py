@@ -225,16 +225,24 @@ class Reader:
         """Return counts and times of one queue (summed over its shards, each read
         atomically; the shards' own figures in ``shards``)."""
         shards = self._router.targets(queue)
-        parts = tuple(self._stats(shard) for shard in shards)
         if shards == [Shard(shards[0].queue)]:
-            return replace(parts[0], queue=queue)
+            return replace(self._stats(shards[0]), queue=queue)
+        # A master that is down hides only its shards: PartlyUnavailable, with the counts
+        # of the others (their ``shards``), then none but those answered.
+        each = PerShard()
+        parts = tuple(p for s in shards if (p := each.run(partial(self._stats, s), None)))
+        if not parts:
+            each.check()
         # Live workers are recorded in the keys of the queue's shard of 1 (heartbeat).
         now = max(p.now_ms for p in parts)
         workers = self._keys(Shard(shards[0].queue)).workers
-        live = int(self._call(lambda: self.client.zcount(workers, now + 1, "+inf")))
-        if len(parts) == 1:
+        count = partial(self.client.zcount, workers, now + 1, "+inf")
+        live = int(each.run(partial(self._call, count), 0))
+        if len(parts) == 1 and each.failure is None:
             return replace(parts[0], queue=queue, live_workers=live)
-        return merge_stats(queue, parts, live)
+        merged = merge_stats(queue, parts, live)
+        each.check(merged)
+        return merged
 
     def _stats(self, shard: Shard) -> QueueStats:
         k = self._keys(shard)
@@ -253,27 +261,36 @@ class Reader:
         """Return the ``limit`` pending ids due soonest, with their due times (ms)."""
         last = _batch(limit) - 1
         found: list[list[tuple[str, int]]] = []
+        each = PerShard()  # a master that is down: PartlyUnavailable, with the others' ids
         for shard in self._router.targets(queue):
             key = self._keys(shard).pending
-            rows = cast(
-                Rows, self._call(partial(self.client.zrange, key, 0, last, withscores=True))
-            )
+            read = partial(self.client.zrange, key, 0, last, withscores=True)
+            rows = cast(Rows, each.run(partial(self._call, read), []))
             found.append([(_text(id_), _score_ms(score)) for id_, score in rows])
-        return list(heapq.merge(*found, key=lambda row: row[1]))[: last + 1]
+        soonest = list(heapq.merge(*found, key=lambda row: row[1]))[: last + 1]
+        each.check(soonest)
+        return soonest
 
-    def known_queues(self) -> list[str]:
-        """Return every queue that was ever added to (since the last flush), sorted."""
-        return sorted(self._router.directory.listed(fresh=True))
+    def known_queues(self, *, fresh: bool = True) -> list[str]:
+        """Return every queue that was ever added to (since the last flush), sorted; not
+        ``fresh``: those the directory listed when this engine last read it, asking Redis
+        nothing (its master may be down)."""
+        directory = self._router.directory
+        return sorted(directory.listed(fresh=True) if fresh else directory.last())
 
     def garbage(self, queue: str, limit: int = 100) -> list[tuple[str, int]]:
         """Return the most recently buried ids with their time of death (ms)."""
         last = _batch(limit) - 1
         found: list[tuple[str, int]] = []
+        each = PerShard()  # as in next_due
         for shard in self._router.targets(queue):
             key = self._keys(shard).garbage
-            rows = cast(Rows, self._call(partial(self.client.zrevrange, key, 0, last, True)))
+            read = partial(self.client.zrevrange, key, 0, last, True)
+            rows = cast(Rows, each.run(partial(self._call, read), []))
             found += [(_text(id_), _score_ms(score)) for id_, score in rows]
-        return sorted(found, key=lambda row: -row[1])[: last + 1]
+        latest = sorted(found, key=lambda row: -row[1])[: last + 1]
+        each.check(latest)
+        return latest
 
     def garbage_ids(self, queue: str, count: int = 1000) -> Iterator[list[str]]:
         """Yield the buried ids of every shard of ``queue`` (listed ones of older counts

@@ -16,7 +16,12 @@ id, and an action only when the settings name it):
   the actions named in ``METRICS_ACTIONS`` (opt-in, so the labels stay bounded; absent
   when none is named or none of them ran);
 - ``delayjobs_queue_readable{queue}``: gauge, 1 for each queue read, 0 for one that could
-  not be (its master down, or a key of another program's type), which has no other series.
+  not be (its master down, or a key of another program's type), which has no other series,
+  or not whole: a queue split into shards some of whose masters are down has the gauges
+  of the shards that answered (not its counters: a sum short of a shard would read as a
+  reset);
+- ``delayjobs_directory_readable``: gauge, 0 when the directory of queues could not be
+  read (its master down), so a queue known only to Redis may be missing; else 1.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from . import layout
-from .snapshot import QueueReading
+from .snapshot import DIRECTORY, QueueReading
 
 #: The states of ``delayjobs_queue_jobs``, with the ``QueueStats`` field of each.
 STATES = {"pending": "pending", "overdue": "overdue", "ready": "ready",
@@ -84,10 +89,25 @@ def families(readings: Sequence[QueueReading], unreadable: Iterable[str] = ()) -
         "Cluster master is down, or a key of it holds another program's type).",
         labels=["queue"],
     )  # fmt: skip
-    for name in sorted(unreadable):
+    unread = set(unreadable) - {DIRECTORY}
+    directory = GaugeMetricFamily(
+        "delayjobs_directory_readable", "1 if the directory of queues could be read, 0 if "
+        "not (its Redis Cluster master is down): a queue known only to Redis may be missing.",
+    )  # fmt: skip
+    directory.add_metric([], 0 if DIRECTORY in unreadable else 1)
+    for name in sorted(unread - {r.name for r in readings}):
         readable.add_metric([name], 0)
     for r in readings:
-        readable.add_metric([r.name], 1)
+        readable.add_metric([r.name], 0 if r.name in unread else 1)
+        for state, field in STATES.items():
+            states.add_metric([r.name, state], getattr(r.stats, field))
+        overdue.add_metric([r.name], r.oldest_overdue)
+        workers.add_metric([r.name], r.stats.live_workers)
+        for shard in r.stats.shards:
+            for state, field in STATES.items():
+                shards.add_metric([r.name, shard.queue, state], getattr(shard, field))
+        if r.name in unread:
+            continue  # read in part: counters short of a shard would read as a reset
         for action in r.actions:
             fields = layout.action_fields(r.totals, action)
             if not fields:
@@ -100,14 +120,7 @@ def families(readings: Sequence[QueueReading], unreadable: Iterable[str] = ()) -
             jobs.add_metric([r.name, outcome], r.jobs(outcome))
         for family, name in ((lateness, "lateness"), (run, "run")):
             family.add_metric([r.name], _cumulative(name, r.totals), r.totals.get(f"{name}:sum", 0))
-        for state, field in STATES.items():
-            states.add_metric([r.name, state], getattr(r.stats, field))
-        overdue.add_metric([r.name], r.oldest_overdue)
-        workers.add_metric([r.name], r.stats.live_workers)
-        for shard in r.stats.shards:
-            for state, field in STATES.items():
-                shards.add_metric([r.name, shard.queue, state], getattr(shard, field))
-    found = [jobs, lateness, run, states, overdue, workers, readable]
+    found = [jobs, lateness, run, states, overdue, workers, readable, directory]
     return found + [f for f in (shards, action_jobs, action_run) if f.samples]
 
 

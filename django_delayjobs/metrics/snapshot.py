@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, cast
 from .. import bounded, timing
 from ..conf import delayjobs_settings
 from ..engine import QueueStats
-from ..engine.errors import EngineUnavailable, WrongType, guarded
+from ..engine.errors import EngineUnavailable, PartlyUnavailable, WrongType, guarded
 from ..models import Job
+from ..queues import listed_queues
 from . import layout, store
 
 if TYPE_CHECKING:
@@ -43,10 +44,20 @@ class QueueReading:
         return int(self.totals.get(f"jobs:{outcome}", 0))
 
 
-def queue_names(engine: Engine) -> list[str]:
-    """Every queue Redis has seen, and the default queue. (Not the database's: listing the
-    queues of active rows reads an index of the whole table, too slow for every scrape.)"""
-    return sorted(set(engine.known_queues()) | {delayjobs_settings.DEFAULT_QUEUE})
+#: The key of ``unreadable`` that says the directory of queues could not be read (not a
+#: queue name: those have no spaces), so a queue may be missing from a scrape.
+DIRECTORY = "directory of queues"
+
+
+def queue_names(engine: Engine, unreadable: dict[str, str] | None = None) -> list[str]:
+    """Every queue Redis has seen, the default queue and those of ``QUEUE_SHARDS``; if the
+    directory cannot be read, why goes into ``unreadable`` under ``DIRECTORY`` (see
+    ``queues.listed_queues``). (Not the database's queues: listing the queues of active
+    rows reads an index of the whole table, too slow for every scrape.)"""
+    names, unlisted = listed_queues(engine)
+    if unlisted and unreadable is not None:
+        unreadable[DIRECTORY] = unlisted
+    return sorted(names)
 
 
 def read(engine: Engine, unreadable: dict[str, str] | None = None) -> list[QueueReading]:
@@ -56,8 +67,8 @@ def read(engine: Engine, unreadable: dict[str, str] | None = None) -> list[Queue
     Cluster, its master (or one of its shards') that does not answer, which must not hide
     the queues of the masters that do. Raises ``EngineUnavailable`` if Redis is down (no
     queue could be read, and not for a wrong type)."""
-    names = queue_names(engine)
     failed = {} if unreadable is None else unreadable
+    names = queue_names(engine, failed)
     totals = store.totals(engine, names, failed)
     actions = tuple(delayjobs_settings.METRICS_ACTIONS)
     readings = []
@@ -66,7 +77,10 @@ def read(engine: Engine, unreadable: dict[str, str] | None = None) -> list[Queue
         if name not in totals:
             continue
         try:
-            stats = engine.stats(name)
+            try:
+                stats = engine.stats(name)
+            except PartlyUnavailable as exc:  # exported in part, marked unreadable
+                stats, failed[name] = exc.done, str(exc)
             overdue = oldest_overdue(engine, stats)  # reads the ready list, which stats do not
         except EngineUnavailable as exc:
             failed[name] = str(exc)
@@ -81,7 +95,10 @@ def read(engine: Engine, unreadable: dict[str, str] | None = None) -> list[Queue
 def log_unreadable(logger: logging.Logger, unreadable: dict[str, str]) -> None:
     """Warn of the queues a scrape could not read (``read``), each with why."""
     for name, why in sorted(unreadable.items()):
-        logger.warning("metrics: queue %r could not be read (%s)", name, why)
+        if name == DIRECTORY:
+            logger.warning("metrics: %s", why)
+        else:
+            logger.warning("metrics: queue %r could not be read (%s)", name, why)
 
 
 def oldest_overdue(engine: Engine, stats: QueueStats) -> float:

@@ -307,6 +307,13 @@ class QueueStateSerializer(serializers.Serializer[Any]):
     next_due = NextDueSerializer(many=True)
     workers = WorkerSerializer(many=True)
     shards = ShardStateSerializer(many=True)
+    incomplete = serializers.CharField(
+        allow_null=True, help_text="Why some shards could not be read (their master is down): "
+        "the counts and lists leave them out. Null when every shard was read.",
+    )  # fmt: skip
+    missing_shards = serializers.ListField(
+        child=serializers.CharField(), help_text="The shards left out (see incomplete)."
+    )
 
 
 class QueueErrorSerializer(serializers.Serializer[Any]):
@@ -319,3 +326,7 @@ class QueueErrorSerializer(serializers.Serializer[Any]):
 class QueuesSerializer(serializers.Serializer[Any]):
     queues = QueueStateSerializer(many=True)
     broken_queues = QueueErrorSerializer(many=True)
+    unlisted = serializers.CharField(
+        allow_null=True, help_text="Why the directory of queues could not be read (its master "
+        "is down), so a queue known only to Redis may be missing. Null when it was read.",
+    )  # fmt: skip

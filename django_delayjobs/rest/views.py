@@ -209,7 +209,7 @@ class QueuesView(SafeFormats, APIView):
     )
     def get(self, request: Request) -> Response:
         try:
-            states, errors = readable_queue_states()
+            states, errors, unlisted = readable_queue_states()
         except ConfigurationError as exc:  # its text names the setting, never a password
             logger.error("queue state requested while the settings cannot work: %s", exc)
             raise SettingsUnusable(
@@ -221,6 +221,7 @@ class QueuesView(SafeFormats, APIView):
         data = {
             "queues": [state.as_dict() for state in states],
             "broken_queues": [{"queue": n, "error": e} for n, e in sorted(errors.items())],
+            "unlisted": unlisted or None,
         }
         return Response(s.QueuesSerializer(data).data)
 
