@@ -1,23 +1,27 @@
-"""A Redis restored from an older snapshot: a running job whose id it holds in garbage."""
+"""Reconcile and the engine after Redis came back from an older snapshot, or froze."""
 
 from __future__ import annotations
 
 import io
+import time
 from datetime import timedelta
 
 import pytest
+import redis
 from django.core.management import call_command
 
 from django_delayjobs.connection import get_engine
-from django_delayjobs.engine import Engine
+from django_delayjobs.engine import Engine, EngineUnavailable
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import schedule
+from tests import test_audit_adm2
 from tests.helpers import wait_for
 from tests.test_audit_rec import running_long
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
+frozen_redis = test_audit_adm2.frozen_redis  # a fixture: a redis-server stopped by SIGSTOP
 
 
 def test_a_running_job_redis_holds_only_in_garbage_is_put_back_in_flight(settings):
@@ -51,7 +55,6 @@ def test_a_running_job_that_dies_as_reconcile_adopts_it_stays_in_garbage():
     assert (stats.in_flight, stats.garbage) == (0, 1)
 
 
-
 def test_a_full_pass_takes_out_of_garbage_the_ids_of_jobs_that_are_not_dead():
     """A Redis restored from an older snapshot holds the dead of then in garbage: jobs
     retried and finished since, or deleted since. The admin showed them dead forever."""
@@ -72,3 +75,19 @@ def test_a_full_pass_takes_out_of_garbage_the_ids_of_jobs_that_are_not_dead():
     assert "default: took 4 id(s) out of garbage whose job is not dead" in out.getvalue()
     assert [id_ for id_, _ in engine.garbage("default")] == [ids["dead"]]
     assert reconcile(engine, horizon=None).cleared == {"default": 0}
+
+
+def test_the_reads_of_a_sharded_queue_on_a_frozen_redis_wait_for_it_once(frozen_redis):
+    """Each shard of a queue is read on its own so that a Cluster master that is down hides
+    only its shards; on one Redis that does not answer, every shard waited for the read
+    timeout in turn (and the live workers' count once more): the queue page and a scrape
+    took five timeouts for a queue of four shards."""
+    client = redis.Redis.from_url(frozen_redis, socket_timeout=0.5, socket_connect_timeout=0.5)
+    engine = Engine(client, prefix="t", shards={"q": 4})
+    for read in (engine.stats, engine.next_due, engine.garbage):
+        started = time.monotonic()
+        with pytest.raises(EngineUnavailable):
+            read("q")
+        # The first shard's timeout, and the directory's (which shards are listed) at most.
+        assert time.monotonic() - started < 1.4, read
+    client.close()

@@ -46,11 +46,15 @@ class PerShard:
                 ...
         each.check(done)  # PartlyUnavailable(done) if a shard failed, or the failure
                           # itself if none answered
+
+    With ``one_server`` (every shard on one Redis), ``run`` calls nothing more once Redis
+    was not reached or did not answer: each call would wait for the same timeout.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, one_server: bool = False) -> None:
         self.failure: EngineUnavailable | None = None
         self.reached = False  # a call succeeded, at least in part
+        self.one_server = one_server
 
     @contextlib.contextmanager
     def attempt(self) -> Iterator[None]:
@@ -69,6 +73,8 @@ class PerShard:
     def run(self, fn: Callable[[], T], default: T) -> T:
         """``fn()``; if it fails, what it did (``PartlyUnavailable.done``) or ``default``."""
         result = default
+        if self.one_server and self.failure is not None and unreachable(self.failure):
+            return result
         with self.attempt():
             try:
                 result = fn()

@@ -229,7 +229,7 @@ class Reader:
             return replace(self._stats(shards[0]), queue=queue)
         # A master that is down hides only its shards: PartlyUnavailable, with the counts
         # of the others (their ``shards``), then none but those answered.
-        each = PerShard()
+        each = PerShard(one_server=not self.is_cluster)
         parts = tuple(p for s in shards if (p := each.run(partial(self._stats, s), None)))
         if not parts:
             each.check()
@@ -261,7 +261,8 @@ class Reader:
         """Return the ``limit`` pending ids due soonest, with their due times (ms)."""
         last = _batch(limit) - 1
         found: list[list[tuple[str, int]]] = []
-        each = PerShard()  # a master that is down: PartlyUnavailable, with the others' ids
+        # A master that is down: PartlyUnavailable, with the others' ids.
+        each = PerShard(one_server=not self.is_cluster)
         for shard in self._router.targets(queue):
             key = self._keys(shard).pending
             read = partial(self.client.zrange, key, 0, last, withscores=True)
@@ -282,7 +283,7 @@ class Reader:
         """Return the most recently buried ids with their time of death (ms)."""
         last = _batch(limit) - 1
         found: list[tuple[str, int]] = []
-        each = PerShard()  # as in next_due
+        each = PerShard(one_server=not self.is_cluster)  # as in next_due
         for shard in self._router.targets(queue):
             key = self._keys(shard).garbage
             read = partial(self.client.zrevrange, key, 0, last, True)
