@@ -1,0 +1,70 @@
+"""Audit of retention, third round: jobs that share one finish time, the one-by-one
+fallback, the dry run's query."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from django_delayjobs import retention
+from django_delayjobs.models import Job
+from tests.test_audit_ret import hand_table, old_jobs  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_jobs_finished_at_one_database_time_are_each_pruned_across_batches():
+    """The walk's position was the finish time read into Python and written back: on
+    SQLite ``Now()`` stores '... 00:30:58.502', which came back as '... 00:30:58.502000',
+    past every other job of that time. A prune of 95 such jobs deleted the first batch,
+    found nothing after it and said it was done."""
+    old_jobs(95, timedelta(days=40))
+    Job.objects.update(finished_at=Now())  # one time for all, as the database writes it
+    cutoff = timezone.now() + timedelta(days=1)
+    assert retention.count(cutoff, retention.DEFAULT_STATUSES).jobs == 95
+    done = retention.prune(cutoff, batch=10)
+    assert (done.jobs, done.batches, done.complete) == (95, 10, True), done
+    assert not Job.objects.exists()
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="a finish time that is not one")
+def test_the_one_by_one_batch_goes_past_a_finish_time_that_cannot_be_read(hand_table):  # noqa: F811
+    """After a refusal the batch is retried one job at a time, its jobs read through the
+    ORM: a row whose finish time is not one raised ValueError there, so every pass (the
+    automatic one every minute) stopped at that batch and pruned nothing more."""
+    jobs = old_jobs(25, timedelta(days=40))
+    hand_table([jobs[3]])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Job._meta.db_table} SET finished_at = %s WHERE id = %s",
+            ["2020-99-99 00:00:00", jobs[5].pk.hex],
+        )
+    done = retention.prune(timezone.now() - timedelta(days=30), batch=10)
+    assert (done.jobs, done.protected, done.complete) == (24, 1, True), done
+    assert list(Job.objects.values_list("pk", flat=True)) == [jobs[3].pk]
+
+
+def test_a_dry_run_counts_through_the_index_the_prune_walks():
+    """The dry run counted through the ORM: SQLite, without statistics, read every job of
+    the statuses through the (status, run_at) index, the ones kept for 30 days too."""
+    old_jobs(5, timedelta(days=40))
+    plans = []
+
+    def explain(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if "count(" in sql.lower() and not sql.startswith("EXPLAIN"):
+            cursor = context["cursor"]
+            if connection.vendor == "postgresql":  # few rows: the planner would read them all
+                cursor.execute("SET LOCAL enable_seqscan = off")
+            prefix = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
+            cursor.execute(prefix + sql, params)
+            plans.append("\n".join(str(row) for row in cursor.fetchall()))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic(), connection.execute_wrapper(explain):
+        found = retention.count(timezone.now() - timedelta(days=30), retention.DEFAULT_STATUSES)
+    assert (found.jobs, found.events) == (5, 0)
+    assert plans and all("delayjobs_finished_at" in plan for plan in plans), plans
