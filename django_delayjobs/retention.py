@@ -20,11 +20,11 @@ had locked) are read past once a pass, not by every batch.
 
 A job another table refers to cannot be deleted (the database refuses). The jobs your
 models refer to (a foreign key to ``Job``) are left out by the batch's own query; a
-refusal no model explains (a table without a model, a trigger) rolls its batch back, and
-that batch is retried one job per transaction, the refused jobs left behind a keyset
-position on (``finished_at``, id). Neither grows with the number of jobs left: an earlier
-version sent every refused id back in each batch's ``NOT IN``, which SQLite refuses past
-32,766 of them.
+refusal no model explains (a table without a model, a trigger: see ``refused``) rolls its
+batch back, and that batch is retried one job per transaction, the refused jobs left
+behind a keyset position on (``finished_at``, id). Neither grows with the number of jobs
+left: an earlier version sent every refused id back in each batch's ``NOT IN``, which
+SQLite refuses past 32,766 of them.
 
 A deleted ``dead`` job's id is then purged from its queue's Redis garbage, once the
 batch's transaction has committed. Redis down or refusing does not stop the prune (the
@@ -287,7 +287,7 @@ class Protected:
         """Where the next batch starts."""
         return max((p for p in (self.walked, self.after) if p is not None), default=None)
 
-    def refuse(self, position: Cursor, exc: IntegrityError) -> None:
+    def refuse(self, position: Cursor, exc: DatabaseError) -> None:
         self.after = position
         self.refused += 1
         self.error = str(exc).strip() or type(exc).__name__
@@ -309,11 +309,19 @@ class Protected:
         if self.referenced:
             why.append(f"referred to by {', '.join(self.models)}")
         if self.refused:
-            why.append(f"a foreign key to the job table; the database said: {self.error}")
+            why.append(f"the database refused their delete: {self.error}")
         logger.warning(
             "pruning left %d job(s) that another table refers to (%s); the other jobs are "
             "pruned", total, "; ".join(why),
         )  # fmt: skip
+
+
+def refused(exc: DatabaseError) -> bool:
+    """Whether the database refused to delete a row (a constraint, a user's trigger), as
+    opposed to failing."""
+    # A PL/pgSQL RAISE (SQLSTATE class P0), which Django reports as a ProgrammingError.
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+    return isinstance(exc, IntegrityError) or sqlstate.startswith("P0")
 
 
 def delete_singly(
@@ -323,8 +331,8 @@ def delete_singly(
     protected: Protected,
     garbage: GarbagePurge,
 ) -> Pruned:
-    """The batch ``delete_batch`` could not delete as a whole (the database refused it: a
-    row another table refers to), one job per transaction, in (``finished_at``, id)
+    """The batch ``delete_batch`` could not delete as a whole (the database ``refused`` it:
+    a row another table refers to, a trigger), one job per transaction, in (``finished_at``, id)
     order from ``protected.position``: those it refuses are left behind
     ``protected.after``. Only after such a refusal, so the usual batch stays one
     statement. If the database fails part-way, the dead ids of the jobs already deleted
@@ -339,7 +347,9 @@ def delete_singly(
             try:  # a transaction each: a deferred constraint refuses at COMMIT
                 with transaction.atomic(using=alias):
                     one = _delete(alias, cutoff, statuses, [position[1]])
-            except IntegrityError as exc:
+            except DatabaseError as exc:
+                if not refused(exc):
+                    raise
                 protected.refuse(position, exc)
                 done.protected += 1
                 continue
@@ -395,7 +405,9 @@ def prune(
             started = time.monotonic()
             try:
                 done = delete_batch(cutoff, statuses, batch, protected.position)
-            except IntegrityError:  # a row another table refers to: the rest, one by one
+            except DatabaseError as exc:  # a row it refuses to delete: the rest, one by one
+                if not refused(exc):
+                    raise
                 done = delete_singly(cutoff, statuses, batch, protected, garbage)
             if done.last is not None:
                 protected.walked = done.last

@@ -68,3 +68,52 @@ def test_a_dry_run_counts_through_the_index_the_prune_walks():
         found = retention.count(timezone.now() - timedelta(days=30), retention.DEFAULT_STATUSES)
     assert (found.jobs, found.events) == (5, 0)
     assert plans and all("delayjobs_finished_at" in plan for plan in plans), plans
+
+
+@pytest.fixture
+def refusing_trigger():
+    """``refuse(job)``: a trigger of the user's refuses to delete that job, as a trigger
+    does (PostgreSQL: ``RAISE EXCEPTION``, SQLSTATE P0001; SQLite: ``RAISE(ABORT)``)."""
+    table, kept = Job._meta.db_table, []
+
+    def refuse(job: Job) -> None:
+        pk = Job._meta.pk.get_db_prep_value(job.pk, connection)
+        kept.append(pk)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(
+                    "CREATE FUNCTION audit_ret3_keep() RETURNS trigger LANGUAGE plpgsql AS $$"
+                    f" BEGIN IF OLD.id = '{pk}' THEN RAISE EXCEPTION 'kept by audit';"
+                    " END IF; RETURN OLD; END $$"
+                )
+                cursor.execute(
+                    f"CREATE TRIGGER audit_ret3_keep BEFORE DELETE ON {table}"
+                    " FOR EACH ROW EXECUTE FUNCTION audit_ret3_keep()"
+                )
+            else:
+                cursor.execute(
+                    f"CREATE TRIGGER audit_ret3_keep BEFORE DELETE ON {table}"
+                    f" WHEN OLD.id = '{pk}' BEGIN SELECT RAISE(ABORT, 'kept by audit'); END"
+                )
+
+    yield refuse
+    if not kept:
+        return
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("DROP FUNCTION audit_ret3_keep() CASCADE")  # and its trigger
+        else:
+            cursor.execute("DROP TRIGGER audit_ret3_keep")
+
+
+def test_a_job_a_trigger_keeps_is_left_and_the_others_pruned(refusing_trigger, caplog):
+    """A trigger's refusal is an error of its own kind on PostgreSQL (P0001, Django's
+    ``InternalError``), not an ``IntegrityError``: the batch was not retried one job at a
+    time, and every prune (the automatic one each minute) failed at that batch for ever."""
+    jobs = old_jobs(25, timedelta(days=40))
+    refusing_trigger(jobs[12])
+    done = retention.prune(timezone.now() - timedelta(days=30), batch=10)
+    assert (done.jobs, done.protected, done.complete) == (24, 1, True), done
+    assert list(Job.objects.values_list("pk", flat=True)) == [jobs[12].pk]
+    [warning] = [r.getMessage() for r in caplog.records if "left 1 job" in r.getMessage()]
+    assert "the database refused their delete: kept by audit" in warning, warning
