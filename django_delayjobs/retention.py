@@ -183,6 +183,9 @@ class Pruned:
     complete: bool = False
     #: The last job a batch chose (deleted, or found refused): the next batch's start.
     last: Cursor | None = None
+    #: The jobs a batch chose: deleted, refused, or changed since (requeued, on a database
+    #: without row locks). Fewer than its size: none is left.
+    chosen: int = 0
 
 
 def count(cutoff: datetime.datetime, statuses: Sequence[str]) -> Pruned:
@@ -209,7 +212,7 @@ def delete_batch(
             return Pruned()
         with transaction.atomic(using=alias, savepoint=False):
             done = _delete(alias, cutoff, statuses, [pk for _, pk in rows])
-    done.last = rows[-1]
+    done.last, done.chosen = rows[-1], len(rows)
     return done
 
 
@@ -253,7 +256,8 @@ def _delete_batch_postgresql(
                                                    _referenced_sql())  # fmt: skip
     if last is None:
         return Pruned()
-    return Pruned(jobs=jobs, events=events, batches=1, dead=dead, last=last)
+    # Each chosen job was locked, so deleted.
+    return Pruned(jobs=jobs, events=events, batches=1, dead=dead, last=last, chosen=jobs)
 
 
 class Protected:
@@ -342,6 +346,7 @@ def delete_singly(
     try:
         rows = sql.choose_finished(cutoff, statuses, size, protected.position,
                                    _referenced_sql(), lock=False)  # fmt: skip
+        done.chosen = len(rows)
         for position in rows:
             done.last = position
             try:  # a transaction each: a deferred constraint refuses at COMMIT
@@ -375,7 +380,7 @@ def prune(
 ) -> Pruned:
     """Delete every finished job of ``statuses`` that finished before ``cutoff``, batch
     by batch (``max_batches`` at most); call ``progress`` with the running totals after
-    each batch. Fewer than ``batch * max_batches`` jobs deleted: none is left.
+    each batch. ``complete`` in the result: none is left.
 
     ``max_rate`` (jobs/s): after each batch, wait until that batch took at least as long
     as its jobs take at that rate, so that the CPU, the WAL and the I/O of the deletes
@@ -419,7 +424,7 @@ def prune(
                 total.batches += 1
                 if progress is not None:
                     progress(total)
-            if not done.batches or done.jobs + done.protected < batch:  # none left
+            if done.chosen < batch:  # none left
                 total.protected += protected.count_referenced(cutoff, statuses)
                 total.complete = True
                 protected.walked = None  # the next pass starts again at the oldest

@@ -117,3 +117,23 @@ def test_a_job_a_trigger_keeps_is_left_and_the_others_pruned(refusing_trigger, c
     assert list(Job.objects.values_list("pk", flat=True)) == [jobs[12].pk]
     [warning] = [r.getMessage() for r in caplog.records if "left 1 job" in r.getMessage()]
     assert "the database refused their delete: kept by audit" in warning, warning
+
+
+def test_a_job_requeued_after_its_batch_chose_it_does_not_end_the_prune():
+    """On SQLite a batch's jobs are chosen before its transaction; one requeued in between
+    is left, and the batch then deleted fewer jobs than its size, which the prune took for
+    "none left": it said it was done with the rest of the jobs still there."""
+    jobs = old_jobs(25, timedelta(days=40))
+    table, requeued = Job._meta.db_table, []
+
+    def requeue_first(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.startswith("BEGIN") and not requeued:
+            requeued.append(jobs[0])
+            execute(f"UPDATE {table} SET status = 'scheduled', finished_at = NULL WHERE id = %s",
+                    [jobs[0].pk.hex], False, context)  # fmt: skip
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(requeue_first):
+        done = retention.prune(timezone.now() - timedelta(days=30), batch=10)
+    assert (done.jobs, done.complete) == (25 - len(requeued), True), done
+    assert list(Job.objects.values_list("pk", flat=True)) == [j.pk for j in requeued]
