@@ -20,11 +20,11 @@ had locked) are read past once a pass, not by every batch.
 
 A job another table refers to cannot be deleted (the database refuses). The jobs your
 models refer to (a foreign key to ``Job``) are left out by the batch's own query; a
-refusal no model explains (a table without a model, a trigger) rolls its batch back, and
-that batch is retried one job per transaction, the refused jobs left behind a keyset
-position on (``finished_at``, id). Neither grows with the number of jobs left: an earlier
-version sent every refused id back in each batch's ``NOT IN``, which SQLite refuses past
-32,766 of them.
+refusal no model explains (a table without a model, a trigger: see ``refused``) rolls its
+batch back, and that batch is retried one job per transaction, the refused jobs left
+behind a keyset position on (``finished_at``, id). Neither grows with the number of jobs
+left: an earlier version sent every refused id back in each batch's ``NOT IN``, which
+SQLite refuses past 32,766 of them.
 
 A deleted ``dead`` job's id is then purged from its queue's Redis garbage, once the
 batch's transaction has committed. Redis down or refusing does not stop the prune (the
@@ -33,16 +33,15 @@ rows are gone already): the ids it could not purge are counted in one warning at
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import re
 import threading
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from django.db import Error as DatabaseError
@@ -129,8 +128,8 @@ def check_batch(value: int) -> int:
     return value
 
 
-#: A keyset position on (``finished_at``, id): the last job the database refused to delete.
-Cursor = tuple[datetime.datetime, uuid.UUID]
+#: A keyset position on (``finished_at``, id), as the database holds them (see ``sql``).
+Cursor = sql.Position
 
 
 def _finished(cutoff: datetime.datetime, statuses: Iterable[str]) -> QuerySet[Job]:
@@ -169,17 +168,6 @@ def _unreferenced(alias: str) -> Q:
     return condition
 
 
-def _after(cursor: Cursor | None) -> Q:
-    """The jobs past ``cursor`` in (``finished_at``, id) order (all, if None)."""
-    if cursor is None:
-        return Q()
-    finished_at, pk = cursor
-    # The first term lets the finished_at index find where to start (an OR alone does not).
-    return Q(finished_at__gte=finished_at) & (
-        Q(finished_at__gt=finished_at) | Q(finished_at=finished_at, pk__gt=pk)
-    )
-
-
 @dataclass
 class Pruned:
     """What a prune deleted (or, in a dry run, would delete)."""
@@ -195,13 +183,15 @@ class Pruned:
     complete: bool = False
     #: The last job a batch chose (deleted, or found refused): the next batch's start.
     last: Cursor | None = None
+    #: The jobs a batch chose: deleted, refused, or changed since (requeued, on a database
+    #: without row locks). Fewer than its size: none is left.
+    chosen: int = 0
 
 
 def count(cutoff: datetime.datetime, statuses: Sequence[str]) -> Pruned:
     """What ``prune`` would delete now (a dry run)."""
-    matching = _finished(cutoff, statuses).filter(_unreferenced(sql.db()))
-    events = JobEvent.objects.using(sql.db()).filter(job__in=matching.values("pk")).count()
-    return Pruned(jobs=matching.count(), events=events)
+    jobs, events = sql.count_finished(cutoff, statuses, _referenced_sql())
+    return Pruned(jobs=jobs, events=events)
 
 
 def delete_batch(
@@ -212,99 +202,22 @@ def delete_batch(
     alias = sql.db()
     conn = connections[alias]
     if conn.vendor == "postgresql":
-        return _delete_batch_postgresql(alias, cutoff, statuses, size, after)
-    rows: list[tuple[datetime.datetime | None, uuid.UUID]]
-    if conn.vendor == "sqlite":
-        # No row locks to take: chosen before the transaction, whose write lock then waits
-        # for no read past the jobs left (_delete restates the conditions).
-        rows = _choose_sqlite(alias, cutoff, statuses, size, after)
+        return _delete_batch_postgresql(cutoff, statuses, size, after)
+    # Without row locks (SQLite) the batch is chosen before the transaction, whose write
+    # lock then waits for no read past the jobs left (_delete restates the conditions).
+    lock = conn.features.has_select_for_update
+    with transaction.atomic(using=alias) if lock else contextlib.nullcontext():
+        rows = sql.choose_finished(cutoff, statuses, size, after, _referenced_sql(), lock=lock)
         if not rows:
             return Pruned()
-        with transaction.atomic(using=alias):
+        with transaction.atomic(using=alias, savepoint=False):
             done = _delete(alias, cutoff, statuses, [pk for _, pk in rows])
-    else:
-        features = conn.features
-        chosen = (_finished(cutoff, statuses).filter(_after(after), _unreferenced(alias))
-                  .order_by("finished_at", "pk").values_list("finished_at", "pk"))  # fmt: skip
-        with transaction.atomic(using=alias):
-            if features.has_select_for_update:
-                chosen = chosen.select_for_update(
-                    skip_locked=features.has_select_for_update_skip_locked
-                )
-            rows = list(chosen[:size])
-            if not rows:
-                return Pruned()
-            done = _delete(alias, cutoff, statuses, [pk for _, pk in rows])
-    # The last job whose finish time could be read (a poison row's is not needed to
-    # delete it): an earlier position would only read a few jobs again.
-    done.last = next(((f, pk) for f, pk in reversed(rows) if f is not None), after)
+    done.last, done.chosen = rows[-1], len(rows)
     return done
 
 
-def _choose_sqlite(
-    alias: str,
-    cutoff: datetime.datetime,
-    statuses: Sequence[str],
-    size: int,
-    after: Cursor | None,
-) -> list[tuple[datetime.datetime | None, uuid.UUID]]:
-    """The batch's (``finished_at``, id) pairs, through the ``finished_at`` index."""
-    conn = connections[alias]
-    job = conn.ops.quote_name(Job._meta.db_table)
-    statement = _sqlite_sql(alias, len(statuses), after is not None, _referenced_sql(alias, job))
-
-    def prep(name: str, value: Any) -> Any:
-        return sql._prep(conn, Job._meta, name, value)
-
-    past = [] if after is None else [prep("finished_at", after[0]), prep("finished_at", after[0]),
-                                     prep("id", after[1])]  # fmt: skip
-    params = [*statuses, prep("finished_at", cutoff), *past, size]
-    with conn.cursor() as cursor:
-        cursor.execute(statement, params)
-        rows = cursor.fetchall()
-    return [(_finish_time(conn, finished_at), uuid.UUID(pk)) for pk, finished_at in rows]
-
-
-def _finish_time(conn: Any, value: object) -> datetime.datetime | None:
-    """A finish time as stored by SQLite (text), or None for one that is not a time."""
-    try:
-        finished_at = conn.ops.convert_datetimefield_value(value, None, conn)
-    except (ValueError, TypeError, AttributeError):  # a row written by hand
-        return None
-    return finished_at if isinstance(finished_at, datetime.datetime) else None
-
-
-@cache
-def _sqlite_sql(alias: str, statuses: int, after: bool, referenced: str) -> str:
-    """SQLite's planner, which has no statistics, reads "status IN (...)" through the
-    (status, run_at) index, i.e. every finished job, kept ones too, and sorts them; and
-    it takes a partial index only for a query that repeats the index's condition with the
-    same literal values. So the query repeats it and names the index."""
-    conn = connections[alias]
-    job = conn.ops.quote_name(Job._meta.db_table)
-
-    def c(name: str) -> str:
-        return sql._q(conn, Job._meta, name)
-
-    [index] = [i for i in Job._meta.indexes if i.name == "delayjobs_finished_at"]
-    assert index.condition == Q(status__in=FINISHED)  # the literal values below
-    finished = ", ".join(f"'{s.value}'" for s in FINISHED)  # our constants, not input
-    past = f" AND {c('finished_at')} >= %s AND ({c('finished_at')}, {c('id')}) > (%s, %s)"
-    return (
-        # As text: the connection's converter of a datetime column raises for one that
-        # is not (a row written by hand), and the batch deletes it all the same.
-        f"SELECT {c('id')}, CAST({c('finished_at')} AS TEXT) FROM {job}"
-        f" INDEXED BY {conn.ops.quote_name(index.name)}"
-        f" WHERE {c('status')} IN ({finished})"
-        f" AND {c('status')} IN ({', '.join(['%s'] * statuses)}) AND {c('finished_at')} < %s"
-        + (past if after else "")
-        + referenced
-        + f" ORDER BY {c('finished_at')}, {c('id')} LIMIT %s"
-    )
-
-
 def _delete(
-    alias: str, cutoff: datetime.datetime, statuses: Sequence[str], pks: list[uuid.UUID]
+    alias: str, cutoff: datetime.datetime, statuses: Sequence[str], pks: list[Any]
 ) -> Pruned:
     """Delete the jobs ``pks`` that still match, and their events (in the caller's
     transaction)."""
@@ -324,74 +237,27 @@ def _delete(
     return Pruned(jobs=deleted_jobs, events=deleted_events, batches=1, dead=dead)
 
 
-def _referenced_sql(alias: str, job: str) -> str:
-    """``references(alias)`` as SQL conditions on the job table ``job``."""
-    conn = connections[alias]
-    conditions = []
-    for fk in references(alias):
-        model: type[Model] = fk.model
-        table = conn.ops.quote_name(model._meta.db_table)
-        column = sql._q(conn, model._meta, fk.name)
-        target = sql._q(conn, Job._meta, fk.target_field.name)
-        conditions.append(
-            f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE {table}.{column} = {job}.{target})"
-        )
-    return "".join(conditions)
-
-
-@cache
-def _batch_sql(alias: str, statuses: int, after: bool, referenced: str) -> str:
-    conn = connections[alias]
-    job, event = (conn.ops.quote_name(m._meta.db_table) for m in (Job, JobEvent))
-
-    def c(name: str) -> str:
-        return sql._q(conn, Job._meta, name)
-
-    job_id = sql._q(conn, JobEvent._meta, "job")
-    # The first term lets the finished_at index find where to start.
-    past = f" AND {c('finished_at')} >= %s AND ({c('finished_at')}, {c('id')}) > (%s, %s)"
-    return (
-        f"WITH chosen AS (SELECT {c('id')}, {c('finished_at')} FROM {job}"
-        f" WHERE {c('status')} IN ({', '.join(['%s'] * statuses)}) AND {c('finished_at')} < %s"
-        + (past if after else "")
-        + referenced
-        + f" ORDER BY {c('finished_at')}, {c('id')} LIMIT %s FOR UPDATE SKIP LOCKED),"
-        f" events AS (DELETE FROM {event} WHERE {job_id} IN (SELECT {c('id')} FROM chosen)"
-        f" RETURNING 1),"
-        f" jobs AS (DELETE FROM {job} WHERE {c('id')} IN (SELECT {c('id')} FROM chosen)"
-        f" RETURNING {c('id')}, {c('queue')}, {c('status')})"
-        f" SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM events),"
-        # The dead jobs only (few), for their ids in Redis's garbage: [[queue, id], ...].
-        f" ARRAY(SELECT ARRAY[{c('queue')}::text, {c('id')}::text] FROM jobs"
-        f" WHERE {c('status')} = %s),"
-        # Where the next batch starts.
-        f" (SELECT {c('finished_at')} FROM chosen ORDER BY 1 DESC, {c('id')} DESC LIMIT 1),"
-        f" (SELECT {c('id')} FROM chosen ORDER BY {c('finished_at')} DESC, 1 DESC LIMIT 1)"
-    )
+def _referenced_sql() -> str:
+    """``references()`` as SQL conditions on the job table."""
+    alias = sql.db()
+    return sql.unreferenced_sql(alias, references(alias))
 
 
 def _delete_batch_postgresql(
-    alias: str,
-    cutoff: datetime.datetime,
-    statuses: Sequence[str],
-    size: int,
-    after: Cursor | None,
+    cutoff: datetime.datetime, statuses: Sequence[str], size: int, after: Cursor | None
 ) -> Pruned:
     """The batch as one statement: the rows are chosen, locked (locked ones skipped) and
     deleted with their events by the server, which returns the dead ones' queues and ids.
     Sending the keys through Python and back cost the command about 3 s of CPU per
     100,000 jobs, on cores that the workers share, and made the prune 2.3 times slower
     (docs/performance.md)."""
-    job = connections[alias].ops.quote_name(Job._meta.db_table)
-    statement = _batch_sql(alias, len(statuses), after is not None, _referenced_sql(alias, job))
-    past: list[Any] = [after[0], *after] if after is not None else []
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(statement, [*statuses, cutoff, *past, size, Status.DEAD])
-        jobs, events, dead, finished_at, pk = cursor.fetchone()
-    if pk is None:
+    with transaction.atomic(using=sql.db()):
+        jobs, events, dead, last = sql.prune_batch(cutoff, statuses, size, after,
+                                                   _referenced_sql())  # fmt: skip
+    if last is None:
         return Pruned()
-    return Pruned(jobs=jobs, events=events, batches=1, dead=[(q, i) for q, i in dead],
-                  last=(finished_at, pk))  # fmt: skip
+    # Each chosen job was locked, so deleted.
+    return Pruned(jobs=jobs, events=events, batches=1, dead=dead, last=last, chosen=jobs)
 
 
 class Protected:
@@ -425,7 +291,7 @@ class Protected:
         """Where the next batch starts."""
         return max((p for p in (self.walked, self.after) if p is not None), default=None)
 
-    def refuse(self, position: Cursor, exc: IntegrityError) -> None:
+    def refuse(self, position: Cursor, exc: DatabaseError) -> None:
         self.after = position
         self.refused += 1
         self.error = str(exc).strip() or type(exc).__name__
@@ -447,11 +313,19 @@ class Protected:
         if self.referenced:
             why.append(f"referred to by {', '.join(self.models)}")
         if self.refused:
-            why.append(f"a foreign key to the job table; the database said: {self.error}")
+            why.append(f"the database refused their delete: {self.error}")
         logger.warning(
             "pruning left %d job(s) that another table refers to (%s); the other jobs are "
             "pruned", total, "; ".join(why),
         )  # fmt: skip
+
+
+def refused(exc: DatabaseError) -> bool:
+    """Whether the database refused to delete a row (a constraint, a user's trigger), as
+    opposed to failing."""
+    # A PL/pgSQL RAISE (SQLSTATE class P0), which Django reports as a ProgrammingError.
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+    return isinstance(exc, IntegrityError) or sqlstate.startswith("P0")
 
 
 def delete_singly(
@@ -461,26 +335,27 @@ def delete_singly(
     protected: Protected,
     garbage: GarbagePurge,
 ) -> Pruned:
-    """The batch ``delete_batch`` could not delete as a whole (the database refused it: a
-    row another table refers to), one job per transaction, in (``finished_at``, id)
+    """The batch ``delete_batch`` could not delete as a whole (the database ``refused`` it:
+    a row another table refers to, a trigger), one job per transaction, in (``finished_at``, id)
     order from ``protected.position``: those it refuses are left behind
     ``protected.after``. Only after such a refusal, so the usual batch stays one
     statement. If the database fails part-way, the dead ids of the jobs already deleted
     still leave ``garbage`` before the error goes on."""
     alias = sql.db()
-    chosen = (_finished(cutoff, statuses).filter(_after(protected.position),
-                                                 _unreferenced(alias))
-              .order_by("finished_at", "pk"))  # fmt: skip
     done = Pruned(batches=1)
     try:
-        for row in list(chosen.values_list("finished_at", "pk")[:size]):
-            assert row[0] is not None  # _finished() has finished_at < cutoff
-            done.last = (row[0], row[1])
+        rows = sql.choose_finished(cutoff, statuses, size, protected.position,
+                                   _referenced_sql(), lock=False)  # fmt: skip
+        done.chosen = len(rows)
+        for position in rows:
+            done.last = position
             try:  # a transaction each: a deferred constraint refuses at COMMIT
                 with transaction.atomic(using=alias):
-                    one = _delete(alias, cutoff, statuses, [row[1]])
-            except IntegrityError as exc:
-                protected.refuse(done.last, exc)
+                    one = _delete(alias, cutoff, statuses, [position[1]])
+            except DatabaseError as exc:
+                if not refused(exc):
+                    raise
+                protected.refuse(position, exc)
                 done.protected += 1
                 continue
             done.jobs += one.jobs
@@ -505,7 +380,7 @@ def prune(
 ) -> Pruned:
     """Delete every finished job of ``statuses`` that finished before ``cutoff``, batch
     by batch (``max_batches`` at most); call ``progress`` with the running totals after
-    each batch. Fewer than ``batch * max_batches`` jobs deleted: none is left.
+    each batch. ``complete`` in the result: none is left.
 
     ``max_rate`` (jobs/s): after each batch, wait until that batch took at least as long
     as its jobs take at that rate, so that the CPU, the WAL and the I/O of the deletes
@@ -535,7 +410,9 @@ def prune(
             started = time.monotonic()
             try:
                 done = delete_batch(cutoff, statuses, batch, protected.position)
-            except IntegrityError:  # a row another table refers to: the rest, one by one
+            except DatabaseError as exc:  # a row it refuses to delete: the rest, one by one
+                if not refused(exc):
+                    raise
                 done = delete_singly(cutoff, statuses, batch, protected, garbage)
             if done.last is not None:
                 protected.walked = done.last
@@ -547,7 +424,7 @@ def prune(
                 total.batches += 1
                 if progress is not None:
                     progress(total)
-            if not done.batches or done.jobs + done.protected < batch:  # none left
+            if done.chosen < batch:  # none left
                 total.protected += protected.count_referenced(cutoff, statuses)
                 total.complete = True
                 protected.walked = None  # the next pass starts again at the oldest

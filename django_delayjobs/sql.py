@@ -1,4 +1,6 @@
-"""The per-job statements of the hot path, written out instead of built by the ORM.
+"""The statements written out instead of built by the ORM: the per-job statements of the
+hot path, and the prune's (``retention`` decides what to delete; these say how, per
+database).
 
 Building a query costs the ORM several times what running it costs. On the bench machine
 a worker's claim transaction took about 1.1 ms through the ORM and takes about 0.26 ms
@@ -18,9 +20,10 @@ from weakref import WeakKeyDictionary
 
 from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Q
 from django.utils import timezone
 
-from .models import ACTIVE, Job, JobEvent, Status
+from .models import ACTIVE, FINISHED, Job, JobEvent, Status
 
 _JOB = Job._meta
 _EVENT = JobEvent._meta
@@ -376,3 +379,158 @@ def fetch(job_id: str) -> Job | None:
         cursor.execute(query, [_prep(conn, _JOB, "id", job_id)])
         row = cursor.fetchone()
     return None if row is None else plan.job(alias, conn, row)
+
+
+# -- retention: the prune's statements ---------------------------------------------------
+#
+# A prune walks the finished jobs in (finished_at, id) order. Its position is the last
+# job's pair as the database holds it (on SQLite the text, which it compares as text), not
+# read into Python and written back: '... 00:30:58.502' (Django's ``Now()`` on SQLite) came
+# back as '... 00:30:58.502000', which sorts after every job of that time.
+
+#: A keyset position on (``finished_at``, id), in the database's own values.
+Position = tuple[Any, Any]
+
+
+def unreferenced_sql(alias: str, fks: Iterable[Any]) -> str:
+    """Conditions on the job table: no row of the foreign keys ``fks`` refers to the job."""
+    conn = connections[alias]
+    job = conn.ops.quote_name(_JOB.db_table)
+    conditions = []
+    for fk in fks:
+        table = conn.ops.quote_name(fk.model._meta.db_table)
+        column = _q(conn, fk.model._meta, fk.name)
+        target = _q(conn, _JOB, fk.target_field.name)
+        conditions.append(
+            f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE {table}.{column} = {job}.{target})"
+        )
+    return "".join(conditions)
+
+
+@cache
+def _finished_sql(alias: str, statuses: int, after: bool, referenced: str) -> str:
+    """``FROM ... WHERE ...``: the jobs of ``statuses`` finished before a cutoff (past a
+    position), through the partial ``finished_at`` index.
+
+    SQLite's planner, which has no statistics, reads "status IN (...)" through the
+    (status, run_at) index, i.e. every finished job, kept ones too, and sorts them; and it
+    takes a partial index only for a query that repeats the index's condition with the
+    same literal values. So on SQLite the query repeats it and names the index."""
+    conn = connections[alias]
+
+    def c(name: str) -> str:
+        return _q(conn, _JOB, name)
+
+    source = conn.ops.quote_name(_JOB.db_table)
+    where = f"{c('status')} IN ({', '.join(['%s'] * statuses)}) AND {c('finished_at')} < %s"
+    if conn.vendor == "sqlite":
+        [index] = [i for i in _JOB.indexes if i.name == "delayjobs_finished_at"]
+        assert index.condition == Q(status__in=FINISHED)  # the literal values below
+        finished = ", ".join(f"'{s.value}'" for s in FINISHED)  # our constants, not input
+        source += f" INDEXED BY {conn.ops.quote_name(index.name)}"
+        where = f"{c('status')} IN ({finished}) AND {where}"
+    if after:  # the first term lets the index find where to start (a row value alone not)
+        where += f" AND {c('finished_at')} >= %s AND ({c('finished_at')}, {c('id')}) > (%s, %s)"
+    return f"FROM {source} WHERE {where}{referenced}"
+
+
+def _finished_params(
+    conn: BaseDatabaseWrapper, statuses: Sequence[str], cutoff: datetime, after: Position | None
+) -> list[Any]:
+    past = [] if after is None else [after[0], *after]
+    return [*statuses, _prep(conn, _JOB, "finished_at", cutoff), *past]
+
+
+@cache
+def _choose_sql(alias: str, statuses: int, after: bool, referenced: str, lock: bool) -> str:
+    conn = connections[alias]
+    # As text on SQLite: what it orders by, and a row written by hand whose time is not one
+    # (the connection's converter raises for it) is deleted all the same.
+    finished_at = _q(conn, _JOB, "finished_at")
+    if conn.vendor == "sqlite":
+        finished_at = f"CAST({finished_at} AS TEXT)"
+    statement = (
+        f"SELECT {finished_at}, {_q(conn, _JOB, 'id')}"
+        f" {_finished_sql(alias, statuses, after, referenced)}"
+        f" ORDER BY {_q(conn, _JOB, 'finished_at')}, {_q(conn, _JOB, 'id')} LIMIT %s"
+    )
+    if lock and conn.features.has_select_for_update:
+        statement += " FOR UPDATE"
+        if conn.features.has_select_for_update_skip_locked:
+            statement += " SKIP LOCKED"
+    return statement
+
+
+def choose_finished(
+    cutoff: datetime, statuses: Sequence[str], size: int, after: Position | None,
+    referenced: str, *, lock: bool,
+) -> list[Position]:  # fmt: skip
+    """The positions of up to ``size`` jobs of ``statuses`` finished before ``cutoff``,
+    oldest first, past ``after`` (``lock``: locked, those another transaction holds
+    skipped, where the database can)."""
+    alias = db()
+    conn = connections[alias]
+    statement = _choose_sql(alias, len(statuses), after is not None, referenced, lock)
+    with conn.cursor() as cursor:
+        cursor.execute(statement, [*_finished_params(conn, statuses, cutoff, after), size])
+        return [(finished_at, pk) for finished_at, pk in cursor.fetchall()]
+
+
+def count_finished(cutoff: datetime, statuses: Sequence[str], referenced: str) -> tuple[int, int]:
+    """How many jobs ``choose_finished`` would give from the start, and their events: by
+    the same index."""
+    alias = db()
+    conn = connections[alias]
+    found = _finished_sql(alias, len(statuses), False, referenced)
+    events, job_id = conn.ops.quote_name(_EVENT.db_table), _q(conn, _EVENT, "job")
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"WITH chosen AS (SELECT {_q(conn, _JOB, 'id')} AS id {found})"
+            f" SELECT (SELECT count(*) FROM chosen), (SELECT count(*) FROM {events}"
+            f" WHERE {job_id} IN (SELECT id FROM chosen))",
+            _finished_params(conn, statuses, cutoff, None),
+        )
+        jobs, found_events = cursor.fetchone()
+    return jobs, found_events
+
+
+@cache
+def _prune_sql(alias: str, statuses: int, after: bool, referenced: str) -> str:
+    conn = connections[alias]
+    job, event = conn.ops.quote_name(_JOB.db_table), conn.ops.quote_name(_EVENT.db_table)
+
+    def c(name: str) -> str:
+        return _q(conn, _JOB, name)
+
+    chosen = _choose_sql(alias, statuses, after, referenced, True)
+    return (
+        f"WITH chosen (finished_at, id) AS ({chosen}),"
+        f" events AS (DELETE FROM {event} WHERE {_q(conn, _EVENT, 'job')} IN"
+        f" (SELECT id FROM chosen) RETURNING 1),"
+        f" jobs AS (DELETE FROM {job} WHERE {c('id')} IN (SELECT id FROM chosen)"
+        f" RETURNING {c('id')}, {c('queue')}, {c('status')})"
+        f" SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM events),"
+        # The dead jobs only (few), for their ids in Redis's garbage: [[queue, id], ...].
+        f" ARRAY(SELECT ARRAY[{c('queue')}::text, {c('id')}::text] FROM jobs"
+        f" WHERE {c('status')} = %s),"
+        # Where the next batch starts.
+        f" (SELECT finished_at FROM chosen ORDER BY 1 DESC, id DESC LIMIT 1),"
+        f" (SELECT id FROM chosen ORDER BY finished_at DESC, 1 DESC LIMIT 1)"
+    )
+
+
+def prune_batch(
+    cutoff: datetime, statuses: Sequence[str], size: int, after: Position | None, referenced: str
+) -> tuple[int, int, list[tuple[str, str]], Position | None]:
+    """PostgreSQL: choose, lock (skipping locked rows) and delete a batch with its events in
+    one statement; return the jobs and events deleted, the dead ones' (queue, id), and the
+    last job's position (None: no job chosen)."""
+    alias = db()
+    conn = connections[alias]
+    statement = _prune_sql(alias, len(statuses), after is not None, referenced)
+    params = [*_finished_params(conn, statuses, cutoff, after), size, Status.DEAD.value]
+    with conn.cursor() as cursor:
+        cursor.execute(statement, params)
+        jobs, events, dead, finished_at, pk = cursor.fetchone()
+    last = None if pk is None else (finished_at, pk)
+    return jobs, events, [(q, i) for q, i in dead], last
