@@ -27,7 +27,7 @@ from django.utils.translation import gettext_lazy as _
 from ..callbacks.action import shown_kwargs
 from ..models import Job, JobEvent, Status
 from ..rows import tolerant
-from . import callbacks, display, operations, queue_views
+from . import callbacks, database, display, operations, queue_views
 from .changelist import ActionFilter, JobChangeList, QueueFilter
 from .pagination import EstimatedCountPaginator
 
@@ -418,6 +418,7 @@ class JobAdmin(JobModelAdmin):
         for url in urls:  # the actions are posted to the job list
             if url.name == f"{name}_{self.opts.model_name}_changelist":
                 own_transactions(url.callback)
+            url.callback = database.guarded(url.callback, self.admin_site.each_context)
         return urls
 
     def queues_view(self, request: HttpRequest) -> HttpResponse:
