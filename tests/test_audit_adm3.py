@@ -18,6 +18,7 @@ from django_delayjobs.reconcile import reconcile
 from tests.testapp.models import Thing
 
 from . import test_audit_adm2
+from .helpers import confirm_purge
 from .test_poison import plant
 from .test_rest_helpers import client_for, dead_job, url
 
@@ -67,12 +68,12 @@ def test_a_dead_poison_row_is_purged_from_the_job_list_and_the_queue_page(admin_
     plant(buttoned, name)
     selection = {"action": "purge_dead", ACTION_CHECKBOX_NAME: [str(listed.pk)], "index": "0"}
     assert admin_client.post(reverse(CHANGELIST), selection).status_code == 200  # asks
-    response = admin_client.post(reverse(CHANGELIST), {**selection, "post": "yes"})
+    response = confirm_purge(admin_client, reverse(CHANGELIST), selection)
     assert response.status_code == 302
     button = {"one": str(buttoned.pk)}
     response = admin_client.post(reverse(f"{QUEUES}_purge"), button)
     assert response.status_code == 200 and "Yes, purge them" in response.content.decode()
-    response = admin_client.post(reverse(f"{QUEUES}_purge"), {**button, "post": "yes"})
+    response = confirm_purge(admin_client, reverse(f"{QUEUES}_purge"), button)
     assert response.status_code == 302
     assert status_of(listed) is None and status_of(buttoned) is None
     assert get_engine().stats("default").garbage == 0

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.messages import get_messages
+from django.urls import reverse
+from django.utils import timezone
+
+from django_delayjobs import schedule
+from django_delayjobs.models import Job, Status
 from tests.helpers import ROOT, worker_env
+from tests.testapp import tasks
+
+from .test_rest_helpers import dead_job
 
 #: The project's database (users, sessions) up; the jobs' ("jobs") a file SQLite cannot
 #: open (its directory does not exist). Prints each page's status and whether it holds a
@@ -55,3 +67,42 @@ def test_the_job_pages_say_the_jobs_database_cannot_be_reached(redis_url, tmp_pa
         assert status == 503, (name, status, body[-3000:])
         assert "The jobs database “jobs” cannot be reached" in body, name
         assert "Traceback" not in body, name
+
+
+# -- purge: what is confirmed is what was shown ------------------------------------------
+
+
+def hidden_fields(html: str) -> list[tuple[str, str]]:
+    return re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', html)
+
+
+def die(job: Job) -> None:
+    """The job dies now (its last attempt failed), as a worker records it."""
+    Job.objects.filter(pk=job.pk).update(status=Status.DEAD, finished_at=timezone.now())
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("page", ["select all", "queue page"])
+def test_a_job_that_died_after_the_purge_confirmation_was_shown_is_not_purged(admin_client, page):
+    """The confirmation posted the selection again ("select all": the filter; the queue
+    page: the ids, a job not dead among them said to be left alone), read anew: a job that
+    died after the operator read the page was purged, never having been shown."""
+    shown, later = dead_job(), schedule(tasks.record, in_=3600, args=["a"])
+    if page == "select all":
+        url = reverse("admin:django_delayjobs_job_changelist")
+        ask = {"action": "purge_dead", ACTION_CHECKBOX_NAME: [str(shown.pk)], "index": "0",
+               "select_across": "1"}  # fmt: skip
+    else:
+        url = reverse("admin:django_delayjobs_queues_purge")
+        ask = {"job": [str(shown.pk), str(later.pk)]}
+    html = admin_client.post(url, ask).content.decode()
+    assert f"<code>{shown.pk}</code>" in html and f"<code>{later.pk}</code>" not in html
+    die(later)
+    form: dict[str, list[str]] = {}
+    for name, value in hidden_fields(html):
+        form.setdefault(name, []).append(value)
+    response = admin_client.post(url, form, follow=True)
+    assert not Job.objects.filter(pk=shown.pk).exists()
+    assert Job.objects.filter(pk=later.pk, status=Status.DEAD).exists()
+    said = [str(m) for m in get_messages(response.wsgi_request)]
+    assert f"Job {later.pk} was not purged: it died after the confirmation was shown." in said

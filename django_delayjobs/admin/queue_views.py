@@ -305,7 +305,8 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     ids, jobs = _jobs(admin, request)
     if not jobs:
         return _back(admin)
-    if request.POST.get("post") != "yes":
+    shown = operations.shown_at(request)
+    if request.POST.get("post") != "yes" or shown is None:
         return admin.purge_confirmation(
             request,
             tolerant(Job.objects.filter(pk__in=[job.pk for job in jobs])),
@@ -313,7 +314,7 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
             hidden=[("job", str(pk)) for pk in ids],
             cancel_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues"),
         )
-    operations.purge(request, jobs, admin.message_user)
+    operations.purge(request, jobs, admin.message_user, shown=shown)
     return _back(admin)
 
 
