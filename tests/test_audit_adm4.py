@@ -106,3 +106,64 @@ def test_a_job_that_died_after_the_purge_confirmation_was_shown_is_not_purged(ad
     assert Job.objects.filter(pk=later.pk, status=Status.DEAD).exists()
     said = [str(m) for m in get_messages(response.wsgi_request)]
     assert f"Job {later.pk} was not purged: it died after the confirmation was shown." in said
+
+
+# -- purge: the admin log on the project's database, the jobs on their own -------------
+
+#: Job on a database of its own ("jobs"), with a table the models do not know of that
+#: refers to a dead job by a deferred foreign key: the database refuses its purge only
+#: when it commits. Prints whether the job is still there and the admin log's entries.
+PURGE_REFUSED_AT_COMMIT = """
+import json
+from datetime import timedelta
+
+import django
+
+django.setup()
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.db import connections
+from django.test import Client
+from django.test.utils import setup_test_environment
+from django.utils import timezone
+
+call_command("migrate", verbosity=0)
+call_command("migrate", database="jobs", verbosity=0)
+from django_delayjobs import schedule
+from django_delayjobs.models import Job, Status
+from tests.helpers import confirm_purge
+from tests.testapp import tasks
+from tests.testapp.models import Receipt
+
+job = schedule(tasks.record, in_=timedelta(hours=1), args=["a"])
+Job.objects.filter(pk=job.pk).update(status=Status.DEAD, finished_at=timezone.now())
+with connections["jobs"].schema_editor() as editor:  # Receipt refers to Job: the
+    editor.create_model(Receipt)  # purge's collector looks on the jobs' database
+with connections["jobs"].cursor() as cursor:
+    cursor.execute("CREATE TABLE hold (job_id char(32) REFERENCES django_delayjobs_job (id)"
+                   " DEFERRABLE INITIALLY DEFERRED)")
+    cursor.execute("INSERT INTO hold VALUES (%s)", [job.pk.hex])
+setup_test_environment()
+client = Client()
+client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw"))
+confirm_purge(client, "/admin/django_delayjobs/job/queues/purge/", {"job": str(job.pk)})
+print(json.dumps({
+    "kept": Job.objects.filter(pk=job.pk).exists(),
+    "logged": list(LogEntry.objects.values_list("object_id", flat=True)),
+}))
+"""
+
+
+def test_a_purge_the_jobs_database_refuses_at_commit_leaves_no_admin_log_entry(redis_url, tmp_path):
+    """The admin log (on the project's database) was written, and committed, inside the
+    purge's transaction on the jobs' database: when that one's commit failed the job
+    stayed, and the log said it was purged."""
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
+           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "jobs.sqlite3")}  # fmt: skip
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-c", PURGE_REFUSED_AT_COMMIT], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"kept": True, "logged": []}

@@ -205,9 +205,16 @@ def purge(
         return job.status == Status.DEAD
 
     def gone(job: Job) -> bool:
-        # The job's own history goes with it, so the admin log keeps who purged it.
+        # The job's own history goes with it, so the admin log keeps who purged it. The
+        # log may be on another database than the jobs (the project's): its transaction
+        # is the outer one, so it commits only once the purge has (a database that
+        # refuses the purge as it commits, a deferred foreign key, rolls the log back
+        # too); on one database the two are one transaction.
         try:
-            with transaction.atomic(using=router.db_for_write(Job)):
+            with (
+                transaction.atomic(using=router.db_for_write(LogEntry)),
+                transaction.atomic(using=router.db_for_write(Job)),
+            ):
                 if not services.purge(job, died_by=shown):
                     return False
                 LogEntry.objects.log_actions(
