@@ -8,17 +8,21 @@ import subprocess
 import sys
 
 import pytest
+import redis.connection
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.messages import get_messages
 from django.urls import reverse
 from django.utils import timezone
 
 from django_delayjobs import schedule
+from django_delayjobs.admin.queue_views import QUEUES_SHOWN
 from django_delayjobs.models import Job, Status
 from tests.helpers import ROOT, worker_env
 from tests.testapp import tasks
 
 from .test_rest_helpers import dead_job
+
+QUEUES = "admin:django_delayjobs_queues"
 
 #: The project's database (users, sessions) up; the jobs' ("jobs") a file SQLite cannot
 #: open (its directory does not exist). Prints each page's status and whether it holds a
@@ -167,3 +171,48 @@ def test_a_purge_the_jobs_database_refuses_at_commit_leaves_no_admin_log_entry(r
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-5000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"kept": True, "logged": []}
+
+
+# -- the queue page: one round trip to Redis for all the queues it shows -----------------
+
+
+@pytest.fixture
+def round_trips(monkeypatch):
+    """How many times a client wrote to a Redis socket (a pipeline writes once)."""
+    sent = []
+    real = redis.connection.AbstractConnection.send_packed_command
+
+    def send(self, command, check_health=True):
+        sent.append(command)
+        return real(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", send)
+    return sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_queue_page_reads_redis_in_one_round_trip_for_all_its_queues(admin_client, round_trips):
+    """It made about seven calls per queue (counts, next due, dead ids, the workers'
+    time, heartbeats and descriptions), one after another."""
+    dead_job()
+    for i in range(30):
+        schedule(tasks.record, in_=3600, args=["a"], queue=f"q{i:02}")
+    admin_client.get(reverse(QUEUES))  # the scripts loaded, the directory read once
+    round_trips.clear()
+    html = admin_client.get(reverse(QUEUES)).content.decode()
+    assert html.count('<tr data-queue="') == 31
+    assert len(round_trips) <= 3, len(round_trips)  # directory, queues, chart history
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_queue_page_shows_a_page_of_queues_and_says_how_many_more(admin_client):
+    for i in range(QUEUES_SHOWN + 2):
+        schedule(tasks.record, in_=3600, args=["a"], queue=f"q{i:03}")
+    names = ["default", *(f"q{i:03}" for i in range(QUEUES_SHOWN + 2))]
+    html = admin_client.get(reverse(QUEUES)).content.decode()
+    shown = re.findall(r'<tr data-queue="([^"]+)"', html)
+    assert shown == names[:QUEUES_SHOWN]
+    assert "3 more queues" in html and "?page=2" in html
+    html = admin_client.get(reverse(QUEUES), {"page": "2"}).content.decode()
+    assert re.findall(r'<tr data-queue="([^"]+)"', html) == names[QUEUES_SHOWN:]
+    assert admin_client.get(reverse(QUEUES), {"page": "x"}).status_code == 200

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Page, Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 
 #: Dead jobs listed per queue; the job list (status = dead) has all of them.
 GARBAGE_SHOWN = 50
+#: Queues per page of the queue page (sorted by name).
+QUEUES_SHOWN = 50
 NEXT_DUE_SHOWN = 10
 #: Characters of a dead job's error on the page (its job page has all of it): an error
 #: may be megabytes, and the page lists many.
@@ -187,17 +190,22 @@ def _workers(state: queues.QueueState, now: datetime.datetime) -> list[Worker]:
     return workers
 
 
-def _sections(admin: JobAdmin, now: datetime.datetime) -> tuple[list[Section], dict[str, str]]:
-    """The sections of the queues that can be read, and queue -> why for the others."""
+def _sections(
+    admin: JobAdmin, now: datetime.datetime, names: list[str]
+) -> tuple[list[Section], dict[str, str]]:
+    """The sections of the queues ``names`` that can be read, and queue -> why for the
+    others."""
     changelist = reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist")
     sections = []
-    states, errors = queues.readable_queue_states(next_due=NEXT_DUE_SHOWN)
+    states, errors = queues.readable_queue_states(
+        next_due=NEXT_DUE_SHOWN, garbage=GARBAGE_SHOWN, names=names
+    )
     for state in states:
         sections.append(
             Section(
                 state=state,
                 next_due=_entries(admin, state.next_due, now),
-                garbage=_entries(admin, queues.garbage(state.name, GARBAGE_SHOWN), now),
+                garbage=_entries(admin, state.dead, now),
                 workers=_workers(state, now),
                 list_url=f"{changelist}?queue={state.name}",
                 next_due_in=display.relative(state.next_due_at, now),
@@ -223,9 +231,13 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     queue_errors: dict[str, str] = {}
     redis_error = settings_error = ""
     graphs: charts.Charts | None = None
+    page: Page[str] | None = None
     try:
-        sections, queue_errors = _sections(admin, now)
-        graphs = charts.build(request.GET.get("charts"))
+        names = queues.queue_names()
+        page = Paginator(names, QUEUES_SHOWN).get_page(request.GET.get("page"))
+        sections, queue_errors = _sections(admin, now, list(page.object_list))
+        states = [section.state for section in sections]
+        graphs = charts.build(request.GET.get("charts"), names, states)
     except ConfigurationError as exc:  # its text names the setting, never a password
         settings_error = str(exc)
     except EngineUnavailable as exc:
@@ -240,6 +252,9 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         "redis_error": redis_error,
         "settings_error": settings_error,
         "queue_errors": sorted(queue_errors.items()),
+        "page": page,
+        "queues_before": page.start_index() - 1 if page else 0,
+        "queues_after": page.paginator.count - page.end_index() if page else 0,
         "now": now,
         "changelist_url": reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist"),
         "requeue_url": reverse(f"{admin.admin_site.name}:django_delayjobs_queues_requeue"),
