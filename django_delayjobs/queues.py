@@ -10,13 +10,17 @@ from __future__ import annotations
 import contextlib
 import datetime
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from django.db.models import Count
 
 from .conf import delayjobs_settings
 from .connection import get_engine
 from .engine import Engine, EngineUnavailable, QueueStats, WrongType, is_valid_name
 from .engine.errors import PartlyUnavailable, PerShard, unreachable
+from .engine.results import Overview
 from .models import ACTIVE, Job, Status
 from .rows import tolerant
 
@@ -74,6 +78,8 @@ class QueueState:
     workers: list[dict[str, Any]] = field(default_factory=list)
     #: Per shard; the totals above sum them.
     shards: list[ShardState] = field(default_factory=list)
+    #: The latest dead jobs, when asked for (``readable_queue_states(garbage=)``).
+    dead: list[tuple[Job | None, str, datetime.datetime | None]] = field(default_factory=list)
     #: Why part of the queue could not be read ("" when all of it was): the shards in
     #: ``missing`` (their masters down) are left out of the counts and lists above.
     partial: str = ""
@@ -148,25 +154,65 @@ def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) 
     """Return the state of one queue; of the shards that answer if some do not (their
     masters down: ``partial`` says why). Raises ``EngineUnavailable`` if none answers."""
     engine = engine or get_engine()
+    read = _read_one(engine, name, next_due, 0)
+    if isinstance(read, Exception):
+        raise read
+    return _states(engine, {name: read}, with_dead=False)[0]
+
+
+def _read_one(
+    engine: Engine, name: str, next_due: int, garbage: int
+) -> Overview | EngineUnavailable:
+    """One queue read call by call (``Engine.overview`` reads many in one pipeline); of
+    the shards that answer if some do not (``Overview.partial`` says why)."""
     each = PerShard()
     stats: QueueStats | None = each.run(lambda: engine.stats(name), None)  # names a WRONGTYPE
     if stats is None:
-        each.check()  # raises: no shard answered
-    assert stats is not None
+        assert each.failure is not None
+        return each.failure  # no shard answered
     nothing: list[Any] = []
     upcoming = each.run(lambda: engine.next_due(name, next_due), nothing)
+    dead = each.run(lambda: engine.garbage(name, garbage), nothing) if garbage else []
     workers = each.run(lambda: engine.workers(name), nothing)
-    answered = {s.queue for s in stats.shards or [stats]}
-    return QueueState(
-        name=name,
-        stats=stats,
-        retrying=Job.objects.filter(queue=name, status=Status.RETRYING).count(),
-        next_due=_with_rows(upcoming),
-        workers=[_worker(info) for info in workers],
-        shards=[ShardState(s.queue, engine.node_of(s.queue), s) for s in stats.shards or [stats]],
-        partial=str(each.failure or ""),
-        missing=[s for s in engine.shards(name) if each.failure and s not in answered],
+    return Overview(stats, upcoming, dead, workers, str(each.failure or ""))
+
+
+def _states(engine: Engine, read: dict[str, Overview], *, with_dead: bool) -> list[QueueState]:
+    """The states of queues read from Redis, with their rows: one query for the rows of
+    every listed id, one for the retrying counts."""
+    retrying = dict(
+        Job.objects.filter(queue__in=list(read), status=Status.RETRYING)
+        .order_by()
+        .values_list("queue")
+        .annotate(n=Count("pk"))
+        .values_list("queue", "n")
     )
+    ids = [entries for o in read.values() for entries in (o.next_due, o.garbage)]
+    rows = _rows([job_id for entries in ids for job_id, _ in entries])
+    return [
+        QueueState(
+            name=name,
+            stats=o.stats,
+            retrying=retrying.get(name, 0),
+            next_due=_with_rows(o.next_due, rows),
+            workers=[_worker(info) for info in o.workers],
+            shards=[
+                ShardState(s.queue, engine.node_of(s.queue), s) for s in o.stats.shards or [o.stats]
+            ],
+            dead=_with_rows(o.garbage, rows) if with_dead else [],
+            partial=o.partial,
+            missing=_missing(engine, name, o),
+        )
+        for name, o in read.items()
+    ]
+
+
+def _missing(engine: Engine, name: str, read: Overview) -> list[str]:
+    """The shards of a queue read in part that did not answer."""
+    if not read.partial:
+        return []
+    answered = {s.queue for s in read.stats.shards or [read.stats]}
+    return [s for s in engine.shards(name) if s not in answered]
 
 
 #: The fields of a worker's description (``WorkerProcess.heartbeat``) and their types.
@@ -195,25 +241,36 @@ def all_queue_states(*, next_due: int = 10) -> list[QueueState]:
     return [queue_state(name, next_due=next_due, engine=engine) for name in names]
 
 
-def readable_queue_states(*, next_due: int = 10) -> tuple[list[QueueState], dict[str, str], str]:
-    """Return the state of every queue that can be read (in part: ``partial``), queue ->
-    why for the queues that cannot: one with a key of the wrong type (another program's),
-    or on a Cluster master that does not answer, hides no other; and why a queue may be
-    missing, or "" (see ``listed_queues``). Raises ``EngineUnavailable`` if Redis is down
-    (no queue could be read, and not for a wrong type)."""
+def readable_queue_states(
+    *, next_due: int = 10, garbage: int = 0, names: Sequence[str] | None = None
+) -> tuple[list[QueueState], dict[str, str], str]:
+    """Return the state of every queue (or of ``names``) that can be read (in part:
+    ``partial``), with its ``garbage`` latest dead jobs; queue -> why for the queues that
+    cannot: one with a key of the wrong type (another program's), or on a Cluster master
+    that does not answer, hides no other; and why a queue may be missing, or "" (see
+    ``listed_queues``; always "" with ``names``). Raises ``EngineUnavailable`` if Redis is
+    down (no queue could be read, and not for a wrong type).
+
+    Redis is read in one pipeline for all the queues (one round trip per master); when it
+    fails as a whole on a Cluster (a master does not answer), queue by queue instead."""
     engine = get_engine()
-    states, errors = [], {}
-    down: EngineUnavailable | None = None
-    names, unlisted = queue_names(engine)
-    for name in names:
-        try:
-            states.append(queue_state(name, next_due=next_due, engine=engine))
-        except EngineUnavailable as exc:
-            errors[name] = str(exc)
-            down = down or (None if isinstance(exc, WrongType) else exc)
-    if down is not None and not states:
+    unlisted = ""
+    if names is None:
+        names, unlisted = queue_names(engine)
+    read: dict[str, Overview | Exception]
+    try:
+        read = dict(engine.overview(names, next_due=next_due, garbage=max(garbage, 1)))
+    except EngineUnavailable:
+        if not engine.is_cluster:
+            raise
+        read = {name: _read_one(engine, name, next_due, garbage) for name in names}
+    errors = {name: str(r) for name, r in read.items() if isinstance(r, Exception)}
+    found = {name: r for name, r in read.items() if not isinstance(r, Exception)}
+    down = next((r for r in read.values() if isinstance(r, Exception)
+                 and not isinstance(r, WrongType)), None)  # fmt: skip
+    if down is not None and not found:
         raise down
-    return states, errors, unlisted
+    return _states(engine, found, with_dead=garbage > 0), errors, unlisted
 
 
 def garbage(name: str, limit: int = 100) -> list[tuple[Job | None, str, datetime.datetime | None]]:
@@ -226,13 +283,19 @@ def garbage(name: str, limit: int = 100) -> list[tuple[Job | None, str, datetime
     return _with_rows(entries)
 
 
-def _with_rows(
-    entries: list[tuple[str, int]],
-) -> list[tuple[Job | None, str, datetime.datetime | None]]:
-    """Pair (id, ms) entries from Redis with their Job rows (None if there is none)."""
+def _rows(ids: Iterable[str]) -> dict[str, Job]:
+    """The Job rows of ids from Redis, by id (an id that is no UUID is not one of ours)."""
     pks: dict[str, uuid.UUID] = {}
-    for job_id, _ in entries:
+    for job_id in ids:
         with contextlib.suppress(ValueError):  # not one of ours: shown without a row
             pks[job_id] = uuid.UUID(job_id)
     rows = tolerant(Job.objects.all()).in_bulk(list(pks.values()))
-    return [(rows.get(pks.get(job_id)), job_id, ms_datetime(ms)) for job_id, ms in entries]
+    return {job_id: rows[pk] for job_id, pk in pks.items() if pk in rows}
+
+
+def _with_rows(
+    entries: list[tuple[str, int]], rows: dict[str, Job] | None = None
+) -> list[tuple[Job | None, str, datetime.datetime | None]]:
+    """Pair (id, ms) entries from Redis with their Job rows (None if there is none)."""
+    rows = _rows(job_id for job_id, _ in entries) if rows is None else rows
+    return [(rows.get(job_id), job_id, ms_datetime(ms)) for job_id, ms in entries]

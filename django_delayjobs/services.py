@@ -569,15 +569,18 @@ def _requeue_in_redis(job: Job) -> None:
         logger.exception("could not requeue job %s in Redis; reconcile will", job.pk)
 
 
-def purge(job: Job | Any) -> bool:
+def purge(job: Job | Any, *, died_by: datetime.datetime | None = None) -> bool:
     """Delete a dead job and its history for good; True when it was dead and is gone.
-    A job a model's ``PROTECT`` foreign key refers to raises Django's ``ProtectedError``
-    (and stays, with its history)."""
+    ``died_by``: only if it died by then (what a confirmation showed). A job a model's
+    ``PROTECT`` foreign key refers to raises Django's ``ProtectedError`` (and stays, with
+    its history)."""
     job = _job(job)
     with transaction.atomic(using=sql.db()):
         # Locked first: Django's delete reads the rows, then deletes by primary key alone,
         # so a requeue committing in between would be deleted with its revived job.
         dead = Job.objects.select_for_update().filter(pk=job.pk, status=Status.DEAD)
+        if died_by is not None:
+            dead = dead.filter(Q(finished_at__lte=died_by) | Q(finished_at__isnull=True))
         # Django's collector reads the rows it deletes: tolerantly, or a poison row (the
         # very row a purge is for) could never be deleted.
         deleted = bool(dead.values_list("pk", flat=True)) and tolerant(dead).delete()[0]

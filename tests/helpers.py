@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 from django.db import connection, connections
@@ -213,3 +214,13 @@ def database_down(tmp_path: Path) -> Iterator[None]:
     finally:
         conn.close()
         conn.settings_dict["NAME"] = old
+
+
+def confirm_purge(client: Any, url: str, data: dict[str, Any], **kwargs: Any) -> Any:
+    """Post ``data`` to a purge as a browser does: ask, then post the confirmation page's
+    time (``shown``, signed) with ``post=yes``."""
+    asked = {name: value for name, value in data.items() if name != "post"}
+    page = client.post(url, asked).content.decode()
+    shown = re.search(r'name="shown" value="([^"]+)"', page)
+    assert shown is not None, page[-2000:]
+    return client.post(url, {**asked, "post": "yes", "shown": shown[1]}, **kwargs)

@@ -11,6 +11,7 @@ import re
 import sys
 import types
 import uuid
+from typing import Any
 
 import pytest
 from django.contrib import admin
@@ -31,6 +32,7 @@ from django_delayjobs.admin.pagination import EstimatedCountPaginator
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import EventKind, Job, JobEvent, Status
 from django_delayjobs.services import build_job, schedule_many
+from tests.helpers import confirm_purge
 from tests.testapp import tasks
 from tests.testapp.models import Receipt, Sku, Thing
 
@@ -107,9 +109,12 @@ def target_admin(settings):
     del sys.modules[urls.__name__]
 
 
+def selected(name: str, *jobs: Job) -> dict[str, Any]:
+    return {"action": name, "_selected_action": [str(job.pk) for job in jobs], "index": "0"}
+
+
 def action(client: Client, name: str, *jobs: Job, **extra: str):
-    data = {"action": name, "_selected_action": [str(job.pk) for job in jobs], "index": "0"}
-    return client.post(reverse(CHANGELIST), {**data, **extra}, follow=True)
+    return client.post(reverse(CHANGELIST), {**selected(name, *jobs), **extra}, follow=True)
 
 
 def messages_of(response) -> list[str]:
@@ -520,7 +525,9 @@ def test_purge_action_asks_then_deletes_dead_jobs_and_logs_who(admin_client, adm
     assert "1 selected job is not dead and will be left alone." in html
     assert 'name="post" value="yes"' in html and "csrfmiddlewaretoken" in html
     assert Job.objects.filter(pk=dead.pk).exists()
-    response = action(admin_client, "purge_dead", dead, alive, post="yes")
+    response = confirm_purge(
+        admin_client, reverse(CHANGELIST), selected("purge_dead", dead, alive), follow=True
+    )
     assert messages_of(response) == [
         "1 dead job purged.",
         "1 job was not purged: it was not dead.",
@@ -755,7 +762,7 @@ def test_purge_button_asks_then_deletes(admin_client, admin_user):
     assert "Purge dead jobs?" in html
     assert f'name="job" value="{dead.pk}"' in html and 'name="post" value="yes"' in html
     assert Job.objects.filter(pk=dead.pk).exists() and garbage_count() == 1
-    response = admin_client.post(reverse(PURGE), {"job": str(dead.pk), "post": "yes"}, follow=True)
+    response = confirm_purge(admin_client, reverse(PURGE), {"job": str(dead.pk)}, follow=True)
     assert messages_of(response) == ["1 dead job purged."]
     assert not Job.objects.filter(pk=dead.pk).exists()
     assert garbage_count() == 0
@@ -767,7 +774,9 @@ def test_a_dead_job_another_model_refers_to_is_not_purged_and_the_rest_are(admin
     it was a 500 that also left the other selected jobs unpurged."""
     kept, other = dead_job("kept"), dead_job("other")
     Receipt.objects.create(job=kept)
-    response = action(admin_client, "purge_dead", kept, other, post="yes")
+    response = confirm_purge(
+        admin_client, reverse(CHANGELIST), selected("purge_dead", kept, other), follow=True
+    )
     assert messages_of(response) == [
         f"Job {kept.pk} was not purged: testapp.Receipt refers to it.",
         "1 dead job purged.",
@@ -777,7 +786,7 @@ def test_a_dead_job_another_model_refers_to_is_not_purged_and_the_rest_are(admin
     assert not Job.objects.filter(pk=other.pk).exists()
     assert [i for i, _ in get_engine().garbage("default")] == [str(kept.pk)]
     assert not LogEntry.objects.filter(object_id=str(kept.pk)).exists()
-    response = admin_client.post(reverse(PURGE), {"job": str(kept.pk), "post": "yes"}, follow=True)
+    response = confirm_purge(admin_client, reverse(PURGE), {"job": str(kept.pk)}, follow=True)
     assert messages_of(response) == [f"Job {kept.pk} was not purged: testapp.Receipt refers to it."]
 
 

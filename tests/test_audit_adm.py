@@ -11,6 +11,7 @@ from django.urls import reverse
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job
 
+from .helpers import confirm_purge
 from .test_rest_helpers import client_for, dead_job, make_user, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -105,7 +106,7 @@ def test_delete_job_with_a_permission_to_see_jobs_may_purge_and_forget(client, s
     dead, orphan = dead_job(), orphan_id()
     html = client.get(reverse(QUEUES)).content.decode()
     assert ">Purge</button>" in html and reverse(FORGET) in html
-    response = client.post(reverse(PURGE), {"job": str(dead.pk), "post": "yes"})
+    response = confirm_purge(client, reverse(PURGE), {"job": str(dead.pk)})
     assert response.status_code == 302 and not Job.objects.filter(pk=dead.pk).exists()
     response = client.post(reverse(FORGET), {"queue": "default", "one": orphan})
     assert response.status_code == 302 and garbage_count() == 0

@@ -17,6 +17,7 @@ from django_delayjobs.models import EventKind, Job, JobEvent, Status
 from django_delayjobs.services import build_job, schedule_many
 from tests.testapp import tasks
 
+from .helpers import confirm_purge
 from .test_rest_helpers import dead_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,7 +54,7 @@ def test_purge_of_a_selection_whose_first_jobs_are_not_dead_offers_its_dead_ones
     assert "nothing to purge" not in html
     assert str(dead.pk) in html and "Yes, purge them" in html
     assert "More than 100 selected jobs are not dead" in html
-    admin_client.post(reverse(CHANGELIST), {**selection, "select_across": "1", "post": "yes"})
+    confirm_purge(admin_client, reverse(CHANGELIST), {**selection, "select_across": "1"})
     assert not Job.objects.filter(pk=dead.pk).exists()
     alive = Job.objects.filter(pk__in=[job.pk for job in waiting], status=Status.SCHEDULED)
     assert alive.count() == 101

@@ -14,10 +14,11 @@ from django.urls import reverse
 from django_delayjobs import schedule, services
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
 from django_delayjobs.models import Job, Status
-from django_delayjobs.reconcile import reconcile
+from django_delayjobs.reconcile import horizon, reconcile
 from tests.testapp.models import Thing
 
 from . import test_audit_adm2
+from .helpers import confirm_purge
 from .test_poison import plant
 from .test_rest_helpers import client_for, dead_job, url
 
@@ -67,12 +68,12 @@ def test_a_dead_poison_row_is_purged_from_the_job_list_and_the_queue_page(admin_
     plant(buttoned, name)
     selection = {"action": "purge_dead", ACTION_CHECKBOX_NAME: [str(listed.pk)], "index": "0"}
     assert admin_client.post(reverse(CHANGELIST), selection).status_code == 200  # asks
-    response = admin_client.post(reverse(CHANGELIST), {**selection, "post": "yes"})
+    response = confirm_purge(admin_client, reverse(CHANGELIST), selection)
     assert response.status_code == 302
     button = {"one": str(buttoned.pk)}
     response = admin_client.post(reverse(f"{QUEUES}_purge"), button)
     assert response.status_code == 200 and "Yes, purge them" in response.content.decode()
-    response = admin_client.post(reverse(f"{QUEUES}_purge"), {**button, "post": "yes"})
+    response = confirm_purge(admin_client, reverse(f"{QUEUES}_purge"), button)
     assert response.status_code == 302
     assert status_of(listed) is None and status_of(buttoned) is None
     assert get_engine().stats("default").garbage == 0
@@ -145,9 +146,10 @@ def test_an_action_under_atomic_requests_while_redis_does_not_answer_waits_once(
 
 def test_a_garbage_id_whose_job_finished_otherwise_can_be_forgotten(admin_client, settings):
     """A dead job requeued while Redis was unreachable, then cancelled before reconcile
-    revived it, stayed in its queue's Redis garbage: reconcile looks at waiting jobs only,
-    and the queue page offered no button (not dead: no purge; a row: no forget), so it
-    counted as garbage until its row was pruned. Forget takes an id whose job is not dead."""
+    revived it, stayed in its queue's Redis garbage: the workers' sweep looks at waiting
+    jobs only (a full pass, ``delayjobs_reconcile``, now takes such ids out), and the queue
+    page offered no button (not dead: no purge; a row: no forget), so it counted as
+    garbage until its row was pruned. Forget takes an id whose job is not dead."""
     dead = dead_job()
     reachable = settings.DELAYJOBS
     settings.DELAYJOBS = {**reachable, "REDIS_URL": "redis://127.0.0.1:1/0"}
@@ -155,7 +157,7 @@ def test_a_garbage_id_whose_job_finished_otherwise_can_be_forgotten(admin_client
         selection = {"action": action, ACTION_CHECKBOX_NAME: [str(dead.pk)], "index": "0"}
         admin_client.post(reverse(CHANGELIST), selection)
     settings.DELAYJOBS = reachable
-    reconcile(get_engine(), horizon=None)
+    reconcile(get_engine(), horizon=horizon())
     assert status_of(dead) == Status.CANCELLED
     assert get_engine().stats("default").garbage == 1
     page = admin_client.get(reverse(QUEUES)).content.decode()

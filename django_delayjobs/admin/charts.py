@@ -21,6 +21,7 @@ from ..conf import delayjobs_settings
 from ..connection import get_engine
 from ..metrics import history
 from ..metrics.snapshot import queue_names
+from ..queues import QueueState
 
 WIDTH, HEIGHT = 720, 190
 LEFT, RIGHT, TOP, BOTTOM = 52, 10, 10, 24
@@ -76,14 +77,24 @@ class Charts:
     charts: list[Chart]
 
 
-def build(chosen: str | None) -> Charts:
+def build(
+    chosen: str | None,
+    names: list[str] | None = None,
+    states: Sequence[QueueState] = (),
+) -> Charts:
     """Read the history of ``chosen`` (a queue, or None for all) and lay out both charts.
-    Raises ``EngineUnavailable`` if Redis is down."""
+    ``names``: every queue, ``states``: those read already (their counters and Redis's
+    clock are not read again). Raises ``EngineUnavailable`` if Redis is down."""
     engine = get_engine()
-    names = queue_names(engine)
+    names = queue_names(engine) if names is None else names
     queue = chosen if chosen in names else None
     hours = delayjobs_settings.METRICS_HISTORY_HOURS
-    minutes = history.read(engine, [queue] if queue else names, hours * 60)
+    now = max((s.stats.now_ms for s in states), default=None)
+    minutes = history.read(
+        engine, [queue] if queue else names, hours * 60,
+        now=None if now is None else now // 60_000,
+        counters={s.name: s.stats.counters for s in states},
+    )  # fmt: skip
     labels = [_label(m.minute) for m in minutes]
     ticks = _x_ticks(minutes)
     charts = [throughput(minutes, labels), lateness(minutes, labels)]

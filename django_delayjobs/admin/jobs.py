@@ -20,6 +20,7 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
@@ -27,7 +28,7 @@ from django.utils.translation import gettext_lazy as _
 from ..callbacks.action import shown_kwargs
 from ..models import Job, JobEvent, Status
 from ..rows import tolerant
-from . import callbacks, display, operations, queue_views
+from . import callbacks, database, display, operations, queue_views
 from .changelist import ActionFilter, JobChangeList, QueueFilter
 from .pagination import EstimatedCountPaginator
 
@@ -355,13 +356,14 @@ class JobAdmin(JobModelAdmin):
 
     @admin.action(description=_("Purge selected dead jobs"), permissions=["purge"])
     def purge_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
-        if request.POST.get("post") != "yes":
+        shown = operations.shown_at(request)
+        if request.POST.get("post") != "yes" or shown is None:
             keep = ["action", "index", "select_across", helpers.ACTION_CHECKBOX_NAME]
             hidden = [(name, value) for name in keep for value in request.POST.getlist(name)]
             return self.purge_confirmation(
                 request, queryset, form_url="", hidden=hidden, cancel_url=""
             )
-        operations.purge(request, operations.walk(queryset), self.message_user)
+        operations.purge(request, operations.walk(queryset), self.message_user, shown=shown)
         return None
 
     def purge_confirmation(
@@ -378,7 +380,10 @@ class JobAdmin(JobModelAdmin):
         The dead jobs and the others are read apart, each sliced: the first jobs of a
         big selection may all be alive while dead ones follow (and an open iterator over
         a million selected jobs would have PostgreSQL copy them all, a cursor WITH HOLD).
+        The form carries the time they were read: the purge reads the selection again,
+        and leaves a job that died since (never shown here) alone.
         """
+        hidden = [*hidden, ("shown", operations.shown_token(timezone.now()))]
         dead = list(jobs.filter(status=Status.DEAD)[: PURGE_LISTED + 1])
         others = jobs.exclude(status=Status.DEAD)[: PURGE_LISTED + 1].count()
         context = {
@@ -418,6 +423,7 @@ class JobAdmin(JobModelAdmin):
         for url in urls:  # the actions are posted to the job list
             if url.name == f"{name}_{self.opts.model_name}_changelist":
                 own_transactions(url.callback)
+            url.callback = database.guarded(url.callback, self.admin_site.each_context)
         return urls
 
     def queues_view(self, request: HttpRequest) -> HttpResponse:

@@ -7,11 +7,13 @@ started or finished meanwhile is counted as too late, not forced.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from django.contrib import messages
 from django.contrib.admin.models import DELETION, LogEntry
+from django.core import signing
 from django.db import IntegrityError, router, transaction
 from django.db.models import ProtectedError, QuerySet, RestrictedError
 from django.http import HttpRequest
@@ -27,6 +29,8 @@ Report = Callable[[HttpRequest, str, int], None]
 
 #: Jobs read per query while an action walks a selection.
 BATCH = 1000
+#: The salt of the time a purge confirmation carries (``shown_token``).
+PURGE_SALT = "django_delayjobs.admin.purge"
 #: Jobs a refusal message names, each with its reason; the rest are counted in one line
 #: (a selection of 100,000 would otherwise put as many messages into the session).
 REFUSALS_NAMED = 10
@@ -166,16 +170,52 @@ def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
     return outcome
 
 
-def purge(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
+def shown_token(at: datetime.datetime) -> str:
+    """What a purge confirmation's form carries: when it read the jobs it shows, signed."""
+    return signing.dumps(at.isoformat(), salt=PURGE_SALT)
+
+
+def shown_at(request: HttpRequest) -> datetime.datetime | None:
+    """When the confirmation that ``request`` posts read its jobs; None for a POST that
+    does not come from one (no token, or one that is not ours)."""
+    try:
+        return datetime.datetime.fromisoformat(
+            signing.loads(request.POST.get("shown", ""), salt=PURGE_SALT)
+        )
+    except (signing.BadSignature, TypeError, ValueError):
+        return None
+
+
+def purge(
+    request: HttpRequest, jobs: Iterable[Job], report: Report, *, shown: datetime.datetime
+) -> Outcome:
+    """Purge the dead ones of ``jobs`` that had died when the confirmation read them
+    (``shown``): the selection is read again, and a job that died since was never shown."""
     user_id = request.user.pk
     assert user_id is not None  # the admin only lets logged-in staff this far
     refused = Refusals()
 
+    def eligible(job: Job) -> bool:
+        died = job.finished_at
+        if job.status == Status.DEAD and isinstance(died, datetime.datetime) and died > shown:
+            refused.append(
+                f"Job {job.pk} was not purged: it died after the confirmation was shown."
+            )
+            return False
+        return job.status == Status.DEAD
+
     def gone(job: Job) -> bool:
-        # The job's own history goes with it, so the admin log keeps who purged it.
+        # The job's own history goes with it, so the admin log keeps who purged it. The
+        # log may be on another database than the jobs (the project's): its transaction
+        # is the outer one, so it commits only once the purge has (a database that
+        # refuses the purge as it commits, a deferred foreign key, rolls the log back
+        # too); on one database the two are one transaction.
         try:
-            with transaction.atomic(using=router.db_for_write(Job)):
-                if not services.purge(job):
+            with (
+                transaction.atomic(using=router.db_for_write(LogEntry)),
+                transaction.atomic(using=router.db_for_write(Job)),
+            ):
+                if not services.purge(job, died_by=shown):
                     return False
                 LogEntry.objects.log_actions(
                     user_id=user_id, queryset=[job], action_flag=DELETION,
@@ -186,7 +226,7 @@ def purge(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
             refused.append(f"Job {job.pk} was not purged: {_referrers(exc)}.")
             return False
 
-    outcome = _each(jobs, lambda j: j.status == Status.DEAD, gone)
+    outcome = _each(jobs, eligible, gone)
     outcome.lost -= refused.count
     refused.report(
         report, request,

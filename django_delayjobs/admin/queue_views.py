@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Page, Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 
 #: Dead jobs listed per queue; the job list (status = dead) has all of them.
 GARBAGE_SHOWN = 50
+#: Queues per page of the queue page (sorted by name).
+QUEUES_SHOWN = 50
 NEXT_DUE_SHOWN = 10
 #: Characters of a dead job's error on the page (its job page has all of it): an error
 #: may be megabytes, and the page lists many.
@@ -187,25 +190,29 @@ def _workers(state: queues.QueueState, now: datetime.datetime) -> list[Worker]:
     return workers
 
 
-def _sections(admin: JobAdmin, now: datetime.datetime) -> tuple[list[Section], dict[str, str], str]:
-    """The sections of the queues that can be read, queue -> why for the others, and why
-    a queue may be missing (or "")."""
+def _sections(
+    admin: JobAdmin, now: datetime.datetime, names: list[str]
+) -> tuple[list[Section], dict[str, str]]:
+    """The sections of the queues ``names`` that can be read, and queue -> why for the
+    others."""
     changelist = reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist")
     sections = []
-    states, errors, unlisted = queues.readable_queue_states(next_due=NEXT_DUE_SHOWN)
+    states, errors, _ = queues.readable_queue_states(
+        next_due=NEXT_DUE_SHOWN, garbage=GARBAGE_SHOWN, names=names
+    )
     for state in states:
         sections.append(
             Section(
                 state=state,
                 next_due=_entries(admin, state.next_due, now),
-                garbage=_entries(admin, queues.garbage(state.name, GARBAGE_SHOWN), now),
+                garbage=_entries(admin, state.dead, now),
                 workers=_workers(state, now),
                 list_url=f"{changelist}?queue={state.name}",
                 next_due_in=display.relative(state.next_due_at, now),
                 oldest_lease=display.relative(state.oldest_lease_at, now),
             )
         )
-    return sections, errors, unlisted
+    return sections, errors
 
 
 def _permissions(admin: JobAdmin, request: HttpRequest) -> dict[str, bool]:
@@ -224,10 +231,14 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     queue_errors: dict[str, str] = {}
     redis_error = settings_error = unlisted = charts_error = ""
     graphs: charts.Charts | None = None
+    page: Page[str] | None = None
     try:
-        sections, queue_errors, unlisted = _sections(admin, now)
+        names, unlisted = queues.queue_names()
+        page = Paginator(names, QUEUES_SHOWN).get_page(request.GET.get("page"))
+        sections, queue_errors = _sections(admin, now, list(page.object_list))
+        states = [section.state for section in sections]
         try:
-            graphs = charts.build(request.GET.get("charts"))
+            graphs = charts.build(request.GET.get("charts"), names, states)
         except EngineUnavailable as exc:  # a master down: the queues read above stay shown
             charts_error = str(exc)
     except ConfigurationError as exc:  # its text names the setting, never a password
@@ -246,6 +257,9 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
         "settings_error": settings_error,
         "queue_errors": sorted(queue_errors.items()),
         "unlisted": unlisted,
+        "page": page,
+        "queues_before": page.start_index() - 1 if page else 0,
+        "queues_after": page.paginator.count - page.end_index() if page else 0,
         "now": now,
         "changelist_url": reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist"),
         "requeue_url": reverse(f"{admin.admin_site.name}:django_delayjobs_queues_requeue"),
@@ -311,7 +325,8 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     ids, jobs = _jobs(admin, request)
     if not jobs:
         return _back(admin)
-    if request.POST.get("post") != "yes":
+    shown = operations.shown_at(request)
+    if request.POST.get("post") != "yes" or shown is None:
         return admin.purge_confirmation(
             request,
             tolerant(Job.objects.filter(pk__in=[job.pk for job in jobs])),
@@ -319,7 +334,7 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
             hidden=[("job", str(pk)) for pk in ids],
             cancel_url=reverse(f"{admin.admin_site.name}:django_delayjobs_queues"),
         )
-    operations.purge(request, jobs, admin.message_user)
+    operations.purge(request, jobs, admin.message_user, shown=shown)
     return _back(admin)
 
 

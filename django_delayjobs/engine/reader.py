@@ -18,7 +18,7 @@ from . import sharding
 from .directory import Directory
 from .errors import EngineUnavailable, PerShard, guarded, replica_refused, unreachable
 from .keys import QueueKeys, validate_name
-from .results import QueueStats, merge_stats
+from .results import Overview, QueueStats, merge_stats
 from .routing import Router
 from .sharding import Shard
 from .validation import check_batch as _batch
@@ -58,6 +58,38 @@ def _description(raw: bytes | None) -> dict[str, Any]:
     except ValueError:  # UnicodeDecodeError too
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def _soonest(replies: Sequence[Rows], limit: int) -> list[tuple[str, int]]:
+    """The first ``limit`` (id, due ms) of the shards' ZRANGE WITHSCORES replies."""
+    found = [[(_text(id_), _score_ms(score)) for id_, score in rows] for rows in replies]
+    return list(heapq.merge(*found, key=lambda row: row[1]))[:limit]
+
+
+def _latest(replies: Sequence[Rows], limit: int) -> list[tuple[str, int]]:
+    """The last ``limit`` (id, ms) of the shards' ZREVRANGE WITHSCORES replies."""
+    found = [(_text(id_), _score_ms(score)) for rows in replies for id_, score in rows]
+    return sorted(found, key=lambda row: -row[1])[:limit]
+
+
+def _workers(alive: Rows, info: Mapping[bytes, bytes]) -> list[dict[str, Any]]:
+    """Live workers (id, heartbeat expiry) with their descriptions."""
+    return [
+        {**_description(info.get(w)), "id": _text(w), "expires_ms": _score_ms(s)} for w, s in alive
+    ]
+
+
+def _as_unavailable(exc: Exception) -> EngineUnavailable:
+    """A Redis error a pipeline returned, as the ``EngineUnavailable`` ``guarded`` gives."""
+
+    def fail() -> None:
+        raise exc
+
+    try:
+        guarded(fail)
+    except EngineUnavailable as wrapped:
+        return wrapped
+    raise AssertionError("guarded() returned for an error")  # pragma: no cover
 
 
 class Reader:
@@ -245,11 +277,14 @@ class Reader:
         return merged
 
     def _stats(self, shard: Shard) -> QueueStats:
+        return self._parse_stats(shard, self._run("stats", self._stats_keys(shard), []))
+
+    def _stats_keys(self, shard: Shard) -> list[str]:
         k = self._keys(shard)
-        keys = [k.pending, k.ready_set, k.unack, k.garbage, k.workers, k.counters]
-        now, pend, overdue, ready, flight, expired, garb, live, nxt, lease, flat = self._run(
-            "stats", keys, []
-        )
+        return [k.pending, k.ready_set, k.unack, k.garbage, k.workers, k.counters]
+
+    def _parse_stats(self, shard: Shard, reply: list[Any]) -> QueueStats:
+        now, pend, overdue, ready, flight, expired, garb, live, nxt, lease, flat = reply
         counters = {_text(flat[i]): n for i in range(0, len(flat), 2)
                     if (n := counter_value(flat[i + 1])) is not None}  # fmt: skip
         return QueueStats(
@@ -260,15 +295,13 @@ class Reader:
     def next_due(self, queue: str, limit: int = 10) -> list[tuple[str, int]]:
         """Return the ``limit`` pending ids due soonest, with their due times (ms)."""
         last = _batch(limit) - 1
-        found: list[list[tuple[str, int]]] = []
+        found: list[Rows] = []
         # A master that is down: PartlyUnavailable, with the others' ids.
         each = PerShard(one_server=not self.is_cluster)
         for shard in self._router.targets(queue):
-            key = self._keys(shard).pending
-            read = partial(self.client.zrange, key, 0, last, withscores=True)
-            rows = cast(Rows, each.run(partial(self._call, read), []))
-            found.append([(_text(id_), _score_ms(score)) for id_, score in rows])
-        soonest = list(heapq.merge(*found, key=lambda row: row[1]))[: last + 1]
+            read = partial(self.client.zrange, self._keys(shard).pending, 0, last, withscores=True)
+            found.append(cast(Rows, each.run(partial(self._call, read), [])))
+        soonest = _soonest(found, last + 1)
         each.check(soonest)
         return soonest
 
@@ -282,14 +315,12 @@ class Reader:
     def garbage(self, queue: str, limit: int = 100) -> list[tuple[str, int]]:
         """Return the most recently buried ids with their time of death (ms)."""
         last = _batch(limit) - 1
-        found: list[tuple[str, int]] = []
+        found: list[Rows] = []
         each = PerShard(one_server=not self.is_cluster)  # as in next_due
         for shard in self._router.targets(queue):
-            key = self._keys(shard).garbage
-            read = partial(self.client.zrevrange, key, 0, last, True)
-            rows = cast(Rows, each.run(partial(self._call, read), []))
-            found += [(_text(id_), _score_ms(score)) for id_, score in rows]
-        latest = sorted(found, key=lambda row: -row[1])[: last + 1]
+            read = partial(self.client.zrevrange, self._keys(shard).garbage, 0, last, True)
+            found.append(cast(Rows, each.run(partial(self._call, read), [])))
+        latest = _latest(found, last + 1)
         each.check(latest)
         return latest
 
@@ -315,11 +346,66 @@ class Reader:
             alive = self.client.zrangebyscore(k.workers, now_ms + 1, "+inf", withscores=True)
             return cast(Rows, alive), cast(dict[bytes, bytes], self.client.hgetall(k.worker_info))
 
-        alive, info = self._call(run)
-        return [
-            {**_description(info.get(w)), "id": _text(w), "expires_ms": _score_ms(s)}
-            for w, s in alive
-        ]
+        return _workers(*self._call(run))
+
+    def overview(
+        self, queues: Sequence[str], *, next_due: int = 10, garbage: int = 100
+    ) -> dict[str, Overview | EngineUnavailable]:
+        """Return, for each of ``queues``, what ``stats``, ``next_due``, ``garbage`` and
+        ``workers`` return, read in one pipeline: one round trip per Redis (per master on
+        a Cluster) for them all, where those take about seven calls per queue. Each
+        shard's counts are still one atomic script. A queue whose keys cannot be read (a
+        key of the wrong type) gets its error; raises ``EngineUnavailable`` if the
+        pipeline fails as a whole (Redis, or a Cluster master, does not answer)."""
+        due, dead = _batch(next_due), _batch(garbage)
+        plan = [(queue, self._router.targets(queue)) for queue in queues]
+
+        def run(send: str) -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for queue, shards in plan:
+                for shard in shards:
+                    k = self._keys(shard)
+                    keys = self._stats_keys(shard)
+                    script = self._scripts["stats"]
+                    if send == "evalsha":
+                        pipe.evalsha(script.sha, len(keys), *keys)
+                    else:  # the server lost it (a restart): EVAL caches it again
+                        pipe.eval(script.script, len(keys), *keys)
+                    pipe.zrange(k.pending, 0, due - 1, withscores=True)
+                    pipe.zrevrange(k.garbage, 0, dead - 1, withscores=True)
+                k = self._keys(Shard(queue))
+                pipe.zrange(k.workers, 0, -1, withscores=True)  # expired ones: left out below
+                pipe.hgetall(k.worker_info)
+            return cast(list[Any], pipe.execute(raise_on_error=False))
+
+        replies = self._call(partial(run, "evalsha"))
+        if any(isinstance(reply, NoScriptError) for reply in replies):
+            replies = self._call(partial(run, "eval"))
+        found: dict[str, Overview | EngineUnavailable] = {}
+        at = 0
+        for queue, shards in plan:
+            size = 3 * len(shards) + 2
+            mine, at = replies[at : at + size], at + size
+            failed = next((r for r in mine if isinstance(r, Exception)), None)
+            if failed is not None:
+                found[queue] = _as_unavailable(failed)
+                continue
+            parts = tuple(self._parse_stats(s, mine[3 * i]) for i, s in enumerate(shards))
+            now = max(p.now_ms for p in parts)
+            live = [(w, score) for w, score in mine[-2] if score > now]
+            if len(parts) == 1 and shards == [Shard(shards[0].queue)]:
+                stats = replace(parts[0], queue=queue)
+            elif len(parts) == 1:
+                stats = replace(parts[0], queue=queue, live_workers=len(live))
+            else:
+                stats = merge_stats(queue, parts, len(live))
+            found[queue] = Overview(
+                stats,
+                _soonest(mine[1 : 3 * len(shards) : 3], due),
+                _latest(mine[2 : 3 * len(shards) : 3], dead),
+                _workers(live, mine[-1]),
+            )
+        return found
 
     def info(self) -> dict[str, Any]:
         """Return Redis's ``INFO`` (version, memory policy, ...); on a Cluster, one node's."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 
 class Added(list[str]):
@@ -40,6 +41,17 @@ class QueueStats:
     counters: dict[str, int] = field(default_factory=dict)
     #: Per shard, when the queue has more than one (each with its shard name as queue).
     shards: tuple[QueueStats, ...] = ()
+
+
+class Overview(NamedTuple):
+    """One queue as ``Reader.overview`` reads it."""
+
+    stats: QueueStats
+    next_due: list[tuple[str, int]]
+    garbage: list[tuple[str, int]]
+    workers: list[dict[str, Any]]
+    #: Why part of it could not be read (some shards' masters down), or "".
+    partial: str = ""
 
 
 def merge_promoted(results: list[PromoteResult]) -> PromoteResult:

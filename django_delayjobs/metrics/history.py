@@ -8,7 +8,7 @@ counters' value now); a minute whose snapshots are missing (no worker ran) shows
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,16 +38,25 @@ class Minute:
         return layout.quantile(q, layout.buckets("lateness", self.lateness))
 
 
-def read(engine: Engine, queues: Sequence[str], count: int, now: int | None = None) -> list[Minute]:
+def read(
+    engine: Engine,
+    queues: Sequence[str],
+    count: int,
+    now: int | None = None,
+    counters: Mapping[str, dict[str, int]] | None = None,
+) -> list[Minute]:
     """The last ``count`` minutes up to ``now`` (a minute; default: the current one, by
-    Redis's clock), summed over ``queues``."""
+    Redis's clock), summed over ``queues``; ``counters``: the engine counters of queues
+    read already (``QueueStats.counters``), the others' are read here."""
     now = engine.server_time_ms() // 60_000 if now is None else now
     first = now - count + 1
     minutes = [Minute(m) for m in range(first, now + 1)]
+    every = store.minutes_of(engine, queues, first, now)
     for queue in queues:
-        found = store.minutes(engine, queue, first, now)
+        found = every[queue]
         try:
-            current = engine.stats(queue).counters
+            current = (counters or {}).get(queue)
+            current = engine.stats(queue).counters if current is None else current
         except WrongType:  # a key of that queue another program wrote: shown on the page
             current = {}
         for m in minutes:

@@ -183,8 +183,19 @@ def minutes(engine: Engine, queue: str, first: int, last: int) -> dict[int, Fiel
     """The per-minute hashes of one queue from ``first`` to ``last`` (inclusive) that
     exist, by minute, in one round trip; a minute whose key has another type (another
     program's) is left out, not the queue's every minute and every other queue."""
-    found = _hashes(engine, [minute_key(engine, queue, at) for at in range(first, last + 1)])
-    return {first + i: fields for i, fields in enumerate(found) if fields}
+    return minutes_of(engine, [queue], first, last)[queue]
+
+
+def minutes_of(
+    engine: Engine, queues: Sequence[str], first: int, last: int
+) -> dict[str, dict[int, Fields]]:
+    """``minutes`` of each of ``queues``, all in one round trip."""
+    span = range(first, last + 1)
+    found = _hashes(engine, [minute_key(engine, q, at) for q in queues for at in span])
+    return {
+        queue: {first + i: f for i, f in enumerate(found[n * len(span) : (n + 1) * len(span)]) if f}
+        for n, queue in enumerate(queues)
+    }
 
 
 def _hashes(engine: Engine, keys: Sequence[str]) -> list[Fields | None]:
