@@ -69,3 +69,37 @@ def test_a_cancel_while_redis_does_not_answer_waits_for_one_timeout(own_redis, t
     burst()
     assert redis_state(job) is None  # ...the worker cleaned it up
     assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+
+
+# -- callbacks/ open to anyone ---------------------------------------------------------------
+
+ALLOW_ANY = "rest_framework.permissions.AllowAny"
+ADD_JOB = ["django_delayjobs.add_job"]
+
+
+@pytest.mark.parametrize(
+    ("classes", "needed", "warned"),
+    [
+        ([ALLOW_ANY], [], True),
+        ([], [], True),  # no class: every request passes
+        (["rest_framework.permissions.IsAuthenticatedOrReadOnly"], [], False),  # a POST not
+        (["rest_framework.permissions.IsAdminUser"], [], False),  # staff only
+        ([ALLOW_ANY], ADD_JOB, False),  # an anonymous user holds no permission
+    ],
+)
+def test_callbacks_open_to_anonymous_users_are_warned_of(settings, classes, needed, warned):
+    """``API_CALLBACK_PERMISSIONS = []`` with ``API_PERMISSION_CLASSES`` that let anyone in
+    (``AllowAny``, or none) let anonymous users make this site's servers send HTTP requests,
+    and cancel other callers' callbacks by key, and nothing said so. A warning names the
+    settings, and the endpoint lets an anonymous user in exactly when it is given."""
+    from django_delayjobs.checks import check_settings
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "API_PERMISSION_CLASSES": classes,
+                          "API_CALLBACK_PERMISSIONS": needed}  # fmt: skip
+    found = [m for m in check_settings() if m.id == "django_delayjobs.W003"]
+    assert bool(found) == warned
+    if warned:
+        assert "API_CALLBACK_PERMISSIONS" in found[0].msg
+        assert "API_PERMISSION_CLASSES" in found[0].msg
+    anonymous = client_for(None).post(url("callbacks"), {}, format="json")
+    assert (anonymous.status_code == 400) == warned  # let in, and the empty body refused
