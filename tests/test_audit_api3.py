@@ -194,3 +194,25 @@ def test_a_json_number_past_a_float_is_refused_by_field(api, where, raw):
         response = api.post(path, body, content_type="application/json")
     assert response.status_code == 400, response.content
     assert field in response.json(), response.json()
+
+
+# -- pages -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offset", ["1001", "1000000000", "9" * 40])
+def test_an_events_cursor_with_an_offset_no_link_gives_is_refused(offset):
+    """DRF reads the offset of an events cursor up to 1,000 and takes a larger one as
+    1,000: a forged ``o=1000000000`` was answered 200, though the docs say a cursor the
+    API did not write is a 400 (as ``jobs/`` answers). Page sizes are capped (1-500)."""
+    import base64
+
+    api = client_for(make_user(superuser=True))
+    job = schedule(tasks.record, in_=60, args=["x"])
+    events = url("jobs", job.pk, "events")
+    forged = base64.b64encode(f"o={offset}&p=1".encode()).decode()
+    assert api.get(events, {"cursor": forged}).status_code == 400
+    fine = base64.b64encode(b"o=1&p=1").decode()  # as DRF writes it, for ties
+    assert api.get(events, {"cursor": fine}).status_code == 200
+    for where in (url("jobs"), events):
+        assert api.get(where, {"page_size": str(10**9)}).status_code == 400
+        assert api.get(where, {"page_size": "500"}).status_code == 200
