@@ -80,7 +80,35 @@ def check_settings(
         ))  # fmt: skip
     if loaded is not None:
         errors += _http_checks(loaded)
+        if not loaded.API_CALLBACK_PERMISSIONS and _callbacks_let_anyone_in():
+            errors.append(Warning(
+                "DELAYJOBS['API_CALLBACK_PERMISSIONS'] is empty and API_PERMISSION_CLASSES "
+                "let anonymous users in: anyone may have this site send HTTP callbacks, and "
+                "cancel or move any caller's callback by its key, through callbacks/.",
+                hint="List the permissions a caller needs in API_CALLBACK_PERMISSIONS (the "
+                "default is ['django_delayjobs.add_job']), or require a login in "
+                "API_PERMISSION_CLASSES.",
+                id="django_delayjobs.W003",
+            ))  # fmt: skip
     return errors
+
+
+def _callbacks_let_anyone_in() -> bool:
+    """Whether ``callbacks/`` lets an anonymous POST in: asked of its own permissions, so
+    that any class (``AllowAny``, ``A | B``, a project's own) is judged by what it does."""
+    from django.http import HttpRequest
+    from rest_framework.request import Request
+
+    from .rest.callbacks import CallbackCreateView
+
+    http = HttpRequest()
+    http.method = "POST"
+    view = CallbackCreateView()
+    view.request = request = Request(http)  # no authenticators: an anonymous user
+    try:
+        return all(p.has_permission(request, view) for p in view.get_permissions())
+    except Exception:  # a class that fails for this request refuses it (with a 500)
+        return False
 
 
 #: Why ``USE_TZ = False`` is refused (check E015, and ``schedule()`` at run time).

@@ -226,22 +226,11 @@ class Engine(Reader):
     def remove(self, queue: str, ids: Iterable[str]) -> int:
         """Remove ids not yet claimed (pending or ready); return how many were removed.
         (A shard that cannot be reached: ``PartlyUnavailable``, as ``add`` says.)"""
-        given = _ids(ids)
-        removed, tried = 0, []
-        each = PerShard()
 
         def run(shard: Shard, part: list[str]) -> int:
             return int(self._run("remove", self._remove_keys(self._keys(shard)), part))
 
-        for shard, part in self._router.route(queue, given):
-            removed += each.run(partial(run, shard, part), 0)
-            tried.append(shard)
-        if removed < len(given):  # added under an older shard count?
-            for shard in self._older(queue, tried, each):
-                removed += each.run(partial(run, shard, given), 0)
-        removed = min(removed, len(given))
-        each.check(removed)
-        return removed
+        return self._at_home(queue, _ids(ids), run)
 
     @staticmethod
     def _remove_keys(k: QueueKeys) -> list[str]:
@@ -404,7 +393,7 @@ class Engine(Reader):
             keys = [k.garbage, k.pending, k.ready, k.ready_set, k.wake, k.notify]
             return int(self._run("requeue", keys, [due, *part]))
 
-        return self._garbage_op(queue, given, run)
+        return self._at_home(queue, given, run)
 
     def purge(self, queue: str, ids: Iterable[str]) -> int:
         """Delete buried ids; return how many were in garbage."""
@@ -413,23 +402,31 @@ class Engine(Reader):
             k = self._keys(shard)
             return int(self._run("purge", [k.garbage, k.priority], part))
 
-        return self._garbage_op(queue, _ids(ids), run)
+        return self._at_home(queue, _ids(ids), run)
 
-    def _garbage_op(
-        self, queue: str, ids: list[str], run: Callable[[Shard, list[str]], int]
-    ) -> int:
-        """Run ``run`` on each id's shard, then on the shards of older counts for ids not
-        found: an id buried before the count changed stays where it died until requeued
-        or purged. (A shard that cannot be reached: ``PartlyUnavailable``, as ``add`` says.)"""
-        done, tried = 0, []
+    def _at_home(self, queue: str, ids: list[str], run: Callable[[Shard, list[str]], int]) -> int:
+        """Run ``run`` on each id's shard, then on the shards of older counts for the ids
+        of a shard that answered without finding them all: an id added or buried before
+        the count changed stays where it was until it leaves. A shard that did not answer
+        sends nobody looking further: the call reports it (``PartlyUnavailable``, as
+        ``add`` says) whatever the other shards hold, and reading the directory that lists
+        them would wait for a second timeout when Redis does not answer."""
+        done, left, tried = 0, 0, []
+        missed: list[str] = []
         each = PerShard()
         for shard, part in self._router.route(queue, ids):
-            done += each.run(partial(run, shard, part), 0)
             tried.append(shard)
-        for shard in self._older(queue, tried, each) if done < len(ids) else []:
-            if done >= len(ids):
+            with each.attempt():
+                found = run(shard, part)
+                done += found
+                if found < len(part):
+                    left, missed = left + len(part) - found, missed + part
+        for shard in self._older(queue, tried, each) if missed else []:
+            if left <= 0:
                 break
-            done += each.run(partial(run, shard, ids), 0)
+            found = each.run(partial(run, shard, missed), 0)
+            done, left = done + found, left - found
+        done = min(done, len(ids))
         each.check(done)
         return done
 

@@ -64,7 +64,8 @@ class ExpiresField(serializers.Field[Any, Any, Any, Any]):
 
 
 def _is_number(text: str) -> bool:
-    """``text`` reads as a number (no ISO 8601 datetime does)."""
+    """``text`` reads as a number (no ISO 8601 datetime does): it is meant as seconds,
+    and the seconds' field refuses it if it is not written as they are (``" 12 "``)."""
     try:
         float(text)
     except ValueError:

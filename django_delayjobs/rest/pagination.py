@@ -212,7 +212,9 @@ class EventCursorPagination(CursorPagination):
 
     def decode_cursor(self, request: Request) -> Any:
         """DRF's cursor, from a token DRF wrote: its position (an event id) reaches the
-        database only as a number the id column holds, and anything else is a 400."""
+        database only as a number the id column holds, its offset is one DRF writes (at
+        most ``offset_cutoff``, which DRF would take a larger one as), and anything else
+        is a 400."""
         token = request.query_params.get(self.cursor_query_param)
         if token is None:
             return None
@@ -227,5 +229,7 @@ class EventCursorPagination(CursorPagination):
         if not fields.keys() <= {"o", "r", "p"} or any(len(v) > 1 for v in fields.values()):
             raise ValidationError(INVALID)
         if position is not None and not 0 <= _whole(position) < 2**63:
+            raise ValidationError(INVALID)
+        if not 0 <= _whole(fields.get("o", ["0"])[0]) <= self.offset_cutoff:
             raise ValidationError(INVALID)
         return cursor

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from .. import timing
 from ..callbacks.action import shown_kwargs
 from ..exceptions import InvalidSchedule
 from ..models import Job, JobEvent, Status
+from ..numbers import decimal_number
 from ..rows import Unreadable, tolerant
 from ..serialization import showable
 
@@ -49,12 +51,26 @@ class AwareDateTimeField(serializers.DateTimeField):
 
 
 class SecondsField(serializers.FloatField):
-    """A number of seconds; ``true`` is not one, though Python would take it as 1."""
+    """A finite number of seconds: a JSON number, or a text in ASCII digits as a form sends
+    it (``90``, ``1.5``, ``1e3``). Not ``true``, though Python would take it as 1, nor what
+    else ``float()`` reads: ``"1_000"``, ``" 12 "``, other scripts' digits (``"١٢"``)."""
+
+    default_error_messages = {
+        "invalid": "Give a number of seconds in ASCII digits, e.g. 90 or 1.5.",
+    }
 
     def to_internal_value(self, data: Any) -> float:
         if isinstance(data, bool):
             self.fail("invalid")
-        return super().to_internal_value(data)
+        if isinstance(data, str):
+            try:
+                data = decimal_number(data)
+            except ValueError:
+                self.fail("invalid")
+        seconds = super().to_internal_value(data)
+        if not math.isfinite(seconds):  # 1e400 in JSON is read as infinity
+            self.fail("invalid")
+        return seconds
 
 
 #: Sent by HTML forms (the browsable API's among them) along with the fields.
