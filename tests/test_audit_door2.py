@@ -12,7 +12,10 @@ from django.core.management import call_command
 
 from django_delayjobs import schedule, signals
 from django_delayjobs.connection import get_engine
+from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, Status
+from django_delayjobs.services import purge
+from django_delayjobs.timing import to_ms
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -83,3 +86,64 @@ def test_a_failed_attempt_whose_retry_is_due_before_the_expiry_is_retried(settin
     assert history(job) == ["scheduled", "started", "failed"]
     assert sent == ["failed"]
     assert get_engine().stats("default").pending == 1
+
+
+# -- cancel, reschedule and purge given a stale Job instance ---------------------------------
+
+
+def stale_copies(job: Job) -> list[Job]:
+    """Copies of ``job`` that disagree with its row: one a caller changed, and one built
+    from the id alone (``Job(pk=...)``: no queue, no priority, no expiry)."""
+    changed = Job.objects.get(pk=job.pk)
+    changed.queue, changed.priority, changed.expires_at = "default", -5, None
+    return [changed, Job(pk=job.pk)]
+
+
+def where(job: Job) -> dict[str, tuple[str, float | None]]:
+    """The keys of the queues ``orders`` and ``default`` that hold ``job``'s id, with its score."""
+    engine = get_engine()
+    found = {}
+    for queue in ("orders", "default"):
+        keys = engine.keys(queue)
+        for name in ("pending", "garbage"):
+            score = engine.client.zscore(getattr(keys, name), str(job.pk))
+            if score is not None:
+                found[f"{queue}:{name}"] = (name, score)
+    return found
+
+
+@pytest.mark.parametrize("copy", [0, 1], ids=["changed", "bare"])
+def test_cancel_of_a_stale_instance_removes_the_id_from_its_rows_queue(copy):
+    job = schedule(tasks.record, in_=3600, args=["x"], queue="orders", priority=3)
+    assert list(where(job)) == ["orders:pending"]
+    assert stale_copies(job)[copy].cancel() is True
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+    assert where(job) == {}  # not left pending in "orders" for a worker to claim and drop
+
+
+@pytest.mark.parametrize("copy", [0, 1], ids=["changed", "bare"])
+def test_reschedule_of_a_stale_instance_moves_the_id_in_its_rows_queue(copy):
+    job = schedule(tasks.record, in_=3600, args=["x"], queue="orders", priority=3)
+    assert stale_copies(job)[copy].reschedule(in_=60) is True
+    row = Job.objects.get(pk=job.pk)
+    assert where(job) == {"orders:pending": ("pending", to_ms(row.run_at))}  # one copy, moved
+    engine = get_engine()
+    assert engine.client.hget(engine.keys("orders").priority, str(job.pk)) == b"3"
+
+
+@pytest.mark.parametrize("copy", [0, 1], ids=["changed", "bare"])
+def test_reschedule_of_a_stale_instance_checks_the_rows_expiry(copy):
+    job = schedule(tasks.record, in_=60, args=["x"], queue="orders", expires=timedelta(minutes=5))
+    with pytest.raises(InvalidSchedule, match="must be later than the due time"):
+        stale_copies(job)[copy].reschedule(in_=3600)  # past its expiry: it would never run
+    assert Job.objects.get(pk=job.pk).run_at == job.run_at
+
+
+@pytest.mark.parametrize("copy", [0, 1], ids=["changed", "bare"])
+def test_purge_of_a_stale_instance_removes_the_id_from_its_rows_garbage(copy):
+    job = schedule(tasks.fail, in_=0, queue="orders", max_attempts=1)
+    call_command("run_delayworker", "--burst", "--queues", "orders", "-v", "0")
+    assert Job.objects.get(pk=job.pk).status == Status.DEAD
+    assert list(where(job)) == ["orders:garbage"]
+    assert purge(stale_copies(job)[copy]) is True
+    assert where(job) == {}
