@@ -17,6 +17,7 @@ from django_delayjobs.models import Job, Status
 from django_delayjobs.services import purge
 from django_delayjobs.timing import to_ms
 from tests.testapp import tasks
+from tests.testapp.models import Record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -147,3 +148,18 @@ def test_purge_of_a_stale_instance_removes_the_id_from_its_rows_garbage(copy):
     assert list(where(job)) == ["orders:garbage"]
     assert purge(stale_copies(job)[copy]) is True
     assert where(job) == {}
+
+
+# -- an expiry that is merely short ---------------------------------------------------------
+
+
+def test_an_expiry_a_microsecond_after_the_due_time_is_accepted_and_skipped_visibly():
+    """No margin is added to ``expires`` (docs/scheduling.md): a window too short to be
+    met is the caller's choice, and ends ``skipped`` with its reason, not run."""
+    job = schedule(tasks.record, in_=0, args=["x"], expires=timedelta(microseconds=1))
+    assert job.expires_at - job.run_at == timedelta(microseconds=1)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.SKIPPED
+    assert job.events.get(kind="skipped").message == f"expired at {job.expires_at.isoformat()}"
+    assert not Record.objects.exists()
