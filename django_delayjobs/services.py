@@ -529,9 +529,7 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
     extra = door.check_positive(
         delayjobs_settings.MAX_ATTEMPTS if attempts is None else attempts, "attempts"
     )
-    limit = door.MAX_ATTEMPTS_LIMIT
-    if job.attempts > limit - extra:  # a dead job's attempts no longer change
-        raise InvalidSchedule(f"{job.attempts} + {extra} attempts exceed {limit}")
+    most = door.MAX_ATTEMPTS_LIMIT - extra  # the row's attempts, not a copy's: see below
     actor = door.check_actor(actor)
     now = timezone.now()
     dead = Job.objects.filter(pk=job.pk, status=Status.DEAD)
@@ -540,17 +538,18 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
             with transaction.atomic(using=sql.db()):  # the key's constraint may refuse it
                 # one past its expiry would be skipped at once: never to run, as reschedule
                 unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
-                won = dead.filter(unexpired).update(
+                won = dead.filter(unexpired, attempts__lte=most).update(
                     status=Status.SCHEDULED, run_at=now, finished_at=None,
                     # Attempts only grow: the attempt number is the fencing token of outcomes.
                     max_attempts=F("attempts") + extra,
                 )  # fmt: skip
         except IntegrityError:
-            holder = _existing(job)
+            row = Job.objects.only("queue", "key").get(pk=job.pk)  # the key, not a copy's
+            holder = _existing(row)
             if holder is None:
                 raise
             raise InvalidSchedule(
-                f"job {holder.pk} holds the key {job.key!r} now: cancel it first"
+                f"job {holder.pk} holds the key {row.key!r} now: cancel it first"
             ) from None
         if won:
             # Tolerantly: a poison row (JSON Python cannot parse) is requeued all the same,
@@ -558,9 +557,13 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
             job.refresh_from_db(from_queryset=tolerant(Job.objects.all()))
             _event(job, EventKind.REQUEUED, actor, f"{extra} more attempt(s)")
             _after_commit(lambda: _requeue_in_redis(job))
-        elif expired := tolerant(dead.filter(expires_at__lte=now).only("expires_at")).first():
+        elif refused := tolerant(dead.only("attempts", "expires_at")).first():
+            if refused.attempts > most:  # max_attempts would overflow its column
+                raise InvalidSchedule(
+                    f"{refused.attempts} + {extra} attempts exceed {door.MAX_ATTEMPTS_LIMIT}"
+                )
             raise InvalidSchedule(
-                f"the job expired at {_iso(expired.expires_at)}: it would be skipped at once"
+                f"the job expired at {_iso(refused.expires_at)}: it would be skipped at once"
             )
     return bool(won)
 

@@ -14,7 +14,7 @@ from django_delayjobs import schedule, signals
 from django_delayjobs.connection import get_engine
 from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, Status
-from django_delayjobs.services import purge
+from django_delayjobs.services import purge, requeue
 from django_delayjobs.timing import to_ms
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -163,3 +163,31 @@ def test_an_expiry_a_microsecond_after_the_due_time_is_accepted_and_skipped_visi
     assert job.status == Status.SKIPPED
     assert job.events.get(kind="skipped").message == f"expired at {job.expires_at.isoformat()}"
     assert not Record.objects.exists()
+
+
+@pytest.mark.parametrize("copy", [0, 1], ids=["changed", "bare"])
+def test_requeue_of_a_stale_instance_checks_the_rows_attempts(copy):
+    """The row's attempts plus the ones given must fit the column (2**31 - 1); a copy that
+    says fewer attempts than the row must not let the UPDATE overflow it (PostgreSQL's
+    ``DataError``, or on SQLite a ``max_attempts`` past what ``schedule`` accepts)."""
+    job = schedule(tasks.fail, in_=0, queue="orders", max_attempts=1)
+    call_command("run_delayworker", "--burst", "--queues", "orders", "-v", "0")
+    copy_ = stale_copies(job)[copy]
+    copy_.attempts = 0
+    with pytest.raises(InvalidSchedule, match=r"1 \+ 2147483647 attempts exceed 2147483647"):
+        requeue(copy_, attempts=2**31 - 1)
+    assert Job.objects.get(pk=job.pk).max_attempts == 1
+    assert requeue(copy_, attempts=2**31 - 2) is True
+    assert Job.objects.get(pk=job.pk).max_attempts == 2**31 - 1
+
+
+@pytest.mark.parametrize("copy", [0, 1], ids=["changed", "bare"])
+def test_requeue_of_a_stale_instance_names_the_job_holding_the_rows_key(copy):
+    job = schedule(tasks.fail, in_=0, queue="orders", key="order-1", max_attempts=1)
+    call_command("run_delayworker", "--burst", "--queues", "orders", "-v", "0")
+    holder = schedule(tasks.record, in_=3600, args=["x"], queue="orders", key="order-1")
+    copy_ = stale_copies(job)[copy]
+    copy_.key = None
+    with pytest.raises(InvalidSchedule, match=f"job {holder.pk} holds the key 'order-1' now"):
+        requeue(copy_)  # not the key constraint's IntegrityError
+    assert Job.objects.get(pk=job.pk).status == Status.DEAD
