@@ -800,6 +800,11 @@ class Execution:
         outcome, retry_at = after_failure(job, exc)
         if outcome == Outcome.DEAD:
             return self.finish(Outcome.DEAD, error, failed=True, duration=duration)
+        if outcome == Outcome.SKIPPED:
+            assert job.expires_at is not None and retry_at is not None
+            why = (f"expires at {job.expires_at.isoformat()}, before its next attempt would "
+                   f"be due ({retry_at.isoformat()})")  # fmt: skip
+            return self.finish(Outcome.SKIPPED, error, failed=True, duration=duration, why=why)
         retry = {"status": Status.RETRYING, "run_at": retry_at, "last_error": error}
         result = Result(Outcome.RETRYING, job, error, True, retry_at, duration)
         return self.write(job, retry, [(EventKind.FAILED, error)], result)
@@ -812,15 +817,17 @@ class Execution:
         failed: bool = False,
         duration: float | None = None,
         fence: bool = True,
+        why: str = "",
     ) -> Result:
-        """Record a final outcome other than success (skipped or dead)."""
+        """Record a final outcome other than success (skipped or dead). After a failed
+        attempt (``failed``), ``message`` is the failure's event and ``why`` the outcome's."""
         job = self.job
         assert job is not None
         message = sql.clean_text(message)  # it may quote an exception
         final = {"status": Status(outcome.value), "finished_at": timezone.now(),
                  "last_error": message}  # fmt: skip
         events: list[tuple[str, str]] = [(EventKind.FAILED, message)] if failed else []
-        events.append((EventKind(outcome.value), "" if failed else message))
+        events.append((EventKind(outcome.value), why if failed else message))
         result = Result(outcome, job, message, failed, None, duration)
         return self.write(job, final, events, result, fence=fence)
 

@@ -99,7 +99,9 @@ MAX_RETRY_AFTER = datetime.timedelta(days=1)
 
 
 def after_failure(job: Job, exc: BaseException) -> tuple[Outcome, datetime.datetime | None]:
-    """Decide what a failed attempt leads to: ``(DEAD, None)`` or ``(RETRYING, when)``.
+    """Decide what a failed attempt leads to: ``(DEAD, None)``, ``(RETRYING, when)``, or
+    ``(SKIPPED, when)`` if the next attempt would be due at or after the job's
+    ``expires_at`` (a claim then would only skip it).
 
     The one place that says whether attempts are left and when the next one is due. An
     exception group (an asyncio ``TaskGroup``'s) is what it holds: a ``GiveUp`` anywhere
@@ -113,7 +115,10 @@ def after_failure(job: Job, exc: BaseException) -> tuple[Outcome, datetime.datet
         delay = datetime.timedelta(seconds=min(max(max(asked), 0.0), 86_400.0))
     else:
         delay = datetime.timedelta(seconds=backoff_seconds(job.attempts))
-    return Outcome.RETRYING, timezone.now() + min(delay, MAX_RETRY_AFTER)
+    retry_at = timezone.now() + min(delay, MAX_RETRY_AFTER)
+    if job.expires_at is not None and retry_at >= job.expires_at:
+        return Outcome.SKIPPED, retry_at
+    return Outcome.RETRYING, retry_at
 
 
 def leaves(exc: BaseException) -> list[BaseException]:
@@ -306,9 +311,8 @@ def send_signals(result: Result) -> bool:
     extra: dict[str, Any] = {"error": result.error}
     if result.outcome == Outcome.SUCCEEDED:
         return signals.send(signals.job_succeeded, job)
-    if result.outcome == Outcome.RETRYING:
-        return signals.send(signals.job_failed, job, **extra)
+    # The action raised: retrying, dead, or skipped (no time left for another attempt).
+    failed = result.failed and signals.send(signals.job_failed, job, **extra)
     if result.outcome == Outcome.DEAD:
-        failed = result.failed and signals.send(signals.job_failed, job, **extra)
         return signals.send(signals.job_dead, job, **extra) or failed
-    return False
+    return failed

@@ -357,17 +357,19 @@ def cancel(job: Job | Any, *, actor: str = "code") -> bool:
     while True:
         now = timezone.now()
         with transaction.atomic(using=sql.db()):
-            won = Job.objects.filter(pk=job.pk, status__in=WAITING).update(
-                status=Status.CANCELLED, finished_at=now
-            )
-            if won:
+            queue = sql.cancel_waiting(job.pk, now)
+            if queue is not None:
                 job.status, job.finished_at = Status.CANCELLED, now
                 _event(job, EventKind.CANCELLED, actor)
-                _after_commit(_redis(lambda: get_engine().remove(job.queue, [str(job.pk)])))
+                _after_commit(_redis(partial(_remove, queue, str(job.pk))))
                 _send(signals.job_cancelled, job)
                 return True
         if not _waiting_again(job):
             return False
+
+
+def _remove(queue: str, job_id: str) -> None:
+    get_engine().remove(queue, [job_id])
 
 
 def _waiting_again(job: Job) -> bool:
@@ -483,18 +485,17 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
     job = _job(job)
     run_at = timing.due_time(in_, at)
     actor = door.check_actor(actor)
-    if isinstance(job.expires_at, Unreadable):  # a poison row read by rows.tolerant()
-        raise InvalidSchedule(f"the job's expires_at cannot be read ({job.expires_at}): cancel it")
-    if job.expires_at is not None:  # as build_job: never to run
-        timing.check_runnable(run_at, job.expires_at)
     while True:
         with transaction.atomic(using=sql.db()):
             # The row as it is now, locked until the UPDATE: its due time is the one
-            # replaced, whatever copy of the job the caller holds (a poison row's).
+            # replaced, and its queue, priority and expiry the ones that count, whatever
+            # copy of the job the caller holds (one it changed, a poison row's).
             waiting = Job.objects.select_for_update().filter(pk=job.pk, status__in=WAITING)
-            row = tolerant(waiting.only("run_at")).first()
+            row = tolerant(waiting.only("run_at", "queue", "priority", "expires_at")).first()
+            if row is not None:
+                _check_expiry(row, run_at)
             if row is not None and waiting.update(run_at=run_at):
-                before, job.run_at = row.run_at, run_at
+                before, job.run_at, row.run_at = row.run_at, run_at, run_at
                 _event(
                     job,
                     EventKind.RESCHEDULED,
@@ -504,10 +505,18 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
                 )
                 # add() moves a pending id; an id already promoted is handed back by the
                 # worker, which sees the new run_at when it claims the row.
-                _after_commit(lambda: push([job]))
+                _after_commit(partial(push, [row]))
                 return True
         if not _waiting_again(job):
             return False
+
+
+def _check_expiry(row: Job, run_at: datetime.datetime) -> None:
+    """Refuse ``run_at`` for a job that would never run then (``build_job``'s rule)."""
+    if isinstance(row.expires_at, Unreadable):  # a poison row read by rows.tolerant()
+        raise InvalidSchedule(f"the job's expires_at cannot be read ({row.expires_at}): cancel it")
+    if row.expires_at is not None:
+        timing.check_runnable(run_at, row.expires_at)
 
 
 def _iso(value: object) -> str:
@@ -520,9 +529,7 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
     extra = door.check_positive(
         delayjobs_settings.MAX_ATTEMPTS if attempts is None else attempts, "attempts"
     )
-    limit = door.MAX_ATTEMPTS_LIMIT
-    if job.attempts > limit - extra:  # a dead job's attempts no longer change
-        raise InvalidSchedule(f"{job.attempts} + {extra} attempts exceed {limit}")
+    most = door.MAX_ATTEMPTS_LIMIT - extra  # the row's attempts, not a copy's: see below
     actor = door.check_actor(actor)
     now = timezone.now()
     dead = Job.objects.filter(pk=job.pk, status=Status.DEAD)
@@ -531,17 +538,18 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
             with transaction.atomic(using=sql.db()):  # the key's constraint may refuse it
                 # one past its expiry would be skipped at once: never to run, as reschedule
                 unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
-                won = dead.filter(unexpired).update(
+                won = dead.filter(unexpired, attempts__lte=most).update(
                     status=Status.SCHEDULED, run_at=now, finished_at=None,
                     # Attempts only grow: the attempt number is the fencing token of outcomes.
                     max_attempts=F("attempts") + extra,
                 )  # fmt: skip
         except IntegrityError:
-            holder = _existing(job)
+            row = Job.objects.only("queue", "key").get(pk=job.pk)  # the key, not a copy's
+            holder = _existing(row)
             if holder is None:
                 raise
             raise InvalidSchedule(
-                f"job {holder.pk} holds the key {job.key!r} now: cancel it first"
+                f"job {holder.pk} holds the key {row.key!r} now: cancel it first"
             ) from None
         if won:
             # Tolerantly: a poison row (JSON Python cannot parse) is requeued all the same,
@@ -549,9 +557,13 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
             job.refresh_from_db(from_queryset=tolerant(Job.objects.all()))
             _event(job, EventKind.REQUEUED, actor, f"{extra} more attempt(s)")
             _after_commit(lambda: _requeue_in_redis(job))
-        elif expired := tolerant(dead.filter(expires_at__lte=now).only("expires_at")).first():
+        elif refused := tolerant(dead.only("attempts", "expires_at")).first():
+            if refused.attempts > most:  # max_attempts would overflow its column
+                raise InvalidSchedule(
+                    f"{refused.attempts} + {extra} attempts exceed {door.MAX_ATTEMPTS_LIMIT}"
+                )
             raise InvalidSchedule(
-                f"the job expired at {_iso(expired.expires_at)}: it would be skipped at once"
+                f"the job expired at {_iso(refused.expires_at)}: it would be skipped at once"
             )
     return bool(won)
 
@@ -581,11 +593,15 @@ def purge(job: Job | Any, *, died_by: datetime.datetime | None = None) -> bool:
         dead = Job.objects.select_for_update().filter(pk=job.pk, status=Status.DEAD)
         if died_by is not None:
             dead = dead.filter(Q(finished_at__lte=died_by) | Q(finished_at__isnull=True))
+        # Its id is in the garbage of the queue its row names, whatever the caller's copy says.
+        queue = dead.values_list("queue", flat=True).first()
+        if queue is None:
+            return False
         # Django's collector reads the rows it deletes: tolerantly, or a poison row (the
         # very row a purge is for) could never be deleted.
-        deleted = bool(dead.values_list("pk", flat=True)) and tolerant(dead).delete()[0]
+        deleted = tolerant(dead).delete()[0]
         if deleted:
-            _after_commit(_redis(lambda: get_engine().purge(job.queue, [str(job.pk)])))
+            _after_commit(_redis(lambda: get_engine().purge(queue, [str(job.pk)])))
     return bool(deleted)
 
 

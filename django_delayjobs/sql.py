@@ -23,7 +23,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q
 from django.utils import timezone
 
-from .models import ACTIVE, FINISHED, Job, JobEvent, Status
+from .models import ACTIVE, FINISHED, WAITING, Job, JobEvent, Status
 
 _JOB = Job._meta
 _EVENT = JobEvent._meta
@@ -170,6 +170,31 @@ def update_fenced(job: Job, values: Mapping[str, Any]) -> bool:
     with conn.cursor() as cursor:
         cursor.execute(_fenced_sql(alias, fields), params)
         return bool(cursor.rowcount)
+
+
+def cancel_waiting(job_id: object, now: datetime) -> str | None:
+    """Cancel the job if it waits (scheduled or retrying); return the queue its row names
+    (where Redis holds its id, whatever a caller's copy of the job says), or None if it
+    was not waiting. One statement where the database can return the row's values."""
+    alias = db()
+    conn = connections[alias]
+    table = conn.ops.quote_name(_JOB.db_table)
+    queue, pk, status = (_q(conn, _JOB, name) for name in ("queue", "id", "status"))
+    sql = (f"UPDATE {table} SET {status} = %s, {_q(conn, _JOB, 'finished_at')} = %s"
+           f" WHERE {pk} = %s AND {status} IN ({', '.join(['%s'] * len(WAITING))})")  # fmt: skip
+    key = _prep(conn, _JOB, "id", job_id)
+    params = [Status.CANCELLED.value, _prep(conn, _JOB, "finished_at", now), key,
+              *(s.value for s in WAITING)]  # fmt: skip
+    with conn.cursor() as cursor:
+        if _row_plan(conn).returning:
+            cursor.execute(f"{sql} RETURNING {queue}", params)
+        else:
+            cursor.execute(sql, params)
+            if not cursor.rowcount:
+                return None
+            cursor.execute(f"SELECT {queue} FROM {table} WHERE {pk} = %s", [key])
+        row = cursor.fetchone()
+    return None if row is None else str(row[0])
 
 
 def holds_fence(job: Job) -> bool:
