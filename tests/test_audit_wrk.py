@@ -235,3 +235,32 @@ def test_an_overrun_whose_failure_waits_for_a_lock_keeps_its_lease_till_the_exit
         assert worker.returncode == 1 and samples > 20
     finally:
         stop(worker)
+
+
+# -- round 3: start-up and operational logging -------------------------------------------
+
+
+def test_an_idle_worker_says_when_the_database_is_back(redis_url, tmp_path):
+    """The outage is met by a delivery, which is then gone: no later delivery would say
+    that the database is back, so the worker's own periodic contact with it must."""
+    from tests.test_worker_processes import DatabaseOutage
+
+    outage = DatabaseOutage()
+    env = {**outage.env, "DELAYJOBS_HEARTBEAT_SECONDS": "0.5"}
+    log = tmp_path / "w.log"
+    worker = start_worker(redis_url, env=env, log=log)
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.record, in_=0.5, args=["met the outage"])
+        outage.start()
+        wait_for(lambda: "worker: the database is unavailable" in log.read_text())
+        # Handed back, due again in 1 s: taken out of Redis, the worker is idle from now on.
+        wait_for(lambda: get_engine().remove("default", [str(job.pk)]) == 1)
+        outage.end()
+        wait_for(lambda: "the database is back" in log.read_text(), timeout=15)
+    finally:
+        outage.end()
+        assert stop(worker) == 0
+    text = log.read_text()
+    assert text.count("worker: the database is unavailable (") == 1, text  # one per process
+    assert "Traceback" not in text, text
