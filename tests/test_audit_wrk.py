@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -19,7 +20,7 @@ from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import Engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.worker import Options, WorkerProcess
-from tests.helpers import start_worker, stop, wait_for
+from tests.helpers import ROOT, start_worker, stop, wait_for, worker_env
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -264,3 +265,20 @@ def test_an_idle_worker_says_when_the_database_is_back(redis_url, tmp_path):
     text = log.read_text()
     assert text.count("worker: the database is unavailable (") == 1, text  # one per process
     assert "Traceback" not in text, text
+
+
+def test_a_database_the_jobs_do_not_use_does_not_stop_the_worker(redis_url, tmp_path):
+    """Django 6.1's system checks open every alias they are given, every one by default: an
+    alias the jobs do not live on that cannot be opened (its server down, its directory
+    gone) refused the worker, in a line that did not name it. The worker checks the
+    database its jobs live on; actions that use the other one fail and are retried."""
+    env = {"DELAYJOBS_TEST_THINGS_DB": str(tmp_path / "no-such-directory" / "things.sqlite3")}
+    job = schedule(tasks.record, in_=0, args=["ran"])
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+         "--burst"],
+        cwd=ROOT, env={**worker_env(redis_url), **env}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
