@@ -282,3 +282,21 @@ def test_a_database_the_jobs_do_not_use_does_not_stop_the_worker(redis_url, tmp_
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+
+
+def test_the_wal_checkpoints_touch_only_the_database_the_jobs_live_on(redis_url, tmp_path):
+    """They opened every SQLite alias of the project after each burst of jobs: one the
+    jobs never use was created as an empty file (or failed there, unseen), and its
+    connections, opened by actions, were left without SQLite's own checkpoints."""
+    things = tmp_path / "things.sqlite3"
+    env = {"DELAYJOBS_TEST_THINGS_DB": str(things), "DELAYJOBS_HEARTBEAT_SECONDS": "0.2"}
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        for n in range(3):  # one checkpoint after each (at most one a second)
+            job = schedule(tasks.record, in_=0, args=[f"job {n}"])
+            wait_for(lambda job=job: Job.objects.get(pk=job.pk).status == Status.SUCCEEDED)
+            time.sleep(1.2)  # the next checkpoint is due: an observation window, no wait
+    finally:
+        assert stop(worker) == 0
+    assert not things.exists()
