@@ -15,6 +15,7 @@ import enum
 import logging
 import math
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -168,7 +169,8 @@ SETTLED_SECONDS = 2.0
 
 
 class Outage:
-    """Logs a Redis outage once, counts what failed while it lasts, and says when it ends.
+    """Logs an outage of Redis (or of ``service``) once, counts what failed while it
+    lasts, and says when it ends. One may be shared by the threads of a process.
 
     It ends once calls succeed and none has failed for ``SETTLED_SECONDS`` (said at the
     next call, which may be the first failure of the next outage): while one master of a
@@ -176,31 +178,36 @@ class Outage:
     and that is one outage, not one per call that happened to succeed.
     """
 
-    def __init__(self, what: str, consequence: str) -> None:
+    def __init__(self, what: str, consequence: str, service: str = "Redis") -> None:
         self.what = what
         self.consequence = consequence
+        self.service = service
         self.failures = 0
         self.since: datetime.datetime | None = None
         self.last_failure = self.last_ok = 0.0  # time.monotonic()
+        self.lock = threading.Lock()  # one line per outage, whichever threads meet it
 
-    def failed(self, exc: BaseException) -> None:
-        now = time.monotonic()
-        if self.failures and self.last_ok > self.last_failure:
-            self._end(now)  # calls succeeded after the last failure: maybe long ago
-        self.failures += 1
-        self.last_failure = now
-        if self.failures == 1:
-            self.since = timezone.now()
-            logger.warning("%s: Redis is unavailable (%s); %s", self.what, exc, self.consequence)
+    def failed(self, exc: BaseException | str) -> None:
+        with self.lock:
+            now = time.monotonic()
+            if self.failures and self.last_ok > self.last_failure:
+                self._end(now)  # calls succeeded after the last failure: maybe long ago
+            self.failures += 1
+            self.last_failure = now
+            if self.failures == 1:
+                self.since = timezone.now()
+                logger.warning("%s: %s is unavailable (%s); %s", self.what, self.service, exc,
+                               self.consequence)  # fmt: skip
 
     def ok(self) -> None:
-        self.last_ok = time.monotonic()
-        self._end(self.last_ok)
+        with self.lock:
+            self.last_ok = time.monotonic()
+            self._end(self.last_ok)
 
     def _end(self, now: float) -> None:
         if self.failures and now - self.last_failure >= SETTLED_SECONDS:
-            logger.warning("%s: Redis is back after %d failed call(s) since %s", self.what,
-                           self.failures, self.since)  # fmt: skip
+            logger.warning("%s: %s is back after %d failed call(s) since %s", self.what,
+                           self.service, self.failures, self.since)  # fmt: skip
             self.failures = 0
 
 

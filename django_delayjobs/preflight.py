@@ -111,10 +111,11 @@ def deployment_uid() -> str:
     return str(deployment.uid)
 
 
-def check_owner(engine: Engine) -> None:
+def check_owner(engine: Engine, mine: str | None = None) -> None:
     """Raise ``ConfigurationError`` if another deployment's workers use this Redis database
-    and ``PREFIX``: each would take the other's ids, find no row, and drop them."""
-    mine = deployment_uid()
+    and ``PREFIX``: each would take the other's ids, find no row, and drop them. ``mine``:
+    this deployment's id, if read already (``deployment_uid``)."""
+    mine = mine or deployment_uid()
     recorded = engine.claim_owner(mine)
     if recorded != mine:
         raise ConfigurationError(

@@ -7,7 +7,8 @@ queue's p99 lateness. While a worker process runs, its connections to SQLite dat
 are opened with ``PRAGMA wal_autocheckpoint=0`` and the housekeeping thread runs a
 ``PASSIVE`` checkpoint (one that never waits for readers or writers) at most once a
 second, beside the worker threads, when jobs have finished since the last one (an idle
-worker does no disk I/O). Other processes' connections keep SQLite's default.
+worker does no disk I/O). Only the database the jobs live on: the project's other aliases,
+and other processes' connections, keep SQLite's default.
 
 A PASSIVE checkpoint alone lets the WAL grow for as long as the worker is busy: the WAL
 starts again from its beginning only once all of it is copied, and a worker thread
@@ -22,13 +23,17 @@ write lock while it waits); when it cannot have them, the next checkpoint tries 
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from typing import Any
 
 from django.db import Error as DatabaseError
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
+
+from . import sql
+
+logger = logging.getLogger("django_delayjobs.worker")
 
 UID = "django_delayjobs.walcheckpoint"
 #: The WAL is started over once it holds this many pages (256 MiB of 4 KiB pages).
@@ -38,7 +43,7 @@ RESTART_WAIT_MS = 5
 
 
 def _no_autocheckpoint(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    if connection.vendor == "sqlite":
+    if connection.vendor == "sqlite" and connection.alias == sql.db():
         with connection.cursor() as cursor:
             cursor.execute("PRAGMA wal_autocheckpoint=0")
 
@@ -53,15 +58,20 @@ def give_back() -> None:
 
 
 def checkpoint() -> None:
-    """Copy the WAL of every SQLite database back into it (in-memory databases have no
-    WAL), and start a long WAL over (above). A failure is left to the next call."""
-    for conn in connections.all():
-        if conn.vendor != "sqlite" or conn.is_in_memory_db():  # type: ignore[attr-defined]
-            continue
-        with contextlib.suppress(DatabaseError), conn.cursor() as cursor:
+    """Copy the WAL of the jobs' database, if SQLite, back into it (an in-memory one has
+    no WAL), and start a long WAL over (above). A failure is logged and left to the next
+    call."""
+    conn = connections[sql.db()]
+    if conn.vendor != "sqlite" or conn.is_in_memory_db():  # type: ignore[attr-defined]
+        return
+    try:
+        with conn.cursor() as cursor:
             cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
             if cursor.fetchone()[1] >= RESTART_PAGES:  # pages in the WAL (-1: not WAL)
                 _restart(cursor)
+    except DatabaseError as exc:
+        logger.warning("could not checkpoint the WAL of SQLite database %r (%s); trying "
+                       "again after the next jobs", conn.alias, exc)  # fmt: skip
 
 
 def _restart(cursor: Any) -> None:

@@ -46,7 +46,7 @@ from .execution import Execution, receivers_left_behind
 from .logs import job_fields
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
-from .preflight import check_owner
+from .preflight import check_owner, deployment_uid
 from .promoter import BrokenKeys, Promoter
 from .reconcile import horizon, reconcile
 from .retention import AutoPrune
@@ -155,11 +155,14 @@ class Backoff:
     An outage ends once calls have succeeded for ``SETTLED_SECONDS`` with no failure: while
     one master of a Cluster fails over, calls to the others succeed between failed ones,
     and that is one outage, not one per call that happened to succeed.
+
+    Given an ``outage``, the lines are its: one per outage for every thread that shares it.
     """
 
-    def __init__(self, stop: threading.Event, what: str) -> None:
+    def __init__(self, stop: threading.Event, what: str, outage: Outage | None = None) -> None:
         self.stop = stop
         self.what = what
+        self.outage = outage
         self.delay = 0.0
         self.failures = 0
         self.last_failure = 0.0
@@ -170,12 +173,18 @@ class Backoff:
         if isinstance(exc, WrongType) or isinstance(getattr(exc, "__cause__", None), WrongType):
             problem = "a key of a queue has the wrong type"  # Redis itself answers
         self.delay = self.next_delay()
+        if self.outage is not None:
+            self.outage.failed(exc)
+        else:
+            self._failed(problem, exc)
+        self.stop.wait(self.delay if pause is None else pause)
+
+    def _failed(self, problem: str, exc: BaseException | str) -> None:
         self.failures += 1
         self.last_failure = time.monotonic()
         if self.failures == 1:
             logger.warning("%s: %s (%s); retrying every %.1f-5 s until it is back", self.what,
                            problem, exc, self.delay)  # fmt: skip
-        self.stop.wait(self.delay if pause is None else pause)
 
     def next_delay(self) -> float:
         """The delay the next failure sleeps: 0.2 s, doubling up to 5 s."""
@@ -183,7 +192,9 @@ class Backoff:
 
     def ok(self) -> None:
         self.delay = 0.0
-        if self.failures and time.monotonic() - self.last_failure >= SETTLED_SECONDS:
+        if self.outage is not None:
+            self.outage.ok()
+        elif self.failures and time.monotonic() - self.last_failure >= SETTLED_SECONDS:
             logger.warning("%s: back after %d failed attempt(s)", self.what, self.failures)
             self.failures = 0
 
@@ -223,6 +234,9 @@ class WorkerProcess:
         self.outage = Outage(
             "worker", "outcomes are in the database; ids come back with their lease"
         )
+        # The database's, shared by every thread that meets it, and ended by any of them:
+        # an idle worker's owner check says that it is back (``check_owner``).
+        self.database = Outage("worker", "the jobs wait until it is back", "the database")
         self.beat_lock = threading.Lock()  # a last heartbeat never follows unregister()
         self.unregistered = False  # guarded by beat_lock: no heartbeat is written after
         self.pruner = AutoPrune(engine)  # PRUNE_AFTER_SECONDS; never raises
@@ -413,11 +427,13 @@ class WorkerProcess:
     def reconcile_loop(self) -> None:
         """Repair Redis from the database every RECONCILE_SECONDS, beside the promoter: a
         long sweep (many jobs due within the horizon) must not delay promotion."""
-        backoff = Backoff(self.stopping, "reconcile")
+        backoff = Backoff(self.stopping, "reconcile")  # Redis's calls
+        database = Backoff(self.stopping, "reconcile", self.database)
         while not self.stopping.is_set():
             try:
                 reconcile(self.engine, horizon=horizon())
                 backoff.ok()
+                database.ok()
             except PartlyUnavailable as exc:  # the shards it reached were repaired
                 backoff.failed("Redis is unavailable", exc, delayjobs_settings.RECONCILE_SECONDS)
                 continue
@@ -426,7 +442,7 @@ class WorkerProcess:
                 continue
             except DatabaseError as exc:
                 drop_connections()
-                backoff.failed("the database is unavailable", exc)
+                database.failed("the database is unavailable", exc)
                 continue
             sql.close_stale()
             self.stopping.wait(delayjobs_settings.RECONCILE_SECONDS)
@@ -435,7 +451,7 @@ class WorkerProcess:
         backoff = Backoff(self.stopping, "worker")  # Redis's calls
         # The database's, apart: a claim that Redis answers is no end of its outage (it
         # reset the backoff, and each delivery was handed back 0.2 s after the last).
-        database = Backoff(self.stopping, "worker")
+        database = Backoff(self.stopping, "worker", self.database)
         queues = list(self.options.queues)
         redis_lost: float | None = None  # when Redis became unreachable, in a burst
         while not self.stopping.is_set():
@@ -791,10 +807,16 @@ class WorkerProcess:
             self.stopped.wait(min(beat_every, CHECKPOINT_SECONDS))
 
     def check_owner(self) -> None:
-        """After Redis lost its data another deployment may have claimed this PREFIX."""
+        """After Redis lost its data another deployment may have claimed this PREFIX. Its
+        read is also this process's contact with the database while it runs no job: a
+        worker left idle by an outage still says when the database is back."""
         try:
-            check_owner(self.engine)
-        except (DatabaseError, EngineUnavailable):  # Redis's outage: the heartbeat's to log
+            mine = deployment_uid()
+            self.database.ok()
+            check_owner(self.engine, mine)
+        except DatabaseError as exc:  # deployment_uid's: the only read of the database
+            self.database.failed(exc)
+        except EngineUnavailable:  # Redis's outage: the heartbeat's to log
             pass  # checked again at the next beat
         except ConfigurationError as exc:
             self.die(str(exc))

@@ -129,6 +129,10 @@ class TcpProxy:
         import socket
 
         if self.listener:
+            # Wakes the accept() under way (close() alone leaves it listening on Linux, and
+            # the next up() finds the port in use).
+            with contextlib.suppress(OSError):
+                self.listener.shutdown(socket.SHUT_RDWR)
             self.listener.close()
             self.listener = None
         for conn in self.conns:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -19,7 +20,7 @@ from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import Engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.worker import Options, WorkerProcess
-from tests.helpers import start_worker, stop, wait_for
+from tests.helpers import ROOT, start_worker, stop, wait_for, worker_env
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -235,3 +236,67 @@ def test_an_overrun_whose_failure_waits_for_a_lock_keeps_its_lease_till_the_exit
         assert worker.returncode == 1 and samples > 20
     finally:
         stop(worker)
+
+
+# -- round 3: start-up and operational logging -------------------------------------------
+
+
+def test_an_idle_worker_says_when_the_database_is_back(redis_url, tmp_path):
+    """The outage is met by a delivery, which is then gone: no later delivery would say
+    that the database is back, so the worker's own periodic contact with it must."""
+    from tests.test_worker_processes import DatabaseOutage
+
+    outage = DatabaseOutage()
+    env = {**outage.env, "DELAYJOBS_HEARTBEAT_SECONDS": "0.5"}
+    log = tmp_path / "w.log"
+    worker = start_worker(redis_url, env=env, log=log)
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.record, in_=0.5, args=["met the outage"])
+        outage.start()
+        wait_for(lambda: "worker: the database is unavailable" in log.read_text())
+        # Handed back, due again in 1 s: taken out of Redis, the worker is idle from now on.
+        wait_for(lambda: get_engine().remove("default", [str(job.pk)]) == 1)
+        outage.end()
+        wait_for(lambda: "the database is back" in log.read_text(), timeout=15)
+    finally:
+        outage.end()
+        assert stop(worker) == 0
+    text = log.read_text()
+    assert text.count("worker: the database is unavailable (") == 1, text  # one per process
+    assert "Traceback" not in text, text
+
+
+def test_a_database_the_jobs_do_not_use_does_not_stop_the_worker(redis_url, tmp_path):
+    """Django 6.1's system checks open every alias they are given, every one by default: an
+    alias the jobs do not live on that cannot be opened (its server down, its directory
+    gone) refused the worker, in a line that did not name it. The worker checks the
+    database its jobs live on; actions that use the other one fail and are retried."""
+    env = {"DELAYJOBS_TEST_THINGS_DB": str(tmp_path / "no-such-directory" / "things.sqlite3")}
+    job = schedule(tasks.record, in_=0, args=["ran"])
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+         "--burst"],
+        cwd=ROOT, env={**worker_env(redis_url), **env}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+
+
+def test_the_wal_checkpoints_touch_only_the_database_the_jobs_live_on(redis_url, tmp_path):
+    """They opened every SQLite alias of the project after each burst of jobs: one the
+    jobs never use was created as an empty file (or failed there, unseen), and its
+    connections, opened by actions, were left without SQLite's own checkpoints."""
+    things = tmp_path / "things.sqlite3"
+    env = {"DELAYJOBS_TEST_THINGS_DB": str(things), "DELAYJOBS_HEARTBEAT_SECONDS": "0.2"}
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        for n in range(3):  # one checkpoint after each (at most one a second)
+            job = schedule(tasks.record, in_=0, args=[f"job {n}"])
+            wait_for(lambda job=job: Job.objects.get(pk=job.pk).status == Status.SUCCEEDED)
+            time.sleep(1.2)  # the next checkpoint is due: an observation window, no wait
+    finally:
+        assert stop(worker) == 0
+    assert not things.exists()

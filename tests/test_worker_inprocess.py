@@ -711,9 +711,9 @@ def test_a_process_that_has_stopped_never_heartbeats_again(monkeypatch):
     real_check, real_beat = worker.check_owner, WorkerProcess.heartbeat
     released, beaten = threading.Event(), threading.Event()
 
-    def slow_database(engine):  # the owner check waits on a busy database
+    def slow_database(engine, *args):  # the owner check waits on a busy database
         released.wait(10)
-        real_check(engine)
+        real_check(engine, *args)
 
     def heartbeat(self, ttl_ms):
         real_beat(self, ttl_ms)

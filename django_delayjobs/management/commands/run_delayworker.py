@@ -19,6 +19,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import Error as DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
+from ... import sql
 from ...conf import bounds, delayjobs_settings
 from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
@@ -173,8 +174,13 @@ class Command(SafeOutputCommand):
                 exit_within(delayjobs_settings.SHUTDOWN_GRACE_SECONDS, code)
 
     def check(self, *args: Any, **kwargs: Any) -> Any:
-        """Django's system checks, which may open the database before ``handle`` (on SQLite
-        Django 6.1 asks it whether it has JSON): one line too, not a traceback."""
+        """Django's system checks, on the database the jobs live on. Django 6.1 opens every
+        database it checks (on SQLite it asks whether it has JSON), every alias by default:
+        one the jobs do not use, down or gone, must not keep the worker from running them
+        (an action that uses it fails and is retried). An error: one line, not a
+        traceback."""
+        if kwargs.get("databases") is None:
+            kwargs["databases"] = [sql.db()]
         try:
             return super().check(*args, **kwargs)
         except DatabaseError as exc:
