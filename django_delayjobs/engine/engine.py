@@ -335,9 +335,9 @@ class Engine(Reader):
         """Put the ids Redis holds nowhere, or only in garbage, in flight with a lease;
         return them. For running jobs Redis lost (or holds as dead: a snapshot restored
         from before a retry): a worker still running one extends the lease (no second
-        worker gets it meanwhile); else it is recovered once the lease ends. An id a shard of an
-        older count of the queue holds is left there, where its worker extends its lease
-        (if such a shard cannot be looked at, nothing is adopted: ``EngineUnavailable``)."""
+        worker gets it meanwhile); else it is recovered once the lease ends. An id a shard
+        of an older count of the queue holds is left there, where its worker extends its
+        lease (if such a shard cannot be looked at, nothing is adopted: ``EngineUnavailable``)."""
         lease, adopted, given = _ms(lease_ms, "lease"), [], _ids(ids)
         each = PerShard()
         waiting, busy = self._withdraw(self._older(queue, [], each), given, False, each)
