@@ -201,17 +201,16 @@ def _states(engine: Engine, read: dict[str, Overview], *, with_dead: bool) -> li
             ],
             dead=_with_rows(o.garbage, rows) if with_dead else [],
             partial=o.partial,
-            missing=_missing(engine, name, o),
+            missing=missing_shards(engine, name, o.stats) if o.partial else [],
         )
         for name, o in read.items()
     ]
 
 
-def _missing(engine: Engine, name: str, read: Overview) -> list[str]:
-    """The shards of a queue read in part that did not answer."""
-    if not read.partial:
-        return []
-    answered = {s.queue for s in read.stats.shards or [read.stats]}
+def missing_shards(engine: Engine, name: str, stats: QueueStats) -> list[str]:
+    """The shards of a queue read in part (``stats``: of those that answered) that did
+    not answer."""
+    answered = {s.queue for s in stats.shards or [stats]}
     return [s for s in engine.shards(name) if s not in answered]
 
 

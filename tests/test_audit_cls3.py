@@ -6,11 +6,13 @@ Every test here needs a Redis Cluster (``pytest -m cluster``).
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 from django.urls import reverse
 
@@ -169,6 +171,14 @@ def test_a_queue_with_a_dead_shard_shows_the_counts_of_the_shards_that_answer(
             assert f'delayjobs_queue_readable{{queue="{queue}"}} 0.0' in text
             assert f'delayjobs_jobs_total{{outcome="scheduled",queue="{queue}"}}' not in text
             assert f'delayjobs_jobs_total{{queue="{queue}",' not in text
+
+            # delayjobs_stats shows the shards that answer, and ends naming the others.
+            out = io.StringIO()
+            with pytest.raises(CommandError, match=f"queue {queue} is shown in part"):
+                call_command("delayjobs_stats", queue, stdout=out)
+            lines = out.getvalue().splitlines()
+            assert lines[1].split()[:2] == [queue, str(pending)], lines
+            assert {line.split()[0] for line in lines[2:]} == set(shards) - set(lost)
         finally:
             cluster.restart(victim)
         assert f'delayjobs_queue_readable{{queue="{queue}"}} 1.0' in scrape()

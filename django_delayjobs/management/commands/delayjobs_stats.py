@@ -14,8 +14,8 @@ from django.core.management.base import CommandError
 
 from ...conf import delayjobs_settings
 from ...connection import get_engine
-from ...engine import DelayJobsError, Engine, QueueStats, WrongType, sharding
-from ...queues import ms_datetime
+from ...engine import DelayJobsError, Engine, PartlyUnavailable, QueueStats, WrongType, sharding
+from ...queues import missing_shards, ms_datetime
 from ..output import SafeOutputCommand
 
 COLUMNS = (
@@ -59,9 +59,9 @@ def empty(r: tuple[str, ...]) -> bool:
     return all(counts[c] == "0" for c in ("pending", "ready", "in_flight", "garbage", "workers"))
 
 
-def rows(engine: Engine, queue: str) -> list[tuple[str, ...]]:
+def rows(engine: Engine, queue: str, stats: QueueStats | None = None) -> list[tuple[str, ...]]:
     """The queue's row, then (for a queue of several shards) one row per shard."""
-    stats = engine.stats(queue)
+    stats = stats or engine.stats(queue)
     if not stats.shards:
         return [row(stats, master=engine.node_of(queue))]
     return [row(stats)] + [
@@ -93,6 +93,7 @@ class Command(SafeOutputCommand):
             table: list[tuple[str, ...]] = [COLUMNS]
             broken: list[str] = []
             unknown: list[str] = []
+            partial: list[str] = []
             try:
                 listed: list[str] | None = engine.known_queues()
             except WrongType as exc:  # the queues named can be shown, not told unknown
@@ -111,6 +112,10 @@ class Command(SafeOutputCommand):
                         unknown.append(queue)
                         continue
                     table += found
+                except PartlyUnavailable as exc:  # a master down: the shards that answer
+                    table += rows(engine, queue, exc.done)
+                    lost = ", ".join(missing_shards(engine, queue, exc.done))
+                    partial.append(f"queue {queue} is shown in part (not its shards {lost}): {exc}")
                 except WrongType as exc:  # that queue alone: the others are shown
                     broken.append(f"queue {queue}: {exc}")
         except (DelayJobsError, ValueError, TypeError) as exc:
@@ -121,6 +126,7 @@ class Command(SafeOutputCommand):
                 "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
             )
         problems = ["cannot read " + "; ".join(broken)] if broken else []
+        problems += partial
         if unknown:
             problems.append(f"unknown queue(s), never held by Redis: {', '.join(unknown)} "
                             f"(known: {', '.join(listed or []) or 'none'})")  # fmt: skip
