@@ -685,14 +685,15 @@ class WorkerProcess:
                 sql.close_stale(between_jobs=True)
 
     def settle_batch(self, queue: str, ids: list[str], acks: list[str]) -> None:
-        """Ack the finished ids in one call and stop extending the batch's leases."""
+        """Stop extending the batch's leases, then ack its finished ids in one call. Not
+        the other way round: an extension between the two would find them out of flight
+        and warn that their lease was lost. An ack that fails leaves them to their lease."""
+        self.release(ids, threading.get_ident())
         try:
             if acks:
                 self.engine.ack(queue, acks)
         except EngineUnavailable as exc:
             self.outage.failed(exc)
-        finally:
-            self.release(ids, threading.get_ident())
 
     def release(self, ids: Iterable[str], owner: int | None = None) -> list[str]:
         """Stop holding ``ids`` (those that worker thread ``owner`` claimed, if given: an
