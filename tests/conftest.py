@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import ssl
 import sys
 import threading
@@ -199,6 +200,36 @@ def tls_server(tls_ca: tuple[trustme.CA, str]) -> Iterator[CallbackServer]:
     server = CallbackServer(tls=context)
     yield server
     server.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Any) -> Iterator[EmbeddedRedis]:
+    """A redis-server of this test's own, which it may stop with SIGSTOP: it then takes
+    connections (the kernel does) and answers nothing, so every command waits for its
+    read timeout. Woken and stopped by pid at the end."""
+    server = EmbeddedRedis(tmp_path / "own-redis")
+    server.start()
+    assert server.pid is not None
+    try:
+        yield server
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.close()
+
+
+@pytest.fixture
+def own_jobs_redis(own_redis: EmbeddedRedis, settings: Any) -> EmbeddedRedis:
+    """``own_redis``, made the jobs' Redis (``REDIS_URL``) for this test."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": own_redis.url}
+    return own_redis
+
+
+@pytest.fixture
+def frozen_redis(own_redis: EmbeddedRedis) -> str:
+    """The URL of ``own_redis``, stopped with SIGSTOP from the start."""
+    assert own_redis.pid is not None
+    os.kill(own_redis.pid, signal.SIGSTOP)
+    return own_redis.url
 
 
 @pytest.fixture(scope="session")

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import datetime
-import os
 import re
-import signal
 import time
 
 import pytest
 from django.urls import reverse
 
 from django_delayjobs.connection import SOCKET_TIMEOUT
-from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import EventKind, Job, JobEvent, Status
 from django_delayjobs.services import build_job, schedule_many
 from tests.testapp import tasks
@@ -126,21 +123,6 @@ def test_an_action_refused_for_many_jobs_names_a_few_and_counts_the_rest(admin_c
 
 
 # -- actions while Redis does not answer ----------------------------------------------------
-
-
-@pytest.fixture
-def frozen_redis(tmp_path):
-    """The URL of a redis-server stopped with SIGSTOP: it takes connections (the kernel
-    does) and answers nothing, so every command waits for its read timeout."""
-    server = EmbeddedRedis(tmp_path / "redis")
-    url = server.start()
-    assert server.pid is not None
-    os.kill(server.pid, signal.SIGSTOP)
-    try:
-        yield url
-    finally:
-        os.kill(server.pid, signal.SIGCONT)
-        server.close()
 
 
 @pytest.mark.slow

@@ -17,14 +17,12 @@ from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import horizon, reconcile
 from tests.testapp.models import Thing
 
-from . import test_audit_adm2
 from .helpers import confirm_purge
 from .test_poison import plant
 from .test_rest_helpers import client_for, dead_job, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-frozen_redis = test_audit_adm2.frozen_redis  # a fixture: a redis-server stopped by SIGSTOP
 
 CHANGELIST = "admin:django_delayjobs_job_changelist"
 QUEUES = "admin:django_delayjobs_queues"

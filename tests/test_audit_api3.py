@@ -7,13 +7,11 @@ import ipaddress
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from django_delayjobs import schedule, services
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine, reset_engine
-from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
 from tests.testapp import tasks
 
@@ -30,22 +28,9 @@ def _clean_redis(redis_client):
 # -- cancel while Redis does not answer ------------------------------------------------------
 
 
-@pytest.fixture
-def own_redis(tmp_path, settings) -> Iterator[EmbeddedRedis]:
-    """A redis-server of this test's own (the jobs' Redis), which it may stop with SIGSTOP."""
-    server = EmbeddedRedis(tmp_path / "redis")
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": server.start()}
-    assert server.pid is not None
-    try:
-        yield server
-    finally:
-        os.kill(server.pid, signal.SIGCONT)
-        server.close()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("through", ["python", "api"])
-def test_a_cancel_while_redis_does_not_answer_waits_for_one_timeout(own_redis, through):
+def test_a_cancel_while_redis_does_not_answer_waits_for_one_timeout(own_jobs_redis, through):
     """Redis frozen: the cancel's removal timed out on the job's shard, then read the
     queue directory (for shards of an older count) and timed out again: two timeouts on
     every cancel. The cancel is committed all the same, and the id Redis still holds is
@@ -53,17 +38,17 @@ def test_a_cancel_while_redis_does_not_answer_waits_for_one_timeout(own_redis, t
     api = client_for(make_user(superuser=True))
     job = schedule(tasks.record, in_=0, args=["x"])
     assert redis_state(job) in ("pending", "ready")
-    assert own_redis.pid is not None
+    assert own_jobs_redis.pid is not None
     reset_engine()  # as in another web process: one that has not just read the directory
     get_engine().client.ping()  # the connection is open: what follows is the read's wait
-    os.kill(own_redis.pid, signal.SIGSTOP)
+    os.kill(own_jobs_redis.pid, signal.SIGSTOP)
     started = time.monotonic()
     if through == "api":
         assert api.post(url("jobs", job.pk, "cancel")).status_code == 200
     else:
         assert services.cancel(job)
     took = time.monotonic() - started
-    os.kill(own_redis.pid, signal.SIGCONT)
+    os.kill(own_jobs_redis.pid, signal.SIGCONT)
     assert took < 2 * SOCKET_TIMEOUT, took  # a second wait makes it 2 s at least
     assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
     assert redis_state(job) is not None  # the removal did not happen...

@@ -97,29 +97,16 @@ def test_a_redis_server_whose_owner_dies_as_it_starts_does_not_run_on(tmp_path: 
 # -- health/ when Redis stops answering half-way -------------------------------------------
 
 
-@pytest.fixture
-def own_redis(tmp_path: Path, settings: Any) -> Iterator[EmbeddedRedis]:
-    """A redis-server of this test's own, which it may stop with SIGSTOP."""
-    server = EmbeddedRedis(tmp_path / "redis")
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": server.start()}
-    assert server.pid is not None
-    try:
-        yield server
-    finally:
-        os.kill(server.pid, signal.SIGCONT)
-        server.close()
-
-
 @pytest.mark.django_db(transaction=True)
 def test_health_waits_for_a_redis_that_stopped_answering_once_not_once_per_queue(
-    client: Client, own_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+    client: Client, own_jobs_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Redis answered the ``redis`` check, then stopped answering (frozen, a long command,
     a host gone) while ``health/`` checked the database: each queue's check then waited
     its own read timeout, one second a queue (and a shard), so that an anonymous request
     for 100 queues held a web worker for 100 s. The queues left now fail at once."""
-    assert own_redis.pid is not None
-    pid = own_redis.pid
+    assert own_jobs_redis.pid is not None
+    pid = own_jobs_redis.pid
 
     def freeze(sender: object, connection: Any, **kwargs: Any) -> None:
         if threading.current_thread().name == "delayjobs-health-database":

@@ -15,13 +15,11 @@ from django_delayjobs.engine import Engine, EngineUnavailable
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import schedule
-from tests import test_audit_adm2
 from tests.helpers import wait_for
 from tests.test_audit_rec import running_long
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
-frozen_redis = test_audit_adm2.frozen_redis  # a fixture: a redis-server stopped by SIGSTOP
 
 
 def test_a_running_job_redis_holds_only_in_garbage_is_put_back_in_flight(settings):

@@ -12,7 +12,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -23,7 +22,6 @@ from django.urls import reverse
 
 from django_delayjobs import bounded, health, schedule
 from django_delayjobs.connection import get_engine
-from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import Engine, EngineUnavailable
 from django_delayjobs.metrics import history, store
 from django_delayjobs.metrics.recorder import Recorder, last_flush
@@ -53,33 +51,20 @@ def gauge(name: str, queue: str = "default") -> float:
     raise AssertionError(f"no {name}{{queue={queue!r}}} in the scrape")
 
 
-@pytest.fixture
-def private_redis(tmp_path) -> Iterator[EmbeddedRedis]:
-    """A redis-server of this test's own, which it may stop with SIGSTOP."""
-    server = EmbeddedRedis(tmp_path / "redis")
-    server.start()
-    assert server.pid is not None
-    try:
-        yield server
-    finally:
-        os.kill(server.pid, signal.SIGCONT)
-        server.close()
-
-
 # -- the last flush -------------------------------------------------------------------------
 
 
-def test_the_last_flush_waits_for_a_flush_under_way(private_redis, caplog):
+def test_the_last_flush_waits_for_a_flush_under_way(own_redis, caplog):
     """A worker that stops flushes its counts a last time, and says how many outcomes it
     could not write. But that flush did not wait for the housekeeping thread's, under way
     at that moment: it found the counts taken, wrote nothing, said nothing, and the
     process exited with the housekeeping thread still holding them (Redis slow or not
     answering: lost without a word). Flushes now run one at a time."""
-    assert private_redis.pid is not None
-    engine = Engine(redis.Redis.from_url(private_redis.url, socket_timeout=0.3), prefix="t")
+    assert own_redis.pid is not None
+    engine = Engine(redis.Redis.from_url(own_redis.url, socket_timeout=0.3), prefix="t")
     recorder = Recorder()
     recorder.record("default", result(Outcome.SUCCEEDED))
-    os.kill(private_redis.pid, signal.SIGSTOP)  # takes connections, answers nothing
+    os.kill(own_redis.pid, signal.SIGSTOP)  # takes connections, answers nothing
 
     def housekeeping() -> None:
         with contextlib.suppress(EngineUnavailable):  # it logs it and tries again
