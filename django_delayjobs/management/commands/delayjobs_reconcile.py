@@ -15,7 +15,11 @@ from ..output import SafeOutputCommand
 
 
 class Command(SafeOutputCommand):
-    help = "Re-add every waiting job that Redis does not hold (after data loss in Redis)."
+    help = (
+        "Re-add every waiting or running job that Redis does not hold, and take the ids of "
+        "jobs that are not dead out of Redis's garbage (after data loss in Redis, or a "
+        "restore from an older snapshot)."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
