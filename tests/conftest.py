@@ -243,6 +243,14 @@ def redis_cluster() -> Iterator[EmbeddedCluster]:
         cluster.close()
 
 
+@pytest.fixture(scope="module")
+def lonely() -> Iterator[EmbeddedCluster]:
+    """A cluster of the test module's own: 3 masters, no replicas; a dead master is not
+    declared failed for 60 s (a test kills or stops one and the rest go on)."""
+    with EmbeddedCluster(masters=3, replicas=0, node_timeout_ms=60_000) as cluster:
+        yield cluster
+
+
 def cluster_client(url: str, **kwargs: object) -> RedisCluster:
     return RedisCluster.from_url(url, **kwargs)  # type: ignore[arg-type]
 

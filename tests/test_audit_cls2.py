@@ -25,13 +25,6 @@ from tests.test_metrics import TOKEN, get
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db]
 
 
-@pytest.fixture(scope="module")
-def lonely() -> Iterator[EmbeddedCluster]:
-    """3 masters, no replicas; a dead master is not declared failed for 60 s."""
-    with EmbeddedCluster(masters=3, replicas=0, node_timeout_ms=60_000) as cluster:
-        yield cluster
-
-
 @pytest.fixture
 def one_master_down(lonely: EmbeddedCluster) -> Iterator[tuple[str, str]]:
     """The Django settings on ``lonely``, a job in a queue on the directory's master and

@@ -28,13 +28,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.django_db]
 PREFIX = "delayjobs"
 
 
-@pytest.fixture(scope="module")
-def lonely() -> Iterator[EmbeddedCluster]:
-    """3 masters, no replicas; a dead master is not declared failed for 60 s."""
-    with EmbeddedCluster(masters=3, replicas=0, node_timeout_ms=60_000) as cluster:
-        yield cluster
-
-
 @pytest.fixture
 def on_lonely(lonely: EmbeddedCluster) -> Iterator[tuple[EmbeddedCluster, Any]]:
     """The cluster flushed and healthy, and a client of it (master of a key: ``owner``)."""
