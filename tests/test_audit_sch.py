@@ -5,8 +5,11 @@ database probe (bounded as ``bounded.read`` bounds a read)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -18,6 +21,7 @@ from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import build_job, schedule_many
+from tests.helpers import ROOT, worker_env
 from tests.testapp import tasks
 
 from .test_rest_helpers import redis_state
@@ -92,3 +96,50 @@ def test_a_schedule_many_over_queues_while_redis_does_not_answer_waits_for_one_t
     assert Job.objects.filter(status=Status.SCHEDULED).count() == 3
     reconcile(get_engine(), horizon=None)
     assert [redis_state(job) for job in jobs] == ["pending"] * 3
+
+
+# -- the commands' refusal names the jobs' database ------------------------------------------
+
+#: The project's database up; the jobs' ("jobs") a file SQLite cannot open (its directory
+#: does not exist). Prints what each command refused with.
+COMMANDS_JOBS_DOWN = """
+import io
+import json
+
+import django
+
+django.setup()
+from django.core.management import CommandError, call_command
+
+call_command("migrate", verbosity=0)
+said = {}
+for name, args, options in [
+    ("delayjobs_reconcile", [], {}),
+    ("delayjobs_prune", ["--older-than", "1d"], {}),
+    ("run_delayworker", ["--burst"], {}),  # call_command skips the system checks
+    ("run_delayworker", ["--burst"], {"skip_checks": False}),
+]:
+    try:
+        call_command(name, *args, stdout=io.StringIO(), stderr=io.StringIO(), **options)
+    except CommandError as exc:
+        said[f"{name} {options}"] = str(exc)
+print(json.dumps(said))
+"""
+
+
+def test_a_command_refused_for_the_jobs_database_names_its_alias(redis_url, tmp_path):
+    """With the jobs on a database of their own that is down (the project's up), the
+    commands said "the database is unavailable", not which one, while the admin's 503
+    page names it: an operator looked at the project's database, which answered."""
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
+           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "missing" / "jobs.sqlite3")}  # fmt: skip
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-c", COMMANDS_JOBS_DOWN], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(said) == 4, said
+    for command, message in said.items():
+        assert message.startswith("the jobs database 'jobs' is unavailable: "), (command, message)
+        assert "unable to open database file" in message, (command, message)
