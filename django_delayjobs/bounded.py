@@ -33,9 +33,10 @@ class DatabaseTimeout(DatabaseError):
     """The database did not answer a bounded read in time."""
 
 
-def read(fn: Callable[[], T]) -> T:
-    """``fn()`` run in a thread of its own; ``DatabaseTimeout`` if it has not returned
-    within ``DATABASE_TIMEOUT_SECONDS`` (it goes on, and ends when the database answers)."""
+def read(fn: Callable[[], T], *, name: str = "delayjobs-database-read") -> T:
+    """``fn()`` run in a thread of its own (called ``name``); ``DatabaseTimeout`` if it
+    has not returned within ``DATABASE_TIMEOUT_SECONDS`` (it goes on, and ends when the
+    database answers)."""
     global _given_up
     seconds = DATABASE_TIMEOUT_SECONDS  # read when it runs: tests shorten it
     deadline = time.monotonic() + seconds
@@ -58,7 +59,7 @@ def read(fn: Callable[[], T]) -> T:
                 connections.close_all()  # this thread's connections only
             _slot.release()
 
-    thread = threading.Thread(target=run, name="delayjobs-database-read", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     try:
         thread.start()
     except BaseException:  # no thread started ("can't start new thread")

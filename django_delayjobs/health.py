@@ -11,10 +11,11 @@ the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read
   not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
   (``MISCONF``) and not short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it
   answers those to every write, so to the check's ``DEL`` of a key that does not exist.
-- ``database``: the jobs' database answers within ``DATABASE_TIMEOUT_SECONDS`` and takes
-  writes: a PostgreSQL standby, or a database with ``default_transaction_read_only``,
-  would refuse every claim, as would a SQLite file (or filesystem) that is read-only; and
-  the job table has every column (not so until the app's migrations are applied).
+- ``database``: the jobs' database answers within ``bounded.DATABASE_TIMEOUT_SECONDS``
+  and takes writes: a PostgreSQL standby, or a database with
+  ``default_transaction_read_only``, would refuse every claim, as would a SQLite file (or
+  filesystem) that is read-only; and the job table has every column (not so until the
+  app's migrations are applied).
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
   ``run_delayworker`` that serves it, promoter-only ones too; one counts as live for three
   ``HEARTBEAT_SECONDS`` after its last beat).
@@ -29,11 +30,8 @@ the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import threading
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,7 +44,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
-from . import sql
+from . import bounded, sql
 from .engine import DelayJobsError, EngineUnavailable, validate_name
 from .engine.errors import unreachable
 from .models import Job
@@ -62,13 +60,6 @@ MAX_OVERDUE = 366 * 86_400.0
 MAX_WORKERS = 100_000
 MAX_GARBAGE = 10**12
 DEFAULT_MAX_OVERDUE = 60.0
-#: How long the ``database`` check waits for the database.
-DATABASE_TIMEOUT_SECONDS = 5.0
-
-_waiting: threading.Thread | None = None  # the last database check's thread
-_answer: list[Check] = []  # its answer, once it has one
-_deadline = 0.0  # when it stops being waited for (time.monotonic())
-_waiting_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -190,37 +181,21 @@ def check_redis(engine: Engine) -> tuple[Check, bool]:
 
 
 def check_database() -> Check:
-    """``database``, within ``DATABASE_TIMEOUT_SECONDS``: the check runs in a thread of
-    its own, since a server that accepts connections and never answers (a host that
-    hangs) would hold the probe, or the web worker serving ``health/``, for ever, and
-    Python cannot stop a call that waits on a socket. At most one such thread runs at a
-    time: a check made while it does waits for its answer, within that thread's bound,
-    without opening another connection (and fails at once past that bound)."""
-    global _waiting, _answer, _deadline
-    with _waiting_lock:
-        earlier = _waiting is not None and _waiting.is_alive()
-        if not earlier:
-            _answer = []
-            _deadline = time.monotonic() + DATABASE_TIMEOUT_SECONDS
-            _waiting = threading.Thread(target=_check_database_in_thread, args=(_answer,),
-                                        name="delayjobs-health-database", daemon=True)  # fmt: skip
-            _waiting.start()
-        thread, answer, deadline = _waiting, _answer, _deadline
-    assert thread is not None
-    thread.join(max(0.0, deadline - time.monotonic()))
-    if answer:
-        return answer[0]
-    why = " (an earlier check is still waiting for it)" if earlier else ""
-    return Check("database", False, f"did not answer within {DATABASE_TIMEOUT_SECONDS:g} s{why}")
+    """``database``, within ``bounded.DATABASE_TIMEOUT_SECONDS``: the check is a
+    ``bounded.read``, since a server that accepts connections and never answers (a host
+    that hangs) would hold the probe, or the web worker serving ``health/``, for ever. One
+    such read runs at a time: a check made while one is under way (another probe's, a
+    scrape's) waits for it within its own bound, and fails at once past that one's."""
 
+    def check() -> Check:  # in the read's thread: a connection of its own, closed after
+        return _check_database(connections[sql.db()])
 
-def _check_database_in_thread(result: list[Check]) -> None:
-    conn = connections[sql.db()]  # this thread's own connection, closed when it is done
     try:
-        result.append(_check_database(conn))
-    finally:
-        with contextlib.suppress(DatabaseError):
-            conn.close()
+        return bounded.read(check, name="delayjobs-health-database")
+    except bounded.DatabaseTimeout as exc:
+        return Check("database", False, str(exc))
+    except DatabaseError as exc:  # outside the queries the check reports itself
+        return Check("database", False, f"unavailable: {str(exc).strip() or type(exc).__name__}")
 
 
 def _check_database(conn: BaseDatabaseWrapper) -> Check:

@@ -120,7 +120,9 @@ def push(jobs: Iterable[Job]) -> int:
     added = 0
     try:
         engine = get_engine()
-        each = PerShard()  # a shard whose master is down leaves the others' adds be
+        # A shard whose master is down leaves the others' adds be; on one Redis that does
+        # not answer, the first add's wait is the only one (each would wait as long).
+        each = PerShard(one_server=not engine.is_cluster)
         for queue, items in by_queue.items():
             ids = list(items)
             for start in range(0, len(ids), MAX_BATCH):

@@ -187,7 +187,8 @@ def test_a_database_without_the_apps_migrations_is_named_so(command):
     finally:  # every app: going back unapplied testapp's migrations that depend on ours
         call_command("migrate", verbosity=0)
     message = str(failed.value)
-    assert "the database lacks" in message and "run manage.py migrate" in message, message
+    assert "the jobs database 'default' lacks" in message, message
+    assert "run manage.py migrate (" in message, message
 
 
 @pytest.mark.slow

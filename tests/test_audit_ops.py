@@ -19,7 +19,7 @@ from django.core.management.base import CommandError
 from django.db import connection, connections
 from django.utils import timezone
 
-from django_delayjobs import health, schedule_many
+from django_delayjobs import bounded, health, schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.engine import Engine, WrongType
 from django_delayjobs.metrics import snapshot, store
@@ -70,19 +70,24 @@ def test_health_answers_within_its_bound_while_the_job_table_is_locked():
     thread = threading.Thread(target=probe, daemon=True)
     try:
         thread.start()
-        thread.join(health.DATABASE_TIMEOUT_SECONDS + 5)
+        thread.join(bounded.DATABASE_TIMEOUT_SECONDS + 5)
         answered = not thread.is_alive()
     finally:
         lock.rollback()
         lock.close()
         thread.join(10)
-        if health._waiting is not None:
-            health._waiting.join(10)
+        for read in database_reads():
+            read.join(10)
     assert answered, "delayjobs_health still waits for the locked job table"
     assert codes == [1]
     lines = out.getvalue().splitlines()
     assert any(line.startswith("FAIL database") for line in lines), lines
     assert any(line.startswith("FAIL overdue:default") for line in lines), lines
+
+
+def database_reads() -> list[threading.Thread]:
+    """The threads of the health checks' database reads under way."""
+    return [t for t in threading.enumerate() if t.name == "delayjobs-health-database"]
 
 
 def count_threads(prefix: str) -> int:
@@ -203,7 +208,7 @@ def test_two_health_checks_at_once_both_pass_while_the_database_answers():
     """Two probes at the same moment (a load balancer's and Kubernetes', in a threaded
     web server): the second found the first one's database check under way and failed at
     once, "did not answer within 5 s", though the database answered the first one a
-    moment later. It now waits for that same check (within its 5 s) and shares its answer."""
+    moment later. It now waits for that check to end (within its own 5 s), then asks."""
     if connection.vendor != "postgresql":
         pytest.skip("the check must be held under way: a lock holds PostgreSQL's reads only")
     lock = locked_job_table()  # the first check waits until it is released
@@ -218,7 +223,7 @@ def test_two_health_checks_at_once_both_pass_while_the_database_answers():
     thread = threading.Thread(target=first, daemon=True)
     try:
         thread.start()
-        wait_for(lambda: health._waiting is not None and health._waiting.is_alive())
+        wait_for(database_reads)
         threading.Timer(0.5, lock.rollback).start()  # the database answers soon after
         second = health.check_database()
     finally:

@@ -325,7 +325,7 @@ def test_a_database_failure_while_pruning_one_by_one_still_purges_the_ids_alread
     fail_second_delete_of(second)
     engine = get_engine()
     assert engine.stats("default").garbage == 2
-    with pytest.raises(CommandError, match="database is unavailable"):
+    with pytest.raises(CommandError, match="the jobs database 'default' is unavailable"):
         call_command("delayjobs_prune", "--older-than", "30d", "--status", "dead",
                      "--batch", "3", stdout=io.StringIO())  # fmt: skip
     assert set(Job.objects.values_list("pk", flat=True)) == {protected.pk, second.pk}

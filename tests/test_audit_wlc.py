@@ -98,7 +98,7 @@ MIGRATIONS = len(list((ROOT / "django_delayjobs" / "migrations").glob("[0-9]*.py
 @pytest.mark.parametrize(
     ("path", "said"),
     [("empty.sqlite3", f"lacks {MIGRATIONS} migration(s) of django_delayjobs (0001_initial to "),
-     ("no-such-directory/db.sqlite3", "the database is unavailable: unable to open")],
+     ("no-such-directory/db.sqlite3", "database 'default' is unavailable: unable to open")],
 )  # fmt: skip
 def test_a_database_never_migrated_is_named_as_such_at_start_up(redis_url, tmp_path, path,
                                                                 said):  # fmt: skip

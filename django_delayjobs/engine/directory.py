@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import EngineUnavailable, WrongType
+from .errors import EngineUnavailable, WrongType, unreachable
 from .sharding import Shard, parse
 
 #: How long a read of the directory is reused. A shard listed by another process is
@@ -72,7 +72,9 @@ class Directory:
         with self._lock:
             return set(self._shards)
 
-    def listed(self, queue: str | None = None, *, fresh: bool = False) -> dict[str, set[Shard]]:
+    def listed(
+        self, queue: str | None = None, *, fresh: bool = False, must_answer: bool = False
+    ) -> dict[str, set[Shard]]:
         """Return queue -> its listed shards (read at most DIRECTORY_TTL ago unless fresh).
 
         A read that fails (the directory's master is failing over, or its key is another
@@ -81,13 +83,15 @@ class Directory:
         never split), not none at all; it is read again after ``DIRECTORY_TTL``. (On a
         Cluster, a process that started while the directory's master was down served no
         queue at all until it was back.) ``fresh`` reads raise, so the failure is named
-        where queues are listed (stats, metrics).
+        where queues are listed (stats, metrics). ``must_answer`` reads raise when Redis
+        does not answer (not for a refusal or a key of the wrong type): on one Redis, where
+        the caller's next call would wait for the same timeout.
         """
         if fresh or not self._known or time.monotonic() - self._read_at >= DIRECTORY_TTL:
             try:
                 members = self._run(lambda: self.client.smembers(self.key))
-            except EngineUnavailable:
-                if fresh:
+            except EngineUnavailable as exc:
+                if fresh or (must_answer and unreachable(exc)):
                     raise
                 members = {shard.name for found in self._shards.values() for shard in found}
             shards: dict[str, set[Shard]] = {}

@@ -159,7 +159,7 @@ class Engine(Reader):
         ranks = _priorities(priorities, dues)
         added: set[str] = set()
         each = PerShard()
-        older = self._older(queue, [], each)  # none unless the queue's count changed
+        older = self._older(queue, [], each, first=True)  # none unless the count changed
         waiting, busy = self._withdraw(older, list(dues), False, each)
         reached: list[str] = []
         for shard, ids in self._router.route(queue, [id_ for id_ in dues if id_ not in busy]):
@@ -340,7 +340,8 @@ class Engine(Reader):
         lease (if such a shard cannot be looked at, nothing is adopted: ``EngineUnavailable``)."""
         lease, adopted, given = _ms(lease_ms, "lease"), [], _ids(ids)
         each = PerShard()
-        waiting, busy = self._withdraw(self._older(queue, [], each), given, False, each)
+        older = self._older(queue, [], each, first=True)
+        waiting, busy = self._withdraw(older, given, False, each)
         if each.failure is not None:  # a second copy in flight would be delivered again
             raise each.failure
         held = waiting | busy
@@ -430,13 +431,23 @@ class Engine(Reader):
         each.check(done)
         return done
 
-    def _older(self, queue: str, tried: list[Shard], each: PerShard) -> list[Shard]:
+    def _older(
+        self, queue: str, tried: list[Shard], each: PerShard, *, first: bool = False
+    ) -> list[Shard]:
         """The shards of older counts where ids not found in their own may be; none while
         the directory that lists them cannot be read (noted in ``each``: what was done on
-        the shards tried is then reported as ``PartlyUnavailable``, not lost)."""
+        the shards tried is then reported as ``PartlyUnavailable``, not lost).
+
+        ``first`` (read before anything is done) on one Redis: a directory that does not
+        answer raises, since the call's own script would wait for the same timeout (a
+        ``schedule()`` waited for two); nothing was changed. On a Cluster the directory's
+        master may be down while the queue's answers: the last listing serves."""
+        must_answer = first and not self.is_cluster
         try:
-            return self._router.others(queue, tried)
+            return self._router.others(queue, tried, must_answer=must_answer)
         except EngineUnavailable as exc:
+            if must_answer:
+                raise
             each.skip(exc)
             return []
 

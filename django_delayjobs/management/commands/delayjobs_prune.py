@@ -32,7 +32,7 @@ from ...retention import (
     prune,
 )
 from ...worker import STOP_SIGNALS
-from ..errors import database_error
+from ..errors import database_error, jobs_alias
 from ..output import SafeOutputCommand
 
 #: Seconds between two progress lines (at the default verbosity).
@@ -87,7 +87,7 @@ class Command(SafeOutputCommand):
                 total = prune(cutoff, statuses, batch=batch, max_rate=max_rate,
                               progress=self.progress, stop=stop)  # fmt: skip
         except DatabaseError as exc:
-            raise CommandError(database_error(exc)) from exc
+            raise CommandError(database_error(exc, jobs_alias())) from exc
         done = (f"deleted {total.jobs} {what}, with {total.events} event(s), "
                 f"in {total.batches} batch(es)")  # fmt: skip
         if self.signalled is not None and not total.complete:

@@ -10,7 +10,7 @@ from django.db import Error as DatabaseError
 from ...connection import get_engine
 from ...engine import DelayJobsError
 from ...reconcile import reconcile
-from ..errors import database_error
+from ..errors import database_error, jobs_alias
 from ..output import SafeOutputCommand
 
 
@@ -32,7 +32,7 @@ class Command(SafeOutputCommand):
         except DelayJobsError as exc:
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
-            raise CommandError(database_error(exc)) from exc
+            raise CommandError(database_error(exc, jobs_alias())) from exc
         if refused is not None:
             address, refusal = refused
             where = f" (master {address})" if address else ""

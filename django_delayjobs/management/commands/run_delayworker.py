@@ -25,6 +25,7 @@ from ...connection import get_engine
 from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
 from ...metrics.access import loopback
+from ...models import Deployment
 from ...numbers import decimal_number, option, whole_number
 from ...preflight import (
     check_owner,
@@ -34,7 +35,7 @@ from ...preflight import (
     describe_redis,
 )
 from ...worker import STOP_SIGNALS, Options, WorkerProcess
-from ..errors import database_error
+from ..errors import database_error, jobs_alias
 from ..output import SafeOutputCommand
 
 if TYPE_CHECKING:
@@ -184,7 +185,8 @@ class Command(SafeOutputCommand):
         try:
             return super().check(*args, **kwargs)
         except DatabaseError as exc:
-            raise CommandError(database_error(exc)) from exc
+            alias = sql.db() if kwargs["databases"] == [sql.db()] else None
+            raise CommandError(database_error(exc, alias)) from exc
 
     def handle(self, *args: Any, **opts: Any) -> None:
         # First thing: a stop during the start-up checks (a rolling update, Ctrl-C while
@@ -276,7 +278,10 @@ class Command(SafeOutputCommand):
         except DelayJobsError as exc:
             raise CommandError(f"cannot use Redis at {describe_redis(engine)}: {exc}") from exc
         self.started("checking Redis")
-        check_owner(engine)
+        try:  # the first query, on the jobs' database: an error here is its
+            check_owner(engine)
+        except DatabaseError as exc:
+            raise CommandError(database_error(exc, jobs_alias(Deployment))) from exc
         self.started("checking the database")
         for warning in warnings:
             self.stderr.write(self.style.WARNING(f"WARNING: {warning}"))
