@@ -195,6 +195,41 @@ def read_client_hello(conn: socket.socket) -> None:
     conn.recv(length, socket.MSG_WAITALL)
 
 
+def eof_in_handshake(conn: socket.socket) -> None:
+    read_client_hello(conn)
+    conn.shutdown(socket.SHUT_RDWR)  # a FIN where the ServerHello should be
+
+
+def reset_in_handshake(conn: socket.socket) -> None:
+    read_client_hello(conn)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()  # a TCP reset: a TLS terminator that will not serve this name
+
+
+def plain_http_on_the_tls_port(conn: socket.socket) -> None:
+    read_client_hello(conn)
+    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+
+@pytest.mark.parametrize(
+    ("behave", "said"),
+    [
+        (eof_in_handshake, "closed"),
+        (reset_in_handshake, "reset"),
+        (plain_http_on_the_tls_port, "WRONG_VERSION_NUMBER"),
+    ],
+)
+def test_a_connection_ended_in_the_tls_handshake_is_a_tls_failure(hostile, tls_ca, behave, said):
+    """The TCP connect succeeded and the handshake did not: the failure is TLS's. A reset
+    there was "no answer (network): ConnectionResetError", which sends an operator to look
+    at the network rather than at the receiver's TLS set-up."""
+    server = hostile(behave)
+    with pytest.raises(DeliveryFailed) as failed:
+        exchange(server, "https", tls_ca[1])
+    assert failed.value.kind == "tls"
+    assert "TLS failed in the handshake" in str(failed.value) and said in str(failed.value)
+
+
 def test_a_tls_handshake_that_never_ends_is_a_timeout(hostile, tls_ca):
     server = hostile(read_client_hello)  # then says nothing
     with pytest.raises(DeliveryFailed) as failed:

@@ -178,13 +178,26 @@ def _connection(target: Target, address: IPAddress, limits: Limits, left: float)
     return _Connection(str(address), target.port, timeout=timeout)
 
 
-def _failure(exc: BaseException, timed_out: bool, limits: Limits) -> DeliveryFailed:
+def _failure(
+    exc: BaseException, timed_out: bool, limits: Limits, handshake: bool = False
+) -> DeliveryFailed:
+    """``handshake``: the TCP connect succeeded and the TLS handshake did not finish."""
     if timed_out:
         return DeliveryFailed(f"no complete answer within {limits.total:g} s (total)", "timeout")
     if isinstance(exc, NewConnectionError):  # before timeouts: urllib3 derives it from one
         return DeliveryFailed(f"could not connect: {exc}", "network")
     if isinstance(exc, socket.timeout | Urllib3Timeout):
         return DeliveryFailed(f"timed out: {exc}", "timeout")
+    if handshake:
+        # Whatever ended it (a reset is an OSError, not an SSLError), it is the receiver's
+        # TLS that failed: a terminator that will not serve this name, plain HTTP on the port.
+        if isinstance(exc, ssl.SSLEOFError):
+            what = f"the receiver closed the connection ({exc})"
+        elif isinstance(exc, ConnectionResetError):
+            what = f"the receiver reset the connection ({exc})"
+        else:
+            what = str(exc) if isinstance(exc, ssl.SSLError) else f"{type(exc).__name__}: {exc}"
+        return DeliveryFailed(f"TLS failed in the handshake: {what}", "tls")
     if isinstance(exc, ssl.SSLError) or "SSL" in type(exc).__name__:
         return DeliveryFailed(f"TLS failed: {exc}", "tls")
     return DeliveryFailed(f"{type(exc).__name__}: {exc}", "network")
@@ -289,8 +302,10 @@ def send(
                 raise TimeoutError("total time used up while connecting")
         except (OSError, Urllib3Error) as exc:
             deadline.cancel()
+            # A socket was connected (``_Checked`` keeps it): TLS is what did not finish.
+            handshake = target.scheme == "https" and getattr(conn, "last_sock", None) is not None
             conn.close()
-            failure = _failure(exc, deadline.fired, limits)
+            failure = _failure(exc, deadline.fired, limits, handshake)
             continue  # the next address may answer
         try:
             status, reason, names, kept, truncated = _exchange(
