@@ -37,10 +37,14 @@ class Hostile:
     """A TCP server on 127.0.0.1 that hands each connection to ``behave(conn)``, in its own
     thread, and keeps it open until the test ends (a receiver that never closes)."""
 
-    def __init__(self, behave: Callable[[socket.socket], object]) -> None:
+    def __init__(self, behave: Callable[[socket.socket], object], rcvbuf: int = 0) -> None:
         self.behave = behave
         self.closing = threading.Event()
-        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock = socket.socket()
+        if rcvbuf:  # a small window: a large request is still being sent when it answers
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
         self.sock.settimeout(0.1)
         self.port = self.sock.getsockname()[1]
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -73,11 +77,11 @@ class Hostile:
 
 
 @pytest.fixture
-def hostile() -> Iterator[Callable[[Callable[[socket.socket], object]], Hostile]]:
+def hostile() -> Iterator[Callable[..., Hostile]]:
     servers: list[Hostile] = []
 
-    def make(behave: Callable[[socket.socket], object]) -> Hostile:
-        servers.append(Hostile(behave))
+    def make(behave: Callable[[socket.socket], object], rcvbuf: int = 0) -> Hostile:
+        servers.append(Hostile(behave, rcvbuf))
         return servers[-1]
 
     yield make
@@ -85,15 +89,17 @@ def hostile() -> Iterator[Callable[[Callable[[socket.socket], object]], Hostile]
         server.close()
 
 
-def read_request(conn: socket.socket) -> bytes:
-    """Read one request's head and its ``Content-Length`` body."""
+def read_request(conn: socket.socket, whole: bool = True) -> bytes:
+    """Read one request's head and (if ``whole``) its ``Content-Length`` body."""
     data = b""
     while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
+        chunk = conn.recv(4096)
         if not chunk:
             return data
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
+    if not whole:
+        return head
     length = next(
         (int(line.split(b":")[1]) for line in head.split(b"\r\n")
          if line.lower().startswith(b"content-length:")), 0,
@@ -228,6 +234,36 @@ def test_a_connection_ended_in_the_tls_handshake_is_a_tls_failure(hostile, tls_c
         exchange(server, "https", tls_ca[1])
     assert failed.value.kind == "tls"
     assert "TLS failed in the handshake" in str(failed.value) and said in str(failed.value)
+
+
+def closed_after_the_head(context: ssl.SSLContext, close_notify: bool):
+    def behave(conn: socket.socket) -> None:
+        with context.wrap_socket(conn, server_side=True) as tls:
+            read_request(tls, whole=False)  # the body is left unread: the client still sends
+            if close_notify:
+                with contextlib.suppress(OSError):  # the client's data comes after ours
+                    tls.unwrap()
+        # closed with the body unread: the kernel ends the connection with a reset
+
+    return behave
+
+
+@pytest.mark.parametrize("close_notify", [False, True], ids=["eof", "close-notify"])
+def test_a_tls_receiver_that_closes_while_the_request_is_sent_is_no_answer_not_tls(
+    hostile, tls_context, tls_ca, close_notify
+):
+    """The handshake was done; the receiver closed before it read the body, and said
+    nothing. Over plain HTTP that is "no answer (network): BrokenPipeError"; over TLS the
+    write's EOF was "no answer (tls): TLS failed: EOF occurred in violation of protocol",
+    even when the receiver had closed with close_notify as TLS asks."""
+    server = hostile(closed_after_the_head(tls_context, close_notify), rcvbuf=4096)
+    target = parse_url(f"https://callback.test:{server.port}/hook")
+    limits = Limits(**SLOW, ca_file=tls_ca[1])
+    with pytest.raises(DeliveryFailed) as failed:
+        send(target, LOOPBACK, "POST", {}, b"x" * (16 << 20), limits)  # past every buffer
+    assert failed.value.kind == "network", failed.value
+    assert "closed the connection before answering" in str(failed.value)
+    assert "TLS failed" not in str(failed.value)
 
 
 def test_a_tls_handshake_that_never_ends_is_a_timeout(hostile, tls_ca):

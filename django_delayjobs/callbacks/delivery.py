@@ -178,6 +178,18 @@ def _connection(target: Target, address: IPAddress, limits: Limits, left: float)
     return _Connection(str(address), target.port, timeout=timeout)
 
 
+#: What writing to a connection the receiver has closed raises (a TLS one: an EOF, even
+#: after its close_notify: the unread request makes the close a reset).
+_PEER_CLOSED = (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError)
+
+
+def _ended(exc: BaseException) -> str | None:
+    """How the receiver ended the connection, if that is what ``exc`` says."""
+    if isinstance(exc, ConnectionResetError) and not isinstance(exc, http.client.HTTPException):
+        return "reset"  # not RemoteDisconnected (a ConnectionResetError): a close, no answer
+    return "closed" if isinstance(exc, _PEER_CLOSED) else None
+
+
 def _failure(
     exc: BaseException, timed_out: bool, limits: Limits, handshake: bool = False
 ) -> DeliveryFailed:
@@ -188,23 +200,23 @@ def _failure(
         return DeliveryFailed(f"could not connect: {exc}", "network")
     if isinstance(exc, socket.timeout | Urllib3Timeout):
         return DeliveryFailed(f"timed out: {exc}", "timeout")
+    ended = _ended(exc)
     if handshake:
         # Whatever ended it (a reset is an OSError, not an SSLError), it is the receiver's
         # TLS that failed: a terminator that will not serve this name, plain HTTP on the port.
-        if isinstance(exc, ssl.SSLEOFError):
-            what = f"the receiver closed the connection ({exc})"
-        elif isinstance(exc, ConnectionResetError):
-            what = f"the receiver reset the connection ({exc})"
+        if ended:
+            what = f"the receiver {ended} the connection ({exc})"
         else:
             what = str(exc) if isinstance(exc, ssl.SSLError) else f"{type(exc).__name__}: {exc}"
         return DeliveryFailed(f"TLS failed in the handshake: {what}", "tls")
+    if ended:  # before TLS errors: after the handshake, a TLS EOF is a close like a FIN
+        return DeliveryFailed(
+            f"the receiver {ended} the connection before answering ({type(exc).__name__}: {exc})",
+            "network",
+        )
     if isinstance(exc, ssl.SSLError) or "SSL" in type(exc).__name__:
         return DeliveryFailed(f"TLS failed: {exc}", "tls")
     return DeliveryFailed(f"{type(exc).__name__}: {exc}", "network")
-
-
-#: What writing to a connection the receiver has closed raises (a TLS one: an EOF).
-_PEER_CLOSED = (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError)
 
 
 def _exchange(
