@@ -21,6 +21,7 @@ import pytest
 from django.core.management import call_command
 
 from django_delayjobs import schedule_http
+from django_delayjobs.callbacks import policy
 from django_delayjobs.callbacks.delivery import DeliveryFailed, Limits, send
 from django_delayjobs.callbacks.policy import parse_url
 from django_delayjobs.callbacks.signing import new_secret
@@ -271,6 +272,57 @@ def test_a_tls_handshake_that_never_ends_is_a_timeout(hostile, tls_ca):
     with pytest.raises(DeliveryFailed) as failed:
         exchange(server, "https", tls_ca[1], connect=0.5)
     assert failed.value.kind == "timeout"
+
+
+def test_a_tls_handshake_dripped_a_byte_at_a_time_is_bounded_by_the_connect_timeout(
+    hostile, tls_ca
+):
+    """A record header that announces 16 KiB, then a byte every 0.2 s: each read of the
+    handshake gets data long before the read timeout (8 s)."""
+
+    def drip(conn: socket.socket) -> None:
+        read_client_hello(conn)
+        conn.sendall(b"\x16\x03\x03\x40\x00")
+        for _ in range(100):
+            conn.sendall(b"\x02")
+            time.sleep(0.2)
+
+    server = hostile(drip)
+    start = time.monotonic()
+    with pytest.raises(DeliveryFailed) as failed:
+        exchange(server, "https", tls_ca[1], connect=0.5)
+    assert failed.value.kind == "timeout"
+    assert time.monotonic() - start < 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_through_the_worker_tls_endings_are_recorded_as_what_happened(
+    hostile, tls_context, tls_ca, settings, redis_client
+):
+    """A complete answer then an EOF without close_notify: succeeded. A reset in the
+    handshake: retried, its history line naming the TLS handshake."""
+    answered = hostile(over_tls(tls_context, COMPLETE["content-length"][0], hold=False))
+    reset = hostile(reset_in_handshake)
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [f"callback.test:{answered.port}", f"callback.test:{reset.port}"],
+        "HTTP_ALLOW_PRIVATE_NETWORKS": True,
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+        "HTTP_CA_BUNDLE": tls_ca[1],
+        "RETRY_BACKOFF_SECONDS": 60,
+    }
+    with policy.use_resolver(lambda host, port: LOOPBACK):
+        good = schedule_http(f"https://callback.test:{answered.port}/hook", in_=0)
+        bad = schedule_http(f"https://callback.test:{reset.port}/hook", in_=0)
+        call_command("run_delayworker", "--burst", "-v", "0")
+    good.refresh_from_db()
+    bad.refresh_from_db()
+    assert good.status == Status.SUCCEEDED, good.last_error
+    assert (good.result["status"], good.result["body"], good.result["truncated"]) == (
+        200, "ok", False,
+    )  # fmt: skip
+    assert bad.status == Status.RETRYING
+    assert "no answer (tls): TLS failed in the handshake: the receiver reset" in bad.last_error
 
 
 # -- 3. bodies far past the kept bytes, endless lines, drips ----------------------------------
