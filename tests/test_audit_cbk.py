@@ -413,6 +413,55 @@ def test_a_status_line_of_garbage_is_no_answer(hostile, status_line):
     assert failed.value.kind == "network"
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK",  # the status line itself cut short
+        b"HTTP/1.1 200 OK\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Le",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n",
+        b"HTTP/1.1 410 Gone\r\nX-Reason: moved\r\n",
+    ],
+)
+def test_a_head_cut_short_by_the_close_is_no_answer(hostile, head):
+    """RFC 9112 8: a response that ends in its header section is incomplete, and its status
+    may not mean what it says. A close there was taken as a whole answer (a 200 that
+    succeeded the job, a 410 that ended it dead), where a head cut by the total time is
+    no answer; the docs say a close before the status and headers is no answer."""
+
+    def cut(conn: socket.socket) -> None:
+        read_request(conn)
+        conn.sendall(head)
+        conn.shutdown(socket.SHUT_WR)  # a FIN: no blank line ends the head
+
+    server = hostile(cut)
+    with pytest.raises(DeliveryFailed, match="before the end of the answer's head") as failed:
+        exchange(server)
+    assert failed.value.kind == "network"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_200_whose_head_was_cut_short_is_retried_not_succeeded(hostile, settings, redis_client):
+    def cut(conn: socket.socket) -> None:
+        read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        conn.shutdown(socket.SHUT_WR)
+
+    server = hostile(cut)
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [server.netloc],
+        "HTTP_ALLOW_PRIVATE_NETWORKS": True,
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+        "RETRY_BACKOFF_SECONDS": 60,
+    }
+    job = schedule_http(f"http://{server.netloc}/hook", in_=0, json={"a": 1})
+    call_command("run_delayworker", "--burst", "-v", "0")
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING, job.result
+    assert "no answer (network)" in job.last_error
+
+
 # -- a redirect to a host the policy forbids ---------------------------------------------------
 
 
