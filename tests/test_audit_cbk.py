@@ -197,6 +197,34 @@ def test_an_answer_cut_by_an_eof_without_close_notify_is_marked_truncated(
     assert (response.status, response.body, response.truncated) == (200, b"ok", True)
 
 
+@pytest.mark.parametrize(
+    ("close_notify", "truncated"), [(False, True), (True, False)], ids=["eof", "close-notify"]
+)
+def test_a_body_ended_by_the_close_over_tls_is_whole_only_after_close_notify(
+    hostile, tls_context, tls_ca, close_notify, truncated
+):
+    """RFC 9112 9.8: a body without a length ends with the connection, and over TLS only a
+    close_notify says it ended there; a bare EOF may be an attacker cutting it short. Such
+    a body was marked whole (Python's ssl reads a bare EOF as the end by default)."""
+
+    def behave(conn: socket.socket) -> ssl.SSLSocket:
+        tls = context.wrap_socket(conn, server_side=True)
+        read_request(tls)
+        tls.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
+        if close_notify:
+            with contextlib.suppress(OSError):  # waits for the client's, which never comes
+                tls.unwrap()
+        else:
+            socket.socket.shutdown(tls, socket.SHUT_RDWR)
+        return tls
+
+    context = tls_context
+    server = hostile(behave)
+    response, seconds = timed(lambda: exchange(server, "https", tls_ca[1]))
+    assert (response.status, response.body, response.truncated) == (200, b"all of it", truncated)
+    assert seconds < 4
+
+
 def read_client_hello(conn: socket.socket) -> None:
     header = conn.recv(5, socket.MSG_WAITALL)
     (length,) = struct.unpack("!H", header[3:5])

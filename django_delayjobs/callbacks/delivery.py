@@ -179,6 +179,11 @@ class _Checked:
         self._sock = value
         if value is not None:  # the TCP socket, then the TLS one wrapping it
             self.last_sock = value
+        if isinstance(value, ssl.SSLSocket):
+            # An EOF without close_notify raises (RFC 9112 9.8): a body ended by the close
+            # is whole only if TLS says so, else it is marked truncated (ssl's default
+            # reads the EOF as the end: an attacker could cut the body short unseen).
+            value.suppress_ragged_eofs = False  # type: ignore[attr-defined]  # not in typeshed
 
     def _new_conn(self) -> socket.socket:
         sock: socket.socket = super()._new_conn()  # type: ignore[misc]
