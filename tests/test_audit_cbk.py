@@ -1,7 +1,8 @@
 """Audit of the HTTP callbacks against hostile receivers: an answer whose connection is
-held open, TLS connections ended without close_notify (after a complete answer, or in
-the handshake), bodies far past the kept bytes, a header or status line that never ends,
-a redirect to a host the policy forbids, and a status line dripped a byte at a time.
+held open, TLS connections ended without close_notify (after a complete answer, in a
+body without a length, in the handshake, or while the request is sent), bodies far past
+the kept bytes, a header or status line that never ends or is cut short by a close, a
+redirect to a host the policy forbids, and heads or handshakes dripped a byte at a time.
 
 Every exchange here goes to a real server on 127.0.0.1 (plain TCP or TLS with a
 throwaway CA, trusted through ``Limits.ca_file``, which is ``HTTP_CA_BUNDLE``)."""
