@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.client
+import io
 import os
 import socket
 import ssl
@@ -26,6 +27,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError as Urllib3Error
@@ -85,12 +87,43 @@ def _tls_context(ca_file: str | None, version: object) -> ssl.SSLContext:
     return context
 
 
+class _HeadCutShort(http.client.HTTPException):
+    """The connection ended before the blank line that ends the answer's head."""
+
+
+class _Lines(io.BufferedReader):
+    """The answer's stream, keeping the last line read: ``http.client`` takes a close in
+    the middle of the status line or the headers for their end."""
+
+    last_line = b"\n"
+
+    def readline(self, size: int | None = -1) -> bytes:
+        self.last_line = super().readline(size)
+        return self.last_line
+
+
 class _FinalResponse(http.client.HTTPResponse):
     """``http.client``'s response, reading past every informational (1xx) answer to the
     final one (RFC 9110 15.2: any number may come first; ``http.client`` skips only ``100
     Continue``). ``101 Switching Protocols`` is final (we never ask to switch). A status
     outside 100-599 is not HTTP: a bad status line, like any other malformed one. An
-    endless stream of 1xx answers is cut by the total time, like a trickled body."""
+    endless stream of 1xx answers is cut by the total time, like a trickled body. A head
+    cut short (by the receiver's close or the total time) is no answer (RFC 9112 8: its
+    status may not mean what it says), not an answer with the headers that came."""
+
+    fp: _Lines
+
+    def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp = _Lines(self.fp.detach())  # the same socket, read through _Lines
+
+    def begin(self) -> None:
+        super().begin()
+        if not self.fp.last_line.endswith(b"\n"):  # parse_headers' last line: b"" at EOF
+            raise _HeadCutShort(
+                "the receiver closed the connection before the end of the answer's head "
+                "(its status line and headers): an incomplete answer is no answer"
+            )
 
     def _read_status(self) -> tuple[str, int, str]:
         while True:
@@ -146,6 +179,11 @@ class _Checked:
         self._sock = value
         if value is not None:  # the TCP socket, then the TLS one wrapping it
             self.last_sock = value
+        if isinstance(value, ssl.SSLSocket):
+            # An EOF without close_notify raises (RFC 9112 9.8): a body ended by the close
+            # is whole only if TLS says so, else it is marked truncated (ssl's default
+            # reads the EOF as the end: an attacker could cut the body short unseen).
+            value.suppress_ragged_eofs = False  # type: ignore[attr-defined]  # not in typeshed
 
     def _new_conn(self) -> socket.socket:
         sock: socket.socket = super()._new_conn()  # type: ignore[misc]
@@ -178,20 +216,47 @@ def _connection(target: Target, address: IPAddress, limits: Limits, left: float)
     return _Connection(str(address), target.port, timeout=timeout)
 
 
-def _failure(exc: BaseException, timed_out: bool, limits: Limits) -> DeliveryFailed:
+#: What writing to a connection the receiver has closed raises (a TLS one: an EOF, even
+#: after its close_notify: the unread request makes the close a reset).
+_PEER_CLOSED = (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError)
+
+
+def _ended(exc: BaseException) -> str | None:
+    """How the receiver ended the connection, if that is what ``exc`` says."""
+    if isinstance(exc, ConnectionResetError) and not isinstance(exc, http.client.HTTPException):
+        return "reset"  # not RemoteDisconnected (a ConnectionResetError): a close, no answer
+    return "closed" if isinstance(exc, _PEER_CLOSED) else None
+
+
+def _failure(
+    exc: BaseException, timed_out: bool, limits: Limits, handshake: bool = False
+) -> DeliveryFailed:
+    """``handshake``: the TCP connect succeeded and the TLS handshake did not finish."""
     if timed_out:
         return DeliveryFailed(f"no complete answer within {limits.total:g} s (total)", "timeout")
+    if isinstance(exc, _HeadCutShort):
+        return DeliveryFailed(str(exc), "network")
     if isinstance(exc, NewConnectionError):  # before timeouts: urllib3 derives it from one
         return DeliveryFailed(f"could not connect: {exc}", "network")
     if isinstance(exc, socket.timeout | Urllib3Timeout):
         return DeliveryFailed(f"timed out: {exc}", "timeout")
+    ended = _ended(exc)
+    if handshake:
+        # Whatever ended it (a reset is an OSError, not an SSLError), it is the receiver's
+        # TLS that failed: a terminator that will not serve this name, plain HTTP on the port.
+        if ended:
+            what = f"the receiver {ended} the connection ({exc})"
+        else:
+            what = str(exc) if isinstance(exc, ssl.SSLError) else f"{type(exc).__name__}: {exc}"
+        return DeliveryFailed(f"TLS failed in the handshake: {what}", "tls")
+    if ended:  # before TLS errors: after the handshake, a TLS EOF is a close like a FIN
+        return DeliveryFailed(
+            f"the receiver {ended} the connection before answering ({type(exc).__name__}: {exc})",
+            "network",
+        )
     if isinstance(exc, ssl.SSLError) or "SSL" in type(exc).__name__:
         return DeliveryFailed(f"TLS failed: {exc}", "tls")
     return DeliveryFailed(f"{type(exc).__name__}: {exc}", "network")
-
-
-#: What writing to a connection the receiver has closed raises (a TLS one: an EOF).
-_PEER_CLOSED = (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError)
 
 
 def _exchange(
@@ -223,8 +288,6 @@ def _exchange(
             raise
         raise unsent from None  # no answer came: what failed is the sending
     try:
-        if deadline.fired:  # the status line or the headers were cut short
-            raise TimeoutError("total time used up while reading the headers")
         names: dict[str, str] = {}
         for name, value in response.headers.items():
             names.setdefault(name.lower(), value)
@@ -289,8 +352,10 @@ def send(
                 raise TimeoutError("total time used up while connecting")
         except (OSError, Urllib3Error) as exc:
             deadline.cancel()
+            # A socket was connected (``_Checked`` keeps it): TLS is what did not finish.
+            handshake = target.scheme == "https" and getattr(conn, "last_sock", None) is not None
             conn.close()
-            failure = _failure(exc, deadline.fired, limits)
+            failure = _failure(exc, deadline.fired, limits, handshake)
             continue  # the next address may answer
         try:
             status, reason, names, kept, truncated = _exchange(
