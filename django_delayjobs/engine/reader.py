@@ -411,19 +411,30 @@ class Reader:
         """Return Redis's ``INFO`` (version, memory policy, ...); on a Cluster, one node's."""
         return self._call(self.client.info)
 
-    def masters(self) -> dict[str, dict[str, Any]]:
-        """Return ``INFO`` of every master by its address (one Redis: just that one)."""
+    def masters(self, down: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+        """Return ``INFO`` of every master by its address (one Redis: just that one).
+
+        With ``down``, a master of a Cluster that is not reached or does not answer goes
+        into it (its address, with why) instead of failing the call, as long as another
+        master answers: the queues on the others can still be served."""
         if not self.is_cluster:
             return {"": self.info()}
 
         def read() -> dict[str, dict[str, Any]]:
             # One node at a time: redis-py gives a command sent to several nodes as
             # {node: reply}, but one sent to a single node (a Cluster of one master) bare.
-            def run() -> dict[str, dict[str, Any]]:
-                return {node.name: self.client.info(target_nodes=node)
-                        for node in self.client.get_primaries()}  # fmt: skip
-
-            return self._call(run)
+            found: dict[str, dict[str, Any]] = {}
+            first: EngineUnavailable | None = None
+            for node in self._call(self.client.get_primaries):
+                try:
+                    found[node.name] = self._call(partial(self.client.info, target_nodes=node))
+                except EngineUnavailable as exc:
+                    if down is None or not unreachable(exc):
+                        raise
+                    down[node.name], first = str(exc), first or exc
+            if first is not None and not found:
+                raise first  # none answers: Redis is unavailable
+            return found
 
         found = read()
         if any(info.get("role", "master") != "master" for info in found.values()):
@@ -431,13 +442,19 @@ class Reader:
             # has not heard of (nothing it sent met a MOVED, as in a process that only
             # checks health), and the old master is back as a replica. Read the table anew.
             self._call(self.client.nodes_manager.initialize)
+            if down is not None:
+                down.clear()
             found = read()
         return found
 
-    def refused_write(self) -> tuple[str, EngineUnavailable] | None:
+    def refused_write(
+        self, down: dict[str, str] | None = None
+    ) -> tuple[str, EngineUnavailable] | None:
         """Ask every master to delete a key that does not exist; return the first one that
         refuses (its address, "" on one Redis) with its refusal, or None. Raise
-        ``EngineUnavailable`` if a master does not answer.
+        ``EngineUnavailable`` if a master does not answer; with ``down`` (see ``masters``),
+        a master of a Cluster listed there is not asked, and one that does not answer goes
+        into it.
 
         A master that takes no write refuses it, as it refuses every write, while its
         ``INFO`` reads as usual: MISCONF (a failed RDB save or AOF write, with
@@ -448,14 +465,17 @@ class Reader:
             targets = [("", f"{{{self.prefix}}}:write-probe")]
         else:
             nodes = self._call(self.client.get_primaries)
-            targets = [(node.name, self._probe_key(node.name)) for node in nodes]
+            targets = [(node.name, self._probe_key(node.name)) for node in nodes
+                       if down is None or node.name not in down]  # fmt: skip
         for address, key in targets:
             try:
                 self._call(partial(self.client.delete, key))
             except EngineUnavailable as exc:
-                if unreachable(exc):
+                if not unreachable(exc):
+                    return address, exc
+                if down is None or not self.is_cluster:
                     raise
-                return address, exc
+                down[address] = str(exc)
         return None
 
     def _probe_key(self, node: str) -> str:

@@ -1,0 +1,148 @@
+"""Audit of the health check and the metrics on a Redis Cluster with one master down (and
+of the health check on one frozen Redis, which must still cost one timeout).
+
+The Cluster tests need a Redis Cluster (``pytest -m cluster``); they start their own, of
+3 masters and no replicas, and kill or freeze (SIGSTOP) one master.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import Client, override_settings
+
+from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
+from django_delayjobs.embedded_cluster import EmbeddedCluster, Node
+from tests import test_audit_adm2
+from tests.conftest import cluster_client
+from tests.test_audit_cls3 import PREFIX, node, owner, settings_for
+
+pytestmark = [pytest.mark.django_db]
+
+frozen_redis = test_audit_adm2.frozen_redis  # a fixture: a redis-server stopped by SIGSTOP
+
+
+@pytest.fixture(scope="module")
+def lonely() -> Iterator[EmbeddedCluster]:
+    """3 masters, no replicas; a dead master is not declared failed for 60 s."""
+    with EmbeddedCluster(masters=3, replicas=0, node_timeout_ms=60_000) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def on_lonely(lonely: EmbeddedCluster) -> Iterator[tuple[EmbeddedCluster, Any]]:
+    lonely.wait_healthy()
+    client = cluster_client(lonely.url)
+    client.flushall()
+    yield lonely, client
+    client.close()
+
+
+@contextlib.contextmanager
+def frozen(victim: Node) -> Iterator[None]:
+    """The master stopped with SIGSTOP: it takes connections and answers nothing."""
+    assert victim.pid is not None
+    os.kill(victim.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(victim.pid, signal.SIGCONT)
+
+
+def queues_by_master(client: Any, count: int = 300) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for n in range(count):
+        queue = f"q{n}"
+        found.setdefault(owner(client, f"{{{PREFIX}:{queue}}}:pending"), []).append(queue)
+    return found
+
+
+def health(queues: list[str]) -> tuple[dict[str, tuple[bool, str]], bool]:
+    """``delayjobs_health`` of ``queues`` (no worker wanted): each check, and whether it
+    exited 0."""
+    out = io.StringIO()
+    failure: CommandError | None = None
+    try:
+        call_command("delayjobs_health", queues=",".join(queues), min_workers="0", stdout=out)
+    except CommandError as exc:
+        failure = exc
+    assert failure is None or failure.returncode == 1, failure
+    checks = {}
+    for line in out.getvalue().splitlines():
+        mark, name, detail = line.split(None, 2)
+        checks[name] = (mark == "ok", detail)
+    return checks, failure is None
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("outage", ["killed", "frozen"])
+def test_health_with_one_master_down_fails_only_the_queues_on_it(on_lonely, outage):
+    """With one master of a Cluster down (no replica to take over), every queue check
+    failed with "Redis is unavailable", the queues of the two masters that answer too:
+    the short-cut for one Redis that does not answer took the Cluster for one. Now the
+    ``redis`` check names the master that does not answer, the queues on the other
+    masters are checked as usual (and pass), those on it fail; exit 1, and 503 from
+    ``health/``. A frozen master costs one timeout, not one per queue on it."""
+    cluster, client = on_lonely
+    by_master = queues_by_master(client)
+    directory = owner(client, f"{{{PREFIX}}}:queues")
+    address = next(a for a in by_master if a != directory)
+    victim = node(cluster, address)
+    lost = by_master[address][:4]
+    healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
+    with override_settings(DELAYJOBS=settings_for(cluster)):
+        engine = get_engine()
+        for queue in lost + healthy:
+            engine.add(queue, {f"{queue}-job": engine.server_time_ms() + 3_600_000})
+        assert health(lost + healthy)[1]
+        with frozen(victim) if outage == "frozen" else contextlib.nullcontext():
+            if outage == "killed":
+                cluster.kill(victim)
+            try:
+                started = time.monotonic()
+                checks, passed = health(lost + healthy)
+                took = time.monotonic() - started
+                response = Client().get(
+                    "/delayjobs/health/", {"queues": ",".join(lost + healthy), "min_workers": "0"}
+                )
+            finally:
+                if outage == "killed":
+                    cluster.restart(victim)
+    assert not passed
+    assert not checks["redis"][0] and address in checks["redis"][1], checks["redis"]
+    assert checks["database"][0], checks["database"]
+    for queue in healthy:
+        for kind in ("workers", "overdue"):
+            assert checks[f"{kind}:{queue}"][0], (queue, checks[f"{kind}:{queue}"])
+    for queue in lost:
+        for kind in ("workers", "overdue"):
+            ok, detail = checks[f"{kind}:{queue}"]
+            assert not ok and address in detail, (queue, detail)
+    assert took < 8 * SOCKET_TIMEOUT, took  # the frozen master waited for once or twice
+    assert response.status_code == 503
+    states = response.json()["checks"]
+    assert {n for n, v in states.items() if v == "fail"} == {"redis"} | {
+        f"{kind}:{q}" for q in lost for kind in ("workers", "overdue")
+    }
+
+
+def test_health_on_one_frozen_redis_waits_for_it_once_not_once_per_queue(frozen_redis, settings):
+    """The Cluster's per-master checks keep the short-cut for one Redis that does not
+    answer: 20 queues cost one read timeout, not 20; every check but the database's fails."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": frozen_redis}
+    queues = [f"q{n}" for n in range(20)]
+    started = time.monotonic()
+    checks, passed = health(queues)
+    took = time.monotonic() - started
+    assert not passed
+    assert took < 4 * SOCKET_TIMEOUT, took
+    assert {name for name, (ok, _) in checks.items() if ok} == {"database"}
+    assert len(checks) == 2 + 2 * len(queues)
