@@ -21,9 +21,11 @@ from django.test import Client, override_settings
 
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
 from django_delayjobs.embedded_cluster import EmbeddedCluster, Node
+from django_delayjobs.metrics import store
 from tests import test_audit_adm2
 from tests.conftest import cluster_client
-from tests.test_audit_cls3 import PREFIX, node, owner, settings_for
+from tests.test_audit_cls3 import PREFIX, node, owner, scrape, settings_for
+from tests.test_metrics import TOKEN, get
 
 pytestmark = [pytest.mark.django_db]
 
@@ -146,3 +148,66 @@ def test_health_on_one_frozen_redis_waits_for_it_once_not_once_per_queue(frozen_
     assert took < 4 * SOCKET_TIMEOUT, took
     assert {name for name, (ok, _) in checks.items() if ok} == {"database"}
     assert len(checks) == 2 + 2 * len(queues)
+
+
+@pytest.mark.cluster
+def test_a_scrape_shows_a_sharded_queue_whose_totals_master_is_down(on_lonely):
+    """A queue split into shards keeps its metrics totals (and its live workers) in the
+    keys of its own name's hash tag. With that master down, the scrape left the queue out
+    whole: not even ``delayjobs_queue_readable 0`` said it was missing, though its shards
+    on the other masters answered. Its shards that answer are shown, the queue is marked
+    unreadable, and neither its counters (a sum short of them would read as a reset) nor
+    a worker count it could not read are given."""
+    cluster, client = on_lonely
+    queue = next(q for q in (f"s{n}" for n in range(300))
+                 if owner(client, f"{{{PREFIX}:{q}}}:pending")
+                 != owner(client, f"{{{PREFIX}}}:queues"))  # fmt: skip
+    home = owner(client, f"{{{PREFIX}:{queue}}}:pending")
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS={queue: 6})):
+        engine = get_engine()
+        assert owner(client, store.totals_key(engine, queue)) == home
+        shards = engine.shards(queue)
+        later = engine.server_time_ms() + 3_600_000
+        for n, shard in enumerate(shards):
+            engine.add(shard, {f"id{n}": later})
+        lost = [s for s in shards if engine.node_of(s) == home]
+        assert 0 < len(lost) < 6
+        assert f'delayjobs_workers{{queue="{queue}"}} 0.0' in scrape()
+        victim = node(cluster, home)
+        cluster.kill(victim)
+        try:
+            text = scrape()
+        finally:
+            cluster.restart(victim)
+        pending = 6 - len(lost)
+        assert f'delayjobs_queue_readable{{queue="{queue}"}} 0.0' in text
+        assert f'delayjobs_queue_jobs{{queue="{queue}",state="pending"}} {pending}.0' in text
+        for shard in set(shards) - set(lost):
+            assert f'shard="{shard}",state="pending"}} 1.0' in text, shard
+        assert f'delayjobs_jobs_total{{outcome="scheduled",queue="{queue}"}}' not in text
+        assert f'delayjobs_workers{{queue="{queue}"}}' not in text
+        assert f'delayjobs_queue_readable{{queue="{queue}"}} 1.0' in scrape()
+
+
+def test_a_scrape_names_a_queue_whose_totals_key_is_another_programs(
+    redis_client, settings, caplog
+):
+    """A queue whose metrics totals key held another type (another program's) was left
+    out of the scrape without a word: no ``delayjobs_queue_readable 0``, no log line, its
+    gauges gone though every key of its jobs could be read. Its gauges are shown, the
+    queue marked unreadable and named in the log; its counters are left out."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "METRICS_TOKEN": TOKEN}
+    engine = get_engine()
+    for queue in ("a", "b"):
+        engine.add(queue, {f"{queue}-job": 0})
+    redis_client.set(store.totals_key(engine, "b"), "another program's")
+    response = get(Client(), TOKEN)
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert 'delayjobs_queue_readable{queue="a"} 1.0' in text
+    assert 'delayjobs_queue_readable{queue="b"} 0.0' in text
+    assert 'delayjobs_queue_jobs{queue="b",state="ready"} 1.0' in text
+    assert 'delayjobs_workers{queue="b"} 0.0' in text
+    assert 'delayjobs_jobs_total{outcome="scheduled",queue="a"}' in text
+    assert 'delayjobs_jobs_total{outcome="scheduled",queue="b"}' not in text
+    assert "queue 'b' could not be read (its metrics totals key" in caplog.text
