@@ -11,12 +11,14 @@ import contextlib
 import io
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.backends.signals import connection_created
 from django.test import Client, override_settings
 
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
@@ -134,6 +136,47 @@ def test_health_with_one_master_down_fails_only_the_queues_on_it(on_lonely, outa
     assert {n for n, v in states.items() if v == "fail"} == {"redis"} | {
         f"{kind}:{q}" for q in lost for kind in ("workers", "overdue")
     }
+
+
+@pytest.mark.cluster
+@pytest.mark.django_db(transaction=True)
+def test_health_with_a_master_that_freezes_during_the_queue_checks(on_lonely):
+    """A master that answered the ``redis`` check and stopped answering before the queue
+    checks (frozen while the database was checked) failed every queue not yet checked,
+    on every master ("not checked"): the single-Redis short-cut again. Only the queues on
+    it fail now, after one wait for it; the others are checked as usual."""
+    cluster, client = on_lonely
+    by_master = queues_by_master(client)
+    directory = owner(client, f"{{{PREFIX}}}:queues")
+    address = next(a for a in by_master if a != directory)
+    victim = node(cluster, address)
+    assert victim.pid is not None
+    lost = by_master[address][:4]
+    healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
+    queues = [q for pair in zip(lost, healthy, strict=False) for q in pair] + healthy[4:]
+
+    def freeze(sender: object, **kwargs: Any) -> None:
+        if threading.current_thread().name == "delayjobs-health-database":
+            os.kill(victim.pid, signal.SIGSTOP)  # after the redis check, before the queues'
+
+    with override_settings(DELAYJOBS=settings_for(cluster)):
+        get_engine().add(healthy[0], {"a-job": get_engine().server_time_ms() + 3_600_000})
+        connection_created.connect(freeze)
+        try:
+            started = time.monotonic()
+            checks, passed = health(queues)
+            took = time.monotonic() - started
+        finally:
+            connection_created.disconnect(freeze)
+            os.kill(victim.pid, signal.SIGCONT)
+    assert not passed
+    assert checks["redis"][0] and checks["database"][0], checks
+    for queue in healthy:
+        assert checks[f"workers:{queue}"][0] and checks[f"overdue:{queue}"][0], queue
+    for queue in lost:
+        assert not checks[f"workers:{queue}"][0] and not checks[f"overdue:{queue}"][0], queue
+    assert "not checked" not in str(checks)
+    assert took < 8 * SOCKET_TIMEOUT, took  # one wait for it, not one per queue on it
 
 
 def test_health_on_one_frozen_redis_waits_for_it_once_not_once_per_queue(frozen_redis, settings):
