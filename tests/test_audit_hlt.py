@@ -254,3 +254,31 @@ def test_a_scrape_names_a_queue_whose_totals_key_is_another_programs(
     assert 'delayjobs_jobs_total{outcome="scheduled",queue="a"}' in text
     assert 'delayjobs_jobs_total{outcome="scheduled",queue="b"}' not in text
     assert "queue 'b' could not be read (its metrics totals key" in caplog.text
+
+
+@pytest.mark.cluster
+def test_a_scrape_with_a_frozen_master_waits_for_it_once_not_once_per_queue(on_lonely):
+    """With a master frozen, a scrape read the totals of every queue on it one at a time
+    (redis-py sends each command of a pipeline that timed out again, alone), each waiting
+    the client's timeout and retry: 6 queues there held the scrape 27 s, past Prometheus's
+    10 s, so every queue's series were lost. The first key of a master is read alone, and
+    the others on a master that does not answer are not asked."""
+    cluster, client = on_lonely
+    by_master = queues_by_master(client)
+    directory = owner(client, f"{{{PREFIX}}}:queues")
+    address = next(a for a in by_master if a != directory)
+    lost = by_master[address][:6]
+    healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
+    with override_settings(DELAYJOBS=settings_for(cluster)):
+        engine = get_engine()
+        for queue in lost + healthy:
+            engine.add(queue, {f"{queue}-job": 0})
+        with frozen(node(cluster, address)):
+            started = time.monotonic()
+            text = scrape()
+            took = time.monotonic() - started
+    for queue in healthy:
+        assert f'delayjobs_queue_readable{{queue="{queue}"}} 1.0' in text, queue
+    for queue in lost:
+        assert f'delayjobs_queue_readable{{queue="{queue}"}} 0.0' in text, queue
+    assert took < 8 * SOCKET_TIMEOUT, took  # 6 queues there took 27 s
