@@ -100,10 +100,11 @@ def test_health_with_one_master_down_fails_only_the_queues_on_it(on_lonely, outa
     directory = owner(client, f"{{{PREFIX}}}:queues")
     address = next(a for a in by_master if a != directory)
     victim = node(cluster, address)
-    lost = by_master[address][:4]
+    lost = [*by_master[address][:4], "split"]  # a queue split into 6 has a shard there
     healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
-    with override_settings(DELAYJOBS=settings_for(cluster)):
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS={"split": 6})):
         engine = get_engine()
+        assert address in {engine.node_of(shard) for shard in engine.shards("split")}
         for queue in lost + healthy:
             engine.add(queue, {f"{queue}-job": engine.server_time_ms() + 3_600_000})
         assert health(lost + healthy)[1]
