@@ -262,24 +262,32 @@ def test_a_scrape_with_a_frozen_master_waits_for_it_once_not_once_per_queue(on_l
     """With a master frozen, a scrape read the totals of every queue on it one at a time
     (redis-py sends each command of a pipeline that timed out again, alone), each waiting
     the client's timeout and retry: 6 queues there held the scrape 27 s, past Prometheus's
-    10 s, so every queue's series were lost. The first key of a master is read alone, and
-    the others on a master that does not answer are not asked."""
+    10 s, so every queue's series were lost; and each shard there of a queue split into
+    several waited too. The first key of a master is read alone, and a master that does
+    not answer is not asked again in that scrape."""
     cluster, client = on_lonely
     by_master = queues_by_master(client)
     directory = owner(client, f"{{{PREFIX}}}:queues")
     address = next(a for a in by_master if a != directory)
     lost = by_master[address][:6]
     healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
-    with override_settings(DELAYJOBS=settings_for(cluster)):
+    split = ["split0", "split1", "split2"]  # 6 shards each, 2 of them on the frozen master
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS=dict.fromkeys(split, 6))):
         engine = get_engine()
         for queue in lost + healthy:
             engine.add(queue, {f"{queue}-job": 0})
+        for queue in split:
+            for n, shard in enumerate(engine.shards(queue)):
+                engine.add(shard, {f"{shard}-{n}": 0})
+            assert address in {engine.node_of(shard) for shard in engine.shards(queue)}
         with frozen(node(cluster, address)):
             started = time.monotonic()
             text = scrape()
             took = time.monotonic() - started
     for queue in healthy:
         assert f'delayjobs_queue_readable{{queue="{queue}"}} 1.0' in text, queue
-    for queue in lost:
+    for queue in lost + split:
         assert f'delayjobs_queue_readable{{queue="{queue}"}} 0.0' in text, queue
-    assert took < 8 * SOCKET_TIMEOUT, took  # 6 queues there took 27 s
+    for queue in split:  # the shards of the masters that answer
+        assert f'delayjobs_queue_jobs{{queue="{queue}",state="ready"}} 4.0' in text, queue
+    assert took < 8 * SOCKET_TIMEOUT, took  # 6 queues there took 27 s; 6 shards, 12 s

@@ -253,28 +253,50 @@ class Reader:
 
     # -- observing -----------------------------------------------------------------
 
-    def stats(self, queue: str) -> QueueStats:
+    def stats(self, queue: str, down: dict[str, str] | None = None) -> QueueStats:
         """Return counts and times of one queue (summed over its shards, each read
-        atomically; the shards' own figures in ``shards``)."""
+        atomically; the shards' own figures in ``shards``). With ``down`` (see
+        ``masters``), a shard on a Cluster master listed there is not asked (it counts as
+        failed), and a master that does not answer goes into it: a reader of many queues
+        waits for a frozen master once, not once per shard on it."""
         shards = self._router.targets(queue)
         if shards == [Shard(shards[0].queue)]:
-            return replace(self._stats(shards[0]), queue=queue)
+            return replace(self._unless_down(shards[0], down, partial(self._stats, shards[0])),
+                           queue=queue)  # fmt: skip
         # A master that is down hides only its shards: PartlyUnavailable, with the counts
         # of the others (their ``shards``), then none but those answered.
         each = PerShard(one_server=not self.is_cluster)
-        parts = tuple(p for s in shards if (p := each.run(partial(self._stats, s), None)))
+        parts = tuple(p for s in shards
+                      if (p := each.run(partial(self._unless_down, s, down,
+                                                partial(self._stats, s)), None)))  # fmt: skip
         if not parts:
             each.check()
         # Live workers are recorded in the keys of the queue's shard of 1 (heartbeat).
         now = max(p.now_ms for p in parts)
         workers = self._keys(Shard(shards[0].queue)).workers
-        count = partial(self.client.zcount, workers, now + 1, "+inf")
-        live = int(each.run(partial(self._call, count), 0))
+        count = partial(self._call, partial(self.client.zcount, workers, now + 1, "+inf"))
+        live = int(each.run(partial(self._unless_down, Shard(shards[0].queue), down, count), 0))
         if len(parts) == 1 and each.failure is None:
             return replace(parts[0], queue=queue, live_workers=live)
         merged = merge_stats(queue, parts, live)
         each.check(merged)
         return merged
+
+    def _unless_down(self, shard: Shard, down: dict[str, str] | None, fn: Callable[[], T]) -> T:
+        """``fn()``, a call to the master of ``shard``; with ``down``, not made when that
+        master is listed there (its failure is raised), and listed if it does not answer."""
+        if down is None or not self.is_cluster:
+            return fn()
+        key = self._keys(shard).pending
+        master = str(self._call(lambda: self.client.get_node_from_key(key).name))
+        if master in down:
+            raise EngineUnavailable(f"{down[master]} (master {master}, not asked again)")
+        try:
+            return fn()
+        except EngineUnavailable as exc:
+            if unreachable(exc):
+                down.setdefault(master, str(exc))
+            raise
 
     def _stats(self, shard: Shard) -> QueueStats:
         return self._parse_stats(shard, self._run("stats", self._stats_keys(shard), []))

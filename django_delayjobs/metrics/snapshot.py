@@ -75,7 +75,8 @@ def read(engine: Engine, unreadable: dict[str, str] | None = None) -> list[Queue
     failed = {} if unreadable is None else unreadable
     names = queue_names(engine, failed)
     home_down: dict[str, str] = {}  # queues whose totals' master does not answer
-    totals = store.totals(engine, names, home_down)
+    silent: dict[str, str] = {}  # Cluster masters that do not answer: asked no more
+    totals = store.totals(engine, names, home_down, silent)
     failed.update(home_down)
     actions = tuple(delayjobs_settings.METRICS_ACTIONS)
     readings = []
@@ -87,7 +88,7 @@ def read(engine: Engine, unreadable: dict[str, str] | None = None) -> list[Queue
             failed[name] = f"its metrics totals key {store.totals_key(engine, name)} is not a hash"
         try:
             try:
-                stats = engine.stats(name)
+                stats = engine.stats(name, silent)
             except PartlyUnavailable as exc:  # exported in part, marked unreadable
                 stats, failed[name] = exc.done, str(exc)
             overdue = oldest_overdue(engine, stats)  # reads the ready list, which stats do not

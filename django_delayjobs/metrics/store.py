@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ..engine.errors import EngineUnavailable, PerShard, WrongType, guarded
+from ..engine.errors import unreachable as not_answering
 from ..engine.reader import counter_value
 from . import layout
 
@@ -151,15 +152,19 @@ def _raise(error: Exception) -> None:
 
 
 def totals(
-    engine: Engine, queues: Sequence[str], unreachable: dict[str, str] | None = None
+    engine: Engine,
+    queues: Sequence[str],
+    unreachable: dict[str, str] | None = None,
+    down: dict[str, str] | None = None,
 ) -> dict[str, Fields]:
     """The running totals of each queue, in one round trip (two per master on a Cluster);
     a queue whose totals key has another type (another program's key) is left out, not
     every queue. On a Cluster with a master down, so is each queue on that master (with
-    why in ``unreachable``) as long as another master answers."""
+    why in ``unreachable``) as long as another master answers; that master goes into
+    ``down`` (see ``Engine.stats``)."""
     keys = [totals_key(engine, queue) for queue in queues]
     if engine.is_cluster and len(keys) > 1:
-        found = _by_master(engine, queues, keys, unreachable)
+        found = _by_master(engine, queues, keys, unreachable, down)
     else:
         found = _hashes(engine, keys)
     return {queue: fields for queue, fields in zip(queues, found, strict=True)
@@ -167,7 +172,11 @@ def totals(
 
 
 def _by_master(
-    engine: Engine, queues: Sequence[str], keys: list[str], unreachable: dict[str, str] | None
+    engine: Engine,
+    queues: Sequence[str],
+    keys: list[str],
+    unreachable: dict[str, str] | None,
+    down: dict[str, str] | None,
 ) -> list[Fields | None]:
     """``_hashes`` of a Cluster's keys, master by master: its first key alone, then the
     rest in one round trip. redis-py sends each command of a pipeline that met a timeout
@@ -183,7 +192,7 @@ def _by_master(
         by_master.setdefault(master, []).append(n)
     found: list[Fields | None] = [None] * len(keys)
     each = PerShard()
-    for group in by_master.values():
+    for master, group in by_master.items():
         read: list[int] = []
         with each.attempt():
             try:
@@ -195,6 +204,8 @@ def _by_master(
             except EngineUnavailable as exc:
                 if unreachable is not None:
                     unreachable.update((queues[n], str(exc)) for n in group if n not in read)
+                if down is not None and not_answering(exc):
+                    down.setdefault(master, str(exc))
                 raise
     if not each.reached:
         each.check()  # none answered: raises
