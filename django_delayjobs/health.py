@@ -11,6 +11,10 @@ the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read
   not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
   (``MISCONF``) and not short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it
   answers those to every write, so to the check's ``DEL`` of a key that does not exist.
+  On a Cluster, a master that does not answer while others do fails it (named), and the
+  checks of each queue with a key on that master fail without asking it again; the
+  queues on the other masters are checked as usual (one Redis that does not answer fails
+  every queue check at once).
 - ``database``: the jobs' database answers within ``DATABASE_TIMEOUT_SECONDS`` and takes
   writes: a PostgreSQL standby, or a database with ``default_transaction_read_only``,
   would refuse every claim, as would a SQLite file (or filesystem) that is read-only; and
