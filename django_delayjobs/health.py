@@ -11,6 +11,10 @@ the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read
   not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
   (``MISCONF``) and not short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it
   answers those to every write, so to the check's ``DEL`` of a key that does not exist.
+  On a Cluster, a master that does not answer while others do fails it (named), and the
+  checks of each queue with a key on that master fail without asking it again; the
+  queues on the other masters are checked as usual (one Redis that does not answer fails
+  every queue check at once).
 - ``database``: the jobs' database answers within ``bounded.DATABASE_TIMEOUT_SECONDS``
   and takes writes: a PostgreSQL standby, or a database with
   ``default_transaction_read_only``, would refuse every claim, as would a SQLite file (or
@@ -30,6 +34,7 @@ the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import uuid
@@ -112,18 +117,51 @@ def parse_count(text: str, high: int) -> int:
 
 def run(engine: Engine, limits: Limits) -> list[Check]:
     """Run every check; never raises for an unreachable Redis or database."""
-    redis, reachable = check_redis(engine)
+    down: dict[str, str] = {}  # the masters of a Cluster that do not answer, with why
+    redis, reachable = check_redis(engine, down)
     if not reachable:
         return without_redis(redis, limits)
     database = check_database()
     checks = [redis, database]
     for n, queue in enumerate(limits.queues):
+        away = _on_masters_down(engine, queue, down)
+        if away:  # asking would wait for it again, once per queue on it
+            checks += _failed([queue], limits, away)
+            continue
         try:
             checks += _queue_checks(engine, queue, limits, rows=database.ok)
         except EngineUnavailable as exc:  # stopped answering: each call would wait as long
+            if engine.is_cluster:  # its master(s) only: the other queues are checked
+                with contextlib.suppress(EngineUnavailable):  # a slot with no master
+                    down.update(dict.fromkeys(_masters(engine, queue, shards=True), str(exc)))
+                checks += _failed([queue], limits, str(exc))
+                continue
             left = _failed(limits.queues[n + 1 :], limits, f"not checked: {exc}")
             return checks + _failed([queue], limits, str(exc)) + left
     return checks
+
+
+def _masters(engine: Engine, queue: str, shards: bool = False) -> set[str]:
+    """The addresses of the Cluster masters that hold the keys of ``queue``'s shards (and,
+    unless only ``shards``, of its live workers). No Redis call: the client's slot table
+    (and the directory of queues, as last read, for the shards of an older count)."""
+    names = engine.shards(queue) + ([] if shards else [queue])
+    return {engine.node_of(name) for name in names}
+
+
+def _on_masters_down(engine: Engine, queue: str, down: dict[str, str]) -> str | None:
+    """Why the checks of ``queue`` fail without asking Redis (a key of it is on a master
+    in ``down``), or None."""
+    if not down or not engine.is_cluster:
+        return None
+    try:
+        away = sorted(_masters(engine, queue) & set(down))
+    except EngineUnavailable:  # its slot has no master in the client's table
+        return None
+    if not away:
+        return None
+    address, why = away[0], down[away[0]]
+    return f"unavailable: a key of it is on master {address}, which does not answer ({why})"
 
 
 def without_redis(redis: Check, limits: Limits) -> list[Check]:
@@ -152,11 +190,13 @@ def _kinds(limits: Limits) -> list[str]:
     return ["workers", "overdue"] + (["garbage"] if limits.max_garbage is not None else [])
 
 
-def check_redis(engine: Engine) -> tuple[Check, bool]:
+def check_redis(engine: Engine, down: dict[str, str] | None = None) -> tuple[Check, bool]:
     """Whether Redis answers and takes writes (every master of a Cluster), and whether it
-    answers at all (the queue checks only read)."""
+    answers at all (the queue checks only read). With ``down``, each master of a Cluster
+    that does not answer goes into it (its address, with why) while another one does: the
+    check fails, naming it, and the queues on the other masters can still be checked."""
     try:
-        masters = engine.masters()
+        masters = engine.masters(down)
     except EngineUnavailable as exc:  # a refusal (MISCONF to redis-py's PING) is an answer
         return Check("redis", False, f"unavailable: {exc}"), not unreachable(exc)
     for address, info in masters.items():
@@ -170,9 +210,14 @@ def check_redis(engine: Engine) -> tuple[Check, bool]:
                 "it refuses new jobs (they wait in the database)"
             )), True  # fmt: skip
     try:
-        refused = engine.refused_write()
+        refused = engine.refused_write(down)
     except EngineUnavailable as exc:  # it died after its INFO: it does not answer at all
         return Check("redis", False, f"unavailable: {exc}"), False
+    if down:  # a Cluster with masters that do not answer; the others do
+        address, why = sorted(down.items())[0]
+        others = f" (and {len(down) - 1} more)" if len(down) > 1 else ""
+        return Check("redis", False, f"unavailable (master {address}{others}): {why}; the "
+                     "queues on the other masters are checked"), True  # fmt: skip
     if refused is not None:  # MISCONF, NOREPLICAS: it takes no write
         address, refusal = refused
         where = f" (master {address})" if address else ""

@@ -251,6 +251,16 @@ def lonely() -> Iterator[EmbeddedCluster]:
         yield cluster
 
 
+@pytest.fixture
+def on_lonely(lonely: EmbeddedCluster) -> Iterator[tuple[EmbeddedCluster, Any]]:
+    """The cluster flushed and healthy, and a client of it (master of a key: ``owner``)."""
+    lonely.wait_healthy()
+    client = cluster_client(lonely.url)
+    client.flushall()
+    yield lonely, client
+    client.close()
+
+
 def cluster_client(url: str, **kwargs: object) -> RedisCluster:
     return RedisCluster.from_url(url, **kwargs)  # type: ignore[arg-type]
 

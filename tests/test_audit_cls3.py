@@ -7,7 +7,6 @@ Every test here needs a Redis Cluster (``pytest -m cluster``).
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,16 +25,6 @@ from tests.test_metrics import TOKEN, get
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db]
 
 PREFIX = "delayjobs"
-
-
-@pytest.fixture
-def on_lonely(lonely: EmbeddedCluster) -> Iterator[tuple[EmbeddedCluster, Any]]:
-    """The cluster flushed and healthy, and a client of it (master of a key: ``owner``)."""
-    lonely.wait_healthy()
-    client = cluster_client(lonely.url)
-    client.flushall()
-    yield lonely, client
-    client.close()
 
 
 def owner(client: Any, key: str) -> str:

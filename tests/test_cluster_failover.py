@@ -492,8 +492,8 @@ class DiesAfterInfo(Engine):
     cluster: EmbeddedCluster
     victim: Node
 
-    def masters(self) -> dict[str, dict[str, Any]]:
-        found = super().masters()
+    def masters(self, down: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+        found = super().masters(down)
         self.cluster.kill(self.victim)
         return found
 

@@ -253,28 +253,50 @@ class Reader:
 
     # -- observing -----------------------------------------------------------------
 
-    def stats(self, queue: str) -> QueueStats:
+    def stats(self, queue: str, down: dict[str, str] | None = None) -> QueueStats:
         """Return counts and times of one queue (summed over its shards, each read
-        atomically; the shards' own figures in ``shards``)."""
+        atomically; the shards' own figures in ``shards``). With ``down`` (see
+        ``masters``), a shard on a Cluster master listed there is not asked (it counts as
+        failed), and a master that does not answer goes into it: a reader of many queues
+        waits for a frozen master once, not once per shard on it."""
         shards = self._router.targets(queue)
         if shards == [Shard(shards[0].queue)]:
-            return replace(self._stats(shards[0]), queue=queue)
+            return replace(self._unless_down(shards[0], down, partial(self._stats, shards[0])),
+                           queue=queue)  # fmt: skip
         # A master that is down hides only its shards: PartlyUnavailable, with the counts
         # of the others (their ``shards``), then none but those answered.
         each = PerShard(one_server=not self.is_cluster)
-        parts = tuple(p for s in shards if (p := each.run(partial(self._stats, s), None)))
+        parts = tuple(p for s in shards
+                      if (p := each.run(partial(self._unless_down, s, down,
+                                                partial(self._stats, s)), None)))  # fmt: skip
         if not parts:
             each.check()
         # Live workers are recorded in the keys of the queue's shard of 1 (heartbeat).
         now = max(p.now_ms for p in parts)
         workers = self._keys(Shard(shards[0].queue)).workers
-        count = partial(self.client.zcount, workers, now + 1, "+inf")
-        live = int(each.run(partial(self._call, count), 0))
+        count = partial(self._call, partial(self.client.zcount, workers, now + 1, "+inf"))
+        live = int(each.run(partial(self._unless_down, Shard(shards[0].queue), down, count), 0))
         if len(parts) == 1 and each.failure is None:
             return replace(parts[0], queue=queue, live_workers=live)
         merged = merge_stats(queue, parts, live)
         each.check(merged)
         return merged
+
+    def _unless_down(self, shard: Shard, down: dict[str, str] | None, fn: Callable[[], T]) -> T:
+        """``fn()``, a call to the master of ``shard``; with ``down``, not made when that
+        master is listed there (its failure is raised), and listed if it does not answer."""
+        if down is None or not self.is_cluster:
+            return fn()
+        key = self._keys(shard).pending
+        master = str(self._call(lambda: self.client.get_node_from_key(key).name))
+        if master in down:
+            raise EngineUnavailable(f"{down[master]} (master {master}, not asked again)")
+        try:
+            return fn()
+        except EngineUnavailable as exc:
+            if unreachable(exc):
+                down.setdefault(master, str(exc))
+            raise
 
     def _stats(self, shard: Shard) -> QueueStats:
         return self._parse_stats(shard, self._run("stats", self._stats_keys(shard), []))
@@ -411,19 +433,30 @@ class Reader:
         """Return Redis's ``INFO`` (version, memory policy, ...); on a Cluster, one node's."""
         return self._call(self.client.info)
 
-    def masters(self) -> dict[str, dict[str, Any]]:
-        """Return ``INFO`` of every master by its address (one Redis: just that one)."""
+    def masters(self, down: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+        """Return ``INFO`` of every master by its address (one Redis: just that one).
+
+        With ``down``, a master of a Cluster that is not reached or does not answer goes
+        into it (its address, with why) instead of failing the call, as long as another
+        master answers: the queues on the others can still be served."""
         if not self.is_cluster:
             return {"": self.info()}
 
         def read() -> dict[str, dict[str, Any]]:
             # One node at a time: redis-py gives a command sent to several nodes as
             # {node: reply}, but one sent to a single node (a Cluster of one master) bare.
-            def run() -> dict[str, dict[str, Any]]:
-                return {node.name: self.client.info(target_nodes=node)
-                        for node in self.client.get_primaries()}  # fmt: skip
-
-            return self._call(run)
+            found: dict[str, dict[str, Any]] = {}
+            first: EngineUnavailable | None = None
+            for node in self._call(self.client.get_primaries):
+                try:
+                    found[node.name] = self._call(partial(self.client.info, target_nodes=node))
+                except EngineUnavailable as exc:
+                    if down is None or not unreachable(exc):
+                        raise
+                    down[node.name], first = str(exc), first or exc
+            if first is not None and not found:
+                raise first  # none answers: Redis is unavailable
+            return found
 
         found = read()
         if any(info.get("role", "master") != "master" for info in found.values()):
@@ -431,13 +464,19 @@ class Reader:
             # has not heard of (nothing it sent met a MOVED, as in a process that only
             # checks health), and the old master is back as a replica. Read the table anew.
             self._call(self.client.nodes_manager.initialize)
+            if down is not None:
+                down.clear()
             found = read()
         return found
 
-    def refused_write(self) -> tuple[str, EngineUnavailable] | None:
+    def refused_write(
+        self, down: dict[str, str] | None = None
+    ) -> tuple[str, EngineUnavailable] | None:
         """Ask every master to delete a key that does not exist; return the first one that
         refuses (its address, "" on one Redis) with its refusal, or None. Raise
-        ``EngineUnavailable`` if a master does not answer.
+        ``EngineUnavailable`` if a master does not answer; with ``down`` (see ``masters``),
+        a master of a Cluster listed there is not asked, and one that does not answer goes
+        into it.
 
         A master that takes no write refuses it, as it refuses every write, while its
         ``INFO`` reads as usual: MISCONF (a failed RDB save or AOF write, with
@@ -448,14 +487,17 @@ class Reader:
             targets = [("", f"{{{self.prefix}}}:write-probe")]
         else:
             nodes = self._call(self.client.get_primaries)
-            targets = [(node.name, self._probe_key(node.name)) for node in nodes]
+            targets = [(node.name, self._probe_key(node.name)) for node in nodes
+                       if down is None or node.name not in down]  # fmt: skip
         for address, key in targets:
             try:
                 self._call(partial(self.client.delete, key))
             except EngineUnavailable as exc:
-                if unreachable(exc):
+                if not unreachable(exc):
+                    return address, exc
+                if down is None or not self.is_cluster:
                     raise
-                return address, exc
+                down[address] = str(exc)
         return None
 
     def _probe_key(self, node: str) -> str:

@@ -19,7 +19,9 @@ id, and an action only when the settings name it):
   not be (its master down, or a key of another program's type), which has no other series,
   or not whole: a queue split into shards some of whose masters are down has the gauges
   of the shards that answered (not its counters: a sum short of a shard would read as a
-  reset);
+  reset), and so has one whose totals could not be read (their master down, or their
+  key of another program's type); ``delayjobs_workers`` only when its heartbeats were
+  read;
 - ``delayjobs_directory_readable``: gauge, 0 when the directory of queues could not be
   read (its master down), so a queue known only to Redis may be missing; else 1.
 """
@@ -102,7 +104,8 @@ def families(readings: Sequence[QueueReading], unreadable: Iterable[str] = ()) -
         for state, field in STATES.items():
             states.add_metric([r.name, state], getattr(r.stats, field))
         overdue.add_metric([r.name], r.oldest_overdue)
-        workers.add_metric([r.name], r.stats.live_workers)
+        if r.workers_read:
+            workers.add_metric([r.name], r.stats.live_workers)
         for shard in r.stats.shards:
             for state, field in STATES.items():
                 shards.add_metric([r.name, shard.queue, state], getattr(shard, field))

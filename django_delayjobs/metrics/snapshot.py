@@ -35,6 +35,9 @@ class QueueReading:
     totals: dict[str, float]
     oldest_overdue: float  # seconds
     actions: tuple[str, ...] = ()  # METRICS_ACTIONS when it was read
+    #: Whether ``stats.live_workers`` was read: not when the master of the queue's own
+    #: hash tag (its live workers, its totals) is down while its shards' masters answer.
+    workers_read: bool = True
 
     def jobs(self, outcome: str) -> int:
         """``delayjobs_jobs_total`` of one outcome label."""
@@ -65,20 +68,27 @@ def read(engine: Engine, unreadable: dict[str, str] | None = None) -> list[Queue
     with why: a key of the wrong type (another program's: the queue page and
     ``delayjobs_health`` name an engine key, the worker's log a metrics key), or, on a
     Cluster, its master (or one of its shards') that does not answer, which must not hide
-    the queues of the masters that do. Raises ``EngineUnavailable`` if Redis is down (no
-    queue could be read, and not for a wrong type)."""
+    the queues of the masters that do. A queue whose totals cannot be read (their master
+    down, their key another program's) is read without them, and goes into ``unreadable``
+    too. Raises ``EngineUnavailable`` if Redis is down (no queue could be read, and not
+    for a wrong type)."""
     failed = {} if unreadable is None else unreadable
     names = queue_names(engine, failed)
-    totals = store.totals(engine, names, failed)
+    home_down: dict[str, str] = {}  # queues whose totals' master does not answer
+    silent: dict[str, str] = {}  # Cluster masters that do not answer: asked no more
+    totals = store.totals(engine, names, home_down, silent)
+    failed.update(home_down)
     actions = tuple(delayjobs_settings.METRICS_ACTIONS)
     readings = []
     down: EngineUnavailable | None = None
     for name in names:
-        if name not in totals:
-            continue
+        if name in home_down and engine.shards(name) == [name]:
+            continue  # every key of it is on that master: asking again would wait again
+        if name not in totals and name not in home_down:  # another program's key
+            failed[name] = f"its metrics totals key {store.totals_key(engine, name)} is not a hash"
         try:
             try:
-                stats = engine.stats(name)
+                stats = engine.stats(name, silent)
             except PartlyUnavailable as exc:  # exported in part, marked unreadable
                 stats, failed[name] = exc.done, str(exc)
             overdue = oldest_overdue(engine, stats)  # reads the ready list, which stats do not
@@ -86,7 +96,10 @@ def read(engine: Engine, unreadable: dict[str, str] | None = None) -> list[Queue
             failed[name] = str(exc)
             down = down or (None if isinstance(exc, WrongType) else exc)
             continue
-        readings.append(QueueReading(name, stats, totals[name], overdue, actions))
+        # Without its totals: its gauges, marked unreadable (``failed``), not its counters.
+        reading = QueueReading(name, stats, totals.get(name, {}), overdue, actions,
+                               workers_read=name not in home_down)  # fmt: skip
+        readings.append(reading)
     if down is not None and not readings:
         raise down
     return readings
