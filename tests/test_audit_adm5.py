@@ -1,0 +1,71 @@
+"""The admin, fifth audit: ATOMIC_REQUESTS with the jobs' database down, the purge
+confirmation's fence, and the query parameters of the API's ``queues/``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from django.db import connection
+from django.urls import reverse
+
+from tests.helpers import ROOT, worker_env
+
+from . import test_audit_adm3
+from .test_audit_adm4 import JOBS_DOWN
+from .test_rest_helpers import dead_job
+
+atomic_requests = test_audit_adm3.atomic_requests  # a fixture: ATOMIC_REQUESTS on default
+
+CHANGE = "admin:django_delayjobs_job_change"
+QUEUES = "admin:django_delayjobs_queues"
+
+# -- ATOMIC_REQUESTS: the request's transaction is opened where the guard sees it fail ---
+
+#: As test_audit_adm4's JOBS_DOWN, with every view in a transaction on both databases.
+ATOMIC_JOBS_DOWN = JOBS_DOWN.replace(
+    "django.setup()\n",
+    "django.setup()\nfrom django.db import connections\n"
+    "for alias in connections:\n    connections[alias].settings_dict['ATOMIC_REQUESTS'] = True\n",
+    1,
+)
+
+
+def test_the_job_pages_say_the_jobs_database_cannot_be_reached_under_atomic_requests(
+    redis_url, tmp_path
+):
+    """With ``ATOMIC_REQUESTS`` Django opened the request's transaction on the jobs'
+    database before the guard that answers 503 ran: the job page and the queue page
+    were a 500 with a traceback."""
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
+           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "missing" / "jobs.sqlite3")}  # fmt: skip
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-c", ATOMIC_JOBS_DOWN], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    pages = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, (status, body) in pages.items():
+        assert status == 503, (name, status, body[-3000:])
+        assert "The jobs database “jobs” cannot be reached" in body, name
+        assert "Traceback" not in body, name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_job_pages_still_run_in_the_request_transaction(admin_client, atomic_requests):
+    """The guard opens the request's transaction itself: the read-only pages keep it."""
+    job = dead_job()
+    in_transaction: list[bool] = []
+
+    def record(execute, sql, params, many, context):
+        if not sql.startswith("BEGIN"):  # SQLite's transaction_mode opens it so
+            in_transaction.append(connection.in_atomic_block)
+        return execute(sql, params, many, context)
+
+    for page in (reverse(CHANGE, args=[job.pk]), reverse(QUEUES)):
+        in_transaction.clear()
+        with connection.execute_wrapper(record):
+            assert admin_client.get(page).status_code == 200
+        assert in_transaction and all(in_transaction), page
