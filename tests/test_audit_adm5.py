@@ -11,11 +11,13 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
+from django_delayjobs import schedule
 from tests.helpers import ROOT, worker_env
+from tests.testapp import tasks
 
 from . import test_audit_adm3
 from .test_audit_adm4 import JOBS_DOWN
-from .test_rest_helpers import dead_job
+from .test_rest_helpers import client_for, dead_job, url
 
 atomic_requests = test_audit_adm3.atomic_requests  # a fixture: ATOMIC_REQUESTS on default
 
@@ -69,3 +71,23 @@ def test_the_job_pages_still_run_in_the_request_transaction(admin_client, atomic
         with connection.execute_wrapper(record):
             assert admin_client.get(page).status_code == 200
         assert in_transaction and all(in_transaction), page
+
+
+# -- GET queues/ and jobs/<id>/: a parameter they do not read is a 400 ---------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("endpoint", ["queues", "job"])
+def test_the_reads_without_parameters_refuse_unknown_ones(admin_user, endpoint):
+    """``queues/?queue=mail`` answered every queue with a 200, as if filtered (and so did
+    ``jobs/<id>/`` for any parameter), while ``jobs/`` and ``jobs/<id>/events/`` refuse a
+    parameter they do not read: a typo must not answer another question."""
+    job = schedule(tasks.record, in_=60, args=["a"], queue="mail")
+    api = client_for(admin_user)
+    parts = ("queues",) if endpoint == "queues" else ("jobs", job.pk)
+    response = api.get(url(*parts), {"queue": "mail", "\x00": "1"})
+    assert response.status_code == 400, response.content[:300]
+    assert response.json() == {"queue": ["Unknown query parameter."],
+                               "\x00": ["Unknown query parameter."]}  # fmt: skip
+    response = api.get(url(*parts), {"format": ["json", "json"]})
+    assert response.status_code == 200, response.content[:300]
