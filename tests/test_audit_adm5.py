@@ -3,20 +3,25 @@ confirmation's fence, and the query parameters of the API's ``queues/``."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
 
 import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.messages import get_messages
 from django.db import connection
 from django.urls import reverse
+from django.utils import timezone
 
-from django_delayjobs import schedule
+from django_delayjobs import schedule, sql
+from django_delayjobs.models import Job, Status
 from tests.helpers import ROOT, worker_env
 from tests.testapp import tasks
 
 from . import test_audit_adm3
-from .test_audit_adm4 import JOBS_DOWN
+from .test_audit_adm4 import JOBS_DOWN, hidden_fields
 from .test_rest_helpers import client_for, dead_job, url
 
 atomic_requests = test_audit_adm3.atomic_requests  # a fixture: ATOMIC_REQUESTS on default
@@ -91,3 +96,44 @@ def test_the_reads_without_parameters_refuse_unknown_ones(admin_user, endpoint):
                                "\x00": ["Unknown query parameter."]}  # fmt: skip
     response = api.get(url(*parts), {"format": ["json", "json"]})
     assert response.status_code == 200, response.content[:300]
+
+
+# -- purge: the confirmation's fence does not depend on the workers' clocks ---------------
+
+#: How far the worker's clock is from the web server's.
+SKEW = datetime.timedelta(minutes=1)
+
+
+def die_on_a_clock(job: Job, offset: datetime.timedelta) -> None:
+    """The job dies as a worker records it, whose clock is ``offset`` from this one's."""
+    assert sql.bury_unreadable(str(job.pk), "boom", "worker:w1", timezone.now() + offset)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("page", ["select all", "queue page"])
+def test_a_purge_confirmation_is_judged_by_the_database_not_the_workers_clocks(admin_client, page):
+    """The confirmation carried the web server's time, and a job was purged when the
+    worker's clock said it died before: a job that died after the page was read, on a
+    worker a minute behind, was purged unseen, and one shown dead, that died on a worker
+    a minute ahead, was kept as "died after the confirmation was shown"."""
+    ahead = schedule(tasks.record, in_=3600, args=["a"])
+    die_on_a_clock(ahead, SKEW)
+    behind = schedule(tasks.record, in_=3600, args=["b"])
+    if page == "select all":
+        where = reverse("admin:django_delayjobs_job_changelist")
+        ask = {"action": "purge_dead", ACTION_CHECKBOX_NAME: [str(ahead.pk)], "index": "0",
+               "select_across": "1"}  # fmt: skip
+    else:
+        where = reverse("admin:django_delayjobs_queues_purge")
+        ask = {"job": [str(ahead.pk), str(behind.pk)]}
+    html = admin_client.post(where, ask).content.decode()
+    assert f"<code>{ahead.pk}</code>" in html and f"<code>{behind.pk}</code>" not in html
+    die_on_a_clock(behind, -SKEW)
+    form: dict[str, list[str]] = {}
+    for name, value in hidden_fields(html):
+        form.setdefault(name, []).append(value)
+    response = admin_client.post(where, form, follow=True)
+    said = [str(m) for m in get_messages(response.wsgi_request)]
+    assert not Job.objects.filter(pk=ahead.pk).exists(), said
+    assert Job.objects.filter(pk=behind.pk, status=Status.DEAD).exists(), said
+    assert f"Job {behind.pk} was not purged: it died after the confirmation was shown." in said
