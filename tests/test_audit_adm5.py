@@ -1,5 +1,6 @@
-"""The admin, fifth audit: ATOMIC_REQUESTS with the jobs' database down, the purge
-confirmation's fence, and the query parameters of the API's ``queues/``."""
+"""The admin, fifth audit: ATOMIC_REQUESTS with the jobs' database down (the admin, and
+health/ and metrics/), the purge confirmation's fence, and the query parameters of the
+API's ``queues/``."""
 
 from __future__ import annotations
 
@@ -137,3 +138,52 @@ def test_a_purge_confirmation_is_judged_by_the_database_not_the_workers_clocks(a
     assert not Job.objects.filter(pk=ahead.pk).exists(), said
     assert Job.objects.filter(pk=behind.pk, status=Status.DEAD).exists(), said
     assert f"Job {behind.pk} was not purged: it died after the confirmation was shown." in said
+
+
+# -- ATOMIC_REQUESTS: health/ and metrics/ read only, and answer the database down ------
+
+#: GET health/ and metrics/ (as staff), every view in a transaction on both databases,
+#: the jobs' one down. Prints each one's status, content type and body.
+PROBES_JOBS_DOWN = """
+import json
+
+import django
+
+django.setup()
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.db import connections
+from django.test import Client
+from django.test.utils import setup_test_environment
+
+for alias in connections:
+    connections[alias].settings_dict["ATOMIC_REQUESTS"] = True
+call_command("migrate", verbosity=0)
+setup_test_environment()
+client = Client(raise_request_exception=False)
+client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw"))
+pages = {name: client.get(f"/delayjobs/{name}/") for name in ("health", "metrics")}
+print(json.dumps({name: [r.status_code, r["Content-Type"], r.content.decode()]
+                  for name, r in pages.items()}))
+"""
+
+
+def test_health_and_metrics_answer_the_jobs_database_down_under_atomic_requests(
+    redis_url, tmp_path
+):
+    """Django opened the request's transaction on the jobs' database before the views
+    ran: the health check, which exists to say the database is down, was a 500 HTML page
+    (and metrics too, which reads Redis). Both read only, and run outside it."""
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
+           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "missing" / "jobs.sqlite3")}  # fmt: skip
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-c", PROBES_JOBS_DOWN], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    pages = json.loads(done.stdout.strip().splitlines()[-1])
+    status, kind, body = pages["health"]
+    assert (status, kind) == (503, "application/json"), body[-3000:]
+    assert json.loads(body)["checks"]["database"] == "fail"
+    status, kind, body = pages["metrics"]
+    assert status == 200 and kind.startswith("text/plain"), (status, body[-3000:])
