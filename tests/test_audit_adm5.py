@@ -187,3 +187,48 @@ def test_health_and_metrics_answer_the_jobs_database_down_under_atomic_requests(
     assert json.loads(body)["checks"]["database"] == "fail"
     status, kind, body = pages["metrics"]
     assert status == 200 and kind.startswith("text/plain"), (status, body[-3000:])
+
+
+# -- ATOMIC_REQUESTS: the API answers the jobs' database down in JSON --------------------
+
+#: The API's reads and a write, every view in a transaction on both databases, the jobs'
+#: one down. Prints each one's status, content type and body.
+API_JOBS_DOWN = PROBES_JOBS_DOWN.replace(
+    'pages = {name: client.get(f"/delayjobs/{name}/") for name in ("health", "metrics")}',
+    'base = "/api/delayjobs/"\n'
+    'pages = {"jobs": client.get(f"{base}jobs/"), "queues": client.get(f"{base}queues/"),\n'
+    '         "cancel": client.post(f"{base}jobs/{uuid.uuid4()}/cancel/")}',
+).replace("import json\n", "import json\nimport uuid\n", 1)
+
+
+def test_the_api_answers_the_jobs_database_down_in_json_under_atomic_requests(redis_url, tmp_path):
+    """The API answers a database it cannot reach with a JSON 503, but with
+    ``ATOMIC_REQUESTS`` Django's transaction failed before DRF ran: an HTML 500."""
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
+           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "missing" / "jobs.sqlite3")}  # fmt: skip
+    env.pop("DATABASE_URL", None)
+    assert "cancel" in API_JOBS_DOWN
+    done = subprocess.run([sys.executable, "-c", API_JOBS_DOWN], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    for name, (status, kind, body) in json.loads(done.stdout.strip().splitlines()[-1]).items():
+        assert (status, kind) == (503, "application/json"), (name, status, body[-3000:])
+        assert json.loads(body) == {"detail": "The database is unavailable; try again later."}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_api_still_runs_in_the_request_transaction(admin_user, atomic_requests):
+    job = schedule(tasks.record, in_=60, args=["a"])
+    in_transaction: list[bool] = []
+
+    def record(execute, sql, params, many, context):
+        if not sql.startswith("BEGIN"):  # SQLite's transaction_mode opens it so
+            in_transaction.append(connection.in_atomic_block)
+        return execute(sql, params, many, context)
+
+    api = client_for(admin_user)
+    with connection.execute_wrapper(record):
+        assert api.get(url("jobs", job.pk)).status_code == 200
+        assert api.post(url("jobs", job.pk, "cancel"), {}, format="json").status_code == 200
+    assert in_transaction and all(in_transaction)
