@@ -21,7 +21,7 @@ from django.apps import apps
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from . import door, serialization, signals, sql, timing
@@ -29,7 +29,7 @@ from .conf import delayjobs_settings
 from .connection import get_engine
 from .engine import MAX_BATCH, EngineUnavailable, PerShard, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
-from .models import ACTIVE, WAITING, EventKind, Job, Status
+from .models import ACTIVE, WAITING, EventKind, Job, JobEvent, Status
 from .outcomes import Outage
 from .registry import (
     BoundAction,
@@ -583,11 +583,27 @@ def _requeue_in_redis(job: Job) -> None:
         logger.exception("could not requeue job %s in Redis; reconcile will", job.pk)
 
 
-def purge(job: Job | Any, *, died_by: datetime.datetime | None = None) -> bool:
+def last_event() -> int:
+    """The id of the newest job event (0 for none): every later change to a job writes
+    an event with a higher one (see ``JobEvent.Meta``)."""
+    return JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+
+
+def purge(
+    job: Job | Any,
+    *,
+    died_by: datetime.datetime | None = None,
+    unchanged_since: int | None = None,
+) -> bool:
     """Delete a dead job and its history for good; True when it was dead and is gone.
-    ``died_by``: only if it died by then (what a confirmation showed). A job a model's
-    ``PROTECT`` foreign key refers to raises Django's ``ProtectedError`` (and stays, with
-    its history)."""
+
+    ``unchanged_since``: only if none of its events is newer than this one (``last_event()``
+    read before a confirmation read the job, so it shows what was purged). ``died_by``:
+    only if its ``finished_at`` is not later, a time of the clock of the worker that
+    buried it, which may be ahead of or behind the caller's. A job a model's ``PROTECT``
+    foreign key refers to raises Django's ``ProtectedError`` (and stays, with its
+    history).
+    """
     job = _job(job)
     with transaction.atomic(using=sql.db()):
         # Locked first: Django's delete reads the rows, then deletes by primary key alone,
@@ -595,6 +611,9 @@ def purge(job: Job | Any, *, died_by: datetime.datetime | None = None) -> bool:
         dead = Job.objects.select_for_update().filter(pk=job.pk, status=Status.DEAD)
         if died_by is not None:
             dead = dead.filter(Q(finished_at__lte=died_by) | Q(finished_at__isnull=True))
+        if unchanged_since is not None:
+            newer = JobEvent.objects.filter(job=OuterRef("pk"), pk__gt=unchanged_since)
+            dead = dead.exclude(Exists(newer))
         # Its id is in the garbage of the queue its row names, whatever the caller's copy says.
         queue = dead.values_list("queue", flat=True).first()
         if queue is None:

@@ -14,7 +14,7 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 from django.utils import timezone
 
-from django_delayjobs import schedule
+from django_delayjobs import schedule, sql
 from django_delayjobs.admin.queue_views import QUEUES_SHOWN
 from django_delayjobs.models import Job, Status
 from tests.helpers import ROOT, worker_env
@@ -81,8 +81,8 @@ def hidden_fields(html: str) -> list[tuple[str, str]]:
 
 
 def die(job: Job) -> None:
-    """The job dies now (its last attempt failed), as a worker records it."""
-    Job.objects.filter(pk=job.pk).update(status=Status.DEAD, finished_at=timezone.now())
+    """The job dies now, as a worker records it: its row and its "dead" event."""
+    assert sql.bury_unreadable(str(job.pk), "boom", "worker:w1", timezone.now())
 
 
 @pytest.mark.django_db(transaction=True)
@@ -134,7 +134,7 @@ from django.utils import timezone
 
 call_command("migrate", verbosity=0)
 call_command("migrate", database="jobs", verbosity=0)
-from django_delayjobs import schedule
+from django_delayjobs import schedule, sql
 from django_delayjobs.models import Job, Status
 from tests.helpers import confirm_purge
 from tests.testapp import tasks

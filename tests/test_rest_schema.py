@@ -72,7 +72,7 @@ def test_status_codes_and_bodies_are_documented(schema):
     body = components[ref(reschedule["requestBody"])]
     assert set(body["properties"]) == {"in", "at"} and body["properties"]["in"]["minimum"] == 0
     queues = paths["/api/delayjobs/queues/"]["get"]
-    assert set(queues["responses"]) == {"200", "403", "503"}
+    assert set(queues["responses"]) == {"200", "400", "403", "503"}  # 400: an unknown parameter
     assert set(components["JobDetail"]["properties"]) == set(JobDetailSerializer().fields)
     # the callbacks answer the full job with view_job, else a receipt: both are documented
     create = paths["/api/delayjobs/callbacks/"]["post"]["responses"]

@@ -6,6 +6,9 @@ every job page failed on its first query. A view that fails with a connection er
 the health check's bounded probe whether the jobs' database answers; if it does not, the
 page says which alias is down and why (the error is logged in full), and if it does, the
 error is not about it and is raised as it was.
+
+With ``ATOMIC_REQUESTS`` the guard opens the request's transactions itself (see
+``request_transactions``), so a failure to open them is answered like the rest.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import SimpleTemplateResponse, TemplateResponse
 from django.utils.translation import gettext as _
 
-from .. import sql
+from .. import request_transactions, sql
 from ..health import check_database
 
 logger = logging.getLogger("django_delayjobs")
@@ -32,13 +35,16 @@ def guarded(view: View, context: Callable[[HttpRequest], dict[str, Any]]) -> Vie
     """``view``, answering 503 when the jobs' database cannot be reached. ``context``:
     the admin site's context of a page (its header and links)."""
 
+    own = request_transactions.own_choice(view)
+
     @functools.wraps(view)
     def run(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         try:
-            response = view(request, *args, **kwargs)
-            # Rendered here: a page's querysets run while it renders.
-            if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
-                response.render()
+            with request_transactions.opened(own):
+                response = view(request, *args, **kwargs)
+                # Rendered here: a page's querysets run while it renders.
+                if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+                    response.render()
             return response
         except (OperationalError, InterfaceError):
             probe = check_database()
@@ -57,4 +63,4 @@ def guarded(view: View, context: Callable[[HttpRequest], dict[str, Any]]) -> Vie
                 request, "admin/django_delayjobs/database_error.html", page, status=503
             ).render()
 
-    return run
+    return request_transactions.outside_django(run)

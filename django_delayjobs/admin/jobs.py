@@ -20,7 +20,6 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
@@ -356,7 +355,7 @@ class JobAdmin(JobModelAdmin):
 
     @admin.action(description=_("Purge selected dead jobs"), permissions=["purge"])
     def purge_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
-        shown = operations.shown_at(request)
+        shown = operations.shown_fence(request)
         if request.POST.get("post") != "yes" or shown is None:
             keep = ["action", "index", "select_across", helpers.ACTION_CHECKBOX_NAME]
             hidden = [(name, value) for name in keep for value in request.POST.getlist(name)]
@@ -380,10 +379,11 @@ class JobAdmin(JobModelAdmin):
         The dead jobs and the others are read apart, each sliced: the first jobs of a
         big selection may all be alive while dead ones follow (and an open iterator over
         a million selected jobs would have PostgreSQL copy them all, a cursor WITH HOLD).
-        The form carries the time they were read: the purge reads the selection again,
-        and leaves a job that died since (never shown here) alone.
+        The form carries the newest job event before they were read (not the time: the
+        workers stamp a death with their own clocks): the purge reads the selection again,
+        and leaves a job that changed since (it died since: never shown here) alone.
         """
-        hidden = [*hidden, ("shown", operations.shown_token(timezone.now()))]
+        hidden = [*hidden, ("shown", operations.shown_token())]
         dead = list(jobs.filter(status=Status.DEAD)[: PURGE_LISTED + 1])
         others = jobs.exclude(status=Status.DEAD)[: PURGE_LISTED + 1].count()
         context = {

@@ -7,7 +7,6 @@ started or finished meanwhile is counted as too late, not forced.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -170,39 +169,30 @@ def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
     return outcome
 
 
-def shown_token(at: datetime.datetime) -> str:
-    """What a purge confirmation's form carries: when it read the jobs it shows, signed."""
-    return signing.dumps(at.isoformat(), salt=PURGE_SALT)
+def shown_token() -> str:
+    """What a purge confirmation's form carries, signed: the newest job event before it
+    read the jobs it shows. Not the time: a job's death is stamped by its worker's clock,
+    and one a minute behind would have a job that died after the page was read purged."""
+    return signing.dumps(services.last_event(), salt=PURGE_SALT)
 
 
-def shown_at(request: HttpRequest) -> datetime.datetime | None:
-    """When the confirmation that ``request`` posts read its jobs; None for a POST that
-    does not come from one (no token, or one that is not ours)."""
+def shown_fence(request: HttpRequest) -> int | None:
+    """The newest job event when the confirmation that ``request`` posts read its jobs;
+    None for a POST that does not come from one (no token, or one that is not ours)."""
     try:
-        return datetime.datetime.fromisoformat(
-            signing.loads(request.POST.get("shown", ""), salt=PURGE_SALT)
-        )
-    except (signing.BadSignature, TypeError, ValueError):
+        fence = signing.loads(request.POST.get("shown", ""), salt=PURGE_SALT)
+    except signing.BadSignature:
         return None
+    return fence if type(fence) is int else None  # an older page's time: ask again
 
 
-def purge(
-    request: HttpRequest, jobs: Iterable[Job], report: Report, *, shown: datetime.datetime
-) -> Outcome:
-    """Purge the dead ones of ``jobs`` that had died when the confirmation read them
-    (``shown``): the selection is read again, and a job that died since was never shown."""
+def purge(request: HttpRequest, jobs: Iterable[Job], report: Report, *, shown: int) -> Outcome:
+    """Purge the dead ones of ``jobs`` that had died when the confirmation read them (none
+    of their events is newer than ``shown``): the selection is read again, and a job that
+    died since was never shown."""
     user_id = request.user.pk
     assert user_id is not None  # the admin only lets logged-in staff this far
     refused = Refusals()
-
-    def eligible(job: Job) -> bool:
-        died = job.finished_at
-        if job.status == Status.DEAD and isinstance(died, datetime.datetime) and died > shown:
-            refused.append(
-                f"Job {job.pk} was not purged: it died after the confirmation was shown."
-            )
-            return False
-        return job.status == Status.DEAD
 
     def gone(job: Job) -> bool:
         # The job's own history goes with it, so the admin log keeps who purged it. The
@@ -215,7 +205,12 @@ def purge(
                 transaction.atomic(using=router.db_for_write(LogEntry)),
                 transaction.atomic(using=router.db_for_write(Job)),
             ):
-                if not services.purge(job, died_by=shown):
+                if not services.purge(job, unchanged_since=shown):
+                    if Job.objects.filter(pk=job.pk, status=Status.DEAD).exists():
+                        refused.append(
+                            f"Job {job.pk} was not purged: it died after the confirmation "
+                            "was shown."
+                        )
                     return False
                 LogEntry.objects.log_actions(
                     user_id=user_id, queryset=[job], action_flag=DELETION,
@@ -226,7 +221,7 @@ def purge(
             refused.append(f"Job {job.pk} was not purged: {_referrers(exc)}.")
             return False
 
-    outcome = _each(jobs, eligible, gone)
+    outcome = _each(jobs, lambda j: j.status == Status.DEAD, gone)
     outcome.lost -= refused.count
     refused.report(
         report, request,

@@ -325,7 +325,7 @@ def purge(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     ids, jobs = _jobs(admin, request)
     if not jobs:
         return _back(admin)
-    shown = operations.shown_at(request)
+    shown = operations.shown_fence(request)
     if request.POST.get("post") != "yes" or shown is None:
         return admin.purge_confirmation(
             request,

@@ -12,8 +12,10 @@ from rest_framework import serializers
 from ..models import Job, Status
 from .serializers import AwareDateTimeField
 
+#: Read by DRF itself, on every endpoint (the renderer a client asks for).
+FORMAT_PARAMETERS = frozenset({"format"})
 #: Read by the paginator (and DRF's ``?format=``), not by the filter.
-PAGINATION_PARAMETERS = frozenset({"cursor", "page_size", "format"})
+PAGINATION_PARAMETERS = frozenset({"cursor", "page_size"}) | FORMAT_PARAMETERS
 #: May be given more than once: each ``status`` is one more status; ``format`` is DRF's.
 REPEATABLE = frozenset({"status", "format"})
 
@@ -88,14 +90,18 @@ class JobFilterSerializer(serializers.Serializer[Any]):
         return attrs
 
 
-def check_paging_only(query: QueryDict) -> None:
-    """Raise a 400 for a parameter other than the paging ones, or one given twice (the
-    events endpoint reads no filter): a typo must not answer another question."""
-    errors = {name: ["Unknown query parameter."] for name in query
-              if name not in PAGINATION_PARAMETERS}  # fmt: skip
+def check_only(query: QueryDict, known: frozenset[str] = FORMAT_PARAMETERS) -> None:
+    """Raise a 400 for a parameter not in ``known``, or one given twice (an endpoint that
+    reads no filter): a typo must not answer another question."""
+    errors = {name: ["Unknown query parameter."] for name in query if name not in known}
     errors.update(ambiguous(query, set()))
     if errors:
         raise serializers.ValidationError(errors)
+
+
+def check_paging_only(query: QueryDict) -> None:
+    """``check_only`` with the paging parameters (the events endpoint)."""
+    check_only(query, PAGINATION_PARAMETERS)
 
 
 def ambiguous(query: QueryDict, filters: set[str]) -> dict[str, list[str]]:

@@ -9,8 +9,9 @@ project's parsers and renderers with these in place of DRF's.
 
 A database that cannot be reached (or times out) is an ``OperationalError`` or
 ``InterfaceError`` that DRF does not handle either, raised before any view code when the
-session's user is read: Django's HTML 500 page. The views answer a JSON 503, as
-``queues/`` answers Redis down and ``metrics/`` the database down.
+session's user is read, or, with ``ATOMIC_REQUESTS``, as Django opens the request's
+transaction: Django's HTML 500 page. The views answer a JSON 503, as ``queues/`` answers
+Redis down and ``metrics/`` the database down, and open that transaction themselves.
 
 A body over Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (a list of 100,000 ids, say), or a
 form over ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (or ``..._FILES``), is refused by Django with a
@@ -20,16 +21,20 @@ views answer in JSON instead, saying which limit it was.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import BaseParser, FormParser, JSONParser
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
+
+from .. import request_transactions
 
 
 class SafeJSONParser(JSONParser):
@@ -112,6 +117,27 @@ class SafeFormats:
     """A view mixin: the project's parsers and renderers, with the safe JSON ones, and
     Django's refusal of an oversized body, and a database that cannot answer, answered
     as DRF answers (JSON)."""
+
+    @classmethod
+    def as_view(cls, *args: Any, **kwargs: Any) -> Any:  # DRF's view, wrapped
+        # With ATOMIC_REQUESTS, the request's transactions are opened (and committed) in
+        # here, where a database that cannot be reached is answered in JSON, not by
+        # Django's HTML 500 page before DRF runs (see request_transactions).
+        view = super().as_view(*args, **kwargs)  # type: ignore[misc]
+        own = request_transactions.own_choice(view)
+
+        @functools.wraps(view)
+        def run(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            try:
+                with request_transactions.opened(own):
+                    response: HttpResponse = view(request, *args, **kwargs)
+                return response
+            except (OperationalError, InterfaceError) as exc:
+                logger.warning("API request while the database is unavailable: %s", exc)
+                body = {"detail": str(DatabaseUnavailable.default_detail)}
+                return JsonResponse(body, status=DatabaseUnavailable.status_code)
+
+        return request_transactions.outside_django(run)
 
     def handle_exception(self, exc: Exception) -> Response:
         response: Response = super().handle_exception(_refusal(exc))  # type: ignore[misc]

@@ -22,7 +22,7 @@ from ..models import Job
 from ..queues import readable_queue_states
 from ..rows import tolerant
 from . import serializers as s
-from .filters import JobFilterSerializer, check_paging_only, filter_jobs
+from .filters import JobFilterSerializer, check_only, check_paging_only, filter_jobs
 from .formats import SafeFormats
 from .pagination import EventCursorPagination, JobCursorPagination
 from .permissions import permissions_for
@@ -134,8 +134,11 @@ class JobViewSet(
         assert page is not None
         return self.get_paginated_response(s.JobSerializer(page, many=True).data)
 
-    @document(operation_id="jobs_retrieve", responses={200: s.JobDetailSerializer, **_REFUSED})
+    @document(
+        operation_id="jobs_retrieve", responses={200: s.JobDetailSerializer, 400: dict, **_REFUSED}
+    )
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        check_only(request.query_params)
         return super().retrieve(request, *args, **kwargs)
 
     @document(
@@ -205,9 +208,15 @@ class QueuesView(SafeFormats, APIView):
 
     @document(
         operation_id="queues_list",
-        responses={200: s.QueuesSerializer, 403: s.DetailSerializer, 503: s.DetailSerializer},
+        responses={
+            200: s.QueuesSerializer,
+            400: dict,
+            403: s.DetailSerializer,
+            503: s.DetailSerializer,
+        },
     )
     def get(self, request: Request) -> Response:
+        check_only(request.query_params)  # it reads none: ?queue=mail would list them all
         try:
             states, errors, unlisted = readable_queue_states()
         except ConfigurationError as exc:  # its text names the setting, never a password
