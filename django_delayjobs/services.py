@@ -589,28 +589,19 @@ def last_event() -> int:
     return JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
 
 
-def purge(
-    job: Job | Any,
-    *,
-    died_by: datetime.datetime | None = None,
-    unchanged_since: int | None = None,
-) -> bool:
+def purge(job: Job | Any, *, unchanged_since: int | None = None) -> bool:
     """Delete a dead job and its history for good; True when it was dead and is gone.
 
     ``unchanged_since``: only if none of its events is newer than this one (``last_event()``
-    read before a confirmation read the job, so it shows what was purged). ``died_by``:
-    only if its ``finished_at`` is not later, a time of the clock of the worker that
-    buried it, which may be ahead of or behind the caller's. A job a model's ``PROTECT``
-    foreign key refers to raises Django's ``ProtectedError`` (and stays, with its
-    history).
+    read before a confirmation read the job, so it shows what was purged; not a time: a
+    death is stamped by its worker's clock). A job a model's ``PROTECT`` foreign key refers
+    to raises Django's ``ProtectedError`` (and stays, with its history).
     """
     job = _job(job)
     with transaction.atomic(using=sql.db()):
         # Locked first: Django's delete reads the rows, then deletes by primary key alone,
         # so a requeue committing in between would be deleted with its revived job.
         dead = Job.objects.select_for_update().filter(pk=job.pk, status=Status.DEAD)
-        if died_by is not None:
-            dead = dead.filter(Q(finished_at__lte=died_by) | Q(finished_at__isnull=True))
         if unchanged_since is not None:
             newer = JobEvent.objects.filter(job=OuterRef("pk"), pk__gt=unchanged_since)
             dead = dead.exclude(Exists(newer))
