@@ -116,7 +116,10 @@ def test_a_connect_after_a_slow_lookup_ends_with_the_total_time(settings, redis_
     assert job.status == Status.RETRYING and "no answer (timeout)" in job.last_error
     failed = job.events.get(kind=EventKind.FAILED).at
     took = (failed - job.started_at).total_seconds()  # the attempt, without the burst's start
-    assert 0.9 < took < 1.3, f"the attempt took {took:.2f} s; HTTP_TIMEOUT_SECONDS is 1.0"
+    # A connect given its own HTTP_TIMEOUT_SECONDS after the 0.6 s lookup takes 1.6 s at
+    # least: up to 1.55 s is slack for the claim and the failure's write on a loaded
+    # machine (1.30 s seen once in 10 runs beside a CPU hog).
+    assert 0.9 < took < 1.55, f"the attempt took {took:.2f} s; HTTP_TIMEOUT_SECONDS is 1.0"
 
 
 # -- a Retry-After of more digits than a clock counts ---------------------------------------

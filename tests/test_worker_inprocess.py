@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -24,7 +25,7 @@ from django.utils import timezone
 
 from django_delayjobs import schedule, schedule_many, signals, sql, walcheckpoint
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
-from django_delayjobs.engine import Engine, close_client
+from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from django_delayjobs.models import Job, Status
 from django_delayjobs.preflight import check_owner
 from django_delayjobs.promoter import Promoter
@@ -479,7 +480,7 @@ def test_a_restart_that_a_reader_holds_up_gives_up_at_once_and_is_tried_again(mo
 
 
 @sqlite_only
-def test_the_housekeeping_thread_checkpoints_after_jobs_and_never_when_idle():
+def test_the_housekeeping_thread_checkpoints_after_jobs_and_never_when_idle(monkeypatch):
     def write(rows: int) -> None:  # one commit each, on a connection that never checkpoints
         in_a_new_thread(lambda: [Record.objects.create(label=f"wal {n}") for n in range(rows)])
 
@@ -495,6 +496,10 @@ def test_the_housekeeping_thread_checkpoints_after_jobs_and_never_when_idle():
 
         return in_a_new_thread(measure)
 
+    checkpoints: list[None] = []  # one for each of the worker's, once it has ended
+    real_checkpoint = walcheckpoint.checkpoint
+    monkeypatch.setattr(walcheckpoint, "checkpoint",
+                        lambda: checkpoints.append(real_checkpoint()))  # fmt: skip
     process = WorkerProcess(get_engine(), Options(queues=["default"], tick=0.1))
     thread = threading.Thread(target=process.run)
     thread.start()  # take_over(): connections opened from now on never checkpoint
@@ -506,11 +511,13 @@ def test_the_housekeeping_thread_checkpoints_after_jobs_and_never_when_idle():
         assert autocheckpoint() == 0
         write(1500)
         time.sleep(2.5)  # two checkpoint periods: an idle worker leaves the WAL alone
-        assert wal_pages() > 1500
+        assert not checkpoints and wal_pages() > 1500
         write(1500)
         schedule(tasks.record, in_=0, args=["work"])
         wait_for(lambda: Record.objects.filter(label="work").exists())
-        time.sleep(2.5)  # a job was settled since the last checkpoint: the next one ran
+        # A job was settled since the last checkpoint: the next one runs (within a period,
+        # which a fixed sleep of 2.5 s assumed a loaded machine would keep to).
+        wait_for(lambda: checkpoints)
         assert wal_pages() < 20
     finally:
         process.stop()
@@ -917,7 +924,11 @@ def test_a_sleeping_promoter_is_woken_by_an_earlier_job_after_its_blpop_was_cut_
 
     def loop() -> None:
         while not stop.is_set():
-            promoter.sleep(promoter.step())
+            # On a loaded machine Redis may answer past the 1 s socket timeout (a cut-short
+            # BLPOP has 0.4 s to spare; seen once beside a CPU hog): go on, as the worker's
+            # promote_loop does, not die with the thread.
+            with contextlib.suppress(EngineUnavailable):
+                promoter.sleep(promoter.step())
 
     thread = threading.Thread(target=loop, daemon=True)
     try:
