@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -59,6 +60,22 @@ def worker_env(redis_url: str, **extra: str) -> dict[str, str]:
 
 
 _TEST_PROCESS = os.getpid()
+
+
+def run_on_two_databases(script: str, redis_url: str, tmp_path: Path, *, jobs_down: bool = True
+                         ) -> Any:  # fmt: skip
+    """Run ``script`` in a Python of its own, with the jobs on a SQLite database of their
+    own (``DATABASES["jobs"]``), by default a file that cannot be opened, the project's
+    database up; return the JSON of the last line it prints."""
+    jobs = tmp_path / "missing" / "jobs.sqlite3" if jobs_down else tmp_path / "jobs.sqlite3"
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
+           "DELAYJOBS_TEST_JOBS_DB": str(jobs)}  # fmt: skip
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-5000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _die_with_parent() -> None:

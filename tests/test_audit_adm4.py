@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 
 import pytest
 import redis.connection
@@ -17,7 +14,7 @@ from django.utils import timezone
 from django_delayjobs import schedule, sql
 from django_delayjobs.admin.queue_views import QUEUES_SHOWN
 from django_delayjobs.models import Job, Status
-from tests.helpers import ROOT, worker_env
+from tests.helpers import run_on_two_databases
 from tests.testapp import tasks
 
 from .test_rest_helpers import dead_job
@@ -59,14 +56,7 @@ print(json.dumps({name: [r.status_code, r.content.decode()] for name, r in pages
 def test_the_job_pages_say_the_jobs_database_cannot_be_reached(redis_url, tmp_path):
     """With the jobs' database alias down (the project's up), every job page was a 500
     with a traceback; now a 503 that names the alias and says what is wrong."""
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
-           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "missing" / "jobs.sqlite3")}  # fmt: skip
-    env.pop("DATABASE_URL", None)
-    done = subprocess.run([sys.executable, "-c", JOBS_DOWN], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-5000:]
-    pages = json.loads(done.stdout.strip().splitlines()[-1])
+    pages = run_on_two_databases(JOBS_DOWN, redis_url, tmp_path)
     for name, (status, body) in pages.items():
         assert status == 503, (name, status, body[-3000:])
         assert "The jobs database “jobs” cannot be reached" in body, name
@@ -163,14 +153,8 @@ def test_a_purge_the_jobs_database_refuses_at_commit_leaves_no_admin_log_entry(r
     """The admin log (on the project's database) was written, and committed, inside the
     purge's transaction on the jobs' database: when that one's commit failed the job
     stayed, and the log said it was purged."""
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
-           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "jobs.sqlite3")}  # fmt: skip
-    env.pop("DATABASE_URL", None)
-    done = subprocess.run([sys.executable, "-c", PURGE_REFUSED_AT_COMMIT], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-5000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"kept": True, "logged": []}
+    said = run_on_two_databases(PURGE_REFUSED_AT_COMMIT, redis_url, tmp_path, jobs_down=False)
+    assert said == {"kept": True, "logged": []}
 
 
 # -- the queue page: one round trip to Redis for all the queues it shows -----------------

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
-import sys
 
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -18,7 +16,7 @@ from django.utils import timezone
 
 from django_delayjobs import schedule, sql
 from django_delayjobs.models import Job, Status
-from tests.helpers import ROOT, worker_env
+from tests.helpers import run_on_two_databases
 from tests.testapp import tasks
 
 from . import test_audit_adm3
@@ -47,14 +45,7 @@ def test_the_job_pages_say_the_jobs_database_cannot_be_reached_under_atomic_requ
     """With ``ATOMIC_REQUESTS`` Django opened the request's transaction on the jobs'
     database before the guard that answers 503 ran: the job page and the queue page
     were a 500 with a traceback."""
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
-           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "missing" / "jobs.sqlite3")}  # fmt: skip
-    env.pop("DATABASE_URL", None)
-    done = subprocess.run([sys.executable, "-c", ATOMIC_JOBS_DOWN], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-5000:]
-    pages = json.loads(done.stdout.strip().splitlines()[-1])
+    pages = run_on_two_databases(ATOMIC_JOBS_DOWN, redis_url, tmp_path)
     for name, (status, body) in pages.items():
         assert status == 503, (name, status, body[-3000:])
         assert "The jobs database “jobs” cannot be reached" in body, name
@@ -174,14 +165,7 @@ def test_health_and_metrics_answer_the_jobs_database_down_under_atomic_requests(
     """Django opened the request's transaction on the jobs' database before the views
     ran: the health check, which exists to say the database is down, was a 500 HTML page
     (and metrics too, which reads Redis). Both read only, and run outside it."""
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
-           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "missing" / "jobs.sqlite3")}  # fmt: skip
-    env.pop("DATABASE_URL", None)
-    done = subprocess.run([sys.executable, "-c", PROBES_JOBS_DOWN], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-5000:]
-    pages = json.loads(done.stdout.strip().splitlines()[-1])
+    pages = run_on_two_databases(PROBES_JOBS_DOWN, redis_url, tmp_path)
     status, kind, body = pages["health"]
     assert (status, kind) == (503, "application/json"), body[-3000:]
     assert json.loads(body)["checks"]["database"] == "fail"
@@ -204,15 +188,9 @@ API_JOBS_DOWN = PROBES_JOBS_DOWN.replace(
 def test_the_api_answers_the_jobs_database_down_in_json_under_atomic_requests(redis_url, tmp_path):
     """The API answers a database it cannot reach with a JSON 503, but with
     ``ATOMIC_REQUESTS`` Django's transaction failed before DRF ran: an HTML 500."""
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
-           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "missing" / "jobs.sqlite3")}  # fmt: skip
-    env.pop("DATABASE_URL", None)
     assert "cancel" in API_JOBS_DOWN
-    done = subprocess.run([sys.executable, "-c", API_JOBS_DOWN], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-5000:]
-    for name, (status, kind, body) in json.loads(done.stdout.strip().splitlines()[-1]).items():
+    for name, (status, kind, body) in run_on_two_databases(API_JOBS_DOWN, redis_url,
+                                                           tmp_path).items():  # fmt: skip
         assert (status, kind) == (503, "application/json"), (name, status, body[-3000:])
         assert json.loads(body) == {"detail": "The database is unavailable; try again later."}
 

@@ -5,13 +5,9 @@ database probe (bounded as ``bounded.read`` bounds a read)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,7 +17,7 @@ from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import build_job, schedule_many
-from tests.helpers import ROOT, worker_env
+from tests.helpers import run_on_two_databases
 from tests.testapp import tasks
 
 from .test_rest_helpers import redis_state
@@ -37,19 +33,6 @@ def _clean_redis(redis_client):
 # -- schedule() while Redis does not answer --------------------------------------------------
 
 
-@pytest.fixture
-def own_redis(tmp_path, settings) -> Iterator[EmbeddedRedis]:
-    """A redis-server of this test's own (the jobs' Redis), which it may stop with SIGSTOP."""
-    server = EmbeddedRedis(tmp_path / "redis")
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": server.start()}
-    assert server.pid is not None
-    try:
-        yield server
-    finally:
-        os.kill(server.pid, signal.SIGCONT)
-        server.close()
-
-
 def frozen(server: EmbeddedRedis) -> None:
     """Stop ``server`` with a fresh engine whose connection is open: as in a web process
     that has not read the queue directory within ``DIRECTORY_TTL``."""
@@ -60,17 +43,17 @@ def frozen(server: EmbeddedRedis) -> None:
 
 
 @pytest.mark.slow
-def test_a_schedule_while_redis_does_not_answer_waits_for_one_timeout(own_redis, caplog):
+def test_a_schedule_while_redis_does_not_answer_waits_for_one_timeout(own_jobs_redis, caplog):
     """Redis frozen: the add read the queue directory first (for shards of an older
     count) and timed out, then ran its script and timed out again: two timeouts for a
     ``schedule()`` once per ``DIRECTORY_TTL``. The job is committed all the same, and
     reconcile hands it to Redis once Redis answers again."""
-    frozen(own_redis)
+    frozen(own_jobs_redis)
     started = time.monotonic()
     job = schedule(tasks.record, in_=600, args=["x"])
     took = time.monotonic() - started
-    assert own_redis.pid is not None
-    os.kill(own_redis.pid, signal.SIGCONT)
+    assert own_jobs_redis.pid is not None
+    os.kill(own_jobs_redis.pid, signal.SIGCONT)
     assert took < 2 * SOCKET_TIMEOUT, took  # a second wait makes it 2 s at least
     assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED  # returned, not raised
     assert "Redis is unavailable" in caplog.text  # said once for the outage
@@ -80,18 +63,18 @@ def test_a_schedule_while_redis_does_not_answer_waits_for_one_timeout(own_redis,
 
 @pytest.mark.slow
 def test_a_schedule_many_over_queues_while_redis_does_not_answer_waits_for_one_timeout(
-    own_redis,
+    own_jobs_redis,
 ):
     """Redis frozen: ``schedule_many`` made one add per queue (and per batch), each
     waiting for the read timeout, on a Redis that had already not answered the first:
     three queues took 3 s and more. Every job is committed all the same."""
     jobs = [build_job(tasks.record, in_=600, args=["x"], queue=q) for q in ("a", "b", "c")]
-    frozen(own_redis)
+    frozen(own_jobs_redis)
     started = time.monotonic()
     schedule_many(jobs)
     took = time.monotonic() - started
-    assert own_redis.pid is not None
-    os.kill(own_redis.pid, signal.SIGCONT)
+    assert own_jobs_redis.pid is not None
+    os.kill(own_jobs_redis.pid, signal.SIGCONT)
     assert took < 2 * SOCKET_TIMEOUT, took  # a second wait makes it 2 s at least
     assert Job.objects.filter(status=Status.SCHEDULED).count() == 3
     reconcile(get_engine(), horizon=None)
@@ -131,14 +114,7 @@ def test_a_command_refused_for_the_jobs_database_names_its_alias(redis_url, tmp_
     """With the jobs on a database of their own that is down (the project's up), the
     commands said "the database is unavailable", not which one, while the admin's 503
     page names it: an operator looked at the project's database, which answered."""
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
-           "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "missing" / "jobs.sqlite3")}  # fmt: skip
-    env.pop("DATABASE_URL", None)
-    done = subprocess.run([sys.executable, "-c", COMMANDS_JOBS_DOWN], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-5000:]
-    said = json.loads(done.stdout.strip().splitlines()[-1])
+    said = run_on_two_databases(COMMANDS_JOBS_DOWN, redis_url, tmp_path)
     assert len(said) == 4, said
     for command, message in said.items():
         assert message.startswith("the jobs database 'jobs' is unavailable: "), (command, message)
