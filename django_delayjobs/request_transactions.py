@@ -23,11 +23,12 @@ def own_choice(view: Callable[..., Any]) -> frozenset[str]:
     return frozenset(getattr(view, "_non_atomic_requests", ()))
 
 
-def outside_django(run: V) -> V:
-    """Mark ``run`` (a wrapper that calls ``opened``) so that Django opens none around it;
-    a new set, since ``functools.wraps`` shared the wrapped view's."""
-    run._non_atomic_requests = set(connections.settings)  # type: ignore[attr-defined]
-    return run
+def outside_django(view: V) -> V:
+    """Mark ``view`` so that Django opens none of the request's transactions around it (a
+    view that only reads, or a wrapper that opens them itself with ``opened``). A new set:
+    ``functools.wraps`` shared the wrapped view's, which ``non_atomic_requests`` adds to."""
+    view._non_atomic_requests = set(connections.settings)  # type: ignore[attr-defined]
+    return view
 
 
 @contextlib.contextmanager
