@@ -77,6 +77,11 @@ EXIT_UNREGISTER_SECONDS = 1.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+def lease_every() -> float:
+    """Seconds between two extensions of the leases of the jobs a process runs."""
+    return max(0.05, delayjobs_settings.LEASE_SECONDS / 3)
+
+
 class WorkerDied(DelayJobsError):
     """A thread of the worker process died; the process exits non-zero."""
 
@@ -265,9 +270,7 @@ class WorkerProcess:
             self.stopping.set()
             if self.fatal:
                 self.unregister()  # at once: a dying worker must not look alive
-            deadline = time.monotonic() + grace
-            for thread in workers:
-                thread.join(max(0.0, deadline - time.monotonic()))
+            self.finish(workers, grace)
             if any(t.is_alive() for t in workers):
                 self.abandoned = True
                 logger.warning("actions still running after %s s; leaving them to their lease",
@@ -288,6 +291,20 @@ class WorkerProcess:
         handed_back = self.stats.handed_back()
         if self.options.burst and handed_back:  # cron must see that a burst fell short
             raise WorkerDied(handed_back)
+
+    def finish(self, workers: list[threading.Thread], grace: float) -> None:
+        """Give the running actions ``grace`` seconds to end. If the housekeeping thread
+        has died, extend their leases here meanwhile: lapsed, they would let another worker
+        run the same jobs beside them."""
+        deadline = time.monotonic() + grace
+        housekeeping = [t for t in self.threads if t.name == "delayjobs-housekeeping"]
+        every = lease_every()
+        for thread in workers:
+            while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+                if not all(t.is_alive() for t in housekeeping):
+                    with contextlib.suppress(EngineUnavailable):  # then they lapse
+                        self.extend_leases()
+                thread.join(min(left, every))
 
     def stop(self) -> None:
         self.stopping.set()
@@ -752,9 +769,8 @@ class WorkerProcess:
         (``housekeep_database``): a database that hangs under one of them (a lock, a
         network cut) must not stop the lease extensions and heartbeats, or this worker
         would look dead and other workers would run the jobs it is still running."""
-        lease_every = max(0.05, delayjobs_settings.LEASE_SECONDS / 3)
         beat_every = delayjobs_settings.HEARTBEAT_SECONDS
-        leases_every = min(lease_every, beat_every)
+        leases_every = min(lease_every(), beat_every)
         status_every = self.options.status_every
         last_leases = last_beat = last_status = 0.0
         backoff = Backoff(self.stopped, "housekeeping")

@@ -523,3 +523,23 @@ def leave_a_thread(how: str, seconds: float) -> str:
     else:
         threading.Thread(target=time.sleep, args=[seconds], daemon=False).start()
     return how
+
+
+@delayable(atomic=False)
+def break_housekeeping_then_call_out(seconds: float) -> None:
+    """On its first delivery, make the worker's metrics flush raise (a bug that kills the
+    housekeeping thread, which also extends the leases); then a long call outside any
+    transaction, recorded once per delivery."""
+    from django_delayjobs import metrics
+    from django_delayjobs.execution import current_job
+
+    job = current_job.get()
+    assert job is not None
+    if job.deliveries == 1:
+
+        def flush(*args: object, **kwargs: object) -> None:
+            raise RecursionError("a bug in the metrics flush")
+
+        metrics.flush = flush  # type: ignore[assignment]
+    time.sleep(seconds)
+    Record.objects.create(label=f"called out: delivery {job.deliveries}")
