@@ -12,9 +12,8 @@ what it does to the transaction it runs in: closing the connection inside it, le
 atomic block open or autocommit off, deleting or changing its own job's row. A lost
 database connection is not: the delivery is handed back and the same attempt runs again
 (at most ``MAX_DELIVERIES`` times), except after a non-atomic action, whose outcome is
-first tried once more on a new connection, or again for a while if the database refuses it
-on a usable one (running it again would repeat its outside effect). A row that cannot be
-read or run at all is dead at once.
+tried again for a while first, on a new connection if need be (running it again would
+repeat its outside effect). A row that cannot be read or run at all is dead at once.
 """
 
 from __future__ import annotations
@@ -68,10 +67,10 @@ _notes: ContextVar[list[str] | None] = ContextVar("delayjobs_notes", default=Non
 EARLY_WAIT = timedelta(seconds=1)
 #: How long a delivery handed back for a lost database connection waits in Redis.
 HAND_BACK_DELAY = timedelta(seconds=1)
-#: How long the outcome of a non-atomic action is tried again while the database refuses
-#: it (SQLite's write lock held past the busy timeout), and the pause between tries.
-REFUSED_OUTCOME_PATIENCE = timedelta(seconds=60)
-REFUSED_OUTCOME_PAUSE = timedelta(seconds=0.5)
+#: How long the outcome of a non-atomic action is tried again while the database fails it
+#: (SQLite's write lock held past the busy timeout, a restart), and the pause between tries.
+OUTCOME_PATIENCE = timedelta(seconds=60)
+OUTCOME_PAUSE = timedelta(seconds=0.5)
 #: Longest text one ``note()`` keeps.
 NOTE_LIMIT = 4096
 
@@ -394,7 +393,7 @@ class Execution:
         self.outside_since: float | None = time.monotonic()
         #: Whether the action was called (a failure before that is never the action's).
         self.called = False
-        #: The connection a non-atomic action began with (see ``once_more_if_lost``).
+        #: The connection a non-atomic action began with (see ``until_written``).
         self.outside: Connection | None = None
         #: The connection the job started on, once claimed (to see its session changed).
         self.connection: Connection | None = None
@@ -554,7 +553,7 @@ class Execution:
             else:  # an outside call: no transaction is held open while it runs
                 self.outside = connection
                 done = success(self.call(fn, args, kwargs, notes))
-                claimed = self.once_more_if_lost(lambda: self.record_success(job, done, notes))
+                claimed = self.until_written(lambda: self.record_success(job, done, notes))
         except _Overtaken as exc:
             return self.overtaken(job, exc.row, atomic, time.perf_counter() - started)
         except _ClaimAheadFailed as exc:  # not the action's fault: run it again
@@ -663,42 +662,33 @@ class Execution:
             with transaction.atomic(using=self.db.alias):
                 return self.succeeded(job, done, notes)
 
-    def once_more_if_lost(self, write: Callable[[], T]) -> T:
-        """Run ``write``, an outcome's transaction. After a non-atomic action, run it once
-        more on a new connection if the connection was lost while the action ran (ended by
-        the server while idle, a restart, a failover): no transaction was open, and the
-        action's outside effect has happened, so a hand-back would repeat it (an HTTP
-        callback sent again) when the database may well answer a new connection."""
+    def until_written(self, write: Callable[[], T]) -> T:
+        """Run ``write``, an outcome's transaction. After a non-atomic action, whose
+        outside effect has happened (a hand-back would repeat it: an HTTP callback sent
+        again), run it again while the database fails it, at once, then every
+        ``OUTCOME_PAUSE`` for up to ``OUTCOME_PATIENCE``: the connection
+        was lost while the action ran (ended by the server while idle; a restart or a
+        failover, whose new connections are refused for a while), or the database refuses
+        the write on a usable one (SQLite's write lock held past the busy timeout). Then
+        raise the last failure."""
         try:
             return write()
         except (OperationalError, InterfaceError) as exc:
             db = connections[sql.db()]  # this thread's (MAX_RUN_SECONDS's watcher writes too)
             if self.outside is None or self.outside.wrapper is not db:
                 raise
-            if not self.outside.lost(exc):
-                return self.while_refused(write, exc)
-            self.outside = None  # once
-        with contextlib.suppress(DatabaseError):
-            db.close()
-        return write()
-
-    def while_refused(
-        self, write: Callable[[], T], refused: OperationalError | InterfaceError
-    ) -> T:
-        """Run ``write`` again, every ``REFUSED_OUTCOME_PAUSE``, while the database refuses
-        it on a usable connection (SQLite's write lock held past the busy timeout), for up
-        to ``REFUSED_OUTCOME_PATIENCE``: failing or handing back the attempt of a
-        non-atomic action would repeat its outside effect. Then raise the refusal."""
-        give_up = time.monotonic() + REFUSED_OUTCOME_PATIENCE.total_seconds()
-        while time.monotonic() < give_up:
-            time.sleep(REFUSED_OUTCOME_PAUSE.total_seconds())
+            failure = exc
+        give_up = time.monotonic() + OUTCOME_PATIENCE.total_seconds()
+        while True:
+            with contextlib.suppress(DatabaseError):
+                db.close_if_unusable_or_obsolete()  # a lost one: the write opens a new one
             try:
                 return write()
             except (OperationalError, InterfaceError) as exc:
-                if self.outside is None or self.outside.lost(exc):
-                    raise
-                refused = exc
-        raise refused
+                failure = exc
+            if time.monotonic() >= give_up:
+                raise failure
+            time.sleep(OUTCOME_PAUSE.total_seconds())
 
     def changed_session(self) -> bool:
         """Whether the action left its database session with other settings than it found
@@ -854,7 +844,7 @@ class Execution:
             return won
 
         try:
-            won = self.once_more_if_lost(write)
+            won = self.until_written(write)
         except DatabaseError as exc:  # lost, or refusing writes: the outcome is not the job's
             return self.hand_back(exc)
         if not won:
