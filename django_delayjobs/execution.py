@@ -666,11 +666,11 @@ class Execution:
         """Run ``write``, an outcome's transaction. After a non-atomic action, whose
         outside effect has happened (a hand-back would repeat it: an HTTP callback sent
         again), run it again while the database fails it, at once, then every
-        ``OUTCOME_PAUSE`` for up to ``OUTCOME_PATIENCE``: the connection
-        was lost while the action ran (ended by the server while idle; a restart or a
-        failover, whose new connections are refused for a while), or the database refuses
-        the write on a usable one (SQLite's write lock held past the busy timeout). Then
-        raise the last failure."""
+        ``OUTCOME_PAUSE`` for up to ``OUTCOME_PATIENCE``: the connection was lost while
+        the action ran (ended by the server while idle; a restart or a failover, whose new
+        connections are refused for a while), or the database refuses the write on a
+        usable one (SQLite's write lock held past the busy timeout). Then raise the last
+        failure."""
         try:
             return write()
         except (OperationalError, InterfaceError) as exc:
