@@ -41,6 +41,7 @@ from django.utils import timezone
 from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
+from .engine.errors import unreachable
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution, receivers_left_behind
 from .logs import job_fields
@@ -505,7 +506,7 @@ class WorkerProcess:
         lease ends) and promote what is due; True when nothing is due within
         ``BURST_SLACK`` (so a burst always ends, whatever the tick). Raises
         ``EngineUnavailable``."""
-        each = PerShard()
+        each = self.promoter.new_pass()
         self.promoter.housekeeping(time.monotonic(), each)
         each.check()
         moved, next_due = self.promoter.promote_due()
@@ -531,8 +532,10 @@ class WorkerProcess:
         the shards of a master that just failed to answer are for ``SKIP_SECONDS`` (the
         promoter's breaker: a frozen master costs each call the client's timeout); the
         error is raised only if no other shard had ids: ``PartlyUnavailable`` if some
-        answered (an idle worker then waits on them), else the error itself. A shard with
-        a key of the wrong type is passed over and reported (``BrokenKeys``).
+        answered (an idle worker then waits on them), else the error itself. One Redis
+        that does not answer is raised at once: every other claim would wait for the same
+        timeout. A shard with a key of the wrong type is passed over and reported
+        (``BrokenKeys``).
         """
         failure: EngineUnavailable | None = None
         answered = False
@@ -548,6 +551,8 @@ class WorkerProcess:
                     self.broken.report(shard, exc)
                     continue
                 except EngineUnavailable as exc:
+                    if not self.engine.is_cluster and unreachable(exc):
+                        raise  # one Redis: every other claim would wait for the same timeout
                     failure = failure or exc
                     continue
                 answered = True

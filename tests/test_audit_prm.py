@@ -4,6 +4,8 @@ waits behind another's backlog (audit of promoter.py, engine/waiting.py and thei
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,9 +22,10 @@ from django_redis.pool import ConnectionFactory
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_delayjobs.engine import Engine, close_client
+from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from django_delayjobs.management.commands import run_delayworker
 from django_delayjobs.promoter import Promoter
+from django_delayjobs.worker import Options, WorkerProcess
 from tests.helpers import ROOT, worker_env
 
 
@@ -36,6 +39,24 @@ def batch_of_10() -> Iterator[None]:
 def batch_of_1() -> Iterator[None]:
     with override_settings(DELAYJOBS={**settings.DELAYJOBS, "BATCH_SIZE": 1}):
         yield
+
+
+def counting_timeouts(client: redis.Redis) -> list[float]:
+    """Make ``client``'s new connections note each reply that did not come within its
+    socket timeout; return the list they note it in (a real connection, instrumented)."""
+    timeouts: list[float] = []
+    pool = client.connection_pool
+
+    class Counting(pool.connection_class):  # type: ignore[name-defined,misc]
+        def read_response(self, *args: object, **kwargs: object) -> object:
+            try:
+                return super().read_response(*args, **kwargs)
+            except redis.TimeoutError:
+                timeouts.append(time.monotonic())
+                raise
+
+    pool.connection_class = Counting
+    return timeouts
 
 
 def backlog(engine: Engine, queue: str, count: int) -> float:
@@ -201,3 +222,39 @@ def test_a_client_without_a_socket_timeout_is_refused_at_start(redis_url, settin
         thread.join(30)
     assert errors and isinstance(errors[0], CommandError), "the worker started"
     assert "socket timeout" in str(errors[0]) and "SOCKET_TIMEOUT" in str(errors[0])
+
+
+def test_a_pass_of_the_promoter_on_a_frozen_redis_waits_for_it_once(own_redis):
+    """On one Redis that does not answer, a pass of the promoter waited for the read
+    timeout at every call: the queue directory's read (which fell back to the last
+    listing), then each queue's lease recovery, listing and promotion; three queues took
+    ten timeouts for the first pass and six for each one after. One timeout ends the pass:
+    every other call would wait for the same one. So do a worker's claim over three
+    queues (it waited for three), and a read of the queue state or a claim by a fresh
+    engine (they waited for two, the directory's and their own, once per
+    ``DIRECTORY_TTL``)."""
+    client = redis.Redis.from_url(
+        own_redis.url, socket_timeout=0.3, socket_connect_timeout=0.3, retry=Retry(NoBackoff(), 0)
+    )
+    timeouts = counting_timeouts(client)
+    queues = ["a", "b", "c"]
+    engine = Engine(client, prefix="t")
+    promoter = Promoter(engine, queues, tick=1.0)
+    process = WorkerProcess(engine, Options(queues))
+    try:
+        promoter.step()  # the directory is read: the passes below use what it listed
+        assert own_redis.pid is not None
+        os.kill(own_redis.pid, signal.SIGSTOP)
+        calls = [promoter.step] * 3 + [
+            lambda: process.claim(queues),
+            lambda: Engine(client, prefix="t").stats("a"),
+            lambda: Engine(client, prefix="t").claim("a", 1, 60_000),
+            lambda: Promoter(Engine(client, prefix="t"), queues).step(),
+        ]
+        for call in calls:
+            timeouts.clear()
+            with pytest.raises(EngineUnavailable):
+                call()
+            assert len(timeouts) == 1, call
+    finally:
+        close_client(client)
