@@ -26,7 +26,7 @@ from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from django_delayjobs.management.commands import run_delayworker
 from django_delayjobs.promoter import Promoter
 from django_delayjobs.worker import Options, WorkerProcess
-from tests.helpers import ROOT, worker_env
+from tests.helpers import ROOT, wait_for, worker_env
 
 
 @pytest.fixture
@@ -258,3 +258,51 @@ def test_a_pass_of_the_promoter_on_a_frozen_redis_waits_for_it_once(own_redis):
             assert len(timeouts) == 1, call
     finally:
         close_client(client)
+
+
+def test_a_wait_outlasted_by_a_stall_shorter_than_the_socket_timeout_is_no_outage(own_redis):
+    """A wait blocks in Redis for up to the socket timeout less half a second (0.5 s of
+    the default 1 s), so Redis had that half second, not the whole timeout, to answer
+    once the wait ended. A Redis that stalls (busy with another client's slow command, a
+    fork, a starved host) for 0.7 s around that moment answers every other command in time,
+    yet the wait failed with a read timeout: "Redis is unavailable" to the promoter and the
+    worker, which backed off. A wait whose reply is late is no token, not an outage; a
+    Redis that is really frozen fails the caller's next call."""
+    assert own_redis.pid is not None
+    client = redis.Redis.from_url(own_redis.url, socket_timeout=1.0, retry=Retry(NoBackoff(), 0))
+    watcher = redis.Redis.from_url(own_redis.url, socket_timeout=5.0)
+    engine = Engine(client, prefix="t")
+    try:
+        for _ in range(3):
+            outcome: list[object] = []
+            waiting = threading.Thread(target=_wait_or_error, args=(engine, outcome), daemon=True)
+            waiting.start()
+            wait_for(lambda: watcher.info("clients")["blocked_clients"] == 1, timeout=10)
+            time.sleep(0.4)  # then Redis stalls, before the wait ends (0.5 s)
+            os.kill(own_redis.pid, signal.SIGSTOP)
+            other = threading.Thread(target=_ping, args=(client, outcome), daemon=True)
+            other.start()  # sent as the stall begins: answered within its timeout
+            time.sleep(0.7)
+            os.kill(own_redis.pid, signal.SIGCONT)
+            waiting.join(10)
+            other.join(10)
+            assert sorted(outcome, key=str) == [False, True], outcome
+        with pytest.raises(EngineUnavailable):  # frozen for good: the next call says so
+            os.kill(own_redis.pid, signal.SIGSTOP)
+            engine.wait_for_wake(["q"], 0.2)
+            engine.promote("q")
+    finally:
+        os.kill(own_redis.pid, signal.SIGCONT)
+        close_client(client)
+        close_client(watcher)
+
+
+def _wait_or_error(engine: Engine, outcome: list[object]) -> None:
+    try:
+        outcome.append(engine.wait_for_wake(["q"], 5.0))
+    except EngineUnavailable as exc:
+        outcome.append(exc)
+
+
+def _ping(client: redis.Redis, outcome: list[object]) -> None:
+    outcome.append(client.ping())
