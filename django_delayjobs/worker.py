@@ -45,6 +45,7 @@ from .engine.errors import unreachable
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution, receivers_left_behind
 from .logs import job_fields
+from .management.errors import database_error, database_named, jobs_alias
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner, deployment_uid
@@ -237,7 +238,9 @@ class WorkerProcess:
         )
         # The database's, shared by every thread that meets it, and ended by any of them:
         # an idle worker's owner check says that it is back (``check_owner``).
-        self.database = Outage("worker", "the jobs wait until it is back", "the database")
+        alias = jobs_alias()  # named: the jobs may live on a database of their own
+        self.database = Outage("worker", "the jobs wait until it is back", database_named(alias),
+                               lambda exc: database_error(exc, alias))  # fmt: skip
         self.beat_lock = threading.Lock()  # a last heartbeat never follows unregister()
         self.unregistered = False  # guarded by beat_lock: no heartbeat is written after
         self.pruner = AutoPrune(engine)  # PRUNE_AFTER_SECONDS; never raises

@@ -4,6 +4,7 @@ waits behind another's backlog (audit of promoter.py, engine/waiting.py and thei
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,7 +27,7 @@ from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from django_delayjobs.management.commands import run_delayworker
 from django_delayjobs.promoter import Promoter
 from django_delayjobs.worker import Options, WorkerProcess
-from tests.helpers import ROOT, wait_for, worker_env
+from tests.helpers import ROOT, run_on_two_databases, wait_for, worker_env
 
 
 @pytest.fixture
@@ -306,3 +307,50 @@ def _wait_or_error(engine: Engine, outcome: list[object]) -> None:
 
 def _ping(client: redis.Redis, outcome: list[object]) -> None:
     outcome.append(client.ping())
+
+
+#: With the jobs on a database of their own that is down: the worker's line for it (its
+#: owner check, the read an idle worker makes) and the API's answer and log line.
+WORKER_AND_API_JOBS_DOWN = """
+import io
+import json
+import logging
+
+import django
+
+django.setup()
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from django.test.utils import setup_test_environment
+
+from django_delayjobs.connection import get_engine
+from django_delayjobs.worker import Options, WorkerProcess
+
+call_command("migrate", verbosity=0)
+log = io.StringIO()
+logging.getLogger("django_delayjobs").addHandler(logging.StreamHandler(log))
+WorkerProcess(get_engine(), Options(["default"])).check_owner()
+worker = log.getvalue()
+setup_test_environment()
+client = Client(raise_request_exception=False)
+client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw"))
+answer = client.get("/api/delayjobs/jobs/")
+print(json.dumps({"worker": worker, "status": answer.status_code,
+                  "body": answer.content.decode(), "api": log.getvalue()[len(worker):]}))
+"""
+
+
+def test_the_worker_and_the_api_name_the_jobs_database_that_is_down(redis_url, tmp_path):
+    """The jobs may live on a database of their own, down while the project's answers. The
+    commands and the admin name it, but the worker logged "the database is unavailable"
+    and the API answered so: an operator looked at the project's database, which
+    answered."""
+    said = run_on_two_databases(WORKER_AND_API_JOBS_DOWN, redis_url, tmp_path)
+    assert said["worker"].startswith("worker: the jobs database 'jobs' is unavailable"), said
+    assert "unable to open database file" in said["worker"], said
+    assert said["status"] == 503, said
+    assert json.loads(said["body"]) == {
+        "detail": "The jobs database 'jobs' is unavailable; try again later."
+    }
+    assert "the jobs database 'jobs' is unavailable: unable to open" in said["api"], said
