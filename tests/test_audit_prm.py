@@ -354,3 +354,37 @@ def test_the_worker_and_the_api_name_the_jobs_database_that_is_down(redis_url, t
         "detail": "The jobs database 'jobs' is unavailable; try again later."
     }
     assert "the jobs database 'jobs' is unavailable: unable to open" in said["api"], said
+
+
+#: The jobs' database up, the project's down once the user has logged in: the API reads
+#: the session's user from the project's.
+API_PROJECT_DOWN = """
+import json
+
+import django
+
+django.setup()
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.db import connections
+from django.test import Client
+from django.test.utils import setup_test_environment
+
+for alias in connections:
+    call_command("migrate", database=alias, verbosity=0)
+setup_test_environment()
+client = Client(raise_request_exception=False)
+client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw"))
+connections["default"].close()
+connections["default"].settings_dict["NAME"] = "/nonexistent/default.sqlite3"
+answer = client.get("/api/delayjobs/jobs/")
+print(json.dumps([answer.status_code, answer.content.decode()]))
+"""
+
+
+def test_the_api_does_not_blame_the_jobs_database_for_the_projects(redis_url, tmp_path):
+    """The project's database down, the jobs' up: the 503 does not send the operator to
+    the jobs' database."""
+    status, body = run_on_two_databases(API_PROJECT_DOWN, redis_url, tmp_path, jobs_down=False)
+    assert status == 503, body
+    assert json.loads(body) == {"detail": "The database is unavailable; try again later."}
