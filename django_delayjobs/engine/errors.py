@@ -48,7 +48,7 @@ class PerShard:
                           # itself if none answered
 
     With ``one_server`` (every shard on one Redis), ``run`` calls nothing more once Redis
-    was not reached or did not answer: each call would wait for the same timeout.
+    was not reached or did not answer (``down``): each call would wait for the same timeout.
     """
 
     def __init__(self, *, one_server: bool = False) -> None:
