@@ -27,6 +27,7 @@ from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from django_delayjobs.management.commands import run_delayworker
 from django_delayjobs.promoter import Promoter
 from django_delayjobs.worker import Options, WorkerProcess
+from tests.conftest import cluster_client
 from tests.helpers import ROOT, run_on_two_databases, wait_for, worker_env
 
 
@@ -298,9 +299,38 @@ def test_a_wait_outlasted_by_a_stall_shorter_than_the_socket_timeout_is_no_outag
         close_client(watcher)
 
 
+@pytest.mark.cluster
+def test_a_doorbell_outlasted_by_a_stall_shorter_than_the_socket_timeout_is_no_outage(lonely):
+    """The same on a Cluster: a doorbell's pop blocks for the socket timeout less half a
+    second, and a master that stalled 0.7 s around its end failed every wait on it."""
+    lonely.wait_healthy()
+    client = cluster_client(lonely.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    engine = Engine(client, prefix="t")
+    master = next(n for n in lonely.nodes if n.address == engine.node_of("q"))
+    watcher = master.client()
+    assert master.pid is not None
+    try:
+        for _ in range(3):
+            outcome: list[object] = []
+            waiting = threading.Thread(target=_wait_or_error, args=(engine, outcome), daemon=True)
+            waiting.start()
+            wait_for(lambda: watcher.info("clients")["blocked_clients"] == 1, timeout=10)
+            time.sleep(0.4)  # then the master stalls, before the pop ends (0.5 s)
+            os.kill(master.pid, signal.SIGSTOP)
+            time.sleep(0.7)
+            os.kill(master.pid, signal.SIGCONT)
+            waiting.join(10)
+            assert outcome == [False], outcome
+            wait_for(lambda: watcher.info("clients")["blocked_clients"] == 0, timeout=10)
+    finally:
+        os.kill(master.pid, signal.SIGCONT)
+        engine.close()
+        watcher.close()
+
+
 def _wait_or_error(engine: Engine, outcome: list[object]) -> None:
     try:
-        outcome.append(engine.wait_for_wake(["q"], 5.0))
+        outcome.append(engine.wait_for_wake(["q"], 3.0))
     except EngineUnavailable as exc:
         outcome.append(exc)
 

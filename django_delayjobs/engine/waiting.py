@@ -138,7 +138,7 @@ class BlockingWait:
         of the default 1 s), and a Redis that stalls that long (busy with a slow command, a
         fork, a starved host) answers every other command in time. A Redis that is really
         frozen fails the caller's next call; a token popped but never read delays its waiter
-        by one tick at most."""
+        by one tick at most. (A Cluster's doorbells take a late reply so too.)"""
         if self.longest is not None:
             seconds = min(seconds, self.longest)
         try:
@@ -280,6 +280,8 @@ class Doorbells:
                 # at once when the engine closes its connections.
                 node = self._node_client(bell.key)
                 popped = node.blpop([bell.key], timeout=self.block)
+            except ReadTimeout:
+                continue  # a late reply, not an outage (see ``BlockingWait.wait``)
             except MovedError as exc:
                 # The slot moved to another master: read the slot table anew, as redis-py
                 # does for its own commands, and block there (a process that only waits
