@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -276,18 +276,8 @@ def test_a_wait_outlasted_by_a_stall_shorter_than_the_socket_timeout_is_no_outag
     engine = Engine(client, prefix="t")
     try:
         for _ in range(3):
-            outcome: list[object] = []
-            waiting = threading.Thread(target=_wait_or_error, args=(engine, outcome), daemon=True)
-            waiting.start()
-            wait_for(lambda: watcher.info("clients")["blocked_clients"] == 1, timeout=10)
-            time.sleep(0.4)  # then Redis stalls, before the wait ends (0.5 s)
-            os.kill(own_redis.pid, signal.SIGSTOP)
-            other = threading.Thread(target=_ping, args=(client, outcome), daemon=True)
-            other.start()  # sent as the stall begins: answered within its timeout
-            time.sleep(0.7)
-            os.kill(own_redis.pid, signal.SIGCONT)
-            waiting.join(10)
-            other.join(10)
+            # A command sent as the stall begins is answered within its timeout.
+            outcome = stall_around_a_wait(engine, watcher, own_redis.pid, also=client.ping)
             assert sorted(outcome, key=str) == [False, True], outcome
         with pytest.raises(EngineUnavailable):  # frozen for good: the next call says so
             os.kill(own_redis.pid, signal.SIGSTOP)
@@ -311,32 +301,42 @@ def test_a_doorbell_outlasted_by_a_stall_shorter_than_the_socket_timeout_is_no_o
     assert master.pid is not None
     try:
         for _ in range(3):
-            outcome: list[object] = []
-            waiting = threading.Thread(target=_wait_or_error, args=(engine, outcome), daemon=True)
-            waiting.start()
-            wait_for(lambda: watcher.info("clients")["blocked_clients"] == 1, timeout=10)
-            time.sleep(0.4)  # then the master stalls, before the pop ends (0.5 s)
-            os.kill(master.pid, signal.SIGSTOP)
-            time.sleep(0.7)
-            os.kill(master.pid, signal.SIGCONT)
-            waiting.join(10)
+            outcome = stall_around_a_wait(engine, watcher, master.pid)
             assert outcome == [False], outcome
-            wait_for(lambda: watcher.info("clients")["blocked_clients"] == 0, timeout=10)
     finally:
         os.kill(master.pid, signal.SIGCONT)
         engine.close()
         watcher.close()
 
 
-def _wait_or_error(engine: Engine, outcome: list[object]) -> None:
-    try:
-        outcome.append(engine.wait_for_wake(["q"], 3.0))
-    except EngineUnavailable as exc:
-        outcome.append(exc)
+def stall_around_a_wait(
+    engine: Engine, watcher: redis.Redis, pid: int, also: Callable[[], object] | None = None
+) -> list[object]:
+    """Stop the Redis ``pid`` for 0.7 s from 0.1 s before the end of a wait on queue
+    ``q`` (``watcher`` sees it blocked), calling ``also`` in a thread as the stall begins;
+    return what the wait (and ``also``) returned or raised, in the order they ended."""
+    outcome: list[object] = []
 
+    def run(call: Callable[[], object]) -> None:
+        try:
+            outcome.append(call())
+        except EngineUnavailable as exc:
+            outcome.append(exc)
 
-def _ping(client: redis.Redis, outcome: list[object]) -> None:
-    outcome.append(client.ping())
+    threads = [threading.Thread(target=run, args=(lambda: engine.wait_for_wake(["q"], 3.0),))]
+    threads[0].start()
+    wait_for(lambda: watcher.info("clients")["blocked_clients"] == 1, timeout=10)
+    time.sleep(0.4)  # then Redis stalls, before the wait ends (0.5 s)
+    os.kill(pid, signal.SIGSTOP)
+    if also is not None:
+        threads.append(threading.Thread(target=run, args=(also,)))
+        threads[1].start()
+    time.sleep(0.7)
+    os.kill(pid, signal.SIGCONT)
+    for thread in threads:
+        thread.join(10)
+    wait_for(lambda: watcher.info("clients")["blocked_clients"] == 0, timeout=10)
+    return outcome
 
 
 #: With the jobs on a database of their own that is down: the worker's line for it (its
