@@ -178,10 +178,19 @@ class Outage:
     and that is one outage, not one per call that happened to succeed.
     """
 
-    def __init__(self, what: str, consequence: str, service: str = "Redis") -> None:
+    def __init__(
+        self,
+        what: str,
+        consequence: str,
+        service: str = "Redis",
+        describe: Callable[[BaseException | str], str] | None = None,
+    ) -> None:
         self.what = what
         self.consequence = consequence
         self.service = service
+        # The outage's first line, from its first error (default: "<service> is
+        # unavailable (<error>)").
+        self.describe = describe or (lambda exc: f"{service} is unavailable ({exc})")
         self.failures = 0
         self.since: datetime.datetime | None = None
         self.last_failure = self.last_ok = 0.0  # time.monotonic()
@@ -196,8 +205,7 @@ class Outage:
             self.last_failure = now
             if self.failures == 1:
                 self.since = timezone.now()
-                logger.warning("%s: %s is unavailable (%s); %s", self.what, self.service, exc,
-                               self.consequence)  # fmt: skip
+                logger.warning("%s: %s; %s", self.what, self.describe(exc), self.consequence)
 
     def ok(self) -> None:
         with self.lock:

@@ -120,15 +120,34 @@ class Promoter:
         self._last_recover = 0.0
         self._last_list: float | None = None
 
-    def shards(self) -> list[str]:
-        """Every shard of every queue (a queue of 1 shard is its own)."""
-        return [shard for queue in self.queues for shard in self.engine.shards(queue)]
+    def new_pass(self) -> PerShard:
+        """What a pass notes its failures in: on one Redis, the first call it does not
+        answer ends the pass (see ``serving``)."""
+        return PerShard(one_server=not self.engine.is_cluster)
+
+    def serving(self, each: PerShard, names: Sequence[str]) -> Iterator[str]:
+        """``names`` (shards or queues) one by one, until one Redis was found not to answer
+        (``each.down``): every call after would wait for the same timeout, and a pass over
+        three queues waited for six."""
+        for name in names:
+            if each.down:
+                return
+            yield name
+
+    def shards(self, each: PerShard) -> list[str]:
+        """Every shard of every queue (a queue of 1 shard is its own); the queues whose
+        shards cannot be listed (one Redis that does not answer) are noted in ``each``."""
+        found: list[str] = []
+        for queue in self.serving(each, self.queues):
+            with each.attempt():
+                found += self.engine.shards(queue)
+        return found
 
     def promote_due(self) -> tuple[int, float | None]:
         """Promote everything due now; return (ids moved, seconds until the next due id
         over every shard, or None when nothing is pending). A shard that cannot be reached
         is passed over: ``PartlyUnavailable`` (with that pair) once the others are done."""
-        each = PerShard()
+        each = self.new_pass()
         found = self._promote(each)
         each.check(found)
         return found
@@ -142,10 +161,10 @@ class Promoter:
         shard's is measured when it is promoted, and a pass may last long after that."""
         moved = 0
         next_at: dict[str, float] = {}  # shard -> when its next id is due (monotonic)
-        every = turn = self.shards()
+        every = turn = self.shards(each)
         while turn:
             full = set()
-            for shard in turn:
+            for shard in self.serving(each, turn):
                 next_at.pop(shard, None)
                 with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
                     sent = time.monotonic()  # Redis measured the wait after this
@@ -169,16 +188,16 @@ class Promoter:
         reached (noted in ``each``)."""
         if now - self._last_recover >= RECOVER_EVERY:
             self._last_recover = now
-            for shard in self.shards():
+            for shard in self.serving(each, self.shards(each)):
                 with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
                     while len(self.engine.recover_expired(shard, self.batch)) == self.batch:
                         pass
             if self._last_list is None or now - self._last_list >= LIST_EVERY:
                 self._last_list = now
-                for queue in self.queues:
+                for queue in self.serving(each, self.queues):
                     with each.attempt():
                         self.engine.list_shards(queue)
-            for queue in self.queues:
+            for queue in self.serving(each, self.queues):
                 with each.attempt():
                     for shard in self.engine.forget_empty_shards(queue):
                         logger.info("queue %s: shard %s of an older shard count is empty; "
@@ -191,7 +210,7 @@ class Promoter:
         pass: the others are served, then ``PartlyUnavailable`` is raised with the time to
         sleep as ``done``, so that the caller keeps their pace while it logs the outage.
         """
-        each = PerShard()
+        each = self.new_pass()
         self.housekeeping(time.monotonic(), each)
         next_due = self._promote(each)[1]
         wait = self.tick if next_due is None else min(self.tick, next_due)

@@ -41,9 +41,11 @@ from django.utils import timezone
 from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
+from .engine.errors import unreachable
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution, receivers_left_behind
 from .logs import job_fields
+from .management.errors import database_error, database_named, jobs_alias
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner, deployment_uid
@@ -241,7 +243,9 @@ class WorkerProcess:
         )
         # The database's, shared by every thread that meets it, and ended by any of them:
         # an idle worker's owner check says that it is back (``check_owner``).
-        self.database = Outage("worker", "the jobs wait until it is back", "the database")
+        alias = jobs_alias()  # named: the jobs may live on a database of their own
+        self.database = Outage("worker", "the jobs wait until it is back", database_named(alias),
+                               lambda exc: database_error(exc, alias))  # fmt: skip
         self.beat_lock = threading.Lock()  # a last heartbeat never follows unregister()
         self.unregistered = False  # guarded by beat_lock: no heartbeat is written after
         self.pruner = AutoPrune(engine)  # PRUNE_AFTER_SECONDS; never raises
@@ -522,7 +526,7 @@ class WorkerProcess:
         lease ends) and promote what is due; True when nothing is due within
         ``BURST_SLACK`` (so a burst always ends, whatever the tick). Raises
         ``EngineUnavailable``."""
-        each = PerShard()
+        each = self.promoter.new_pass()
         self.promoter.housekeeping(time.monotonic(), each)
         each.check()
         moved, next_due = self.promoter.promote_due()
@@ -548,8 +552,10 @@ class WorkerProcess:
         the shards of a master that just failed to answer are for ``SKIP_SECONDS`` (the
         promoter's breaker: a frozen master costs each call the client's timeout); the
         error is raised only if no other shard had ids: ``PartlyUnavailable`` if some
-        answered (an idle worker then waits on them), else the error itself. A shard with
-        a key of the wrong type is passed over and reported (``BrokenKeys``).
+        answered (an idle worker then waits on them), else the error itself. One Redis
+        that does not answer is raised at once: every other claim would wait for the same
+        timeout. A shard with a key of the wrong type is passed over and reported
+        (``BrokenKeys``).
         """
         failure: EngineUnavailable | None = None
         answered = False
@@ -565,6 +571,8 @@ class WorkerProcess:
                     self.broken.report(shard, exc)
                     continue
                 except EngineUnavailable as exc:
+                    if not self.engine.is_cluster and unreachable(exc):
+                        raise  # one Redis: every other claim would wait for the same timeout
                     failure = failure or exc
                     continue
                 answered = True

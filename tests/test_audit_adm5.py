@@ -192,7 +192,9 @@ def test_the_api_answers_the_jobs_database_down_in_json_under_atomic_requests(re
     for name, (status, kind, body) in run_on_two_databases(API_JOBS_DOWN, redis_url,
                                                            tmp_path).items():  # fmt: skip
         assert (status, kind) == (503, "application/json"), (name, status, body[-3000:])
-        assert json.loads(body) == {"detail": "The database is unavailable; try again later."}
+        assert json.loads(body) == {
+            "detail": "The jobs database 'jobs' is unavailable; try again later."
+        }
 
 
 @pytest.mark.django_db(transaction=True)

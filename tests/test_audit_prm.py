@@ -4,11 +4,14 @@ waits behind another's backlog (audit of promoter.py, engine/waiting.py and thei
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -20,10 +23,12 @@ from django_redis.pool import ConnectionFactory
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_delayjobs.engine import Engine, close_client
+from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from django_delayjobs.management.commands import run_delayworker
 from django_delayjobs.promoter import Promoter
-from tests.helpers import ROOT, worker_env
+from django_delayjobs.worker import Options, WorkerProcess
+from tests.conftest import cluster_client
+from tests.helpers import ROOT, run_on_two_databases, wait_for, worker_env
 
 
 @pytest.fixture
@@ -36,6 +41,24 @@ def batch_of_10() -> Iterator[None]:
 def batch_of_1() -> Iterator[None]:
     with override_settings(DELAYJOBS={**settings.DELAYJOBS, "BATCH_SIZE": 1}):
         yield
+
+
+def counting_timeouts(client: redis.Redis) -> list[float]:
+    """Make ``client``'s new connections note each reply that did not come within its
+    socket timeout; return the list they note it in (a real connection, instrumented)."""
+    timeouts: list[float] = []
+    pool = client.connection_pool
+
+    class Counting(pool.connection_class):  # type: ignore[name-defined,misc]
+        def read_response(self, *args: object, **kwargs: object) -> object:
+            try:
+                return super().read_response(*args, **kwargs)
+            except redis.TimeoutError:
+                timeouts.append(time.monotonic())
+                raise
+
+    pool.connection_class = Counting
+    return timeouts
 
 
 def backlog(engine: Engine, queue: str, count: int) -> float:
@@ -201,3 +224,197 @@ def test_a_client_without_a_socket_timeout_is_refused_at_start(redis_url, settin
         thread.join(30)
     assert errors and isinstance(errors[0], CommandError), "the worker started"
     assert "socket timeout" in str(errors[0]) and "SOCKET_TIMEOUT" in str(errors[0])
+
+
+def test_a_pass_of_the_promoter_on_a_frozen_redis_waits_for_it_once(own_redis):
+    """On one Redis that does not answer, a pass of the promoter waited for the read
+    timeout at every call: the queue directory's read (which fell back to the last
+    listing), then each queue's lease recovery, listing and promotion; three queues took
+    ten timeouts for the first pass and six for each one after. One timeout ends the pass:
+    every other call would wait for the same one. So do a worker's claim over three
+    queues (it waited for three), and a read of the queue state or a claim by a fresh
+    engine (they waited for two, the directory's and their own, once per
+    ``DIRECTORY_TTL``)."""
+    client = redis.Redis.from_url(
+        own_redis.url, socket_timeout=0.3, socket_connect_timeout=0.3, retry=Retry(NoBackoff(), 0)
+    )
+    timeouts = counting_timeouts(client)
+    queues = ["a", "b", "c"]
+    engine = Engine(client, prefix="t")
+    promoter = Promoter(engine, queues, tick=1.0)
+    process = WorkerProcess(engine, Options(queues))
+    try:
+        promoter.step()  # the directory is read: the passes below use what it listed
+        assert own_redis.pid is not None
+        os.kill(own_redis.pid, signal.SIGSTOP)
+        calls = [promoter.step] * 3 + [
+            lambda: process.claim(queues),
+            lambda: Engine(client, prefix="t").stats("a"),
+            lambda: Engine(client, prefix="t").claim("a", 1, 60_000),
+            lambda: Promoter(Engine(client, prefix="t"), queues).step(),
+        ]
+        for call in calls:
+            timeouts.clear()
+            with pytest.raises(EngineUnavailable):
+                call()
+            assert len(timeouts) == 1, call
+    finally:
+        close_client(client)
+
+
+def test_a_wait_outlasted_by_a_stall_shorter_than_the_socket_timeout_is_no_outage(own_redis):
+    """A wait blocks in Redis for up to the socket timeout less half a second (0.5 s of
+    the default 1 s), so Redis had that half second, not the whole timeout, to answer
+    once the wait ended. A Redis that stalls (busy with another client's slow command, a
+    fork, a starved host) for 0.7 s around that moment answers every other command in time,
+    yet the wait failed with a read timeout: "Redis is unavailable" to the promoter and the
+    worker, which backed off. A wait whose reply is late is no token, not an outage; a
+    Redis that is really frozen fails the caller's next call."""
+    assert own_redis.pid is not None
+    client = redis.Redis.from_url(own_redis.url, socket_timeout=1.0, retry=Retry(NoBackoff(), 0))
+    watcher = redis.Redis.from_url(own_redis.url, socket_timeout=5.0)
+    engine = Engine(client, prefix="t")
+    try:
+        for _ in range(3):
+            # A command sent as the stall begins is answered within its timeout.
+            outcome = stall_around_a_wait(engine, watcher, own_redis.pid, also=client.ping)
+            assert sorted(outcome, key=str) == [False, True], outcome
+        with pytest.raises(EngineUnavailable):  # frozen for good: the next call says so
+            os.kill(own_redis.pid, signal.SIGSTOP)
+            engine.wait_for_wake(["q"], 0.2)
+            engine.promote("q")
+    finally:
+        os.kill(own_redis.pid, signal.SIGCONT)
+        close_client(client)
+        close_client(watcher)
+
+
+@pytest.mark.cluster
+def test_a_doorbell_outlasted_by_a_stall_shorter_than_the_socket_timeout_is_no_outage(lonely):
+    """The same on a Cluster: a doorbell's pop blocks for the socket timeout less half a
+    second, and a master that stalled 0.7 s around its end failed every wait on it."""
+    lonely.wait_healthy()
+    client = cluster_client(lonely.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    engine = Engine(client, prefix="t")
+    master = next(n for n in lonely.nodes if n.address == engine.node_of("q"))
+    watcher = master.client()
+    assert master.pid is not None
+    try:
+        for _ in range(3):
+            outcome = stall_around_a_wait(engine, watcher, master.pid)
+            assert outcome == [False], outcome
+    finally:
+        os.kill(master.pid, signal.SIGCONT)
+        engine.close()
+        watcher.close()
+
+
+def stall_around_a_wait(
+    engine: Engine, watcher: redis.Redis, pid: int, also: Callable[[], object] | None = None
+) -> list[object]:
+    """Stop the Redis ``pid`` for 0.7 s from 0.1 s before the end of a wait on queue
+    ``q`` (``watcher`` sees it blocked), calling ``also`` in a thread as the stall begins;
+    return what the wait (and ``also``) returned or raised, in the order they ended."""
+    outcome: list[object] = []
+
+    def run(call: Callable[[], object]) -> None:
+        try:
+            outcome.append(call())
+        except EngineUnavailable as exc:
+            outcome.append(exc)
+
+    threads = [threading.Thread(target=run, args=(lambda: engine.wait_for_wake(["q"], 3.0),))]
+    threads[0].start()
+    wait_for(lambda: watcher.info("clients")["blocked_clients"] == 1, timeout=10)
+    time.sleep(0.4)  # then Redis stalls, before the wait ends (0.5 s)
+    os.kill(pid, signal.SIGSTOP)
+    if also is not None:
+        threads.append(threading.Thread(target=run, args=(also,)))
+        threads[1].start()
+    time.sleep(0.7)
+    os.kill(pid, signal.SIGCONT)
+    for thread in threads:
+        thread.join(10)
+    wait_for(lambda: watcher.info("clients")["blocked_clients"] == 0, timeout=10)
+    return outcome
+
+
+#: With the jobs on a database of their own that is down: the worker's line for it (its
+#: owner check, the read an idle worker makes) and the API's answer and log line.
+WORKER_AND_API_JOBS_DOWN = """
+import io
+import json
+import logging
+
+import django
+
+django.setup()
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from django.test.utils import setup_test_environment
+
+from django_delayjobs.connection import get_engine
+from django_delayjobs.worker import Options, WorkerProcess
+
+call_command("migrate", verbosity=0)
+log = io.StringIO()
+logging.getLogger("django_delayjobs").addHandler(logging.StreamHandler(log))
+WorkerProcess(get_engine(), Options(["default"])).check_owner()
+worker = log.getvalue()
+setup_test_environment()
+client = Client(raise_request_exception=False)
+client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw"))
+answer = client.get("/api/delayjobs/jobs/")
+print(json.dumps({"worker": worker, "status": answer.status_code,
+                  "body": answer.content.decode(), "api": log.getvalue()[len(worker):]}))
+"""
+
+
+def test_the_worker_and_the_api_name_the_jobs_database_that_is_down(redis_url, tmp_path):
+    """The jobs may live on a database of their own, down while the project's answers. The
+    commands and the admin name it, but the worker logged "the database is unavailable"
+    and the API answered so: an operator looked at the project's database, which
+    answered."""
+    said = run_on_two_databases(WORKER_AND_API_JOBS_DOWN, redis_url, tmp_path)
+    assert said["worker"].startswith("worker: the jobs database 'jobs' is unavailable"), said
+    assert "unable to open database file" in said["worker"], said
+    assert said["status"] == 503, said
+    assert json.loads(said["body"]) == {
+        "detail": "The jobs database 'jobs' is unavailable; try again later."
+    }
+    assert "the jobs database 'jobs' is unavailable: unable to open" in said["api"], said
+
+
+#: The jobs' database up, the project's down once the user has logged in: the API reads
+#: the session's user from the project's.
+API_PROJECT_DOWN = """
+import json
+
+import django
+
+django.setup()
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.db import connections
+from django.test import Client
+from django.test.utils import setup_test_environment
+
+for alias in connections:
+    call_command("migrate", database=alias, verbosity=0)
+setup_test_environment()
+client = Client(raise_request_exception=False)
+client.force_login(User.objects.create_superuser("admin", "a@example.com", "pw"))
+connections["default"].close()
+connections["default"].settings_dict["NAME"] = "/nonexistent/default.sqlite3"
+answer = client.get("/api/delayjobs/jobs/")
+print(json.dumps([answer.status_code, answer.content.decode()]))
+"""
+
+
+def test_the_api_does_not_blame_the_jobs_database_for_the_projects(redis_url, tmp_path):
+    """The project's database down, the jobs' up: the 503 does not send the operator to
+    the jobs' database."""
+    status, body = run_on_two_databases(API_PROJECT_DOWN, redis_url, tmp_path, jobs_down=False)
+    assert status == 503, body
+    assert json.loads(body) == {"detail": "The database is unavailable; try again later."}

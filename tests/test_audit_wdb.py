@@ -235,7 +235,7 @@ def test_a_read_only_sqlite_database_is_visible_and_costs_no_job(read_only_sqlit
         assert (job.status, job.attempts) == (Status.SCHEDULED, 0)
     refused = [r.getMessage() for r in caplog.records if "readonly" in r.getMessage()]
     # One line per process, whichever of its threads met the outage first.
-    worker = "worker: the database is unavailable (attempt to write a readonly database"
+    worker = "worker: the jobs database 'default' is unavailable: attempt to write a readonly"
     assert any(line.startswith(worker) for line in refused), "\n".join(refused)
     # One line per loop and outage, not one per job and delivery.
     assert len(refused) == len({line.split(":")[0] for line in refused}), "\n".join(refused)

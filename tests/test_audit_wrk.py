@@ -256,16 +256,17 @@ def test_an_idle_worker_says_when_the_database_is_back(redis_url, tmp_path):
         wait_for(live_workers)
         job = schedule(tasks.record, in_=0.5, args=["met the outage"])
         outage.start()
-        wait_for(lambda: "worker: the database is unavailable" in log.read_text())
+        wait_for(lambda: "worker: the jobs database 'default' is unavailable" in log.read_text())
         # Handed back, due again in 1 s: taken out of Redis, the worker is idle from now on.
         wait_for(lambda: get_engine().remove("default", [str(job.pk)]) == 1)
         outage.end()
-        wait_for(lambda: "the database is back" in log.read_text(), timeout=15)
+        wait_for(lambda: "the jobs database 'default' is back" in log.read_text(), timeout=15)
     finally:
         outage.end()
         assert stop(worker) == 0
     text = log.read_text()
-    assert text.count("worker: the database is unavailable (") == 1, text  # one per process
+    once = "worker: the jobs database 'default' is unavailable"
+    assert text.count(once) == 1, text  # one per process
     assert "Traceback" not in text, text
 
 

@@ -29,10 +29,12 @@ def _text(value: bytes | str) -> str:
 
 
 class Directory:
-    def __init__(self, client: Any, key: str, call: Callable[[Callable[[], Any]], Any]) -> None:
+    def __init__(self, client: Any, key: str, call: Callable[[Callable[[], Any]], Any],
+                 *, one_server: bool = False) -> None:  # fmt: skip
         self.client = client
         self.key = key
         self._call = call
+        self.one_server = one_server
         self._lock = threading.Lock()
         self._read_at = 0.0
         self._known = False  # read once at least
@@ -72,9 +74,7 @@ class Directory:
         with self._lock:
             return set(self._shards)
 
-    def listed(
-        self, queue: str | None = None, *, fresh: bool = False, must_answer: bool = False
-    ) -> dict[str, set[Shard]]:
+    def listed(self, queue: str | None = None, *, fresh: bool = False) -> dict[str, set[Shard]]:
         """Return queue -> its listed shards (read at most DIRECTORY_TTL ago unless fresh).
 
         A read that fails (the directory's master is failing over, or its key is another
@@ -83,15 +83,16 @@ class Directory:
         never split), not none at all; it is read again after ``DIRECTORY_TTL``. (On a
         Cluster, a process that started while the directory's master was down served no
         queue at all until it was back.) ``fresh`` reads raise, so the failure is named
-        where queues are listed (stats, metrics). ``must_answer`` reads raise when Redis
-        does not answer (not for a refusal or a key of the wrong type): on one Redis, where
-        the caller's next call would wait for the same timeout.
+        where queues are listed (stats, metrics). On one Redis (``one_server``) a read
+        that Redis does not answer raises too (not a refusal or a key of the wrong type):
+        the caller's next call would wait for the same timeout (a promote, a claim, a
+        ``stats`` waited for two, once per ``DIRECTORY_TTL``).
         """
         if fresh or not self._known or time.monotonic() - self._read_at >= DIRECTORY_TTL:
             try:
                 members = self._run(lambda: self.client.smembers(self.key))
             except EngineUnavailable as exc:
-                if fresh or (must_answer and unreachable(exc)):
+                if fresh or (self.one_server and unreachable(exc)):
                     raise
                 members = {shard.name for found in self._shards.values() for shard in found}
             shards: dict[str, set[Shard]] = {}

@@ -442,11 +442,10 @@ class Engine(Reader):
         answer raises, since the call's own script would wait for the same timeout (a
         ``schedule()`` waited for two); nothing was changed. On a Cluster the directory's
         master may be down while the queue's answers: the last listing serves."""
-        must_answer = first and not self.is_cluster
         try:
-            return self._router.others(queue, tried, must_answer=must_answer)
+            return self._router.others(queue, tried)
         except EngineUnavailable as exc:
-            if must_answer:
+            if first and not self.is_cluster:
                 raise
             each.skip(exc)
             return []

@@ -48,7 +48,7 @@ class PerShard:
                           # itself if none answered
 
     With ``one_server`` (every shard on one Redis), ``run`` calls nothing more once Redis
-    was not reached or did not answer: each call would wait for the same timeout.
+    was not reached or did not answer (``down``): each call would wait for the same timeout.
     """
 
     def __init__(self, *, one_server: bool = False) -> None:
@@ -70,10 +70,16 @@ class PerShard:
         """Note a failure of a step that changed nothing (reading where to look next)."""
         self.failure = self.failure or exc
 
+    @property
+    def down(self) -> bool:
+        """With ``one_server``: Redis was not reached or did not answer, so every further
+        call would wait for the same timeout."""
+        return self.one_server and self.failure is not None and unreachable(self.failure)
+
     def run(self, fn: Callable[[], T], default: T) -> T:
         """``fn()``; if it fails, what it did (``PartlyUnavailable.done``) or ``default``."""
         result = default
-        if self.one_server and self.failure is not None and unreachable(self.failure):
+        if self.down:
             return result
         with self.attempt():
             try:

@@ -102,7 +102,8 @@ class Reader:
         self.prefix = validate_name(prefix, "prefix")
         self.is_cluster = _is_cluster(client)
         self._probe_tags: dict[str, int] = {}  # master -> salt of its write-probe key
-        self._router = Router(self.prefix, shards, Directory(client, self.queues_key, self._call))
+        directory = Directory(client, self.queues_key, self._call, one_server=not self.is_cluster)
+        self._router = Router(self.prefix, shards, directory)
 
     def _call(self, fn: Callable[[], T]) -> T:
         """``fn()``; every Redis error becomes ``EngineUnavailable`` (see ``guarded``).

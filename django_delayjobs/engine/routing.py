@@ -53,10 +53,10 @@ class Router:
         listed = self.directory.listed(queue)[queue]
         return current + sorted(listed - set(current))
 
-    def stale(self, queue: str, *, must_answer: bool = False) -> list[Shard]:
+    def stale(self, queue: str) -> list[Shard]:
         """Listed shards of older counts (they empty as their ids run)."""
         current = set(sharding.shards(queue, self.count(queue)))
-        return sorted(self.directory.listed(queue, must_answer=must_answer)[queue] - current)
+        return sorted(self.directory.listed(queue)[queue] - current)
 
     def targets(self, name: str) -> list[Shard]:
         """A shard name: that shard. A queue name: every shard it has."""
@@ -74,14 +74,11 @@ class Router:
             groups.setdefault(sharding.home(shard.queue, count, id_), []).append(id_)
         return list(groups.items())
 
-    def others(
-        self, name: str, tried: Iterable[Shard], *, must_answer: bool = False
-    ) -> list[Shard]:
+    def others(self, name: str, tried: Iterable[Shard]) -> list[Shard]:
         """Shards where ids missing from their own shard may still be: those of older
-        counts (an id only ever enters the shards of one count). ``must_answer``: see
-        ``Directory.listed``."""
+        counts (an id only ever enters the shards of one count)."""
         shard = sharding.parse(name)
         if sharding.explicit(name):
             return []
         skip = set(tried)
-        return [s for s in self.stale(shard.queue, must_answer=must_answer) if s not in skip]
+        return [s for s in self.stale(shard.queue) if s not in skip]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from redis.exceptions import MovedError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as ReadTimeout
 
 from .validation import brief, finite
 
@@ -131,9 +132,19 @@ class BlockingWait:
         self.longest = longest_block(client)
 
     def wait(self, keys: Sequence[str], seconds: float) -> bool:
+        """Pop a token from any of ``keys``; False if none came within ``seconds`` (or
+        the reply came too late). A reply later than the socket timeout is no token, not an
+        outage: the pop leaves Redis the timeout less its own wait to answer (half a second
+        of the default 1 s), and a Redis that stalls that long (busy with a slow command, a
+        fork, a starved host) answers every other command in time. A Redis that is really
+        frozen fails the caller's next call; a token popped but never read delays its waiter
+        by one tick at most. (A Cluster's doorbells take a late reply so too.)"""
         if self.longest is not None:
             seconds = min(seconds, self.longest)
-        return self.client.blpop(list(keys), timeout=max(seconds, 0.001)) is not None
+        try:
+            return self.client.blpop(list(keys), timeout=max(seconds, 0.001)) is not None
+        except ReadTimeout:  # the connection is closed: a late reply is never read
+            return False
 
     def close(self) -> None:
         pass
@@ -269,6 +280,8 @@ class Doorbells:
                 # at once when the engine closes its connections.
                 node = self._node_client(bell.key)
                 popped = node.blpop([bell.key], timeout=self.block)
+            except ReadTimeout:
+                continue  # a late reply, not an outage (see ``BlockingWait.wait``)
             except MovedError as exc:
                 # The slot moved to another master: read the slot table anew, as redis-py
                 # does for its own commands, and block there (a process that only waits

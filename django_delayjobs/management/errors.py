@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 
-from django.db import Error as DatabaseError
 from django.db import router
 from django.db.models import Model
 
@@ -19,7 +18,13 @@ def jobs_alias(model: type[Model] | None = None) -> str | None:
     return alias if router.db_for_read(model) == alias else None
 
 
-def database_error(exc: DatabaseError, alias: str | None = None) -> str:
+def database_named(alias: str | None) -> str:
+    """How a line names the database: the jobs' by its alias, when known (see
+    ``jobs_alias``)."""
+    return "the database" if alias is None else f"the jobs database {alias!r}"
+
+
+def database_error(exc: BaseException | str, alias: str | None = None) -> str:
     """The one line for a database error; ``alias``: the jobs' database, where the error
     is known to be its (named, as the admin's page names it: the jobs may live on a
     database of their own, down while the project's answers). A database that ``migrate``
@@ -36,7 +41,7 @@ def database_error(exc: DatabaseError, alias: str | None = None) -> str:
         with contextlib.suppress(Exception):  # a project's migrations that do not load
             executor = MigrationExecutor(connection)
             plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
-    where = "the database" if alias is None else f"the jobs database {alias!r}"
+    where = database_named(alias)
     migrate = "manage.py migrate" + ("" if alias in (None, "default") else f" --database {alias}")
     missing = [m for m, backwards in plan if not backwards]
     ours = [m.name for m in missing if m.app_label == "django_delayjobs"]

@@ -26,8 +26,9 @@ import logging
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.text import capfirst
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import BaseParser, FormParser, JSONParser
@@ -35,6 +36,7 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
 from .. import request_transactions
+from ..management.errors import database_error, database_named, jobs_alias
 
 
 class SafeJSONParser(JSONParser):
@@ -97,13 +99,26 @@ class DatabaseUnavailable(APIException):
     default_code = "database_unavailable"
 
 
+def unavailable(exc: OperationalError | InterfaceError) -> DatabaseUnavailable:
+    """The 503 for a database that cannot answer, naming the jobs' database when the
+    error is its (they may live on a database of their own, down while the project's
+    answers: the session's user is read from that one). The error itself is logged, never
+    shown: it may name hosts and users."""
+    alias = jobs_alias()
+    if alias is not None and not connections[alias].errors_occurred:
+        alias = None  # another database failed, or both may have
+    logger.warning("API request while %s", database_error(exc, alias))
+    return DatabaseUnavailable(
+        f"{capfirst(database_named(alias))} is unavailable; try again later."
+    )
+
+
 def _refusal(exc: Exception) -> Exception:
     """Django's refusal of a body, or a database that cannot answer, as an answer DRF
     renders (the exception itself if not)."""
     if isinstance(exc, OperationalError | InterfaceError):
         # not IntegrityError or DataError: those are bugs, and stay 500s with a traceback
-        logger.warning("API request while the database is unavailable: %s", exc)
-        return DatabaseUnavailable()
+        return unavailable(exc)
     if isinstance(exc, RequestDataTooBig):
         return BodyTooLarge()
     if isinstance(exc, TooManyFieldsSent):
@@ -133,9 +148,8 @@ class SafeFormats:
                     response: HttpResponse = view(request, *args, **kwargs)
                 return response
             except (OperationalError, InterfaceError) as exc:
-                logger.warning("API request while the database is unavailable: %s", exc)
-                body = {"detail": str(DatabaseUnavailable.default_detail)}
-                return JsonResponse(body, status=DatabaseUnavailable.status_code)
+                refusal = unavailable(exc)
+                return JsonResponse({"detail": str(refusal.detail)}, status=refusal.status_code)
 
         return request_transactions.outside_django(run)
 
