@@ -285,3 +285,34 @@ def test_a_process_started_while_the_directory_master_is_down_serves_the_others(
     finally:
         engine.close()
         lonely.restart(victim)
+
+
+@pytest.mark.cluster
+def test_an_adopt_while_the_directory_master_is_down_puts_no_second_copy_in_flight(lonely):
+    """``q`` went from 2 shards to 3 while a worker ran job ``a``, claimed from its shard
+    of 2. Reconcile adopts every running job; in a process that had not read the directory
+    of queues (it started while the directory's master was down) the adopt found no shard
+    of 2 to look in, and put ``a`` in flight in its shard of 3 too: when that lease ran out
+    it was delivered to a second worker while the first still ran it. It raises instead
+    (the next sweep tries again), and adopts nothing."""
+    lonely.wait_healthy()
+    seed = cluster_client(lonely.url)
+    seed.flushall()
+    directory = seed.get_node_from_key("{t}:queues").name
+    old = Engine(seed, prefix="t", shards={Q: 2})
+    new = Engine(cluster_client(lonely.url), prefix="t", shards={Q: 3})  # never read it
+    job = next(i for i in (f"a{n}" for n in range(1000))
+               if directory not in (old.node_of(old.home(Q, i)),
+                                    new.node_of(new.home(Q, i))))  # fmt: skip
+    victim = next(n for n in lonely.nodes if n.address == directory)
+    try:
+        old.add(Q, {job: 0})
+        assert old.claim(old.home(Q, job), 1, 60_000) == [job]
+        lonely.kill(victim)
+        with pytest.raises(EngineUnavailable, match="unreachable"):
+            new.adopt(Q, [job], 60_000)
+        assert seed.zscore(new.keys(new.home(Q, job)).unack, job) is None
+    finally:
+        new.close()
+        old.close()
+        lonely.restart(victim)

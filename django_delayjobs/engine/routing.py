@@ -53,10 +53,11 @@ class Router:
         listed = self.directory.listed(queue)[queue]
         return current + sorted(listed - set(current))
 
-    def stale(self, queue: str, *, must_answer: bool = False) -> list[Shard]:
+    def stale(self, queue: str, *, must_answer: bool = False, fresh: bool = False) -> list[Shard]:
         """Listed shards of older counts (they empty as their ids run)."""
         current = set(sharding.shards(queue, self.count(queue)))
-        return sorted(self.directory.listed(queue, must_answer=must_answer)[queue] - current)
+        listed = self.directory.listed(queue, must_answer=must_answer, fresh=fresh)
+        return sorted(listed[queue] - current)
 
     def targets(self, name: str) -> list[Shard]:
         """A shard name: that shard. A queue name: every shard it has."""
@@ -75,13 +76,14 @@ class Router:
         return list(groups.items())
 
     def others(
-        self, name: str, tried: Iterable[Shard], *, must_answer: bool = False
+        self, name: str, tried: Iterable[Shard], *, must_answer: bool = False, fresh: bool = False
     ) -> list[Shard]:
         """Shards where ids missing from their own shard may still be: those of older
-        counts (an id only ever enters the shards of one count). ``must_answer``: see
-        ``Directory.listed``."""
+        counts (an id only ever enters the shards of one count). ``must_answer``, ``fresh``:
+        see ``Directory.listed``."""
         shard = sharding.parse(name)
         if sharding.explicit(name):
             return []
         skip = set(tried)
-        return [s for s in self.stale(shard.queue, must_answer=must_answer) if s not in skip]
+        older = self.stale(shard.queue, must_answer=must_answer, fresh=fresh)
+        return [s for s in older if s not in skip]
