@@ -287,8 +287,7 @@ class Reader:
         master is listed there (its failure is raised), and listed if it does not answer."""
         if down is None or not self.is_cluster:
             return fn()
-        key = self._keys(shard).pending
-        master = str(self._call(lambda: self.client.get_node_from_key(key).name))
+        master = self.node_of(self._router.name(shard))
         if master in down:
             raise EngineUnavailable(f"{down[master]} (master {master}, not asked again)")
         try:
