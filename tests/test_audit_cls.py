@@ -362,6 +362,7 @@ def test_a_sharded_queue_whose_home_master_is_down_shows_its_live_workers_as_unk
     row = re.search(rf'<tr data-queue="{queue}">(.*?)</tr>', html, re.S)
     assert row is not None
     assert re.search(r'data-count="live_workers"><span [^>]*>unknown<', row.group(1)), row
+    assert "their master does not answer" in html  # not "No live worker serves this queue."
     assert api["live_workers"] is None
     [line] = [line for line in out.getvalue().splitlines() if line.startswith(queue)]
     assert line.split()[-2:] == ["?", "-"], line  # workers, master (of no shard: the totals)
