@@ -159,7 +159,7 @@ class Engine(Reader):
         ranks = _priorities(priorities, dues)
         added: set[str] = set()
         each = PerShard()
-        older = self._older(queue, [], each, first=True)  # none unless the count changed
+        older = self._older(queue, [], first=True)  # none unless the count changed
         waiting, busy = self._withdraw(older, list(dues), False, each)
         reached: list[str] = []
         for shard, ids in self._router.route(queue, [id_ for id_ in dues if id_ not in busy]):
@@ -425,7 +425,7 @@ class Engine(Reader):
                 done += found
                 if found < len(part):
                     left, missed = left + len(part) - found, missed + part
-        for shard in self._older(queue, tried, each) if missed else []:
+        for shard in self._older(queue, tried) if missed else []:
             if left <= 0:
                 break
             found = each.run(partial(run, shard, missed), 0)
@@ -434,25 +434,17 @@ class Engine(Reader):
         each.check(done)
         return done
 
-    def _older(
-        self, queue: str, tried: list[Shard], each: PerShard, *, first: bool = False
-    ) -> list[Shard]:
-        """The shards of older counts where ids not found in their own may be; none while
-        the directory that lists them cannot be read (noted in ``each``: what was done on
-        the shards tried is then reported as ``PartlyUnavailable``, not lost).
+    def _older(self, queue: str, tried: list[Shard], *, first: bool = False) -> list[Shard]:
+        """The shards of older counts where ids not found in their own may be, as the
+        directory lists them; while it cannot be read, as it listed them when last read
+        (none if never: see ``Directory.listed``), without a word.
 
         ``first`` (read before anything is done) on one Redis: a directory that does not
         answer raises, since the call's own script would wait for the same timeout (a
         ``schedule()`` waited for two); nothing was changed. On a Cluster the directory's
-        master may be down while the queue's answers: the last listing serves."""
-        must_answer = first and not self.is_cluster
-        try:
-            return self._router.others(queue, tried, must_answer=must_answer)
-        except EngineUnavailable as exc:
-            if must_answer:
-                raise
-            each.skip(exc)
-            return []
+        master may be down while the queue's answers: the last listing serves (``adopt``
+        does not guess: it reads the directory anew)."""
+        return self._router.others(queue, tried, must_answer=first and not self.is_cluster)
 
     def heartbeat(
         self, queue: str, worker_id: str, ttl_ms: float, info: Mapping[str, Any] | None = None
