@@ -22,7 +22,8 @@ the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read
   app's migrations are applied).
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
   ``run_delayworker`` that serves it, promoter-only ones too; one counts as live for three
-  ``HEARTBEAT_SECONDS`` after its last beat).
+  ``HEARTBEAT_SECONDS`` after its last beat). It fails saying it cannot tell when they
+  cannot be read (the master of a sharded queue's own name down), never counting 0.
 - ``overdue:<queue>``: the oldest job that is due and has not started has waited at most
   ``max_overdue`` seconds (a due job nobody promoted, a ready job nobody claimed, or a
   job whose lease ran out that nobody recovered: since the lease's end).
@@ -51,7 +52,7 @@ from django.views.decorators.http import require_safe
 
 from . import bounded, sql
 from .engine import DelayJobsError, EngineUnavailable, validate_name
-from .engine.errors import unreachable
+from .engine.errors import PartlyUnavailable, unreachable
 from .models import Job
 from .numbers import decimal_number, whole_number
 
@@ -311,12 +312,11 @@ def _queue_checks(engine: Engine, queue: str, limits: Limits, rows: bool) -> lis
     except DelayJobsError as exc:
         if _stopped_answering(exc):
             raise
-        return _failed([queue], limits, str(exc))
-    live = stats.live_workers
-    checks = [
-        Check(f"workers:{queue}", live >= limits.min_workers,
-              f"{live} live worker process(es), at least {limits.min_workers} wanted"),
-    ]  # fmt: skip
+        failed = _failed([queue], limits, str(exc))
+        if isinstance(exc, PartlyUnavailable) and exc.done.live_workers is None:
+            failed[0] = _workers(queue, None, limits, exc)
+        return failed
+    checks = [_workers(queue, stats.live_workers, limits)]
     if not rows and stats.ready:
         checks.append(Check(f"overdue:{queue}", False, "cannot tell: a ready job's due time "
                             "is its row's, and the database check failed"))  # fmt: skip
@@ -332,6 +332,14 @@ def _queue_checks(engine: Engine, queue: str, limits: Limits, rows: bool) -> lis
                             f"oldest due job waiting {overdue:.1f} s, at most "
                             f"{limits.max_overdue:g} s allowed"))  # fmt: skip
     return checks + _garbage(queue, stats.garbage, limits)
+
+
+def _workers(queue: str, live: int | None, limits: Limits, why: object = "") -> Check:
+    name = f"workers:{queue}"
+    if live is None:  # a queue split into shards whose own name's master does not answer
+        return Check(name, False, f"cannot tell: its live workers cannot be read ({why})")
+    wanted = limits.min_workers
+    return Check(name, live >= wanted, f"{live} live worker process(es), at least {wanted} wanted")
 
 
 def _stopped_answering(exc: Exception) -> bool:

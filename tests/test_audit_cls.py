@@ -7,6 +7,8 @@ the others run on one Redis too, for comparison.
 from __future__ import annotations
 
 import contextlib
+import io
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -285,3 +287,84 @@ def test_a_process_started_while_the_directory_master_is_down_serves_the_others(
     finally:
         engine.close()
         lonely.restart(victim)
+
+
+@pytest.mark.cluster
+def test_an_adopt_while_the_directory_master_is_down_puts_no_second_copy_in_flight(lonely):
+    """``q`` went from 2 shards to 3 while a worker ran job ``a``, claimed from its shard
+    of 2. Reconcile adopts every running job; in a process that had not read the directory
+    of queues (it started while the directory's master was down) the adopt found no shard
+    of 2 to look in, and put ``a`` in flight in its shard of 3 too: when that lease ran out
+    it was delivered to a second worker while the first still ran it. It raises instead
+    (the next sweep tries again), and adopts nothing."""
+    lonely.wait_healthy()
+    seed = cluster_client(lonely.url)
+    seed.flushall()
+    directory = seed.get_node_from_key("{t}:queues").name
+    old = Engine(seed, prefix="t", shards={Q: 2})
+    new = Engine(cluster_client(lonely.url), prefix="t", shards={Q: 3})  # never read it
+    job = next(i for i in (f"a{n}" for n in range(1000))
+               if directory not in (old.node_of(old.home(Q, i)),
+                                    new.node_of(new.home(Q, i))))  # fmt: skip
+    victim = next(n for n in lonely.nodes if n.address == directory)
+    try:
+        old.add(Q, {job: 0})
+        assert old.claim(old.home(Q, job), 1, 60_000) == [job]
+        lonely.kill(victim)
+        with pytest.raises(EngineUnavailable, match="unreachable"):
+            new.adopt(Q, [job], 60_000)
+        assert seed.zscore(new.keys(new.home(Q, job)).unack, job) is None
+    finally:
+        new.close()
+        old.close()
+        lonely.restart(victim)
+
+
+@pytest.mark.cluster
+@pytest.mark.django_db
+def test_a_sharded_queue_whose_home_master_is_down_shows_its_live_workers_as_unknown(
+    on_lonely, admin_client
+):
+    """A queue split into shards records its live workers in the keys of its own name.
+    With that master down and the shards' masters up, the queue page, ``queues/`` and
+    ``delayjobs_stats`` showed 0 live workers: an operator was paged for dead workers when
+    a master was down. They show the count as unknown (``null`` in the API), and the
+    health check says the count cannot be read."""
+    from django.core.management import CommandError, call_command
+    from django.test import override_settings
+
+    from django_delayjobs import health
+    from django_delayjobs.connection import get_engine
+    from tests.test_audit_cls3 import PREFIX, node, owner, page, settings_for
+
+    cluster, client = on_lonely
+    queue = next(q for q in (f"s{n}" for n in range(300))
+                 if owner(client, f"{{{PREFIX}:{q}}}:pending")
+                 != owner(client, f"{{{PREFIX}}}:queues"))  # fmt: skip
+    home = node(cluster, owner(client, f"{{{PREFIX}:{queue}}}:pending"))
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS={queue: 6})):
+        engine = get_engine()
+        later = engine.server_time_ms() + 3_600_000
+        for n, shard in enumerate(engine.shards(queue)):
+            engine.add(shard, {f"id{n}": later})
+        cluster.kill(home)
+        try:
+            html = page(admin_client)
+            out = io.StringIO()
+            with pytest.raises(CommandError, match="its live workers"):
+                call_command("delayjobs_stats", queue, stdout=out)
+            [api] = [q for q in admin_client.get("/api/delayjobs/queues/").json()["queues"]
+                     if q["queue"] == queue]  # fmt: skip
+            limits = health.Limits((queue,), min_workers=0)
+            checks = {c.name: c for c in health.check_queue(engine, queue, limits)}
+        finally:
+            cluster.restart(home)
+    row = re.search(rf'<tr data-queue="{queue}">(.*?)</tr>', html, re.S)
+    assert row is not None
+    assert re.search(r'data-count="live_workers"><span [^>]*>unknown<', row.group(1)), row
+    assert "their master does not answer" in html  # not "No live worker serves this queue."
+    assert api["live_workers"] is None
+    [line] = [line for line in out.getvalue().splitlines() if line.startswith(queue)]
+    assert line.split()[-2:] == ["?", "-"], line  # workers, master (of no shard: the totals)
+    workers = checks[f"workers:{queue}"]
+    assert not workers.ok and "live workers cannot be read" in workers.detail, workers

@@ -141,6 +141,7 @@ def test_a_queue_with_a_dead_shard_shows_the_counts_of_the_shards_that_answer(
             html = page(admin_client)
             assert f'<tr data-queue="{queue}">' in html
             assert f'data-queue-partial="{queue}"' in html
+            assert f"Queue “{queue}” is shown in part" in html  # the name was left out
             assert all(shard in html for shard in lost)
             [api] = [q for q in admin_client.get("/api/delayjobs/queues/").json()["queues"]
                      if q["queue"] == queue]  # fmt: skip

@@ -337,10 +337,13 @@ class Engine(Reader):
         from before a retry): a worker still running one extends the lease (no second
         worker gets it meanwhile); else it is recovered once the lease ends. An id a shard
         of an older count of the queue holds is left there, where its worker extends its
-        lease (if such a shard cannot be looked at, nothing is adopted: ``EngineUnavailable``)."""
+        lease. If the directory that lists those shards cannot be read now, or one of them
+        cannot be looked at, nothing is adopted (``EngineUnavailable``; the caller tries
+        again): adopting by an older listing (or none, in a process that never read it) may
+        put a second copy in flight, delivered again when its lease ends."""
         lease, adopted, given = _ms(lease_ms, "lease"), [], _ids(ids)
         each = PerShard()
-        older = self._older(queue, [], each, first=True)
+        older = self._router.others(queue, [], fresh=True)
         waiting, busy = self._withdraw(older, given, False, each)
         if each.failure is not None:  # a second copy in flight would be delivered again
             raise each.failure
@@ -441,7 +444,8 @@ class Engine(Reader):
         ``first`` (read before anything is done) on one Redis: a directory that does not
         answer raises, since the call's own script would wait for the same timeout (a
         ``schedule()`` waited for two); nothing was changed. On a Cluster the directory's
-        master may be down while the queue's answers: the last listing serves."""
+        master may be down while the queue's answers: the last listing serves (``adopt``
+        does not guess: it reads the directory anew)."""
         try:
             return self._router.others(queue, tried)
         except EngineUnavailable as exc:

@@ -259,7 +259,9 @@ class Reader:
         atomically; the shards' own figures in ``shards``). With ``down`` (see
         ``masters``), a shard on a Cluster master listed there is not asked (it counts as
         failed), and a master that does not answer goes into it: a reader of many queues
-        waits for a frozen master once, not once per shard on it."""
+        waits for a frozen master once, not once per shard on it. Live workers that cannot
+        be read (the master of the queue's own name down) are None, in a
+        ``PartlyUnavailable``."""
         shards = self._router.targets(queue)
         if shards == [Shard(shards[0].queue)]:
             return replace(self._unless_down(shards[0], down, partial(self._stats, shards[0])),
@@ -272,14 +274,15 @@ class Reader:
                                                 partial(self._stats, s)), None)))  # fmt: skip
         if not parts:
             each.check()
-        # Live workers are recorded in the keys of the queue's shard of 1 (heartbeat).
+        # Live workers are recorded in the keys of the queue's shard of 1 (heartbeat); with
+        # its master down they are unknown (None): 0 would page for workers that are fine.
         now = max(p.now_ms for p in parts)
         workers = self._keys(Shard(shards[0].queue)).workers
         count = partial(self._call, partial(self.client.zcount, workers, now + 1, "+inf"))
-        live = int(each.run(partial(self._unless_down, Shard(shards[0].queue), down, count), 0))
+        live = each.run(partial(self._unless_down, Shard(shards[0].queue), down, count), None)
         if len(parts) == 1 and each.failure is None:
-            return replace(parts[0], queue=queue, live_workers=live)
-        merged = merge_stats(queue, parts, live)
+            return replace(parts[0], queue=queue, live_workers=int(live))
+        merged = merge_stats(queue, parts, None if live is None else int(live))
         each.check(merged)
         return merged
 
@@ -288,8 +291,7 @@ class Reader:
         master is listed there (its failure is raised), and listed if it does not answer."""
         if down is None or not self.is_cluster:
             return fn()
-        key = self._keys(shard).pending
-        master = str(self._call(lambda: self.client.get_node_from_key(key).name))
+        master = self.node_of(self._router.name(shard))
         if master in down:
             raise EngineUnavailable(f"{down[master]} (master {master}, not asked again)")
         try:

@@ -35,7 +35,9 @@ class QueueStats:
     in_flight: int
     expired_leases: int
     garbage: int
-    live_workers: int
+    #: None when it could not be read: a queue split into shards records its workers in
+    #: the keys of its own name, whose Cluster master may be down while its shards' answer.
+    live_workers: int | None
     next_due_ms: int | None
     oldest_lease_ms: int | None
     counters: dict[str, int] = field(default_factory=dict)
@@ -64,7 +66,7 @@ def merge_promoted(results: list[PromoteResult]) -> PromoteResult:
     )  # fmt: skip
 
 
-def merge_stats(queue: str, parts: tuple[QueueStats, ...], live_workers: int) -> QueueStats:
+def merge_stats(queue: str, parts: tuple[QueueStats, ...], live_workers: int | None) -> QueueStats:
     def least(values: Iterable[int | None]) -> int | None:
         present = [v for v in values if v is not None]
         return min(present) if present else None

@@ -53,10 +53,10 @@ class Router:
         listed = self.directory.listed(queue)[queue]
         return current + sorted(listed - set(current))
 
-    def stale(self, queue: str) -> list[Shard]:
+    def stale(self, queue: str, *, fresh: bool = False) -> list[Shard]:
         """Listed shards of older counts (they empty as their ids run)."""
         current = set(sharding.shards(queue, self.count(queue)))
-        return sorted(self.directory.listed(queue)[queue] - current)
+        return sorted(self.directory.listed(queue, fresh=fresh)[queue] - current)
 
     def targets(self, name: str) -> list[Shard]:
         """A shard name: that shard. A queue name: every shard it has."""
@@ -74,11 +74,12 @@ class Router:
             groups.setdefault(sharding.home(shard.queue, count, id_), []).append(id_)
         return list(groups.items())
 
-    def others(self, name: str, tried: Iterable[Shard]) -> list[Shard]:
+    def others(self, name: str, tried: Iterable[Shard], *, fresh: bool = False) -> list[Shard]:
         """Shards where ids missing from their own shard may still be: those of older
-        counts (an id only ever enters the shards of one count)."""
+        counts (an id only ever enters the shards of one count). ``fresh``: see
+        ``Directory.listed``."""
         shard = sharding.parse(name)
         if sharding.explicit(name):
             return []
         skip = set(tried)
-        return [s for s in self.stale(shard.queue) if s not in skip]
+        return [s for s in self.stale(shard.queue, fresh=fresh) if s not in skip]

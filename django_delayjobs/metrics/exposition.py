@@ -104,7 +104,7 @@ def families(readings: Sequence[QueueReading], unreadable: Iterable[str] = ()) -
         for state, field in STATES.items():
             states.add_metric([r.name, state], getattr(r.stats, field))
         overdue.add_metric([r.name], r.oldest_overdue)
-        if r.workers_read:
+        if r.stats.live_workers is not None:  # unknown: their master is down
             workers.add_metric([r.name], r.stats.live_workers)
         for shard in r.stats.shards:
             for state, field in STATES.items():

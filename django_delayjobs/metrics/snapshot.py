@@ -35,9 +35,6 @@ class QueueReading:
     totals: dict[str, float]
     oldest_overdue: float  # seconds
     actions: tuple[str, ...] = ()  # METRICS_ACTIONS when it was read
-    #: Whether ``stats.live_workers`` was read: not when the master of the queue's own
-    #: hash tag (its live workers, its totals) is down while its shards' masters answer.
-    workers_read: bool = True
 
     def jobs(self, outcome: str) -> int:
         """``delayjobs_jobs_total`` of one outcome label."""
@@ -97,9 +94,7 @@ def read(engine: Engine, unreadable: dict[str, str] | None = None) -> list[Queue
             down = down or (None if isinstance(exc, WrongType) else exc)
             continue
         # Without its totals: its gauges, marked unreadable (``failed``), not its counters.
-        reading = QueueReading(name, stats, totals.get(name, {}), overdue, actions,
-                               workers_read=name not in home_down)  # fmt: skip
-        readings.append(reading)
+        readings.append(QueueReading(name, stats, totals.get(name, {}), overdue, actions))
     if down is not None and not readings:
         raise down
     return readings

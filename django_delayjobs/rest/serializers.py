@@ -318,7 +318,10 @@ class QueueStateSerializer(serializers.Serializer[Any]):
     garbage = serializers.IntegerField()
     next_due_at = ShownDateTimeField(allow_null=True)
     oldest_lease_at = ShownDateTimeField(allow_null=True)
-    live_workers = serializers.IntegerField()
+    live_workers = serializers.IntegerField(
+        allow_null=True, help_text="Null when they cannot be read: on a Redis Cluster, the "
+        "master of a sharded queue's own name (where workers record their heartbeats) is down.",
+    )  # fmt: skip
     counters = serializers.DictField(child=serializers.IntegerField())
     next_due = NextDueSerializer(many=True)
     workers = WorkerSerializer(many=True)

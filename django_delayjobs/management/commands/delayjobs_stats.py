@@ -3,7 +3,8 @@
 A queue of several shards gets a row of totals, then one row per shard (indented); on a
 Redis Cluster the last column names the master that holds each shard. A name Redis never
 held (a typo, a shard of a count the queue never had) is said to be unknown, not shown
-as a row of zeros: "nothing waiting" to an operator who mistyped.
+as a row of zeros: "nothing waiting" to an operator who mistyped. Live workers that cannot
+be read (on a Cluster, the master of a sharded queue's own name is down) show as ``?``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ COLUMNS = (
     "queue", "pending", "overdue", "ready", "in_flight", "garbage", "next_due", "workers",
     "master",
 )  # fmt: skip
+#: The workers of a queue whose live workers cannot be read (its own name's master down).
+UNKNOWN = "?"
 
 
 def _when(ms: int | None, now_ms: int) -> str:
@@ -34,8 +37,9 @@ def _when(ms: int | None, now_ms: int) -> str:
 def row(
     s: QueueStats, name: str | None = None, workers: str = "", master: str = ""
 ) -> tuple[str, ...]:
+    live = UNKNOWN if s.live_workers is None else str(s.live_workers)
     return (name or s.queue, str(s.pending), str(s.overdue), str(s.ready), str(s.in_flight),
-            str(s.garbage), _when(s.next_due_ms, s.now_ms), workers or str(s.live_workers),
+            str(s.garbage), _when(s.next_due_ms, s.now_ms), workers or live,
             master or "-")  # fmt: skip
 
 
@@ -67,6 +71,14 @@ def rows(engine: Engine, queue: str, stats: QueueStats | None = None) -> list[tu
     return [row(stats)] + [
         row(shard, f"  {shard.queue}", "-", engine.node_of(shard.queue)) for shard in stats.shards
     ]
+
+
+def unread(engine: Engine, queue: str, stats: QueueStats) -> str:
+    """What a queue read in part (``stats``) leaves out: shards, its live workers."""
+    lost = ", ".join(missing_shards(engine, queue, stats))
+    parts = [f"its shards {lost}"] if lost else []
+    parts += ["its live workers"] if stats.live_workers is None else []
+    return "not " + " nor ".join(parts)
 
 
 def checked_names(names: list[str]) -> list[str]:
@@ -114,8 +126,9 @@ class Command(SafeOutputCommand):
                     table += found
                 except PartlyUnavailable as exc:  # a master down: the shards that answer
                     table += rows(engine, queue, exc.done)
-                    lost = ", ".join(missing_shards(engine, queue, exc.done))
-                    partial.append(f"queue {queue} is shown in part (not its shards {lost}): {exc}")
+                    partial.append(
+                        f"queue {queue} is shown in part ({unread(engine, queue, exc.done)}): {exc}"
+                    )
                 except WrongType as exc:  # that queue alone: the others are shown
                     broken.append(f"queue {queue}: {exc}")
         except (DelayJobsError, ValueError, TypeError) as exc:
