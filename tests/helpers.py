@@ -16,6 +16,10 @@ from typing import Any, TypeVar
 
 import redis
 from django.db import connection, connections
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from django_delayjobs.engine import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -40,6 +44,13 @@ def free_port() -> int:
     port = int(probe.getsockname()[1])
     probe.close()
     return port
+
+
+def unreachable_engine() -> Engine:
+    """An engine of a port nothing listens on. Its client makes no retries, as the app's
+    own make none: redis-py's default three, with backoff, cost 3.5 s a refused call."""
+    client = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    return Engine(client, prefix="t")
 
 
 def redis_answers(client: redis.Redis) -> bool:
