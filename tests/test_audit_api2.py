@@ -25,11 +25,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 HOOK = "https://hooks.example.com/orders/42/expire"
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 @pytest.fixture
 def api():
     client = client_for(make_user(superuser=True))

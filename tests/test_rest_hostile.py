@@ -26,11 +26,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 DEEP = 100_000
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 @pytest.fixture
 def api():
     return client_for(make_user(superuser=True))
