@@ -190,19 +190,20 @@ def json_body(request: Recorded) -> Any:
     return json.loads(request.body)
 
 
-class RawServer:
-    """A TCP server on 127.0.0.1 that reads one HTTP request per connection and answers
-    it with scripted raw bytes (what an ordinary server framework would not send), or by
-    calling ``answer(conn)`` to write whatever it likes."""
+class TcpServer:
+    """A TCP server on 127.0.0.1: a thread accepts connections until ``close()`` and
+    hands each to ``handle(conn)``, which a subclass writes (and whose attributes it sets
+    before calling this ``__init__``: the thread starts here)."""
 
-    def __init__(self, answer: bytes | Callable[[socket.socket], None], reset: bool = False):
-        self.answer = answer
-        self.reset = reset  # end the connection with a TCP reset after the answer
-        self.requests: list[bytes] = []
-        self.sock = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, rcvbuf: int = 0) -> None:
+        self.closing = threading.Event()
+        self.sock = socket.socket()
+        if rcvbuf:  # a small window: a large request is still being sent when it answers
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
         self.sock.settimeout(0.1)
         self.port = self.sock.getsockname()[1]
-        self.closing = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -213,45 +214,67 @@ class RawServer:
     def url(self, path: str = "/hook") -> str:
         return f"http://{self.netloc}{path}"
 
+    def handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
     def _serve(self) -> None:
         while not self.closing.is_set():
             try:
                 conn, _ = self.sock.accept()
             except OSError:
                 continue
-            with conn, contextlib.suppress(OSError):
-                conn.settimeout(5)
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                while len(body) < length:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    body += chunk
-                self.requests.append(head + b"\r\n\r\n" + body)
-                if callable(self.answer):
-                    self.answer(conn)
-                else:
-                    conn.sendall(self.answer)
-                if self.reset:
-                    time.sleep(0.3)  # the client has read the status line and headers
-                    linger = struct.pack("ii", 1, 0)
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
-                    continue  # closed by the with: a reset, not a FIN
-                conn.shutdown(socket.SHUT_WR)
-                time.sleep(0.05)
+            self.handle(conn)
 
     def close(self) -> None:
         self.closing.set()
         self.thread.join(2)
         self.sock.close()
+
+
+def read_request(conn: socket.socket, whole: bool = True) -> bytes:
+    """Read one request's head and, if ``whole``, its ``Content-Length`` body (less if
+    the client closes first); return what was read."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+    if not whole:
+        return data
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+         if line.lower().startswith(b"content-length:")), 0,
+    )  # fmt: skip
+    while len(body) < length and (chunk := conn.recv(65536)):
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+class RawServer(TcpServer):
+    """Reads one HTTP request per connection and answers it with scripted raw bytes (what
+    an ordinary server framework would not send), or by calling ``answer(conn)`` to write
+    whatever it likes."""
+
+    def __init__(self, answer: bytes | Callable[[socket.socket], None], reset: bool = False):
+        self.answer = answer
+        self.reset = reset  # end the connection with a TCP reset after the answer
+        self.requests: list[bytes] = []
+        super().__init__()
+
+    def handle(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(5)
+            self.requests.append(read_request(conn))
+            if callable(self.answer):
+                self.answer(conn)
+            else:
+                conn.sendall(self.answer)
+            if self.reset:
+                time.sleep(0.3)  # the client has read the status line and headers
+                linger = struct.pack("ii", 1, 0)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+                return  # closed by the with: a reset, not a FIN
+            conn.shutdown(socket.SHUT_WR)
+            time.sleep(0.05)

@@ -16,6 +16,10 @@ from typing import Any, TypeVar
 
 import redis
 from django.db import connection, connections
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from django_delayjobs.engine import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -40,6 +44,13 @@ def free_port() -> int:
     port = int(probe.getsockname()[1])
     probe.close()
     return port
+
+
+def unreachable_engine() -> Engine:
+    """An engine of a port nothing listens on. Its client makes no retries, as the app's
+    own make none: redis-py's default three, with backoff, cost 3.5 s a refused call."""
+    client = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    return Engine(client, prefix="t")
 
 
 def redis_answers(client: redis.Redis) -> bool:
@@ -245,3 +256,29 @@ def confirm_purge(client: Any, url: str, data: dict[str, Any], **kwargs: Any) ->
     shown = re.search(r'name="shown" value="([^"]+)"', page)
     assert shown is not None, page[-2000:]
     return client.post(url, {**asked, "post": "yes", "shown": shown[1]}, **kwargs)
+
+
+def purge_with_a_death_between(
+    client: Any, page: str, shown: Any, later: Any, die: Callable[[Any], None]
+) -> Any:
+    """Ask to purge ``shown`` (dead) from ``page`` ("select all" on the job changelist, or
+    the queue page, asked for ``later`` too), check that the confirmation lists ``shown``
+    alone, let ``die(later)``, then post the confirmation's hidden fields back as a
+    browser does; return the response, redirects followed."""
+    from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+    from django.urls import reverse
+
+    if page == "select all":
+        url = reverse("admin:django_delayjobs_job_changelist")
+        ask = {"action": "purge_dead", ACTION_CHECKBOX_NAME: [str(shown.pk)], "index": "0",
+               "select_across": "1"}  # fmt: skip
+    else:
+        url = reverse("admin:django_delayjobs_queues_purge")
+        ask = {"job": [str(shown.pk), str(later.pk)]}
+    html = client.post(url, ask).content.decode()
+    assert f"<code>{shown.pk}</code>" in html and f"<code>{later.pk}</code>" not in html
+    die(later)
+    form: dict[str, list[str]] = {}
+    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', html):
+        form.setdefault(name, []).append(value)
+    return client.post(url, form, follow=True)

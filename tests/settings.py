@@ -54,6 +54,10 @@ TEMPLATES = [
 
 STATIC_URL = "/static/"
 
+# A user made with the default hasher costs a third of a second of PBKDF2 (more on a busy
+# machine), and hundreds of tests make one: no test is about password strength.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
 if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
     if os.environ.get("DELAYJOBS_TEST_DB_NAME"):  # a worker process started by a test

@@ -45,11 +45,6 @@ PURGE = "admin:django_delayjobs_queues_purge"
 FORGET = "admin:django_delayjobs_queues_forget"
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 def burst() -> None:
     call_command("run_delayworker", "--burst", "-v", "0")
 

@@ -43,11 +43,6 @@ PASSWORD = "browser-test-password"
 
 
 @pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
-@pytest.fixture(autouse=True)
 def _sync_orm_beside_playwright(monkeypatch):
     # Playwright's sync API keeps an asyncio loop running in this thread, so Django
     # would refuse ORM calls made by the test between browser steps. They are sync

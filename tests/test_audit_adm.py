@@ -20,11 +20,6 @@ QUEUES = "admin:django_delayjobs_queues"
 FORGET = "admin:django_delayjobs_queues_forget"
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 # -- settings that give no Redis client ------------------------------------------------------
 
 NO_CLIENT = {

@@ -22,11 +22,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CHANGELIST = "admin:django_delayjobs_job_changelist"
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 def waiting_jobs(n: int, after: Job) -> list[Job]:
     """``n`` scheduled jobs listed before ``after`` (the list shows the latest due first)."""
     jobs = schedule_many([build_job(tasks.record, in_=3600, args=["x"]) for _ in range(n)])

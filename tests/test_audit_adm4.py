@@ -6,7 +6,6 @@ import re
 
 import pytest
 import redis.connection
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.messages import get_messages
 from django.urls import reverse
 from django.utils import timezone
@@ -14,7 +13,7 @@ from django.utils import timezone
 from django_delayjobs import schedule, sql
 from django_delayjobs.admin.queue_views import QUEUES_SHOWN
 from django_delayjobs.models import Job, Status
-from tests.helpers import run_on_two_databases
+from tests.helpers import purge_with_a_death_between, run_on_two_databases
 from tests.testapp import tasks
 
 from .test_rest_helpers import dead_job
@@ -66,10 +65,6 @@ def test_the_job_pages_say_the_jobs_database_cannot_be_reached(redis_url, tmp_pa
 # -- purge: what is confirmed is what was shown ------------------------------------------
 
 
-def hidden_fields(html: str) -> list[tuple[str, str]]:
-    return re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', html)
-
-
 def die(job: Job) -> None:
     """The job dies now, as a worker records it: its row and its "dead" event."""
     assert sql.bury_unreadable(str(job.pk), "boom", "worker:w1", timezone.now())
@@ -82,20 +77,7 @@ def test_a_job_that_died_after_the_purge_confirmation_was_shown_is_not_purged(ad
     page: the ids, a job not dead among them said to be left alone), read anew: a job that
     died after the operator read the page was purged, never having been shown."""
     shown, later = dead_job(), schedule(tasks.record, in_=3600, args=["a"])
-    if page == "select all":
-        url = reverse("admin:django_delayjobs_job_changelist")
-        ask = {"action": "purge_dead", ACTION_CHECKBOX_NAME: [str(shown.pk)], "index": "0",
-               "select_across": "1"}  # fmt: skip
-    else:
-        url = reverse("admin:django_delayjobs_queues_purge")
-        ask = {"job": [str(shown.pk), str(later.pk)]}
-    html = admin_client.post(url, ask).content.decode()
-    assert f"<code>{shown.pk}</code>" in html and f"<code>{later.pk}</code>" not in html
-    die(later)
-    form: dict[str, list[str]] = {}
-    for name, value in hidden_fields(html):
-        form.setdefault(name, []).append(value)
-    response = admin_client.post(url, form, follow=True)
+    response = purge_with_a_death_between(admin_client, page, shown, later, die)
     assert not Job.objects.filter(pk=shown.pk).exists()
     assert Job.objects.filter(pk=later.pk, status=Status.DEAD).exists()
     said = [str(m) for m in get_messages(response.wsgi_request)]

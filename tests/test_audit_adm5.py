@@ -8,7 +8,6 @@ import datetime
 import json
 
 import pytest
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.urls import reverse
@@ -16,11 +15,11 @@ from django.utils import timezone
 
 from django_delayjobs import schedule, sql
 from django_delayjobs.models import Job, Status
-from tests.helpers import run_on_two_databases
+from tests.helpers import purge_with_a_death_between, run_on_two_databases
 from tests.testapp import tasks
 
 from . import test_audit_adm3
-from .test_audit_adm4 import JOBS_DOWN, hidden_fields
+from .test_audit_adm4 import JOBS_DOWN
 from .test_rest_helpers import client_for, dead_job, url
 
 atomic_requests = test_audit_adm3.atomic_requests  # a fixture: ATOMIC_REQUESTS on default
@@ -111,20 +110,9 @@ def test_a_purge_confirmation_is_judged_by_the_database_not_the_workers_clocks(a
     ahead = schedule(tasks.record, in_=3600, args=["a"])
     die_on_a_clock(ahead, SKEW)
     behind = schedule(tasks.record, in_=3600, args=["b"])
-    if page == "select all":
-        where = reverse("admin:django_delayjobs_job_changelist")
-        ask = {"action": "purge_dead", ACTION_CHECKBOX_NAME: [str(ahead.pk)], "index": "0",
-               "select_across": "1"}  # fmt: skip
-    else:
-        where = reverse("admin:django_delayjobs_queues_purge")
-        ask = {"job": [str(ahead.pk), str(behind.pk)]}
-    html = admin_client.post(where, ask).content.decode()
-    assert f"<code>{ahead.pk}</code>" in html and f"<code>{behind.pk}</code>" not in html
-    die_on_a_clock(behind, -SKEW)
-    form: dict[str, list[str]] = {}
-    for name, value in hidden_fields(html):
-        form.setdefault(name, []).append(value)
-    response = admin_client.post(where, form, follow=True)
+    response = purge_with_a_death_between(
+        admin_client, page, ahead, behind, lambda job: die_on_a_clock(job, -SKEW)
+    )
     said = [str(m) for m in get_messages(response.wsgi_request)]
     assert not Job.objects.filter(pk=ahead.pk).exists(), said
     assert Job.objects.filter(pk=behind.pk, status=Status.DEAD).exists(), said

@@ -19,11 +19,6 @@ from .test_rest_helpers import client_for, make_user, snapshot, url
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 @pytest.fixture
 def api():
     client = client_for(make_user(superuser=True))

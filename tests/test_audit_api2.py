@@ -6,28 +6,24 @@ fails before they return, and callbacks/ errors reported by field."""
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
 import pytest
-from django.core.cache import cache
 from django.db import connection
 
 from django_delayjobs import schedule
 from django_delayjobs.models import Job, Status
 from tests.testapp import tasks
 
+from . import test_rest_helpers
 from .test_poison import POISON, plant
 from .test_rest_helpers import client_for, make_user, url
+
+http = test_rest_helpers.http  # a fixture: callbacks to hooks.example.com allowed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 HOOK = "https://hooks.example.com/orders/42/expire"
-
-
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
 
 
 @pytest.fixture
@@ -35,22 +31,6 @@ def api():
     client = client_for(make_user(superuser=True))
     client.raise_request_exception = False  # a 500 is a status to assert on, not a raise
     return client
-
-
-@pytest.fixture
-def http(settings):
-    from django_delayjobs.callbacks import policy
-    from django_delayjobs.callbacks.signing import new_secret
-
-    settings.DELAYJOBS = {
-        **settings.DELAYJOBS,
-        "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
-        "HTTP_SIGNING_SECRETS": [new_secret()],
-        "API_CALLBACK_THROTTLE_RATE": None,
-    }
-    cache.clear()
-    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
-        yield settings
 
 
 # -- a callback whose row cannot be read the ordinary way (a poison row) ----------------------

@@ -20,11 +20,6 @@ from .test_rest_helpers import burst, client_for, make_user, redis_state, url
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 # -- cancel while Redis does not answer ------------------------------------------------------
 
 

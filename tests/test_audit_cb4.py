@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +18,7 @@ from django_delayjobs.callbacks.delivery import DeliveryFailed, Limits, send
 from django_delayjobs.callbacks.policy import parse_url
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.models import Status
-from tests.callback_server import Reply
+from tests.callback_server import Reply, TcpServer, read_request
 
 LOOPBACK = [ipaddress.ip_address("127.0.0.1")]
 BIG = 1 << 20  # the largest body HTTP_MAX_REQUEST_BYTES allows; far past the buffers below
@@ -43,45 +42,22 @@ def allow(settings, *netlocs: str, **more: object) -> None:
 # -- a receiver that answers early and stops reading ------------------------------------------
 
 
-class EarlyAnswer:
+class EarlyAnswer(TcpServer):
     """A server that reads a request's head only, answers ``reply`` and closes the
     connection with the body unread (a reset, as any server's close with unread data is):
     what a server that refuses a body too large or a missing credential may do."""
 
-    def __init__(self, reply: bytes, times: int = 1) -> None:
-        self.reply, self.times = reply, times
-        self.sock = socket.socket()
-        # A small receive buffer: the client is still sending when the answer comes.
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.sock.settimeout(5)
-        self.port = self.sock.getsockname()[1]
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
         self.heads: list[bytes] = []
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__(rcvbuf=4096)  # the client is still sending when the answer comes
 
-    @property
-    def netloc(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _serve(self) -> None:
-        for _ in range(self.times):
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:  # no client came: the test failed before
-                return
-            with contextlib.suppress(OSError), conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(65536) or b"\r\n\r\n"
-                self.heads.append(data.partition(b"\r\n\r\n")[0])
-                conn.sendall(self.reply)
-                # Closed with the body unread: a TCP reset follows the answer.
-
-    def close(self) -> None:
-        self.thread.join(10)
-        self.sock.close()
+    def handle(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            conn.settimeout(5)
+            self.heads.append(read_request(conn, whole=False))
+            conn.sendall(self.reply)
+            # Closed with the body unread: a TCP reset follows the answer.
 
 
 @pytest.fixture
@@ -97,7 +73,7 @@ def test_an_answer_sent_before_the_body_was_read_is_the_answer(early):
     the pipe we were still writing to, was "no answer (network)" and retried; the answer
     is in the socket, and it is what the receiver said. (Whether the reset comes while we
     are still writing is a race: ten exchanges, of which about half used to fail.)"""
-    server = EarlyAnswer(TOO_LARGE, times=10)
+    server = EarlyAnswer(TOO_LARGE)
     early.append(server)
     target = parse_url(f"http://{server.netloc}/hook")
     for _ in range(10):
@@ -117,7 +93,7 @@ def test_a_broken_pipe_without_an_answer_is_still_no_answer(early):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_413_answered_early_ends_the_job_dead_not_retrying(early, settings, redis_client):
-    server = EarlyAnswer(TOO_LARGE, times=6)
+    server = EarlyAnswer(TOO_LARGE)
     early.append(server)
     allow(settings, server.netloc)
     body = "x" * (BIG - 4096)  # with the job's kwargs, within MAX_JSON_BYTES

@@ -28,7 +28,7 @@ from django_delayjobs.callbacks.delivery import DeliveryFailed, Limits, send
 from django_delayjobs.callbacks.policy import parse_url
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.models import Status
-from tests.callback_server import Reply
+from tests.callback_server import Reply, TcpServer, read_request
 
 LOOPBACK = [ipaddress.ip_address("127.0.0.1")]
 # A read timeout far longer than any assertion's bound: an exchange that waits for it is
@@ -36,34 +36,16 @@ LOOPBACK = [ipaddress.ip_address("127.0.0.1")]
 SLOW = dict(connect=2.0, read=8.0, total=12.0, keep_bytes=4096)
 
 
-class Hostile:
-    """A TCP server on 127.0.0.1 that hands each connection to ``behave(conn)``, in its own
-    thread, and keeps it open until the test ends (a receiver that never closes)."""
+class Hostile(TcpServer):
+    """Hands each connection to ``behave(conn)``, in its own thread, and keeps it open
+    until the test ends (a receiver that never closes)."""
 
     def __init__(self, behave: Callable[[socket.socket], object], rcvbuf: int = 0) -> None:
         self.behave = behave
-        self.closing = threading.Event()
-        self.sock = socket.socket()
-        if rcvbuf:  # a small window: a large request is still being sent when it answers
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.sock.settimeout(0.1)
-        self.port = self.sock.getsockname()[1]
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__(rcvbuf)
 
-    @property
-    def netloc(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _serve(self) -> None:
-        while not self.closing.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+    def handle(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
         with contextlib.suppress(OSError), conn:
@@ -72,11 +54,6 @@ class Hostile:
             self.closing.wait(30)  # held open: no FIN until the test is over
             if isinstance(kept, socket.socket):
                 kept.close()
-
-    def close(self) -> None:
-        self.closing.set()
-        self.thread.join(2)
-        self.sock.close()
 
 
 @pytest.fixture
@@ -90,26 +67,6 @@ def hostile() -> Iterator[Callable[..., Hostile]]:
     yield make
     for server in servers:
         server.close()
-
-
-def read_request(conn: socket.socket, whole: bool = True) -> bytes:
-    """Read one request's head and (if ``whole``) its ``Content-Length`` body."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(4096)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    if not whole:
-        return head
-    length = next(
-        (int(line.split(b":")[1]) for line in head.split(b"\r\n")
-         if line.lower().startswith(b"content-length:")), 0,
-    )  # fmt: skip
-    while len(body) < length:
-        body += conn.recv(65536)
-    return head
 
 
 def exchange(server: Hostile, scheme: str = "http", ca_file: str | None = None, **limits):

@@ -13,7 +13,6 @@ from io import StringIO
 
 import psycopg
 import pytest
-import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, connections
@@ -21,12 +20,12 @@ from django.utils import timezone
 
 from django_delayjobs import bounded, health, schedule_many
 from django_delayjobs.connection import get_engine
-from django_delayjobs.engine import Engine, WrongType
+from django_delayjobs.engine import WrongType
 from django_delayjobs.metrics import snapshot, store
 from django_delayjobs.metrics.recorder import Recorder
 from django_delayjobs.outcomes import Outcome
 from django_delayjobs.services import build_job
-from tests.helpers import wait_for
+from tests.helpers import unreachable_engine, wait_for
 from tests.test_health import beat, overdue
 from tests.test_health import health as health_lines
 from tests.test_metrics import T0, result
@@ -190,10 +189,7 @@ def test_counts_a_stopping_worker_cannot_write_are_reported_not_dropped_in_silen
     the jobs). Now one warning says how many outcomes were lost."""
     from django_delayjobs.metrics import recorder
 
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    down = Engine(redis.Redis(port=port, socket_connect_timeout=0.5), prefix="t")
+    down = unreachable_engine()
     mine = Recorder()
     for _ in range(3):
         mine.record("q", result(Outcome.SUCCEEDED))

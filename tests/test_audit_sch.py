@@ -25,11 +25,6 @@ from .test_rest_helpers import redis_state
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 # -- schedule() while Redis does not answer --------------------------------------------------
 
 

@@ -28,11 +28,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 JOBS_TABLE = re.compile(r'\bdjango_delayjobs_job"?\s')
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 def postgresql_only() -> None:
     if connection.vendor == "sqlite":
         pytest.skip("SQLite's IMMEDIATE transactions serialize the worker and the caller")

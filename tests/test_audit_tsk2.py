@@ -33,11 +33,6 @@ DEFAULT = {"BACKEND": BACKEND, "QUEUES": ["default", "other"]}
 TWO_ALIASES = {"default": DEFAULT, "second": {"BACKEND": BACKEND}}
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    pass
-
-
 def burst() -> None:
     call_command("run_delayworker", "--burst", "--queues", "default,other", "-v", "0")
 

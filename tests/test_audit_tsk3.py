@@ -29,11 +29,6 @@ except ImportError:
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    pass
-
-
 def burst() -> None:
     call_command("run_delayworker", "--burst", "--queues", "default,other", "-v", "0")
 

@@ -46,11 +46,6 @@ MAX_DEPTH = 32
 MIB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 @pytest.fixture
 def thing():
     return Thing.objects.create(name="t")

@@ -17,11 +17,12 @@ from django.urls import reverse
 from django_delayjobs import schedule
 from django_delayjobs.checks import check_settings
 from django_delayjobs.connection import get_engine
-from django_delayjobs.engine import Engine, EngineUnavailable
+from django_delayjobs.engine import EngineUnavailable
 from django_delayjobs.metrics import exposition, layout, snapshot, store
 from django_delayjobs.metrics.recorder import Recorder, fields_of
 from django_delayjobs.models import Job
 from django_delayjobs.outcomes import Outcome, Result
+from tests.helpers import unreachable_engine
 from tests.test_retention import database_down
 from tests.testapp import tasks
 
@@ -206,10 +207,7 @@ def test_the_minute_snapshot_is_the_first_one_taken(engine):
 
 
 def test_counts_survive_a_failed_flush_and_are_written_once(engine, redis_client):
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    down = Engine(redis.Redis(port=port, socket_connect_timeout=0.5), prefix="t")
+    down = unreachable_engine()
     recorder = Recorder()
     recorder.record("q", result(Outcome.SUCCEEDED), now=T0.timestamp())
     with pytest.raises(EngineUnavailable):

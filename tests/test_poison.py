@@ -43,11 +43,6 @@ CHANGE = "admin:django_delayjobs_job_change"
 QUEUES = "admin:django_delayjobs_queues"
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 def sqlite() -> bool:
     return connection.vendor == "sqlite"
 

@@ -29,11 +29,6 @@ from tests.testapp.models import Record
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    pass
-
-
 def in_threads(*fns: Callable[[], Any]) -> list[Any]:
     """Run each function in its own thread, released together; return their results."""
     barrier = threading.Barrier(len(fns))

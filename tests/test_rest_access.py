@@ -21,11 +21,6 @@ READS = [("jobs",), ("jobs", "{pk}"), ("queues",)]
 WRITES = [("cancel", {}), ("reschedule", {"in": 60}), ("requeue", {})]
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 @pytest.fixture
 def job():
     return schedule(tasks.record, in_=3600, args=["x"])

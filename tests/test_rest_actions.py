@@ -33,11 +33,6 @@ MS = datetime.timedelta(milliseconds=1)
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 @pytest.fixture
 def api():
     return client_for(make_user(superuser=True))

@@ -25,11 +25,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 EVENT_FIELDS = {"kind", "at", "attempt", "actor", "message"}
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 @pytest.fixture
 def api():
     return client_for(make_user(superuser=True))

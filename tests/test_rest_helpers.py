@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.cache import cache
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
+from django_delayjobs.callbacks import policy
+from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job, schedule_many
@@ -87,3 +93,18 @@ def snapshot(job: Job) -> dict[str, Any]:
     """What a rejected request must leave exactly as it was."""
     row = Job.objects.values().get(pk=job.pk)
     return {**row, "events": job.events.count(), "redis": due_in_redis(job)}
+
+
+@pytest.fixture
+def http(settings: Any) -> Iterator[Any]:
+    """Callbacks to hooks.example.com allowed (resolved to a public address, never
+    reached), signed, unthrottled; the settings fixture."""
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+        "API_CALLBACK_THROTTLE_RATE": None,
+    }
+    cache.clear()
+    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
+        yield settings

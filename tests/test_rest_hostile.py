@@ -19,16 +19,14 @@ from django_delayjobs import schedule
 from django_delayjobs.rest.schema import spectacular_installed
 from tests.testapp import tasks
 
+from . import test_rest_helpers
 from .test_rest_helpers import client_for, dead_job, make_user, snapshot, url
+
+http = test_rest_helpers.http  # a fixture: callbacks to hooks.example.com allowed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 DEEP = 100_000
-
-
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
 
 
 @pytest.fixture
@@ -261,26 +259,6 @@ CALLBACK_BODIES: dict[str, bytes | str] = {
     "id nested": '{"id": ' + nested(DEEP) + "}",
     "lookup key NUL": json.dumps({"key": "\x00", "in": 5}),
 }
-
-
-@pytest.fixture
-def http(settings):
-    import ipaddress
-
-    from django.core.cache import cache
-
-    from django_delayjobs.callbacks import policy
-    from django_delayjobs.callbacks.signing import new_secret
-
-    settings.DELAYJOBS = {
-        **settings.DELAYJOBS,
-        "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
-        "HTTP_SIGNING_SECRETS": [new_secret()],
-        "API_CALLBACK_THROTTLE_RATE": None,
-    }
-    cache.clear()
-    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
-        yield settings
 
 
 @pytest.mark.parametrize("path", ["callbacks", "callbacks/cancel", "callbacks/reschedule"])

@@ -15,11 +15,6 @@ from .test_rest_helpers import client_for, dead_job, make_user, url
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 @pytest.fixture
 def api():
     return client_for(make_user(superuser=True))

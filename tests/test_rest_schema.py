@@ -32,11 +32,6 @@ ENDPOINTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 @pytest.fixture
 def schema():
     GENERATOR_STATS.reset()

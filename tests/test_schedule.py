@@ -45,11 +45,6 @@ def redis_state(job: Job) -> str | None:
     return None
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    """Every test starts from an empty Redis database."""
-
-
 @pytest.fixture
 def thing():
     return Thing.objects.create(name="t")

@@ -19,11 +19,6 @@ from tests.testapp.models import Thing
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    pass
-
-
 def fields(job: Job) -> dict[str, object]:
     return {f.attname: getattr(job, f.attname) for f in Job._meta.concrete_fields}
 

@@ -30,11 +30,6 @@ FIRST_LAMBDA = lambda: "first"  # noqa: E731
 SECOND_LAMBDA = lambda: "second"  # noqa: E731
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    pass
-
-
 def burst() -> None:
     call_command("run_delayworker", "--burst", "--queues", "default,other", "-v", "0")
 

@@ -38,11 +38,6 @@ TWO_ATTEMPTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    pass
-
-
 def burst() -> None:
     call_command("run_delayworker", "--burst", "--queues", "default,other", "-v", "0")
 

@@ -42,11 +42,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 T = TypeVar("T")
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    pass
-
-
 def burst(*args: str) -> None:
     call_command("run_delayworker", "--burst", "-v", "0", *args)
 

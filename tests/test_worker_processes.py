@@ -37,11 +37,6 @@ from tests.testapp.models import Record
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-@pytest.fixture(autouse=True)
-def _clean_redis(redis_client):
-    pass
-
-
 def live_workers(n: int = 1, queue: str = "default") -> bool:
     return get_engine().stats(queue).live_workers >= n
 
