@@ -112,3 +112,38 @@ def test_the_history_is_in_the_order_things_happened_whatever_each_hosts_clock(
     assert [kind for kind, _ in shown(page.content.decode())] == happened
     detail = client_for(make_user(superuser=True)).get(url("jobs", job.pk))
     assert [event["kind"] for event in detail.data["events"]] == happened
+
+
+# -- hostile input at the public entry points ------------------------------------------------
+
+
+def test_a_header_line_without_a_colon_is_said_in_the_attempts_outcome(
+    raw_server, settings, caplog
+):
+    """http.client takes a header line without a colon for the end of the headers: the
+    ones after it (here ``Retry-After``) were dropped without a word, so the job retried
+    after its own backoff, not the hour the receiver asked for, and its history did not
+    say why (urllib3 logged a warning with a traceback and the URL's query, unmasked).
+    The attempt's line now says the answer's head was malformed."""
+    from django.core.management import call_command
+
+    from django_delayjobs import schedule_http
+    from django_delayjobs.callbacks.signing import new_secret
+
+    server = raw_server(
+        b"HTTP/1.1 503 Service Unavailable\r\nX-Broken header\r\nRetry-After: 3600\r\n"
+        b"Content-Length: 0\r\n\r\n"
+    )
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [server.netloc],
+        "HTTP_ALLOW_PRIVATE_NETWORKS": True,
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+    }
+    job = schedule_http(server.url(), in_=0, json={"a": 1})
+    call_command("run_delayworker", "--burst", "-v", "0")
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING
+    assert "-> 503 Service Unavailable" in job.last_error
+    assert "malformed header line: 'X-Broken header'" in job.last_error, job.last_error
+    assert "Failed to parse headers" not in caplog.text
