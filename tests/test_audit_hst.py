@@ -147,3 +147,18 @@ def test_a_header_line_without_a_colon_is_said_in_the_attempts_outcome(
     assert "-> 503 Service Unavailable" in job.last_error
     assert "malformed header line: 'X-Broken header'" in job.last_error, job.last_error
     assert "Failed to parse headers" not in caplog.text
+
+
+@pytest.mark.parametrize("name", ["queues", "max_overdue", "min_workers", "max_garbage"])
+def test_the_health_view_refuses_a_parameter_given_twice(client, name):
+    """``?queues=b&queues=a`` checked queue a alone, and said ok while b, which the
+    monitor also asked about, had no worker: each parameter read its last value only."""
+    from tests.test_health import URL, beat
+
+    beat("a")
+    values = {"queues": ["b", "a"], "max_overdue": ["0", "60"], "min_workers": ["5", "1"],
+              "max_garbage": ["0", "5"]}  # fmt: skip
+    query = {"queues": "a", name: values[name]}
+    response = client.get(URL, query)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"] == f"bad query: {name} given 2 times: give it once"
