@@ -162,3 +162,19 @@ def test_the_health_view_refuses_a_parameter_given_twice(client, name):
     response = client.get(URL, query)
     assert response.status_code == 400, response.content
     assert response.json()["error"] == f"bad query: {name} given 2 times: give it once"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [{"run_at__year": "2030", "run_at__month": "0"},
+     {"run_at__year": "2030", "run_at__month": "11", "run_at__day": "0"}],
+)  # fmt: skip
+def test_the_date_drill_down_takes_month_or_day_0_for_a_bad_filter(admin_client, query):
+    """A month (or day) of 0 was checked as the first (``month or 1``), so the list drew
+    the days of month 0 of 2030: a 500. It is Django's "?e=1" redirect, as month 13 is."""
+    import datetime
+
+    schedule(tasks.record, at=datetime.datetime(2030, 11, 5, tzinfo=datetime.UTC), args=["x"])
+    response = admin_client.get(reverse("admin:django_delayjobs_job_changelist"), query)
+    assert response.status_code == 302
+    assert response.url.endswith("?e=1")
