@@ -178,3 +178,13 @@ def test_the_date_drill_down_takes_month_or_day_0_for_a_bad_filter(admin_client,
     response = admin_client.get(reverse("admin:django_delayjobs_job_changelist"), query)
     assert response.status_code == 302
     assert response.url.endswith("?e=1")
+
+
+@pytest.mark.parametrize("page", ["change", "delete", "history"])
+def test_a_job_page_with_an_empty_to_field_is_no_500(admin_client, page):
+    """``?_to_field=`` (empty) passed Django's check of the field (only a non-empty one is
+    checked) and reached ``get_object`` as a field named "": a 500 (a KeyError)."""
+    job = schedule(tasks.record, in_=60, args=["x"])
+    path = reverse(f"admin:django_delayjobs_job_{page}", args=[job.pk])
+    response = admin_client.get(path, {"_to_field": ""})
+    assert response.status_code < 500

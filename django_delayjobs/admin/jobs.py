@@ -285,6 +285,13 @@ class JobAdmin(JobModelAdmin):
 
     # -- detail -----------------------------------------------------------------------
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Job | None:
+        # ``?_to_field=`` (empty) skips Django's check of the field, which only a non-empty
+        # name gets, and reached this as a field named "": a 500. Empty: the primary key.
+        return super().get_object(request, object_id, from_field or None)
+
     @admin.display(description=_("run at"))
     def run_at_exact(self, job: Job) -> str:
         return display.timestamp(job.run_at)
