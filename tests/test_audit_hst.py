@@ -188,3 +188,45 @@ def test_a_job_page_with_an_empty_to_field_is_no_500(admin_client, page):
     path = reverse(f"admin:django_delayjobs_job_{page}", args=[job.pk])
     response = admin_client.get(path, {"_to_field": ""})
     assert response.status_code < 500
+
+
+#: What Python's int() reads and no one writes as a whole number.
+ODD_WHOLE_NUMBERS = ["1_0", " 3 ", "3\n", "\u0663", "\uff13", "3.000"]
+
+
+@pytest.mark.parametrize("form", [False, True])
+@pytest.mark.parametrize("text", ODD_WHOLE_NUMBERS)
+@pytest.mark.parametrize("field", ["attempts", "max_attempts", "priority"])
+def test_the_apis_whole_numbers_are_ascii_digits(settings, field, text, form):
+    """``attempts`` (requeue), ``max_attempts`` and ``priority`` (callbacks/) were read by
+    DRF's int(), which takes group underscores, spaces around and other scripts' digits:
+    ``"1_0"`` gave a job 10 attempts, ``"\\u0663"`` 3. Each is a 400 naming the field, as
+    such seconds are (test_audit_api3)."""
+    import ipaddress
+
+    from django.core.cache import cache
+
+    from django_delayjobs.callbacks import policy
+    from django_delayjobs.callbacks.signing import new_secret
+    from django_delayjobs.models import Job
+
+    from .test_rest_helpers import dead_job
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_ALLOWED_HOSTS": ["hooks.example.com"],
+                          "HTTP_SIGNING_SECRETS": [new_secret()]}  # fmt: skip
+    cache.clear()
+    api = client_for(make_user(superuser=True))
+    if field == "attempts":
+        job = dead_job()
+        path, body = url("jobs", job.pk, "requeue"), {field: text}
+    else:
+        path, body = url("callbacks"), {"url": "https://hooks.example.com/x", "in": 5, field: text}
+    before = Job.objects.count()
+    with policy.use_resolver(lambda host, port: [ipaddress.ip_address("93.184.215.14")]):
+        response = api.post(path, body, format=None if form else "json")
+    assert response.status_code == 400, response.content
+    assert field in response.json(), response.json()
+    assert Job.objects.count() == before
+    if field == "attempts":
+        job.refresh_from_db()
+        assert job.status == Status.DEAD
