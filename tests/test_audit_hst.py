@@ -1,5 +1,7 @@
 """The audit trail tells the truth: every job's history, complete and in order, wherever
-it is shown, however long it is."""
+it is shown, however long it is. And hostile input at the public entry points: a callback
+answer's header line without a colon, a health query parameter given twice, a drill-down
+month or day of 0, an empty ``?_to_field=``, whole numbers as ``int()`` reads them."""
 
 from __future__ import annotations
 
