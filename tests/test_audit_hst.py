@@ -232,3 +232,33 @@ def test_the_apis_whole_numbers_are_ascii_digits(settings, field, text, form):
     if field == "attempts":
         job.refresh_from_db()
         assert job.status == Status.DEAD
+
+
+@pytest.mark.parametrize(
+    ("action", "said"),
+    [("cancel_jobs", "1 job cancelled."), ("run_now", "1 job is due now."),
+     ("requeue_dead", "1 dead job requeued."), ("purge_dead", "1 dead job purged.")],
+)  # fmt: skip
+def test_an_admin_action_says_how_many_selected_jobs_no_longer_exist(admin_client, action, said):
+    """Jobs ticked on the list and purged before the action ran were left out without a
+    word: "0 dead jobs requeued." for two ticked dead jobs, as if none had been selected.
+    The action says they no longer exist, as the queue page's buttons do."""
+    import uuid
+
+    from django.contrib.admin import helpers
+
+    from django_delayjobs.admin import operations
+
+    from .test_rest_helpers import dead_job
+
+    dead = action in ("requeue_dead", "purge_dead")
+    job = dead_job() if dead else schedule(tasks.record, in_=3600, args=["x"])
+    ticked = [str(job.pk), str(uuid.uuid4()), str(uuid.uuid4())]  # two purged meanwhile
+    body = {"action": action, helpers.ACTION_CHECKBOX_NAME: ticked}
+    if action == "purge_dead":
+        body.update(post="yes", shown=operations.shown_token())
+    response = admin_client.post(
+        reverse("admin:django_delayjobs_job_changelist"), body, follow=True
+    )
+    messages = [str(m) for m in response.context["messages"]]
+    assert messages == ["2 jobs no longer exist.", said], messages

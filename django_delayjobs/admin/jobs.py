@@ -348,16 +348,26 @@ class JobAdmin(JobModelAdmin):
 
     # -- actions ----------------------------------------------------------------------
 
+    def report_gone(self, request: HttpRequest) -> None:
+        """Say how many ticked jobs no longer exist (purged since the list was read): an
+        action sees only the jobs it finds, and said "0 jobs cancelled." of them."""
+        ticked = {uuid.UUID(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)}
+        found = Job.objects.filter(pk__in=ticked).count() if ticked else 0
+        operations.report_gone(request, self.message_user, len(ticked), found)
+
     @admin.action(description=_("Cancel selected jobs"), permissions=["operate"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self.report_gone(request)
         operations.cancel(request, operations.walk(queryset), self.message_user)
 
     @admin.action(description=_("Run selected jobs now"), permissions=["operate"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self.report_gone(request)
         operations.run_now(request, operations.walk(queryset), self.message_user)
 
     @admin.action(description=_("Requeue selected dead jobs"), permissions=["operate"])
     def requeue_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self.report_gone(request)
         operations.requeue(request, operations.walk(queryset), self.message_user)
 
     @admin.action(description=_("Purge selected dead jobs"), permissions=["purge"])
@@ -369,6 +379,7 @@ class JobAdmin(JobModelAdmin):
             return self.purge_confirmation(
                 request, queryset, form_url="", hidden=hidden, cancel_url=""
             )
+        self.report_gone(request)
         operations.purge(request, operations.walk(queryset), self.message_user, shown=shown)
         return None
 
