@@ -1,7 +1,8 @@
 """The audit trail tells the truth: every job's history, complete and in order, wherever
 it is shown, however long it is. And hostile input at the public entry points: a callback
 answer's header line without a colon, a health query parameter given twice, a drill-down
-month or day of 0, an empty ``?_to_field=``, whole numbers as ``int()`` reads them."""
+month or day of 0, an empty ``?_to_field=``, whole numbers as ``int()`` reads them, and
+admin actions on ticked jobs purged meanwhile."""
 
 from __future__ import annotations
 
