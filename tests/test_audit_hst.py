@@ -17,7 +17,7 @@ import pytest
 from django.urls import reverse
 
 from django_delayjobs import schedule, services
-from django_delayjobs.models import EventKind, JobEvent, Status
+from django_delayjobs.models import EventKind, Job, JobEvent, Status
 from django_delayjobs.sql import insert_events
 from tests.helpers import ROOT, worker_env
 from tests.testapp import tasks
@@ -263,3 +263,20 @@ def test_an_admin_action_says_how_many_selected_jobs_no_longer_exist(admin_clien
     )
     messages = [str(m) for m in response.context["messages"]]
     assert messages == ["2 jobs no longer exist.", said], messages
+
+
+def test_an_admin_action_on_a_filtered_list_reports_a_ticked_job_that_left_the_filter(
+    admin_client,
+):
+    """Django acts on the ticked jobs that still match the list's filters: a job ticked on
+    the list of scheduled jobs that started meanwhile was left out, and "Cancel" said "0
+    jobs cancelled." The action works on the ticked jobs, and says it came too late."""
+    from django.contrib.admin import helpers
+
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    listed = reverse("admin:django_delayjobs_job_changelist") + "?status__exact=scheduled"
+    Job.objects.filter(pk=job.pk).update(status=Status.RUNNING, attempts=1)  # claimed
+    body = {"action": "cancel_jobs", helpers.ACTION_CHECKBOX_NAME: [str(job.pk)]}
+    response = admin_client.post(listed, body, follow=True)
+    messages = [str(m) for m in response.context["messages"]]
+    assert messages == ["1 job was not cancelled: it had already started or finished."]

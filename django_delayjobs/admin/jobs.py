@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
@@ -348,30 +349,37 @@ class JobAdmin(JobModelAdmin):
 
     # -- actions ----------------------------------------------------------------------
 
-    def report_gone(self, request: HttpRequest) -> None:
-        """Say how many ticked jobs no longer exist (purged since the list was read): an
-        action sees only the jobs it finds, and said "0 jobs cancelled." of them."""
+    def selection(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        """The jobs an action works on: every job the list's filters match (select across),
+        or the ticked ones whatever they are now, having said how many of those no longer
+        exist. Not Django's ticked jobs that still match the filters: one that started
+        since left a list of scheduled jobs unseen ("0 jobs cancelled.", not "too late"),
+        and one purged since was not counted at all."""
+        if forms.BooleanField(required=False).clean(request.POST.get("select_across")):
+            return queryset
         ticked = {uuid.UUID(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)}
-        found = Job.objects.filter(pk__in=ticked).count() if ticked else 0
-        operations.report_gone(request, self.message_user, len(ticked), found)
+        chosen = self.get_queryset(request).filter(pk__in=ticked)
+        operations.report_gone(request, self.message_user, len(ticked), chosen.count())
+        return chosen
 
     @admin.action(description=_("Cancel selected jobs"), permissions=["operate"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self.report_gone(request)
-        operations.cancel(request, operations.walk(queryset), self.message_user)
+        jobs = operations.walk(self.selection(request, queryset))
+        operations.cancel(request, jobs, self.message_user)
 
     @admin.action(description=_("Run selected jobs now"), permissions=["operate"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self.report_gone(request)
-        operations.run_now(request, operations.walk(queryset), self.message_user)
+        jobs = operations.walk(self.selection(request, queryset))
+        operations.run_now(request, jobs, self.message_user)
 
     @admin.action(description=_("Requeue selected dead jobs"), permissions=["operate"])
     def requeue_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self.report_gone(request)
-        operations.requeue(request, operations.walk(queryset), self.message_user)
+        jobs = operations.walk(self.selection(request, queryset))
+        operations.requeue(request, jobs, self.message_user)
 
     @admin.action(description=_("Purge selected dead jobs"), permissions=["purge"])
     def purge_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        queryset = self.selection(request, queryset)
         shown = operations.shown_fence(request)
         if request.POST.get("post") != "yes" or shown is None:
             keep = ["action", "index", "select_across", helpers.ACTION_CHECKBOX_NAME]
@@ -379,7 +387,6 @@ class JobAdmin(JobModelAdmin):
             return self.purge_confirmation(
                 request, queryset, form_url="", hidden=hidden, cancel_url=""
             )
-        self.report_gone(request)
         operations.purge(request, operations.walk(queryset), self.message_user, shown=shown)
         return None
 
