@@ -2,7 +2,7 @@
 it is shown, however long it is. And hostile input at the public entry points: a callback
 answer's header line without a colon, a health query parameter given twice, a drill-down
 month or day of 0, an empty ``?_to_field=``, whole numbers as ``int()`` reads them, and
-admin actions on ticked jobs purged meanwhile."""
+admin actions on ticked jobs purged or changed meanwhile."""
 
 from __future__ import annotations
 
