@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import Error as DatabaseError
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
@@ -361,19 +361,22 @@ def healthy(checks: Sequence[Check]) -> bool:
 # -- the health/ view ------------------------------------------------------------------------
 
 
-def limits_from_query(query: Any) -> Limits:
+def limits_from_query(query: QueryDict) -> Limits:
     """The view's limits from its query string (``queues``, ``max_overdue``,
-    ``min_workers``, ``max_garbage``); ValueError for a bad one."""
+    ``min_workers``, ``max_garbage``); ValueError for a bad one, or one given twice (it
+    would be read by its last value: a monitor asking ``?queues=a&queues=b`` must not be
+    told that b is ok while only a was checked)."""
     from .conf import delayjobs_settings
 
     unknown = set(query) - {"queues", "max_overdue", "min_workers", "max_garbage"}
     if unknown:
         raise ValueError("unknown parameter")
-    garbage = query.get("max_garbage")
+    for name, values in query.lists():
+        if len(values) > 1:
+            raise ValueError(f"{name} given {len(values)} times: give it once")
+    queues, garbage = query.get("queues"), query.get("max_garbage")
     return Limits(
-        queues=parse_queues(query["queues"])
-        if "queues" in query
-        else (delayjobs_settings.DEFAULT_QUEUE,),
+        queues=(delayjobs_settings.DEFAULT_QUEUE,) if queues is None else parse_queues(queues),
         max_overdue=parse_seconds(query.get("max_overdue", str(DEFAULT_MAX_OVERDUE))),
         min_workers=parse_count(query.get("min_workers", "1"), MAX_WORKERS),
         max_garbage=None if garbage is None else parse_count(garbage, MAX_GARBAGE),

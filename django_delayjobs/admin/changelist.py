@@ -100,7 +100,8 @@ class JobChangeList(ChangeList):
             year, month, day = (None if p is None else int(p[-1]) for p in parts)
             if year is None or (month is None and day is not None):
                 raise ValueError("the date drill-down takes a year, then a month, then a day")
-            datetime.date(year, month or 1, day or 1)  # a real date
+            # a real date (not ``month or 1``: a month or day of 0 is none)
+            datetime.date(year, 1 if month is None else month, 1 if day is None else day)
         except (OverflowError, ValueError) as exc:
             raise IncorrectLookupParameters(exc) from exc
         start, end = period(year, month, day)

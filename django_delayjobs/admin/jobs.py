@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
@@ -285,6 +286,13 @@ class JobAdmin(JobModelAdmin):
 
     # -- detail -----------------------------------------------------------------------
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Job | None:
+        # ``?_to_field=`` (empty) skips Django's check of the field, which only a non-empty
+        # name gets, and reached this as a field named "": a 500. Empty: the primary key.
+        return super().get_object(request, object_id, from_field or None)
+
     @admin.display(description=_("run at"))
     def run_at_exact(self, job: Job) -> str:
         return display.timestamp(job.run_at)
@@ -341,20 +349,37 @@ class JobAdmin(JobModelAdmin):
 
     # -- actions ----------------------------------------------------------------------
 
+    def selection(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        """The jobs an action works on: every job the list's filters match (select across),
+        or the ticked ones whatever they are now, having said how many of those no longer
+        exist. Not Django's ticked jobs that still match the filters: one that started
+        since left a list of scheduled jobs unseen ("0 jobs cancelled.", not "too late"),
+        and one purged since was not counted at all."""
+        if forms.BooleanField(required=False).clean(request.POST.get("select_across")):
+            return queryset
+        ticked = {uuid.UUID(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)}
+        chosen = self.get_queryset(request).filter(pk__in=ticked)
+        operations.report_gone(request, self.message_user, len(ticked), chosen.count())
+        return chosen
+
     @admin.action(description=_("Cancel selected jobs"), permissions=["operate"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        operations.cancel(request, operations.walk(queryset), self.message_user)
+        jobs = operations.walk(self.selection(request, queryset))
+        operations.cancel(request, jobs, self.message_user)
 
     @admin.action(description=_("Run selected jobs now"), permissions=["operate"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        operations.run_now(request, operations.walk(queryset), self.message_user)
+        jobs = operations.walk(self.selection(request, queryset))
+        operations.run_now(request, jobs, self.message_user)
 
     @admin.action(description=_("Requeue selected dead jobs"), permissions=["operate"])
     def requeue_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        operations.requeue(request, operations.walk(queryset), self.message_user)
+        jobs = operations.walk(self.selection(request, queryset))
+        operations.requeue(request, jobs, self.message_user)
 
     @admin.action(description=_("Purge selected dead jobs"), permissions=["purge"])
     def purge_dead(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        queryset = self.selection(request, queryset)
         shown = operations.shown_fence(request)
         if request.POST.get("post") != "yes" or shown is None:
             keep = ["action", "index", "select_across", helpers.ACTION_CHECKBOX_NAME]

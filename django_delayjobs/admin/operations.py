@@ -100,6 +100,15 @@ def _each(
     return outcome
 
 
+def report_gone(request: HttpRequest, report: Report, selected: int, found: int) -> None:
+    """Say how many of the ``selected`` jobs no longer exist (purged since the page that
+    listed them was read): the verbs' own counts only see the ``found`` ones."""
+    gone = selected - found
+    if gone > 0:
+        text = ngettext("%d job no longer exists.", "%d jobs no longer exist.", gone) % gone
+        report(request, text, messages.WARNING)
+
+
 def cancel(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
     who = actor(request)
     outcome = _each(jobs, lambda j: j.status in WAITING, lambda j: services.cancel(j, actor=who))

@@ -294,13 +294,7 @@ def _jobs(admin: JobAdmin, request: HttpRequest) -> tuple[list[uuid.UUID], list[
     jobs = list(tolerant(Job.objects.filter(pk__in=ids))) if ids else []
     if not ids:
         admin.message_user(request, _("No job was selected."), "warning")
-    elif len(jobs) < len(ids):
-        gone = len(ids) - len(jobs)
-        admin.message_user(
-            request,
-            ngettext("%d job no longer exists.", "%d jobs no longer exist.", gone) % gone,
-            "warning",
-        )
+    operations.report_gone(request, admin.message_user, len(set(ids)), len(jobs))
     return ids, jobs
 
 

@@ -58,6 +58,7 @@ class Response:
     truncated: bool  # the body went on past keep_bytes, or was cut short
     seconds: float
     address: str
+    malformed: str = ""  # the header line that ended the readable headers (no colon)
 
 
 class DeliveryFailed(Exception):
@@ -109,9 +110,14 @@ class _FinalResponse(http.client.HTTPResponse):
     outside 100-599 is not HTTP: a bad status line, like any other malformed one. An
     endless stream of 1xx answers is cut by the total time, like a trickled body. A head
     cut short (by the receiver's close or the total time) is no answer (RFC 9112 8: its
-    status may not mean what it says), not an answer with the headers that came."""
+    status may not mean what it says), not an answer with the headers that came.
+
+    A header line without a colon ends the headers for ``http.client`` (its email parser
+    takes the line and all after it for a body): ``malformed`` keeps that line, so that
+    the answer's outcome says why headers it sent (``Retry-After``) were not read."""
 
     fp: _Lines
+    malformed = ""
 
     def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
         super().__init__(sock, *args, **kwargs)
@@ -124,6 +130,13 @@ class _FinalResponse(http.client.HTTPResponse):
                 "the receiver closed the connection before the end of the answer's head "
                 "(its status line and headers): an incomplete answer is no answer"
             )
+        unparsed = self.msg.get_payload()
+        if isinstance(unparsed, str) and unparsed.strip():
+            self.malformed = unparsed.splitlines()[0]
+            # Said in the outcome: not again by urllib3, in a warning with a traceback and
+            # the request's query unmasked (a ?token=).
+            self.msg.set_payload("")
+            self.msg.defects.clear()
 
     def _read_status(self) -> tuple[str, int, str]:
         while True:
@@ -267,7 +280,7 @@ def _exchange(
     body: bytes,
     limits: Limits,
     deadline: _Deadline,
-) -> tuple[int, str, dict[str, str], bytes, bool]:
+) -> tuple[int, str, dict[str, str], bytes, bool, str]:
     sent = {"Host": target.netloc, "User-Agent": USER_AGENT}
     if any(name.lower() == "user-agent" for name in headers):  # names are case-insensitive
         del sent["User-Agent"]  # the job's or the destination's replaces ours
@@ -287,6 +300,8 @@ def _exchange(
         if unsent is None:
             raise
         raise unsent from None  # no answer came: what failed is the sending
+    original = response._original_response  # the _FinalResponse urllib3's wraps
+    malformed = original.malformed if isinstance(original, _FinalResponse) else ""
     try:
         names: dict[str, str] = {}
         for name, value in response.headers.items():
@@ -297,7 +312,8 @@ def _exchange(
             truncated = truncated or deadline.fired  # a body ended by the close: cut short
     finally:
         response.close()
-    return response.status, response.reason or "", names, kept[: limits.keep_bytes], truncated
+    reason = response.reason or ""
+    return response.status, reason, names, kept[: limits.keep_bytes], truncated, malformed
 
 
 def _body(response: BaseHTTPResponse, keep_bytes: int) -> tuple[bytes, bool]:
@@ -358,7 +374,7 @@ def send(
             failure = _failure(exc, deadline.fired, limits, handshake)
             continue  # the next address may answer
         try:
-            status, reason, names, kept, truncated = _exchange(
+            status, reason, names, kept, truncated, malformed = _exchange(
                 conn, target, method, headers, body, limits, deadline
             )
         except (OSError, Urllib3Error, http.client.HTTPException) as exc:
@@ -367,5 +383,5 @@ def send(
             deadline.cancel()
             conn.close()
         return Response(status, reason, names, kept, truncated, time.monotonic() - start,
-                        str(address))  # fmt: skip
+                        str(address), malformed)  # fmt: skip
     raise failure or DeliveryFailed(f"no complete answer within {limits.total:g} s", "timeout")

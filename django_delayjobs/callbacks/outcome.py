@@ -26,8 +26,9 @@ if TYPE_CHECKING:  # not at run time: the admin reads status_in() without urllib
 
 _SECONDS = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() takes "\xb2"
 _STATUS = re.compile(r" -> ([1-5][0-9][0-9]) |-> (no answer \([a-z]+\))")
-#: Characters kept of a reason phrase: the receiver's text, which http.client reads up to
-#: 64 KiB, would otherwise fill every attempt's history line and log line.
+#: Characters kept of a reason phrase (or a malformed header line): the receiver's text,
+#: which http.client reads up to 64 KiB, would otherwise fill every attempt's history
+#: line and log line.
 MAX_REASON = 200
 
 
@@ -63,14 +64,21 @@ def retry_after(value: str | None, bound: float, now: float | None = None) -> fl
 def line(method: str, where: str, response: Response) -> str:
     """``POST payments:/hooks -> 503 Service Unavailable in 12 ms from 10.0.0.5; body: ...``"""
     body = excerpt(response.body, response.truncated)
-    reason = response.reason
-    if len(reason) > MAX_REASON:
-        reason = reason[:MAX_REASON] + "..."
+    malformed = ""
+    if response.malformed:  # repr: the receiver's bytes, a NUL or a newline among them
+        malformed = (
+            f"; malformed header line: {_clipped(response.malformed)!r} "
+            "(it and the headers after it were not read)"
+        )
     return (
-        f"{method} {where} -> {response.status} {reason} in "
-        f"{response.seconds * 1000:.0f} ms from {response.address}"
+        f"{method} {where} -> {response.status} {_clipped(response.reason)} in "
+        f"{response.seconds * 1000:.0f} ms from {response.address}{malformed}"
         + (f"; body: {body}" if body else "")
     )
+
+
+def _clipped(text: str) -> str:
+    return text[:MAX_REASON] + "..." if len(text) > MAX_REASON else text
 
 
 def status_in(text: str) -> str | None:

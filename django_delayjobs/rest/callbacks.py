@@ -105,8 +105,8 @@ class CallbackSerializer(s.StrictSerializer):
     expires = ExpiresField(
         required=False, help_text="Never call after this: seconds after the due time, or a time."
     )
-    max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=5000)
-    priority = serializers.IntegerField(
+    max_attempts = s.WholeNumberField(required=False, min_value=1, max_value=5000)
+    priority = s.WholeNumberField(
         required=False, min_value=-100, max_value=100,
         help_text="Among callbacks of the queue due together, higher is called first.",
     )  # fmt: skip

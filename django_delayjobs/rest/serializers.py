@@ -16,7 +16,7 @@ from .. import timing
 from ..callbacks.action import shown_kwargs
 from ..exceptions import InvalidSchedule
 from ..models import Job, JobEvent, Status
-from ..numbers import decimal_number
+from ..numbers import decimal_number, whole_number
 from ..rows import Unreadable, tolerant
 from ..serialization import showable
 
@@ -71,6 +71,20 @@ class SecondsField(serializers.FloatField):
         if not math.isfinite(seconds):  # 1e400 in JSON is read as infinity
             self.fail("invalid")
         return seconds
+
+
+class WholeNumberField(serializers.IntegerField):
+    """A whole number: a JSON number, or a text in ASCII digits with an optional sign as a
+    form sends it (``5``, ``-3``). Not what else ``int()`` reads: ``"1_0"``, ``" 3 "``,
+    other scripts' digits (``"\u0663"``), which would give a job attempts nobody wrote."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, str):
+            try:
+                data = whole_number(data)
+            except ValueError:
+                self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 #: Sent by HTML forms (the browsable API's among them) along with the fields.
@@ -245,7 +259,7 @@ class RescheduleSerializer(StrictSerializer):
 class RequeueSerializer(StrictSerializer):
     """Optionally how many more attempts the dead job gets; nothing else."""
 
-    attempts = serializers.IntegerField(
+    attempts = WholeNumberField(
         required=False, min_value=1, max_value=5000,
         help_text="How many more attempts the job gets (default: the MAX_ATTEMPTS setting).",
     )  # fmt: skip
