@@ -225,6 +225,9 @@ class WorkerProcess:
         # it), for the ids this process holds in flight: their leases are extended
         self.held: dict[str, tuple[str, int]] = {}
         self.lost: set[str] = set()  # held ids whose lost lease was logged (held_lock)
+        # A burst's ids let go (``let_go``) and not yet put back in Redis (held_lock): no
+        # reconcile sweep runs beside a burst (cron), so it puts them back (``put_back``).
+        self.let_gone: set[str] = set()
         # While a lease extension is under way, the ids claimed since it began (held_lock):
         # out of flight when it asked, in flight again by now, so not lost.
         self.claimed_meanwhile: set[str] | None = None
@@ -291,6 +294,10 @@ class WorkerProcess:
         handed_back = self.stats.handed_back()
         if self.options.burst and handed_back:  # cron must see that a burst fell short
             raise WorkerDied(handed_back)
+        if self.let_gone:  # a burst stopped before it could put them back
+            raise WorkerDied(f"--burst: {len(self.let_gone)} job(s) whose lease was lost were "
+                             "not put back in Redis; they wait for a reconcile sweep "
+                             "(manage.py delayjobs_reconcile)")  # fmt: skip
 
     def finish(self, workers: list[threading.Thread], grace: float) -> None:
         """Give the running actions ``grace`` seconds to end. If the housekeeping thread
@@ -522,6 +529,8 @@ class WorkerProcess:
         lease ends) and promote what is due; True when nothing is due within
         ``BURST_SLACK`` (so a burst always ends, whatever the tick). Raises
         ``EngineUnavailable``."""
+        if self.put_back():
+            return False  # claim them
         each = PerShard()
         self.promoter.housekeeping(time.monotonic(), each)
         each.check()
@@ -534,6 +543,28 @@ class WorkerProcess:
         # for a moment; burst runs it too.
         self.stopping.wait(next_due)
         return False
+
+    def put_back(self) -> bool:
+        """Make Redis hold again the jobs this burst let go (``let_go``); True if there
+        were any. After Redis lost its data their rows wait with nothing in Redis, and
+        beside a burst run by cron no reconcile sweep may run to put them back. Raises
+        ``EngineUnavailable``; a database that fails it stops the burst (exit 1)."""
+        with self.held_lock:
+            ids, self.let_gone = self.let_gone, set()
+        if not ids:
+            return False
+        try:
+            reconcile(self.engine, ids=ids)
+        except (EngineUnavailable, DatabaseError) as exc:
+            with self.held_lock:
+                self.let_gone |= ids  # tried again, or counted as left behind
+            if isinstance(exc, EngineUnavailable):
+                raise
+            drop_connections()
+            self.die(f"--burst: could not put back in Redis {len(ids)} job(s) whose lease "
+                     f"was lost: the database is unavailable ({exc})")  # fmt: skip
+            return False
+        return True
 
     def claim(self, queues: Sequence[str]) -> tuple[str, list[str]] | None:
         """Claim ids from the first queue (strict priority) that has any; return the shard
@@ -627,10 +658,14 @@ class WorkerProcess:
     def let_go(self, queue: str, job_id: str, thread: int) -> None:
         """Leave an id this thread no longer holds to whoever holds it now: neither acked
         nor handed back, which would move the other delivery's id. One that Redis lost is
-        added again by the reconcile sweep (its row is still waiting)."""
+        added again by the reconcile sweep (its row is still waiting), or in a burst, which
+        runs none, by the burst itself before it ends (``put_back``)."""
         self.release([job_id], thread)
+        if self.options.burst:
+            with self.held_lock:
+                self.let_gone.add(job_id)
         logger.warning("job %s: its lease was lost before it started; not run here (another "
-                       "delivery has it, or the reconcile sweep adds it again)", job_id,
+                       "delivery has it, or it is added again from its row)", job_id,
                        extra=job_fields(job_id, queue))  # fmt: skip
 
     @staticmethod
