@@ -195,10 +195,13 @@ class Backoff:
         """The delay the next failure sleeps: 0.2 s, doubling up to 5 s."""
         return min(max(self.delay * 2, 0.2), 5.0)
 
-    def ok(self) -> None:
+    def ok(self, *, wrote: bool = True) -> None:
+        """Calls succeeded; ``wrote=False`` if they only read the database, which does not
+        end its outage: a database that answers reads may still refuse every write."""
         self.delay = 0.0
         if self.outage is not None:
-            self.outage.ok()
+            if wrote:
+                self.outage.ok()
         elif self.failures and time.monotonic() - self.last_failure >= SETTLED_SECONDS:
             logger.warning("%s: back after %d failed attempt(s)", self.what, self.failures)
             self.failures = 0
@@ -457,7 +460,7 @@ class WorkerProcess:
             try:
                 reconcile(self.engine, horizon=horizon())
                 backoff.ok()
-                database.ok()
+                database.ok(wrote=False)
             except PartlyUnavailable as exc:  # the shards it reached were repaired
                 backoff.failed("Redis is unavailable", exc, delayjobs_settings.RECONCILE_SECONDS)
                 continue
@@ -859,14 +862,17 @@ class WorkerProcess:
             self.stopped.wait(min(beat_every, CHECKPOINT_SECONDS))
 
     def check_owner(self) -> None:
-        """After Redis lost its data another deployment may have claimed this PREFIX. Its
-        read is also this process's contact with the database while it runs no job: a
-        worker left idle by an outage still says when the database is back."""
+        """After Redis lost its data another deployment may have claimed this PREFIX. It is
+        also this process's contact with the database while it runs no job: a worker left
+        idle by an outage still says when the database is back, once it takes a write (a
+        database that answers reads may refuse every claim)."""
         try:
             mine = deployment_uid()
+            if self.database.failures:  # under way: only a write may end it
+                sql.take_a_write()
             self.database.ok()
             check_owner(self.engine, mine)
-        except DatabaseError as exc:  # deployment_uid's: the only read of the database
+        except DatabaseError as exc:  # deployment_uid's, or the write's
             self.database.failed(exc)
         except EngineUnavailable:  # Redis's outage: the heartbeat's to log
             pass  # checked again at the next beat

@@ -4,14 +4,21 @@ past its shutdown grace."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
+from collections.abc import Iterator
 
 import pytest
 from django.core.management import call_command
+from django.db import connection, connections
 
 from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
-from tests.helpers import wait_for
+from django_delayjobs.outcomes import SETTLED_SECONDS
+from django_delayjobs.worker import Backoff, Options, WorkerProcess
+from tests.helpers import age_rows, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,3 +69,94 @@ def test_a_burst_puts_back_the_jobs_whose_lease_redis_lost(own_jobs_redis, setti
     for job in jobs:
         job.refresh_from_db()
         assert (job.status, job.attempts) == (Status.SUCCEEDED, 1), job.last_error
+
+
+# -- 2. a database that answers reads but refuses writes --------------------------------------
+
+
+class WriteLock:
+    """SQLite's write lock, held by another connection from ``hold()`` to ``release()``:
+    the database answers reads (WAL mode) and refuses writes past the busy timeout."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.holder: threading.Thread | None = None
+
+    def hold(self) -> None:
+        locked = threading.Event()
+
+        def hold() -> None:
+            other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            locked.set()
+            self.released.wait(60)
+            other.execute("COMMIT")
+            other.close()
+
+        self.holder = threading.Thread(target=hold)
+        self.holder.start()
+        assert locked.wait(10)
+
+    def release(self) -> None:
+        self.released.set()
+        if self.holder is not None:
+            self.holder.join(10)
+
+
+@pytest.fixture
+def write_lock() -> Iterator[WriteLock]:
+    """A ``WriteLock``, with the busy timeout of this process's connections made short."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's write lock")
+    options = connections.settings["default"].setdefault("OPTIONS", {})
+    saved = options.get("timeout")
+    options["timeout"] = 0.2
+    connections.close_all()
+    lock = WriteLock()
+    try:
+        yield lock
+    finally:
+        lock.release()
+        options["timeout"] = saved
+        connections.close_all()
+
+
+def hand_back_one(process: WorkerProcess, lock: WriteLock) -> None:
+    """Deliver a due job to ``process`` while the database refuses writes: handed back."""
+    job = schedule(tasks.record, in_=0, args=["refused"])
+    age_rows()  # a job the reconcile sweep re-adds counts as lost
+    claimed = wait_for(lambda: process.claim(["default"]))
+    process.check_owner()  # as at start-up: this deployment's row, written once
+    lock.hold()
+    process.run_batch(*claimed, Backoff(process.stopping, "worker", process.database))
+    assert status(job) == Status.SCHEDULED
+
+
+def test_a_database_that_answers_reads_is_not_back_until_it_takes_a_write(write_lock, caplog):
+    """The owner check's read (every HEARTBEAT_SECONDS) said that the database was back
+    while it still refused every claim: the log flapped between "unavailable" and "back"."""
+    process = WorkerProcess(get_engine(), Options(queues=["default"]))
+    hand_back_one(process, write_lock)
+    assert "worker: the database is unavailable (database is locked;" in caplog.text
+    time.sleep(SETTLED_SECONDS)  # an outage ends once nothing failed for this long
+    process.check_owner()  # reads: answered
+    assert "the database is back" not in caplog.text
+    write_lock.release()
+    wait_for(lambda: process.check_owner() or "the database is back" in caplog.text)
+    assert caplog.text.count("worker: the database is unavailable") == 1, caplog.text
+
+
+def test_a_reconcile_sweep_is_no_end_of_an_outage_of_writes(write_lock, caplog):
+    """The reconcile sweep only reads the database: its success ended the outage too."""
+    process = WorkerProcess(get_engine(), Options(queues=["default"]))
+    hand_back_one(process, write_lock)
+    time.sleep(SETTLED_SECONDS)
+    get_engine().client.flushdb()  # the sweep has something to say once it has run
+    thread = threading.Thread(target=process.reconcile_loop)
+    thread.start()
+    try:
+        wait_for(lambda: "reconcile re-added 1 job(s)" in caplog.text)
+    finally:
+        process.stop()
+        thread.join(30)
+    assert "the database is back" not in caplog.text
