@@ -279,8 +279,8 @@ class WorkerProcess:
             self.finish(workers, grace)
             if any(t.is_alive() for t in workers):
                 self.abandoned = True
-                logger.warning("actions still running after %s s; leaving them to their lease",
-                               grace)  # fmt: skip
+                logger.warning("actions still running after %s s; leaving them to their lease "
+                               "(job(s) %s)", grace, ", ".join(self.running_ids()))  # fmt: skip
                 self.hand_back_waiting()
         finally:
             self.stopped.set()
@@ -779,6 +779,11 @@ class WorkerProcess:
             self.outage.failed(exc)
             return False
         return True
+
+    def running_ids(self) -> list[str]:
+        """The jobs whose actions run in this process now."""
+        with self.held_lock:
+            return sorted(execution.job_id for execution in self.running.values())
 
     def hand_back_waiting(self) -> None:
         """Exiting with actions still running: hand back the ids claimed with them that

@@ -8,13 +8,16 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection, connections
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
+from django_delayjobs.management.commands.run_delayworker import Command
 from django_delayjobs.models import Job, Status
 from django_delayjobs.outcomes import SETTLED_SECONDS
 from django_delayjobs.worker import Backoff, Options, WorkerProcess
@@ -160,3 +163,28 @@ def test_a_reconcile_sweep_is_no_end_of_an_outage_of_writes(write_lock, caplog):
         process.stop()
         thread.join(30)
     assert "the database is back" not in caplog.text
+
+
+# -- 3. an in-process worker that leaves an action running past its grace ---------------------
+
+
+def test_an_in_process_worker_that_leaves_an_action_running_raises(settings, tmp_path: Path):
+    """Called in-process (not from the command line, which exits), the command returned as
+    if all was well while the action ran on in a process that no longer extended its
+    lease: another worker could run the same job beside it."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "SHUTDOWN_GRACE_SECONDS": 0.2}
+    go = tmp_path / "go"
+    job = schedule(tasks.wait_for_file, in_=0, args=[str(go), 60])
+    command = Command()
+    thread, raised = in_a_thread(lambda: call_command(command, "-v", "0"))
+    try:
+        wait_for(lambda: status(job) == Status.RUNNING)
+        assert command.process is not None
+        command.process.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        go.touch()
+        wait_for(lambda: status(job) == Status.SUCCEEDED)
+    assert len(raised) == 1 and isinstance(raised[0], CommandError), raised
+    assert str(job.pk) in str(raised[0])
