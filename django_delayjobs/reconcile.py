@@ -87,9 +87,10 @@ def reconcile(
     all (its id is not a job id, its queue cannot name keys) is left out, counted in
     ``skipped`` and named in one log line.
 
-    A full pass (``horizon`` and ``ids`` None) also reads every queue's garbage: an id whose job
-    finished other than dead, or whose row is gone, is taken out of it (a Redis restored
-    from an older snapshot holds the dead of then, and the admin would show them dead).
+    A full pass (``horizon`` and ``ids`` None) also reads every queue's garbage: an id
+    whose job finished other than dead, or whose row is gone, is taken out of it (a Redis
+    restored from an older snapshot holds the dead of then, and the admin would show them
+    dead).
 
     After a queue's shard count changed (``QUEUE_SHARDS``), a job still waiting in a shard
     of the old count is moved to its shard under the new one: taken out of the old shard,
