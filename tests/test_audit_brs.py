@@ -21,7 +21,7 @@ from django_delayjobs.management.commands.run_delayworker import Command
 from django_delayjobs.models import Job, Status
 from django_delayjobs.outcomes import SETTLED_SECONDS
 from django_delayjobs.worker import Backoff, Options, WorkerProcess
-from tests.helpers import age_rows, wait_for
+from tests.helpers import age_rows, set_read_only, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -106,11 +106,30 @@ class WriteLock:
             self.holder.join(10)
 
 
+class ReadOnly:
+    """PostgreSQL's new sessions made read-only from ``hold()`` to ``release()``, as on a
+    standby: they answer reads and refuse writes."""
+
+    def hold(self) -> None:
+        set_read_only(True)
+        connections.close_all()  # this thread's next query: a new, read-only session
+
+    def release(self) -> None:
+        set_read_only(False)
+        connections.close_all()
+
+
 @pytest.fixture
-def write_lock() -> Iterator[WriteLock]:
-    """A ``WriteLock``, with the busy timeout of this process's connections made short."""
-    if connection.vendor != "sqlite":
-        pytest.skip("SQLite's write lock")
+def refusal() -> Iterator[WriteLock | ReadOnly]:
+    """A database that answers reads and refuses writes while held: SQLite's write lock
+    (the busy timeout of this process's connections made short), PostgreSQL read-only."""
+    if connection.vendor == "postgresql":
+        read_only = ReadOnly()
+        try:
+            yield read_only
+        finally:
+            read_only.release()
+        return
     options = connections.settings["default"].setdefault("OPTIONS", {})
     saved = options.get("timeout")
     options["timeout"] = 0.2
@@ -124,7 +143,7 @@ def write_lock() -> Iterator[WriteLock]:
         connections.close_all()
 
 
-def hand_back_one(process: WorkerProcess, lock: WriteLock) -> None:
+def hand_back_one(process: WorkerProcess, lock: WriteLock | ReadOnly) -> None:
     """Deliver a due job to ``process`` while the database refuses writes: handed back."""
     job = schedule(tasks.record, in_=0, args=["refused"])
     age_rows()  # a job the reconcile sweep re-adds counts as lost
@@ -135,24 +154,24 @@ def hand_back_one(process: WorkerProcess, lock: WriteLock) -> None:
     assert status(job) == Status.SCHEDULED
 
 
-def test_a_database_that_answers_reads_is_not_back_until_it_takes_a_write(write_lock, caplog):
+def test_a_database_that_answers_reads_is_not_back_until_it_takes_a_write(refusal, caplog):
     """The owner check's read (every HEARTBEAT_SECONDS) said that the database was back
     while it still refused every claim: the log flapped between "unavailable" and "back"."""
     process = WorkerProcess(get_engine(), Options(queues=["default"]))
-    hand_back_one(process, write_lock)
-    assert "worker: the database is unavailable (database is locked;" in caplog.text
+    hand_back_one(process, refusal)
+    assert "worker: the database is unavailable (" in caplog.text
     time.sleep(SETTLED_SECONDS)  # an outage ends once nothing failed for this long
     process.check_owner()  # reads: answered
     assert "the database is back" not in caplog.text
-    write_lock.release()
+    refusal.release()
     wait_for(lambda: process.check_owner() or "the database is back" in caplog.text)
     assert caplog.text.count("worker: the database is unavailable") == 1, caplog.text
 
 
-def test_a_reconcile_sweep_is_no_end_of_an_outage_of_writes(write_lock, caplog):
+def test_a_reconcile_sweep_is_no_end_of_an_outage_of_writes(refusal, caplog):
     """The reconcile sweep only reads the database: its success ended the outage too."""
     process = WorkerProcess(get_engine(), Options(queues=["default"]))
-    hand_back_one(process, write_lock)
+    hand_back_one(process, refusal)
     time.sleep(SETTLED_SECONDS)
     get_engine().client.flushdb()  # the sweep has something to say once it has run
     thread = threading.Thread(target=process.reconcile_loop)
