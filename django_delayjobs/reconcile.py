@@ -11,7 +11,7 @@ import contextlib
 import logging
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Generator
+from collections.abc import Collection, Generator
 from datetime import timedelta
 from functools import partial
 from typing import Any, cast
@@ -58,8 +58,11 @@ class Reconciled(Counter[str]):
         self.cleared: Counter[str] = Counter()
 
 
-def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled:
-    """Re-add waiting jobs due within ``horizon`` (all of them when None); count per queue.
+def reconcile(
+    engine: Engine, *, horizon: timedelta | None = None, ids: Collection[str] | None = None
+) -> Reconciled:
+    """Re-add waiting jobs due within ``horizon`` (all of them when None), of ``ids`` only
+    if given; count per queue.
 
     A ``running`` job Redis holds nowhere (it lost its data while the job ran), or only in
     garbage (it was restored from a snapshot taken while the job was dead, before a retry),
@@ -84,9 +87,10 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
     all (its id is not a job id, its queue cannot name keys) is left out, counted in
     ``skipped`` and named in one log line.
 
-    A full pass (``horizon`` None) also reads every queue's garbage: an id whose job
-    finished other than dead, or whose row is gone, is taken out of it (a Redis restored
-    from an older snapshot holds the dead of then, and the admin would show them dead).
+    A full pass (``horizon`` and ``ids`` None) also reads every queue's garbage: an id
+    whose job finished other than dead, or whose row is gone, is taken out of it (a Redis
+    restored from an older snapshot holds the dead of then, and the admin would show them
+    dead).
 
     After a queue's shard count changed (``QUEUE_SHARDS``), a job still waiting in a shard
     of the old count is moved to its shard under the new one: taken out of the old shard,
@@ -101,7 +105,10 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
                "status")  # fmt: skip
     # Compared by the database: a created_at Python cannot read never stops the sweep.
     fresh = Case(When(created_at__gt=now - FRESH, then=Value(True)), default=Value(False))
-    rows = Job.objects.filter(due | Q(status=Status.RUNNING)).values_list(*as_text, fresh)
+    rows = Job.objects.filter(due | Q(status=Status.RUNNING))
+    if ids is not None:
+        rows = rows.filter(pk__in=ids)
+    rows = rows.values_list(*as_text, fresh)
     result = Reconciled()
     moved: Counter[str] = Counter()  # ids moved to their shard under a new count
     batch: dict[str, dict[str, float]] = defaultdict(dict)
@@ -166,7 +173,7 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None) -> Reconciled
                 repair(queue, batch.pop(queue))
     for queue, items in batch.items():
         repair(queue, items)
-    if horizon is None and None not in down:
+    if horizon is None and ids is None and None not in down:
         for queue in each.run(engine.known_queues, list[str]()):
             if queue not in down:
                 with each.attempt():

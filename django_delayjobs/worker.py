@@ -197,10 +197,13 @@ class Backoff:
         """The delay the next failure sleeps: 0.2 s, doubling up to 5 s."""
         return min(max(self.delay * 2, 0.2), 5.0)
 
-    def ok(self) -> None:
+    def ok(self, *, wrote: bool = True) -> None:
+        """Calls succeeded; ``wrote=False`` if they only read the database, which does not
+        end its outage: a database that answers reads may still refuse every write."""
         self.delay = 0.0
         if self.outage is not None:
-            self.outage.ok()
+            if wrote:
+                self.outage.ok()
         elif self.failures and time.monotonic() - self.last_failure >= SETTLED_SECONDS:
             logger.warning("%s: back after %d failed attempt(s)", self.what, self.failures)
             self.failures = 0
@@ -227,6 +230,9 @@ class WorkerProcess:
         # it), for the ids this process holds in flight: their leases are extended
         self.held: dict[str, tuple[str, int]] = {}
         self.lost: set[str] = set()  # held ids whose lost lease was logged (held_lock)
+        # A burst's ids let go (``let_go``) and not yet put back in Redis (held_lock): no
+        # reconcile sweep runs beside a burst (cron), so it puts them back (``put_back``).
+        self.let_gone: set[str] = set()
         # While a lease extension is under way, the ids claimed since it began (held_lock):
         # out of flight when it asked, in flight again by now, so not lost.
         self.claimed_meanwhile: set[str] | None = None
@@ -277,8 +283,8 @@ class WorkerProcess:
             self.finish(workers, grace)
             if any(t.is_alive() for t in workers):
                 self.abandoned = True
-                logger.warning("actions still running after %s s; leaving them to their lease",
-                               grace)  # fmt: skip
+                logger.warning("actions still running after %s s; leaving them to their lease "
+                               "(job(s) %s)", grace, ", ".join(self.running_ids()))  # fmt: skip
                 self.hand_back_waiting()
         finally:
             self.stopped.set()
@@ -295,6 +301,10 @@ class WorkerProcess:
         handed_back = self.stats.handed_back()
         if self.options.burst and handed_back:  # cron must see that a burst fell short
             raise WorkerDied(handed_back)
+        if self.let_gone:  # a burst stopped before it could put them back
+            raise WorkerDied(f"--burst: {len(self.let_gone)} job(s) whose lease was lost were "
+                             "not put back in Redis; they wait for a reconcile sweep "
+                             "(manage.py delayjobs_reconcile)")  # fmt: skip
 
     def finish(self, workers: list[threading.Thread], grace: float) -> None:
         """Give the running actions ``grace`` seconds to end. If the housekeeping thread
@@ -454,7 +464,7 @@ class WorkerProcess:
             try:
                 reconcile(self.engine, horizon=horizon())
                 backoff.ok()
-                database.ok()
+                database.ok(wrote=False)
             except PartlyUnavailable as exc:  # the shards it reached were repaired
                 backoff.failed("Redis is unavailable", exc, delayjobs_settings.RECONCILE_SECONDS)
                 continue
@@ -526,6 +536,8 @@ class WorkerProcess:
         lease ends) and promote what is due; True when nothing is due within
         ``BURST_SLACK`` (so a burst always ends, whatever the tick). Raises
         ``EngineUnavailable``."""
+        if self.put_back():
+            return False  # claim them
         each = self.promoter.new_pass()
         self.promoter.housekeeping(time.monotonic(), each)
         each.check()
@@ -538,6 +550,28 @@ class WorkerProcess:
         # for a moment; burst runs it too.
         self.stopping.wait(next_due)
         return False
+
+    def put_back(self) -> bool:
+        """Make Redis hold again the jobs this burst let go (``let_go``); True if there
+        were any. After Redis lost its data their rows wait with nothing in Redis, and
+        beside a burst run by cron no reconcile sweep may run to put them back. Raises
+        ``EngineUnavailable``; a database that fails it stops the burst (exit 1)."""
+        with self.held_lock:
+            ids, self.let_gone = self.let_gone, set()
+        if not ids:
+            return False
+        try:
+            reconcile(self.engine, ids=ids)
+        except (EngineUnavailable, DatabaseError) as exc:
+            with self.held_lock:
+                self.let_gone |= ids  # tried again, or counted as left behind
+            if isinstance(exc, EngineUnavailable):
+                raise
+            drop_connections()
+            self.die(f"--burst: could not put back in Redis {len(ids)} job(s) whose lease "
+                     f"was lost: the database is unavailable ({exc})")  # fmt: skip
+            return False
+        return True
 
     def claim(self, queues: Sequence[str]) -> tuple[str, list[str]] | None:
         """Claim ids from the first queue (strict priority) that has any; return the shard
@@ -635,10 +669,14 @@ class WorkerProcess:
     def let_go(self, queue: str, job_id: str, thread: int) -> None:
         """Leave an id this thread no longer holds to whoever holds it now: neither acked
         nor handed back, which would move the other delivery's id. One that Redis lost is
-        added again by the reconcile sweep (its row is still waiting)."""
+        added again by the reconcile sweep (its row is still waiting), or in a burst, which
+        runs none, by the burst itself before it ends (``put_back``)."""
         self.release([job_id], thread)
+        if self.options.burst:
+            with self.held_lock:
+                self.let_gone.add(job_id)
         logger.warning("job %s: its lease was lost before it started; not run here (another "
-                       "delivery has it, or the reconcile sweep adds it again)", job_id,
+                       "delivery has it, or it is added again from its row)", job_id,
                        extra=job_fields(job_id, queue))  # fmt: skip
 
     @staticmethod
@@ -750,6 +788,11 @@ class WorkerProcess:
             return False
         return True
 
+    def running_ids(self) -> list[str]:
+        """The jobs whose actions run in this process now."""
+        with self.held_lock:
+            return sorted(execution.job_id for execution in self.running.values())
+
     def hand_back_waiting(self) -> None:
         """Exiting with actions still running: hand back the ids claimed with them that
         never started, instead of leaving them to wait for their lease to end."""
@@ -832,14 +875,17 @@ class WorkerProcess:
             self.stopped.wait(min(beat_every, CHECKPOINT_SECONDS))
 
     def check_owner(self) -> None:
-        """After Redis lost its data another deployment may have claimed this PREFIX. Its
-        read is also this process's contact with the database while it runs no job: a
-        worker left idle by an outage still says when the database is back."""
+        """After Redis lost its data another deployment may have claimed this PREFIX. It is
+        also this process's contact with the database while it runs no job: a worker left
+        idle by an outage still says when the database is back, once it takes a write (a
+        database that answers reads may refuse every claim)."""
         try:
             mine = deployment_uid()
+            if self.database.failures:  # under way: only a write may end it
+                sql.take_a_write()
             self.database.ok()
             check_owner(self.engine, mine)
-        except DatabaseError as exc:  # deployment_uid's: the only read of the database
+        except DatabaseError as exc:  # deployment_uid's, or the write's
             self.database.failed(exc)
         except EngineUnavailable:  # Redis's outage: the heartbeat's to log
             pass  # checked again at the next beat

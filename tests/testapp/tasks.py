@@ -1,6 +1,7 @@
 """Module-level actions for the tests."""
 
 import itertools
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,15 @@ def hold_the_interpreter() -> None:
     """C code that never lets another thread (nor a signal handler) run: sum() over a C
     iterator never releases the GIL, for hours."""
     sum(itertools.repeat(1, 10**15))
+
+
+@delayable
+def wait_for_file(path: str, seconds: float) -> str:
+    """Return once the file ``path`` exists (a test's go-ahead), or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "waited"
 
 
 @delayable

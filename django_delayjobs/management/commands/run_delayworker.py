@@ -118,6 +118,7 @@ def queue_list(value: str) -> list[str]:
 class Command(SafeOutputCommand):
     help = "Run the delayjobs promoter and worker threads until SIGTERM/SIGINT/SIGHUP."
     process: WorkerProcess | None = None  # once built: signals go to it
+    exits = False  # run from the command line: the process exits when the worker stops
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -161,6 +162,7 @@ class Command(SafeOutputCommand):
         so the process would run on, its heartbeat removed and the action's lease no longer
         extended, until another worker ran the same job again beside it."""
         self.process = None
+        self.exits = True
         code = 1
         try:
             super().run_from_argv(argv)
@@ -307,6 +309,13 @@ class Command(SafeOutputCommand):
         finally:
             if server is not None:
                 server.close()
+        if process.abandoned and not self.exits:
+            raise CommandError(
+                f"actions still ran when the shutdown grace ended (job(s) "
+                f"{', '.join(process.running_ids()) or '?'}): called in-process, the worker "
+                "leaves them running in this process with their leases no longer extended, "
+                "so another worker may run the same jobs beside them"
+            )
         if verbosity:
             self.stdout.write(f"delayjobs {process.id}: stopped ({process.stats.line()})")
 
