@@ -11,7 +11,7 @@ import contextlib
 import logging
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Collection, Generator
+from collections.abc import Callable, Collection, Generator
 from datetime import timedelta
 from functools import partial
 from typing import Any, cast
@@ -58,11 +58,12 @@ class Reconciled(Counter[str]):
         self.cleared: Counter[str] = Counter()
 
 
-def reconcile(
-    engine: Engine, *, horizon: timedelta | None = None, ids: Collection[str] | None = None
-) -> Reconciled:
+def reconcile(engine: Engine, *, horizon: timedelta | None = None,
+              ids: Collection[str] | None = None,
+              progress: Callable[[], None] = lambda: None) -> Reconciled:  # fmt: skip
     """Re-add waiting jobs due within ``horizon`` (all of them when None), of ``ids`` only
-    if given; count per queue.
+    if given; count per queue; call ``progress`` at each row read (the worker's watchdog: a
+    long sweep is no stuck one).
 
     A ``running`` job Redis holds nowhere (it lost its data while the job ran), or only in
     garbage (it was restored from a snapshot taken while the job was dead, before a retry),
@@ -148,6 +149,7 @@ def reconcile(
     found = cast("Generator[tuple[Any, ...]]", rows.order_by().iterator(CHUNK))
     with conn.wrap_database_errors, contextlib.closing(found):
         for raw_id, queue, raw_run_at, priority, status, is_young in found:
+            progress()
             try:
                 job_id = str(uuid.UUID(str(raw_id)))
             except ValueError as exc:  # a hand-written id: no worker could claim it

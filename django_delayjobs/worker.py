@@ -5,7 +5,8 @@ claiming, lets running actions finish within ``SHUTDOWN_GRACE_SECONDS`` and hand
 anything claimed but not started; a second one, or a SIGQUIT, exits at once, removing the
 process's heartbeat first (within ``EXIT_UNREGISTER_SECONDS``).
 
-A worker that heartbeats is a worker that works: if any of its threads dies, the process
+A worker that heartbeats is a worker that works: if any of its threads dies, or one that
+waits on the database between jobs makes no progress for long (``progress``), the process
 stops heartbeating at once, hands back what it can and exits non-zero, so that systemd,
 Kubernetes or supervisor restarts it (restarting a thread in place could hide a bug that
 kills it again and again). The same goes for an action that runs past ``MAX_RUN_SECONDS``:
@@ -49,6 +50,7 @@ from .management.errors import database_error, database_named, jobs_alias
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner, deployment_uid
+from .progress import Progress
 from .promoter import BrokenKeys, Promoter
 from .reconcile import horizon, reconcile
 from .retention import AutoPrune
@@ -73,6 +75,8 @@ CHECKPOINT_SECONDS = 1.0
 #: How long a process that exits at once (a second signal, SIGQUIT) gives the removal of
 #: its heartbeat before it exits all the same (seconds).
 EXIT_UNREGISTER_SECONDS = 1.0
+#: The longest a ``Backoff`` sleeps between two failed calls (seconds).
+BACKOFF_MAX_SECONDS = 5.0
 #: Signals that stop a worker as ``SIGTERM`` does: finish, hand back, exit 0. ``SIGHUP``
 #: too: a terminal that closes sends it, and Python's default ended the process with no
 #: cleanup at all.
@@ -195,7 +199,7 @@ class Backoff:
 
     def next_delay(self) -> float:
         """The delay the next failure sleeps: 0.2 s, doubling up to 5 s."""
-        return min(max(self.delay * 2, 0.2), 5.0)
+        return min(max(self.delay * 2, 0.2), BACKOFF_MAX_SECONDS)
 
     def ok(self, *, wrote: bool = True) -> None:
         """Calls succeeded; ``wrote=False`` if they only read the database, which does not
@@ -255,6 +259,7 @@ class WorkerProcess:
         self.beat_lock = threading.Lock()  # a last heartbeat never follows unregister()
         self.unregistered = False  # guarded by beat_lock: no heartbeat is written after
         self.pruner = AutoPrune(engine)  # PRUNE_AFTER_SECONDS; never raises
+        self.progress = Progress()  # of the threads that wait on the database between jobs
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -332,12 +337,15 @@ class WorkerProcess:
         self.stopping.set()
 
     def supervise(self) -> None:
-        """Die if a thread that should still run has ended."""
+        """Die if a thread that should still run has ended, or is stuck (``Progress``)."""
         for thread in self.threads:
             ended_early = not thread.is_alive() and not self.stopping.is_set()
             done = self.options.burst and thread.name.startswith("delayjobs-worker")
             if ended_early and not done:  # a burst's worker threads end once nothing is due
                 self.die(f"thread {thread.name} ended unexpectedly")
+        stuck = self.progress.stuck()
+        if stuck is not None and not self.stopping.is_set():
+            self.die(stuck)
 
     def install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -460,9 +468,12 @@ class WorkerProcess:
         long sweep (many jobs due within the horizon) must not delay promotion."""
         backoff = Backoff(self.stopping, "reconcile")  # Redis's calls
         database = Backoff(self.stopping, "reconcile", self.database)
+        pause = max(delayjobs_settings.RECONCILE_SECONDS, BACKOFF_MAX_SECONDS)
+        progress = self.progress.watch(pause)  # and every row read
         while not self.stopping.is_set():
+            progress()
             try:
-                reconcile(self.engine, horizon=horizon())
+                reconcile(self.engine, horizon=horizon(), progress=progress)
                 backoff.ok()
                 database.ok(wrote=False)
             except PartlyUnavailable as exc:  # the shards it reached were repaired
@@ -861,7 +872,9 @@ class WorkerProcess:
         beat_every = delayjobs_settings.HEARTBEAT_SECONDS
         last_owner = last_checkpoint = 0.0
         checkpointed = 0  # jobs settled at the last checkpoint
+        progress = self.progress.watch(min(beat_every, CHECKPOINT_SECONDS))
         while not self.stopped.is_set():
+            progress()
             now = time.monotonic()
             if now - last_owner >= beat_every and self.fatal is None:
                 last_owner = now

@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -128,7 +129,8 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
 
 
 class TcpProxy:
-    """Forwards 127.0.0.1:<port> to a server; ``down()`` refuses and cuts connections."""
+    """Forwards 127.0.0.1:<port> to a server; ``down()`` refuses and cuts connections,
+    ``silence()`` stops forwarding on connections while keeping them open."""
 
     def __init__(self, host: str, port: int) -> None:
         import socket
@@ -140,6 +142,13 @@ class TcpProxy:
         probe.close()
         self.listener: socket.socket | None = None
         self.conns: list[socket.socket] = []
+        self.silent_on: bytes | None = None
+
+    def silence(self, on: bytes = b"") -> None:
+        """From now on, a connection whose client sends bytes holding ``on`` (any, for
+        b"") stops forwarding both ways from that moment, its sockets left open: a
+        network cut that sends no reset, met by a request under way."""
+        self.silent_on = on
 
     def up(self) -> None:
         import socket
@@ -184,17 +193,21 @@ class TcpProxy:
                 return
             server = socket.create_connection(self.target)
             self.conns += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            silent = threading.Event()  # this connection's, both ways
+            for a, b, outgoing in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pipe, args=(a, b, silent, outgoing),
+                                 daemon=True).start()  # fmt: skip
 
-    @staticmethod
-    def _pipe(src: object, dst: object) -> None:
+    def _pipe(self, src: object, dst: object, silent: threading.Event, outgoing: bool) -> None:
         import socket
 
         assert isinstance(src, socket.socket) and isinstance(dst, socket.socket)
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                if outgoing and self.silent_on is not None and self.silent_on in data:
+                    silent.set()
+                if not silent.is_set():
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
