@@ -36,7 +36,7 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
 from .. import request_transactions
-from ..management.errors import database_error, database_named, jobs_alias
+from ..management.errors import database_named, jobs_alias
 
 
 class SafeJSONParser(JSONParser):
@@ -103,14 +103,14 @@ def unavailable(exc: OperationalError | InterfaceError) -> DatabaseUnavailable:
     """The 503 for a database that cannot answer, naming the jobs' database when the
     error is its (they may live on a database of their own, down while the project's
     answers: the session's user is read from that one). The error itself is logged, never
-    shown: it may name hosts and users."""
+    shown: it may name hosts and users. (Not ``database_error``'s line, which reads the
+    migrations for a database that answers: work for every request of an outage.)"""
     alias = jobs_alias()
     if alias is not None and not connections[alias].errors_occurred:
         alias = None  # another database failed, or both may have
-    logger.warning("API request while %s", database_error(exc, alias))
-    return DatabaseUnavailable(
-        f"{capfirst(database_named(alias))} is unavailable; try again later."
-    )
+    where = database_named(alias)
+    logger.warning("API request while %s is unavailable: %s", where, exc)
+    return DatabaseUnavailable(f"{capfirst(where)} is unavailable; try again later.")
 
 
 def _refusal(exc: Exception) -> Exception:
