@@ -482,6 +482,12 @@ def _choose_sql(alias: str, statuses: int, after: bool, referenced: str, lock: b
     finished_at = _q(conn, _JOB, "finished_at")
     if conn.vendor == "sqlite":
         finished_at = f"CAST({finished_at} AS TEXT)"
+    elif conn.vendor == "postgresql":
+        # A time Python cannot read ('-infinity', a date BC) as the earliest it can, in
+        # any session time zone: read back as the position, it raised DataError, so every
+        # prune stopped at that batch. The jobs before it that the batch left wait for the
+        # next pass, which starts again at the oldest.
+        finished_at = f"GREATEST({finished_at}, '0001-01-02 00:00:00+00')"
     statement = (
         f"SELECT {finished_at}, {_q(conn, _JOB, 'id')}"
         f" {_finished_sql(alias, statuses, after, referenced)}"

@@ -137,3 +137,23 @@ def test_a_job_requeued_after_its_batch_chose_it_does_not_end_the_prune():
         done = retention.prune(timezone.now() - timedelta(days=30), batch=10)
     assert (done.jobs, done.complete) == (25 - len(requeued), True), done
     assert list(Job.objects.values_list("pk", flat=True)) == [j.pk for j in requeued]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="times SQLite does not have")
+@pytest.mark.parametrize("finished_at", ["-infinity", "0044-03-15 12:00:00+00 BC"])
+@pytest.mark.parametrize("refusal", [False, True], ids=["batch", "one by one"])
+def test_a_finish_time_python_cannot_read_does_not_stop_the_prune(finished_at, refusal, hand_table):  # noqa: F811
+    """The batch's last job is where the next batch starts, read into Python: a finish
+    time before year 1 (written by hand) raised DataError there, and each prune (the
+    automatic one every minute) stopped at that batch for ever."""
+    jobs = old_jobs(25, timedelta(days=40))
+    if refusal:  # the batch is then retried one job at a time
+        hand_table([jobs[3]])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Job._meta.db_table} SET finished_at = %s WHERE id = %s",
+            [finished_at, jobs[5].pk],
+        )
+    done = retention.prune(timezone.now() - timedelta(days=30), batch=1)
+    assert (done.jobs, done.complete) == (25 - refusal, True), done
+    assert list(Job.objects.values_list("pk", flat=True)) == [jobs[3].pk] * refusal
