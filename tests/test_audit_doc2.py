@@ -35,3 +35,52 @@ def test_the_shell_snippet_that_forgets_orphaned_garbage_runs():
     Job.objects.filter(pk=orphan.pk).delete()  # its row deleted by hand
     exec(snippet("operations.md", "with a **Forget** button"), {})
     assert [job_id for job_id, _ in get_engine().garbage(kept.queue, 10)] == [str(kept.pk)]
+
+
+def documented_metrics() -> dict[str, tuple[str, list[str]]]:
+    """docs/metrics.md's tables of metrics: name -> (type, labels)."""
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    rows = re.findall(r"^\| `(delayjobs_\w+)` \| (\w+) \|([^|]*)\|", text, re.MULTILINE)
+    return {name: (kind, re.findall(r"`(\w+)`", labels)) for name, kind, labels in rows}
+
+
+def test_the_metrics_tables_name_every_family_with_its_type_and_labels():
+    """Every family a scrape can show (a sharded queue and a named action included) is in
+    docs/metrics.md with its type and labels, the buckets as written, and no other."""
+    from django_delayjobs.engine import QueueStats
+    from django_delayjobs.metrics import exposition, layout
+    from django_delayjobs.metrics.snapshot import QueueReading
+
+    def stats(name: str, shards: tuple[QueueStats, ...] = ()) -> QueueStats:
+        return QueueStats(name, 0, 0, 0, 0, 0, 0, 0, 1, None, None, shards=shards)
+
+    action = "shop.Order.cancel"
+    totals = {layout.action_field(action, "jobs:succeeded"): 1.0}
+    reading = QueueReading("q", stats("q", (stats("q~0"), stats("q~1"))), totals, 0, (action,))
+    found = {}
+    for family in exposition.families([reading]):
+        labels = sorted({label for s in family.samples for label in s.labels} - {"le"})
+        found[family.name + ("_total" if family.type == "counter" else "")] = (
+            family.type,
+            labels,
+        )
+    documented = {
+        name: (kind, sorted(labels)) for name, (kind, labels) in documented_metrics().items()
+    }
+    assert documented == found
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    lateness = ", ".join(f"{b:g}" for b in layout.LATENESS_BUCKETS)
+    assert f"Buckets from 1 ms to 60 s: {lateness} |" in text
+    assert f"Buckets {layout.RUN_BUCKETS[0]:g} to {layout.RUN_BUCKETS[-1]:g} s" in text
+
+
+def test_the_outcome_and_state_labels_are_the_documented_ones():
+    """docs/metrics.md's "Outcomes, exactly" table and the states of delayjobs_queue_jobs."""
+    from django_delayjobs.metrics import exposition, layout
+
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    table = text.split("### Outcomes, exactly", 1)[1].split("\n\n", 2)[1]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)[1:] == list(layout.OUTCOMES)
+    row = re.search(r"^\| `delayjobs_queue_jobs` \|.*$", text, re.MULTILINE)
+    assert row is not None
+    assert re.findall(r"`(\w+)` \(", row[0]) == list(exposition.STATES)
