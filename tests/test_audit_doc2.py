@@ -84,3 +84,22 @@ def test_the_outcome_and_state_labels_are_the_documented_ones():
     row = re.search(r"^\| `delayjobs_queue_jobs` \|.*$", text, re.MULTILINE)
     assert row is not None
     assert re.findall(r"`(\w+)` \(", row[0]) == list(exposition.STATES)
+
+
+def test_the_script_table_names_every_script_with_the_keys_of_its_header():
+    """docs/how-it-works.md's table of scripts: each .lua file, with the keys its header
+    declares (KEYS[n] = name TYPE), in order. It gave stats a ready key it is not given."""
+    scripts = ROOT / "django_delayjobs" / "engine" / "scripts"
+    text = (ROOT / "docs" / "how-it-works.md").read_text()
+    table = text.split("| script | keys it touches | guarantee |", 1)[1].split("\n\n", 1)[0]
+    documented = {}
+    for row in table.splitlines()[2:]:
+        _, script, keys, *_ = row.split("|")
+        documented[script.strip().strip("`")] = re.findall(
+            r"(\w+)(?: \([^)]*\))?(?:, |$)", keys.strip()
+        )
+    declared = {}
+    for path in scripts.glob("*.lua"):
+        keys = dict(re.findall(r"KEYS\[(\d+)\] = (\w+)", path.read_text()))
+        declared[path.stem] = [keys[n] for n in sorted(keys, key=int)]
+    assert documented == declared
