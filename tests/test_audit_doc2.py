@@ -1,6 +1,7 @@
-"""The docs' code runs as they show it, and their tables name what the code defines: the
-shell snippet of docs/operations.md that forgets orphaned garbage, and docs/metrics.md's
-tables of metric families against the exposition."""
+"""The docs' code runs as they show it, and what they name is what the code defines: the
+shell snippet of docs/operations.md that forgets orphaned garbage, docs/metrics.md's
+tables against the exposition, docs/how-it-works.md's script table against the .lua
+headers, and every command option (with the defaults the prose gives) against argparse."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job
 
+from .test_audit_doc import BASE_OPTIONS, COMMANDS, DOCS, options, parser
 from .test_rest_helpers import dead_job
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,3 +105,35 @@ def test_the_script_table_names_every_script_with_the_keys_of_its_header():
         keys = dict(re.findall(r"KEYS\[(\d+)\] = (\w+)", path.read_text()))
         declared[path.stem] = [keys[n] for n in sorted(keys, key=int)]
     assert documented == declared
+
+
+#: The defaults the docs give in prose, each as the docs word it ({} is the default).
+DEFAULTS_AS_WRITTEN = {
+    ("run_delayworker", "--concurrency"): ("worker.md", "1 to 1000 (default {})"),
+    ("run_delayworker", "--metrics-host"): ("worker.md", "(default host `{}`"),
+    ("delayjobs_health", "--max-overdue"): ("operations.md", "`--max-overdue` seconds ({})"),
+    ("delayjobs_health", "--min-workers"): ("operations.md", "`--min-workers` ({})"),
+    ("delayjobs_prune", "--status"): ("operations.md", "--older-than 30d              # {}\n"),
+    ("delayjobs_prune", "--batch"): ("operations.md", "(`--batch`, {} by default"),
+    ("delayjobs_prune", "--max-rate"): ("operations.md", "({} jobs/s by default"),
+}
+
+
+def test_every_option_of_every_command_is_in_the_docs():
+    """docs/worker.md's table holds run_delayworker's options (test_audit_doc); the other
+    commands' options are told in prose and console blocks: each one is named."""
+    text = "".join(path.read_text() for path in DOCS)
+    for command in COMMANDS:
+        for option in sorted(options(command) - BASE_OPTIONS):
+            assert re.search(rf"{option}\b(?!-)", text), f"{command} {option}"
+
+
+@pytest.mark.parametrize(("command", "option"), sorted(DEFAULTS_AS_WRITTEN))
+def test_the_defaults_the_docs_give_are_the_commands(command, option):
+    doc, wording = DEFAULTS_AS_WRITTEN[command, option]
+    (action,) = [a for a in parser(command)._actions if option in a.option_strings]
+    try:
+        default = f"{float(action.default):g}"
+    except ValueError:
+        default = action.default.replace(",", ", ")
+    assert wording.format(default) in (ROOT / "docs" / doc).read_text()
