@@ -137,3 +137,19 @@ def test_the_defaults_the_docs_give_are_the_commands(command, option):
     except ValueError:
         default = action.default.replace(",", ", ")
     assert wording.format(default) in (ROOT / "docs" / doc).read_text()
+
+
+def test_the_option_table_of_schedule_names_each_of_its_options():
+    """docs/scheduling.md's table under the schedule() example: every keyword of
+    ``schedule``, and nothing else. ``actor=`` was left out."""
+    import inspect
+
+    from django_delayjobs import schedule
+
+    text = (ROOT / "docs" / "scheduling.md").read_text()
+    table = text.split("| option | meaning |", 1)[1].split("\n\n", 1)[0]
+    documented = set()
+    for row in table.splitlines()[2:]:
+        documented |= set(re.findall(r"`(\w+)`", row.split("|")[1]))
+    parameters = inspect.signature(schedule).parameters
+    assert documented == {name for name in parameters if name != "fn"}
