@@ -153,3 +153,35 @@ def test_the_option_table_of_schedule_names_each_of_its_options():
         documented |= set(re.findall(r"`(\w+)`", row.split("|")[1]))
     parameters = inspect.signature(schedule).parameters
     assert documented == {name for name in parameters if name != "fn"}
+
+
+def test_the_signature_of_schedule_http_is_the_one_written():
+    """docs/callbacks.md writes out ``schedule_http``'s parameters and their defaults."""
+    import inspect
+
+    from django_delayjobs import schedule_http
+
+    text = " ".join((ROOT / "docs" / "callbacks.md").read_text().split())
+    written = re.search(r"`schedule_http\((.*?)\) -> Job`", text)
+    assert written is not None
+    signature = inspect.signature(schedule_http)
+    bare = signature.replace(
+        parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+        return_annotation=signature.empty,
+    )
+    assert f"({written[1]})".replace('"', "'") == str(bare)
+
+
+def test_the_settings_table_of_the_callbacks_page_gives_conf_defaults():
+    """docs/callbacks.md repeats the HTTP settings (docs/settings.md's table is checked in
+    test_settings_checks): each name is a setting, with conf's default."""
+    import ast
+
+    from django_delayjobs.conf import DEFAULTS
+
+    text = (ROOT / "docs" / "callbacks.md").read_text().split("\n## Settings\n", 1)[1]
+    rows = re.findall(r"^\| (`[A-Z_]+`(?:, `[A-Z_]+`)*) \| .* \| (`.*`) \|$", text, re.MULTILINE)
+    assert len(rows) > 10
+    for names, defaults in rows:
+        written = [ast.literal_eval(d) for d in re.findall(r"`([^`]*)`", defaults)]
+        assert written == [DEFAULTS[name] for name in re.findall(r"`(\w+)`", names)], names
