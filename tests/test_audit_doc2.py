@@ -185,3 +185,14 @@ def test_the_settings_table_of_the_callbacks_page_gives_conf_defaults():
     for names, defaults in rows:
         written = [ast.literal_eval(d) for d in re.findall(r"`([^`]*)`", defaults)]
         assert written == [DEFAULTS[name] for name in re.findall(r"`(\w+)`", names)], names
+
+
+def test_the_admin_action_table_names_every_action_of_the_job_list():
+    """docs/admin.md's table of actions: each one the job list offers, by its label."""
+    from django.contrib import admin
+
+    job_admin = admin.site._registry[Job]
+    labels = {str(getattr(job_admin, name).short_description) for name in job_admin.actions}
+    text = (ROOT / "docs" / "admin.md").read_text()
+    table = text.split("| action | service call | changes |", 1)[1].split("\n\n", 1)[0]
+    assert {row.split("|")[1].strip() for row in table.splitlines()[2:]} == labels
