@@ -1,7 +1,8 @@
 """The docs' code runs as they show it, and what they name is what the code defines: the
 shell snippet of docs/operations.md that forgets orphaned garbage, docs/metrics.md's
 tables against the exposition, docs/how-it-works.md's script table against the .lua
-headers, and every command option (with the defaults the prose gives) against argparse."""
+headers, every command option (with the defaults the prose gives) against argparse, and
+the names the docs import or spell out against the package."""
 
 from __future__ import annotations
 
@@ -196,3 +197,34 @@ def test_the_admin_action_table_names_every_action_of_the_job_list():
     text = (ROOT / "docs" / "admin.md").read_text()
     table = text.split("| action | service call | changes |", 1)[1].split("\n\n", 1)[0]
     assert {row.split("|")[1].strip() for row in table.splitlines()[2:]} == labels
+
+
+def test_every_name_the_docs_import_or_spell_out_exists():
+    """``from django_delayjobs... import X`` in a code block, and a dotted path such as
+    ``django_delayjobs.logs.JsonFormatter`` anywhere: each one resolves (permissions, check
+    ids and the callback action's name are not paths)."""
+    import importlib
+
+    from django_delayjobs.callbacks.action import ACTION
+
+    def resolves(path: str) -> bool:
+        parts = path.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                found: object = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for part in parts[i:]:
+                if not hasattr(found, part):
+                    return False
+                found = getattr(found, part)
+            return True
+        return False
+
+    text = "".join(path.read_text() for path in DOCS)
+    imports = re.findall(r"^ *from (django_delayjobs[\w.]*) import ([\w, ]+)$", text, re.MULTILINE)
+    paths = {f"{module}.{name.strip()}" for module, names in imports for name in names.split(",")}
+    not_paths = re.compile(r"django_delayjobs\.([EW]\d{3}|\w+_job)")
+    paths |= {p for p in re.findall(r"django_delayjobs(?:\.\w+)+", text) if not not_paths.match(p)}
+    assert len(imports) > 10
+    assert [p for p in sorted(paths - {ACTION}) if not resolves(p)] == []
