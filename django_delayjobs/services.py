@@ -299,7 +299,8 @@ def submit(job: Job, *, replace: bool = False, actor: str = "code") -> Job:
 
 
 def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
-    """Insert jobs built by ``build_job`` in one transaction; one Redis call per queue.
+    """Insert jobs built by ``build_job`` in one transaction; one Redis call per queue
+    (per shard of a sharded queue, and per 5,000 jobs), on commit.
 
     Keys are not allowed here (use ``schedule`` for deduplicated jobs).
     """
