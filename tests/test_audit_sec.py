@@ -1,0 +1,73 @@
+"""Security audit: what a stored callback request may leave in a job's error and history,
+which the admin and the API show to whoever may read jobs.
+
+Every delivery here goes to a real server on 127.0.0.1, run by a real (in-process,
+``--burst``) worker."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+from django.urls import reverse
+
+from django_delayjobs import schedule, schedule_http
+from django_delayjobs.callbacks.action import deliver
+from django_delayjobs.callbacks.request import InvalidCallback
+from django_delayjobs.callbacks.signing import new_secret
+from django_delayjobs.models import Job, Status
+from tests.test_rest_helpers import client_for, make_user, url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOKEN = "s3cret-t0ken-value"
+
+
+def allow(settings, server, **more: object) -> None:
+    settings.DELAYJOBS = {
+        **settings.DELAYJOBS,
+        "HTTP_ALLOWED_HOSTS": [server.netloc],
+        "HTTP_ALLOW_PRIVATE_NETWORKS": True,  # the server is on 127.0.0.1
+        "HTTP_SIGNING_SECRETS": [new_secret()],
+        "RETRY_BACKOFF_SECONDS": 60,
+        **more,
+    }
+
+
+def burst() -> None:
+    call_command("run_delayworker", "--burst", "-v", "0")
+
+
+def shown(job: Job) -> list[str]:
+    """What the admin's page and the API's detail show of ``job`` to a superuser."""
+    admin = Client()
+    admin.force_login(make_user("root", superuser=True))
+    api = client_for(make_user("reader", perms=("view_job",)))
+    return [
+        admin.get(reverse("admin:django_delayjobs_job_change", args=[job.pk])).content.decode(),
+        api.get(url("jobs", job.pk)).content.decode(),
+        api.get(url("jobs", job.pk, "events")).content.decode(),
+    ]
+
+
+# -- a refused destination path does not quote its token ----------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/a/../b", "/a#b", "/a\\b"])
+def test_a_refused_destination_path_is_quoted_with_its_token_masked(
+    path, callback_server, settings, redis_client
+):
+    """A URL's ``?token=`` is masked in every message; a destination's path refused for its
+    form was quoted whole, at the door (an exception a caller logs) and, for a row written
+    by anything else, in the dead job's error the admin and the API show."""
+    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {"url": callback_server.url()}})
+    with pytest.raises(InvalidCallback) as refused:
+        schedule_http(f"hooks:{path}?token={TOKEN}", in_=0)
+    assert TOKEN not in str(refused.value) and "token=***" in str(refused.value)
+    stored = {"method": "POST", "destination": "hooks", "path": f"{path}?token={TOKEN}"}
+    job = schedule(deliver, in_=0, kwargs=stored)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD and "token=***" in job.last_error
+    assert all(TOKEN not in page for page in [job.last_error, *shown(job)])
+    assert callback_server.count() == 0
