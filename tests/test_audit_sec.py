@@ -1,5 +1,5 @@
-"""Security audit: what a stored callback request may leave in a job's error and history,
-which the admin and the API show to whoever may read jobs.
+"""Security audit: what a stored callback request and its receiver's answer may leave in a
+job's history, result and error, which the admin and the API show to whoever may read jobs.
 
 Every delivery here goes to a real server on 127.0.0.1, run by a real (in-process,
 ``--burst``) worker."""
@@ -16,6 +16,7 @@ from django_delayjobs.callbacks.action import deliver
 from django_delayjobs.callbacks.request import InvalidCallback
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.models import Job, Status
+from tests.callback_server import Reply
 from tests.test_rest_helpers import client_for, make_user, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -71,3 +72,34 @@ def test_a_refused_destination_path_is_quoted_with_its_token_masked(
     assert job.status == Status.DEAD and "token=***" in job.last_error
     assert all(TOKEN not in page for page in [job.last_error, *shown(job)])
     assert callback_server.count() == 0
+
+
+# -- a receiver that echoes its request does not put our credentials in the job -----------------
+
+
+@pytest.mark.parametrize("status", [200, 503, 404, 302])
+def test_credentials_a_receiver_echoes_are_masked_in_the_jobs_result_and_history(
+    status, callback_server, settings, redis_client
+):
+    """A destination's ``Authorization`` lives in the settings so that no job row holds it.
+    A receiver that echoes the request it got (a debug endpoint, an error page quoting the
+    headers) put it back in the job's result, history and error; so did a header a job may
+    carry, shown masked (``X-Access-Token``). Each is masked there, whole or the credential
+    after its scheme alone."""
+    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {
+        "url": callback_server.url("/base"), "headers": {"Authorization": f"Bearer {TOKEN}"},
+    }})  # fmt: skip
+    echoed = f"Authorization: Bearer {TOKEN}; token {TOKEN}; x-access-token: k3y-of-the-job"
+    callback_server.script("/base/echo", Reply(
+        status, echoed.encode(), headers={"Location": f"/x?t={TOKEN}", "X-Echo": TOKEN}
+    ))  # fmt: skip
+    job = schedule_http("hooks:/echo", in_=0, headers={"X-Access-Token": "k3y-of-the-job"})
+    burst()
+    sent = callback_server.wait_for(1)[0].headers
+    assert sent["authorization"] == f"Bearer {TOKEN}"  # sent as configured
+    job.refresh_from_db()
+    assert job.status != Status.SCHEDULED and job.events.count() >= 3
+    kept = [str(job.result), job.last_error, *job.events.values_list("message", flat=True)]
+    for text in kept + shown(job):
+        assert TOKEN not in text and "k3y-of-the-job" not in text
+    assert "***" in "".join(kept)
