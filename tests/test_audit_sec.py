@@ -1,5 +1,6 @@
 """Security audit: what a stored callback request and its receiver's answer may leave in a
-job's history, result and error, which the admin and the API show to whoever may read jobs.
+job's history, result and error, which the admin and the API show to whoever may read jobs;
+and which callbacks a caller of the callbacks/ endpoints may change.
 
 Every delivery here goes to a real server on 127.0.0.1, run by a real (in-process,
 ``--burst``) worker."""
@@ -103,3 +104,31 @@ def test_credentials_a_receiver_echoes_are_masked_in_the_jobs_result_and_history
     for text in kept + shown(job):
         assert TOKEN not in text and "k3y-of-the-job" not in text
     assert "***" in "".join(kept)
+
+
+# -- API_CALLBACK_QUEUES bounds what a caller finds, not only what it creates -------------------
+
+
+@pytest.mark.parametrize("verb", ["cancel", "reschedule"])
+def test_a_caller_kept_to_its_queues_cannot_change_a_callback_of_another_queue(
+    verb, callback_server, settings, redis_client
+):
+    """With ``API_CALLBACK_QUEUES`` a service may name its queues only ("any other is a 400");
+    ``callbacks/cancel/`` and ``reschedule/`` still found, and changed, the application's own
+    callback of another queue by its key (a guessable name) or by its id."""
+    allow(settings, callback_server, API_CALLBACK_QUEUES=["partner"])
+    own = schedule_http(callback_server.url(), in_=3600, key="order-42", queue="internal")
+    caller = client_for(make_user("service", perms=("add_job",)))
+    extra = {"in": 60} if verb == "reschedule" else {}
+    by_key = caller.post(url("callbacks", verb), {"key": "order-42", "queue": "internal", **extra},
+                         format="json")  # fmt: skip
+    assert by_key.status_code == 400 and "API_CALLBACK_QUEUES" in by_key.json()["queue"][0]
+    by_id = caller.post(url("callbacks", verb), {"id": str(own.pk), **extra}, format="json")
+    assert by_id.status_code == 404
+    assert Job.objects.get(pk=own.pk).run_at == own.run_at
+    assert Job.objects.get(pk=own.pk).status == Status.SCHEDULED
+    body = {"url": callback_server.url(), "in": 3600, "key": "k", "queue": "partner"}
+    mine = caller.post(url("callbacks"), body, format="json")
+    assert mine.status_code == 201
+    found = caller.post(url("callbacks", verb), {"id": mine.json()["id"], **extra}, format="json")
+    assert found.status_code == 200
