@@ -106,6 +106,26 @@ def test_credentials_a_receiver_echoes_are_masked_in_the_jobs_result_and_history
     assert "***" in "".join(kept)
 
 
+def test_a_credential_cut_by_the_kept_bytes_leaves_no_part_of_it(
+    callback_server, settings, redis_client
+):
+    """Only ``HTTP_RESPONSE_KEEP_BYTES`` of the body are kept: an echo whose credential
+    straddles that end kept all of it but its last characters, unmasked."""
+    allow(settings, callback_server, HTTP_RESPONSE_KEEP_BYTES=4096, HTTP_DESTINATIONS={"hooks": {
+        "url": callback_server.url("/base"), "headers": {"Authorization": f"Bearer {TOKEN}"},
+    }})  # fmt: skip
+    page = b"<html>" + b"x" * (4096 - 6 - 12) + f"Bearer {TOKEN} and more".encode()  # cut: s3cre
+    callback_server.script("/base/echo", Reply(200, page))
+    job = schedule_http("hooks:/echo", in_=0)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.SUCCEEDED and job.result["truncated"]
+    kept = [job.result["body"], *job.events.values_list("message", flat=True)]
+    for text in kept + shown(job):
+        assert TOKEN[:4] not in text
+    assert job.result["body"].endswith("x***...")
+
+
 # -- API_CALLBACK_QUEUES bounds what a caller finds, not only what it creates -------------------
 
 

@@ -75,13 +75,24 @@ def without_credentials(response: Response, credentials: Sequence[str]) -> Respo
             text = text.replace(credential, "***")
         return text
 
+    encoded = [credential.encode() for credential in credentials]
     body = response.body
-    for credential in credentials:
-        body = body.replace(credential.encode(), b"***")
+    for credential in encoded:
+        body = body.replace(credential, b"***")
+    if response.truncated:  # cut at the kept bytes, perhaps inside a credential
+        body = _without_start(body, encoded)
     return dataclasses.replace(
         response, body=body, reason=mask(response.reason), malformed=mask(response.malformed),
         headers={name: mask(value) for name, value in response.headers.items()},
     )  # fmt: skip
+
+
+def _without_start(body: bytes, credentials: list[bytes]) -> bytes:
+    """``body`` with the start of a credential it ends with (4 bytes or more) masked."""
+    for size in range(min(max(map(len, credentials)) - 1, len(body)), 3, -1):
+        if any(c.startswith(body[-size:]) for c in credentials if len(c) > size):
+            return body[:-size] + b"***"
+    return body
 
 
 def line(method: str, where: str, response: Response) -> str:
