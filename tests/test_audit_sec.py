@@ -1,11 +1,14 @@
 """Security audit: what a stored callback request and its receiver's answer may leave in a
 job's history, result and error, which the admin and the API show to whoever may read jobs;
-and which callbacks a caller of the callbacks/ endpoints may change.
+which callbacks a caller of the callbacks/ endpoints may change; what a compressed answer
+costs; and what a row edited to name another method of its target runs (nothing).
 
 Every delivery here goes to a real server on 127.0.0.1, run by a real (in-process,
 ``--burst``) worker."""
 
 from __future__ import annotations
+
+import gzip
 
 import pytest
 from django.core.management import call_command
@@ -19,6 +22,7 @@ from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.models import Job, Status
 from tests.callback_server import Reply
 from tests.test_rest_helpers import client_for, make_user, url
+from tests.testapp.models import Thing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -152,3 +156,46 @@ def test_a_caller_kept_to_its_queues_cannot_change_a_callback_of_another_queue(
     assert mine.status_code == 201
     found = caller.post(url("callbacks", verb), {"id": mine.json()["id"], **extra}, format="json")
     assert found.status_code == 200
+
+
+# -- a compressed answer is kept as it came, never inflated --------------------------------------
+
+
+def test_a_compressed_answer_is_kept_as_sent_not_inflated(callback_server, settings,
+                                                          redis_client):  # fmt: skip
+    """A gzip bomb (50 MB of zeros in 50 KB) costs its kept bytes: the client asks for no
+    encoding (``Accept-Encoding: identity``) and does not decode one it is sent anyway, or
+    one a job asks for."""
+    allow(settings, callback_server, HTTP_RESPONSE_KEEP_BYTES=4096)
+    bomb = gzip.compress(b"\0" * (50 << 20))
+    for headers in ({}, {"Accept-Encoding": "gzip"}):
+        callback_server.script("/hook", Reply(200, bomb, headers={"Content-Encoding": "gzip"}))
+        job = schedule_http(callback_server.url(), in_=0, headers=headers)
+        burst()
+        job.refresh_from_db()
+        assert job.status == Status.SUCCEEDED and job.result["truncated"]
+        assert job.result["body"].startswith("\x1f\ufffd\x08")  # gzip's magic, as sent
+    sent = [request.headers.get("accept-encoding") for request in callback_server.requests]
+    assert sent == ["identity", "gzip"]
+
+
+# -- a row edited to name a method that is not @delayable runs nothing ------------------------
+
+
+@pytest.mark.parametrize(
+    "method", ["pay", "not_delayable", "delete", "save", "__init__", "__class__", "__reduce__"]
+)
+def test_a_row_naming_a_method_that_is_not_delayable_ends_dead_having_run_nothing(
+    method, redis_client
+):
+    """The action is (model, pk, method name) from the row: only a method marked
+    ``@delayable`` runs; any other attribute of the target (a plain method that changes
+    the row, a model method, a dunder) leaves the job dead saying so."""
+    thing = Thing.objects.create(name="t")
+    job = schedule(thing.touch, in_=0)
+    Job.objects.filter(pk=job.pk).update(action=f"testapp.Thing.{method}")
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    assert f"Thing.{method} is not a @delayable method" in job.last_error
+    assert Thing.objects.filter(pk=thing.pk, state="new", touched=0).exists()
