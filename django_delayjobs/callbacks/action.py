@@ -15,6 +15,7 @@ from typing import Any
 from ..conf import delayjobs_settings
 from ..exceptions import ConfigurationError, GiveUp, Retry
 from . import config, policy, signing
+from .headers import credentials
 from .request import InvalidCallback, load, masked
 
 #: The action's registered name: what a callback job's ``action`` column holds.
@@ -76,6 +77,7 @@ def deliver(**stored: Any) -> dict[str, Any]:
         ) from None
     body = request.body_bytes()
     headers = request.send_headers(destination)
+    sent_credentials = credentials(headers)
     headers.update(signing.sign(str(job.pk), body, http.secrets_for(destination), int(time.time())))
     limits = delivery.Limits(
         connect=settings.HTTP_CONNECT_TIMEOUT_SECONDS,
@@ -89,6 +91,7 @@ def deliver(**stored: Any) -> dict[str, Any]:
                                  started=started)  # fmt: skip
     except delivery.DeliveryFailed as exc:
         raise outcome.failed(request.method, request.where, exc) from None
+    response = outcome.without_credentials(response, sent_credentials)
     result = outcome.judge(
         request.method,
         request.where,

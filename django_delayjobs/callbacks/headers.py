@@ -11,8 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from ..redact import secret_name
+
 MAX_HEADERS = 32
 MAX_VALUE_LENGTH = 4096
+#: The shortest header value taken for a credential: a shorter one (``X-Auth-Mode: on``)
+#: is none, and masking it would mask ordinary words of an answer.
+MIN_CREDENTIAL = 8
 
 # RFC 9110 token characters.
 _NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}")
@@ -81,3 +86,13 @@ def merged(job_headers: Mapping[str, str], destination: Mapping[str, str]) -> di
     merged = {k: v for k, v in job_headers.items() if _key(k) not in overridden}
     merged.update(destination)
     return merged
+
+
+def credentials(headers: Mapping[str, str]) -> list[str]:
+    """The values of the headers named as credentials (``Authorization``, ``X-Access-Token``),
+    each whole and its part after a scheme (``Bearer <token>``), longest first."""
+    found: set[str] = set()
+    for name, value in headers.items():
+        if _key(name) in SECRET or secret_name(name):
+            found.update((value, value.rpartition(" ")[2]))
+    return sorted((v for v in found if len(v) >= MIN_CREDENTIAL), key=len, reverse=True)

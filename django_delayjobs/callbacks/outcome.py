@@ -10,12 +10,13 @@ or after ``Retry-After`` when the receiver sent one (bounded) and it is later: a
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import email.utils
 import math
 import re
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import GiveUp, Retry
@@ -59,6 +60,39 @@ def retry_after(value: str | None, bound: float, now: float | None = None) -> fl
     if not math.isfinite(seconds):
         return None
     return min(max(seconds, 0.0), bound)
+
+
+def without_credentials(response: Response, credentials: Sequence[str]) -> Response:
+    """``response`` with each of ``credentials`` (the request's, see ``headers.credentials``)
+    masked wherever the receiver echoed it: its body, reason and headers go into the job's
+    history, result and error, which the admin and the API show to whoever may read jobs,
+    and a destination's ``Authorization`` is in the settings so that no job row holds it."""
+    if not credentials:
+        return response
+
+    def mask(text: str) -> str:
+        for credential in credentials:
+            text = text.replace(credential, "***")
+        return text
+
+    encoded = [credential.encode() for credential in credentials]
+    body = response.body
+    for credential in encoded:
+        body = body.replace(credential, b"***")
+    if response.truncated:  # cut at the kept bytes, perhaps inside a credential
+        body = _without_start(body, encoded)
+    return dataclasses.replace(
+        response, body=body, reason=mask(response.reason), malformed=mask(response.malformed),
+        headers={name: mask(value) for name, value in response.headers.items()},
+    )  # fmt: skip
+
+
+def _without_start(body: bytes, credentials: list[bytes]) -> bytes:
+    """``body`` with the start of a credential it ends with (4 bytes or more) masked."""
+    for size in range(min(max(map(len, credentials)) - 1, len(body)), 3, -1):
+        if any(c.startswith(body[-size:]) for c in credentials if len(c) > size):
+            return body[:-size] + b"***"
+    return body
 
 
 def line(method: str, where: str, response: Response) -> str:

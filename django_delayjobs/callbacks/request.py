@@ -117,9 +117,10 @@ def masked(stored: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_path(path: str) -> str:
+    shown = without_userinfo(path)  # quoted as a URL is: no ?token= value
     if len(path) > MAX_URL_LENGTH or not _PATH.fullmatch(path) or "#" in path:
         raise InvalidCallback(
-            f"the path {path!r} must start with '/' and hold visible ASCII only (no '#' or "
+            f"the path {shown!r} must start with '/' and hold visible ASCII only (no '#' or "
             "backslash; percent-encode the rest)",
             "url",
         )
@@ -127,7 +128,7 @@ def _check_path(path: str) -> str:
     bare = (_PARAMETERS.split(segment, 1)[0] for segment in segments)
     if path.startswith("//") or any(_DOT_SEGMENT.fullmatch(s) for s in bare):
         raise InvalidCallback(
-            f"the path {path!r} must not start with '//' or hold '.' or '..' segments (path "
+            f"the path {shown!r} must not start with '//' or hold '.' or '..' segments (path "
             "parameters such as '..;x' included): it "
             "stays under its destination's URL",
             "url",

@@ -139,14 +139,20 @@ class CallbackSerializer(s.StrictSerializer):
             raise ValidationError({"expires": [str(exc)]}) from None
         if "json" in attrs and "data" in attrs:
             raise ValidationError({"data": ["Give json or data, not both."]})
-        queue = attrs.get("queue", delayjobs_settings.DEFAULT_QUEUE)
-        allowed = delayjobs_settings.API_CALLBACK_QUEUES  # None: any queue
-        if allowed is not None and queue not in allowed:
-            raise ValidationError({"queue": [
-                f"Callbacks may not go to queue {queue!r}: API_CALLBACK_QUEUES allows "
-                f"{', '.join(allowed)}."
-            ]})  # fmt: skip
+        check_queue_allowed(attrs)
         return attrs
+
+
+def check_queue_allowed(attrs: dict[str, Any]) -> None:
+    """Refuse a ``queue`` (given, or the default one) that ``API_CALLBACK_QUEUES`` does not
+    list: a caller kept to its queues neither creates nor finds callbacks in others."""
+    queue = attrs.get("queue", delayjobs_settings.DEFAULT_QUEUE)
+    allowed = delayjobs_settings.API_CALLBACK_QUEUES  # None: any queue
+    if allowed is not None and queue not in allowed:
+        raise ValidationError({"queue": [
+            f"Callbacks may not go to queue {queue!r}: API_CALLBACK_QUEUES allows "
+            f"{', '.join(allowed)}."
+        ]})  # fmt: skip
 
 
 class LookupSerializer(s.StrictSerializer):
@@ -161,6 +167,8 @@ class LookupSerializer(s.StrictSerializer):
             raise ValidationError("Give exactly one of 'id' and 'key'.")
         if "queue" in attrs and "key" not in attrs:
             raise ValidationError({"queue": ["A queue goes with a key, not with an id."]})
+        if "key" in attrs:
+            check_queue_allowed(attrs)
         return attrs
 
 
@@ -301,6 +309,9 @@ def _find(lookup: dict[str, Any]) -> Job:
     Read tolerantly, as jobs/<id>/ reads: a poison row is found, shown and changed."""
     callbacks = tolerant(Job.objects.filter(action=ACTION))
     if "id" in lookup:
+        allowed = delayjobs_settings.API_CALLBACK_QUEUES  # a key's queue is checked already
+        if allowed is not None:
+            callbacks = callbacks.filter(queue__in=allowed)
         job = callbacks.filter(pk=lookup["id"]).first()
     else:
         queue = lookup.get("queue", delayjobs_settings.DEFAULT_QUEUE)
