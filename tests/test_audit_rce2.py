@@ -1,0 +1,295 @@
+"""Audit of the exactly-once promise, second round: the verbs committed (or rolled back) in
+the very instant a worker claims, keyed schedules racing a rollback, the outbox under
+rollbacks and a refused COMMIT, a worker killed at each step of a delivery, Redis losing
+its data mid-flight, and a lease that ends as the action commits.
+
+The interleavings are forced (events, and on PostgreSQL a wait until the other session is
+seen waiting for the row's lock); SQLite serializes writers, so there the same test runs
+the two in some order and checks the same end state.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import uuid
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from django_delayjobs import schedule, schedule_many, signals
+from django_delayjobs.connection import get_engine
+from django_delayjobs.execution import Execution
+from django_delayjobs.models import Job, JobEvent, Status
+from django_delayjobs.outcomes import Outcome, Result, settle
+from django_delayjobs.reconcile import reconcile
+from django_delayjobs.services import build_job, reschedule
+from tests.helpers import start_worker, stop, wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Refused(Exception):
+    """What makes a caller's transaction roll back (a payment refused after its cancel)."""
+
+
+def thread(fn: Callable[[], Any], out: list[Any]) -> threading.Thread:
+    """Start ``fn`` in a thread of its own connection; its result or exception goes to ``out``."""
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # checked by the test
+            out.append(exc)
+        finally:
+            connection.close()
+
+    started = threading.Thread(target=run)
+    started.start()
+    return started
+
+
+def waiting_for_a_lock() -> int:
+    """Sessions of the test database waiting for a lock (0 on SQLite, which has none)."""
+    if connection.vendor != "postgresql":
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def until_blocked() -> None:
+    """On PostgreSQL, wait until one session waits for a lock (SQLite: its writers
+    serialize, in whichever order they come)."""
+    if connection.vendor == "postgresql":
+        wait_for(lambda: waiting_for_a_lock() == 1)
+
+
+def claimed_in_redis(job: Job) -> str:
+    engine = get_engine()
+    # Due times round up to the next ms: the id may sit in pending for 1 ms.
+    (job_id,) = wait_for(lambda: engine.promote("default") and engine.claim("default", 1))
+    assert job_id == str(job.pk)
+    return job_id
+
+
+def deliver(job_id: str, worker: str = "w1") -> Result:
+    result = Execution("default", job_id, worker).run()
+    settle(get_engine(), "default", job_id, result)
+    return result
+
+
+def held_by_redis() -> tuple[int, int, int, int]:
+    stats = get_engine().stats("default")
+    return stats.pending, stats.ready, stats.in_flight, stats.garbage
+
+
+def pending_ids() -> set[str]:
+    engine = get_engine()
+    return {i.decode() for i in engine.client.zrange(engine.keys("default").pending, 0, -1)}
+
+
+def kinds(job: Job) -> list[str]:
+    return list(job.events.order_by("pk").values_list("kind", flat=True))
+
+
+# -- cancel and reschedule in the instant of the claim ---------------------------------
+
+
+def test_a_cancel_rolled_back_while_the_claim_waits_lets_the_job_run_once():
+    """A payment cancels the job, and its transaction then fails while a worker's claim
+    waits for the row: the claim goes ahead once the cancel is undone, and Redis was never
+    told of a cancel that did not happen."""
+    job = schedule(tasks.record, in_=0, args=["ran"])
+    job_id = claimed_in_redis(job)
+    cancelled, release = threading.Event(), threading.Event()
+
+    def payment() -> bool:
+        with transaction.atomic():
+            won = job.cancel()
+            cancelled.set()
+            assert release.wait(30)
+            raise Refused(won)
+
+    paid: list[Any] = []
+    payer = thread(payment, paid)
+    assert cancelled.wait(30)
+    delivered: list[Any] = []
+    worker = thread(lambda: deliver(job_id), delivered)
+    until_blocked()  # the claim waits for the cancel's row lock
+    release.set()
+    payer.join(30)
+    worker.join(30)
+    [refused], [result] = paid, delivered
+    assert isinstance(refused, Refused) and refused.args == (True,)
+    assert result.outcome == Outcome.SUCCEEDED
+    assert Record.objects.filter(label="ran").count() == 1
+    assert kinds(job) == ["scheduled", "started", "succeeded"]
+    assert held_by_redis() == (0, 0, 0, 0)
+
+
+def test_a_reschedule_while_the_claim_is_uncommitted_loses_and_the_job_runs_once(monkeypatch):
+    """Redis handed the id out and the worker's claim UPDATE ran but has not committed:
+    a reschedule waits for it, then finds the job running and says so (False), and the
+    job runs once, at its first due time."""
+    job = schedule(tasks.record, in_=0, args=["ran"])
+    job_id = claimed_in_redis(job)
+    claimed, go = threading.Event(), threading.Event()
+    real = Execution.started_message
+
+    def started_message(self: Execution, row: Job) -> str:  # inside the claim's transaction
+        claimed.set()
+        assert go.wait(30)
+        return real(self, row)
+
+    monkeypatch.setattr(Execution, "started_message", started_message)
+    delivered: list[Any] = []
+    worker = thread(lambda: deliver(job_id), delivered)
+    assert claimed.wait(30)
+    moved: list[Any] = []
+    mover = thread(lambda: reschedule(job.pk, in_=3600), moved)
+    until_blocked()
+    go.set()
+    worker.join(30)
+    mover.join(30)
+    assert moved == [False]
+    assert delivered[0].outcome == Outcome.SUCCEEDED
+    assert Record.objects.filter(label="ran").count() == 1
+    assert "rescheduled" not in kinds(job)
+    assert held_by_redis() == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("where", ["ready", "claimed in Redis"])
+def test_a_retrying_job_cancelled_as_its_retry_is_promoted_never_runs_again(where):
+    job = schedule(tasks.retry_later, in_=0, args=[0.01, "second"])
+    assert deliver(claimed_in_redis(job)).outcome == Outcome.RETRYING
+    engine = get_engine()
+    wait_for(lambda: engine.promote("default").moved)  # the retry is due: in ready
+    job_id = engine.claim("default", 1)[0] if where == "claimed in Redis" else None
+    assert job.cancel() is True
+    if job_id is not None:
+        assert deliver(job_id).outcome == Outcome.DROPPED
+    assert engine.claim("default", 1) == []
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.CANCELLED, 1)
+    assert not Record.objects.exists()
+    assert held_by_redis() == (0, 0, 0, 0)
+
+
+# -- keys, rollbacks and the outbox --------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["rolls back", "commits"])
+def test_a_key_scheduled_twice_at_once_while_the_first_transaction_ends(first):
+    """Two processes schedule the same key; the second's INSERT waits for the first's
+    transaction. Rolled back, the second gets a job of its own; committed, the first's."""
+    inserted, release = threading.Event(), threading.Event()
+
+    def order() -> Job:
+        with transaction.atomic():
+            mine = schedule(tasks.record, in_=60, args=["first"], key="order-1-autocancel")
+            inserted.set()
+            assert release.wait(30)
+            if first == "rolls back":
+                raise Refused(mine.pk)
+        return mine
+
+    firsts: list[Any] = []
+    one = thread(order, firsts)
+    assert inserted.wait(30)
+    seconds: list[Any] = []
+    two = thread(lambda: schedule(tasks.record, in_=60, args=["second"],
+                                  key="order-1-autocancel"), seconds)  # fmt: skip
+    until_blocked()  # the second INSERT waits on the key's unique index
+    release.set()
+    one.join(30)
+    two.join(30)
+    [a], [b] = firsts, seconds
+    assert isinstance(b, Job), b
+    rows = list(Job.objects.values_list("pk", "status"))
+    assert rows == [(b.pk, Status.SCHEDULED)]
+    if first == "rolls back":
+        assert isinstance(a, Refused) and a.args[0] != b.pk
+    else:
+        assert a.pk == b.pk
+    assert pending_ids() == {str(b.pk)}
+    assert sum(reconcile(get_engine()).values()) == 0
+
+
+def test_rolled_back_schedules_leave_nothing_in_redis_for_reconcile_to_resurrect():
+    with suppress(Refused), transaction.atomic():
+        schedule(tasks.record, in_=0, args=["rolled back"])
+        raise Refused
+    with transaction.atomic():
+        kept = schedule(tasks.record, in_=60, args=["kept"], key="k")
+        with suppress(Refused), transaction.atomic():  # a savepoint rolled back
+            schedule(tasks.record, in_=60, args=["savepoint"], key="other")
+            assert kept.cancel() is True
+            raise Refused
+        again = schedule(tasks.record, in_=60, args=["again"], key="other")  # free again
+    assert pending_ids() == {str(kept.pk), str(again.pk)}
+    assert set(Job.objects.values_list("status", flat=True)) == {Status.SCHEDULED}
+    assert sum(reconcile(get_engine()).values()) == 0
+    assert held_by_redis() == (2, 0, 0, 0)
+
+
+def test_a_commit_the_database_refuses_sends_nothing_to_redis():
+    """A deferred constraint fails at COMMIT, after ``schedule()`` registered its Redis add
+    and its signal: neither runs, and no row is left for reconcile."""
+    sent: list[Job] = []
+
+    def receiver(sender: object, job: Job, **kwargs: object) -> None:
+        sent.append(job)
+
+    signals.job_scheduled.connect(receiver, weak=False, dispatch_uid="audit-rce2")
+    try:
+        with pytest.raises(IntegrityError), transaction.atomic():
+            schedule(tasks.record, in_=0, args=["never"])
+            # a foreign key checked at COMMIT (deferred, on PostgreSQL and SQLite alike)
+            JobEvent.objects.create(job_id=uuid.uuid4(), kind="scheduled", attempt=0,
+                                    actor="test")  # fmt: skip
+    finally:
+        signals.job_scheduled.disconnect(dispatch_uid="audit-rce2")
+    assert not Job.objects.exists()
+    assert sent == []
+    assert held_by_redis() == (0, 0, 0, 0)
+
+
+# -- a worker killed at each step of a delivery ---------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["redis-claim", "db-claim", "action", "outcome", "ack"])
+def test_a_worker_killed_at_each_step_leaves_each_job_run_once(redis_url, tmp_path, step):
+    """Two jobs claimed together (the second claimed by the first's outcome transaction);
+    the worker is SIGKILLed at ``step`` of the first (tests/testapp/tasks.py, ``_kill_at``).
+    Another worker takes both once their leases end: each runs once, none is stuck or dead,
+    and Redis holds nothing of them."""
+    env = {"DELAYJOBS_LEASE_SECONDS": "1"}
+    jobs = schedule_many([build_job(tasks.record, in_=0, args=[f"job{n}"]) for n in range(2)])
+    killed = start_worker(redis_url, "--concurrency", "1", log=tmp_path / "killed.log",
+                          env={**env, "DELAYJOBS_TEST_KILL_AT": step})  # fmt: skip
+    try:
+        assert killed.wait(30) == -signal.SIGKILL, (tmp_path / "killed.log").read_text()
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+    assert Record.objects.count() == (1 if step == "ack" else 0)
+    second = start_worker(redis_url, env=env, log=tmp_path / "second.log")
+    try:
+        wait_for(lambda: Job.objects.filter(status=Status.SUCCEEDED).count() == 2, timeout=30)
+        wait_for(lambda: held_by_redis() == (0, 0, 0, 0))
+    finally:
+        assert stop(second) == 0
+    assert sorted(Record.objects.values_list("label", flat=True)) == ["job0", "job1"]
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.attempts == 1, (job.attempts, job.deliveries, kinds(job))
