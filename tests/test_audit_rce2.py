@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from django_delayjobs import schedule, schedule_many, signals
+from django_delayjobs import schedule, schedule_many, signals, sql
 from django_delayjobs.connection import get_engine
 from django_delayjobs.execution import Execution
 from django_delayjobs.models import Job, JobEvent, Status
@@ -38,7 +38,7 @@ class Refused(Exception):
     """What makes a caller's transaction roll back (a payment refused after its cancel)."""
 
 
-def thread(fn: Callable[[], Any], out: list[Any]) -> threading.Thread:
+def thread(fn: Callable[[], Any], out: list[Any], name: str | None = None) -> threading.Thread:
     """Start ``fn`` in a thread of its own connection; its result or exception goes to ``out``."""
 
     def run() -> None:
@@ -49,7 +49,7 @@ def thread(fn: Callable[[], Any], out: list[Any]) -> threading.Thread:
         finally:
             connection.close()
 
-    started = threading.Thread(target=run)
+    started = threading.Thread(target=run, name=name)
     started.start()
     return started
 
@@ -73,12 +73,20 @@ def until_blocked() -> None:
         wait_for(lambda: waiting_for_a_lock() == 1)
 
 
-def claimed_in_redis(job: Job) -> str:
+def claimed_in_redis(*jobs: Job, lease_ms: float = 300_000) -> list[str]:
+    """Promote and claim the ids of ``jobs`` (due now) as a worker would."""
     engine = get_engine()
-    # Due times round up to the next ms: the id may sit in pending for 1 ms.
-    (job_id,) = wait_for(lambda: engine.promote("default") and engine.claim("default", 1))
-    assert job_id == str(job.pk)
-    return job_id
+    ids: list[str] = []
+
+    def claim() -> bool:
+        # Due times round up to the next ms: an id may sit in pending for 1 ms.
+        engine.promote("default")
+        ids.extend(engine.claim("default", len(jobs) - len(ids), lease_ms))
+        return len(ids) == len(jobs)
+
+    wait_for(claim)
+    assert set(ids) == {str(job.pk) for job in jobs}
+    return ids
 
 
 def deliver(job_id: str, worker: str = "w1") -> Result:
@@ -109,7 +117,7 @@ def test_a_cancel_rolled_back_while_the_claim_waits_lets_the_job_run_once():
     waits for the row: the claim goes ahead once the cancel is undone, and Redis was never
     told of a cancel that did not happen."""
     job = schedule(tasks.record, in_=0, args=["ran"])
-    job_id = claimed_in_redis(job)
+    (job_id,) = claimed_in_redis(job)
     cancelled, release = threading.Event(), threading.Event()
 
     def payment() -> bool:
@@ -141,7 +149,7 @@ def test_a_reschedule_while_the_claim_is_uncommitted_loses_and_the_job_runs_once
     a reschedule waits for it, then finds the job running and says so (False), and the
     job runs once, at its first due time."""
     job = schedule(tasks.record, in_=0, args=["ran"])
-    job_id = claimed_in_redis(job)
+    (job_id,) = claimed_in_redis(job)
     claimed, go = threading.Event(), threading.Event()
     real = Execution.started_message
 
@@ -170,7 +178,7 @@ def test_a_reschedule_while_the_claim_is_uncommitted_loses_and_the_job_runs_once
 @pytest.mark.parametrize("where", ["ready", "claimed in Redis"])
 def test_a_retrying_job_cancelled_as_its_retry_is_promoted_never_runs_again(where):
     job = schedule(tasks.retry_later, in_=0, args=[0.01, "second"])
-    assert deliver(claimed_in_redis(job)).outcome == Outcome.RETRYING
+    assert deliver(*claimed_in_redis(job)).outcome == Outcome.RETRYING
     engine = get_engine()
     wait_for(lambda: engine.promote("default").moved)  # the retry is due: in ready
     job_id = engine.claim("default", 1)[0] if where == "claimed in Redis" else None
@@ -293,3 +301,91 @@ def test_a_worker_killed_at_each_step_leaves_each_job_run_once(redis_url, tmp_pa
     for job in jobs:
         job.refresh_from_db()
         assert job.attempts == 1, (job.attempts, job.deliveries, kinds(job))
+
+
+# -- a lease that ends as the action commits -------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["second delivery", "outcome"])
+def test_a_lease_that_ends_as_the_action_commits_gives_one_effect(monkeypatch, first):
+    """The first delivery's lease ended (a pause) just as its action was about to commit,
+    and another worker took the id. Whichever commits first wins; the other writes nothing
+    (overtaken and rolled back, or finding the job finished)."""
+    if first == "second delivery" and connection.vendor == "sqlite":
+        pytest.skip("SQLite: the first delivery's transaction holds the write lock")
+    engine = get_engine()
+    job = schedule(tasks.record, in_=0, args=["effect"])
+    (job_id,) = claimed_in_redis(job, lease_ms=1)
+    at_fence, go = threading.Event(), threading.Event()
+    real = sql.update_fenced
+
+    def update_fenced(job: Job, values: dict[str, Any]) -> bool:
+        if threading.current_thread().name != "first":
+            return real(job, values)
+        if first == "second delivery":
+            at_fence.set()
+            assert go.wait(30)
+            return real(job, values)
+        won = real(job, values)  # the row is locked until the commit
+        at_fence.set()
+        assert go.wait(30)
+        return won
+
+    monkeypatch.setattr(sql, "update_fenced", update_fenced)
+    results: list[Any] = []
+    one = thread(lambda: deliver(job_id, "first"), results, "first")
+    assert at_fence.wait(30)
+    assert wait_for(lambda: engine.recover_expired("default")) == [job_id]
+    assert engine.claim("default", 1) == [job_id]
+    two = thread(lambda: deliver(job_id, "second"), results)
+    if first == "second delivery":
+        two.join(30)
+    else:
+        until_blocked()  # the second claim waits for the outcome's row lock
+    go.set()
+    one.join(30)
+    two.join(30)
+    outcomes = sorted(result.outcome for result in results)
+    if first == "second delivery":
+        assert outcomes == sorted([Outcome.SUCCEEDED, Outcome.OVERTAKEN])
+    else:
+        assert outcomes == sorted([Outcome.SUCCEEDED, Outcome.DROPPED])
+    assert Record.objects.filter(label="effect").count() == 1
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    wait_for(lambda: held_by_redis() == (0, 0, 0, 0))
+
+
+# -- Redis loses everything mid-flight ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_jobs_in_every_place_when_redis_loses_its_data_each_run_once(redis_url, tmp_path,
+                                                                     settings):  # fmt: skip
+    """A job in ready, one claimed from Redis by a worker that died before its claim in
+    the database, one whose worker died after it, and one pending; then FLUSHALL and a
+    reconcile pass. Each due job runs once; the pending one waits for its time."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1}
+    engine = get_engine()
+    later = schedule(tasks.record, in_=3600, args=["later"])
+    unacked, running = (schedule(tasks.record, in_=0, args=[label])
+                        for label in ("unacked", "running"))  # fmt: skip
+    claimed_in_redis(unacked, running)
+    assert isinstance(Execution("default", str(running.pk), "dead").claim(), Job)
+    schedule(tasks.record, in_=0, args=["ready"])
+    wait_for(lambda: engine.promote("default") and held_by_redis()[1] == 1)
+    assert held_by_redis() == (1, 1, 2, 0)
+    engine.client.flushall()
+    reconcile(engine)  # (rows this young are re-added, not counted)
+    assert held_by_redis() == (1, 2, 1, 0)  # the running one in flight again, with a lease
+    worker = start_worker(redis_url, env={"DELAYJOBS_LEASE_SECONDS": "1"},
+                          log=tmp_path / "w.log")  # fmt: skip
+    try:
+        wait_for(lambda: Job.objects.filter(status=Status.SUCCEEDED).count() == 3, timeout=30)
+        wait_for(lambda: held_by_redis() == (1, 0, 0, 0))
+    finally:
+        assert stop(worker) == 0
+    assert sorted(Record.objects.values_list("label", flat=True)) == ["ready", "running",
+                                                                      "unacked"]  # fmt: skip
+    assert Job.objects.get(pk=running.pk).deliveries == 2
+    assert pending_ids() == {str(later.pk)}
+    assert Job.objects.get(pk=later.pk).status == Status.SCHEDULED
