@@ -112,10 +112,11 @@ def kinds(job: Job) -> list[str]:
 # -- cancel and reschedule in the instant of the claim ---------------------------------
 
 
-def test_a_cancel_rolled_back_while_the_claim_waits_lets_the_job_run_once():
-    """A payment cancels the job, and its transaction then fails while a worker's claim
-    waits for the row: the claim goes ahead once the cancel is undone, and Redis was never
-    told of a cancel that did not happen."""
+@pytest.mark.parametrize("ending", ["rolls back", "commits"])
+def test_a_cancel_the_claim_waits_for_decides_whether_the_job_runs(ending):
+    """A payment cancels the job while a worker's claim waits for the row. Rolled back
+    (the payment failed after its cancel), the claim goes ahead and Redis never heard of
+    the cancel; committed, the claim finds the job cancelled and the id is let go."""
     job = schedule(tasks.record, in_=0, args=["ran"])
     (job_id,) = claimed_in_redis(job)
     cancelled, release = threading.Event(), threading.Event()
@@ -125,7 +126,9 @@ def test_a_cancel_rolled_back_while_the_claim_waits_lets_the_job_run_once():
             won = job.cancel()
             cancelled.set()
             assert release.wait(30)
-            raise Refused(won)
+            if ending == "rolls back":
+                raise Refused(won)
+        return won
 
     paid: list[Any] = []
     payer = thread(payment, paid)
@@ -136,11 +139,15 @@ def test_a_cancel_rolled_back_while_the_claim_waits_lets_the_job_run_once():
     release.set()
     payer.join(30)
     worker.join(30)
-    [refused], [result] = paid, delivered
-    assert isinstance(refused, Refused) and refused.args == (True,)
-    assert result.outcome == Outcome.SUCCEEDED
-    assert Record.objects.filter(label="ran").count() == 1
-    assert kinds(job) == ["scheduled", "started", "succeeded"]
+    [won], [result] = paid, delivered
+    runs = Record.objects.filter(label="ran").count()
+    if ending == "rolls back":
+        assert isinstance(won, Refused) and won.args == (True,)
+        assert (result.outcome, runs) == (Outcome.SUCCEEDED, 1)
+        assert kinds(job) == ["scheduled", "started", "succeeded"]
+    else:
+        assert (won, result.outcome, runs) == (True, Outcome.DROPPED, 0)
+        assert kinds(job) == ["scheduled", "cancelled"]
     assert held_by_redis() == (0, 0, 0, 0)
 
 
@@ -172,6 +179,38 @@ def test_a_reschedule_while_the_claim_is_uncommitted_loses_and_the_job_runs_once
     assert delivered[0].outcome == Outcome.SUCCEEDED
     assert Record.objects.filter(label="ran").count() == 1
     assert "rescheduled" not in kinds(job)
+    assert held_by_redis() == (0, 0, 0, 0)
+
+
+def test_a_reschedule_the_claim_waits_for_defers_the_job_to_its_new_time():
+    """Redis handed the id out, and a reschedule holds the row while the worker's claim
+    waits for it: the claim finds the job not due, hands the id back to Redis for the new
+    time, and the job runs once then."""
+    job = schedule(tasks.record, in_=0, args=["ran"])
+    (job_id,) = claimed_in_redis(job)
+    moved, release = threading.Event(), threading.Event()
+
+    def move() -> bool:
+        with transaction.atomic():
+            won = reschedule(job.pk, in_=2)  # past EARLY_WAIT: not waited for in the thread
+            moved.set()
+            assert release.wait(30)
+        return won
+
+    results: list[Any] = []
+    mover = thread(move, results)
+    assert moved.wait(30)
+    worker = thread(lambda: deliver(job_id), results)
+    until_blocked()
+    release.set()
+    mover.join(30)
+    worker.join(30)
+    assert results[0] is True and results[1].outcome == Outcome.DEFERRED
+    assert not Record.objects.exists()
+    job.refresh_from_db()
+    (again,) = claimed_in_redis(job)
+    assert deliver(again).outcome == Outcome.SUCCEEDED
+    assert Record.objects.get(label="ran").created >= job.run_at
     assert held_by_redis() == (0, 0, 0, 0)
 
 
