@@ -428,3 +428,21 @@ def test_jobs_in_every_place_when_redis_loses_its_data_each_run_once(redis_url, 
     assert Job.objects.get(pk=running.pk).deliveries == 2
     assert pending_ids() == {str(later.pk)}
     assert Job.objects.get(pk=later.pk).status == Status.SCHEDULED
+
+
+@pytest.mark.parametrize("outcome", [Outcome.RETRYING, Outcome.DEFERRED])
+def test_a_job_cancelled_before_its_id_is_handed_back_leaves_no_id_in_redis(outcome):
+    """The attempt failed and its retry was committed (or the claim found the job
+    rescheduled for later); a cancel won before the worker handed the id back to Redis,
+    and the cancel's removal leaves an id in flight alone. The nack then put the id in
+    pending until the retry's time (hours, with backoff): the queue page and the metrics
+    counted a cancelled job as pending until then, and a worker was handed it for nothing."""
+    job = schedule(tasks.retry_later, in_=0, args=[3600, "never"])
+    (job_id,) = claimed_in_redis(job)
+    if outcome == Outcome.DEFERRED:
+        assert job.reschedule(in_=3600) is True
+    result = Execution("default", job_id, "w1").run()
+    assert result.outcome == outcome
+    assert job.cancel() is True
+    settle(get_engine(), "default", job_id, result)
+    assert held_by_redis() == (0, 0, 0, 0)
