@@ -27,6 +27,7 @@ from django_delayjobs.models import Job, JobEvent, Status
 from django_delayjobs.outcomes import Outcome, Result, settle
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import build_job, reschedule
+from django_delayjobs.worker import Backoff, Options, WorkerProcess
 from tests.helpers import start_worker, stop, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -446,3 +447,48 @@ def test_a_job_cancelled_before_its_id_is_handed_back_leaves_no_id_in_redis(outc
     assert job.cancel() is True
     settle(get_engine(), "default", job_id, result)
     assert held_by_redis() == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("ending", ["rolls back", "commits"])
+def test_a_cancel_pending_as_the_job_before_it_succeeds_is_not_claimed_ahead(ending):
+    """The second job of a batch is claimed by the first one's outcome transaction, unless
+    a payment's cancel holds its row (skipped, not waited for: PostgreSQL); it is then
+    claimed on its own once the payment ends, and runs only if the cancel rolled back."""
+    first, second = schedule_many(
+        [build_job(tasks.record, in_=0, args=[label]) for label in ("first", "second")]
+    )
+    process = WorkerProcess(get_engine(), Options(queues=["default"]))
+    engine = process.engine
+    wait_for(lambda: engine.promote("default") and held_by_redis()[1] == 2)
+
+    def work() -> None:  # claimed in the thread that runs them, as a worker thread does
+        claimed = process.claim(["default"])
+        assert claimed is not None and claimed[1] == [str(first.pk), str(second.pk)]
+        process.run_batch(*claimed, Backoff(process.stopping, "test"))
+
+    cancelled, release = threading.Event(), threading.Event()
+
+    def payment() -> bool:
+        with transaction.atomic():
+            won = second.cancel()
+            cancelled.set()
+            assert release.wait(30)
+            if ending == "rolls back":
+                raise Refused(won)
+        return won
+
+    paid: list[Any] = []
+    payer = thread(payment, paid)
+    assert cancelled.wait(30)
+    done: list[Any] = []
+    worker = thread(work, done)
+    if connection.vendor == "postgresql":
+        wait_for(lambda: Job.objects.get(pk=first.pk).status == Status.SUCCEEDED)
+    until_blocked()  # the second one's own claim waits for the payment
+    release.set()
+    payer.join(30)
+    worker.join(30)
+    assert done == [None]
+    labels = sorted(Record.objects.values_list("label", flat=True))
+    assert labels == (["first", "second"] if ending == "rolls back" else ["first"])
+    wait_for(lambda: held_by_redis() == (0, 0, 0, 0))
