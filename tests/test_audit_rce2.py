@@ -10,6 +10,7 @@ the two in some order and checks the same end state.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import uuid
@@ -22,6 +23,7 @@ from django.db import IntegrityError, connection, transaction
 
 from django_delayjobs import schedule, schedule_many, signals, sql
 from django_delayjobs.connection import get_engine
+from django_delayjobs.engine import EngineUnavailable
 from django_delayjobs.execution import Execution
 from django_delayjobs.models import Job, JobEvent, Status
 from django_delayjobs.outcomes import Outcome, Result, settle
@@ -495,3 +497,32 @@ def test_a_cancel_pending_as_the_job_before_it_succeeds_is_not_claimed_ahead(end
     labels = sorted(Record.objects.values_list("label", flat=True))
     assert labels == (["first", "second"] if ending == "rolls back" else ["first"])
     wait_for(lambda: held_by_redis() == (0, 0, 0, 0))
+
+
+@pytest.mark.slow
+def test_a_claim_redis_ran_after_its_caller_gave_up_is_run_once_after_the_lease(
+    own_jobs_redis, tmp_path
+):
+    """Redis froze (SIGSTOP) with a worker's claim on its way: the call timed out, and
+    Redis ran it once woken, so the id went in flight for a worker that never heard of it.
+    It is stranded for its lease (as after a worker killed at that step), then runs once."""
+    engine = get_engine()
+    job = schedule(tasks.record, in_=0, args=["once"])
+    wait_for(lambda: engine.promote("default") and held_by_redis()[1] == 1)
+    assert engine.claim("other", 1) == []  # the script loaded: EVALSHA runs on waking
+    assert own_jobs_redis.pid is not None
+    os.kill(own_jobs_redis.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(EngineUnavailable):
+            engine.claim("default", 1, 1000)
+    finally:
+        os.kill(own_jobs_redis.pid, signal.SIGCONT)
+    wait_for(lambda: held_by_redis() == (0, 0, 1, 0))  # ran on waking: in flight, unheld
+    worker = start_worker(own_jobs_redis.url, env={"DELAYJOBS_LEASE_SECONDS": "1"},
+                          log=tmp_path / "w.log")  # fmt: skip
+    try:
+        wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.SUCCEEDED, timeout=30)
+        wait_for(lambda: held_by_redis() == (0, 0, 0, 0))
+    finally:
+        assert stop(worker) == 0
+    assert Record.objects.filter(label="once").count() == 1
