@@ -154,10 +154,11 @@ def test_a_cancel_the_claim_waits_for_decides_whether_the_job_runs(ending):
     assert held_by_redis() == (0, 0, 0, 0)
 
 
-def test_a_reschedule_while_the_claim_is_uncommitted_loses_and_the_job_runs_once(monkeypatch):
+@pytest.mark.parametrize("verb", ["cancel", "reschedule"])
+def test_a_verb_while_the_claim_is_uncommitted_loses_and_the_job_runs_once(monkeypatch, verb):
     """Redis handed the id out and the worker's claim UPDATE ran but has not committed:
-    a reschedule waits for it, then finds the job running and says so (False), and the
-    job runs once, at its first due time."""
+    a cancel or a reschedule (in a payment that then rolls back) waits for it, then finds
+    the job running and says so (False), and the job runs once, at its first due time."""
     job = schedule(tasks.record, in_=0, args=["ran"])
     (job_id,) = claimed_in_redis(job)
     claimed, go = threading.Event(), threading.Event()
@@ -168,20 +169,26 @@ def test_a_reschedule_while_the_claim_is_uncommitted_loses_and_the_job_runs_once
         assert go.wait(30)
         return real(self, row)
 
+    def payment() -> bool:
+        with transaction.atomic():
+            won = job.cancel() if verb == "cancel" else reschedule(job.pk, in_=3600)
+            raise Refused(won)
+
     monkeypatch.setattr(Execution, "started_message", started_message)
     delivered: list[Any] = []
     worker = thread(lambda: deliver(job_id), delivered)
     assert claimed.wait(30)
-    moved: list[Any] = []
-    mover = thread(lambda: reschedule(job.pk, in_=3600), moved)
+    paid: list[Any] = []
+    payer = thread(payment, paid)
     until_blocked()
     go.set()
     worker.join(30)
-    mover.join(30)
-    assert moved == [False]
+    payer.join(30)
+    [refused] = paid
+    assert isinstance(refused, Refused) and refused.args == (False,)
     assert delivered[0].outcome == Outcome.SUCCEEDED
     assert Record.objects.filter(label="ran").count() == 1
-    assert "rescheduled" not in kinds(job)
+    assert kinds(job) == ["scheduled", "started", "succeeded"]
     assert held_by_redis() == (0, 0, 0, 0)
 
 
