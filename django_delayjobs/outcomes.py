@@ -278,6 +278,9 @@ def follow_row(engine: Engine, queue: str, job_id: str, nacked_ms: float) -> Non
     flight, and its ``add`` leaves it alone; the nack then puts it back at the old time.
     Read after the nack, the row shows any such reschedule, and ``add`` (which moves a
     pending id) applies it; one committed after the read adds the id itself, now pending.
+    A cancel committed before the nack found the id in flight, and its removal left it
+    there: a row no longer waiting takes the id out of pending again (a row running since
+    holds it in flight, which the removal leaves alone).
     A row that cannot be read is left to reconcile. Raises only ``EngineUnavailable``.
     """
     from .models import WAITING, Job
@@ -289,13 +292,13 @@ def follow_row(engine: Engine, queue: str, job_id: str, nacked_ms: float) -> Non
             .values_list("run_at", "priority")
             .first()
         )
-        if row is None or row[0] is None:
-            return
-        run_at_ms = timing.to_ms(row[0])
+        run_at_ms = None if row is None or row[0] is None else timing.to_ms(row[0])
     except Exception:  # a poison row or the database down: reconcile repairs Redis
         logger.debug("job %s: could not read its due time after the nack", job_id, exc_info=True)
         return
-    if run_at_ms != nacked_ms:
+    if row is None:
+        engine.remove(queue, [job_id])
+    elif run_at_ms is not None and run_at_ms != nacked_ms:
         engine.add(queue, {job_id: run_at_ms}, {job_id: row[1]} if row[1] else None)
 
 

@@ -302,6 +302,49 @@ def _install_test_hooks() -> None:
             raise RuntimeError("a bug in the promoter")
 
         Promoter.step = step  # type: ignore[method-assign]
+    if os.environ.get("DELAYJOBS_TEST_KILL_AT"):
+        _kill_at(os.environ["DELAYJOBS_TEST_KILL_AT"])
+
+
+def _kill_at(step: str) -> None:
+    """SIGKILL this worker process at ``step`` of its first delivery (test_audit_rce2.py):
+    ``redis-claim`` (ids in flight, no row claimed), ``db-claim`` (the claim committed),
+    ``action`` (its write not committed), ``outcome`` (written, not committed), ``ack``
+    (committed, Redis not told)."""
+    import signal
+
+    from django.db.models.signals import post_save
+
+    from django_delayjobs import worker
+    from django_delayjobs.engine import Engine
+    from django_delayjobs.execution import Execution
+
+    def die(*args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def after(owner: object, name: str, when: object = bool) -> None:
+        real = getattr(owner, name)
+
+        def patched(*args: object, **kwargs: object) -> object:
+            value = real(*args, **kwargs)
+            if when(value):  # type: ignore[operator]
+                die()
+            return value
+
+        setattr(owner, name, patched)
+
+    if step == "redis-claim":
+        after(Engine, "claim")
+    elif step == "db-claim":
+        after(Execution, "claim", lambda value: isinstance(value, Job))
+    elif step == "action":
+        post_save.connect(die, sender=Record, weak=False)
+    elif step == "outcome":
+        after(Execution, "succeeded", lambda value: True)
+    elif step == "ack":
+        worker.settle = die  # type: ignore[assignment]
+    else:
+        raise ValueError(f"DELAYJOBS_TEST_KILL_AT: no step {step!r}")
 
 
 _install_test_hooks()
