@@ -156,6 +156,9 @@ class Settings:
     #: keys and a directory entry for good, and every queue page, ``queues/`` answer and
     #: metrics scrape then reads it: a list keeps callers out of new ones.
     API_CALLBACK_QUEUES: Sequence[str] | None = _http(http.queue_names, None)
+    #: The ``HTTP_DESTINATIONS`` (with their credentials) ``callbacks/`` callers may name
+    #: (None: every one; ``[]``: none, plain URLs only).
+    API_CALLBACK_DESTINATIONS: Sequence[str] | None = _http(http.destination_names, None)
 
 
 NAMES = frozenset(f.name for f in fields(Settings))

@@ -199,3 +199,66 @@ def test_a_row_naming_a_method_that_is_not_delayable_ends_dead_having_run_nothin
     assert job.status == Status.DEAD
     assert f"Thing.{method} is not a @delayable method" in job.last_error
     assert Thing.objects.filter(pk=thing.pk, state="new", touched=0).exists()
+
+
+# -- API_CALLBACK_DESTINATIONS: which destinations (and their credentials) callers may use ---------
+
+
+def _destinations(settings, server, **more: object) -> None:
+    base = server.url().rstrip("/")
+    allow(settings, server, HTTP_DESTINATIONS={
+        "payments": {"url": base + "/payments", "headers": {"Authorization": "Bearer " + TOKEN}},
+        "partner": {"url": base + "/partner"},
+    }, **more)  # fmt: skip
+
+
+def test_a_caller_kept_to_its_destinations_cannot_send_with_another_ones_credentials(
+    callback_server, settings, redis_client
+):
+    """Every ``callbacks/`` caller could name every ``HTTP_DESTINATIONS`` entry at any path,
+    so a partner service could have the application's own credentials sent where it chose
+    (and a 400 listed every destination's name). With ``API_CALLBACK_DESTINATIONS`` the
+    others are refused as unknown ones are, naming only the listed ones."""
+    _destinations(settings, callback_server, API_CALLBACK_DESTINATIONS=["partner"])
+    caller = client_for(make_user("service", perms=("add_job",)))
+    for name in ("payments", "nowhere"):
+        response = caller.post(url("callbacks"), {"url": f"{name}:/refund", "in": 0},
+                               format="json")  # fmt: skip
+        assert response.status_code == 400, response.content
+        [message] = response.json()["url"]
+        assert "API_CALLBACK_DESTINATIONS" in message and "partner" in message, message
+        assert name == "payments" or "payments" not in message, message  # no other's name
+    assert not Job.objects.exists()
+    for where in ("partner:/hook", callback_server.url()):  # a listed one, and a plain URL
+        response = caller.post(url("callbacks"), {"url": where, "in": 0}, format="json")
+        assert response.status_code == 201, response.content
+    # schedule_http, the application's own, is not bound by the API's setting
+    schedule_http("payments:/refund", in_=0)
+    assert Job.objects.count() == 3
+
+
+@pytest.mark.parametrize("value", ["partner", ["Partner"], ["a b"], [1], "", {"partner": 1}])
+def test_api_callback_destinations_takes_a_list_of_destination_names(value, settings):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "API_CALLBACK_DESTINATIONS": value}
+    from django_delayjobs.checks import check_settings
+
+    [error] = [e for e in check_settings(None) if "API_CALLBACK_DESTINATIONS" in e.msg]
+    assert error.id == "django_delayjobs.E009", error
+
+
+@pytest.mark.parametrize("value", [None, [], ["partner", "payments"]])
+def test_api_callback_destinations_accepts_none_or_names(value, settings):
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "API_CALLBACK_DESTINATIONS": value}
+    from django_delayjobs.checks import check_settings
+
+    assert not [e for e in check_settings(None) if "API_CALLBACK_DESTINATIONS" in e.msg]
+
+
+def test_no_destination_for_api_callers_leaves_plain_urls(callback_server, settings,
+                                                          redis_client):  # fmt: skip
+    _destinations(settings, callback_server, API_CALLBACK_DESTINATIONS=[])
+    caller = client_for(make_user("service", perms=("add_job",)))
+    refused = caller.post(url("callbacks"), {"url": "partner:/x", "in": 0}, format="json")
+    assert refused.status_code == 400 and "none" in refused.json()["url"][0], refused.content
+    plain = caller.post(url("callbacks"), {"url": callback_server.url(), "in": 0}, format="json")
+    assert plain.status_code == 201, plain.content

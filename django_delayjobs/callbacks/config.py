@@ -114,6 +114,15 @@ def queue_names(value: object) -> object:
     return value
 
 
+def destination_names(value: object) -> object:
+    if value is not None and (
+        not isinstance(value, list | tuple)
+        or not all(isinstance(name, str) and _DESTINATION.fullmatch(name) for name in value)
+    ):
+        raise ValueError("must be None (every destination) or a list of destination names")
+    return value
+
+
 def rate(value: object) -> object:
     if value is not None and (not isinstance(value, str) or not _RATE.fullmatch(value)):
         raise ValueError("must be None or a DRF rate such as '100/minute' or '10/s'")

@@ -136,15 +136,22 @@ def _check_path(path: str) -> str:
     return path
 
 
+def destination_named(url: str) -> tuple[str, str] | None:
+    """The (destination, path) of a ``destination:/path`` URL, else None (``scheme://host``
+    is a URL, of a scheme we may not send to)."""
+    named = _DESTINATION_URL.fullmatch(url)
+    if named is None or named.group(1) in ("http", "https") or named.group(2).startswith("//"):
+        return None
+    return named.group(1), named.group(2)
+
+
 def split_url(url: object, config: HttpConfig | None) -> CallbackRequest:
     """Return a request with the URL part set: an absolute URL or ``destination:/path``."""
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, not {type(url).__name__}")
-    named = _DESTINATION_URL.fullmatch(url)
-    if named and named.group(1) not in ("http", "https"):
-        name, path = named.groups()
-        if path.startswith("//"):  # scheme://host: a URL, of a scheme we do not send to
-            parse_url(url)
+    named = destination_named(url)
+    if named:
+        name, path = named
         if config is not None and name not in config.destinations:
             known = ", ".join(sorted(config.destinations)) or "none are configured"
             shown = without_userinfo(url)  # a ?token= of the path

@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 from .. import door, services, timing
 from ..callbacks.action import ACTION
 from ..callbacks.policy import Refused
-from ..callbacks.request import METHODS, InvalidCallback, check_method
+from ..callbacks.request import METHODS, InvalidCallback, check_method, destination_named
 from ..callbacks.service import KeyHeld, active_callback, create
 from ..conf import delayjobs_settings
 from ..exceptions import ConfigurationError, InvalidSchedule
@@ -121,6 +121,19 @@ class CallbackSerializer(s.StrictSerializer):
             required=False, allow_blank=True, trim_whitespace=False, help_text="A text body."
         )
         return fields
+
+    def validate_url(self, value: str) -> str:
+        """A destination ``API_CALLBACK_DESTINATIONS`` does not list is refused as an
+        unknown one is (naming the listed ones only): its credentials are the
+        application's."""
+        allowed = delayjobs_settings.API_CALLBACK_DESTINATIONS  # None: every one
+        named = destination_named(value)
+        if allowed is not None and named and named[0] not in allowed:
+            raise ValidationError(
+                f"{named[0]!r} names no destination API_CALLBACK_DESTINATIONS allows "
+                f"({', '.join(allowed) or 'none'})"
+            )
+        return value
 
     def validate_queue(self, value: str) -> str:
         try:
