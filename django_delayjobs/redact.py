@@ -12,7 +12,7 @@ _AUTHORITY = re.compile(r"^(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?(?P<authori
 # redis-py and web frameworks read it, percent-decoded ("pass%77ord" is "password"), and it
 # is secret when any part of it names a credential (client_secret, x-api-key...).
 _PARAMETER = re.compile(r"(?P<head>[?&;#](?P<name>[^=?&;#]*)=)[^&;#]*")
-_SECRET_NAME = re.compile(r"(?i)pass|pwd|secret|token|key|auth|sig|cred")
+_SECRET_NAME = re.compile(r"(?i)pass|pwd|secret|token|key|auth|sig|cred|session|jwt|bearer")
 
 
 def secret_name(name: str) -> bool:

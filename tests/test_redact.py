@@ -32,6 +32,10 @@ SECRET = "s3cret"
         ("redis://host?db=1&PASSWORD=s3cret&x=1", "redis://host?db=1&PASSWORD=***&x=1"),
         ("https://hooks.example/in?token=s3cret#x", "https://hooks.example/in?token=***#x"),
         ("https://a:s3cret@h/?api_key=s3cret", "https://***@h/?api_key=***"),
+        # Session ids and bearer tokens by the names frameworks give them.
+        ("https://h/in?sessionid=s3cret&x=1", "https://h/in?sessionid=***&x=1"),
+        ("https://h/in?jwt=s3cret", "https://h/in?jwt=***"),
+        ("https://h/in?bearer=s3cret", "https://h/in?bearer=***"),
     ],
 )
 def test_secrets_are_masked(url, shown):
