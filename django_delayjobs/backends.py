@@ -17,8 +17,8 @@ import dataclasses
 import datetime
 import threading
 import uuid
-from collections.abc import Iterable, Mapping
-from inspect import Signature, signature
+from collections.abc import Awaitable, Iterable, Mapping
+from inspect import Signature, iscoroutinefunction, signature
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -83,21 +83,30 @@ class TaskAction:
             job = current_job.get()
             if job is None:
                 raise RuntimeError(f"{task.module_path} takes context: it runs in a worker")
-            value = task.call(TaskContext(task_result=to_result(job)), *args, **kwargs)
-        else:
-            # Task.call runs a coroutine function to completion (async_to_sync): its ORM
-            # calls come back to this thread, inside the worker's transaction.
-            value = task.call(*args, **kwargs)
-        # The framework's rule for return values: normalised to JSON types, and one that
-        # cannot be ("Unsupported type") fails the task, its database effects rolled back.
-        serialization.check_depth(value, "the task's return value")  # before recursing
-        return json_keys(normalize_json(value), "the task's return value")
+            args = (TaskContext(task_result=to_result(job)), *args)
+        if iscoroutinefunction(task.func):
+            # A coroutine, which the worker awaits as an async action's (its ORM calls come
+            # back to this thread, inside the worker's transaction; a child it forks ends
+            # there), not Task.call's own async_to_sync.
+            return _returned_async(task.acall(*args, **kwargs))
+        return _returned(task.call(*args, **kwargs))
+
+
+def _returned(value: Any) -> Any:
+    """The framework's rule for return values: normalised to JSON types, and one that
+    cannot be ("Unsupported type") fails the task, its database effects rolled back."""
+    serialization.check_depth(value, "the task's return value")  # before recursing
+    return json_keys(normalize_json(value), "the task's return value")
+
+
+async def _returned_async(coroutine: Awaitable[Any]) -> Any:
+    return _returned(await coroutine)
 
 
 class DelayJobsBackend(BaseTaskBackend):
     supports_defer = True
     supports_get_result = True
-    supports_async_task = True  # run to completion in a worker thread (Task.call)
+    supports_async_task = True  # awaited by the worker, as an async action is
     supports_priority = True  # among jobs of a queue that become ready together (docs/tasks.md)
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:

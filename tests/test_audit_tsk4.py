@@ -1,0 +1,30 @@
+"""Audit of the django.tasks backend, round 4: async tasks, hostile task definitions."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_delayjobs.backends import TaskResultStatus
+from tests.helpers import start_worker
+from tests.testapp import task_functions as t
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("child", "code"), [("exit", 3), ("return", 0), ("raise", 1)])
+def test_a_child_an_async_task_forks_ends_with_the_task(redis_url, tmp_path, child, code):
+    """An async task ran its coroutine through the framework's ``Task.call`` (asgiref's
+    ``async_to_sync``), not the worker's await of an async action: a child it forked in the
+    event loop's thread came back into asgiref's loop thread with no parent thread to hand
+    its result to, and waited there forever (the parent's wait killed it)."""
+    result = t.fork_and_wait.enqueue(child, 10.0)
+    worker = start_worker(redis_url, "--burst", "-v", "3", log=tmp_path / "worker.log")
+    try:
+        assert worker.wait(60) == 0, (tmp_path / "worker.log").read_text()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == code
