@@ -129,11 +129,11 @@ class DelayJobsBackend(BaseTaskBackend):
     def validate_task(self, task: Task[Any, Any]) -> None:
         """Validate like every backend, then register the task as an action."""
         _check_kinds(task)
-        super().validate_task(task)
-        try:
+        try:  # before the framework's check, which looks the name up in a set (unhashable)
             validate_name(task.queue_name, "queue name")
-        except (TypeError, ValueError) as exc:  # TypeError: not a str (QUEUES empty)
+        except (TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from None
+        super().validate_task(task)
         if "<lambda>" in task.func.__qualname__:
             # Every lambda of a module has the same module_path: the worker would run
             # whichever registered last for all of them.

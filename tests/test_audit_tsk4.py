@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from django.test import override_settings
 
-from django_delayjobs.backends import TaskResultStatus
+from django_delayjobs.backends import InvalidTask, TaskResultStatus
+from django_delayjobs.models import Job
 from tests.helpers import start_worker
 from tests.testapp import task_functions as t
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+BACKEND = "django_delayjobs.backends.DelayJobsBackend"
 
 
 @pytest.mark.slow
@@ -28,3 +32,16 @@ def test_a_child_an_async_task_forks_ends_with_the_task(redis_url, tmp_path, chi
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
     assert result.return_value == code
+
+
+@pytest.mark.parametrize("queues", [["default", "other"], []])
+@pytest.mark.parametrize("name", [["default"], {"default": 1}, b"default", 5])
+def test_a_queue_name_that_is_not_a_str_is_an_invalid_task(queues, name):
+    """With QUEUES set, the framework's check looks the name up in a set: a list or a dict
+    raised TypeError ("unhashable type")."""
+    with (
+        override_settings(TASKS={"default": {"BACKEND": BACKEND, "QUEUES": queues}}),
+        pytest.raises(InvalidTask, match="queue name must be a str"),
+    ):
+        t.add.using(queue_name=name)
+    assert not Job.objects.exists()
