@@ -39,6 +39,7 @@ from .task_api import (
     TaskResultDoesNotExist,
     TaskResultStatus,
     normalize_json,
+    task_backends,
     task_enqueued,
     task_finished,
     task_started,
@@ -387,7 +388,17 @@ def _is_task(job: Job) -> bool:
 
 def _started(sender: Any, job: Job, **kwargs: Any) -> None:
     if _is_task(job):
-        signals.send_logged(task_started, DelayJobsBackend, task_result=to_result(job))
+        _send(task_started, to_result(job))
+
+
+def _send(signal: Any, result: TaskResult[Any, Any]) -> None:
+    """Send ``signal`` from the class of the backend that enqueued the task, as Django's
+    backends send theirs (``type(self)``); ``DelayJobsBackend`` for an alias gone since."""
+    try:
+        sender = type(task_backends[result.backend])
+    except ImproperlyConfigured:  # InvalidTaskBackend: not in TASKS (any more)
+        sender = DelayJobsBackend
+    signals.send_logged(signal, sender, task_result=result)
 
 
 class TaskFailed(DelayJobsError):
@@ -404,12 +415,12 @@ def _finished(sender: Any, job: Job, error: str = "", **kwargs: Any) -> None:
         return
     result = to_result(job)
     if result.status != TaskResultStatus.FAILED or not error:
-        signals.send_logged(task_finished, DelayJobsBackend, task_result=result)
+        _send(task_finished, result)
         return
     try:
         raise TaskFailed(error)
     except TaskFailed:
-        signals.send_logged(task_finished, DelayJobsBackend, task_result=result)
+        _send(task_finished, result)
 
 
 __all__ = ["STATUS", "DelayJobsBackend", "TaskFailed", "connect_signals"]

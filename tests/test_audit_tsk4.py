@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from django.core.management import call_command
 from django.test import override_settings
 
-from django_delayjobs.backends import InvalidTask, TaskResultStatus
+from django_delayjobs.backends import DelayJobsBackend, InvalidTask, TaskResultStatus
 from django_delayjobs.models import Job
 from tests.helpers import start_worker
 from tests.testapp import task_functions as t
@@ -13,6 +14,15 @@ from tests.testapp import task_functions as t
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BACKEND = "django_delayjobs.backends.DelayJobsBackend"
+
+try:
+    from django.tasks import signals as task_signals
+except ImportError:
+    from django_tasks import signals as task_signals
+
+
+class SubclassBackend(DelayJobsBackend):
+    """A project's own subclass of the backend."""
 
 
 @pytest.mark.slow
@@ -45,3 +55,35 @@ def test_a_queue_name_that_is_not_a_str_is_an_invalid_task(queues, name):
     ):
         t.add.using(queue_name=name)
     assert not Job.objects.exists()
+
+
+@override_settings(TASKS={"default": {"BACKEND": BACKEND},
+                          "own": {"BACKEND": f"{__name__}.SubclassBackend"}})  # fmt: skip
+def test_the_signals_of_a_task_name_the_class_of_the_backend_that_enqueued_it():
+    """Django's backends send each signal with ``type(self)``: a receiver connected with
+    ``sender=`` the project's subclass missed ``task_started`` and ``task_finished``, sent
+    with ``DelayJobsBackend`` whatever backend enqueued the task."""
+    seen: list[tuple[str, type, str]] = []
+
+    def receiver(signal_name):
+        def record(sender, task_result, **kwargs):
+            seen.append((signal_name, sender, task_result.backend))
+
+        return record
+
+    names = ("task_enqueued", "task_started", "task_finished")
+    receivers = {name: receiver(name) for name in names}
+    for name in names:
+        getattr(task_signals, name).connect(receivers[name])
+    try:
+        t.add.using(backend="own").enqueue(1, 2)
+        t.add.enqueue(3, 4)
+        call_command("run_delayworker", "--burst", "-v", "0")
+    finally:
+        for name in names:
+            getattr(task_signals, name).disconnect(receivers[name])
+    assert len(seen) == 6 and set(seen) == {
+        (name, backend, alias)
+        for backend, alias in ((SubclassBackend, "own"), (DelayJobsBackend, "default"))
+        for name in names
+    }
