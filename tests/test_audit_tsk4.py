@@ -10,6 +10,7 @@ from django_delayjobs.backends import DelayJobsBackend, InvalidTask, TaskResultS
 from django_delayjobs.models import Job
 from tests.helpers import start_worker
 from tests.testapp import task_functions as t
+from tests.testapp.models import Record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -87,3 +88,17 @@ def test_the_signals_of_a_task_name_the_class_of_the_backend_that_enqueued_it():
         for backend, alias in ((SubclassBackend, "own"), (DelayJobsBackend, "default"))
         for name in names
     }
+
+
+@pytest.mark.parametrize("kind", ["KeyboardInterrupt", "SystemExit"])
+def test_an_async_task_that_unwinds_fails_and_the_worker_goes_on(kind):
+    """asyncio lets KeyboardInterrupt and SystemExit out of the event loop itself: the task
+    has failed with it, its write rolled back, and the worker runs the next task."""
+    failed, after = t.async_unwind.enqueue(kind), t.add.enqueue(1, 2)
+    call_command("run_delayworker", "--burst", "-v", "0")
+    failed.refresh()
+    assert failed.status == TaskResultStatus.FAILED
+    (error,) = failed.errors
+    assert error.exception_class_path == f"builtins.{kind}"
+    assert t.add.get_result(after.id).return_value == 3
+    assert list(Record.objects.values_list("label", flat=True)) == ["add:1+2"]

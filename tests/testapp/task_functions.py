@@ -110,3 +110,10 @@ async def fork_and_wait(child: str, seconds: float) -> int:
     from .tasks import _fork_and_wait
 
     return _fork_and_wait(child, seconds)
+
+
+@task
+async def async_unwind(kind: str) -> None:
+    """Raises, from its coroutine, what unwinds a program: KeyboardInterrupt, SystemExit."""
+    await Record.objects.acreate(label=kind)  # rolled back with the failure
+    raise {"KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}[kind](kind)
