@@ -65,12 +65,18 @@ class History:
         return cls(actor, first_due, deferred, list(started.values()), failures)
 
     def errors(self, job: Job) -> list[TaskError]:
-        """One TaskError per failed attempt; one for a job that ended without any."""
+        """One TaskError per failed attempt, and one for the reason a job ended when that
+        was not its last failure (cancelled, its worker lost, its target gone)."""
         errors = [TaskError(exception_class_path=exception_path(text), traceback=text)
                   for text in self.failures]  # fmt: skip
-        if job.status in (Status.DEAD, Status.SKIPPED, Status.CANCELLED) and not errors:
-            text = job.last_error or f"the job was {job.status}"
-            errors.append(TaskError(exception_class_path=DELAYJOBS_ERROR, traceback=text))
+        if job.status == Status.CANCELLED:
+            reason = f"the job was {job.status}"  # its last_error is an earlier failure's
+        elif job.status in (Status.DEAD, Status.SKIPPED) and self.failures[-1:] != [job.last_error]:
+            # (a failure that ends the job writes its text as the job's last error too)
+            reason = job.last_error or f"the job was {job.status}"
+        else:
+            return errors
+        errors.append(TaskError(exception_class_path=DELAYJOBS_ERROR, traceback=reason))
         return errors
 
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
+from django.db import transaction
 from django.test import override_settings
+from django.utils import timezone
 
+from django_delayjobs import sql
 from django_delayjobs.backends import DelayJobsBackend, InvalidTask, TaskResultStatus
 from django_delayjobs.models import Job
 from tests.helpers import start_worker
@@ -102,3 +105,35 @@ def test_an_async_task_that_unwinds_fails_and_the_worker_goes_on(kind):
     assert error.exception_class_path == f"builtins.{kind}"
     assert t.add.get_result(after.id).return_value == 3
     assert list(Record.objects.values_list("label", flat=True)) == ["add:1+2"]
+
+
+TWO_ATTEMPTS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default", "other"]},
+                "twice": {"BACKEND": BACKEND, "OPTIONS": {"MAX_ATTEMPTS": 2}}}  # fmt: skip
+
+
+@override_settings(TASKS=TWO_ATTEMPTS)
+@pytest.mark.parametrize("end", ["cancelled", "worker lost"])
+def test_a_task_that_ends_without_an_error_of_its_own_after_a_failure_says_why(end):
+    """A task's errors told why it ended (cancelled, its worker lost) only when no attempt
+    had failed before: after one, they ended with that attempt's error, as if the task had
+    died of it."""
+    result = t.flaky.using(backend="twice").enqueue("f")
+    call_command("run_delayworker", "--burst", "-v", "0")  # attempt 1 fails: retrying
+    if end == "cancelled":
+        assert Job.objects.get(pk=result.id).cancel()
+        reason = "the job was cancelled"
+    else:
+        assert Job.objects.get(pk=result.id).reschedule(in_=0)  # skip the backoff
+        for worker in ("lost-1", "lost-2", "lost-3"):  # MAX_DELIVERIES is 3 in the tests
+            with transaction.atomic():  # a claim as Execution.claim writes it, never settled
+                job = sql.claim(result.id, worker, timezone.now(), 3)
+                assert job is not None
+                sql.insert_event(job, "started", f"worker:{worker}", "attempt 2 of 2")
+        call_command("run_delayworker", "--burst", "-v", "0")
+        reason = "never recorded an outcome"
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    first, last = result.errors
+    assert first.exception_class is ValueError and "attempt 1 fails" in first.traceback
+    assert last.exception_class_path == "django_delayjobs.exceptions.DelayJobsError"
+    assert reason in last.traceback
