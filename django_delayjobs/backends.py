@@ -180,7 +180,7 @@ class DelayJobsBackend(BaseTaskBackend):
             )
         except (TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from exc
-        result = to_result(job, task)
+        result = to_result(job, task, History.enqueued(job, ACTOR + self.alias))
         # After the commit, the caller's enqueue is done: a receiver that raises is logged
         # (signals.send_logged), not raised from the atomic block's exit, where Django would
         # drop the transaction's later hooks (another job's hand-over to Redis, the caller's).
@@ -301,8 +301,10 @@ def _options(alias: str, options: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def to_result(job: Job, task: Task[Any, Any] | None = None) -> TaskResult[Any, Any]:
-    """Map a Job (and its events) to the framework's TaskResult.
+def to_result(
+    job: Job, task: Task[Any, Any] | None = None, history: History | None = None
+) -> TaskResult[Any, Any]:
+    """Map a Job (and its events, unless ``history`` is given) to the framework's TaskResult.
 
     ``task`` is the Task that was enqueued, when the caller has it; otherwise it is
     rebuilt from the registered task and what the job recorded of it.
@@ -312,7 +314,7 @@ def to_result(job: Job, task: Task[Any, Any] | None = None) -> TaskResult[Any, A
         raise TaskResultDoesNotExist(
             f"{job.pk}: task {job.action.removeprefix(PREFIX)} is not imported in this process"
         )
-    history = History.of(job)
+    history = history or History.of(job)
     alias = history.actor.removeprefix(ACTOR) if history.actor.startswith(ACTOR) else None
     if task is None:
         task = _as_enqueued(

@@ -64,6 +64,11 @@ class History:
         deferred = first_due is not None and first_due > job.created_at
         return cls(actor, first_due, deferred, list(started.values()), failures)
 
+    @classmethod
+    def enqueued(cls, job: Job, actor: str) -> History:
+        """The history of ``job``, just scheduled by ``actor``: what ``of`` reads back."""
+        return cls(actor, job.run_at, job.run_at > job.created_at, [], [])
+
     def errors(self, job: Job) -> list[TaskError]:
         """One TaskError per failed attempt, and one for the reason a job ended when that
         was not its last failure (cancelled, its worker lost, its target gone)."""

@@ -4,24 +4,28 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_delayjobs import sql
+from django_delayjobs import schedule, sql
 from django_delayjobs.backends import DelayJobsBackend, InvalidTask, TaskResultStatus
 from django_delayjobs.models import Job
 from tests.helpers import start_worker
 from tests.testapp import task_functions as t
 from tests.testapp.models import Record
+from tests.testapp.tasks import record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BACKEND = "django_delayjobs.backends.DelayJobsBackend"
 
 try:
+    from django.tasks import default_task_backend
     from django.tasks import signals as task_signals
 except ImportError:
+    from django_tasks import default_task_backend
     from django_tasks import signals as task_signals
 
 
@@ -137,3 +141,16 @@ def test_a_task_that_ends_without_an_error_of_its_own_after_a_failure_says_why(e
     assert first.exception_class is ValueError and "attempt 1 fails" in first.traceback
     assert last.exception_class_path == "django_delayjobs.exceptions.DelayJobsError"
     assert reason in last.traceback
+
+
+def test_enqueue_makes_the_queries_of_schedule_and_no_more():
+    """The result ``enqueue`` returns was read back from the events just written (one more
+    query per enqueue than ``schedule()`` makes): a job just enqueued has no attempt yet."""
+    t.add.enqueue(0, 0)  # the first of a process may read more (content types, say)
+    schedule(record, in_=0, args=["first"])
+    with CaptureQueriesContext(connection) as scheduling:
+        schedule(record, in_=0, args=["x"])
+    with CaptureQueriesContext(connection) as enqueueing:
+        result = t.add.enqueue(1, 2)
+    assert len(enqueueing) == len(scheduling), enqueueing.captured_queries
+    assert result == default_task_backend.get_result(result.id)
