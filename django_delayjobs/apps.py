@@ -1,8 +1,4 @@
-from collections.abc import Mapping
-
 from django.apps import AppConfig
-
-BACKEND = "django_delayjobs.backends.DelayJobsBackend"
 
 
 class DelayJobsConfig(AppConfig):
@@ -19,20 +15,11 @@ class DelayJobsConfig(AppConfig):
 
         register()  # the built-in action of HTTP callbacks
         setting_changed.connect(reload_on_change, dispatch_uid="django_delayjobs.conf")
-        if uses_task_backend():
-            try:  # Django 6's django.tasks, or the backport on 5.2
-                from .backends import connect_signals
-            except ImportError:  # neither: TASKS is read by nothing, and the backend never runs
-                return
-            connect_signals()  # task_finished for a task cancelled in a web process
-
-
-def uses_task_backend() -> bool:
-    """Whether ``settings.TASKS`` names ``DelayJobsBackend`` (read, nothing imported)."""
-    from django.conf import settings
-
-    tasks = getattr(settings, "TASKS", None)
-    if not isinstance(tasks, Mapping):
-        return False
-    return any(isinstance(params, Mapping) and params.get("BACKEND") == BACKEND
-               for params in tasks.values())  # fmt: skip
+        try:  # Django 6's django.tasks, or the backport on 5.2
+            from .backends import connect_signals
+        except ImportError:  # neither: the backend never runs
+            return
+        # task_finished for a task cancelled in a process that made no backend (a web
+        # process), whichever TASKS entry (this backend, a subclass, an alias removed
+        # since) enqueued it; the receivers pass over the jobs of other actions.
+        connect_signals()

@@ -372,9 +372,9 @@ def _as_enqueued(task: Task[Any, Any], **fields: Any) -> Task[Any, Any]:
 
 def connect_signals() -> None:
     """Translate the jobs' signals into the framework's. Idempotent (dispatch_uid): every
-    backend instance connects them, and so does ``AppConfig.ready()`` when ``TASKS`` names
-    this backend, for a process that creates none (a web process cancelling a task's job
-    from the admin sends ``task_finished`` too)."""
+    backend instance connects them, and so does ``AppConfig.ready()``, for a process that
+    creates none (a web process cancelling a task's job from the admin sends
+    ``task_finished`` too)."""
     signals.job_started.connect(_started, dispatch_uid="delayjobs-tasks-started")
     signals.job_succeeded.connect(_finished, dispatch_uid="delayjobs-tasks-succeeded")
     signals.job_dead.connect(_finished, dispatch_uid="delayjobs-tasks-dead")
@@ -395,11 +395,13 @@ def _started(sender: Any, job: Job, **kwargs: Any) -> None:
 
 def _send(signal: Any, result: TaskResult[Any, Any]) -> None:
     """Send ``signal`` from the class of the backend that enqueued the task, as Django's
-    backends send theirs (``type(self)``); ``DelayJobsBackend`` for an alias gone since."""
+    backends send theirs (``type(self)``); ``DelayJobsBackend`` for an alias gone since
+    (or given to another backend)."""
     try:
-        sender = type(task_backends[result.backend])
+        backend = task_backends[result.backend]
     except ImproperlyConfigured:  # InvalidTaskBackend: not in TASKS (any more)
-        sender = DelayJobsBackend
+        backend = None
+    sender = type(backend) if isinstance(backend, DelayJobsBackend) else DelayJobsBackend
     signals.send_logged(signal, sender, task_result=result)
 
 

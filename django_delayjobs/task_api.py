@@ -33,6 +33,10 @@ else:
         from django_tasks.signals import task_enqueued, task_finished, task_started
         from django_tasks.utils import normalize_json
 
+        if "SUCCESSFUL" not in TaskResultStatus.__members__:  # 0.9 to 0.11 say SUCCEEDED
+            needs = "DelayJobsBackend needs django-tasks 0.12 or later on Django 5.2"
+            raise ImportError(needs) from None
+
 __all__ = [
     "BaseTaskBackend",
     "InvalidTask",

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
+import subprocess
+import sys
+
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
@@ -12,14 +16,16 @@ from django.utils import timezone
 from django_delayjobs import schedule, sql
 from django_delayjobs.backends import DelayJobsBackend, InvalidTask, TaskResultStatus
 from django_delayjobs.models import Job
-from tests.helpers import start_worker
+from tests.helpers import ROOT, start_worker, worker_env
 from tests.testapp import task_functions as t
+from tests.testapp.backends import SubclassBackend
 from tests.testapp.models import Record
 from tests.testapp.tasks import record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BACKEND = "django_delayjobs.backends.DelayJobsBackend"
+SUBCLASS = "tests.testapp.backends.SubclassBackend"
 
 try:
     from django.tasks import default_task_backend
@@ -27,10 +33,6 @@ try:
 except ImportError:
     from django_tasks import default_task_backend
     from django_tasks import signals as task_signals
-
-
-class SubclassBackend(DelayJobsBackend):
-    """A project's own subclass of the backend."""
 
 
 @pytest.mark.slow
@@ -66,7 +68,7 @@ def test_a_queue_name_that_is_not_a_str_is_an_invalid_task(queues, name):
 
 
 @override_settings(TASKS={"default": {"BACKEND": BACKEND},
-                          "own": {"BACKEND": f"{__name__}.SubclassBackend"}})  # fmt: skip
+                          "own": {"BACKEND": SUBCLASS}})  # fmt: skip
 def test_the_signals_of_a_task_name_the_class_of_the_backend_that_enqueued_it():
     """Django's backends send each signal with ``type(self)``: a receiver connected with
     ``sender=`` the project's subclass missed ``task_started`` and ``task_finished``, sent
@@ -154,3 +156,42 @@ def test_enqueue_makes_the_queries_of_schedule_and_no_more():
         result = t.add.enqueue(1, 2)
     assert len(enqueueing) == len(scheduling), enqueueing.captured_queries
     assert result == default_task_backend.get_result(result.id)
+
+
+#: A web process whose TASKS names a subclass of the backend: Django set up, no task
+#: module imported, no backend made; it cancels a task's job by id, as the admin does.
+CANCEL_IN_WEB_PROCESS = f"""
+import sys
+from django.conf import settings
+settings.TASKS = {{"default": {{"BACKEND": {SUBCLASS!r}, "QUEUES": ["default", "other"]}}}}
+import django
+django.setup()
+assert "tests.testapp.task_functions" not in sys.modules
+try:
+    from django.tasks.signals import task_finished
+except ImportError:
+    from django_tasks.signals import task_finished
+from django_delayjobs.models import Job
+
+finished = []
+task_finished.connect(lambda sender, task_result, **kw: finished.append(
+    (task_result.id, str(task_result.status), sender.__name__)), weak=False)
+assert Job.objects.get(pk=sys.argv[1]).cancel()
+print(finished)
+"""
+
+
+def test_a_task_cancelled_in_a_web_process_sends_task_finished_with_a_subclass_backend(
+    redis_url,
+):
+    """The receivers that send task_finished were connected at start-up only when TASKS
+    named DelayJobsBackend itself: with a project's subclass of it, a task cancelled in a
+    process that made no backend (the admin's) finished without the signal."""
+    result = t.add.using(run_after=timezone.now() + datetime.timedelta(hours=1)).enqueue(1, 2)
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    child = subprocess.run(
+        [sys.executable, "-c", CANCEL_IN_WEB_PROCESS, result.id],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip() == str([(result.id, "FAILED", "SubclassBackend")]), child.stderr
