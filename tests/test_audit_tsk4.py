@@ -1,4 +1,5 @@
-"""Audit of the django.tasks backend, round 4: async tasks, hostile task definitions."""
+"""Audit of the django.tasks backend, round 4: async tasks, queue names, the signals' sender,
+errors after a failed attempt, enqueue's queries."""
 
 from __future__ import annotations
 
@@ -76,10 +77,10 @@ def test_the_signals_of_a_task_name_the_class_of_the_backend_that_enqueued_it():
     seen: list[tuple[str, type, str]] = []
 
     def receiver(signal_name):
-        def record(sender, task_result, **kwargs):
+        def note(sender, task_result, **kwargs):
             seen.append((signal_name, sender, task_result.backend))
 
-        return record
+        return note
 
     names = ("task_enqueued", "task_started", "task_finished")
     receivers = {name: receiver(name) for name in names}
