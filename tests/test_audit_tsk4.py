@@ -196,3 +196,25 @@ def test_a_task_cancelled_in_a_web_process_sends_task_finished_with_a_subclass_b
     )  # fmt: skip
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.strip() == str([(result.id, "FAILED", "SubclassBackend")]), child.stderr
+
+
+#: A process whose TASKS names only the framework's own backends (Django 6's default).
+SET_UP_WITHOUT_THE_BACKEND = """
+from django.conf import settings
+package = "django.tasks" if __import__("django").VERSION >= (6,) else "django_tasks"
+settings.TASKS = {"default": {"BACKEND": f"{package}.backends.immediate.ImmediateBackend"}}
+import django
+django.setup()
+from django_delayjobs import signals
+print(signals.job_started.has_listeners(), signals.job_succeeded.has_listeners())
+"""
+
+
+def test_a_project_that_does_not_use_the_backend_has_no_task_receivers(redis_url):
+    """The receivers that translate the jobs' signals cost each job a few microseconds
+    (the worker copies the job for job_started's receivers only when there are any)."""
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    child = subprocess.run([sys.executable, "-c", SET_UP_WITHOUT_THE_BACKEND], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip() == "False False"
