@@ -2,8 +2,6 @@ from collections.abc import Mapping
 
 from django.apps import AppConfig
 
-BACKEND = "django_delayjobs.backends.DelayJobsBackend"
-
 
 class DelayJobsConfig(AppConfig):
     name = "django_delayjobs"
@@ -19,20 +17,24 @@ class DelayJobsConfig(AppConfig):
 
         register()  # the built-in action of HTTP callbacks
         setting_changed.connect(reload_on_change, dispatch_uid="django_delayjobs.conf")
-        if uses_task_backend():
-            try:  # Django 6's django.tasks, or the backport on 5.2
-                from .backends import connect_signals
-            except ImportError:  # neither: TASKS is read by nothing, and the backend never runs
-                return
-            connect_signals()  # task_finished for a task cancelled in a web process
+        if not uses_task_backend():
+            return
+        try:  # Django 6's django.tasks, or the backport on 5.2
+            from .backends import connect_signals
+        except ImportError:  # neither: the backend never runs
+            return
+        connect_signals()  # task_finished for a task cancelled in a web process
 
 
 def uses_task_backend() -> bool:
-    """Whether ``settings.TASKS`` names ``DelayJobsBackend`` (read, nothing imported)."""
+    """Whether ``settings.TASKS`` may name ``DelayJobsBackend`` or a subclass of it: a
+    backend that is not one of ``django.tasks``' or its backport's (read, nothing imported;
+    the receivers cost each job a few microseconds)."""
     from django.conf import settings
 
     tasks = getattr(settings, "TASKS", None)
     if not isinstance(tasks, Mapping):
         return False
-    return any(isinstance(params, Mapping) and params.get("BACKEND") == BACKEND
-               for params in tasks.values())  # fmt: skip
+    paths = [params.get("BACKEND") for params in tasks.values() if isinstance(params, Mapping)]
+    return any(isinstance(path, str) and not path.startswith(("django.tasks.", "django_tasks."))
+               for path in paths)  # fmt: skip

@@ -17,8 +17,8 @@ import dataclasses
 import datetime
 import threading
 import uuid
-from collections.abc import Iterable, Mapping
-from inspect import Signature, signature
+from collections.abc import Awaitable, Iterable, Mapping
+from inspect import Signature, iscoroutinefunction, signature
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -39,6 +39,7 @@ from .task_api import (
     TaskResultDoesNotExist,
     TaskResultStatus,
     normalize_json,
+    task_backends,
     task_enqueued,
     task_finished,
     task_started,
@@ -83,21 +84,30 @@ class TaskAction:
             job = current_job.get()
             if job is None:
                 raise RuntimeError(f"{task.module_path} takes context: it runs in a worker")
-            value = task.call(TaskContext(task_result=to_result(job)), *args, **kwargs)
-        else:
-            # Task.call runs a coroutine function to completion (async_to_sync): its ORM
-            # calls come back to this thread, inside the worker's transaction.
-            value = task.call(*args, **kwargs)
-        # The framework's rule for return values: normalised to JSON types, and one that
-        # cannot be ("Unsupported type") fails the task, its database effects rolled back.
-        serialization.check_depth(value, "the task's return value")  # before recursing
-        return json_keys(normalize_json(value), "the task's return value")
+            args = (TaskContext(task_result=to_result(job)), *args)
+        if iscoroutinefunction(task.func):
+            # A coroutine, which the worker awaits as an async action's (its ORM calls come
+            # back to this thread, inside the worker's transaction; a child it forks ends
+            # there), not Task.call's own async_to_sync.
+            return _returned_async(task.acall(*args, **kwargs))
+        return _returned(task.call(*args, **kwargs))
+
+
+def _returned(value: Any) -> Any:
+    """The framework's rule for return values: normalised to JSON types, and one that
+    cannot be ("Unsupported type") fails the task, its database effects rolled back."""
+    serialization.check_depth(value, "the task's return value")  # before recursing
+    return json_keys(normalize_json(value), "the task's return value")
+
+
+async def _returned_async(coroutine: Awaitable[Any]) -> Any:
+    return _returned(await coroutine)
 
 
 class DelayJobsBackend(BaseTaskBackend):
     supports_defer = True
     supports_get_result = True
-    supports_async_task = True  # run to completion in a worker thread (Task.call)
+    supports_async_task = True  # awaited by the worker, as an async action is
     supports_priority = True  # among jobs of a queue that become ready together (docs/tasks.md)
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
@@ -120,11 +130,11 @@ class DelayJobsBackend(BaseTaskBackend):
     def validate_task(self, task: Task[Any, Any]) -> None:
         """Validate like every backend, then register the task as an action."""
         _check_kinds(task)
-        super().validate_task(task)
-        try:
+        try:  # before the framework's check, which looks the name up in a set (unhashable)
             validate_name(task.queue_name, "queue name")
-        except (TypeError, ValueError) as exc:  # TypeError: not a str (QUEUES empty)
+        except (TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from None
+        super().validate_task(task)
         if "<lambda>" in task.func.__qualname__:
             # Every lambda of a module has the same module_path: the worker would run
             # whichever registered last for all of them.
@@ -170,7 +180,7 @@ class DelayJobsBackend(BaseTaskBackend):
             )
         except (TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from exc
-        result = to_result(job, task)
+        result = to_result(job, task, History.enqueued(job, ACTOR + self.alias))
         # After the commit, the caller's enqueue is done: a receiver that raises is logged
         # (signals.send_logged), not raised from the atomic block's exit, where Django would
         # drop the transaction's later hooks (another job's hand-over to Redis, the caller's).
@@ -291,8 +301,10 @@ def _options(alias: str, options: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def to_result(job: Job, task: Task[Any, Any] | None = None) -> TaskResult[Any, Any]:
-    """Map a Job (and its events) to the framework's TaskResult.
+def to_result(
+    job: Job, task: Task[Any, Any] | None = None, history: History | None = None
+) -> TaskResult[Any, Any]:
+    """Map a Job (and its events, unless ``history`` is given) to the framework's TaskResult.
 
     ``task`` is the Task that was enqueued, when the caller has it; otherwise it is
     rebuilt from the registered task and what the job recorded of it.
@@ -302,7 +314,7 @@ def to_result(job: Job, task: Task[Any, Any] | None = None) -> TaskResult[Any, A
         raise TaskResultDoesNotExist(
             f"{job.pk}: task {job.action.removeprefix(PREFIX)} is not imported in this process"
         )
-    history = History.of(job)
+    history = history or History.of(job)
     alias = history.actor.removeprefix(ACTOR) if history.actor.startswith(ACTOR) else None
     if task is None:
         task = _as_enqueued(
@@ -360,9 +372,9 @@ def _as_enqueued(task: Task[Any, Any], **fields: Any) -> Task[Any, Any]:
 
 def connect_signals() -> None:
     """Translate the jobs' signals into the framework's. Idempotent (dispatch_uid): every
-    backend instance connects them, and so does ``AppConfig.ready()`` when ``TASKS`` names
-    this backend, for a process that creates none (a web process cancelling a task's job
-    from the admin sends ``task_finished`` too)."""
+    backend instance connects them, and so does ``AppConfig.ready()``, for a process that
+    creates none (a web process cancelling a task's job from the admin sends
+    ``task_finished`` too)."""
     signals.job_started.connect(_started, dispatch_uid="delayjobs-tasks-started")
     signals.job_succeeded.connect(_finished, dispatch_uid="delayjobs-tasks-succeeded")
     signals.job_dead.connect(_finished, dispatch_uid="delayjobs-tasks-dead")
@@ -378,7 +390,19 @@ def _is_task(job: Job) -> bool:
 
 def _started(sender: Any, job: Job, **kwargs: Any) -> None:
     if _is_task(job):
-        signals.send_logged(task_started, DelayJobsBackend, task_result=to_result(job))
+        _send(task_started, to_result(job))
+
+
+def _send(signal: Any, result: TaskResult[Any, Any]) -> None:
+    """Send ``signal`` from the class of the backend that enqueued the task, as Django's
+    backends send theirs (``type(self)``); ``DelayJobsBackend`` for an alias gone since
+    (or given to another backend)."""
+    try:
+        backend = task_backends[result.backend]
+    except ImproperlyConfigured:  # InvalidTaskBackend: not in TASKS (any more)
+        backend = None
+    sender = type(backend) if isinstance(backend, DelayJobsBackend) else DelayJobsBackend
+    signals.send_logged(signal, sender, task_result=result)
 
 
 class TaskFailed(DelayJobsError):
@@ -395,12 +419,12 @@ def _finished(sender: Any, job: Job, error: str = "", **kwargs: Any) -> None:
         return
     result = to_result(job)
     if result.status != TaskResultStatus.FAILED or not error:
-        signals.send_logged(task_finished, DelayJobsBackend, task_result=result)
+        _send(task_finished, result)
         return
     try:
         raise TaskFailed(error)
     except TaskFailed:
-        signals.send_logged(task_finished, DelayJobsBackend, task_result=result)
+        _send(task_finished, result)
 
 
 __all__ = ["STATUS", "DelayJobsBackend", "TaskFailed", "connect_signals"]

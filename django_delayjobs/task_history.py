@@ -64,13 +64,24 @@ class History:
         deferred = first_due is not None and first_due > job.created_at
         return cls(actor, first_due, deferred, list(started.values()), failures)
 
+    @classmethod
+    def enqueued(cls, job: Job, actor: str) -> History:
+        """The history of ``job``, just scheduled by ``actor``: what ``of`` reads back."""
+        return cls(actor, job.run_at, job.run_at > job.created_at, [], [])
+
     def errors(self, job: Job) -> list[TaskError]:
-        """One TaskError per failed attempt; one for a job that ended without any."""
+        """One TaskError per failed attempt, and one for the reason a job ended when that
+        was not its last failure (cancelled, its worker lost, its target gone)."""
         errors = [TaskError(exception_class_path=exception_path(text), traceback=text)
                   for text in self.failures]  # fmt: skip
-        if job.status in (Status.DEAD, Status.SKIPPED, Status.CANCELLED) and not errors:
-            text = job.last_error or f"the job was {job.status}"
-            errors.append(TaskError(exception_class_path=DELAYJOBS_ERROR, traceback=text))
+        if job.status == Status.CANCELLED:
+            reason = f"the job was {job.status}"  # its last_error is an earlier failure's
+        elif job.status in (Status.DEAD, Status.SKIPPED) and self.failures[-1:] != [job.last_error]:
+            # (a failure that ends the job writes its text as the job's last error too)
+            reason = job.last_error or f"the job was {job.status}"
+        else:
+            return errors
+        errors.append(TaskError(exception_class_path=DELAYJOBS_ERROR, traceback=reason))
         return errors
 
 

@@ -102,3 +102,18 @@ def returns_itself(label: str) -> dict[str, object]:
     loop: dict[str, object] = {}
     loop["me"] = [loop]
     return loop
+
+
+@task
+async def fork_and_wait(child: str, seconds: float) -> int:
+    """Forks in its event loop's thread; see ``tasks.fork_and_wait`` for ``child``."""
+    from .tasks import _fork_and_wait
+
+    return _fork_and_wait(child, seconds)
+
+
+@task
+async def async_unwind(kind: str) -> None:
+    """Raises, from its coroutine, what unwinds a program: KeyboardInterrupt, SystemExit."""
+    await Record.objects.acreate(label=kind)  # rolled back with the failure
+    raise {"KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}[kind](kind)
