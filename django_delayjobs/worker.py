@@ -41,12 +41,12 @@ from django.utils import timezone
 
 from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
+from .databases import database_error, database_named, jobs_alias
 from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
 from .engine.errors import unreachable
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution, receivers_left_behind
 from .logs import job_fields
-from .management.errors import database_error, database_named, jobs_alias
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner, deployment_uid

@@ -36,7 +36,7 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
 from .. import request_transactions
-from ..management.errors import database_named, jobs_alias
+from ..databases import database_named, jobs_alias
 
 
 class SafeJSONParser(JSONParser):

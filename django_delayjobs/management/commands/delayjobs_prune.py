@@ -16,6 +16,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import Error as DatabaseError
 from django.utils import timezone
 
+from ...databases import database_error, jobs_alias
 from ...numbers import option, whole_number
 from ...retention import (
     DEFAULT_BATCH,
@@ -32,7 +33,6 @@ from ...retention import (
     prune,
 )
 from ...worker import STOP_SIGNALS
-from ..errors import database_error, jobs_alias
 from ..output import SafeOutputCommand
 
 #: Seconds between two progress lines (at the default verbosity).

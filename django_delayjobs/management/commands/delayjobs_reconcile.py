@@ -8,9 +8,9 @@ from django.core.management.base import CommandError
 from django.db import Error as DatabaseError
 
 from ...connection import get_engine
+from ...databases import database_error, jobs_alias
 from ...engine import DelayJobsError
 from ...reconcile import reconcile
-from ..errors import database_error, jobs_alias
 from ..output import SafeOutputCommand
 
 

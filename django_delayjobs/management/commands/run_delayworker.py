@@ -22,6 +22,7 @@ from django.utils.module_loading import autodiscover_modules
 from ... import sql
 from ...conf import bounds, delayjobs_settings
 from ...connection import get_engine
+from ...databases import database_error, jobs_alias
 from ...engine import DelayJobsError, validate_name
 from ...logs import use_json
 from ...metrics.access import loopback
@@ -35,7 +36,6 @@ from ...preflight import (
     describe_redis,
 )
 from ...worker import STOP_SIGNALS, Options, WorkerProcess
-from ..errors import database_error, jobs_alias
 from ..output import SafeOutputCommand
 
 if TYPE_CHECKING:

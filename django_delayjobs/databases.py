@@ -1,4 +1,5 @@
-"""The one line a command says for a database error."""
+"""Naming the jobs' database, and the one line for a database error (commands, the
+worker's outage lines, the API's 503)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.db.models import Model
 def jobs_alias(model: type[Model] | None = None) -> str | None:
     """The alias of the database that holds ``model``'s rows (``Job`` by default), or None
     when its reads and writes are routed apart (an error may then be either's)."""
-    from ..models import Job
+    from .models import Job
 
     model = model or Job
     alias = router.db_for_write(model)
@@ -34,7 +35,7 @@ def database_error(exc: BaseException | str, alias: str | None = None) -> str:
     from django.db import connections
     from django.db.migrations.executor import MigrationExecutor
 
-    from ..models import Deployment
+    from .models import Deployment
 
     connection, plan = connections[alias or Deployment.objects.db], []
     if connection.connection is not None:  # it answered (no second wait for one that did not)
