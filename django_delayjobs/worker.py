@@ -230,6 +230,8 @@ class WorkerProcess:
         self.promoter = Promoter(engine, options.queues, tick=options.tick, stop=self.stopping,
                                  broken=self.broken)  # fmt: skip
         self.threads: list[threading.Thread] = []
+        # Extends the running jobs' leases; when it died, finish() does it meanwhile.
+        self.housekeeper = self.thread("delayjobs-housekeeping", self.housekeep)
         # job id -> (its shard: the queue, for a queue of 1; the worker thread that claimed
         # it), for the ids this process holds in flight: their leases are extended
         self.held: dict[str, tuple[str, int]] = {}
@@ -316,11 +318,10 @@ class WorkerProcess:
         has died, extend their leases here meanwhile: lapsed, they would let another worker
         run the same jobs beside them."""
         deadline = time.monotonic() + grace
-        housekeeping = [t for t in self.threads if t.name == "delayjobs-housekeeping"]
         every = lease_every()
         for thread in workers:
             while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
-                if not all(t.is_alive() for t in housekeeping):
+                if not self.housekeeper.is_alive():
                     with contextlib.suppress(EngineUnavailable):  # then they lapse
                         self.extend_leases()
                 thread.join(min(left, every))
@@ -408,19 +409,18 @@ class WorkerProcess:
         roles = 2 if self.options.promoter and not self.options.burst else 0
         return 2 + roles + (self.options.concurrency if self.options.worker else 0)
 
+    def thread(self, name: str, fn: Callable[[], None]) -> threading.Thread:
+        return threading.Thread(target=self.guarded(name, fn), name=name, daemon=True)
+
     def start_threads(self) -> list[threading.Thread]:
-        targets: list[tuple[str, Callable[[], None]]] = [
-            ("delayjobs-housekeeping", self.housekeep),
-            ("delayjobs-housekeeping-db", self.housekeep_database),
-        ]
+        threads = [self.housekeeper,
+                   self.thread("delayjobs-housekeeping-db", self.housekeep_database)]  # fmt: skip
         if self.options.promoter and not self.options.burst:
-            targets.append(("delayjobs-promoter", self.promote_loop))
-            targets.append(("delayjobs-reconcile", self.reconcile_loop))
+            threads.append(self.thread("delayjobs-promoter", self.promote_loop))
+            threads.append(self.thread("delayjobs-reconcile", self.reconcile_loop))
         if self.options.worker:
-            targets += [(f"delayjobs-worker-{n}", self.work_loop)
+            threads += [self.thread(f"delayjobs-worker-{n}", self.work_loop)
                         for n in range(self.options.concurrency)]  # fmt: skip
-        threads = [threading.Thread(target=self.guarded(name, fn), name=name, daemon=True)
-                   for name, fn in targets]  # fmt: skip
         started = []
         for thread in threads:
             try:
