@@ -71,6 +71,16 @@ HAND_BACK_DELAY = timedelta(seconds=1)
 #: (SQLite's write lock held past the busy timeout, a restart), and the pause between tries.
 OUTCOME_PATIENCE = timedelta(seconds=60)
 OUTCOME_PAUSE = timedelta(seconds=0.5)
+#: PostgreSQL's SQLSTATEs of a failure that passes, besides class 08 (connection
+#: exceptions): a restart or a failover (admin or crash shutdown, cannot connect now, too
+#: many connections) and contention (serialization failure, deadlock, lock or statement
+#: timeout).
+PASSING_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300",
+                               "40001", "40P01", "55P03", "57014"})  # fmt: skip
+#: PostgreSQL's read-only transaction: a standby's session, or one set so.
+READ_ONLY_SQLSTATE = "25006"
+#: SQLite's primary result codes of a failure that passes: SQLITE_BUSY, SQLITE_LOCKED.
+PASSING_SQLITE_CODES = (5, 6)
 #: Longest text one ``note()`` keeps.
 NOTE_LIMIT = 4096
 
@@ -170,6 +180,23 @@ class Connection:
             return False
         raw = self.wrapper.connection
         return raw is None or raw is not self.raw or not self.wrapper.is_usable()
+
+    def passing(self, exc: DatabaseError) -> bool:
+        """Whether ``exc`` is a failure that time mends: the connection lost or a new one
+        refused (a restart, a failover, a network cut), contention (a lock, SQLite's busy
+        database), or a read-only transaction on a session opened since this step began (a
+        failover that reached a standby; the session it began on was set so, by the action
+        say). Not a statement the database refuses for good (a missing table or column, a
+        trigger's error), which no wait mends."""
+        cause = exc.__cause__
+        state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None) or ""
+        if state.startswith("08") or state in PASSING_SQLSTATES:
+            return True
+        if state == READ_ONLY_SQLSTATE:
+            return self.wrapper.connection is not self.raw
+        if getattr(cause, "sqlite_errorcode", 0) & 0xFF in PASSING_SQLITE_CODES:
+            return True
+        return self.wrapper.connection is None or not self.wrapper.is_usable()
 
 
 def class_path(exc: BaseException) -> str:
@@ -666,25 +693,29 @@ class Execution:
         """Run ``write``, an outcome's transaction. After a non-atomic action, whose
         outside effect has happened (a hand-back would repeat it: an HTTP callback sent
         again), run it again while the database fails it, at once, then every
-        ``OUTCOME_PAUSE`` for up to ``OUTCOME_PATIENCE``: the connection was lost while
-        the action ran (ended by the server while idle; a restart or a failover, whose new
-        connections are refused for a while), or the database refuses the write on a
-        usable one (SQLite's write lock held past the busy timeout). Then raise the last
-        failure."""
+        ``OUTCOME_PAUSE`` for up to ``OUTCOME_PATIENCE``, each time on a new connection,
+        as long as the failure is one that passes (``Connection.passing``): the connection
+        was lost while the action ran (ended by the server while idle; a restart or a
+        failover, whose new connections are refused or reach a standby for a while), or
+        the database refuses the write for now (SQLite's write lock held past the busy
+        timeout). Then raise the last failure; raise any other at once."""
+        outside = self.outside
         try:
             return write()
-        except (OperationalError, InterfaceError) as exc:
+        except DatabaseError as exc:
             db = connections[sql.db()]  # this thread's (MAX_RUN_SECONDS's watcher writes too)
-            if self.outside is None or self.outside.wrapper is not db:
+            if outside is None or outside.wrapper is not db or not outside.passing(exc):
                 raise
             failure = exc
         give_up = time.monotonic() + OUTCOME_PATIENCE.total_seconds()
         while True:
             with contextlib.suppress(DatabaseError):
-                db.close_if_unusable_or_obsolete()  # a lost one: the write opens a new one
+                db.close()  # a lost one, or a standby's: the write opens a new one
             try:
                 return write()
-            except (OperationalError, InterfaceError) as exc:
+            except DatabaseError as exc:
+                if not outside.passing(exc):
+                    raise
                 failure = exc
             if time.monotonic() >= give_up:
                 raise failure

@@ -397,6 +397,18 @@ def read_only_session_then_fail() -> None:
     raise RuntimeError("the failure that cannot be written")
 
 
+#: Set by a test once the database has failed over (``call_out_during_failover``).
+failed_over = threading.Event()
+
+
+@delayable(atomic=False)
+def call_out_during_failover() -> None:
+    """Not atomic: records its call out, then waits (in this process) for the test to fail
+    the database over under it."""
+    Record.objects.create(label="called out")
+    failed_over.wait(10)
+
+
 @delayable(atomic=False)
 def outside_call(label: str, fail: bool) -> bool:
     """Not atomic: runs outside any transaction; its writes stay even when it fails."""
