@@ -4,6 +4,8 @@ Redis; the worker runs in this process (``--burst``) or as a subprocess."""
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +17,7 @@ from django.db import connection, connections
 from django_delayjobs import schedule
 from django_delayjobs.execution import OUTCOME_PATIENCE
 from django_delayjobs.models import Status
-from tests.helpers import set_read_only, wait_for
+from tests.helpers import ROOT, set_read_only, wait_for, worker_env
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -133,3 +135,30 @@ def test_a_non_atomic_actions_outcome_waits_through_a_failover_onto_a_standby():
     job.refresh_from_db()
     assert (job.status, job.attempts, job.deliveries) == (Status.SUCCEEDED, 1, 1), job.last_error
     assert Record.objects.filter(label="called out").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("jobs_apart", "said"),
+    [
+        (False, "the jobs database 'default' is unavailable"),
+        # The jobs on a database of their own, which answers: not named for the project's.
+        (True, "the database is unavailable"),
+    ],
+)
+def test_run_delayworker_names_the_jobs_database_wherever_it_fails(
+    jobs_apart, said, redis_url, tmp_path
+):
+    """The worker's outage lines, and the start-up checks, say "the jobs database
+    'default' is unavailable"; a database error met elsewhere in the command (here: a
+    tasks module that reads at import, its system checks skipped) said "the database is
+    unavailable", leaving the operator to guess which."""
+    env = {**worker_env(redis_url), "DELAYJOBS_TEST_QUERY_ON_IMPORT": "1",
+           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "missing" / "db.sqlite3")}  # fmt: skip
+    if jobs_apart:
+        env["DELAYJOBS_TEST_JOBS_DB"] = str(tmp_path / "jobs.sqlite3")
+    env.pop("DATABASE_URL", None)
+    command = [sys.executable, "-m", "django", "run_delayworker", "--settings", "tests.settings",
+               "--skip-checks", "--burst"]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == f"CommandError: {said}: unable to open database file", done.stderr

@@ -294,6 +294,8 @@ def _install_test_hooks() -> None:
 
         for name in ("job_succeeded", "job_failed", "job_dead"):
             getattr(signals, name).connect(receiver(name), weak=False)
+    if os.environ.get("DELAYJOBS_TEST_QUERY_ON_IMPORT"):  # a tasks module that reads at import
+        Record.objects.exists()
     broken = os.environ.get("DELAYJOBS_TEST_BREAK_THREAD")
     if broken == "promoter":
         from django_delayjobs.promoter import Promoter

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.core.management.base import CommandError, CommandParser
 from django.db import Error as DatabaseError
+from django.db import connections
 from django.utils.module_loading import autodiscover_modules
 
 from ... import sql
@@ -203,8 +204,10 @@ class Command(SafeOutputCommand):
             return
         except DelayJobsError as exc:  # bad settings, Redis refused, a thread died
             raise CommandError(str(exc)) from exc
-        except DatabaseError as exc:
-            raise CommandError(database_error(exc)) from exc
+        except DatabaseError as exc:  # a tasks module's query, say: on any database
+            alias = jobs_alias()
+            failed = alias is not None and connections[alias].errors_occurred
+            raise CommandError(database_error(exc, alias if failed else None)) from exc
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
