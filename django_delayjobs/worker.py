@@ -232,6 +232,7 @@ class WorkerProcess:
         self.threads: list[threading.Thread] = []
         # Extends the running jobs' leases; when it died, finish() does it meanwhile.
         self.housekeeper = self.thread("delayjobs-housekeeping", self.housekeep)
+        self.workers: list[threading.Thread] = []  # the worker threads (start_threads)
         # job id -> (its shard: the queue, for a queue of 1; the worker thread that claimed
         # it), for the ids this process holds in flight: their leases are extended
         self.held: dict[str, tuple[str, int]] = {}
@@ -274,10 +275,9 @@ class WorkerProcess:
         grace = delayjobs_settings.SHUTDOWN_GRACE_SECONDS
         try:
             self.threads = [*self.start_threads(), *also]
-            workers = [t for t in self.threads if t.name.startswith("delayjobs-worker")]
             watched = 0.0
             while not self.stopping.is_set():
-                if self.options.burst and not any(t.is_alive() for t in workers):
+                if self.options.burst and not any(t.is_alive() for t in self.workers):
                     break
                 self.supervise()
                 if time.monotonic() - watched >= 1.0:  # each arming is a new C thread
@@ -287,8 +287,8 @@ class WorkerProcess:
             self.stopping.set()
             if self.fatal:
                 self.unregister()  # at once: a dying worker must not look alive
-            self.finish(workers, grace)
-            if any(t.is_alive() for t in workers):
+            self.finish(grace)
+            if any(t.is_alive() for t in self.workers):
                 self.abandoned = True
                 logger.warning("actions still running after %s s; leaving them to their lease "
                                "(job(s) %s)", grace, ", ".join(self.running_ids()))  # fmt: skip
@@ -313,13 +313,13 @@ class WorkerProcess:
                              "not put back in Redis; they wait for a reconcile sweep "
                              "(manage.py delayjobs_reconcile)")  # fmt: skip
 
-    def finish(self, workers: list[threading.Thread], grace: float) -> None:
+    def finish(self, grace: float) -> None:
         """Give the running actions ``grace`` seconds to end. If the housekeeping thread
         has died, extend their leases here meanwhile: lapsed, they would let another worker
         run the same jobs beside them."""
         deadline = time.monotonic() + grace
         every = lease_every()
-        for thread in workers:
+        for thread in self.workers:
             while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
                 if not self.housekeeper.is_alive():
                     with contextlib.suppress(EngineUnavailable):  # then they lapse
@@ -341,7 +341,7 @@ class WorkerProcess:
         """Die if a thread that should still run has ended, or is stuck (``Progress``)."""
         for thread in self.threads:
             ended_early = not thread.is_alive() and not self.stopping.is_set()
-            done = self.options.burst and thread.name.startswith("delayjobs-worker")
+            done = self.options.burst and thread in self.workers
             if ended_early and not done:  # a burst's worker threads end once nothing is due
                 self.die(f"thread {thread.name} ended unexpectedly")
         stuck = self.progress.stuck()
@@ -419,8 +419,9 @@ class WorkerProcess:
             threads.append(self.thread("delayjobs-promoter", self.promote_loop))
             threads.append(self.thread("delayjobs-reconcile", self.reconcile_loop))
         if self.options.worker:
-            threads += [self.thread(f"delayjobs-worker-{n}", self.work_loop)
-                        for n in range(self.options.concurrency)]  # fmt: skip
+            self.workers = [self.thread(f"delayjobs-worker-{n}", self.work_loop)
+                            for n in range(self.options.concurrency)]  # fmt: skip
+        threads += self.workers
         started = []
         for thread in threads:
             try:
