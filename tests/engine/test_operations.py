@@ -48,11 +48,8 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 
 
 @pytest.fixture
-def redis_client(backend: Backend):
-    client = backend.client()
-    client.flushdb()
-    yield client
-    close_client(client)
+def redis_client(backend_client: Any) -> Any:
+    return backend_client
 
 
 @pytest.fixture
