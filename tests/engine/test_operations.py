@@ -43,6 +43,11 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return open_backend(request, request.param)
 
 
+#: For a test without the ``engine`` fixture, which alone makes ``Q`` the shard's name:
+#: its cluster-shard run would repeat its cluster one.
+WITHOUT_SHARD = pytest.mark.parametrize("backend", ["single", on_cluster("cluster")], indirect=True)
+
+
 @pytest.fixture
 def redis_client(backend_client: Any) -> Any:
     return backend_client
@@ -1066,6 +1071,7 @@ def test_bad_input_is_refused_and_redis_is_unchanged(populated, redis_client, ca
     assert _snapshot(redis_client) == before
 
 
+@WITHOUT_SHARD
 def test_the_longest_valid_names_are_accepted(redis_client):
     engine = Engine(redis_client, prefix="p" * 64)
     queue = "Az09_.-" + "q" * 57
@@ -1077,6 +1083,7 @@ def test_the_longest_valid_names_are_accepted(redis_client):
 # -- waiting: bad arguments, and the socket timeout ----------------------------------------
 
 
+@WITHOUT_SHARD
 @pytest.mark.parametrize("method", ["wait_for_wake", "wait_for_work"])
 def test_a_wait_longer_than_the_client_socket_timeout_returns_false(redis_client, backend, method):
     client = backend.client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
@@ -1086,6 +1093,7 @@ def test_a_wait_longer_than_the_client_socket_timeout_returns_false(redis_client
         close_client(client)
 
 
+@WITHOUT_SHARD
 def test_a_wait_under_a_short_socket_timeout_still_wakes(redis_client, backend):
     client = backend.client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
     try:
@@ -1096,6 +1104,7 @@ def test_a_wait_under_a_short_socket_timeout_still_wakes(redis_client, backend):
         close_client(client)
 
 
+@WITHOUT_SHARD
 @pytest.mark.slow
 def test_a_wait_longer_than_the_default_socket_timeout_returns_false(redis_client, backend):
     # from_url() without socket_timeout: redis-py's default applies (5 s since redis-py 8),
