@@ -39,8 +39,8 @@ def test_a_shared_client_that_a_test_closed_serves_the_next_test_flushed(backend
 @pytest.mark.django_db(transaction=True)
 def test_a_burst_ends_as_soon_as_its_work_is_done() -> None:
     """A burst's main thread looked at its worker threads every 0.2 s: each run ended up
-    to 0.2 s after its last job (it always waited once), which cron and the ~1,000 bursts
-    of the test suite paid. Five bursts took at least 1 s; now each ends with its work."""
+    to 0.2 s after its last job (it always waited once), which cron and every burst of
+    the test suite paid. Five bursts took at least 1 s; now each ends with its work."""
     started = time.monotonic()
     for n in range(5):
         schedule(tasks.record, in_=0, args=[str(n)])

@@ -66,7 +66,7 @@ def backend_client(backend: Backend, session_clients: dict[str, Any]) -> Iterato
     """The session's client of ``backend``, flushed (on a Cluster: every master).
 
     Kept for the session: a new ``RedisCluster`` reads the cluster's slot and command
-    tables, 20 ms that each of ~1,800 cluster tests paid. Closed after each test, so that
+    tables, 20 ms that every cluster test paid. Closed after each test, so that
     no connection a test left waiting (a thread's ``BLPOP``) reaches into the next.
     """
     if backend.url not in session_clients:
