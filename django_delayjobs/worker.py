@@ -283,7 +283,7 @@ class WorkerProcess:
                 if time.monotonic() - watched >= 1.0:  # each arming is a new C thread
                     watched = time.monotonic()
                     self.watch(grace + 1.0)  # the grace below included
-                self.stopping.wait(0.2)
+                self.pause(0.2)
             self.stopping.set()
             if self.fatal:
                 self.unregister()  # at once: a dying worker must not look alive
@@ -325,6 +325,16 @@ class WorkerProcess:
                     with contextlib.suppress(EngineUnavailable):  # then they lapse
                         self.extend_leases()
                 thread.join(min(left, every))
+
+    def pause(self, seconds: float) -> None:
+        """Wait between two rounds of supervision. A burst's ends as soon as its worker
+        threads do: each burst ended up to 0.2 s after its last job."""
+        if not self.options.burst:
+            self.stopping.wait(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        for thread in self.workers:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def stop(self) -> None:
         self.stopping.set()

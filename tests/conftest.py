@@ -265,16 +265,6 @@ def cluster_client(url: str, **kwargs: object) -> RedisCluster:
     return RedisCluster.from_url(url, **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def cluster_redis(redis_cluster: EmbeddedCluster) -> Iterator[RedisCluster]:
-    """A client of the session's cluster, every master flushed first."""
-    redis_cluster.wait_healthy()
-    client = cluster_client(redis_cluster.url)
-    client.flushall()
-    yield client
-    close_client(client)
-
-
 @dataclass
 class WorkerRedis:
     """The Redis that a test's worker processes use, and how to reach it."""

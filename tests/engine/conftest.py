@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import redis
 
+from django_delayjobs.engine import close_client
 from tests.conftest import cluster_client
 
 
@@ -35,3 +37,40 @@ def open_backend(request: pytest.FixtureRequest, name: str) -> Backend:
 def on_cluster(name: str) -> Any:
     """A backend parameter that needs the cluster (so it carries the ``cluster`` mark)."""
     return pytest.param(name, marks=pytest.mark.cluster, id=name)
+
+
+@pytest.fixture(scope="session")
+def session_clients() -> Iterator[dict[str, Any]]:
+    """One client per backend URL for the session (see ``backend_client``)."""
+    made: dict[str, Any] = {}
+    yield made
+    for client in made.values():
+        close_client(client)
+
+
+def flushed(client: Any, cluster: bool) -> Any:
+    """``client``, whatever the test before did with it, with its database flushed.
+
+    A Cluster client reads the slot table anew: it follows a failover or a slot an earlier
+    test moved, and gets back the default node that ``close()`` drops (without it, every
+    command sent to that node fails). A closed pool reconnects on demand.
+    """
+    if cluster:
+        client.nodes_manager.initialize()
+    client.flushdb()
+    return client
+
+
+@pytest.fixture
+def backend_client(backend: Backend, session_clients: dict[str, Any]) -> Iterator[Any]:
+    """The session's client of ``backend``, flushed (on a Cluster: every master).
+
+    Kept for the session: a new ``RedisCluster`` reads the cluster's slot and command
+    tables, 20 ms that every cluster test paid. Closed after each test, so that
+    no connection a test left waiting (a thread's ``BLPOP``) reaches into the next.
+    """
+    if backend.url not in session_clients:
+        session_clients[backend.url] = backend.client()
+    client = flushed(session_clients[backend.url], backend.cluster)
+    yield client
+    close_client(client)

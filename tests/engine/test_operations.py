@@ -16,12 +16,10 @@ several shards does when addressed by its queue name is tested in ``test_sharded
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,12 +27,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_delayjobs.embedded import find_redis_server
-from django_delayjobs.engine import MAX_BATCH, Engine, EngineUnavailable, close_client
+from django_delayjobs.engine import MAX_BATCH, Engine, close_client
 from django_delayjobs.engine.sharding import parse
 from django_delayjobs.engine.validation import MAX_DUE_MS
 
-from ..helpers import TcpProxy, free_port, redis_answers, wait_for
 from .conftest import Backend, on_cluster, open_backend
 
 Q = "q"
@@ -47,12 +43,14 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return open_backend(request, request.param)
 
 
+#: For a test without the ``engine`` fixture, which alone makes ``Q`` the shard's name:
+#: its cluster-shard run would repeat its cluster one.
+WITHOUT_SHARD = pytest.mark.parametrize("backend", ["single", on_cluster("cluster")], indirect=True)
+
+
 @pytest.fixture
-def redis_client(backend: Backend):
-    client = backend.client()
-    client.flushdb()
-    yield client
-    close_client(client)
+def redis_client(backend_client: Any) -> Any:
+    return backend_client
 
 
 @pytest.fixture
@@ -1073,86 +1071,7 @@ def test_bad_input_is_refused_and_redis_is_unchanged(populated, redis_client, ca
     assert _snapshot(redis_client) == before
 
 
-@pytest.fixture
-def unreachable(tmp_path) -> Engine:
-    """An engine whose Redis does not exist: any command sent raises EngineUnavailable."""
-    client = redis.Redis(
-        unix_socket_path=str(tmp_path / "nothing.sock"), retry=Retry(NoBackoff(), 0)
-    )
-    return Engine(client, prefix="t")
-
-
-def test_an_unreachable_redis_raises_engine_unavailable(unreachable):
-    with pytest.raises(EngineUnavailable):
-        unreachable.add(Q, {"a": 0})
-    with pytest.raises(EngineUnavailable):
-        unreachable.stats(Q)
-    with pytest.raises(EngineUnavailable):  # the promoter's listing each minute
-        unreachable.list_shards(Q)
-    with pytest.raises(EngineUnavailable):  # reconcile's, for running jobs Redis lost
-        unreachable.adopt(Q, ["a"], 1000)
-
-
-@pytest.fixture
-def two_redis(tmp_path: Path) -> Iterator[list[int]]:
-    """Two redis-servers of this test's own on TCP ports, stopped by pid."""
-    ports, processes = [], []
-    try:
-        for n in range(2):
-            port = free_port()
-            processes.append(subprocess.Popen(
-                [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
-                 "--logfile", str(tmp_path / f"redis{n}.log")],
-                stdin=subprocess.DEVNULL,
-            ))  # fmt: skip
-            client = redis.Redis(port=port)
-            wait_for(lambda c=client: redis_answers(c))
-            client.close()
-            ports.append(port)
-        yield ports
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait(5)
-
-
-def test_a_master_that_became_a_replica_is_left_for_the_new_one(two_redis):
-    """A failover behind one address (a DNS name, a proxy): the old master becomes a
-    replica and refuses every write with READONLY on the connections still open to it,
-    while new connections reach the new master. The engine kept its pooled connections,
-    so every worker refused forever, alive and doing nothing, until restarted."""
-    old, new = two_redis
-    proxy = TcpProxy("127.0.0.1", old)
-    proxy.up()
-    client = redis.Redis(port=proxy.port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
-    engine = Engine(client, prefix="t")
-    try:
-        engine.add("q", {"a": 0})
-        proxy.target = ("127.0.0.1", new)  # new connections reach the new master
-        redis.Redis(port=old).replicaof("127.0.0.1", new)  # the old one: a replica
-        with pytest.raises(EngineUnavailable, match="READONLY"):
-            engine.add("q", {"b": 0})
-        assert engine.add("q", {"b": 0}) == ["b"]
-        assert redis.Redis(port=new).smembers(engine.keys("q").ready_set) == {b"b"}
-    finally:
-        close_client(client)
-        proxy.down()
-
-
-@pytest.mark.parametrize(("call", "exc"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS])
-def test_bad_input_is_refused_before_any_command_is_sent(unreachable, call, exc):
-    # Had a command been sent first, this would be EngineUnavailable, not exc.
-    with pytest.raises(exc):
-        call(unreachable)
-
-
-@pytest.mark.parametrize("prefix", ["", "a:b", "{a}", "a b", 1, None, "x" * 65])
-def test_a_bad_prefix_is_refused(redis_client, prefix):
-    with pytest.raises((TypeError, ValueError)):
-        Engine(redis_client, prefix=prefix)
-
-
+@WITHOUT_SHARD
 def test_the_longest_valid_names_are_accepted(redis_client):
     engine = Engine(redis_client, prefix="p" * 64)
     queue = "Az09_.-" + "q" * 57
@@ -1164,20 +1083,7 @@ def test_the_longest_valid_names_are_accepted(redis_client):
 # -- waiting: bad arguments, and the socket timeout ----------------------------------------
 
 
-@pytest.mark.parametrize("method", ["wait_for_wake", "wait_for_work"])
-def test_waiting_on_a_single_string_instead_of_a_list_is_refused(unreachable, method):
-    # A str is a sequence: "orders" would have waited on queues o, r, d, e, r, s.
-    with pytest.raises(TypeError, match="list of queue names"):
-        getattr(unreachable, method)("orders", 0.01)
-
-
-@pytest.mark.parametrize("timeout", [math.nan, math.inf, -math.inf, -0.5], ids=str)
-@pytest.mark.parametrize("method", ["wait_for_wake", "wait_for_work"])
-def test_a_non_finite_or_negative_wait_timeout_is_refused(unreachable, method, timeout):
-    with pytest.raises(ValueError, match="timeout"):
-        getattr(unreachable, method)([Q], timeout)
-
-
+@WITHOUT_SHARD
 @pytest.mark.parametrize("method", ["wait_for_wake", "wait_for_work"])
 def test_a_wait_longer_than_the_client_socket_timeout_returns_false(redis_client, backend, method):
     client = backend.client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
@@ -1187,6 +1093,7 @@ def test_a_wait_longer_than_the_client_socket_timeout_returns_false(redis_client
         close_client(client)
 
 
+@WITHOUT_SHARD
 def test_a_wait_under_a_short_socket_timeout_still_wakes(redis_client, backend):
     client = backend.client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
     try:
@@ -1197,6 +1104,7 @@ def test_a_wait_under_a_short_socket_timeout_still_wakes(redis_client, backend):
         close_client(client)
 
 
+@WITHOUT_SHARD
 @pytest.mark.slow
 def test_a_wait_longer_than_the_default_socket_timeout_returns_false(redis_client, backend):
     # from_url() without socket_timeout: redis-py's default applies (5 s since redis-py 8),

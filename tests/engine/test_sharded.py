@@ -17,7 +17,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_delayjobs.engine import Engine, close_client
+from django_delayjobs.engine import Engine
 from django_delayjobs.engine.sharding import parse, slot, tag
 
 from .conftest import Backend, on_cluster, open_backend
@@ -33,11 +33,8 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 
 
 @pytest.fixture
-def redis_client(backend: Backend):
-    client = backend.client()
-    client.flushdb()
-    yield client
-    close_client(client)
+def redis_client(backend_client: Any) -> Any:
+    return backend_client
 
 
 def make(client: Any, count: int = N) -> Engine:
