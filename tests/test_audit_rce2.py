@@ -115,13 +115,10 @@ def kinds(job: Job) -> list[str]:
 # -- cancel and reschedule in the instant of the claim ---------------------------------
 
 
-@pytest.mark.parametrize("ending", ["rolls back", "commits"])
-def test_a_cancel_the_claim_waits_for_decides_whether_the_job_runs(ending):
-    """A payment cancels the job while a worker's claim waits for the row. Rolled back
-    (the payment failed after its cancel), the claim goes ahead and Redis never heard of
-    the cancel; committed, the claim finds the job cancelled and the id is let go."""
-    job = schedule(tasks.record, in_=0, args=["ran"])
-    (job_id,) = claimed_in_redis(job)
+def paying(job: Job, ending: str) -> tuple[threading.Thread, list[Any], threading.Event]:
+    """A payment that cancels ``job`` and holds its transaction open until released, then
+    ``ending`` ("rolls back": ``Refused`` carrying the cancel's answer; or "commits"):
+    its thread, where it puts the cancel's answer, and its release."""
     cancelled, release = threading.Event(), threading.Event()
 
     def payment() -> bool:
@@ -136,6 +133,17 @@ def test_a_cancel_the_claim_waits_for_decides_whether_the_job_runs(ending):
     paid: list[Any] = []
     payer = thread(payment, paid)
     assert cancelled.wait(30)
+    return payer, paid, release
+
+
+@pytest.mark.parametrize("ending", ["rolls back", "commits"])
+def test_a_cancel_the_claim_waits_for_decides_whether_the_job_runs(ending):
+    """A payment cancels the job while a worker's claim waits for the row. Rolled back
+    (the payment failed after its cancel), the claim goes ahead and Redis never heard of
+    the cancel; committed, the claim finds the job cancelled and the id is let go."""
+    job = schedule(tasks.record, in_=0, args=["ran"])
+    (job_id,) = claimed_in_redis(job)
+    payer, paid, release = paying(job, ending)
     delivered: list[Any] = []
     worker = thread(lambda: deliver(job_id), delivered)
     until_blocked()  # the claim waits for the cancel's row lock
@@ -478,20 +486,7 @@ def test_a_cancel_pending_as_the_job_before_it_succeeds_is_not_claimed_ahead(end
         assert claimed is not None and claimed[1] == [str(first.pk), str(second.pk)]
         process.run_batch(*claimed, Backoff(process.stopping, "test"))
 
-    cancelled, release = threading.Event(), threading.Event()
-
-    def payment() -> bool:
-        with transaction.atomic():
-            won = second.cancel()
-            cancelled.set()
-            assert release.wait(30)
-            if ending == "rolls back":
-                raise Refused(won)
-        return won
-
-    paid: list[Any] = []
-    payer = thread(payment, paid)
-    assert cancelled.wait(30)
+    payer, _, release = paying(second, ending)
     done: list[Any] = []
     worker = thread(work, done)
     if connection.vendor == "postgresql":
