@@ -251,10 +251,11 @@ def test_date_hierarchy_redirects_a_day_or_month_without_a_year_as_a_bad_filter(
 def test_the_job_list_sorts_only_by_run_at_whatever_o_says(admin_client):
     """?o=<column index> sorted by any column (queue, status, action, id): Django's
     ChangeList ignores sortable_by, so a hostile ?o= made every page a sort of the whole
-    table, which only run_at's index can serve."""
-    schedule(tasks.record, in_=3600, args=["x"], queue="a")
+    table, which only run_at's index can serve. A ?o= it refuses keeps the list's order,
+    not the primary key's (creation's, ids being time-ordered: the other way here)."""
     schedule(tasks.record, in_=7200, args=["x"], queue="b")
-    for o in ("2", "-2", "1.2", "0"):  # queue, queue desc, status then queue, id
+    schedule(tasks.record, in_=3600, args=["x"], queue="a")
+    for o in ("2", "-2", "1.2", "0", "99", "x"):  # queue, queue desc, status then queue, id
         response = admin_client.get(reverse(CHANGELIST), {"o": o})
         assert response.status_code == 200
         queues = [job.queue for job in response.context["cl"].result_list]

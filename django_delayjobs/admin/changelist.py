@@ -17,7 +17,7 @@ from django.conf import settings
 from django.contrib.admin import AllValuesFieldListFilter
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.views.main import ORDER_VAR, ChangeList
 from django.db.models import Max, Min, QuerySet
 from django.utils import formats, timezone
 from django.utils.text import capfirst
@@ -119,6 +119,20 @@ class JobChangeList(ChangeList):
         if self.sortable_by is not None and field_name not in self.sortable_by:
             return None
         return super().get_ordering_field(field_name)
+
+    def get_ordering(self, request: Any, queryset: QuerySet[Any]) -> list[Any]:
+        """A ``?o=`` that names no column that sorts is dropped: Django then ordered the
+        page by the primary key alone, not by the list's own order (latest due first)."""
+        asked = self.params.get(ORDER_VAR)
+        if asked and not any(map(self._sorts, str(asked).split("."))):
+            self.params = {k: v for k, v in self.params.items() if k != ORDER_VAR}
+        return super().get_ordering(request, queryset)
+
+    def _sorts(self, part: str) -> bool:
+        try:
+            return bool(self.get_ordering_field(self.list_display[int(part.rpartition("-")[2])]))
+        except (IndexError, ValueError):
+            return False
 
     def _holds(self, start: datetime.datetime | None, end: datetime.datetime | None) -> bool:
         field = self.date_hierarchy
