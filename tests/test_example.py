@@ -144,6 +144,11 @@ def test_demo_rejects_impossible_options(shop_env: dict[str, str]) -> None:
     run = manage(shop_env, "demo", "--orders", "10", "--at-deadline", "6")
     assert run.returncode == 1
     assert "--at-deadline must be between 0 and 5" in run.stderr
+    # Each reminder is due halfway to its deadline and expires at it: under a second the
+    # worker's ordinary lateness made them expire, and the demo then failed its own check.
+    run = manage(shop_env, "demo", "--orders", "10", "--deadline", "0.9")
+    assert run.returncode == 2
+    assert "--deadline" in run.stderr and "at least 1" in run.stderr
 
 
 @pytest.mark.skipif(

@@ -62,8 +62,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         add = parser.add_argument
         add("--orders", type=positive(int), default=40, help="Orders to place (default 40).")
-        add("--deadline", type=simulation.positive_seconds, default=5.0,
-            help="Seconds an order may stay unpaid (default 5).")  # fmt: skip
+        add("--deadline", type=simulation.deadline_seconds, default=5.0,
+            help="Seconds an order may stay unpaid (default 5, at least 1).")  # fmt: skip
         add("--at-deadline", type=int, default=None,
             help="Orders paid exactly at their deadline (default: a tenth, min 1).")  # fmt: skip
         add("--arrivals", type=simulation.seconds, default=2.0,
