@@ -508,10 +508,50 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
                 )
                 # add() moves a pending id; an id already promoted is handed back by the
                 # worker, which sees the new run_at when it claims the row.
-                _after_commit(partial(push, [row]))
+                _after_commit(partial(_push_rescheduled, row))
                 return True
         if not _waiting_again(job):
             return False
+
+
+#: Finished for good: unlike a dead job (requeued, it waits again), none of these ever
+#: waits again, so a removal of its id can race no revival.
+_FOR_GOOD = (Status.SUCCEEDED, Status.CANCELLED, Status.SKIPPED)
+
+
+def _push_rescheduled(row: Job) -> None:
+    """Give Redis the due time a reschedule committed, then the row's until they agree.
+
+    Reschedules of one job commit in the order of its row's lock, but their pushes may
+    reach Redis in the other order, leaving it the older due time: the job ran late (until
+    reconcile, which only moves an id earlier) or was handed out early and deferred. So
+    the row is read back after each push: the read sees every reschedule committed before
+    the push, and one committed after the read pushes after its commit, then reads again.
+    The last push to reach Redis is thus followed by a read of the last due time, pushed
+    if it differs. A push that added the id to a job finished since (a cancel whose
+    removal came first) takes it out again.
+    """
+    added = push([row])
+    while True:
+        try:
+            found = (
+                Job.objects.using(sql.db())  # not a replica: it may not have the commit yet
+                .filter(pk=row.pk)
+                .values_list("status", "run_at")
+                .first()
+            )
+        except Exception:  # the database down, a poison row: reconcile repairs Redis
+            logger.warning("job %s rescheduled: could not read it back; reconcile will "
+                           "check Redis", row.pk, exc_info=True)  # fmt: skip
+            return
+        if found is None or found[0] in _FOR_GOOD:
+            if added:
+                _redis(partial(_remove, row.queue, str(row.pk)))()
+            return
+        if found[0] not in WAITING or found[1] == row.run_at:
+            return  # running (Redis holds it in flight), dead (in garbage), or agreed
+        row.run_at = found[1]
+        added += push([row])
 
 
 def _check_expiry(row: Job, run_at: datetime.datetime) -> None:
