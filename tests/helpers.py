@@ -71,6 +71,17 @@ def worker_env(redis_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def run_in_web_process(script: str, *args: str, redis_url: str,
+                       env: dict[str, str] | None = None, timeout: float = 60
+                       ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """Run ``python -c script *args`` as a process of the test project that is not a
+    worker (Django set up by the script, this test's Redis and database, ``env`` on top);
+    its output is captured as text, its exit code left to the caller."""
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings", **(env or {})}
+    return subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
 _TEST_PROCESS = os.getpid()
 
 
