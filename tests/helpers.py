@@ -126,6 +126,21 @@ def start_worker(redis_url: str, *args: str, env: dict[str, str] | None = None,
                                 preexec_fn=_die_with_parent)  # fmt: skip
 
 
+def burst_worker(
+    redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> int:
+    """Run a ``--burst`` worker process (``start_worker``) to its end, its output in
+    ``log``, and return its exit code; one still running after ``timeout`` seconds is
+    killed, and ``TimeoutExpired`` raised."""
+    worker = start_worker(redis_url, "--burst", *args, env=env, log=log)
+    try:
+        return worker.wait(timeout)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
 def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
     """SIGTERM the process and return its exit code (SIGKILL if it hangs)."""
     if process.poll() is None:

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django_delayjobs import schedule, sql
 from django_delayjobs.backends import DelayJobsBackend, InvalidTask, TaskResultStatus
 from django_delayjobs.models import Job
-from tests.helpers import run_in_web_process, start_worker
+from tests.helpers import burst_worker, run_in_web_process
 from tests.testapp import task_functions as t
 from tests.testapp.backends import SubclassBackend
 from tests.testapp.models import Record
@@ -42,12 +42,8 @@ def test_a_child_an_async_task_forks_ends_with_the_task(redis_url, tmp_path, chi
     event loop's thread came back into asgiref's loop thread with no parent thread to hand
     its result to, and waited there forever (the parent's wait killed it)."""
     result = t.fork_and_wait.enqueue(child, 10.0)
-    worker = start_worker(redis_url, "--burst", "-v", "3", log=tmp_path / "worker.log")
-    try:
-        assert worker.wait(60) == 0, (tmp_path / "worker.log").read_text()
-    finally:
-        if worker.poll() is None:
-            worker.kill()
+    log = tmp_path / "worker.log"
+    assert burst_worker(redis_url, log, "-v", "3") == 0, log.read_text()
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
     assert result.return_value == code
