@@ -71,6 +71,17 @@ def worker_env(redis_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def run_in_web_process(script: str, *args: str, redis_url: str,
+                       env: dict[str, str] | None = None, timeout: float = 60
+                       ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """Run ``python -c script *args`` as a process of the test project that is not a
+    worker (Django set up by the script, this test's Redis and database, ``env`` on top);
+    its output is captured as text, its exit code left to the caller."""
+    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings", **(env or {})}
+    return subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
 _TEST_PROCESS = os.getpid()
 
 
@@ -113,6 +124,21 @@ def start_worker(redis_url: str, *args: str, env: dict[str, str] | None = None,
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent)  # fmt: skip
+
+
+def burst_worker(
+    redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> int:
+    """Run a ``--burst`` worker process (``start_worker``) to its end, its output in
+    ``log``, and return its exit code; one still running after ``timeout`` seconds is
+    killed, and ``TimeoutExpired`` raised."""
+    worker = start_worker(redis_url, "--burst", *args, env=env, log=log)
+    try:
+        return worker.wait(timeout)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> int:

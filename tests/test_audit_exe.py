@@ -15,7 +15,7 @@ from django_delayjobs import Retry, delayable, schedule, schedule_many, signals
 from django_delayjobs.execution import current_job
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
-from tests.helpers import start_worker
+from tests.helpers import burst_worker
 from tests.testapp import tasks
 from tests.testapp.models import Record, Thing
 
@@ -111,17 +111,13 @@ def test_a_child_an_action_forks_ends_with_the_action_never_running_the_worker(
     outcome for the job on its parent's database connection, and went on claiming jobs
     as a worker with no heartbeat. It now exits there, with the code its end asks for."""
     job = schedule(action, in_=0, args=[child, 10.0], max_attempts=1)
-    worker = start_worker(redis_url, "--burst", "-v", "3", log=tmp_path / "worker.log")
-    try:
-        assert worker.wait(60) == 0, (tmp_path / "worker.log").read_text()
-    finally:
-        if worker.poll() is None:
-            worker.kill()
+    log = tmp_path / "worker.log"
+    assert burst_worker(redis_url, log, "-v", "3") == 0, log.read_text()
     job.refresh_from_db()
     assert (job.status, job.result) == (Status.SUCCEEDED, code), job.last_error
     assert history(job) == [("scheduled", 0), ("started", 1), ("succeeded", 1)]
-    log = (tmp_path / "worker.log").read_text()
-    assert log.count(f"job {job.pk}: succeeded") == 1, log  # the parent's line alone
+    text = log.read_text()
+    assert text.count(f"job {job.pk}: succeeded") == 1, text  # the parent's line alone
 
 
 # -- the exception an action raises --------------------------------------------------------

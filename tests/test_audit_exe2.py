@@ -22,7 +22,7 @@ from django.utils import timezone, translation
 from django_delayjobs import GiveUp, Retry, delayable, schedule
 from django_delayjobs.execution import Execution
 from django_delayjobs.models import Job, Status
-from tests.helpers import start_worker
+from tests.helpers import burst_worker
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -363,14 +363,8 @@ def test_a_thread_an_action_leaves_running_holds_the_exit_up_for_the_grace_at_mo
     job = schedule(tasks.leave_a_thread, in_=0, args=[how, 60.0])
     log = tmp_path / "worker.log"
     started = time.monotonic()
-    worker = start_worker(redis_url, "--burst", env={"DELAYJOBS_SHUTDOWN_GRACE_SECONDS": "1"},
-                          log=log)  # fmt: skip
-    try:
-        assert worker.wait(15) == 0, log.read_text()
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
+    grace = {"DELAYJOBS_SHUTDOWN_GRACE_SECONDS": "1"}
+    assert burst_worker(redis_url, log, env=grace, timeout=15) == 0, log.read_text()
     assert time.monotonic() - started < 15, log.read_text()
     job.refresh_from_db()
     assert job.status == Status.SUCCEEDED

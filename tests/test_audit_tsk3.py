@@ -5,8 +5,6 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
-import subprocess
-import sys
 
 import pytest
 from django.core.management import call_command
@@ -16,7 +14,7 @@ from django.utils import timezone
 from django_delayjobs import signals, sql
 from django_delayjobs.backends import InvalidTask, TaskResultStatus
 from django_delayjobs.models import Job, Status
-from tests.helpers import ROOT, worker_env
+from tests.helpers import run_in_web_process
 from tests.testapp import task_functions as t
 
 try:
@@ -175,11 +173,9 @@ def test_the_admin_names_the_target_the_worker_runs_with_job_on_its_own_database
     content types; the changelist joined the jobs database's table instead, which (made
     at another time) gives the id another model: the job of a Thing showed as another
     model's row, linked to that model's page."""
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
+    env = {"DELAYJOBS_TEST_SQLITE": str(tmp_path / "default.sqlite3"),
            "DELAYJOBS_TEST_JOBS_DB": str(tmp_path / "jobs.sqlite3")}  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", JOBS_APART], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = run_in_web_process(JOBS_APART, redis_url=redis_url, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-5000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {
         "changelist": True, "detail": True}  # fmt: skip

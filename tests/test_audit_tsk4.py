@@ -4,8 +4,6 @@ errors after a failed attempt, enqueue's queries."""
 from __future__ import annotations
 
 import datetime
-import subprocess
-import sys
 
 import pytest
 from django.core.management import call_command
@@ -17,7 +15,7 @@ from django.utils import timezone
 from django_delayjobs import schedule, sql
 from django_delayjobs.backends import DelayJobsBackend, InvalidTask, TaskResultStatus
 from django_delayjobs.models import Job
-from tests.helpers import ROOT, start_worker, worker_env
+from tests.helpers import burst_worker, run_in_web_process
 from tests.testapp import task_functions as t
 from tests.testapp.backends import SubclassBackend
 from tests.testapp.models import Record
@@ -44,12 +42,8 @@ def test_a_child_an_async_task_forks_ends_with_the_task(redis_url, tmp_path, chi
     event loop's thread came back into asgiref's loop thread with no parent thread to hand
     its result to, and waited there forever (the parent's wait killed it)."""
     result = t.fork_and_wait.enqueue(child, 10.0)
-    worker = start_worker(redis_url, "--burst", "-v", "3", log=tmp_path / "worker.log")
-    try:
-        assert worker.wait(60) == 0, (tmp_path / "worker.log").read_text()
-    finally:
-        if worker.poll() is None:
-            worker.kill()
+    log = tmp_path / "worker.log"
+    assert burst_worker(redis_url, log, "-v", "3") == 0, log.read_text()
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
     assert result.return_value == code
@@ -189,11 +183,7 @@ def test_a_task_cancelled_in_a_web_process_sends_task_finished_with_a_subclass_b
     named DelayJobsBackend itself: with a project's subclass of it, a task cancelled in a
     process that made no backend (the admin's) finished without the signal."""
     result = t.add.using(run_after=timezone.now() + datetime.timedelta(hours=1)).enqueue(1, 2)
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    child = subprocess.run(
-        [sys.executable, "-c", CANCEL_IN_WEB_PROCESS, result.id],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    child = run_in_web_process(CANCEL_IN_WEB_PROCESS, result.id, redis_url=redis_url)
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.strip() == str([(result.id, "FAILED", "SubclassBackend")]), child.stderr
 
@@ -213,8 +203,6 @@ print(signals.job_started.has_listeners(), signals.job_succeeded.has_listeners()
 def test_a_project_that_does_not_use_the_backend_has_no_task_receivers(redis_url):
     """The receivers that translate the jobs' signals cost each job a few microseconds
     (the worker copies the job for job_started's receivers only when there are any)."""
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    child = subprocess.run([sys.executable, "-c", SET_UP_WITHOUT_THE_BACKEND], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    child = run_in_web_process(SET_UP_WITHOUT_THE_BACKEND, redis_url=redis_url)
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.strip() == "False False"

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from django_delayjobs import schedule
 from django_delayjobs.logs import JsonFormatter, job_fields
 from django_delayjobs.models import Job
-from tests.helpers import start_worker
+from tests.helpers import burst_worker
 from tests.testapp import tasks
 
 
@@ -117,8 +117,7 @@ def test_worker_writes_json_lines_with_job_fields(redis_url, tmp_path):
     ok = schedule(tasks.record, args=["fine"], in_=0)
     dead = schedule(tasks.fail, args=["bad\nnews"], in_=0, max_attempts=1)
     log = tmp_path / "w.log"
-    worker = start_worker(redis_url, "--burst", "--log-format", "json", "-v", "3", log=log)
-    assert worker.wait(60) == 0
+    assert burst_worker(redis_url, log, "--log-format", "json", "-v", "3") == 0
     lines = [json.loads(t) for t in log.read_text().splitlines() if t.startswith("{")]
     by_job = {(e.get("job_id"), e.get("outcome")): e for e in lines}
     failed = by_job[(str(dead.pk), "dead")]

@@ -7,15 +7,11 @@ would miss what was just written."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import worker_env
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import run_in_web_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,10 +58,8 @@ print(json.dumps(found))
 
 
 def test_reads_go_where_the_writes_go(redis_url: str, tmp_path: Path) -> None:
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "DELAYJOBS_TEST_REPLICA": str(tmp_path / "replica.sqlite3")}  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", PROGRAM], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    env = {"DELAYJOBS_TEST_REPLICA": str(tmp_path / "replica.sqlite3")}
+    done = run_in_web_process(PROGRAM, redis_url=redis_url, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-5000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found == {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import subprocess
 import sys
 import traceback
 
@@ -18,7 +17,7 @@ from django_delayjobs.backends import DelayJobsBackend, TaskResultStatus
 from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, Status
 from django_delayjobs.task_history import exception_path
-from tests.helpers import ROOT, worker_env
+from tests.helpers import run_in_web_process
 from tests.testapp import task_functions as t
 from tests.testapp.models import Record
 
@@ -120,11 +119,7 @@ def test_a_result_can_be_read_from_a_process_that_did_not_import_the_task(redis_
     tasks modules once, as the worker does, when it meets a task it has not imported."""
     result = t.add.enqueue(2, 3)
     burst()
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    child = subprocess.run(
-        [sys.executable, "-c", READ_RESULT, result.id],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    child = run_in_web_process(READ_RESULT, result.id, redis_url=redis_url)
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.strip() == "SUCCESSFUL"
 
@@ -155,11 +150,7 @@ def test_a_task_cancelled_in_a_process_that_did_not_import_it_sends_task_finishe
     were connected only once a backend was made, and the task looked up only among
     those the process had imported."""
     result = t.add.using(run_after=timezone.now() + datetime.timedelta(hours=1)).enqueue(1, 2)
-    env = {**worker_env(redis_url), "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    child = subprocess.run(
-        [sys.executable, "-c", CANCEL_IN_WEB_PROCESS, result.id],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    child = run_in_web_process(CANCEL_IN_WEB_PROCESS, result.id, redis_url=redis_url)
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.strip() == str([(result.id, "FAILED")])
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sqlite3
 import threading
 import time
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -971,3 +973,30 @@ def test_a_burst_ends_and_runs_a_job_whose_ready_entry_was_evicted(redis_client)
         thread.join(20)
         pytest.fail("the burst did not end")
     assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+
+
+class Cycle:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_a_burst_called_in_process_leaves_no_garbage_out_of_the_collectors_reach():
+    """run_delayworker freezes what is loaded (``gc.freeze()``) and never gave it back:
+    called in-process, each call froze the garbage of the cycles left since the last one
+    for the life of the process. A traceback that held a failed job's cursor kept its
+    closed SQLite connection open (its lock, its files): SQLite then gave that database's
+    read-write file to a later connection of the database made read-only."""
+    before, during = Cycle(), Cycle()
+    garbage_before, garbage_after = weakref.ref(before), weakref.ref(during)
+    gc.disable()  # no collection but the burst's between here and its start
+    try:
+        del before
+        burst()
+        assert garbage_before() is None, "frozen at the start of the burst"
+    finally:
+        gc.enable()
+    del during  # in use while the burst ran, garbage after it
+    gc.collect()
+    assert garbage_after() is None, "still frozen after the burst"

@@ -304,12 +304,16 @@ class Command(SafeOutputCommand):
         # What is loaded by now (Django, the apps, the tasks) lives as long as the process:
         # out of the collector's reach, a full collection no longer walks its 70,000
         # objects, a pause of 13-19 ms in the middle of a due job (docs/performance.md).
+        # Garbage is collected first, not frozen with it: a cycle through a traceback that
+        # holds a closed SQLite connection's statement keeps that connection open.
+        gc.collect()
         gc.freeze()
         try:
             self.process = process  # from here on a signal stops the process itself
             self.started("starting")  # after: a signal in between is seen by one of them
             process.run(also=[server.thread] if server is not None else [])
         finally:
+            gc.unfreeze()  # called in-process (call_command), the caller goes on
             if server is not None:
                 server.close()
         if process.abandoned and not self.exits:
