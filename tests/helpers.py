@@ -101,6 +101,22 @@ def run_on_two_databases(script: str, redis_url: str, tmp_path: Path, *, jobs_do
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def in_thread(fn: Callable[[], Any], out: list[Any], name: str | None = None) -> threading.Thread:
+    """Start ``fn`` in a thread of its own connection; its result or exception goes to ``out``."""
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # checked by the test
+            out.append(exc)
+        finally:
+            connection.close()
+
+    started = threading.Thread(target=run, name=name)
+    started.start()
+    return started
+
+
 def _die_with_parent() -> None:
     """Runs in the child before exec: SIGKILL it if the test process dies first (and
     exit at once if it died between the fork and the prctl, which then sends nothing)."""

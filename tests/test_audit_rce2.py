@@ -14,7 +14,6 @@ import os
 import signal
 import threading
 import uuid
-from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
@@ -30,7 +29,7 @@ from django_delayjobs.outcomes import Outcome, Result, settle
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import build_job, reschedule
 from django_delayjobs.worker import Backoff, Options, WorkerProcess
-from tests.helpers import start_worker, stop, wait_for
+from tests.helpers import in_thread, start_worker, stop, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -39,22 +38,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 class Refused(Exception):
     """What makes a caller's transaction roll back (a payment refused after its cancel)."""
-
-
-def thread(fn: Callable[[], Any], out: list[Any], name: str | None = None) -> threading.Thread:
-    """Start ``fn`` in a thread of its own connection; its result or exception goes to ``out``."""
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # checked by the test
-            out.append(exc)
-        finally:
-            connection.close()
-
-    started = threading.Thread(target=run, name=name)
-    started.start()
-    return started
 
 
 def waiting_for_a_lock() -> int:
@@ -131,7 +114,7 @@ def paying(job: Job, ending: str) -> tuple[threading.Thread, list[Any], threadin
         return won
 
     paid: list[Any] = []
-    payer = thread(payment, paid)
+    payer = in_thread(payment, paid)
     assert cancelled.wait(30)
     return payer, paid, release
 
@@ -145,7 +128,7 @@ def test_a_cancel_the_claim_waits_for_decides_whether_the_job_runs(ending):
     (job_id,) = claimed_in_redis(job)
     payer, paid, release = paying(job, ending)
     delivered: list[Any] = []
-    worker = thread(lambda: deliver(job_id), delivered)
+    worker = in_thread(lambda: deliver(job_id), delivered)
     until_blocked()  # the claim waits for the cancel's row lock
     release.set()
     payer.join(30)
@@ -184,10 +167,10 @@ def test_a_verb_while_the_claim_is_uncommitted_loses_and_the_job_runs_once(monke
 
     monkeypatch.setattr(Execution, "started_message", started_message)
     delivered: list[Any] = []
-    worker = thread(lambda: deliver(job_id), delivered)
+    worker = in_thread(lambda: deliver(job_id), delivered)
     assert claimed.wait(30)
     paid: list[Any] = []
-    payer = thread(payment, paid)
+    payer = in_thread(payment, paid)
     until_blocked()
     go.set()
     worker.join(30)
@@ -216,9 +199,9 @@ def test_a_reschedule_the_claim_waits_for_defers_the_job_to_its_new_time():
         return won
 
     results: list[Any] = []
-    mover = thread(move, results)
+    mover = in_thread(move, results)
     assert moved.wait(30)
-    worker = thread(lambda: deliver(job_id), results)
+    worker = in_thread(lambda: deliver(job_id), results)
     until_blocked()
     release.set()
     mover.join(30)
@@ -268,10 +251,10 @@ def test_a_key_scheduled_twice_at_once_while_the_first_transaction_ends(first):
         return mine
 
     firsts: list[Any] = []
-    one = thread(order, firsts)
+    one = in_thread(order, firsts)
     assert inserted.wait(30)
     seconds: list[Any] = []
-    two = thread(lambda: schedule(tasks.record, in_=60, args=["second"],
+    two = in_thread(lambda: schedule(tasks.record, in_=60, args=["second"],
                                   key="order-1-autocancel"), seconds)  # fmt: skip
     until_blocked()  # the second INSERT waits on the key's unique index
     release.set()
@@ -393,11 +376,11 @@ def test_a_lease_that_ends_as_the_action_commits_gives_one_effect(monkeypatch, f
 
     monkeypatch.setattr(sql, "update_fenced", update_fenced)
     results: list[Any] = []
-    one = thread(lambda: deliver(job_id, "first"), results, "first")
+    one = in_thread(lambda: deliver(job_id, "first"), results, "first")
     assert at_fence.wait(30)
     assert wait_for(lambda: engine.recover_expired("default")) == [job_id]
     assert engine.claim("default", 1) == [job_id]
-    two = thread(lambda: deliver(job_id, "second"), results)
+    two = in_thread(lambda: deliver(job_id, "second"), results)
     if first == "second delivery":
         two.join(30)
     else:
@@ -488,7 +471,7 @@ def test_a_cancel_pending_as_the_job_before_it_succeeds_is_not_claimed_ahead(end
 
     payer, _, release = paying(second, ending)
     done: list[Any] = []
-    worker = thread(work, done)
+    worker = in_thread(work, done)
     if connection.vendor == "postgresql":
         wait_for(lambda: Job.objects.get(pk=first.pk).status == Status.SUCCEEDED)
     until_blocked()  # the second one's own claim waits for the payment

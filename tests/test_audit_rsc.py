@@ -15,14 +15,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
 from django_delayjobs import schedule, services
 from django_delayjobs.models import Job, Status
 from django_delayjobs.timing import to_ms
-from tests.helpers import database_down, free_port
+from tests.helpers import database_down, free_port, in_thread
 from tests.test_rest_helpers import due_in_redis, redis_state
 from tests.testapp import tasks
 
@@ -50,17 +49,7 @@ class Held:
         """Run ``fn`` in a thread named ``first`` until its push is held; within: the
         second call; after: its push is let through and the thread joined."""
         out: list[Any] = []
-
-        def run() -> None:
-            try:
-                out.append(fn())
-            except BaseException as exc:  # checked by the test
-                out.append(exc)
-            finally:
-                connection.close()
-
-        thread = threading.Thread(target=run, name="first")
-        thread.start()
+        thread = in_thread(fn, out, "first")
         try:
             assert self.committed.wait(30), "the first call never committed"
             yield out
