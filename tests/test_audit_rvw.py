@@ -1,0 +1,74 @@
+"""Mends from a fresh-eyes review (audit-rvw). Real servers: SQLite or PostgreSQL, a
+private Redis. Interleavings are forced by hooks around the real functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from django_delayjobs import Retry, schedule
+from django_delayjobs.connection import get_engine
+from django_delayjobs.execution import Execution
+from django_delayjobs.models import Job, Status
+from django_delayjobs.outcomes import Outcome, Result, settle
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def claimed_in_redis(job: Job) -> str:
+    """Promote and claim ``job``'s id (due now) as a worker would."""
+    from tests.test_audit_rce2 import claimed_in_redis as claim
+
+    (job_id,) = claim(job)
+    return job_id
+
+
+def pending_ids() -> set[str]:
+    engine = get_engine()
+    return {i.decode() for i in engine.client.zrange(engine.keys("default").pending, 0, -1)}
+
+
+def test_a_retry_handed_back_while_another_worker_runs_the_job_keeps_its_next_retry():
+    """Worker A's attempt failed, to be retried at once; A hands the id back, and worker B
+    claims it before A reads the row again (``follow_row``): running, so not waiting. B's
+    attempt then failed too, and B handed the id back for its own retry, before A acted on
+    what it had read: A removed the id from pending, so the retrying job was in no Redis
+    structure, and ran only when a reconcile sweep found it."""
+    job = schedule(tasks.retry_later, in_=0, args=[0, "second"])
+    job_id = claimed_in_redis(job)
+    first = Execution("default", job_id, "A").run()  # Retry(after=0): due again now
+    assert first.outcome == Outcome.RETRYING
+    engine = get_engine()
+    b = Execution("default", job_id, "B")
+    b_failed: list[Result] = []
+
+    def b_fails() -> None:  # B's attempt fails, its retry an hour away; B settles it
+        if not b_failed:
+            b_failed.append(b.failed(Retry("again", after=3600), [], 0.0))
+            settle(engine, "default", job_id, b_failed[0])
+
+    class Hooked:
+        """The real engine, with B's steps at two moments of A's settle."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(engine, name)
+
+        def nack(self, queue: str, items: dict[str, float]) -> int:
+            handed_back = engine.nack(queue, items)
+            assert claimed_in_redis(job) == job_id  # B takes the id from Redis...
+            claimed = b.claim()
+            assert isinstance(claimed, Job)
+            b.job = claimed  # ... and its row: running
+            return handed_back
+
+        def remove(self, queue: str, ids: list[str]) -> int:
+            b_fails()  # after A's read of the row
+            return engine.remove(queue, ids)
+
+    settle(Hooked(), "default", job_id, first)  # type: ignore[arg-type]
+    b_fails()  # (if A's settle had no later moment for it: still after A's read)
+    assert b_failed[0].outcome == Outcome.RETRYING
+    assert Job.objects.get(pk=job.pk).status == Status.RETRYING
+    assert pending_ids() == {job_id}
