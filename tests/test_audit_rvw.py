@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 
-from django_delayjobs import Retry, schedule
+from django_delayjobs import Retry, schedule, schedule_http
 from django_delayjobs.connection import get_engine
 from django_delayjobs.execution import Execution
 from django_delayjobs.models import Job, Status
 from django_delayjobs.outcomes import Outcome, Result, settle
+from tests.callback_server import Reply
+from tests.test_audit_sec import TOKEN, allow, burst, shown
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -72,3 +74,26 @@ def test_a_retry_handed_back_while_another_worker_runs_the_job_keeps_its_next_re
     assert b_failed[0].outcome == Outcome.RETRYING
     assert Job.objects.get(pk=job.pk).status == Status.RETRYING
     assert pending_ids() == {job_id}
+
+
+def test_a_cookie_a_receiver_shows_alone_is_masked_in_the_jobs_history(
+    callback_server, settings, redis_client
+):
+    """A destination's ``Cookie`` header holds several cookies, each a credential. An error
+    page lists the request's cookies one by one (``session: <value>``): the masking knew
+    the header's whole value and its part after the last space (``theme=light``), so the
+    session cookie's value reached the job's history and error."""
+    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {
+        "url": callback_server.url("/base"),
+        "headers": {"Cookie": f"session={TOKEN}; theme=light"},
+    }})  # fmt: skip
+    callback_server.script("/base/page", Reply(500, f"Cookies: session: {TOKEN}".encode()))
+    job = schedule_http("hooks:/page", in_=0)
+    burst()
+    assert callback_server.wait_for(1)[0].headers["cookie"] == f"session={TOKEN}; theme=light"
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING
+    kept = [job.last_error, *job.events.values_list("message", flat=True)]
+    for text in kept + shown(job):
+        assert TOKEN not in text
+    assert "session: ***" in job.last_error
