@@ -97,3 +97,27 @@ def test_a_cookie_a_receiver_shows_alone_is_masked_in_the_jobs_history(
     for text in kept + shown(job):
         assert TOKEN not in text
     assert "session: ***" in job.last_error
+
+
+def test_a_credential_a_receiver_quotes_in_json_with_escaped_slashes_is_masked(
+    callback_server, settings, redis_client
+):
+    """A debug endpoint answers the request's headers as JSON, and PHP's ``json_encode``
+    (like others) writes each ``/`` as ``\\/``: a base64 token holding one reached the
+    job's history and error, since only its plain form was masked."""
+    token = "dXNl/cjpw+YXNz/d29yZA=="
+    escaped = token.replace("/", "\\/")
+    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {
+        "url": callback_server.url("/base"), "headers": {"Authorization": f"Basic {token}"},
+    }})  # fmt: skip
+    answer = '{"headers": {"Authorization": "Basic ' + escaped + '"}}'
+    callback_server.script("/base/debug", Reply(500, answer.encode()))
+    job = schedule_http("hooks:/debug", in_=0)
+    burst()
+    assert callback_server.wait_for(1)[0].headers["authorization"] == f"Basic {token}"
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING
+    kept = [job.last_error, *job.events.values_list("message", flat=True)]
+    for text in kept:
+        assert token not in text and escaped not in text
+    assert '"Authorization": "***"' in job.last_error
