@@ -13,23 +13,11 @@ from django_delayjobs.execution import Execution
 from django_delayjobs.models import Job, Status
 from django_delayjobs.outcomes import Outcome, Result, settle
 from tests.callback_server import Reply
+from tests.test_audit_rce2 import claimed_in_redis, pending_ids
 from tests.test_audit_sec import TOKEN, allow, burst, shown
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def claimed_in_redis(job: Job) -> str:
-    """Promote and claim ``job``'s id (due now) as a worker would."""
-    from tests.test_audit_rce2 import claimed_in_redis as claim
-
-    (job_id,) = claim(job)
-    return job_id
-
-
-def pending_ids() -> set[str]:
-    engine = get_engine()
-    return {i.decode() for i in engine.client.zrange(engine.keys("default").pending, 0, -1)}
 
 
 def test_a_retry_handed_back_while_another_worker_runs_the_job_keeps_its_next_retry():
@@ -39,7 +27,7 @@ def test_a_retry_handed_back_while_another_worker_runs_the_job_keeps_its_next_re
     what it had read: A removed the id from pending, so the retrying job was in no Redis
     structure, and ran only when a reconcile sweep found it."""
     job = schedule(tasks.retry_later, in_=0, args=[0, "second"])
-    job_id = claimed_in_redis(job)
+    (job_id,) = claimed_in_redis(job)
     first = Execution("default", job_id, "A").run()  # Retry(after=0): due again now
     assert first.outcome == Outcome.RETRYING
     engine = get_engine()
@@ -59,7 +47,7 @@ def test_a_retry_handed_back_while_another_worker_runs_the_job_keeps_its_next_re
 
         def nack(self, queue: str, items: dict[str, float]) -> int:
             handed_back = engine.nack(queue, items)
-            assert claimed_in_redis(job) == job_id  # B takes the id from Redis...
+            assert claimed_in_redis(job) == [job_id]  # B takes the id from Redis...
             claimed = b.claim()
             assert isinstance(claimed, Job)
             b.job = claimed  # ... and its row: running
