@@ -3,6 +3,7 @@ private Redis. Interleavings are forced by hooks around the real functions."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
@@ -109,3 +110,27 @@ def test_a_credential_a_receiver_quotes_in_json_with_escaped_slashes_is_masked(
     for text in kept:
         assert token not in text and escaped not in text
     assert '"Authorization": "***"' in job.last_error
+
+
+def test_a_basic_password_a_receiver_shows_decoded_is_masked(
+    callback_server, settings, redis_client
+):
+    """A destination's ``Authorization: Basic <base64 of user:password>``: a receiver's
+    page that shows the credentials decoded (PHP's ``PHP_AUTH_PW``, a debug page) put the
+    password in the job's history and error, since only the base64 text was masked."""
+    password = "pa55-w0rd-of-the-app"
+    basic = base64.b64encode(f"shop:{password}".encode()).decode()
+    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {
+        "url": callback_server.url("/base"), "headers": {"Authorization": f"Basic {basic}"},
+    }})  # fmt: skip
+    page = f"PHP_AUTH_USER: shop\nPHP_AUTH_PW: {password}"
+    callback_server.script("/base/info", Reply(500, page.encode()))
+    job = schedule_http("hooks:/info", in_=0)
+    burst()
+    assert callback_server.wait_for(1)[0].headers["authorization"] == f"Basic {basic}"
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING
+    kept = [job.last_error, *job.events.values_list("message", flat=True)]
+    for text in kept + shown(job):
+        assert password not in text
+    assert "PHP_AUTH_PW: ***" in job.last_error
