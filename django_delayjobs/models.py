@@ -30,6 +30,10 @@ ACTIVE = (Status.SCHEDULED, Status.RUNNING, Status.RETRYING)
 #: A job in one of these has not started its current attempt: cancel and reschedule win.
 WAITING = (Status.SCHEDULED, Status.RETRYING)
 FINISHED = (Status.SUCCEEDED, Status.CANCELLED, Status.DEAD, Status.SKIPPED)
+#: Finished for good: unlike a dead job (requeued, it waits again) or a running one (its
+#: attempt may fail, and it waits for the next), none of these ever waits again, so a
+#: removal of its id from Redis can race no revival.
+FOR_GOOD = (Status.SUCCEEDED, Status.CANCELLED, Status.SKIPPED)
 
 
 def time_ordered_uuid() -> uuid.UUID:

@@ -279,27 +279,29 @@ def follow_row(engine: Engine, queue: str, job_id: str, nacked_ms: float) -> Non
     Read after the nack, the row shows any such reschedule, and ``add`` (which moves a
     pending id) applies it; one committed after the read adds the id itself, now pending.
     A cancel committed before the nack found the id in flight, and its removal left it
-    there: a row no longer waiting takes the id out of pending again (a row running since
-    holds it in flight, which the removal leaves alone).
+    there: a row finished for good (or gone) takes the id out of pending again. Not a row
+    running or dead: another worker may have claimed the id since the nack, and by the
+    removal have failed that attempt (or the job, dead, been requeued) and put the id
+    back in pending for the job's next attempt, which the removal would then strand.
     A row that cannot be read is left to reconcile. Raises only ``EngineUnavailable``.
     """
-    from .models import WAITING, Job
+    from .models import FOR_GOOD, WAITING, Job
 
     try:
         row = (
             Job.objects.using(sql.db())
-            .filter(pk=job_id, status__in=WAITING)
-            .values_list("run_at", "priority")
+            .filter(pk=job_id)
+            .values_list("status", "run_at", "priority")
             .first()
         )
-        run_at_ms = None if row is None or row[0] is None else timing.to_ms(row[0])
+        run_at_ms = None if row is None or row[1] is None else timing.to_ms(row[1])
     except Exception:  # a poison row or the database down: reconcile repairs Redis
         logger.debug("job %s: could not read its due time after the nack", job_id, exc_info=True)
         return
-    if row is None:
+    if row is None or row[0] in FOR_GOOD:
         engine.remove(queue, [job_id])
-    elif run_at_ms is not None and run_at_ms != nacked_ms:
-        engine.add(queue, {job_id: run_at_ms}, {job_id: row[1]} if row[1] else None)
+    elif row[0] in WAITING and run_at_ms is not None and run_at_ms != nacked_ms:
+        engine.add(queue, {job_id: run_at_ms}, {job_id: row[2]} if row[2] else None)
 
 
 #: The level of each outcome's log line; the rest are DEBUG (``-v 3``).

@@ -29,7 +29,7 @@ from .conf import delayjobs_settings
 from .connection import get_engine
 from .engine import MAX_BATCH, EngineUnavailable, PerShard, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
-from .models import ACTIVE, WAITING, EventKind, Job, JobEvent, Status
+from .models import ACTIVE, FOR_GOOD, WAITING, EventKind, Job, JobEvent, Status
 from .outcomes import Outage
 from .registry import (
     BoundAction,
@@ -514,11 +514,6 @@ def reschedule(job: Job | Any, *, in_: Any = None, at: Any = None, actor: str = 
             return False
 
 
-#: Finished for good: unlike a dead job (requeued, it waits again), none of these ever
-#: waits again, so a removal of its id can race no revival.
-_FOR_GOOD = (Status.SUCCEEDED, Status.CANCELLED, Status.SKIPPED)
-
-
 def _push_rescheduled(row: Job) -> None:
     """Give Redis the due time a reschedule committed, then the row's until they agree.
 
@@ -544,7 +539,7 @@ def _push_rescheduled(row: Job) -> None:
             logger.warning("job %s rescheduled: could not read it back; reconcile will "
                            "check Redis", row.pk, exc_info=True)  # fmt: skip
             return
-        if found is None or found[0] in _FOR_GOOD:
+        if found is None or found[0] in FOR_GOOD:
             if added:
                 _redis(partial(_remove, row.queue, str(row.pk)))()
             return

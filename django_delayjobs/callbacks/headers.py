@@ -8,6 +8,8 @@ the API and backups show.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from collections.abc import Mapping
 
@@ -18,6 +20,8 @@ MAX_VALUE_LENGTH = 4096
 #: The shortest header value taken for a credential: a shorter one (``X-Auth-Mode: on``)
 #: is none, and masking it would mask ordinary words of an answer.
 MIN_CREDENTIAL = 8
+#: What separates the ``name=value`` pairs of a credential header: ``;`` (``Cookie``), ``,``.
+_PAIRS = re.compile(r"[;,]")
 
 # RFC 9110 token characters.
 _NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}")
@@ -90,9 +94,31 @@ def merged(job_headers: Mapping[str, str], destination: Mapping[str, str]) -> di
 
 def credentials(headers: Mapping[str, str]) -> list[str]:
     """The values of the headers named as credentials (``Authorization``, ``X-Access-Token``),
-    each whole and its part after a scheme (``Bearer <token>``), longest first."""
+    each whole, its part after a scheme (``Bearer <token>``), and the value of each of its
+    ``name=value`` pairs (a ``Cookie``'s cookies, an ``AWS4-HMAC-SHA256 ...Signature=``):
+    an error page shows each cookie alone; a ``Basic`` one decoded too. Each also as a JSON
+    string holds it. Longest first."""
     found: set[str] = set()
     for name, value in headers.items():
         if _key(name) in SECRET or secret_name(name):
             found.update((value, value.rpartition(" ")[2]))
+            found.update(pair.partition("=")[2].strip(' "') for pair in _PAIRS.split(value))
+            found.update(_basic(value))
+    # As a JSON answer quotes them: '"' and '\' escaped, and '/' too by some (PHP's
+    # json_encode writes '\/'), which a base64 token often holds.
+    quoted = {json.dumps(v)[1:-1] for v in found}
+    found |= quoted | {v.replace("/", "\\/") for v in quoted}
     return sorted((v for v in found if len(v) >= MIN_CREDENTIAL), key=len, reverse=True)
+
+
+def _basic(value: str) -> tuple[str, ...]:
+    """The ``user:password`` of a ``Basic`` credential, and its password: a receiver's page
+    may show them decoded (PHP's ``PHP_AUTH_PW``)."""
+    scheme, _, encoded = value.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return ()
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode()
+    except ValueError:  # not base64, or not UTF-8 (binascii.Error is a ValueError)
+        return ()
+    return decoded, decoded.partition(":")[2]
