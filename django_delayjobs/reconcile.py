@@ -279,12 +279,19 @@ def _adopt(engine: Engine, queue: str, ids: list[str], each: PerShard) -> int:
     """Put the running ``ids`` that Redis holds nowhere, or only in garbage, back in
     flight; return how many. A job that finished since its row was read leaves flight
     again at once: to garbage if it died (its worker may have buried the id just before
-    the adopt took it out), else nowhere."""
+    the adopt took it out), else nowhere. One waiting again (it died, and a requeue's row
+    committed before its Redis step, which then found the id out of garbage) goes back to
+    pending, due now: left in flight, no worker would run it before its lease ended (the
+    worker that claims it defers it to its row's due time, if later)."""
     lease_ms = delayjobs_settings.LEASE_SECONDS * 1000
     adopted = each.run(partial(engine.adopt, queue, ids, lease_ms), list[str]())
     if not adopted:
         return 0
     statuses = _statuses(adopted)
+    waiting = [id_ for id_ in adopted if statuses.get(id_) in WAITING]
+    if waiting:
+        now_ms = timing.to_ms(timezone.now())
+        each.run(partial(engine.nack, queue, dict.fromkeys(waiting, now_ms)), 0)
     finished = [id_ for id_ in adopted if statuses.get(id_) not in ACTIVE]
     dead = [id_ for id_ in finished if statuses.get(id_) == Status.DEAD]
     if dead:
