@@ -270,8 +270,9 @@ class Protected:
     found one job at a time and left behind ``after``, a keyset position: a walk in
     (``finished_at``, id) order deletes or refuses each job it meets, so every job still
     there up to ``after`` is one it refused. The state is a count and one position,
-    whatever the number of jobs left, and an ``AutoPrune`` keeps it across its passes, so
-    that a refused job is not tried again by every pass (a later finish is past it).
+    whatever the number of jobs left, and an ``AutoPrune`` keeps it across its passes (for
+    a day), so that a refused job is not tried again by every pass (a later finish is past
+    it).
 
     ``walked`` is how far the pass under way has gone (the last job a batch chose): its
     next batch starts there, and the next pass at ``after``.
@@ -488,7 +489,15 @@ class AutoPrune:
     which a slow delete must not hold up) at ``delayjobs_prune``'s pace. A failure is
     logged once, the pass goes on ``AUTO_RETRY_SECONDS`` later, and ``step()`` never
     raises.
+
+    The jobs the database refused are skipped by later passes (see ``Protected``) for
+    ``refused_kept_for`` seconds; the first pass after that tries them again, since
+    what kept them (a row referring to them) may be gone, and warns again of those still
+    refused.
     """
+
+    #: How long refused jobs are skipped: trying them costs a statement each.
+    refused_kept_for = 86_400.0
 
     def __init__(self, engine: Engine, every: float | None = None,
                  batch: int = AUTO_BATCH, batches: int = AUTO_BATCHES) -> None:  # fmt: skip
@@ -497,7 +506,8 @@ class AutoPrune:
         self.batch = batch
         self.batches = batches
         self.cutoff: datetime.datetime | None = None  # set while a pass is under way
-        self.protected = Protected()  # its refused jobs: skipped by every pass
+        self.protected = Protected()  # its refused jobs: skipped by the passes ...
+        self.protected_since = time.monotonic()  # ... until refused_kept_for after this
         self.next_try = 0.0  # time.monotonic() of the next step that does anything
         self.failing = False
 
@@ -541,6 +551,8 @@ class AutoPrune:
             return False
         after = delayjobs_settings.PRUNE_AFTER_SECONDS or 0
         self.cutoff = timezone.now() - datetime.timedelta(seconds=after)
+        if time.monotonic() - self.protected_since >= self.refused_kept_for:
+            self.protected, self.protected_since = Protected(), time.monotonic()
         return True
 
     def failed(self, exc: BaseException) -> None:
