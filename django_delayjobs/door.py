@@ -53,6 +53,13 @@ def check_column(value: object, what: str, field: str, model: type[models.Model]
     return serialization.check_text(value, what, column.max_length)
 
 
+def plain(text: str) -> str:
+    """``text`` as a str, not a subclass of str: an Enum mixing in str (``class
+    Queue(str, Enum)``) formats as its member's name (``Queue.ORDERS``) in ``str()`` and
+    f-strings, and so in Redis key names, while the database stores its text (``orders``)."""
+    return str.__str__(text)
+
+
 def target_id(instance: models.Model) -> str:
     """The text a job names ``instance`` by: its primary key as its field reads it back
     (a UUID given as text, in capitals or without dashes, is the UUID's one text), so that
@@ -63,7 +70,7 @@ def target_id(instance: models.Model) -> str:
         pk = instance._meta.pk.to_python(instance.pk)
     except ValidationError as exc:
         raise InvalidSchedule(f"{what} is not valid: {exc.messages[0]}") from None
-    return check_column(str(pk), what, "target_id")
+    return check_column(plain(pk) if isinstance(pk, str) else str(pk), what, "target_id")
 
 
 def check_actor(actor: object) -> str:
@@ -82,7 +89,7 @@ def user_actor(prefix: str, username: str) -> str:
 def check_queue(value: object) -> str:
     """``value`` if Redis keys can carry it as a queue name, else raise."""
     try:
-        return validate_name(value, "queue")
+        return plain(validate_name(value, "queue"))
     except ValueError as exc:
         raise InvalidSchedule(str(exc)) from None
 
@@ -174,7 +181,7 @@ def check_built(job: Job, now: datetime.datetime) -> None:
         expires_at = timing.aware(job.expires_at, "expires_at")
         job.expires_at = timing.within_range(expires_at, "expires_at", now)
         timing.check_runnable(job.run_at, job.expires_at, now)
-    check_queue(job.queue)
+    job.queue = check_queue(job.queue)
     check_column(job.action, "action", "action")
     if job.target_id is not None:
         check_column(job.target_id, "the target's primary key", "target_id")
