@@ -41,7 +41,8 @@ def check_priority(value: object) -> int:
         raise TypeError(f"priority must be an int, not {type(value).__name__}")
     if value not in PRIORITY_RANGE:
         raise InvalidSchedule(f"priority must be from -100 to 100, got {short_repr(value)}")
-    return value
+    # A plain int: redis-py sends an int as its repr(), "<Priority.HIGH: 5>" for an IntEnum
+    return int(value)
 
 
 def check_column(value: object, what: str, field: str, model: type[models.Model] = Job) -> str:
@@ -187,7 +188,7 @@ def check_built(job: Job, now: datetime.datetime) -> None:
         check_column(job.target_id, "the target's primary key", "target_id")
     model = check_target(job)
     check_positive(job.max_attempts, "max_attempts")
-    check_priority(job.priority)
+    job.priority = check_priority(job.priority)
     if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
         raise TypeError("a job's args must be a list and its kwargs a dict: use build_job")
     serialization.check_stored(job.args, "args")

@@ -19,6 +19,10 @@ from .test_rest_helpers import burst
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+class Priority(enum.IntEnum):
+    HIGH = 5
+
+
 class Queue(str, enum.Enum):  # noqa: UP042 (not StrEnum: the idiom that formats apart)
     """The common idiom for names: its f-string is "Queue.ORDERS", its text "orders"."""
 
@@ -61,3 +65,20 @@ def test_a_target_whose_pk_is_a_str_enum_is_its_row():
     job.refresh_from_db()
     assert job.status == Status.SUCCEEDED, job.last_error
     assert Job.objects.get(pk=job.pk).target_id == "orders"
+
+
+@pytest.mark.parametrize("how", ["schedule", "schedule_many"])
+def test_a_priority_given_as_an_int_enum_reaches_redis_as_its_number(how, caplog):
+    """redis-py sends an int as its ``repr()``, which for an IntEnum member is
+    "<Priority.HIGH: 5>": the add script refused it, and the job (its row committed)
+    waited for reconcile, with an error logged for each schedule."""
+    if how == "schedule":
+        job = schedule(tasks.keep, in_=60, priority=Priority.HIGH)
+    else:
+        job = build_job(tasks.keep, in_=60)
+        job.priority = Priority.HIGH
+        schedule_many([job])
+    assert _pending("default") == {str(job.pk)}
+    assert "could not hand jobs to Redis" not in caplog.text
+    engine = get_engine()
+    assert engine.client.hget(engine.keys("default").priority, str(job.pk)) == b"5"
