@@ -138,6 +138,11 @@ def check_target(job: Job) -> type[models.Model] | None:
         model = ContentType.objects.get_for_id(job.target_type_id).model_class()
     except ContentType.DoesNotExist:
         model = None
+    except (TypeError, ValueError):  # Django's own error for a value that is no id
+        raise InvalidSchedule(
+            f"job {job.pk}'s target_type_id {short_repr(job.target_type_id)} is not a "
+            "content type's id: use build_job"
+        ) from None
     label = model._meta.label if model is not None else "an uninstalled model"
     if job.action.rpartition(".")[0] != label:
         raise InvalidSchedule(

@@ -9,10 +9,11 @@ import pytest
 
 from django_delayjobs import cancel_for, schedule, schedule_many
 from django_delayjobs.connection import get_engine
+from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
 from tests.testapp import tasks
-from tests.testapp.models import Sku
+from tests.testapp.models import Sku, Thing
 
 from .test_rest_helpers import burst
 
@@ -82,3 +83,15 @@ def test_a_priority_given_as_an_int_enum_reaches_redis_as_its_number(how, caplog
     assert "could not hand jobs to Redis" not in caplog.text
     engine = get_engine()
     assert engine.client.hget(engine.keys("default").priority, str(job.pk)) == b"5"
+
+
+@pytest.mark.parametrize("value", ["abc", ""])
+def test_schedule_many_refuses_a_target_type_that_is_no_id_with_the_doors_error(value):
+    """Django's lookup of the content type raised its own ValueError ("Field 'id'
+    expected a number but got 'abc'"), which escaped ``schedule_many`` instead of the
+    door's ``InvalidSchedule`` (nothing else escapes for a bad value)."""
+    job = build_job(Thing.objects.create().touch, in_=60)
+    job.target_type_id = value
+    with pytest.raises(InvalidSchedule, match="target_type"):
+        schedule_many([job])
+    assert not Job.objects.exists()
