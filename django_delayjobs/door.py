@@ -71,7 +71,27 @@ def target_id(instance: models.Model) -> str:
         pk = instance._meta.pk.to_python(instance.pk)
     except ValidationError as exc:
         raise InvalidSchedule(f"{what} is not valid: {exc.messages[0]}") from None
-    return check_column(plain(pk) if isinstance(pk, str) else str(pk), what, "target_id")
+    return check_column(_key_text(pk), what, "target_id")
+
+
+def _key_text(pk: object) -> str:
+    return plain(pk) if isinstance(pk, str) else str(pk)
+
+
+def check_target_id(job: Job, model: type[models.Model]) -> None:
+    """Refuse a ``target_id`` that is not how ``build_job`` names a row of ``model`` (its
+    key as the pk field reads it back): one the field cannot read ("abc" for an integer
+    key) fails the worker's lookup at every attempt, and another spelling of a key
+    ("042") is missed by ``cancel_for``, which looks for "42"."""
+    try:
+        pk = None if model._meta.is_composite_pk else model._meta.pk.to_python(job.target_id)
+    except ValidationError:
+        pk = None
+    if pk is None or _key_text(pk) != job.target_id:
+        raise InvalidSchedule(
+            f"job {job.pk}'s target_id {short_repr(job.target_id)} is not a key of "
+            f"{model._meta.label} as build_job writes it: use build_job"
+        )
 
 
 def check_actor(actor: object) -> str:
@@ -192,6 +212,8 @@ def check_built(job: Job, now: datetime.datetime) -> None:
     if job.target_id is not None:
         check_column(job.target_id, "the target's primary key", "target_id")
     model = check_target(job)
+    if model is not None:
+        check_target_id(job, model)
     check_positive(job.max_attempts, "max_attempts")
     job.priority = check_priority(job.priority)
     if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):

@@ -95,3 +95,17 @@ def test_schedule_many_refuses_a_target_type_that_is_no_id_with_the_doors_error(
     with pytest.raises(InvalidSchedule, match="target_type"):
         schedule_many([job])
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("spelling", ["abc", "0{pk}", " {pk}"])
+def test_schedule_many_refuses_a_target_id_build_job_would_not_write(spelling):
+    """A job handed to ``schedule_many`` may hold any text as its target's key. One the
+    pk field cannot read ("abc" for an integer key) was taken, and each attempt raised
+    Django's ValueError looking the row up, till the job was dead; another spelling of a
+    key ("042") ran on row 42, but ``cancel_for(row)`` looked for "42" and missed it."""
+    thing = Thing.objects.create()
+    job = build_job(thing.touch, in_=60)
+    job.target_id = spelling.format(pk=thing.pk)
+    with pytest.raises(InvalidSchedule, match="target"):
+        schedule_many([job])
+    assert not Job.objects.exists()
