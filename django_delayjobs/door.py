@@ -41,7 +41,8 @@ def check_priority(value: object) -> int:
         raise TypeError(f"priority must be an int, not {type(value).__name__}")
     if value not in PRIORITY_RANGE:
         raise InvalidSchedule(f"priority must be from -100 to 100, got {short_repr(value)}")
-    return value
+    # A plain int: redis-py sends an int as its repr(), "<Priority.HIGH: 5>" for an IntEnum
+    return int(value)
 
 
 def check_column(value: object, what: str, field: str, model: type[models.Model] = Job) -> str:
@@ -51,6 +52,13 @@ def check_column(value: object, what: str, field: str, model: type[models.Model]
     column = model._meta.get_field(field)
     assert isinstance(column, models.CharField)
     return serialization.check_text(value, what, column.max_length)
+
+
+def plain(text: str) -> str:
+    """``text`` as a str, not a subclass of str: an Enum mixing in str (``class
+    Queue(str, Enum)``) formats as its member's name (``Queue.ORDERS``) in ``str()`` and
+    f-strings, and so in Redis key names, while the database stores its text (``orders``)."""
+    return str.__str__(text)
 
 
 def target_id(instance: models.Model) -> str:
@@ -63,7 +71,27 @@ def target_id(instance: models.Model) -> str:
         pk = instance._meta.pk.to_python(instance.pk)
     except ValidationError as exc:
         raise InvalidSchedule(f"{what} is not valid: {exc.messages[0]}") from None
-    return check_column(str(pk), what, "target_id")
+    return check_column(_key_text(pk), what, "target_id")
+
+
+def _key_text(pk: object) -> str:
+    return plain(pk) if isinstance(pk, str) else str(pk)
+
+
+def check_target_id(job: Job, model: type[models.Model]) -> None:
+    """Refuse a ``target_id`` that is not how ``build_job`` names a row of ``model`` (its
+    key as the pk field reads it back): one the field cannot read ("abc" for an integer
+    key) fails the worker's lookup at every attempt, and another spelling of a key
+    ("042") is missed by ``cancel_for``, which looks for "42"."""
+    try:
+        pk = None if model._meta.is_composite_pk else model._meta.pk.to_python(job.target_id)
+    except ValidationError:
+        pk = None
+    if pk is None or _key_text(pk) != job.target_id:
+        raise InvalidSchedule(
+            f"job {job.pk}'s target_id {short_repr(job.target_id)} is not a key of "
+            f"{model._meta.label} as build_job writes it: use build_job"
+        )
 
 
 def check_actor(actor: object) -> str:
@@ -82,7 +110,7 @@ def user_actor(prefix: str, username: str) -> str:
 def check_queue(value: object) -> str:
     """``value`` if Redis keys can carry it as a queue name, else raise."""
     try:
-        return validate_name(value, "queue")
+        return plain(validate_name(value, "queue"))
     except ValueError as exc:
         raise InvalidSchedule(str(exc)) from None
 
@@ -130,6 +158,11 @@ def check_target(job: Job) -> type[models.Model] | None:
         model = ContentType.objects.get_for_id(job.target_type_id).model_class()
     except ContentType.DoesNotExist:
         model = None
+    except (TypeError, ValueError):  # Django's own error for a value that is no id
+        raise InvalidSchedule(
+            f"job {job.pk}'s target_type_id {short_repr(job.target_type_id)} is not a "
+            "content type's id: use build_job"
+        ) from None
     label = model._meta.label if model is not None else "an uninstalled model"
     if job.action.rpartition(".")[0] != label:
         raise InvalidSchedule(
@@ -174,13 +207,15 @@ def check_built(job: Job, now: datetime.datetime) -> None:
         expires_at = timing.aware(job.expires_at, "expires_at")
         job.expires_at = timing.within_range(expires_at, "expires_at", now)
         timing.check_runnable(job.run_at, job.expires_at, now)
-    check_queue(job.queue)
+    job.queue = check_queue(job.queue)
     check_column(job.action, "action", "action")
     if job.target_id is not None:
         check_column(job.target_id, "the target's primary key", "target_id")
     model = check_target(job)
+    if model is not None:
+        check_target_id(job, model)
     check_positive(job.max_attempts, "max_attempts")
-    check_priority(job.priority)
+    job.priority = check_priority(job.priority)
     if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
         raise TypeError("a job's args must be a list and its kwargs a dict: use build_job")
     serialization.check_stored(job.args, "args")
