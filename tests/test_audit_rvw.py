@@ -21,6 +21,25 @@ from tests.testapp import tasks
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def echoed(
+    settings, callback_server, headers: dict[str, str], answer: str
+) -> tuple[Job, list[str]]:
+    """A callback to a destination with ``headers``, whose receiver answers 500 with
+    ``answer``; return the job (retrying) and the texts it kept (its error, its events)."""
+    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {
+        "url": callback_server.url("/base"), "headers": headers,
+    }})  # fmt: skip
+    callback_server.script("/base/page", Reply(500, answer.encode()))
+    job = schedule_http("hooks:/page", in_=0)
+    burst()
+    [request] = callback_server.wait_for(1)
+    for name, value in headers.items():  # sent as configured: only the kept texts masked
+        assert request.headers[name.lower()] == value
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING
+    return job, [job.last_error, *job.events.values_list("message", flat=True)]
+
+
 def test_a_retry_handed_back_while_another_worker_runs_the_job_keeps_its_next_retry():
     """Worker A's attempt failed, to be retried at once; A hands the id back, and worker B
     claims it before A reads the row again (``follow_row``): running, so not waiting. B's
@@ -72,17 +91,8 @@ def test_a_cookie_a_receiver_shows_alone_is_masked_in_the_jobs_history(
     page lists the request's cookies one by one (``session: <value>``): the masking knew
     the header's whole value and its part after the last space (``theme=light``), so the
     session cookie's value reached the job's history and error."""
-    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {
-        "url": callback_server.url("/base"),
-        "headers": {"Cookie": f"session={TOKEN}; theme=light"},
-    }})  # fmt: skip
-    callback_server.script("/base/page", Reply(500, f"Cookies: session: {TOKEN}".encode()))
-    job = schedule_http("hooks:/page", in_=0)
-    burst()
-    assert callback_server.wait_for(1)[0].headers["cookie"] == f"session={TOKEN}; theme=light"
-    job.refresh_from_db()
-    assert job.status == Status.RETRYING
-    kept = [job.last_error, *job.events.values_list("message", flat=True)]
+    cookie = f"session={TOKEN}; theme=light"
+    job, kept = echoed(settings, callback_server, {"Cookie": cookie}, f"Cookies: session: {TOKEN}")
     for text in kept + shown(job):
         assert TOKEN not in text
     assert "session: ***" in job.last_error
@@ -96,17 +106,8 @@ def test_a_credential_a_receiver_quotes_in_json_with_escaped_slashes_is_masked(
     job's history and error, since only its plain form was masked."""
     token = "dXNl/cjpw+YXNz/d29yZA=="
     escaped = token.replace("/", "\\/")
-    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {
-        "url": callback_server.url("/base"), "headers": {"Authorization": f"Basic {token}"},
-    }})  # fmt: skip
     answer = '{"headers": {"Authorization": "Basic ' + escaped + '"}}'
-    callback_server.script("/base/debug", Reply(500, answer.encode()))
-    job = schedule_http("hooks:/debug", in_=0)
-    burst()
-    assert callback_server.wait_for(1)[0].headers["authorization"] == f"Basic {token}"
-    job.refresh_from_db()
-    assert job.status == Status.RETRYING
-    kept = [job.last_error, *job.events.values_list("message", flat=True)]
+    job, kept = echoed(settings, callback_server, {"Authorization": f"Basic {token}"}, answer)
     for text in kept:
         assert token not in text and escaped not in text
     assert '"Authorization": "***"' in job.last_error
@@ -120,17 +121,8 @@ def test_a_basic_password_a_receiver_shows_decoded_is_masked(
     password in the job's history and error, since only the base64 text was masked."""
     password = "pa55-w0rd-of-the-app"
     basic = base64.b64encode(f"shop:{password}".encode()).decode()
-    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {
-        "url": callback_server.url("/base"), "headers": {"Authorization": f"Basic {basic}"},
-    }})  # fmt: skip
     page = f"PHP_AUTH_USER: shop\nPHP_AUTH_PW: {password}"
-    callback_server.script("/base/info", Reply(500, page.encode()))
-    job = schedule_http("hooks:/info", in_=0)
-    burst()
-    assert callback_server.wait_for(1)[0].headers["authorization"] == f"Basic {basic}"
-    job.refresh_from_db()
-    assert job.status == Status.RETRYING
-    kept = [job.last_error, *job.events.values_list("message", flat=True)]
+    job, kept = echoed(settings, callback_server, {"Authorization": f"Basic {basic}"}, page)
     for text in kept + shown(job):
         assert password not in text
     assert "PHP_AUTH_PW: ***" in job.last_error
