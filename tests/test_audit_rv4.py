@@ -1,0 +1,73 @@
+"""Review rv4: bugs found in a fresh-eyes review of the engine's scripts, each shown
+against a real Redis (the session's private one) before its fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from django_delayjobs.engine import Engine
+
+Q = "q"
+HOUR = 3_600_000
+
+
+def now_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def queue_with_one_id_in_each_place(engine: Engine) -> None:
+    """P pending (later), R ready, F in flight with an expired lease, G in garbage."""
+    engine.add(Q, {"F": 0, "G": 0})
+    assert sorted(engine.claim(Q, count=2, lease_ms=0)) == ["F", "G"]
+    assert engine.bury(Q, ["G"]) == 1
+    engine.add(Q, {"P": now_ms(engine.client) + HOUR, "R": 0})
+
+
+# Each move that counts itself, with what it must have done. The counter it writes holds
+# another program's value (not an integer): the move is made, and it must not then fail
+# with "Redis refused the command" (which says nothing was changed; a caller retries, a
+# worker logs an outage for every job it settles, an add skips listing a shard).
+MOVES: dict[str, tuple[str, Callable[[Engine], Any], Callable[[Engine], bool]]] = {
+    "add": ("added", lambda e: e.add(Q, {"N": 0}) == ["N"],
+            lambda e: e.client.sismember(e.keys(Q).ready_set, "N")),
+    "remove": ("removed", lambda e: e.remove(Q, ["P"]) == 1,
+               lambda e: e.client.zscore(e.keys(Q).pending, "P") is None),
+    "ack": ("acked", lambda e: e.ack(Q, ["F"]) == 1,
+            lambda e: e.client.zscore(e.keys(Q).unack, "F") is None),
+    "nack": ("nacked", lambda e: e.nack(Q, {"F": 0}) == 1,
+             lambda e: e.client.zscore(e.keys(Q).pending, "F") is not None),
+    "bury": ("buried", lambda e: e.bury(Q, ["F"]) == 1,
+             lambda e: e.client.zscore(e.keys(Q).garbage, "F") is not None),
+    "recover_expired": ("recovered", lambda e: e.recover_expired(Q) == ["F"],
+                        lambda e: e.client.sismember(e.keys(Q).ready_set, "F")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("counter", "move", "done"), MOVES.values(), ids=MOVES.keys())
+def test_a_counter_of_another_program_does_not_fail_a_move_already_made(
+    engine: Engine, redis_client: redis.Redis, counter: str, move: Any, done: Any
+) -> None:
+    queue_with_one_id_in_each_place(engine)
+    redis_client.hset(engine.keys(Q).counters, counter, "not a number")
+    assert move(engine)
+    assert done(engine)
+    # The field is left as it was, as fold_counters leaves it; readers skip it.
+    assert redis_client.hget(engine.keys(Q).counters, counter) == b"not a number"
+    assert counter not in engine.stats(Q).counters
+
+
+def test_moving_an_id_out_of_an_old_shard_does_not_fail_on_its_counter(
+    redis_client: redis.Redis,
+) -> None:
+    old = Engine(redis_client, prefix="t")
+    old.add(Q, {"W": now_ms(redis_client) + HOUR})
+    redis_client.hset(old.keys(Q).counters, "removed", "x")  # withdraw counts it there
+    new = Engine(redis_client, prefix="t", shards={Q: 4})
+    added = new.add(Q, {"W": now_ms(redis_client) + HOUR})
+    assert added.moved == ["W"]
+    assert redis_client.zcard(old.keys(Q).pending) == 0
