@@ -3,13 +3,14 @@ against a real Redis (the session's private one) before its fix."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from django_delayjobs.engine import Engine
+from django_delayjobs.engine import Engine, close_client
+from tests.conftest import cluster_client
 
 Q = "q"
 HOUR = 3_600_000
@@ -71,3 +72,38 @@ def test_moving_an_id_out_of_an_old_shard_does_not_fail_on_its_counter(
     added = new.add(Q, {"W": now_ms(redis_client) + HOUR})
     assert added.moved == ["W"]
     assert redis_client.zcard(old.keys(Q).pending) == 0
+
+
+@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])
+def any_client(request: pytest.FixtureRequest, redis_client: redis.Redis) -> Iterator[Any]:
+    """The session's Redis, or (``-m cluster``) a client of its Redis Cluster, flushed."""
+    if request.param == "single":
+        yield redis_client
+        return
+    cluster = request.getfixturevalue("redis_cluster")
+    cluster.wait_healthy()
+    client = cluster_client(cluster.url)
+    client.flushdb()
+    yield client
+    close_client(client)
+
+
+def test_adopt_takes_a_running_job_out_of_the_garbage_of_an_old_shard(any_client: Any) -> None:
+    """A running job whose id Redis holds only in garbage (a snapshot restored from
+    while it was dead, before its retry) is put back in flight, so that its lease can
+    end and another worker run it if its own died. In its own shard it was; in a shard of
+    an older count (the queue's QUEUE_SHARDS changed) it was left in garbage, in flight
+    nowhere, and the job stayed running for good."""
+    old = Engine(any_client, prefix="t")
+    old.add(Q, {"X": 0, "Y": 0})
+    assert sorted(old.claim(Q, count=2, lease_ms=HOUR)) == ["X", "Y"]
+    assert old.bury(Q, ["X"]) == 1
+    new = Engine(any_client, prefix="t", shards={Q: 4})
+    assert sorted(new.adopt(Q, ["X", "Y", "Z"], 0)) == ["X", "Z"]
+    k = old.keys(Q)
+    assert any_client.zscore(k.garbage, "X") is None
+    assert any_client.zscore(k.unack, "X") is not None  # in flight where it was
+    assert any_client.zscore(k.unack, "Y") is not None  # in flight: left alone
+    # Its lease (0) has run out: recovered and delivered, as from its own shard.
+    assert "X" in new.recover_expired(Q)
+    assert "X" in new.claim(Q, count=5)
