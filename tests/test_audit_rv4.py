@@ -107,3 +107,65 @@ def test_adopt_takes_a_running_job_out_of_the_garbage_of_an_old_shard(any_client
     # Its lease (0) has run out: recovered and delivered, as from its own shard.
     assert "X" in new.recover_expired(Q)
     assert "X" in new.claim(Q, count=5)
+
+
+# An id another program wrote that is not UTF-8: read back with the bytes it holds as
+# surrogate escapes (``surrogateescape``), and sent back as the same bytes.
+ALIEN = b"\xff\xfeid"
+
+
+@pytest.mark.parametrize("count", [1, 4], ids=["one-shard", "four-shards"])
+def test_an_id_that_is_not_utf8_is_claimed_acked_and_read_without_a_crash(
+    redis_client: redis.Redis, count: int
+) -> None:
+    """Claim (and recover_expired) moved such an id, then raised UnicodeDecodeError while
+    reading the reply: not an engine error, so the worker's claim thread (or the
+    promoter's) died, and with it the worker; the restarted worker met the same id once
+    its lease ended. Nor could the worker remove the id (it acks what is not a job id)."""
+    engine = Engine(redis_client, prefix="t", shards={Q: count})
+    k = engine.keys(engine.home(Q, "J"))
+    engine.add(Q, {"J": 0})
+    redis_client.rpush(k.ready, ALIEN)
+    redis_client.sadd(k.ready_set, ALIEN)
+    claimed = engine.claim(engine.home(Q, "J"), 5, lease_ms=0)
+    assert len(claimed) == 2 and "J" in claimed
+    (alien,) = [id_ for id_ in claimed if id_ != "J"]
+    assert engine.recover_expired(Q) and engine.claim(engine.home(Q, "J"), 5) == claimed
+    assert engine.garbage(Q) == [] and engine.next_due(Q) == []
+    assert engine.bury(engine.home(Q, "J"), [alien]) == 1
+    assert [id_ for id_, _ in engine.garbage(Q)] == [alien]
+    assert engine.purge(engine.home(Q, "J"), [alien]) == 1
+    assert engine.ack(engine.home(Q, "J"), ["J"]) == 1
+    assert redis_client.zcard(k.unack) == redis_client.zcard(k.garbage) == 0
+
+
+def test_only_the_spelling_text_reads_back_is_an_id(engine: Engine) -> None:
+    # "\udcc3\udca9" is the bytes of "é" spelled with escapes: a second id for one member.
+    with pytest.raises(ValueError, match="printable"):
+        engine.ack(Q, ["é", "\udcc3\udca9"])
+    with pytest.raises(ValueError, match="printable"):
+        engine.ack(Q, ["\ud800"])  # no bytes read back stand for it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_removes_an_id_that_is_not_utf8_and_runs_the_jobs_beside_it(
+    redis_client: redis.Redis,
+) -> None:
+    """End to end: the worker's claim thread died on such an id (and the worker with it);
+    now the id is removed as any id that is not a job id, and the real job runs."""
+    from django.core.management import call_command
+
+    from django_delayjobs import schedule
+    from django_delayjobs.connection import get_engine
+    from django_delayjobs.models import Job, Status
+    from tests.testapp import tasks
+
+    engine = get_engine()
+    k = engine.keys("default")
+    redis_client.rpush(k.ready, ALIEN)
+    redis_client.sadd(k.ready_set, ALIEN)
+    job = schedule(tasks.record, in_=0, args=["real"])
+    call_command("run_delayworker", "--burst", "-v", "0")
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    stats = engine.stats("default")
+    assert (stats.ready, stats.in_flight, stats.pending, stats.garbage) == (0, 0, 0, 0)
