@@ -89,7 +89,12 @@ def test_an_add_under_a_new_count_moves_waiting_ids_and_leaves_busy_ones(redis_c
     total = new.stats("q")
     assert (total.pending, total.ready, total.in_flight, total.garbage) == (0, 3, 1, 1)
     assert sorted(new.claim("q", 10, 60_000)) == ["later", "new", "ready"]
-    assert new.adopt("q", ["flying", "dead", "gone"], 60_000) == ["gone"]
+    # No second copy: "flying" stays in flight there; "dead" (a running job's, by the
+    # caller: adopt is for running jobs) goes from garbage into flight there, as adopt does
+    # in an id's own shard.
+    assert sorted(new.adopt("q", ["flying", "dead", "gone"], 60_000)) == ["dead", "gone"]
+    was = new.stats("q#0/1")
+    assert (was.pending, was.ready, was.in_flight, was.garbage) == (0, 0, 2, 0)
 
 
 def test_an_id_claimed_from_its_old_shard_during_the_move_is_not_left_in_the_new(redis_client):

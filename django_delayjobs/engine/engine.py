@@ -337,18 +337,29 @@ class Engine(Reader):
         from before a retry): a worker still running one extends the lease (no second
         worker gets it meanwhile); else it is recovered once the lease ends. An id a shard
         of an older count of the queue holds is left there, where its worker extends its
-        lease. If the directory that lists those shards cannot be read now, or one of them
-        cannot be looked at, nothing is adopted (``EngineUnavailable``; the caller tries
-        again): adopting by an older listing (or none, in a process that never read it) may
-        put a second copy in flight, delivered again when its lease ends."""
+        lease, or, held there in garbage, put in flight there. If the directory that lists
+        those shards cannot be read now, or one of them cannot be looked at, nothing is
+        adopted (``EngineUnavailable``; the caller tries again): adopting by an older
+        listing (or none, in a process that never read it) may put a second copy in
+        flight, delivered again when its lease ends."""
         lease, adopted, given = _ms(lease_ms, "lease"), [], _ids(ids)
         each = PerShard()
-        older = self._router.others(queue, [], fresh=True)
-        waiting, busy = self._withdraw(older, given, False, each)
+        held: set[str] = set()
+        busy_in: dict[Shard, list[str]] = {}  # older shard -> ids in flight or garbage there
+        for shard in self._router.others(queue, [], fresh=True):
+            waiting, busy = self._withdraw(
+                [shard], [i for i in given if i not in held], False, each
+            )
+            held |= waiting | busy
+            busy_in[shard] = [id_ for id_ in given if id_ in busy]
         if each.failure is not None:  # a second copy in flight would be delivered again
             raise each.failure
-        held = waiting | busy
-        for shard, part in self._router.route(queue, [id_ for id_ in given if id_ not in held]):
+        # A garbage copy there is taken into flight there, as in the id's own shard: left
+        # in garbage, the running job was in flight nowhere (its row running for good if
+        # its worker died). One in flight there is left alone by the script.
+        places = [(shard, part) for shard, part in busy_in.items() if part]
+        places += self._router.route(queue, [id_ for id_ in given if id_ not in held])
+        for shard, part in places:
             if not part:
                 continue
             k = self._keys(shard)

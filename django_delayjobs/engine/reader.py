@@ -26,6 +26,7 @@ from .validation import check_ids as _ids
 from .validation import opt_int as _opt_int
 from .validation import score_ms as _score_ms
 from .validation import text as _text
+from .validation import wire
 
 Rows = list[tuple[bytes, float]]  # a WITHSCORES reply
 #: Salts tried to find a key in a slot of a given master (a master of an even share of
@@ -128,6 +129,9 @@ class Reader:
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[str | bytes | float]) -> Any:
         script = self._scripts[name]
+        # As bytes: an id read back that is not UTF-8 holds surrogate escapes (see ``text``),
+        # which the client's strict encoding would refuse.
+        args = [wire(arg) if isinstance(arg, str) else arg for arg in args]
 
         def run() -> Any:
             try:

@@ -99,7 +99,9 @@ def check_count(value: object, what: str = "shard count") -> int:
 
 
 def _key_hash(job_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(job_id.encode(), digest_size=8).digest(), "big")
+    # surrogateescape: an id read back from Redis that is not UTF-8 (see validation.text)
+    digest = hashlib.blake2b(job_id.encode(errors="surrogateescape"), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
 def jump_hash(key: int, buckets: int) -> int:

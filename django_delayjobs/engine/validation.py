@@ -24,10 +24,23 @@ def check_ids(ids: Iterable[object]) -> list[str]:
     for id_ in given:
         if not isinstance(id_, str):
             raise TypeError(f"job ids must be str, not {type(id_).__name__}")
-        if not id_ or len(id_) > 128 or not id_.isprintable() or " " in id_:
+        if not id_ or len(id_) > 128 or not _printable(id_) or " " in id_:
             raise ValueError(f"job id {id_!r} must be 1 to 128 printable, non-space characters")
         checked[id_] = None
     return list(checked)
+
+
+def _printable(id_: str) -> bool:
+    """Whether ``id_`` is printable, its bytes that are not UTF-8 (an id another program
+    wrote, as ``text`` reads it) counted as printable: the worker removes such an id. Only
+    as ``text`` spells it: another spelling of the same bytes would be a second id."""
+    if id_.isprintable():
+        return True
+    try:
+        raw = wire(id_)
+    except UnicodeEncodeError:  # a lone surrogate that no bytes read back stand for
+        return False
+    return text(raw) == id_ and raw.decode(errors="replace").isprintable()
 
 
 def check_ms(value: object, what: str = "time") -> int:
@@ -117,7 +130,16 @@ def check_priorities(priorities: Mapping[str, int] | None, ids: Iterable[str]) -
 
 
 def text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    """A reply as str. Bytes that are not UTF-8 (a member another program wrote) become
+    surrogate escapes, which ``wire`` turns back into the same bytes: a strict decode
+    raised ``UnicodeDecodeError`` after a script had moved the id (a worker's claim
+    thread died on it, and met it again once its lease ended)."""
+    return value.decode(errors="surrogateescape") if isinstance(value, bytes) else value
+
+
+def wire(value: str) -> bytes:
+    """``value`` as the bytes Redis holds (see ``text``)."""
+    return value.encode(errors="surrogateescape")
 
 
 def score_ms(value: Any) -> int:

@@ -73,5 +73,7 @@ if #readied > 0 then
     end
   end
 end
-if #added > 0 then redis.call('HINCRBY', KEYS[8], 'added', #added) end
+-- pcall: a count whose field holds another program's value (no integer) is left out, as
+-- fold_counters leaves it; a failed count would fail the call after its move was made.
+if #added > 0 then redis.pcall('HINCRBY', KEYS[8], 'added', #added) end
 return {was_empty, added}

@@ -24,5 +24,7 @@ for i = 2, #ARGV do
     busy[#busy + 1] = id
   end
 end
-if take and #waiting > 0 then redis.call('HINCRBY', KEYS[5], 'removed', #waiting) end
+-- pcall: a count whose field holds another program's value (no integer) is left out, as
+-- fold_counters leaves it; a failed count would fail the call after its move was made.
+if take and #waiting > 0 then redis.pcall('HINCRBY', KEYS[5], 'removed', #waiting) end
 return {waiting, busy}
