@@ -73,7 +73,6 @@ if #readied > 0 then
     end
   end
 end
--- pcall: a count whose field holds another program's value (no integer) is left out, as
--- fold_counters leaves it; a failed count would fail the call after its move was made.
+-- pcall: a count field of another program's (no integer) must not fail the move above
 if #added > 0 then redis.pcall('HINCRBY', KEYS[8], 'added', #added) end
 return {was_empty, added}

@@ -20,7 +20,6 @@ if wake then
   redis.call('LPUSH', KEYS[3], 1)
   redis.call('LTRIM', KEYS[3], 0, 0)
 end
--- pcall: a count whose field holds another program's value (no integer) is left out, as
--- fold_counters leaves it; a failed count would fail the call after its move was made.
+-- pcall: a count field of another program's (no integer) must not fail the move above
 if n > 0 then redis.pcall('HINCRBY', KEYS[4], 'nacked', n) end
 return n

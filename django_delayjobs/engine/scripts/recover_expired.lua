@@ -13,8 +13,7 @@ if #ids > 0 then
   redis.call('SADD', KEYS[3], unpack(ids))
   for _ = 1, math.min(#ids, 64) do redis.call('LPUSH', KEYS[4], 1) end
   redis.call('LTRIM', KEYS[4], 0, 63)
-  -- pcall: a count whose field holds another program's value (no integer) is left out, as
-  -- fold_counters leaves it; a failed count would fail the call after its move was made.
+  -- pcall: a count field of another program's (no integer) must not fail the move above
   redis.pcall('HINCRBY', KEYS[5], 'recovered', #ids)
 end
 return ids

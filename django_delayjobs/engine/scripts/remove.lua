@@ -12,7 +12,6 @@ for i = 1, #ARGV do
     redis.call('HDEL', KEYS[4], ARGV[i])
   end
 end
--- pcall: a count whose field holds another program's value (no integer) is left out, as
--- fold_counters leaves it; a failed count would fail the call after its move was made.
+-- pcall: a count field of another program's (no integer) must not fail the move above
 if removed > 0 then redis.pcall('HINCRBY', KEYS[3], 'removed', removed) end
 return removed

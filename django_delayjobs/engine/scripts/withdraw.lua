@@ -24,7 +24,6 @@ for i = 2, #ARGV do
     busy[#busy + 1] = id
   end
 end
--- pcall: a count whose field holds another program's value (no integer) is left out, as
--- fold_counters leaves it; a failed count would fail the call after its move was made.
+-- pcall: a count field of another program's (no integer) must not fail the move above
 if take and #waiting > 0 then redis.pcall('HINCRBY', KEYS[5], 'removed', #waiting) end
 return {waiting, busy}
