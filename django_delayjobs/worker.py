@@ -43,6 +43,7 @@ from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
 from .databases import database_error, database_named, jobs_alias
 from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
+from .engine.claims import Claimer
 from .engine.errors import unreachable
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution, receivers_left_behind
@@ -507,9 +508,10 @@ class WorkerProcess:
         database = Backoff(self.stopping, "worker", self.database)
         queues = list(self.options.queues)
         redis_lost: float | None = None  # when Redis became unreachable, in a burst
+        claimer = Claimer()  # this thread's: a claim whose reply was lost is sent again
         while not self.stopping.is_set():
             try:
-                claimed = self.claim(queues)
+                claimed = self.claim(queues, claimer)
                 if claimed is None and self.options.burst and self.burst_done():
                     sql.close_stale()
                     return
@@ -595,7 +597,9 @@ class WorkerProcess:
             return False
         return True
 
-    def claim(self, queues: Sequence[str]) -> tuple[str, list[str]] | None:
+    def claim(
+        self, queues: Sequence[str], claimer: Claimer | None = None
+    ) -> tuple[str, list[str]] | None:
         """Claim ids from the first queue (strict priority) that has any; return the shard
         they came from (the queue itself, unless it has several) and the ids.
 
@@ -612,6 +616,11 @@ class WorkerProcess:
         that does not answer is raised at once: every other claim would wait for the same
         timeout. A shard with a key of the wrong type is passed over and reported
         (``BrokenKeys``).
+
+        With a ``claimer`` (the calling thread's), a shard's claim that failed is sent
+        again as the same call by the next claim from that shard: if Redis ran it after
+        the caller gave up (a timeout while Redis stalled), that returns the ids it took,
+        which would otherwise wait in flight for their lease to end.
         """
         failure: EngineUnavailable | None = None
         answered = False
@@ -620,9 +629,12 @@ class WorkerProcess:
             shards = self.engine.shards(queue)
             start = next(self.turns[queue]) % len(shards)
             for shard in shards[start:] + shards[:start]:
+                token = claimer.token(shard) if claimer is not None else None
                 try:
                     with self.promoter.breaker.guard(shard):  # a frozen master: passed over
-                        ids = self.engine.claim(shard, count, self.lease_ms)
+                        ids = self.engine.claim(shard, count, self.lease_ms, token)
+                    if claimer is not None:
+                        claimer.answered(shard)
                 except WrongType as exc:  # that shard alone: no outage, no backoff
                     self.broken.report(shard, exc)
                     continue

@@ -14,6 +14,7 @@ from typing import Any
 from redis.commands.core import Script
 
 from . import sharding
+from .claims import ClaimToken, record_ms
 from .errors import EngineUnavailable, PerShard, WrongType
 from .keys import QueueKeys, validate_name
 from .reader import Reader
@@ -81,7 +82,7 @@ def checked_source(name: str) -> str:
     """The source of a script as it is loaded: its keys' types checked first (the types
     read from its header, ``-- KEYS[n] = name TYPE``)."""
     source = script_source(name)
-    types = dict(re.findall(r"KEYS\[(\d+)\] = \w+ (ZSET|LIST|SET|HASH)\b", source))
+    types = dict(re.findall(r"KEYS\[(\d+)\] = \w+ (ZSET|LIST|SET|HASH|STRING)\b", source))
     if not types or sorted(map(int, types)) != list(range(1, len(types) + 1)):
         raise AssertionError(f"{name}.lua: its header gives no type for some KEYS")
     listed = ", ".join(f"'{types[str(n)].lower()}'" for n in range(1, len(types) + 1))
@@ -293,23 +294,36 @@ class Engine(Reader):
 
     # -- the worker ----------------------------------------------------------------
 
-    def claim(self, queue: str, count: int = 1, lease_ms: float = 300_000) -> list[str]:
+    def claim(
+        self, queue: str, count: int = 1, lease_ms: float = 300_000,
+        token: ClaimToken | None = None,
+    ) -> list[str]:  # fmt: skip
         """Move up to ``count`` ids from ready into flight with a lease; return them.
 
         Entries left in ready by ``remove`` are skipped. One call skips at most 1000 of
         them, so it may return fewer ids than ready holds; it then leaves a work token,
         and ``wait_for_work`` returns at once. Given a queue of several shards, the
         shards are tried in turn, starting one further at each call, until ``count``.
+
+        With a ``token`` (see claims.py), a call whose reply was lost can be sent again
+        with the same token: on each shard where Redis ran it, it returns the ids it took
+        there (however many) that are still in flight under its lease, and takes none.
         """
         want, lease = _batch(count), _ms(lease_ms, "lease")
+        if token is not None and not isinstance(token, ClaimToken):
+            raise TypeError(f"token must be a ClaimToken, not {type(token).__name__}")
         shards = self._router.targets(queue)
         start = next(self._turns[queue]) % len(shards)
         claimed: list[str] = []
         for shard in shards[start:] + shards[:start]:
             k = self._keys(shard)
             keys = [k.ready, k.ready_set, k.unack, k.notify]
-            claimed += [_text(i) for i in self._run("claim", keys, [want - len(claimed), lease])]
-            if len(claimed) == want:
+            args: list[str | int] = [want - len(claimed), lease]
+            if token is not None:
+                keys.append(k.claims(token.claimer))
+                args += [token.call, record_ms(lease)]
+            claimed += [_text(i) for i in self._run("claim", keys, args)]
+            if len(claimed) >= want:  # a call sent again returns what it took
                 break
         return claimed
 

@@ -56,5 +56,10 @@ class QueueKeys:
         """The keys of one shard: every name starts with ``{<tag>}`` (see sharding.py)."""
         return cls(**{name: f"{{{tag}}}:{name}" for name in cls.__dataclass_fields__})
 
+    def claims(self, claimer: str) -> str:
+        """The record of ``claimer``'s last claim (see claims.py): in the queue's hash tag,
+        one per claimer, so it is none of the fixed keys above."""
+        return f"{self.unack.removesuffix(':unack')}:claim:{validate_name(claimer, 'claimer')}"
+
     def __iter__(self) -> Iterator[str]:
         return iter(getattr(self, name) for name in self.__dataclass_fields__)

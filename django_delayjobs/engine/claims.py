@@ -1,0 +1,69 @@
+"""Claims that a lost reply does not strand.
+
+A claim is one script, and Redis runs it even when its caller has stopped waiting: a read
+timeout while Redis stalled (a fork for a snapshot of a large dataset, a slow command, a
+stopped process) leaves the ids it took in flight, held by nobody, until their lease ends
+and ``recover_expired`` hands them back (300 s late with the default lease).
+
+A claim that carries a ``ClaimToken`` records what it took, in the shard's hash tag
+(``{<prefix>:<queue>}:claim:<claimer>``, one STRING per claimer, overwritten by each of its
+claims that takes ids). Sent again with the same token, it takes nothing new and returns
+those ids, if they are still in flight under the lease it gave them. The record lasts
+``RECORD_SHARE`` of the lease, so the ids a repeated call returns still have a third of it
+left, and a record never outlives its ids' lease: once ``recover_expired`` can hand them
+to another worker, no repeated call returns them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from dataclasses import dataclass
+
+from .keys import validate_name
+from .validation import MAX_DUE_MS
+
+#: The part of a claim's lease its record lasts. A worker extends its leases every
+#: ``LEASE_SECONDS / 3`` at most, so the ids a repeated call returns are extended before
+#: their lease can end.
+RECORD_SHARE = 2 / 3
+
+
+def record_ms(lease_ms: int) -> int:
+    """How long the record of a claim with a lease of ``lease_ms`` lasts (0: none)."""
+    return int(min(lease_ms, MAX_DUE_MS) * RECORD_SHARE)  # a whole number Redis takes
+
+
+@dataclass(frozen=True)
+class ClaimToken:
+    """One claim call: ``claimer`` names the record (one per thread that claims) and
+    ``call`` tells its calls apart. The same token sent again is the same call."""
+
+    claimer: str
+    call: int
+
+    def __post_init__(self) -> None:
+        validate_name(self.claimer, "claimer")
+        if isinstance(self.call, bool) or not isinstance(self.call, int) or self.call < 0:
+            raise TypeError(f"call must be a non-negative int, not {self.call!r}")
+
+
+class Claimer:
+    """The tokens of one thread's claims: for each shard, the token of its last claim
+    until one is answered (Redis may have run a call whose reply was lost), then a new
+    one. Not shared between threads: two threads' calls would be one call."""
+
+    def __init__(self) -> None:
+        self.name = uuid.uuid4().hex
+        self._calls = itertools.count()
+        self._unanswered: dict[str, ClaimToken] = {}  # shard -> token of its last claim
+
+    def token(self, shard: str) -> ClaimToken:
+        """The token of the next claim from ``shard``."""
+        if shard not in self._unanswered:
+            self._unanswered[shard] = ClaimToken(self.name, next(self._calls))
+        return self._unanswered[shard]
+
+    def answered(self, shard: str) -> None:
+        """A claim from ``shard`` was answered: the next one is a new call."""
+        self._unanswered.pop(shard, None)

@@ -1,0 +1,110 @@
+"""A claim sent again with its token (its reply was lost) returns what it took.
+
+Each test runs on one Redis, and with ``-m cluster`` on the session's Redis Cluster, with
+``Q`` a queue of 1 shard and with ``Q`` one shard of a queue of 6 (as test_operations.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from django_delayjobs.engine import Engine, WrongType
+from django_delayjobs.engine.claims import Claimer, ClaimToken, record_ms
+
+from .conftest import Backend, on_cluster, open_backend
+from .test_operations import HOUR, SHARD, wait_until
+
+Q = "q"
+
+
+@pytest.fixture(params=["single", on_cluster("cluster"), on_cluster("cluster-shard")])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return open_backend(request, request.param)
+
+
+@pytest.fixture
+def engine(
+    backend: Backend, backend_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Engine]:
+    if backend.name == "cluster-shard":
+        monkeypatch.setattr(sys.modules[__name__], "Q", SHARD)
+        engine = Engine(backend_client, prefix="t", shards={"q": 6})
+    else:
+        engine = Engine(backend_client, prefix="t")
+    yield engine
+    engine.close()
+
+
+def in_flight(r: Any, engine: Engine) -> dict[str, int]:
+    return {m.decode(): int(s) for m, s in r.zrange(engine.keys(Q).unack, 0, -1, withscores=True)}
+
+
+def ready(r: Any, engine: Engine) -> set[str]:
+    return {m.decode() for m in r.smembers(engine.keys(Q).ready_set)}
+
+
+def test_a_claim_sent_again_returns_what_it_took_and_takes_nothing_new(engine, backend_client):
+    engine.add(Q, dict.fromkeys(["a", "b", "c", "d", "e"], 0))
+    token = ClaimToken("w1", 0)
+    assert engine.claim(Q, 2, HOUR, token) == ["a", "b"]
+    leases = in_flight(backend_client, engine)
+    assert engine.claim(Q, 2, HOUR, token) == ["a", "b"]  # its reply was lost: the same
+    assert engine.claim(Q, 5, HOUR, token) == ["a", "b"]  # whatever the count
+    assert in_flight(backend_client, engine) == leases  # the same leases, nothing new
+    assert ready(backend_client, engine) == {"c", "d", "e"}
+    assert engine.claim(Q, 2, HOUR, ClaimToken("w1", 1)) == ["c", "d"]  # the next call
+    assert engine.claim(Q, 2, HOUR, ClaimToken("w2", 0)) == ["e"]  # another claimer's own
+    assert engine.claim(Q, 2, HOUR, ClaimToken("w1", 1)) == ["c", "d"]  # each its record
+    assert engine.claim(Q, 2, HOUR, token) == []  # w1's record is its last claim's
+
+
+def test_ids_that_left_flight_since_are_not_returned_again(engine, backend_client):
+    engine.add(Q, dict.fromkeys(["a", "b", "c"], 0))
+    token = ClaimToken("w", 7)
+    assert engine.claim(Q, 3, HOUR, token) == ["a", "b", "c"]
+    assert engine.ack(Q, ["a"]) == 1
+    # b back in ready, then claimed by another worker (a lease of its own)
+    assert engine.nack(Q, {"b": 0}) == 1
+    engine.promote(Q)
+    assert engine.claim(Q, 1, 2 * HOUR) == ["b"]
+    assert engine.claim(Q, 3, HOUR, token) == ["c"]
+
+
+def test_a_record_lasts_two_thirds_of_the_lease_then_the_token_claims_anew(engine, backend_client):
+    engine.add(Q, {"a": 0})
+    token = ClaimToken("w", 0)
+    assert engine.claim(Q, 1, 60, token) == ["a"]
+    record = engine.keys(Q).claims("w")
+    assert 0 < backend_client.pttl(record) <= record_ms(60) == 40
+    wait_until(lambda: not backend_client.exists(record))  # gone before the lease ends
+    assert engine.claim(Q, 1, HOUR, token) == []  # a new claim: ready is empty
+    assert wait_until(lambda: engine.recover_expired(Q)) == ["a"]  # the lease's, as before
+    assert engine.claim(Q, 1, HOUR, token) == ["a"]
+
+
+def test_a_claim_that_takes_nothing_writes_nothing(engine, backend_client):
+    assert engine.claim(Q, 10, HOUR, ClaimToken("idle", 0)) == []
+    assert backend_client.dbsize() == 0
+
+
+def test_a_record_of_another_type_fails_the_claim_before_it_takes_anything(engine, backend_client):
+    engine.add(Q, {"a": 0})
+    backend_client.rpush(engine.keys(Q).claims("w"), "x")  # another program's
+    with pytest.raises(WrongType, match=":claim:w"):
+        engine.claim(Q, 1, HOUR, ClaimToken("w", 0))
+    assert ready(backend_client, engine) == {"a"}
+
+
+def test_a_claimer_keeps_a_shard_s_token_until_a_claim_from_it_is_answered():
+    claimer = Claimer()
+    first = claimer.token("q")
+    assert claimer.token("q") == first  # not answered: the same call
+    assert claimer.token("r") != first  # another shard: its own
+    claimer.answered("q")
+    assert claimer.token("q") not in (first, claimer.token("r"))
+    with pytest.raises(ValueError, match="claimer"):
+        ClaimToken("a:b", 0)
