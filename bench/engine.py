@@ -30,6 +30,7 @@ import redis
 
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import Engine
+from django_delayjobs.engine.claims import Claimer
 
 HOUR_MS = 3_600_000
 MEMORY_TARGET_BYTES = 100
@@ -242,17 +243,26 @@ class Bench:
         self.clean(q)
 
     def claim_ack(self, q: str) -> None:
-        for count, n in ((1, min(10_000, self.n // 2)), (100, self.n // 2)):
+        """claim+ack; batch 10 (the worker's PREFETCH) also as the worker claims, with a
+        token (``Claimer``) whose call the script records."""
+        n = self.n
+        runs = [(1, None, min(10_000, n // 10)), (10, None, n // 5), (10, Claimer(), n // 5),
+                (100, None, n // 2)]  # fmt: skip
+        for count, claimer, ids_wanted in runs:
             done = 0
             start = time.perf_counter()
-            while done < n:
-                ids = self.engine.claim(q, count, lease_ms=HOUR_MS)
+            while done < ids_wanted:
+                token = claimer.token(q) if claimer is not None else None
+                ids = self.engine.claim(q, count, lease_ms=HOUR_MS, token=token)
+                if claimer is not None:
+                    claimer.answered(q)
                 if not ids:
                     break
                 self.engine.ack(q, ids)
                 done += len(ids)
             seconds = time.perf_counter() - start
-            self.row(f"claim+ack, batch {count} ({done:,} ids)", done / seconds, "ids/s")
+            how = ", with a claim token" if claimer is not None else ""
+            self.row(f"claim+ack, batch {count}{how} ({done:,} ids)", done / seconds, "ids/s")
 
     def run(self) -> None:
         try:
