@@ -1,0 +1,46 @@
+"""Mends from a fresh-eyes review of the HTTP callbacks (audit-rv6). Real servers: a
+receiver on 127.0.0.1, a private Redis, the real worker (``run_delayworker --burst``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_delayjobs import schedule_http
+from django_delayjobs.callbacks.request import InvalidCallback
+from django_delayjobs.models import Job, Status
+from tests.callback_server import Reply
+from tests.test_audit_sec import allow, burst
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# -- a header value that urllib3 reads as an order, not a value ---------------------------------
+
+
+@pytest.mark.parametrize("name", ["X-Trace", "Accept-Encoding"])
+def test_a_header_value_urllib3_reserves_is_refused_at_the_door(settings, callback_server, name):
+    """urllib3 reads the value ``@@@SKIP_HEADER@@@`` as "do not send this header" (for
+    Accept-Encoding, Host and User-Agent) and raises ``ValueError`` for any other name:
+    such a header was accepted, then every attempt failed (or the header was silently not
+    sent) and the job was retried to its death with urllib3's words."""
+    allow(settings, callback_server)
+    with pytest.raises(InvalidCallback) as refused:
+        schedule_http(callback_server.url(), in_=0, headers={name: "@@@SKIP_HEADER@@@"})
+    assert refused.value.field == "headers"
+    assert not Job.objects.exists()
+
+
+def test_a_stored_header_value_urllib3_reserves_ends_the_job_dead_with_nothing_sent(
+    settings, callback_server
+):
+    """A row written before the door refused it: refused at delivery, dead, nothing sent."""
+    allow(settings, callback_server)
+    callback_server.script("/hook", Reply(200, b"ok"))
+    job = schedule_http(callback_server.url(), in_=0, headers={"X-Trace": "1"})
+    Job.objects.filter(pk=job.pk).update(
+        kwargs={**job.kwargs, "headers": {"X-Trace": "@@@SKIP_HEADER@@@"}}
+    )
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD, job.last_error
+    assert "refused, nothing sent" in job.last_error
+    assert callback_server.count() == 0
