@@ -3,9 +3,18 @@ receiver on 127.0.0.1, a private Redis, the real worker (``run_delayworker --bur
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from django_delayjobs import schedule_http
+from django_delayjobs.callbacks.policy import (
+    Refused,
+    addresses,
+    check_address,
+    parse_url,
+    use_resolver,
+)
 from django_delayjobs.callbacks.request import InvalidCallback
 from django_delayjobs.models import Job, Status
 from tests.callback_server import Reply
@@ -44,3 +53,33 @@ def test_a_stored_header_value_urllib3_reserves_ends_the_job_dead_with_nothing_s
     assert job.status == Status.DEAD, job.last_error
     assert "refused, nothing sent" in job.last_error
     assert callback_server.count() == 0
+
+
+# -- Azure's WireServer: a cloud metadata address that is public ---------------------------------
+
+
+def _wireserver(host: str, port: int) -> list[ipaddress.IPv4Address]:
+    return [ipaddress.IPv4Address("168.63.129.16")]
+
+
+def test_azure_wireserver_is_refused_like_the_other_cloud_metadata_addresses(settings):
+    """168.63.129.16 is a global address, so ``is_global`` let it through; on an Azure VM
+    it is the WireServer (the platform's agent endpoint, beside 169.254.169.254), which a
+    callback must never reach, whatever HTTP_ALLOW_PRIVATE_NETWORKS says. No traffic: the
+    literal is refused at the door, and a name resolving to it by the same rule."""
+    for private in (False, True):
+        settings.DELAYJOBS = {
+            **settings.DELAYJOBS,
+            "HTTP_ALLOWED_HOSTS": ["168.63.129.16", "agent.example"],
+            "HTTP_ALLOW_PRIVATE_NETWORKS": private,
+        }
+        with pytest.raises(Refused) as refused:
+            schedule_http("http://168.63.129.16/machine?comp=goalstate", in_=0)
+        assert refused.value.rule == "cloud metadata address"
+        for form in ("::ffff:168.63.129.16", "64:ff9b::a83f:8110", "2002:a83f:8110::1"):
+            with pytest.raises(Refused):
+                check_address(ipaddress.ip_address(form), private)
+        target = parse_url("http://agent.example/")
+        with use_resolver(_wireserver), pytest.raises(Refused):
+            addresses(target, private)
+    assert not Job.objects.exists()
