@@ -38,6 +38,16 @@ def test_a_header_value_urllib3_reserves_is_refused_at_the_door(settings, callba
     assert not Job.objects.exists()
 
 
+def test_a_destination_header_value_urllib3_reserves_is_a_settings_error(settings, callback_server):
+    from django_delayjobs.checks import check_settings
+
+    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {
+        "url": callback_server.url("/base"), "headers": {"User-Agent": "@@@SKIP_HEADER@@@"},
+    }})  # fmt: skip
+    [error] = [e for e in check_settings(None) if "HTTP_DESTINATIONS" in e.msg]
+    assert error.id == "django_delayjobs.E009", error
+
+
 def test_a_stored_header_value_urllib3_reserves_ends_the_job_dead_with_nothing_sent(
     settings, callback_server
 ):
