@@ -27,6 +27,9 @@ _PAIRS = re.compile(r"[;,]")
 _NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}")
 # Visible ASCII, space and tab: no CR, LF, NUL or other controls, nothing non-ASCII.
 _VALUE = re.compile(r"[\t\x20-\x7e]*")
+#: urllib3's ``SKIP_HEADER``: a value it reads as "do not send this header" (for three
+#: names) and refuses with ``ValueError`` for any other, at every delivery attempt.
+_SKIP = "@@@SKIP_HEADER@@@"
 
 #: Set by the HTTP client or by the signature: a caller cannot choose them.
 RESERVED = frozenset({
@@ -68,6 +71,8 @@ def check_headers(headers: object, *, secrets_allowed: bool = False) -> dict[str
                 f"header {name}: the value must be at most {MAX_VALUE_LENGTH} characters of "
                 "visible ASCII, space or tab (no CR, LF or other control characters)"
             )
+        if value == _SKIP:
+            raise InvalidHeader(f"header {name}: {value!r} is the HTTP client's own marker")
         lower = _key(name)
         if lower in seen:
             raise InvalidHeader(f"header {name} is given twice")

@@ -239,6 +239,8 @@ RULES: tuple[tuple[_V4 | _V6, str, bool], ...] = (
     (_V4("100.100.100.200/32"), "cloud metadata address", False),
     (_V4("100.64.0.0/10"), "carrier-grade NAT (100.64.0.0/10)", True),
     (_V4("127.0.0.0/8"), "loopback", True),
+    # Azure's WireServer (the VM agent's endpoint): a global address, so is_global passes it.
+    (_V4("168.63.129.16/32"), "cloud metadata address", False),
     (_V4("169.254.0.0/16"), "link-local (169.254.0.0/16, cloud metadata)", False),
     (_V4("172.16.0.0/12"), "private network (RFC 1918)", True),
     (_V4("192.0.0.0/24"), "IETF protocol assignments (192.0.0.0/24)", False),
