@@ -992,9 +992,11 @@ class WorkerProcess:
             for job_id, (queue, _) in self.held.items():
                 by_queue.setdefault(queue, []).append(job_id)
             self.claimed_meanwhile = set()
-        each = PerShard()  # a shard whose master is down must not stop the others' leases
+        each = self.each_queue()  # a shard whose master is down must not stop the others'
         try:
             for queue, ids in by_queue.items():
+                if each.down:
+                    break
                 with each.attempt():
                     self.extend(queue, ids)
         finally:
@@ -1014,6 +1016,13 @@ class WorkerProcess:
         for job_id in lost:  # still running here, yet Redis no longer has it in flight
             logger.warning("lost the lease of job %s; another worker may take it", job_id)
 
+    def each_queue(self) -> PerShard:
+        """What a call per queue notes its failures in: on one Redis, the first call it
+        does not answer ends the round, as in the promoter (``Promoter.new_pass``): every
+        other queue's call would wait for the same timeout, and a stop took one per queue
+        to remove the heartbeat (and each heartbeat as long) on a Redis frozen or cut off."""
+        return PerShard(one_server=not self.engine.is_cluster)
+
     def heartbeat(self, ttl_ms: float) -> None:
         """Record this process as live for ``ttl_ms`` (0: remove it); a process that is
         stopping because something broke is never recorded again."""
@@ -1028,8 +1037,10 @@ class WorkerProcess:
             ended = self.unregistered or self.stopped.is_set() or self.fatal is not None
             if ttl_ms and ended:
                 return
-            each = PerShard()
+            each = self.each_queue()
             for queue in self.options.queues:
+                if each.down:
+                    break
                 with each.attempt():
                     self.engine.heartbeat(queue, self.id, ttl_ms, info)
             each.check()

@@ -70,12 +70,16 @@ def write(
     the wrong type, another program's): their increments go into ``refused``, the rest are
     written, then the refusal is raised. A queue whose master (or one of whose shards'
     masters) cannot be reached does not stop the others: they are written, then the
-    failure is raised."""
+    failure is raised (on one Redis that does not answer, the others are not tried)."""
     by_queue: dict[str, list[tuple[int | None, Mapping[str, float]]]] = defaultdict(list)
     for (queue, at), tally in tallies.items():
         by_queue[queue].append((at, tally))
-    each = PerShard()
+    # On one Redis, the first queue it does not answer ends the flush: each other queue's
+    # would wait for the same timeout (and a stop waits for this one's end).
+    each = PerShard(one_server=not engine.is_cluster)
     for queue in sorted(set(by_queue) | set(snapshot)):
+        if each.down:
+            break
         with each.attempt():
             counters = _counters(engine, queue) if queue in snapshot else None
             _write_queue(engine, queue, by_queue.get(queue, []), counters, minute, ttl,
