@@ -148,7 +148,12 @@ def burst_worker(
     """Run a ``--burst`` worker process (``start_worker``) to its end, its output in
     ``log``, and return its exit code; one still running after ``timeout`` seconds is
     killed, and ``TimeoutExpired`` raised."""
-    worker = start_worker(redis_url, "--burst", *args, env=env, log=log)
+    return exit_code(start_worker(redis_url, "--burst", *args, env=env, log=log), timeout)
+
+
+def exit_code(worker: subprocess.Popen[bytes], timeout: float) -> int:
+    """The worker's exit code within ``timeout`` seconds (killed if it takes longer, and
+    ``TimeoutExpired`` raised): not left running into the next tests."""
     try:
         return worker.wait(timeout)
     finally:
