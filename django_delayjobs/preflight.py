@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from django.db import transaction
@@ -30,14 +31,25 @@ def describe_redis(engine: Engine) -> str:
     return f"redis://{kwargs.get('host')}:{kwargs.get('port')}/{kwargs.get('db', 0)}"
 
 
+def redis_version(info: dict[str, Any], where: str = "") -> tuple[int, int]:
+    """The (major, minor) of an ``INFO`` reply's ``redis_version`` (``7.2.4``, or a
+    compatible server's ``7.2.4-rc1``); ``ConfigurationError`` if it gives none."""
+    found = re.match(r"(\d+)\.(\d+)", str(info.get("redis_version", "")))
+    if found is None:
+        raise ConfigurationError(
+            f"cannot read the version of the Redis server{where} "
+            f"(redis_version: {info.get('redis_version')!r}): django-delayjobs needs 6.2 or later"
+        )
+    return int(found[1]), int(found[2])
+
+
 def check_redis(engine: Engine) -> list[str]:
     """Raise ``EngineUnavailable``/``ConfigurationError`` if Redis cannot serve; return
     warnings. On a Cluster every master is checked (each holds some queues' keys)."""
     warnings = []
     for address, info in engine.masters().items():
         where = f" (master {address})" if address else ""
-        version = tuple(int(part) for part in str(info["redis_version"]).split(".")[:2])
-        if version < MIN_REDIS:
+        if redis_version(info, where) < MIN_REDIS:
             raise ConfigurationError(
                 f"Redis {info['redis_version']}{where} is too old: django-delayjobs needs "
                 "6.2 or later"
