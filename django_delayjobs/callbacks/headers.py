@@ -37,6 +37,9 @@ RESERVED = frozenset({
     "te", "trailer", "expect", "proxy-connection",
     "webhook-id", "webhook-timestamp", "webhook-signature",
 })  # fmt: skip
+#: Sent by the delivery unless the request names them (any case): spelled with '_', a name
+#: was sent beside ours, and a receiver that reads '_' as '-' took either one.
+DEFAULTS = frozenset({"user-agent", "content-type", "accept-encoding"})
 #: Credentials: allowed in a destination's headers (settings), refused in a job row.
 SECRET = frozenset({
     "authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-auth-token",
@@ -79,6 +82,11 @@ def check_headers(headers: object, *, secrets_allowed: bool = False) -> dict[str
         seen.add(lower)
         if lower in RESERVED or (lower.startswith("proxy-") and lower not in SECRET):
             raise InvalidHeader(f"header {name} is set by the delivery itself")
+        if lower in DEFAULTS and "_" in name:
+            raise InvalidHeader(
+                f"header {name}: write it {lower.title()}, which replaces the delivery's own "
+                "(a receiver reads '_' as '-', and would get both)"
+            )
         if lower in SECRET and not secrets_allowed:
             raise InvalidHeader(
                 f"header {name} carries a credential: put it in the headers of an "

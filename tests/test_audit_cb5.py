@@ -1,0 +1,69 @@
+"""Audit of the HTTP callbacks, round 5: header names a receiver reads as one we send, odd
+``Retry-After`` values, a 304, and heads of more lines than the HTTP client reads. Real
+servers on 127.0.0.1, a private Redis, the real worker (``run_delayworker --burst``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_delayjobs import schedule_http
+from django_delayjobs.callbacks.request import InvalidCallback
+from django_delayjobs.models import Job, Status
+from tests.callback_server import Reply
+from tests.test_audit_sec import allow, burst
+from tests.test_rest_helpers import client_for, make_user, url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# -- a header name that a receiver reads as one the delivery sends ------------------------------
+
+#: A receiver behind WSGI/CGI (and nginx with underscores_in_headers) reads ``User_Agent``
+#: and ``User-Agent`` as one variable: the job's and ours were both sent, either one won.
+UNDERSCORED = [("User_Agent", "User-Agent"), ("content_type", "Content-Type"),
+               ("ACCEPT_ENCODING", "Accept-Encoding")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "spelled"), UNDERSCORED)
+def test_an_underscored_name_of_a_header_the_delivery_sends_is_refused_at_both_doors(
+    name, spelled, settings, callback_server
+):
+    allow(settings, callback_server)
+    with pytest.raises(InvalidCallback, match=f"write it {spelled}") as refused:
+        schedule_http(callback_server.url(), in_=0, json={"a": 1}, headers={name: "x"})
+    assert refused.value.field == "headers"
+    api = client_for(make_user(superuser=True))
+    body = {"url": callback_server.url(), "in": 0, "headers": {name: "x"}}
+    response = api.post(url("callbacks"), body, format="json")
+    assert response.status_code == 400 and f"write it {spelled}" in str(response.json()["headers"])
+    assert not Job.objects.exists()
+
+
+def test_an_underscored_default_header_of_a_destination_is_a_settings_error(
+    settings, callback_server
+):
+    from django_delayjobs.checks import check_settings
+
+    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {
+        "url": callback_server.url("/base"), "headers": {"User_Agent": "ours"},
+    }})  # fmt: skip
+    [error] = [e for e in check_settings(None) if "HTTP_DESTINATIONS" in e.msg]
+    assert error.id == "django_delayjobs.E009" and "write it User-Agent" in error.msg, error
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"User_Agent": "mine"}, {"Content_Type": "text/x", "Content-Type": "application/json"}],
+)  # the second as the door stored it: its own Content-Type beside the job's
+def test_a_stored_underscored_default_header_ends_the_job_dead_naming_it(
+    headers, settings, callback_server
+):
+    allow(settings, callback_server)
+    callback_server.script("/hook", Reply(200, b"ok"))
+    job = schedule_http(callback_server.url(), in_=0, json={"a": 1})
+    Job.objects.filter(pk=job.pk).update(kwargs={**job.kwargs, "headers": headers})
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD, job.result
+    name = next(iter(headers))
+    assert f"refused, nothing sent: header {name}: write it" in job.last_error, job.last_error
+    assert callback_server.count() == 0
