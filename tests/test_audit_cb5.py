@@ -67,3 +67,21 @@ def test_a_stored_underscored_default_header_ends_the_job_dead_naming_it(
     name = next(iter(headers))
     assert f"refused, nothing sent: header {name}: write it" in job.last_error, job.last_error
     assert callback_server.count() == 0
+
+
+# -- a Retry-After of leading zeros ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "said"), [("0000000000000", "0 s"), ("0" * 40 + "120", "120 s")])
+def test_a_retry_after_with_leading_zeros_is_the_number_it_writes(
+    value, said, settings, callback_server
+):
+    """RFC 9110's delay-seconds is 1*DIGIT: ``0000000000000`` is 0 (the job's backoff,
+    60 s here), not a number past every bound (the longest wait, an hour)."""
+    allow(settings, callback_server, HTTP_RETRY_AFTER_MAX_SECONDS=3600)
+    callback_server.script("/hook", Reply(503, b"later", headers={"Retry-After": value}))
+    job = schedule_http(callback_server.url(), in_=0)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING and f"Retry-After: {said}" in job.last_error
+    assert (job.run_at - job.started_at).total_seconds() < 600

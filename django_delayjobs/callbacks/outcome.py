@@ -46,8 +46,10 @@ def retry_after(value: str | None, bound: float, now: float | None = None) -> fl
         return None
     value = value.strip()
     if _SECONDS.fullmatch(value):
-        # Any number of digits (RFC 9110 10.2.3): twelve are past every bound already.
-        return bound if len(value) > 12 else min(float(value), bound)
+        # Any number of digits (RFC 9110 10.2.3), leading zeros too ("0000" is 0): twelve
+        # others are past every bound already.
+        digits = value.lstrip("0")
+        return bound if len(digits) > 12 else min(float(digits or 0), bound)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError, OverflowError):
