@@ -85,3 +85,16 @@ def test_a_retry_after_with_leading_zeros_is_the_number_it_writes(
     job.refresh_from_db()
     assert job.status == Status.RETRYING and f"Retry-After: {said}" in job.last_error
     assert (job.run_at - job.started_at).total_seconds() < 600
+
+
+# -- a 304 is not a redirect -----------------------------------------------------------------------
+
+
+def test_a_304_ends_the_job_dead_saying_it_is_no_success_not_a_redirect(settings, raw_server):
+    server = raw_server(b'HTTP/1.1 304 Not Modified\r\nETag: "v1"\r\n\r\n')
+    allow(settings, server)
+    job = schedule_http(server.url(), in_=0, json={"a": 1})
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD and "-> 304 Not Modified" in job.last_error
+    assert "redirect" not in job.last_error and "only 2xx" in job.last_error, job.last_error
