@@ -98,3 +98,21 @@ def test_a_304_ends_the_job_dead_saying_it_is_no_success_not_a_redirect(settings
     job.refresh_from_db()
     assert job.status == Status.DEAD and "-> 304 Not Modified" in job.last_error
     assert "redirect" not in job.last_error and "only 2xx" in job.last_error, job.last_error
+
+
+# -- a head of more lines than the HTTP client reads --------------------------------------------
+
+
+def test_an_answer_of_too_many_header_lines_is_no_answer_that_says_why(settings, raw_server):
+    """http.client reads at most 100 header lines, the blank one that ends them included:
+    past that, it raised a bare ``HTTPException: got more than 100 headers``, which said
+    neither that the receiver had answered nor with what."""
+    lines = b"".join(b"X-Filler-%d: x\r\n" % n for n in range(150))
+    server = raw_server(b"HTTP/1.1 200 OK\r\n" + lines + b"Content-Length: 0\r\n\r\n")
+    allow(settings, server)
+    job = schedule_http(server.url(), in_=0, json={"a": 1})
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING, job.result  # the head was not read: no answer
+    assert "no answer (network): the answer's head (status 200) has more than" in job.last_error
+    assert "header lines" in job.last_error, job.last_error
