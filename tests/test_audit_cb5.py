@@ -10,6 +10,7 @@ from django_delayjobs import schedule_http
 from django_delayjobs.callbacks.request import InvalidCallback
 from django_delayjobs.models import Job, Status
 from tests.callback_server import Reply
+from tests.test_audit_cb2 import history
 from tests.test_audit_sec import allow, burst
 from tests.test_rest_helpers import client_for, make_user, url
 
@@ -116,3 +117,29 @@ def test_an_answer_of_too_many_header_lines_is_no_answer_that_says_why(settings,
     assert job.status == Status.RETRYING, job.result  # the head was not read: no answer
     assert "no answer (network): the answer's head (status 200) has more than" in job.last_error
     assert "header lines" in job.last_error, job.last_error
+
+
+# -- a malformed status line is kept bounded ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "status_line",
+    [b"9" * 60_000, b"HTTP/1.1 " + b"9" * 60_000 + b" OK", b"HTTP/" + b"9" * 60_000 + b" 200 OK",
+     b"HTTP/1.1 600 " + b"9" * 60_000],
+    ids=["no version", "huge status", "huge version", "reason of a status past 599"],
+)  # fmt: skip
+def test_a_huge_malformed_status_line_is_no_answer_said_in_few_words(
+    status_line, settings, raw_server, caplog
+):
+    """http.client reads a status line of up to 64 KiB and quotes it whole when it is
+    malformed: every attempt wrote it into the job's error, its history and the log (a
+    reason phrase is kept to 200 characters)."""
+    server = raw_server(status_line + b"\r\nContent-Length: 0\r\n\r\n")
+    allow(settings, server)
+    job = schedule_http(server.url(), in_=0, json={"a": 1})
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.RETRYING and "no answer (network)" in job.last_error
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    for text in (job.last_error, history(job), logged):
+        assert "9" * 1000 not in text

@@ -38,6 +38,10 @@ from urllib3.response import BaseHTTPResponse
 from .policy import IPAddress, Target
 
 USER_AGENT = "django-delayjobs"
+#: Characters quoted of an error's text that the receiver chose (a malformed status line,
+#: which http.client reads up to 64 KiB and quotes whole): it goes into every attempt's
+#: history and log line.
+MAX_QUOTED = 200
 
 
 @dataclass(frozen=True)
@@ -280,7 +284,10 @@ def _failure(
         )
     if isinstance(exc, ssl.SSLError) or "SSL" in type(exc).__name__:
         return DeliveryFailed(f"TLS failed: {exc}", "tls")
-    return DeliveryFailed(f"{type(exc).__name__}: {exc}", "network")
+    said = str(exc)
+    if len(said) > MAX_QUOTED:
+        said = f"{said[:MAX_QUOTED]}... ({len(said)} characters)"
+    return DeliveryFailed(f"{type(exc).__name__}: {said}", "network")
 
 
 def _exchange(
