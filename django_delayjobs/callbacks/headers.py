@@ -77,16 +77,16 @@ def check_headers(headers: object, *, secrets_allowed: bool = False) -> dict[str
         if value == _SKIP:
             raise InvalidHeader(f"header {name}: {value!r} is the HTTP client's own marker")
         lower = _key(name)
-        if lower in seen:
-            raise InvalidHeader(f"header {name} is given twice")
-        seen.add(lower)
-        if lower in RESERVED or (lower.startswith("proxy-") and lower not in SECRET):
-            raise InvalidHeader(f"header {name} is set by the delivery itself")
         if lower in DEFAULTS and "_" in name:
             raise InvalidHeader(
                 f"header {name}: write it {lower.title()}, which replaces the delivery's own "
                 "(a receiver reads '_' as '-', and would get both)"
             )
+        if lower in seen:
+            raise InvalidHeader(f"header {name} is given twice")
+        seen.add(lower)
+        if lower in RESERVED or (lower.startswith("proxy-") and lower not in SECRET):
+            raise InvalidHeader(f"header {name} is set by the delivery itself")
         if lower in SECRET and not secrets_allowed:
             raise InvalidHeader(
                 f"header {name} carries a credential: put it in the headers of an "
