@@ -38,6 +38,10 @@ from urllib3.response import BaseHTTPResponse
 from .policy import IPAddress, Target
 
 USER_AGENT = "django-delayjobs"
+#: Characters quoted of an error's text that the receiver chose (a malformed status line,
+#: which http.client reads up to 64 KiB and quotes whole): it goes into every attempt's
+#: history and log line.
+MAX_QUOTED = 200
 
 
 @dataclass(frozen=True)
@@ -88,8 +92,9 @@ def _tls_context(ca_file: str | None, version: object) -> ssl.SSLContext:
     return context
 
 
-class _HeadCutShort(http.client.HTTPException):
-    """The connection ended before the blank line that ends the answer's head."""
+class _HeadUnread(http.client.HTTPException):
+    """The answer's head was not read whole: the connection ended before the blank line
+    that ends it, or it has more lines than ``http.client`` reads."""
 
 
 class _Lines(io.BufferedReader):
@@ -110,7 +115,8 @@ class _FinalResponse(http.client.HTTPResponse):
     outside 100-599 is not HTTP: a bad status line, like any other malformed one. An
     endless stream of 1xx answers is cut by the total time, like a trickled body. A head
     cut short (by the receiver's close or the total time) is no answer (RFC 9112 8: its
-    status may not mean what it says), not an answer with the headers that came.
+    status may not mean what it says), not an answer with the headers that came; so is a
+    head of more header lines than ``http.client`` reads (99), said as such.
 
     A header line without a colon ends the headers for ``http.client`` (its email parser
     takes the line and all after it for a body): ``malformed`` keeps that line, so that
@@ -124,9 +130,18 @@ class _FinalResponse(http.client.HTTPResponse):
         self.fp = _Lines(self.fp.detach())  # the same socket, read through _Lines
 
     def begin(self) -> None:
-        super().begin()
+        try:
+            super().begin()
+        except http.client.HTTPException as exc:
+            if type(exc) is not http.client.HTTPException:  # "got more than 100 headers"
+                raise
+            of = f" (status {self.status})" if isinstance(self.status, int) else ""
+            raise _HeadUnread(
+                f"the answer's head{of} has more than 99 header lines, more than the HTTP "
+                "client reads: an answer not read whole is no answer"
+            ) from None
         if not self.fp.last_line.endswith(b"\n"):  # parse_headers' last line: b"" at EOF
-            raise _HeadCutShort(
+            raise _HeadUnread(
                 "the receiver closed the connection before the end of the answer's head "
                 "(its status line and headers): an incomplete answer is no answer"
             )
@@ -247,7 +262,7 @@ def _failure(
     """``handshake``: the TCP connect succeeded and the TLS handshake did not finish."""
     if timed_out:
         return DeliveryFailed(f"no complete answer within {limits.total:g} s (total)", "timeout")
-    if isinstance(exc, _HeadCutShort):
+    if isinstance(exc, _HeadUnread):
         return DeliveryFailed(str(exc), "network")
     if isinstance(exc, NewConnectionError):  # before timeouts: urllib3 derives it from one
         return DeliveryFailed(f"could not connect: {exc}", "network")
@@ -269,7 +284,10 @@ def _failure(
         )
     if isinstance(exc, ssl.SSLError) or "SSL" in type(exc).__name__:
         return DeliveryFailed(f"TLS failed: {exc}", "tls")
-    return DeliveryFailed(f"{type(exc).__name__}: {exc}", "network")
+    said = str(exc)
+    if len(said) > MAX_QUOTED:
+        said = f"{said[:MAX_QUOTED]}... ({len(said)} characters)"
+    return DeliveryFailed(f"{type(exc).__name__}: {said}", "network")
 
 
 def _exchange(

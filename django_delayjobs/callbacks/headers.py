@@ -37,6 +37,9 @@ RESERVED = frozenset({
     "te", "trailer", "expect", "proxy-connection",
     "webhook-id", "webhook-timestamp", "webhook-signature",
 })  # fmt: skip
+#: Sent by the delivery unless the request names them (any case): spelled with '_', a name
+#: was sent beside ours, and a receiver that reads '_' as '-' took either one.
+DEFAULTS = frozenset({"user-agent", "content-type", "accept-encoding"})
 #: Credentials: allowed in a destination's headers (settings), refused in a job row.
 SECRET = frozenset({
     "authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-auth-token",
@@ -74,6 +77,11 @@ def check_headers(headers: object, *, secrets_allowed: bool = False) -> dict[str
         if value == _SKIP:
             raise InvalidHeader(f"header {name}: {value!r} is the HTTP client's own marker")
         lower = _key(name)
+        if lower in DEFAULTS and "_" in name:
+            raise InvalidHeader(
+                f"header {name}: write it {lower.title()}, which replaces the delivery's own "
+                "(a receiver reads '_' as '-', and would get both)"
+            )
         if lower in seen:
             raise InvalidHeader(f"header {name} is given twice")
         seen.add(lower)

@@ -5,7 +5,8 @@ line each attempt leaves in the job's history.
 failures without an answer (network, timeout, TLS) are retried with the job's backoff,
 or after ``Retry-After`` when the receiver sent one (bounded) and it is later: a
 ``Retry-After: 0`` must not turn the job's attempts into a tight loop. Any other status
-(3xx: redirects are not followed; other 4xx: retrying cannot help) ends the job dead now.
+(3xx: redirects are not followed, and a 304 is no success; other 4xx: retrying cannot
+help) ends the job dead now.
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ def retry_after(value: str | None, bound: float, now: float | None = None) -> fl
         return None
     value = value.strip()
     if _SECONDS.fullmatch(value):
-        # Any number of digits (RFC 9110 10.2.3): twelve are past every bound already.
-        return bound if len(value) > 12 else min(float(value), bound)
+        # Any number of digits (RFC 9110 10.2.3), leading zeros too ("0000" is 0): twelve
+        # others are past every bound already.
+        digits = value.lstrip("0")
+        return bound if len(digits) > 12 else min(float(digits or 0), bound)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError, OverflowError):
@@ -142,6 +145,8 @@ def judge(
             "body": excerpt(response.body, response.truncated),
             "truncated": response.truncated,
         }
+    if status == 304:  # no redirect: the answer to a conditional request (If-None-Match)
+        raise GiveUp(f"{text}; not a success (only 2xx are), and not retried")
     if 300 <= status < 400:
         # The receiver's URL, shown as ours are: no password, no ?token= value.
         location = without_userinfo(response.headers.get("location", "(none)"))
