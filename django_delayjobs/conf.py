@@ -210,12 +210,17 @@ def _kind(hint: Any, metadata: Mapping[str, Any]) -> str:
     return {float: "float", int: "int"}.get(hint, "type")
 
 
+def _a(noun: str) -> str:
+    """``a list``, ``an int``: how a secret's value is named (its type only)."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def _field_problem(name: str, value: Any) -> Problem | None:
     spec = Settings.__dataclass_fields__[name]
     hint = _HINTS[name]
     kind = _kind(hint, spec.metadata)
     wrong = _type_error(value, hint)
-    shown = f"a {type(value).__name__}" if spec.metadata.get("secret") else short_repr(value)
+    shown = _a(type(value).__name__) if spec.metadata.get("secret") else short_repr(value)
     if wrong is not None:
         return Problem(name, f"must be {wrong}, not {shown}", kind)
     low, high = spec.metadata.get("low"), spec.metadata.get("high")

@@ -28,11 +28,12 @@ def configured_permissions() -> list[Callable[[], Any]]:
 
 def load_permissions(entries: object) -> list[Callable[[], Any]]:
     """Return the permission classes of a list of dotted paths (or classes); else raise
-    ``ConfigurationError`` saying what is wrong."""
+    ``ConfigurationError`` saying what is wrong, as a predicate of the setting (its
+    name is put in front by ``conf``)."""
     setting = "DELAYJOBS['API_PERMISSION_CLASSES']"
     if isinstance(entries, str) or not isinstance(entries, list | tuple):
         raise ConfigurationError(
-            f"{setting} must be a list of dotted paths to DRF permission classes, not {entries!r}"
+            f"must be a list of dotted paths to DRF permission classes, not {entries!r}"
         )
     classes: list[Callable[[], Any]] = []
     for entry in entries:
@@ -42,11 +43,12 @@ def load_permissions(entries: object) -> list[Callable[[], Any]]:
             # file only, never from Redis or the database (DESIGN rule 6).
             found = perform_import(entry, setting)
         except ImportError as exc:
+            cause = exc.__context__ or exc  # DRF's message names the setting again
             raise ConfigurationError(
-                f"{setting} names {entry!r}, which cannot be imported: {exc}"
+                f"names {entry!r}, which cannot be imported ({type(cause).__name__}: {cause})"
             ) from exc
         if not is_permission_class(found):
-            raise ConfigurationError(f"{setting}: {entry!r} is not a permission class")
+            raise ConfigurationError(f"names {entry!r}, which is not a permission class")
         classes.append(found)
     return classes
 
