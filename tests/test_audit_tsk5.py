@@ -11,6 +11,11 @@ from django_delayjobs.backends import InvalidTask, TaskResultStatus
 from django_delayjobs.models import Job
 from tests.testapp import task_functions as t
 
+try:
+    from django.tasks import default_task_backend
+except ImportError:
+    from django_tasks import default_task_backend
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -35,3 +40,12 @@ def test_a_sequence_that_contains_itself_is_an_invalid_task(kind):
     assert result.status == TaskResultStatus.FAILED
     (error,) = result.errors
     assert error.exception_class_path == "django_delayjobs.exceptions.InvalidSchedule"
+
+
+def test_arguments_given_as_an_iterator_are_refused_as_the_framework_refuses_them():
+    """``enqueue`` read its ``args`` twice (a copy for the depth check, then another): an
+    iterator gave nothing the second time, and the task was enqueued without its
+    arguments. The framework's ``normalize_json`` refuses an iterator."""
+    with pytest.raises(TypeError, match="Unsupported type"):
+        default_task_backend.enqueue(t.echo, iter([1, 2]), {})
+    assert not Job.objects.exists()

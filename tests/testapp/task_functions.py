@@ -107,6 +107,11 @@ def returns_itself(label: str) -> dict[str, object]:
 
 
 @task
+def echo(*values: object) -> list[object]:
+    return list(values)
+
+
+@task
 def returns_sequence_in_itself(kind: str) -> object:
     """Returns a ``UserList`` or ``deque`` that contains itself."""
     loop = {"UserList": collections.UserList, "deque": collections.deque}[kind]()
