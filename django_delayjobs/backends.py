@@ -153,13 +153,13 @@ class DelayJobsBackend(BaseTaskBackend):
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         self.validate_task(task)
         try:  # before normalize_json, which recurses: schedule()'s depth limit, no RecursionError
-            serialization.check_depth(list(args), "args")
-            serialization.check_depth(dict(kwargs), "kwargs")
+            serialization.check_depth(args, "args")
+            serialization.check_depth(kwargs, "kwargs")
         except ValueError as exc:
             raise InvalidTask(str(exc)) from None
-        # The framework's rule for arguments (TypeError "Unsupported type" otherwise),
-        # applied before anything is written.
-        args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        # The framework's rule for arguments (TypeError "Unsupported type" otherwise, an
+        # iterator's included), applied before anything is written.
+        args, kwargs = normalize_json(args), normalize_json(kwargs)
         try:
             args, kwargs = json_keys(args, "args"), json_keys(kwargs, "kwargs")
         except ValueError as exc:

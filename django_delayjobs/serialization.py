@@ -14,7 +14,7 @@ import datetime
 import json
 import math
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -175,17 +175,18 @@ def _container(path: str, depth: int) -> None:
 
 
 def check_depth(value: Any, path: str = "value") -> None:
-    """Raise ``InvalidSchedule`` if ``value`` nests lists, tuples and mappings (keys
+    """Raise ``InvalidSchedule`` if ``value`` nests sequences and mappings (keys
     included) as deep as ``dump`` refuses. Walked without recursion, so a value nested
     thousands deep, or one that contains itself, is refused rather than a RecursionError
-    (for callers that walk a value recursively before ``dump`` does)."""
+    (for callers that walk a value recursively before ``dump`` does: every sequence that
+    ``normalize_json`` walks, a ``deque`` or a ``UserList`` too, not only a list)."""
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, Mapping):
             _container(path, depth)
             stack.extend((child, depth + 1) for pair in item.items() for child in pair)
-        elif isinstance(item, list | tuple):
+        elif isinstance(item, Sequence) and not isinstance(item, str | bytes):
             _container(path, depth)
             stack.extend((child, depth + 1) for child in item)
 

@@ -1,5 +1,7 @@
 """``django.tasks`` functions, run by the DelayJobsBackend (imported by tasks.py)."""
 
+import collections
+
 try:
     from django.tasks import task
 except ImportError:  # Django 5.2: the backport
@@ -101,6 +103,19 @@ def returns_itself(label: str) -> dict[str, object]:
     Record.objects.create(label=label)  # rolled back: the return value fails the task
     loop: dict[str, object] = {}
     loop["me"] = [loop]
+    return loop
+
+
+@task
+def echo(*values: object) -> list[object]:
+    return list(values)
+
+
+@task
+def returns_sequence_in_itself(kind: str) -> object:
+    """Returns a ``UserList`` or ``deque`` that contains itself."""
+    loop = {"UserList": collections.UserList, "deque": collections.deque}[kind]()
+    loop.append(loop)
     return loop
 
 
