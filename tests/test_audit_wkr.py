@@ -1,0 +1,42 @@
+"""A worker's liveness against a database that stops answering: no failure leaves a
+process that looks alive but does nothing."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from django_delayjobs import schedule
+from django_delayjobs.models import Status
+from tests.helpers import start_worker, stop, wait_for
+from tests.test_worker_processes import DatabaseOutage, live_workers
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_an_idle_worker_thread_does_not_wait_on_a_silent_connection_after_an_error(
+    redis_url, tmp_path
+):
+    """A ``job_succeeded`` receiver's failed query leaves the worker thread's connection
+    marked (``errors_occurred``); idle, the thread then checked it with Django's ``SELECT
+    1``, which over a connection gone silent waited for good, unwatched, while the process
+    heartbeat: no job ran again. It closes such a connection instead."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a connection left half-open (PostgreSQL through a proxy)")
+    outage = DatabaseOutage()
+    assert outage.proxy is not None
+    outage.proxy.silence(b"SELECT 1\x00")  # Django's is_usable(), and only it
+    log = tmp_path / "w.log"
+    worker = start_worker(redis_url, env={**outage.env, "DELAYJOBS_TEST_FAILED_QUERY": "1"},
+                          log=log)  # fmt: skip
+    try:
+        wait_for(live_workers)
+        first = schedule(tasks.record, args=["first"], in_=0)
+        wait_for(lambda: first.refresh_from_db() or first.status == Status.SUCCEEDED)
+        then = schedule(tasks.record, args=["then"], in_=1.5)  # after an idle tick (1 s)
+        wait_for(lambda: then.refresh_from_db() or then.status == Status.SUCCEEDED, 30)
+    finally:
+        code = stop(worker)
+        outage.proxy.down()
+    assert code == 0, log.read_text()
