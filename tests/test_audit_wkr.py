@@ -3,8 +3,11 @@ process that looks alive but does nothing."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
-from django.db import connection
+from django.core.management import CommandError, call_command
+from django.db import DatabaseError, OperationalError, connection
 
 from django_delayjobs import schedule
 from django_delayjobs.models import Status
@@ -40,3 +43,20 @@ def test_an_idle_worker_thread_does_not_wait_on_a_silent_connection_after_an_err
         code = stop(worker)
         outage.proxy.down()
     assert code == 0, log.read_text()
+
+
+def test_a_start_up_error_of_another_database_is_not_blamed_on_the_jobs_one(monkeypatch):
+    """The command named the jobs' database when its connection had ever failed: Django
+    never resets that flag in autocommit, so an error of the caller's before an in-process
+    call (caught there) made a tasks module's error on another database the jobs'."""
+    with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM delayjobs_no_such_table")  # the caller's, caught
+
+    def tasks_module_fails(name: str) -> None:  # a tasks module's query on its own database
+        raise OperationalError("unable to open database file (the project's 'legacy')")
+
+    monkeypatch.setattr("django_delayjobs.management.commands.run_delayworker."
+                        "autodiscover_modules", tasks_module_fails)  # fmt: skip
+    with pytest.raises(CommandError) as raised:
+        call_command("run_delayworker", "--burst", "-v", "0")
+    assert str(raised.value).startswith("the database is unavailable: unable to open"), raised
