@@ -44,12 +44,19 @@ def close_stale(*, between_jobs: bool = False) -> None:
     ``CONN_MAX_AGE`` gives it an age. ``CONN_MAX_AGE = 0`` means one connection per
     request; a worker's "request" lasts until it has had no work for a whole tick (a plain
     ``close_stale()`` then), since a new connection per job costs more than a short job.
+
+    A connection that saw an error is closed, not checked: Django's check (a ``SELECT
+    1``) waited for good on a connection left half-open, in an idle thread that nothing
+    watches, and a new connection costs about what the check does.
     """
     for conn in connections.all(initialized_only=True):
         if between_jobs and not (conn.errors_occurred or conn.settings_dict["CONN_MAX_AGE"]):
             continue
         with contextlib.suppress(DatabaseError):
-            conn.close_if_unusable_or_obsolete()
+            if conn.errors_occurred:
+                conn.close()
+            else:
+                conn.close_if_unusable_or_obsolete()
 
 
 def _q(conn: BaseDatabaseWrapper, model_meta: Any, name: str) -> str:

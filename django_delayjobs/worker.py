@@ -51,7 +51,7 @@ from .logs import job_fields
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
 from .preflight import check_owner, deployment_uid
-from .progress import Progress
+from .progress import STUCK_BEATS, Progress
 from .promoter import BrokenKeys, Promoter
 from .reconcile import horizon, reconcile
 from .retention import AutoPrune
@@ -932,23 +932,27 @@ class WorkerProcess:
 
     def check_run_times(self) -> None:
         """Fail the attempt of an action that has run past ``MAX_RUN_SECONDS``, and stop;
-        stop too when a worker thread has been stuck that long outside an action."""
+        stop too when a worker thread has been stuck that long outside an action, or with
+        no limit as long as a database thread may (``progress``): a claim or an outcome on
+        a connection left half-open waits for good too."""
         limit = delayjobs_settings.MAX_RUN_SECONDS
-        if limit is None or self.fatal is not None:
+        if self.fatal is not None:
             return
+        outside = STUCK_BEATS * delayjobs_settings.HEARTBEAT_SECONDS if limit is None else limit
+        named = "MAX_RUN_SECONDS" if limit is not None else f"{STUCK_BEATS} HEARTBEAT_SECONDS"
         now = time.monotonic()
         with self.held_lock:
             executions = list(self.running.values())
         for execution in executions:
-            if execution.running_since is not None and now - execution.running_since > limit:
+            running = execution.running_since
+            if limit is not None and running is not None and now - running > limit:
                 self.overran(execution, limit)
         for execution in executions:
             since = execution.outside_since
-            if self.fatal is None and since is not None and now - since > limit:
+            if self.fatal is None and since is not None and now - since > outside:
                 self.die(f"job {execution.job_id}: its worker thread has been busy outside the "
-                         f"action for more than MAX_RUN_SECONDS ({limit:g} s): a signal "
-                         "receiver that does not return, or a database that does not "
-                         "answer")  # fmt: skip
+                         f"action for more than {named} ({outside:g} s): a signal receiver "
+                         "that does not return, or a database that does not answer")  # fmt: skip
 
     def overran(self, execution: Execution, limit: float) -> None:
         """Stop first, then record the failure in a thread of its own: writing it may wait

@@ -754,17 +754,17 @@ def test_a_thread_that_cannot_start_stops_the_others_and_exits_1(monkeypatch):
 def test_a_broken_connection_that_fails_to_close_between_jobs_kills_no_thread(
     monkeypatch, settings
 ):
-    """After a job, a connection that saw an error is closed if unusable; closing a
-    broken one can itself raise a DatabaseError, which used to escape ``process()`` and
-    kill the worker thread (and so the process)."""
+    """After a job, a connection that saw an error is closed; closing a broken one can
+    itself raise a DatabaseError, which used to escape ``process()`` and kill the worker
+    thread (and so the process)."""
     from django.db import DatabaseError
 
-    def close_if_unusable_or_obsolete() -> None:
+    def close() -> None:
         raise DatabaseError("server closed the connection unexpectedly")
 
     connection.ensure_connection()
     monkeypatch.setattr(connection, "errors_occurred", True)
-    monkeypatch.setattr(connection, "close_if_unusable_or_obsolete", close_if_unusable_or_obsolete)
+    monkeypatch.setattr(connection, "close", close)
     sql.close_stale(between_jobs=True)
     # Django's close_old_connections() closes the same way, unguarded: the worker's
     # idle/burst/reconcile/heartbeat paths and the automatic prune (whose step() "never

@@ -1,12 +1,13 @@
 """Module-level actions for the tests."""
 
+import contextlib
 import itertools
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from django_delayjobs import delayable
 from django_delayjobs.models import Job
@@ -294,6 +295,13 @@ def _install_test_hooks() -> None:
 
         for name in ("job_succeeded", "job_failed", "job_dead"):
             getattr(signals, name).connect(receiver(name), weak=False)
+    if os.environ.get("DELAYJOBS_TEST_FAILED_QUERY"):  # leaves errors_occurred on its connection
+
+        def failed_query(sender: object, job: Job, **kwargs: object) -> None:
+            with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
+                cursor.execute("SELECT * FROM delayjobs_no_such_table")
+
+        signals.job_succeeded.connect(failed_query, weak=False)
     if os.environ.get("DELAYJOBS_TEST_QUERY_ON_IMPORT"):  # a tasks module that reads at import
         Record.objects.exists()
     broken = os.environ.get("DELAYJOBS_TEST_BREAK_THREAD")

@@ -192,8 +192,12 @@ class Command(SafeOutputCommand):
             raise CommandError(database_error(exc, alias)) from exc
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        # First thing: a stop during the start-up checks (a rolling update, Ctrl-C while
-        # Redis is slow to answer) ends the process by its own exit, never by the signal.
+        alias = jobs_alias()
+        # Django never resets the flag in autocommit: set before this call (a caller's
+        # error, caught, in-process), it says nothing of an error met below.
+        erred = alias is not None and connections[alias].errors_occurred
+        # A stop during the start-up checks (a rolling update, Ctrl-C while Redis is slow
+        # to answer) ends the process by its own exit, never by the signal.
         self.signalled = False
         self.process = None
         previous = self.install_signal_handlers()
@@ -205,8 +209,7 @@ class Command(SafeOutputCommand):
         except DelayJobsError as exc:  # bad settings, Redis refused, a thread died
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:  # a tasks module's query, say: on any database
-            alias = jobs_alias()
-            failed = alias is not None and connections[alias].errors_occurred
+            failed = alias is not None and connections[alias].errors_occurred and not erred
             raise CommandError(database_error(exc, alias if failed else None)) from exc
         finally:
             for signum, handler in previous.items():
