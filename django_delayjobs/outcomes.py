@@ -284,9 +284,14 @@ def follow_row(engine: Engine, queue: str, job_id: str, nacked_ms: float) -> Non
     removal have failed that attempt (or the job, dead, been requeued) and put the id
     back in pending for the job's next attempt, which the removal would then strand.
     A row that cannot be read is left to reconcile. Raises only ``EngineUnavailable``.
+
+    By queue name, not the shard nacked (``queue`` may name one): after a change of the
+    queue's shard count, a sweep may have moved the id from there to its new shard since
+    the nack, and an add there would leave a second copy, a removal a stray one.
     """
     from .models import FOR_GOOD, WAITING, Job
 
+    queue = queue_of(queue)
     try:
         row = (
             Job.objects.using(sql.db())

@@ -1,0 +1,62 @@
+"""Audit of sharded queues, second round: races right after a change of a queue's shard
+count (``QUEUE_SHARDS``), between a worker's or reconcile's move and the sweep's."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
+from django_delayjobs.engine import Engine
+from django_delayjobs.models import Job, Status
+from django_delayjobs.outcomes import Outcome, Result, settle
+from django_delayjobs.timing import to_ms
+from tests.test_audit_rv4 import HOUR
+from tests.test_audit_shd import holders, shards
+from tests.testapp import tasks
+
+
+def resharded(cls: type[Engine]) -> Engine:
+    """An engine of ``cls`` with "orders" split 4 ways, on the session's Redis."""
+    base = get_engine()
+    return cls(base.client, prefix=base.prefix, shards={"orders": 4})
+
+
+def claimed_in_the_old_shard(settings: Any) -> Job:
+    """A job of "orders" claimed (in flight) in its shard of 1; then "orders" has 4."""
+    job = schedule(tasks.record, in_=0, args=["x"], queue="orders")
+    assert get_engine().claim("orders", 1, HOUR) == [str(job.pk)]
+    shards(settings, 4)
+    return job
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("status", [Status.RETRYING, Status.CANCELLED])
+def test_a_nack_followed_in_an_old_shard_leaves_the_id_in_one_shard_at_most(settings, status):
+    """The worker's nack of a retry goes to the old shard the id was claimed from; the
+    read of the row after it added (or removed) the id there by the shard's name. A sweep
+    that moved the id to its new shard in between left a second copy pending (a second
+    delivery, of a job that may be running by then) or, for a job cancelled meanwhile, a
+    stray one."""
+    job = claimed_in_the_old_shard(settings)
+    job_id = str(job.pk)
+    run_at = timezone.now() + timedelta(hours=2)  # rescheduled after the attempt committed
+    Job.objects.filter(pk=job.pk).update(status=status, attempts=1, run_at=run_at)
+    nacked = timezone.now() + timedelta(minutes=1)
+
+    class SweptAfterNack(Engine):
+        def nack(self, queue: str, items: Any) -> int:
+            moved = super().nack(queue, items)
+            # the sweep's add, of the row as it read it before the reschedule or cancel
+            assert self.add("orders", {job_id: to_ms(nacked)}).moved == [job_id]
+            return moved
+
+    engine = resharded(SweptAfterNack)
+    settle(engine, "orders#0/1", job_id, Result(Outcome.RETRYING, job, retry_at=nacked))
+    assert len(holders(job_id)) == (status == Status.RETRYING)
+    if status == Status.RETRYING:
+        assert engine.next_due("orders") == [(job_id, int(to_ms(run_at)))]
