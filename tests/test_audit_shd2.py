@@ -14,10 +14,13 @@ from django_delayjobs.connection import get_engine
 from django_delayjobs.engine import Engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.outcomes import Outcome, Result, settle
+from django_delayjobs.reconcile import reconcile
 from django_delayjobs.timing import to_ms
-from tests.test_audit_rv4 import HOUR
+from tests.test_audit_rv4 import HOUR, Q, any_client
 from tests.test_audit_shd import holders, shards
 from tests.testapp import tasks
+
+__all__ = ["any_client"]  # a fixture, used by name
 
 
 def resharded(cls: type[Engine]) -> Engine:
@@ -60,3 +63,47 @@ def test_a_nack_followed_in_an_old_shard_leaves_the_id_in_one_shard_at_most(sett
     assert len(holders(job_id)) == (status == Status.RETRYING)
     if status == Status.RETRYING:
         assert engine.next_due("orders") == [(job_id, int(to_ms(run_at)))]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("status", [Status.SCHEDULED, Status.DEAD, Status.SUCCEEDED])
+def test_reconcile_settles_an_id_it_adopted_in_an_old_shard_there(settings, status):
+    """A running job whose id an old shard holds in garbage is put in flight there
+    (``adopt``). If its row has changed since the sweep read it (requeued, dead, done),
+    the sweep's nack, bury or ack went to the id's new shard, missed it, and the id stayed
+    in flight until its lease ended: a requeued job ran 5 minutes late, in silence."""
+    job = schedule(tasks.record, in_=0, args=["x"], queue="orders")
+    job_id = str(job.pk)
+    assert get_engine().claim("orders", 1, HOUR) == [job_id]
+    assert get_engine().bury("orders", [job_id]) == 1  # a snapshot from while it was dead
+    Job.objects.filter(pk=job.pk).update(status=Status.RUNNING, attempts=1, deliveries=1)
+    shards(settings, 4)
+
+    class ChangedAfterAdopt(Engine):
+        def adopt(self, queue: str, ids: Any, lease_ms: float) -> list[str]:
+            adopted = super().adopt(queue, ids, lease_ms)
+            Job.objects.filter(pk=job.pk).update(status=status)
+            return adopted
+
+    engine = resharded(ChangedAfterAdopt)
+    reconcile(engine, ids=[job_id])
+    stats = engine.stats("orders")
+    assert stats.in_flight == 0
+    assert (stats.pending + stats.ready, stats.garbage) == (
+        status == Status.SCHEDULED,
+        status == Status.DEAD,
+    )
+
+
+@pytest.mark.parametrize("move", ["ack", "nack", "bury"])
+def test_moves_by_queue_name_reach_an_id_in_flight_in_an_old_shard(any_client, move):
+    """The engine's side of the test above, on one Redis and on a Cluster."""
+    old = Engine(any_client, prefix="t")
+    old.add(Q, {"X": 0})
+    assert old.claim(Q, 1, HOUR) == ["X"]
+    new = Engine(any_client, prefix="t", shards={Q: 4})
+    done = {"ack": lambda: new.ack(Q, ["X", "Y"]), "nack": lambda: new.nack(Q, {"X": 0}),
+            "bury": lambda: new.bury(Q, ["X"])}[move]()  # fmt: skip
+    assert done == 1
+    stats = new.stats(Q)
+    assert (stats.in_flight, stats.pending, stats.garbage) == (0, move == "nack", move == "bury")

@@ -385,31 +385,38 @@ class Engine(Reader):
                 self._router.directory.register(shard)
         return adopted
 
+    # An id in flight in a shard of an older count (claimed there, or put there by
+    # ``adopt``) is found there by ack, nack and bury too: the worker names the shard it
+    # claimed from, reconcile the queue (see ``_at_home``).
+
     def ack(self, queue: str, ids: Iterable[str]) -> int:
         """Forget finished in-flight ids; return how many were in flight."""
-        acked = 0
-        for shard, part in self._router.route(queue, _ids(ids)):
+
+        def run(shard: Shard, part: list[str]) -> int:
             k = self._keys(shard)
-            acked += int(self._run("ack", [k.unack, k.counters, k.priority], part))
-        return acked
+            return int(self._run("ack", [k.unack, k.counters, k.priority], part))
+
+        return self._at_home(queue, _ids(ids), run)
 
     def nack(self, queue: str, items: Mapping[str, float]) -> int:
         """Hand in-flight ids back to pending with retry times; return how many moved."""
         dues = _dues(items)
-        moved = 0
-        for shard, ids in self._router.route(queue, list(dues)):
+
+        def run(shard: Shard, part: list[str]) -> int:
             k = self._keys(shard)
             keys = [k.unack, k.pending, k.wake, k.counters]
-            moved += int(self._run("nack", keys, [v for i in ids for v in (i, dues[i])]))
-        return moved
+            return int(self._run("nack", keys, [v for i in part for v in (i, dues[i])]))
+
+        return self._at_home(queue, list(dues), run)
 
     def bury(self, queue: str, ids: Iterable[str]) -> int:
         """Move in-flight ids to garbage; return how many moved."""
-        buried = 0
-        for shard, part in self._router.route(queue, _ids(ids)):
+
+        def run(shard: Shard, part: list[str]) -> int:
             k = self._keys(shard)
-            buried += int(self._run("bury", [k.unack, k.garbage, k.counters], part))
-        return buried
+            return int(self._run("bury", [k.unack, k.garbage, k.counters], part))
+
+        return self._at_home(queue, _ids(ids), run)
 
     # -- garbage -------------------------------------------------------------------
 
