@@ -15,6 +15,7 @@ from django_delayjobs.engine import Engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.outcomes import Outcome, Result, settle
 from django_delayjobs.reconcile import reconcile
+from django_delayjobs.services import reschedule
 from django_delayjobs.timing import to_ms
 from tests.test_audit_rv4 import HOUR, Q, any_client
 from tests.test_audit_shd import holders, shards
@@ -107,3 +108,31 @@ def test_moves_by_queue_name_reach_an_id_in_flight_in_an_old_shard(any_client, m
     assert done == 1
     stats = new.stats(Q)
     assert (stats.in_flight, stats.pending, stats.garbage) == (0, move == "nack", move == "bury")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reschedule_pushed_before_a_retry_s_follow_up_add_is_not_undone():
+    """After a retry's nack, the row's due time (rescheduled while the attempt ran) is read
+    and added. A reschedule that committed and pushed between that read and that add was
+    undone by it: Redis held the older time (the job ran late, until a reconcile sweep,
+    or early, and was deferred). The add is read back too now, as a reschedule's push is
+    (one rule, ``follow_row``, for both)."""
+    job = schedule(tasks.record, in_=0, args=["x"])
+    job_id = str(job.pk)
+    assert get_engine().claim("default", 1, HOUR) == [job_id]
+    later, soon = (timezone.now() + timedelta(minutes=m) for m in (60, 5))
+    Job.objects.filter(pk=job.pk).update(status=Status.RETRYING, attempts=1, run_at=later)
+    done: list[bool] = []
+
+    class RescheduledBeforeAdd(Engine):
+        def add(self, queue: str, items: Any, *args: Any, **kwargs: Any) -> Any:
+            if not done:  # its push and read-back go through the app's engine
+                done.append(reschedule(job, at=soon))
+            return super().add(queue, items, *args, **kwargs)
+
+    base = get_engine()
+    engine = RescheduledBeforeAdd(base.client, prefix=base.prefix)
+    nacked = timezone.now() + timedelta(minutes=1)
+    settle(engine, "default", job_id, Result(Outcome.RETRYING, job, retry_at=nacked))
+    assert done == [True]
+    assert engine.next_due("default") == [(job_id, int(to_ms(soon)))]
