@@ -17,7 +17,7 @@ from django_delayjobs.outcomes import Outcome, Result, settle
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import reschedule
 from django_delayjobs.timing import to_ms
-from tests.test_audit_rv4 import HOUR, Q, any_client
+from tests.test_audit_rv4 import HOUR, Q, any_client, now_ms
 from tests.test_audit_shd import holders, shards
 from tests.testapp import tasks
 
@@ -136,3 +136,30 @@ def test_a_reschedule_pushed_before_a_retry_s_follow_up_add_is_not_undone():
     settle(engine, "default", job_id, Result(Outcome.RETRYING, job, retry_at=nacked))
     assert done == [True]
     assert engine.next_due("default") == [(job_id, int(to_ms(soon)))]
+
+
+@pytest.mark.parametrize("move", ["ack", "purge"])
+def test_an_ack_or_purge_keeps_the_priority_of_an_id_it_did_not_hold(engine, move):
+    """``ack`` (in flight) and ``purge`` (in garbage) deleted the priority of every id
+    given, held or not: one pending again for its next attempt (a dead job requeued while
+    the admin's purge of it was on its way, for one) lost its priority."""
+    engine.add(Q, {"done": 0})
+    assert engine.claim(Q, 1, HOUR) == ["done"]
+    if move == "purge":
+        assert engine.bury(Q, ["done"]) == 1
+    engine.add(Q, {"next": now_ms(engine.client) + HOUR}, {"next": 50})
+    assert getattr(engine, move)(Q, ["done", "next"]) == 1
+    assert engine.client.hget(engine.keys(Q).priority, "next") == b"50"
+
+
+def test_overview_of_one_queue_name_is_refused_not_read_letter_by_letter(engine):
+    with pytest.raises(TypeError, match="list of queue names"):
+        engine.overview("orders")
+
+
+@pytest.mark.parametrize("ttl", [1e19, 2**63 - 1, 2**63])
+def test_a_turn_longer_than_redis_can_hold_is_a_value_error(engine, ttl):
+    """An absurd ttl is the caller's error (``ValueError``), not Redis's refusal, which
+    read as Redis unavailable (``EngineUnavailable``)."""
+    with pytest.raises(ValueError, match="ttl"):
+        engine.take_turn("prune", ttl)

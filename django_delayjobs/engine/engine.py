@@ -21,6 +21,7 @@ from .reader import Reader
 from .results import Added, PromoteResult, merge_promoted
 from .sharding import Shard
 from .validation import MAX_BATCH as MAX_BATCH
+from .validation import MAX_DUE_MS, brief, check_names
 from .validation import check_batch as _batch
 from .validation import check_due as _due
 from .validation import check_dues as _dues
@@ -522,6 +523,8 @@ class Engine(Reader):
         expiry, and the first SET NX after it wins, as always)."""
         key = f"{{{self.prefix}}}:turn:{validate_name(name, 'turn name')}"
         ttl = max(1, _ms(ttl_ms, "ttl"))
+        if ttl > MAX_DUE_MS:  # Redis refuses an expiry past its clock's range
+            raise ValueError(f"ttl must be at most {MAX_DUE_MS} ms, got {brief(ttl_ms)}")
 
         def run() -> Any:
             pipe = self.client.pipeline(transaction=False)
@@ -545,9 +548,7 @@ class Engine(Reader):
         socket timeout (less half a second): a longer BLPOP would fail with a read timeout.
         So this may return False before ``timeout``; callers wait in a loop anyway.
         """
-        if isinstance(queues, str | bytes) or not isinstance(queues, Iterable):
-            raise TypeError(f"queues must be a list of queue names, not {type(queues).__name__}")
-        names = list(queues)
+        names = check_names(queues)
         if not names:
             raise ValueError("no queues to wait on")
         for name in names:
