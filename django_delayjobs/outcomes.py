@@ -266,42 +266,61 @@ def settle(
 
 
 #: The nacks whose due time was read from the row, which a reschedule may change before
-#: the nack: the row's ``run_at`` is read again after it (one query, on these paths only).
+#: the nack: the row's ``run_at`` is read again after it (one query, on these paths only;
+#: a reschedule's push is followed so too, by ``services._push_rescheduled``).
 _FOLLOW_ROW = frozenset({Outcome.RETRYING, Outcome.DEFERRED})
 
 
-def follow_row(engine: Engine, queue: str, job_id: str, nacked_ms: float) -> None:
-    """Leave ``job_id`` due at its row's ``run_at`` after a nack for the due time
-    ``nacked_ms`` (as the row gave it, before a deferral's move to Redis's clock).
+def follow_row(
+    engine: Engine, queue: str, job_id: str, pushed_ms: float, *, held: bool = True
+) -> None:
+    """Make Redis agree with ``job_id``'s row after a push of the id due at ``pushed_ms``:
+    a nack (due as the row gave it, before a deferral's move to Redis's clock), or a
+    reschedule's add (``held``: whether the push may have left the id waiting in Redis;
+    an add that found it there already did not).
 
-    A ``reschedule`` committed between the attempt's commit and the nack finds the id in
-    flight, and its ``add`` leaves it alone; the nack then puts it back at the old time.
-    Read after the nack, the row shows any such reschedule, and ``add`` (which moves a
-    pending id) applies it; one committed after the read adds the id itself, now pending.
-    A cancel committed before the nack found the id in flight, and its removal left it
-    there: a row finished for good (or gone) takes the id out of pending again. Not a row
-    running or dead: another worker may have claimed the id since the nack, and by the
-    removal have failed that attempt (or the job, dead, been requeued) and put the id
+    Pushes of one job may reach Redis out of the order of their commits: a reschedule
+    committed between an attempt's commit and its nack found the id in flight, and its
+    add left it alone, so the nack put it back at the old time; two reschedules' pushes
+    may cross. So the row is read after each push: the read sees every change committed
+    before the push, and one committed after the read pushes after its commit, then reads
+    again. The last push to reach Redis is thus followed by a read of the last due time,
+    pushed if it differs (by ``add``, which moves a pending id), and read again.
+    A cancel committed before the push found the id in flight or not yet added, and its
+    removal left it be: a row finished for good (or gone) takes the id out again. Not a
+    row running or dead: another worker may have claimed the id since the nack, and by
+    the removal have failed that attempt (or the job, dead, been requeued) and put the id
     back in pending for the job's next attempt, which the removal would then strand.
     A row that cannot be read is left to reconcile. Raises only ``EngineUnavailable``.
+
+    By queue name, not the shard nacked (``queue`` may name one): after a change of the
+    queue's shard count, a sweep may have moved the id from there to its new shard since
+    the nack, and an add there would leave a second copy, a removal a stray one.
     """
     from .models import FOR_GOOD, WAITING, Job
 
-    try:
-        row = (
-            Job.objects.using(sql.db())
-            .filter(pk=job_id)
-            .values_list("status", "run_at", "priority")
-            .first()
-        )
-        run_at_ms = None if row is None or row[1] is None else timing.to_ms(row[1])
-    except Exception:  # a poison row or the database down: reconcile repairs Redis
-        logger.debug("job %s: could not read its due time after the nack", job_id, exc_info=True)
-        return
-    if row is None or row[0] in FOR_GOOD:
-        engine.remove(queue, [job_id])
-    elif row[0] in WAITING and run_at_ms is not None and run_at_ms != nacked_ms:
-        engine.add(queue, {job_id: run_at_ms}, {job_id: row[2]} if row[2] else None)
+    queue = queue_of(queue)
+    while True:
+        try:
+            row = (
+                Job.objects.using(sql.db())  # not a replica: it may not have the commit yet
+                .filter(pk=job_id)
+                .values_list("status", "run_at", "priority")
+                .first()
+            )
+            run_at_ms = None if row is None or row[1] is None else timing.to_ms(row[1])
+        except Exception:  # a poison row or the database down: reconcile repairs Redis
+            logger.warning("job %s: could not read it back after its push to Redis; "
+                           "reconcile will check Redis", job_id, exc_info=True)  # fmt: skip
+            return
+        if row is None or row[0] in FOR_GOOD:
+            if held:
+                engine.remove(queue, [job_id])
+            return
+        if row[0] not in WAITING or run_at_ms is None or run_at_ms == pushed_ms:
+            return  # running (in flight), dead (in garbage), or agreed
+        added = engine.add(queue, {job_id: run_at_ms}, {job_id: row[2]} if row[2] else None)
+        held, pushed_ms = held or bool(added), run_at_ms
 
 
 #: The level of each outcome's log line; the rest are DEBUG (``-v 3``).

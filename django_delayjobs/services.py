@@ -29,8 +29,8 @@ from .conf import delayjobs_settings
 from .connection import get_engine
 from .engine import MAX_BATCH, EngineUnavailable, PerShard, validate_name
 from .exceptions import AlreadyRunning, InvalidSchedule
-from .models import ACTIVE, FOR_GOOD, WAITING, EventKind, Job, JobEvent, Status
-from .outcomes import Outage
+from .models import ACTIVE, WAITING, EventKind, Job, JobEvent, Status
+from .outcomes import Outage, follow_row
 from .registry import (
     BoundAction,
     DelayableMethod,
@@ -520,33 +520,17 @@ def _push_rescheduled(row: Job) -> None:
     Reschedules of one job commit in the order of its row's lock, but their pushes may
     reach Redis in the other order, leaving it the older due time: the job ran late (until
     reconcile, which only moves an id earlier) or was handed out early and deferred. So
-    the row is read back after each push: the read sees every reschedule committed before
-    the push, and one committed after the read pushes after its commit, then reads again.
-    The last push to reach Redis is thus followed by a read of the last due time, pushed
-    if it differs. A push that added the id to a job finished since (a cancel whose
-    removal came first) takes it out again.
+    the row is read back after each push (``follow_row``, the worker's rule after a nack).
     """
     added = push([row])
-    while True:
-        try:
-            found = (
-                Job.objects.using(sql.db())  # not a replica: it may not have the commit yet
-                .filter(pk=row.pk)
-                .values_list("status", "run_at")
-                .first()
-            )
-        except Exception:  # the database down, a poison row: reconcile repairs Redis
-            logger.warning("job %s rescheduled: could not read it back; reconcile will "
-                           "check Redis", row.pk, exc_info=True)  # fmt: skip
-            return
-        if found is None or found[0] in FOR_GOOD:
-            if added:
-                _redis(partial(_remove, row.queue, str(row.pk)))()
-            return
-        if found[0] not in WAITING or found[1] == row.run_at:
-            return  # running (Redis holds it in flight), dead (in garbage), or agreed
-        row.run_at = found[1]
-        added += push([row])
+    try:
+        follow_row(get_engine(), row.queue, str(row.pk), timing.to_ms(row.run_at),
+                   held=bool(added))  # fmt: skip
+    except EngineUnavailable as exc:
+        _unavailable(exc)
+    except Exception:  # as in _redis: an on-commit hook never raises
+        logger.exception("could not update Redis after a reschedule of job %s; reconcile "
+                         "will", row.pk)  # fmt: skip
 
 
 def _check_expiry(row: Job, run_at: datetime.datetime) -> None:

@@ -415,7 +415,7 @@ def test_a_row_unreadable_after_the_nack_is_left_to_reconcile(settings, tmp_path
     nacked = to_ms(result.retry_at)
     with caplog.at_level("DEBUG", "django_delayjobs"), database_down(tmp_path):
         settle(engine, "default", job_id, result)
-    assert "could not read its due time after the nack" in caplog.text
+    assert "could not read it back after its push to Redis" in caplog.text
     pending = engine.keys("default").pending
     assert engine.client.zscore(pending, job_id) == nacked  # the old retry time, not lost
     reconcile(engine)

@@ -21,6 +21,7 @@ from .reader import Reader
 from .results import Added, PromoteResult, merge_promoted
 from .sharding import Shard
 from .validation import MAX_BATCH as MAX_BATCH
+from .validation import MAX_DUE_MS, brief, check_names
 from .validation import check_batch as _batch
 from .validation import check_due as _due
 from .validation import check_dues as _dues
@@ -385,31 +386,38 @@ class Engine(Reader):
                 self._router.directory.register(shard)
         return adopted
 
+    # An id in flight in a shard of an older count (claimed there, or put there by
+    # ``adopt``) is found there by ack, nack and bury too: the worker names the shard it
+    # claimed from, reconcile the queue (see ``_at_home``).
+
     def ack(self, queue: str, ids: Iterable[str]) -> int:
         """Forget finished in-flight ids; return how many were in flight."""
-        acked = 0
-        for shard, part in self._router.route(queue, _ids(ids)):
+
+        def run(shard: Shard, part: list[str]) -> int:
             k = self._keys(shard)
-            acked += int(self._run("ack", [k.unack, k.counters, k.priority], part))
-        return acked
+            return int(self._run("ack", [k.unack, k.counters, k.priority], part))
+
+        return self._at_home(queue, _ids(ids), run)
 
     def nack(self, queue: str, items: Mapping[str, float]) -> int:
         """Hand in-flight ids back to pending with retry times; return how many moved."""
         dues = _dues(items)
-        moved = 0
-        for shard, ids in self._router.route(queue, list(dues)):
+
+        def run(shard: Shard, part: list[str]) -> int:
             k = self._keys(shard)
             keys = [k.unack, k.pending, k.wake, k.counters]
-            moved += int(self._run("nack", keys, [v for i in ids for v in (i, dues[i])]))
-        return moved
+            return int(self._run("nack", keys, [v for i in part for v in (i, dues[i])]))
+
+        return self._at_home(queue, list(dues), run)
 
     def bury(self, queue: str, ids: Iterable[str]) -> int:
         """Move in-flight ids to garbage; return how many moved."""
-        buried = 0
-        for shard, part in self._router.route(queue, _ids(ids)):
+
+        def run(shard: Shard, part: list[str]) -> int:
             k = self._keys(shard)
-            buried += int(self._run("bury", [k.unack, k.garbage, k.counters], part))
-        return buried
+            return int(self._run("bury", [k.unack, k.garbage, k.counters], part))
+
+        return self._at_home(queue, _ids(ids), run)
 
     # -- garbage -------------------------------------------------------------------
 
@@ -515,6 +523,8 @@ class Engine(Reader):
         expiry, and the first SET NX after it wins, as always)."""
         key = f"{{{self.prefix}}}:turn:{validate_name(name, 'turn name')}"
         ttl = max(1, _ms(ttl_ms, "ttl"))
+        if ttl > MAX_DUE_MS:  # Redis refuses an expiry past its clock's range
+            raise ValueError(f"ttl must be at most {MAX_DUE_MS} ms, got {brief(ttl_ms)}")
 
         def run() -> Any:
             pipe = self.client.pipeline(transaction=False)
@@ -538,9 +548,7 @@ class Engine(Reader):
         socket timeout (less half a second): a longer BLPOP would fail with a read timeout.
         So this may return False before ``timeout``; callers wait in a loop anyway.
         """
-        if isinstance(queues, str | bytes) or not isinstance(queues, Iterable):
-            raise TypeError(f"queues must be a list of queue names, not {type(queues).__name__}")
-        names = list(queues)
+        names = check_names(queues)
         if not names:
             raise ValueError("no queues to wait on")
         for name in names:

@@ -23,10 +23,10 @@ from .routing import Router
 from .sharding import Shard
 from .validation import check_batch as _batch
 from .validation import check_ids as _ids
+from .validation import check_names, wire
 from .validation import opt_int as _opt_int
 from .validation import score_ms as _score_ms
 from .validation import text as _text
-from .validation import wire
 
 Rows = list[tuple[bytes, float]]  # a WITHSCORES reply
 #: Salts tried to find a key in a slot of a given master (a master of an even share of
@@ -387,7 +387,7 @@ class Reader:
         key of the wrong type) gets its error; raises ``EngineUnavailable`` if the
         pipeline fails as a whole (Redis, or a Cluster master, does not answer)."""
         due, dead = _batch(next_due), _batch(garbage)
-        plan = [(queue, self._router.targets(queue)) for queue in queues]
+        plan = [(queue, self._router.targets(queue)) for queue in check_names(queues)]
 
         def run(send: str) -> list[Any]:
             pipe = self.client.pipeline(transaction=False)

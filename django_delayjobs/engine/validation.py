@@ -47,6 +47,13 @@ def check_ms(value: object, what: str = "time") -> int:
     return int(_number(value, what))
 
 
+def check_names(queues: object) -> list[str]:
+    """The queue names of a list (one str given alone would be read letter by letter)."""
+    if isinstance(queues, str | bytes) or not isinstance(queues, Iterable):
+        raise TypeError(f"queues must be a list of queue names, not {type(queues).__name__}")
+    return list(queues)
+
+
 #: The latest due time accepted: 10000-01-01 00:00 UTC in ms since the epoch, which the
 #: latest Python ``datetime`` (9999-12-31 23:59:59.999999) rounds to as a double, so that
 #: every time a row can hold is accepted. The scripts turn the wait until a due time into
