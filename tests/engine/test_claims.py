@@ -7,8 +7,6 @@ Each test runs on one Redis, and with ``-m cluster`` on the session's Redis Clus
 from __future__ import annotations
 
 import enum
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,28 +14,9 @@ import pytest
 from django_delayjobs.engine import Engine, WrongType
 from django_delayjobs.engine.claims import Claimer, ClaimToken, record_ms
 
-from .conftest import Backend, on_cluster, open_backend
-from .test_operations import HOUR, SHARD, wait_until
+from .test_operations import HOUR, wait_until
 
 Q = "q"
-
-
-@pytest.fixture(params=["single", on_cluster("cluster"), on_cluster("cluster-shard")])
-def backend(request: pytest.FixtureRequest) -> Backend:
-    return open_backend(request, request.param)
-
-
-@pytest.fixture
-def engine(
-    backend: Backend, backend_client: Any, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Engine]:
-    if backend.name == "cluster-shard":
-        monkeypatch.setattr(sys.modules[__name__], "Q", SHARD)
-        engine = Engine(backend_client, prefix="t", shards={"q": 6})
-    else:
-        engine = Engine(backend_client, prefix="t")
-    yield engine
-    engine.close()
 
 
 def in_flight(r: Any, engine: Engine) -> dict[str, int]:
