@@ -7,6 +7,7 @@ a system left out, a failed workload) is "not measured", with what is missing.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 PEERS = ("celery", "rq", "huey", "dramatiq")
@@ -31,6 +32,12 @@ def get(systems: dict[str, Any], *path: str) -> Any:
             return None
         value = value[key]
     return value
+
+
+def at_most(value: float, bound: float) -> bool:
+    """``value <= bound``, counting a value that is the bound but for a float's rounding
+    (5.4 / 4.5 is 1.2000000000000002) as at it."""
+    return value <= bound or math.isclose(value, bound)
 
 
 def row(target: str, measured: str, ok: bool | None, why: str = "") -> dict[str, str]:
@@ -73,7 +80,7 @@ def w3(systems: dict[str, Any], name: str, where: str) -> dict[str, str]:
     if late:
         measured += f" (scheduling ended after the due time for {', '.join(late)})"
     bad = faults(systems[name]["W3"])
-    verdict = row(target, measured, ratio >= W3_VS_FASTEST_PEER and not bad, bad)
+    verdict = row(target, measured, at_most(W3_VS_FASTEST_PEER, ratio) and not bad, bad)
     return verdict | (behind(systems[name]["W3"]) or {})
 
 
@@ -83,10 +90,10 @@ def w2(systems: dict[str, Any], name: str, where: str) -> dict[str, str]:
     if not ours or "p99_ms" not in ours or not celery or "p99_ms" not in celery:
         missing = name if not ours or "p99_ms" not in ours else "celery"
         return row(target, "-", None, f"no W2 p99 for {missing}")
-    ratio = ours["p99_ms"] / celery["p99_ms"]
+    ratio = f": **{ours['p99_ms'] / celery['p99_ms']:.2f}x**" if celery["p99_ms"] else ""
     measured = (
-        f"p99 {ours['p99_ms']:.1f} ms against Celery {celery['p99_ms']:.1f} ms: "
-        f"**{ratio:.2f}x**; max {ours['max_ms']:.1f} ms"
+        f"p99 {ours['p99_ms']:.1f} ms against Celery {celery['p99_ms']:.1f} ms{ratio}; "
+        f"max {ours['max_ms']:.1f} ms"
     )
     bad = faults(ours)
     if "harness_note" in celery:
@@ -98,7 +105,7 @@ def w2(systems: dict[str, Any], name: str, where: str) -> dict[str, str]:
 def w1_ratio(systems: dict[str, Any], name: str, api: str, peer: str) -> tuple[str, float | None]:
     ours = get(systems, name, "W1", api, "jobs_per_s")
     theirs = get(systems, peer, "W1", "one at a time", "jobs_per_s")
-    if ours is None or theirs is None:
+    if ours is None or not theirs:  # a peer's rate of 0: nothing to compare with
         return "-", None
     ratio = ours / theirs
     return f"{ours:,.0f} jobs/s against {peer} {theirs:,.0f}: **{ratio:.2f}x**", ratio
@@ -114,7 +121,7 @@ def w1(systems: dict[str, Any]) -> list[dict[str, str]]:
         target = f"W1 {what} >= {theirs}, with the row and its history on SQLite"
         measured, ratio = w1_ratio(systems, SQLITE, api, peer)
         why = "" if ratio is not None else f"no W1 figure for {SQLITE} or {peer}"
-        rows.append(row(target, measured, None if ratio is None else ratio >= wanted, why))
+        rows.append(row(target, measured, None if ratio is None else at_most(wanted, ratio), why))
     return rows
 
 
@@ -150,6 +157,8 @@ def flat(systems: dict[str, Any]) -> dict[str, str]:
     base, larger = done[FLAT_FROM], [d for m, d in done.items() if m > FLAT_FROM]
     if not larger:
         return row(target, "-", None, f"no W4 figure for {SQLITE} above {FLAT_FROM:,}")
+    if not base["jobs_per_s"] or not base["p99_ms"]:
+        return row(target, "-", None, f"a zero figure at {FLAT_FROM:,}, nothing to compare with")
     rate = min(d["jobs_per_s"] for d in larger) / base["jobs_per_s"] - 1
     p99 = max(d["p99_ms"] for d in larger) / base["p99_ms"] - 1
     measured = (
@@ -167,7 +176,8 @@ def flat(systems: dict[str, Any]) -> dict[str, str]:
         return row(target, measured, None, "; ".join(late))
     if max(done) < AT_PENDING:
         return row(target, measured, None, f"the largest backlog run was {max(done):,}")
-    return row(target, measured, rate >= -FLAT_WITHIN and p99 <= FLAT_WITHIN and not bad, bad)
+    ok = at_most(-rate, FLAT_WITHIN) and at_most(p99, FLAT_WITHIN) and not bad
+    return row(target, measured, ok, bad)
 
 
 def scaling(systems: dict[str, Any]) -> dict[str, str]:
@@ -182,7 +192,7 @@ def scaling(systems: dict[str, Any]) -> dict[str, str]:
         if "jobs_per_s" in d and d.get("threads") == d.get("processes") == 1
     ]
     measured = "; ".join(
-        f"{label}: {r:,.0f} jobs/s" + (f" ({r / one[0]:.2f}x)" if one else "")
+        f"{label}: {r:,.0f} jobs/s" + (f" ({r / one[0]:.2f}x)" if one and one[0] else "")
         for label, r in rates.items()
     )
     best = max(rates, key=lambda label: rates[label])

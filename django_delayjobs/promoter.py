@@ -122,23 +122,15 @@ class Promoter:
 
     def new_pass(self) -> PerShard:
         """What a pass notes its failures in: on one Redis, the first call it does not
-        answer ends the pass (see ``serving``)."""
+        answer ends the pass (``each.until_down``): every call after would wait for the
+        same timeout, and a pass over three queues waited for six."""
         return PerShard(one_server=not self.engine.is_cluster)
-
-    def serving(self, each: PerShard, names: Sequence[str]) -> Iterator[str]:
-        """``names`` (shards or queues) one by one, until one Redis was found not to answer
-        (``each.down``): every call after would wait for the same timeout, and a pass over
-        three queues waited for six."""
-        for name in names:
-            if each.down:
-                return
-            yield name
 
     def shards(self, each: PerShard) -> list[str]:
         """Every shard of every queue (a queue of 1 shard is its own); the queues whose
         shards cannot be listed (one Redis that does not answer) are noted in ``each``."""
         found: list[str] = []
-        for queue in self.serving(each, self.queues):
+        for queue in each.until_down(self.queues):
             with each.attempt():
                 found += self.engine.shards(queue)
         return found
@@ -164,7 +156,7 @@ class Promoter:
         every = turn = self.shards(each)
         while turn:
             full = set()
-            for shard in self.serving(each, turn):
+            for shard in each.until_down(turn):
                 next_at.pop(shard, None)
                 with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
                     sent = time.monotonic()  # Redis measured the wait after this
@@ -188,16 +180,16 @@ class Promoter:
         reached (noted in ``each``)."""
         if now - self._last_recover >= RECOVER_EVERY:
             self._last_recover = now
-            for shard in self.serving(each, self.shards(each)):
+            for shard in each.until_down(self.shards(each)):
                 with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
                     while len(self.engine.recover_expired(shard, self.batch)) == self.batch:
                         pass
             if self._last_list is None or now - self._last_list >= LIST_EVERY:
                 self._last_list = now
-                for queue in self.serving(each, self.queues):
+                for queue in each.until_down(self.queues):
                     with each.attempt():
                         self.engine.list_shards(queue)
-            for queue in self.serving(each, self.queues):
+            for queue in each.until_down(self.queues):
                 with each.attempt():
                     for shard in self.engine.forget_empty_shards(queue):
                         logger.info("queue %s: shard %s of an older shard count is empty; "

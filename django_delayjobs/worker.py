@@ -32,6 +32,7 @@ import uuid
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -999,10 +1000,7 @@ class WorkerProcess:
         each = self.each_queue()  # a shard whose master is down must not stop the others'
         try:
             for queue, ids in by_queue.items():
-                if each.down:
-                    break
-                with each.attempt():
-                    self.extend(queue, ids)
+                each.run(partial(self.extend, queue, ids), None)
         finally:
             with self.held_lock:
                 self.claimed_meanwhile = None
@@ -1043,10 +1041,7 @@ class WorkerProcess:
                 return
             each = self.each_queue()
             for queue in self.options.queues:
-                if each.down:
-                    break
-                with each.attempt():
-                    self.engine.heartbeat(queue, self.id, ttl_ms, info)
+                each.run(partial(self.engine.heartbeat, queue, self.id, ttl_ms, info), None)
             each.check()
 
     def unregister(self) -> None:

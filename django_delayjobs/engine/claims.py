@@ -21,12 +21,15 @@ import uuid
 from dataclasses import dataclass
 
 from .keys import validate_name
-from .validation import MAX_DUE_MS
+from .validation import MAX_DUE_MS, brief
 
 #: The part of a claim's lease its record lasts. A worker extends its leases every
 #: ``LEASE_SECONDS / 3`` at most, so the ids a repeated call returns are extended before
 #: their lease can end.
 RECORD_SHARE = 2 / 3
+
+#: The largest ``call``: a 64-bit counter (``Claimer``'s never gets there).
+MAX_CALL = 2**63 - 1
 
 
 def record_ms(lease_ms: int) -> int:
@@ -44,8 +47,12 @@ class ClaimToken:
 
     def __post_init__(self) -> None:
         validate_name(self.claimer, "claimer")
-        if isinstance(self.call, bool) or not isinstance(self.call, int) or self.call < 0:
-            raise TypeError(f"call must be a non-negative int, not {self.call!r}")
+        # Exactly an int: redis-py sends an int's repr, which for a bool is refused and for
+        # an int subclass (IntEnum) is not its digits, so a call sent again would not match.
+        if type(self.call) is not int:
+            raise TypeError(f"call must be an int, not {type(self.call).__name__}")
+        if not 0 <= self.call <= MAX_CALL:
+            raise ValueError(f"call must be between 0 and {MAX_CALL}, got {brief(self.call)}")
 
 
 class Claimer:

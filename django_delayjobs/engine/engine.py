@@ -311,7 +311,8 @@ class Engine(Reader):
         there (however many) that are still in flight under its lease, and takes none.
         """
         want, lease = _batch(count), _ms(lease_ms, "lease")
-        if token is not None and not isinstance(token, ClaimToken):
+        # Exactly a ClaimToken: a subclass may skip the checks that make one.
+        if token is not None and type(token) is not ClaimToken:
             raise TypeError(f"token must be a ClaimToken, not {type(token).__name__}")
         shards = self._router.targets(queue)
         start = next(self._turns[queue]) % len(shards)

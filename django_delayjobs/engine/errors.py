@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import redis
@@ -47,8 +47,10 @@ class PerShard:
         each.check(done)  # PartlyUnavailable(done) if a shard failed, or the failure
                           # itself if none answered
 
-    With ``one_server`` (every shard on one Redis), ``run`` calls nothing more once Redis
-    was not reached or did not answer (``down``): each call would wait for the same timeout.
+    With ``one_server`` (every shard on one Redis), ``run`` calls nothing more and
+    ``until_down`` yields nothing more once Redis was not reached or did not answer
+    (``down``): each call would wait for the same timeout. On a Cluster they go on past a
+    dead master.
     """
 
     def __init__(self, *, one_server: bool = False) -> None:
@@ -75,6 +77,13 @@ class PerShard:
         """With ``one_server``: Redis was not reached or did not answer, so every further
         call would wait for the same timeout."""
         return self.one_server and self.failure is not None and unreachable(self.failure)
+
+    def until_down(self, names: Iterable[T]) -> Iterator[T]:
+        """``names`` (shards, queues) one by one, until ``down``."""
+        for name in names:
+            if self.down:
+                return
+            yield name
 
     def run(self, fn: Callable[[], T], default: T) -> T:
         """``fn()``; if it fails, what it did (``PartlyUnavailable.done``) or ``default``."""

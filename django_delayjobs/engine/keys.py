@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,7 +60,12 @@ class QueueKeys:
     def claims(self, claimer: str) -> str:
         """The record of ``claimer``'s last claim (see claims.py): in the queue's hash tag,
         one per claimer, so it is none of the fixed keys above."""
-        return f"{self.unack.removesuffix(':unack')}:claim:{validate_name(claimer, 'claimer')}"
+        return _claims(self.unack, claimer)
 
     def __iter__(self) -> Iterator[str]:
         return iter(getattr(self, name) for name in self.__dataclass_fields__)
+
+
+@functools.lru_cache(maxsize=4096)  # per shard and claimer: not built (nor checked) per claim
+def _claims(unack: str, claimer: str) -> str:
+    return f"{unack.removesuffix(':unack')}:claim:{validate_name(claimer, 'claimer')}"

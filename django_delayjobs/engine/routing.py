@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 
 from . import sharding
@@ -20,6 +21,11 @@ def check_counts(shards: Mapping[str, int] | int) -> Mapping[str, int] | int:
     return sharding.check_count(shards, "shard count")
 
 
+@functools.lru_cache(maxsize=4096)  # per shard: every call names its keys, 5 us to build
+def _keys(prefix: str, shard: Shard) -> QueueKeys:
+    return QueueKeys.for_tag(sharding.tag(prefix, shard))
+
+
 class Router:
     """Names to keys: a queue name stands for every shard the queue has, a shard name
     (``orders#2/6``) for that shard; ids go to the shard of the queue's current count."""
@@ -35,7 +41,7 @@ class Router:
         return self.counts if isinstance(self.counts, int) else self.counts.get(queue, 1)
 
     def keys(self, shard: Shard) -> QueueKeys:
-        return QueueKeys.for_tag(sharding.tag(self.prefix, shard))
+        return _keys(self.prefix, shard)
 
     def name(self, shard: Shard) -> str:
         """A name that addresses exactly ``shard``: its own, except for the shard of 1 of a

@@ -93,7 +93,10 @@ def finite(value: int | float) -> bool:
 
 def brief(value: object) -> str:
     """``repr(value)``, shortened: a 400-digit int in a message helps nobody."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more digits than Python turns into text (4300)
+        return "a number of more than 4300 digits"
     return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 

@@ -77,9 +77,7 @@ def write(
     # On one Redis, the first queue it does not answer ends the flush: each other queue's
     # would wait for the same timeout (and a stop waits for this one's end).
     each = PerShard(one_server=not engine.is_cluster)
-    for queue in sorted(set(by_queue) | set(snapshot)):
-        if each.down:
-            break
+    for queue in each.until_down(sorted(set(by_queue) | set(snapshot))):
         with each.attempt():
             counters = _counters(engine, queue) if queue in snapshot else None
             _write_queue(engine, queue, by_queue.get(queue, []), counters, minute, ttl,

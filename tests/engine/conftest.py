@@ -9,8 +9,11 @@ from typing import Any
 import pytest
 import redis
 
-from django_delayjobs.engine import close_client
+from django_delayjobs.engine import Engine, close_client
 from tests.conftest import cluster_client
+
+#: What ``Q`` of a test module becomes in the ``cluster-shard`` runs of ``engine``.
+SHARD = "q#3/6"
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,11 @@ def open_backend(request: pytest.FixtureRequest, name: str) -> Backend:
 def on_cluster(name: str) -> Any:
     """A backend parameter that needs the cluster (so it carries the ``cluster`` mark)."""
     return pytest.param(name, marks=pytest.mark.cluster, id=name)
+
+
+@pytest.fixture(params=["single", on_cluster("cluster"), on_cluster("cluster-shard")])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return open_backend(request, request.param)
 
 
 @pytest.fixture(scope="session")
@@ -74,3 +82,20 @@ def backend_client(backend: Backend, session_clients: dict[str, Any]) -> Iterato
     client = flushed(session_clients[backend.url], backend.cluster)
     yield client
     close_client(client)
+
+
+@pytest.fixture
+def engine(
+    backend: Backend, backend_client: Any, request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Engine]:  # fmt: skip
+    """An engine of ``backend``, closed at the end so that no wait of the test outlives it
+    (see waiting.py). On ``cluster-shard``, the test module's ``Q`` is ``SHARD``, one shard
+    (its own hash tag, in the slot range of the second master) of a queue of 6."""
+    if backend.name == "cluster-shard":
+        monkeypatch.setattr(request.module, "Q", SHARD)
+        engine = Engine(backend_client, prefix="t", shards={"q": 6})
+    else:
+        engine = Engine(backend_client, prefix="t")
+    yield engine
+    engine.close()

@@ -6,8 +6,7 @@ Each test runs on one Redis, and with ``-m cluster`` on the session's Redis Clus
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
+import enum
 from typing import Any
 
 import pytest
@@ -15,28 +14,9 @@ import pytest
 from django_delayjobs.engine import Engine, WrongType
 from django_delayjobs.engine.claims import Claimer, ClaimToken, record_ms
 
-from .conftest import Backend, on_cluster, open_backend
-from .test_operations import HOUR, SHARD, wait_until
+from .test_operations import HOUR, wait_until
 
 Q = "q"
-
-
-@pytest.fixture(params=["single", on_cluster("cluster"), on_cluster("cluster-shard")])
-def backend(request: pytest.FixtureRequest) -> Backend:
-    return open_backend(request, request.param)
-
-
-@pytest.fixture
-def engine(
-    backend: Backend, backend_client: Any, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Engine]:
-    if backend.name == "cluster-shard":
-        monkeypatch.setattr(sys.modules[__name__], "Q", SHARD)
-        engine = Engine(backend_client, prefix="t", shards={"q": 6})
-    else:
-        engine = Engine(backend_client, prefix="t")
-    yield engine
-    engine.close()
 
 
 def in_flight(r: Any, engine: Engine) -> dict[str, int]:
@@ -106,5 +86,38 @@ def test_a_claimer_keeps_a_shard_s_token_until_a_claim_from_it_is_answered():
     assert claimer.token("r") != first  # another shard: its own
     claimer.answered("q")
     assert claimer.token("q") not in (first, claimer.token("r"))
-    with pytest.raises(ValueError, match="claimer"):
-        ClaimToken("a:b", 0)
+
+
+class Call(enum.IntEnum):
+    ONE = 1  # an int whose repr is not its digits: redis-py would send "<Call.ONE: 1>"
+
+
+class Unchecked(ClaimToken):
+    def __post_init__(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("claimer", "call", "error"),
+    [("a:b", 0, ValueError), ("", 0, ValueError), ("x" * 65, 0, ValueError),
+     (True, 0, TypeError), (7, 0, TypeError), (b"w", 0, TypeError),
+     ("w", True, TypeError), ("w", "1", TypeError), ("w", 1.0, TypeError),
+     ("w", Call.ONE, TypeError), ("w", None, TypeError),
+     ("w", -1, ValueError), ("w", 2**63, ValueError),
+     pytest.param("w", 10**5000, ValueError, id="w-10**5000-ValueError")],
+)  # fmt: skip
+def test_a_token_with_a_bad_field_is_refused_when_made(claimer, call, error):
+    with pytest.raises(error, match=r"^(claimer|call) ") as refused:
+        ClaimToken(claimer, call)
+    assert len(str(refused.value)) < 200  # says what was wrong, not a 5000-digit number
+    assert ClaimToken("w", 2**63 - 1).call == 2**63 - 1  # the largest call there is
+
+
+@pytest.mark.parametrize(
+    "token", [("w", 0), {"claimer": "w", "call": 0}, "w", 0, Unchecked("w", Call.ONE)]
+)
+def test_a_claim_with_anything_but_a_token_is_refused_before_redis(engine, backend_client, token):
+    engine.add(Q, {"a": 0})
+    with pytest.raises(TypeError, match="token must be a ClaimToken"):
+        engine.claim(Q, 1, HOUR, token)
+    assert ready(backend_client, engine) == {"a"}

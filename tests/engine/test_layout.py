@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import django_delayjobs.engine as engine_pkg
-from django_delayjobs.engine import QueueKeys, is_valid_name, validate_name
+from django_delayjobs.engine import Engine, QueueKeys, is_valid_name, validate_name
 
 ENGINE_DIR = Path(engine_pkg.__file__).parent
 SCRIPTS = sorted(resources.files(engine_pkg).joinpath("scripts").iterdir(), key=lambda p: p.name)
@@ -119,7 +119,8 @@ def test_the_key_names_of_a_queue():
     )
 
 
-def test_every_key_an_engine_uses_is_tagged(engine):
+def test_every_key_an_engine_uses_is_tagged(redis_client):
+    engine = Engine(redis_client, prefix="t")  # not the fixture of this folder: pure names
     for key in engine.keys("q"):
         assert key.startswith("{t:q}:")
     assert hash_tag(engine.queues_key) == "t"

@@ -16,10 +16,9 @@ several shards does when addressed by its queue name is tested in ``test_sharded
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,16 +30,10 @@ from django_delayjobs.engine import MAX_BATCH, Engine, close_client
 from django_delayjobs.engine.sharding import parse
 from django_delayjobs.engine.validation import MAX_DUE_MS
 
-from .conftest import Backend, on_cluster, open_backend
+from .conftest import on_cluster
 
 Q = "q"
-SHARD = "q#3/6"
 HOUR = 3_600_000
-
-
-@pytest.fixture(params=["single", on_cluster("cluster"), on_cluster("cluster-shard")])
-def backend(request: pytest.FixtureRequest) -> Backend:
-    return open_backend(request, request.param)
 
 
 #: For a test without the ``engine`` fixture, which alone makes ``Q`` the shard's name:
@@ -51,18 +44,6 @@ WITHOUT_SHARD = pytest.mark.parametrize("backend", ["single", on_cluster("cluste
 @pytest.fixture
 def redis_client(backend_client: Any) -> Any:
     return backend_client
-
-
-@pytest.fixture
-def engine(backend: Backend, redis_client, monkeypatch: pytest.MonkeyPatch) -> Iterator[Engine]:
-    """Closed at the end, so that no wait of this test outlives it (see waiting.py)."""
-    if backend.name == "cluster-shard":
-        monkeypatch.setattr(sys.modules[__name__], "Q", SHARD)
-        engine = Engine(redis_client, prefix="t", shards={"q": 6})
-    else:
-        engine = Engine(redis_client, prefix="t")
-    yield engine
-    engine.close()
 
 
 def base(name: str) -> str:
