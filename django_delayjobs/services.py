@@ -566,7 +566,10 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
                     max_attempts=F("attempts") + extra,
                 )  # fmt: skip
         except IntegrityError:
-            row = Job.objects.only("queue", "key").get(pk=job.pk)  # the key, not a copy's
+            # the key, not a copy's; gone if a purge committed since: not requeued
+            row = Job.objects.only("queue", "key").filter(pk=job.pk).first()
+            if row is None:
+                return False
             holder = _existing(row)
             if holder is None:
                 raise
