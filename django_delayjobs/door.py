@@ -5,6 +5,7 @@ that every value they accept fits its column on SQLite and PostgreSQL alike."""
 from __future__ import annotations
 
 import datetime
+import decimal
 import uuid
 
 from django.contrib.contenttypes.models import ContentType
@@ -71,6 +72,12 @@ def target_id(instance: models.Model) -> str:
         pk = instance._meta.pk.to_python(instance.pk)
     except ValidationError as exc:
         raise InvalidSchedule(f"{what} is not valid: {exc.messages[0]}") from None
+    given = instance.pk
+    # An integer field reads True and 1.5 as 1: the key of another row than the one meant.
+    if (isinstance(given, bool) and not isinstance(pk, bool)) or (
+        isinstance(given, float | decimal.Decimal) and pk != given
+    ):
+        raise InvalidSchedule(f"{what} {short_repr(given)} is not a key of this model")
     return check_column(_key_text(pk), what, "target_id")
 
 

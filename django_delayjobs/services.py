@@ -455,12 +455,27 @@ def _cancel_unless_running(job: Job, obj: models.Model, actor: str) -> bool:
 
 
 def _same_row_models(obj: models.Model) -> list[type[models.Model]]:
-    """``obj``'s concrete model and its proxies: a job scheduled through an instance of any
-    of them names that model (its content type, its label in the action), and targets
-    ``obj``'s row all the same."""
+    """The models whose instance of ``obj``'s key is ``obj``'s row: its concrete model, the
+    multi-table parents and children sharing that key, and their proxies. A job scheduled
+    through an instance of any of them names that model (its content type, its label in
+    the action), and targets ``obj``'s row all the same. A sibling child is another row."""
     concrete = obj._meta.concrete_model
-    others = (model for model in apps.get_models() if model._meta.concrete_model is concrete)
+    mine = _key_chain(concrete)
+    others = (model for model in apps.get_models()
+              if model._meta.concrete_model in mine or concrete in _key_chain(model))  # fmt: skip
     return list(dict.fromkeys([type(obj), *others]))
+
+
+def _key_chain(model: type[models.Model] | None) -> list[type[models.Model]]:
+    """``model``'s concrete model and the multi-table parents whose key its key is."""
+    chain: list[type[models.Model]] = []
+    current: Any = model and model._meta.concrete_model
+    while current is not None:
+        chain.append(current)
+        key = current._meta.pk
+        parent_link = key.remote_field is not None and key.remote_field.parent_link
+        current = key.related_model._meta.concrete_model if parent_link else None
+    return chain
 
 
 def _action_names(obj: models.Model, action: Any, family: list[type[models.Model]]) -> list[str]:
@@ -472,12 +487,12 @@ def _action_names(obj: models.Model, action: Any, family: list[type[models.Model
         # The name is the model's the job was scheduled through (a proxy's own, as
         # schedule() stores it): a method of an unrelated model would name the object's
         # own method of that name.
-        if action.owner is not None and not isinstance(obj, action.owner):
-            raise TypeError(
-                f"{action!r} is a method of {action.owner.__name__}, and {instance_name(obj)} "
-                "is not one"
-            )
         owner = action.owner or object
+        if not any(issubclass(model, owner) for model in family):
+            raise TypeError(
+                f"{action!r} is a method of {owner.__name__}, and {instance_name(obj)} is not "
+                "one (nor the row of one)"
+            )
         return [f"{model._meta.label}.{action.name}" for model in family
                 if issubclass(model, owner)]  # fmt: skip
     return [describe(action).name]

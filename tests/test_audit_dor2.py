@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, connection, connections
 
-from django_delayjobs import schedule, services
+from django_delayjobs import cancel_for, schedule, services
 from django_delayjobs.models import Job, Status
 from tests.testapp import tasks
+from tests.testapp.models import LoudThing, Sku, Thing
 
 from .test_rest_helpers import burst, client_for, make_user, url
 
@@ -84,3 +85,53 @@ def test_a_requeue_whose_job_is_purged_after_its_key_conflict_is_not_a_crash(via
             assert response.status_code == 404, response.content  # purged meanwhile
     assert conflict == [True, True]  # the window was there, and the purge in it
     assert not Job.objects.filter(pk=job.pk).exists()
+
+
+def _active(job: Job) -> bool:
+    return Job.objects.get(pk=job.pk).status == Status.SCHEDULED
+
+
+@pytest.mark.parametrize("through", ["child", "parent"])
+@pytest.mark.parametrize("with_action", [False, True], ids=["any", "action"])
+def test_cancel_for_finds_a_rows_jobs_scheduled_through_its_multi_table_child_or_parent(
+    through, with_action
+):
+    """A job scheduled on a multi-table child (``schedule(loud.touch)``) names the child's
+    content type: ``cancel_for(thing)``, the same row read as its parent, looked up Thing
+    and its proxies only and cancelled nothing (and ``cancel_for(loud)`` missed a job
+    scheduled on the parent), so a payment's cancel left the job to run."""
+    loud = LoudThing.objects.create(name="loud")
+    thing = Thing.objects.get(pk=loud.pk)
+    other = Thing.objects.create(name="other")
+    job = schedule((loud if through == "child" else thing).touch, in_=3600)
+    kept = schedule(other.touch, in_=3600)
+    target = thing if through == "child" else loud
+    action = (Thing.touch,) if with_action else ()
+    assert cancel_for(target, *action) == 1
+    assert not _active(job)
+    assert _active(kept)
+
+
+def test_cancel_for_a_parent_row_takes_a_method_of_its_multi_table_child():
+    """``cancel_for(thing, LoudThing.shout)`` raised TypeError (a method of LoudThing, and
+    a Thing is not one) though the thing's row is a LoudThing with a job of that method.
+    A method of an unrelated model is still refused."""
+    loud = LoudThing.objects.create(name="loud")
+    job = schedule(loud.shout, in_=3600)
+    thing = Thing.objects.get(pk=loud.pk)
+    with pytest.raises(TypeError, match="is a method of Sku"):
+        cancel_for(thing, Sku.touch)
+    assert cancel_for(thing, LoudThing.shout) == 1
+    assert not _active(job)
+
+
+@pytest.mark.parametrize("pk", [True, 1.5], ids=["bool", "float"])
+def test_cancel_for_an_instance_whose_pk_is_a_bool_or_a_fraction_cancels_no_other_row(pk):
+    """``cancel_for(Thing(pk=True))`` (or ``pk=1.5``) read the key through the field as
+    ``int(pk)``, and cancelled the jobs of row 1: a caller's bug cancelled another
+    object's jobs. No job targets such a key."""
+    one = Thing.objects.create(pk=1, name="one")
+    job = schedule(one.touch, in_=3600)
+    assert cancel_for(Thing(pk=pk)) == 0
+    assert _active(job)
+    assert cancel_for(Thing(pk=1)) == 1  # the row's own key still finds it

@@ -98,3 +98,14 @@ class Receipt(models.Model):
     refuses to delete a job one refers to."""
 
     job = models.ForeignKey("django_delayjobs.Job", on_delete=models.PROTECT)
+
+
+class LoudThing(Thing):
+    """A multi-table child of Thing: its row shares the Thing row's primary key, and a job
+    scheduled on one names it (``testapp.LoudThing``)."""
+
+    volume = models.IntegerField(default=0)
+
+    @delayable
+    def shout(self) -> None:
+        LoudThing.objects.filter(pk=self.pk).update(volume=models.F("volume") + 1)
