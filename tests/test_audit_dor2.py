@@ -10,6 +10,7 @@ import pytest
 from django.db import IntegrityError, connection, connections
 
 from django_delayjobs import cancel_for, schedule, services
+from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job, Status
 from tests.testapp import tasks
 from tests.testapp.models import LoudThing, Sku, Thing
@@ -129,9 +130,14 @@ def test_cancel_for_a_parent_row_takes_a_method_of_its_multi_table_child():
 def test_cancel_for_an_instance_whose_pk_is_a_bool_or_a_fraction_cancels_no_other_row(pk):
     """``cancel_for(Thing(pk=True))`` (or ``pk=1.5``) read the key through the field as
     ``int(pk)``, and cancelled the jobs of row 1: a caller's bug cancelled another
-    object's jobs. No job targets such a key."""
+    object's jobs, and ``schedule`` on such an instance targeted row 1. No job targets
+    such a key."""
     one = Thing.objects.create(pk=1, name="one")
     job = schedule(one.touch, in_=3600)
     assert cancel_for(Thing(pk=pk)) == 0
     assert _active(job)
+    one.pk = pk
+    with pytest.raises(InvalidSchedule, match="not a key of this model"):
+        schedule(one.touch, in_=3600)
+    assert Job.objects.count() == 1
     assert cancel_for(Thing(pk=1)) == 1  # the row's own key still finds it
