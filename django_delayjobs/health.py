@@ -130,11 +130,10 @@ def run(engine: Engine, limits: Limits) -> list[Check]:
             checks += _failed([queue], limits, away)
             continue
         try:
-            checks += _queue_checks(engine, queue, limits, rows=database.ok)
+            checks += _queue_checks(engine, queue, limits, rows=database.ok, down=down)
         except EngineUnavailable as exc:  # stopped answering: each call would wait as long
-            if engine.is_cluster:  # its master(s) only: the other queues are checked
-                with contextlib.suppress(EngineUnavailable):  # a slot with no master
-                    down.update(dict.fromkeys(_masters(engine, queue, shards=True), str(exc)))
+            if engine.is_cluster:  # the master that did not answer only (its reads put it
+                _note_down(engine, queue, down, exc)  # in ``down``): the others are checked
                 checks += _failed([queue], limits, str(exc))
                 continue
             left = _failed(limits.queues[n + 1 :], limits, f"not checked: {exc}")
@@ -148,6 +147,16 @@ def _masters(engine: Engine, queue: str, shards: bool = False) -> set[str]:
     (and the directory of queues, as last read, for the shards of an older count)."""
     names = engine.shards(queue) + ([] if shards else [queue])
     return {engine.node_of(name) for name in names}
+
+
+def _note_down(engine: Engine, queue: str, down: dict[str, str], exc: Exception) -> None:
+    """Put the master of ``queue`` that did not answer into ``down``, when its reads did
+    not (they name the master they asked) and that master is the queue's only one: a queue
+    split over several masters must not have its healthy masters reported down."""
+    with contextlib.suppress(EngineUnavailable):  # a slot with no master
+        masters = _masters(engine, queue, shards=True)
+        if not masters & set(down) and len(masters) == 1:
+            down.setdefault(masters.pop(), str(exc))
 
 
 def _on_masters_down(engine: Engine, queue: str, down: dict[str, str]) -> str | None:
@@ -302,13 +311,16 @@ def check_queue(engine: Engine, queue: str, limits: Limits, rows: bool = True) -
         return _failed([queue], limits, str(exc))
 
 
-def _queue_checks(engine: Engine, queue: str, limits: Limits, rows: bool) -> list[Check]:
+def _queue_checks(
+    engine: Engine, queue: str, limits: Limits, rows: bool, down: dict[str, str] | None = None
+) -> list[Check]:
     """``check_queue``, but a Redis that does not answer (``unreachable``) raises its
-    ``EngineUnavailable``: the checks of the next queues need not wait for it too."""
+    ``EngineUnavailable``: the checks of the next queues need not wait for it too. With
+    ``down`` (on a Cluster), the master that did not answer goes into it, and no other."""
     from .metrics.snapshot import oldest_overdue
 
     try:
-        stats = engine.stats(queue)
+        stats = engine.stats(queue, down)
     except DelayJobsError as exc:
         if _stopped_answering(exc):
             raise
@@ -322,7 +334,7 @@ def _queue_checks(engine: Engine, queue: str, limits: Limits, rows: bool) -> lis
                             "is its row's, and the database check failed"))  # fmt: skip
         return checks + _garbage(queue, stats.garbage, limits)
     try:
-        overdue = oldest_overdue(engine, stats)
+        overdue = oldest_overdue(engine, stats, down)
     except (DelayJobsError, DatabaseError) as exc:
         if _stopped_answering(exc):
             raise

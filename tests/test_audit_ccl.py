@@ -1,0 +1,92 @@
+"""Audit of failure paths on a Redis Cluster (``pytest -m cluster``): the health check
+and the reads of the admin and the API with one master down or frozen. The tests start
+their own cluster of 3 masters and no replicas (``lonely``) and stop one master by its
+pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from django.db.backends.signals import connection_created
+from django.test import override_settings
+
+from django_delayjobs import health
+from django_delayjobs.connection import get_engine
+from tests.test_audit_cls3 import PREFIX, node, owner, settings_for
+from tests.test_audit_hlt import queues_by_master
+
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
+
+SPLIT = {f"s{n}": 6 for n in range(10)}
+
+
+def ids_in(engine: Any, queue: str, shard: str, count: int = 1) -> list[str]:
+    """``count`` job ids whose home in ``queue`` is ``shard``."""
+    found: list[str] = []
+    while len(found) < count:
+        job_id = str(uuid.uuid4())
+        if engine.home(queue, job_id) == shard:
+            found.append(job_id)
+    return found
+
+
+def test_health_names_only_the_master_that_froze_under_a_sharded_queue(on_lonely):
+    """A master that froze while a queue split over every master was checked (its ready
+    list read after its stats) was reported with every other master of that queue as not
+    answering: the queues checked after it, on healthy masters, failed "a key of it is on
+    master <healthy>, which does not answer". Only the frozen master is named now, and the
+    queues on the others pass."""
+    cluster, client = on_lonely
+    directory = owner(client, f"{{{PREFIX}}}:queues")
+    by_master = queues_by_master(client)
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS=SPLIT)):
+        engine = get_engine()
+        # A split queue, and a master (not the directory's nor the queue's own name's)
+        # holding one of its shards after a shard on another master.
+        queue, first, second, address = next(
+            (q, shards[i], shards[j], engine.node_of(shards[j]))
+            for q in SPLIT
+            if (shards := engine.shards(q))
+            for i in range(len(shards))
+            for j in range(i + 1, len(shards))
+            if engine.node_of(shards[j]) not in {directory, engine.node_of(q)}
+            and engine.node_of(shards[i]) != engine.node_of(shards[j])
+        )
+        victim = node(cluster, address)
+        assert victim.pid is not None
+        healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
+        lost = by_master[address][:1]
+        now = engine.server_time_ms()
+        for shard in (first, second):
+            engine.add(queue, dict.fromkeys(ids_in(engine, queue, shard), now - 1000))
+        engine.promote(queue)
+        assert engine.stats(first).ready == engine.stats(second).ready == 1
+
+        def freeze(sender: object, **kwargs: Any) -> None:
+            # The due time of the first shard's ready job is read from the database:
+            # the victim stops before its own shard's ready list is read.
+            if threading.current_thread().name == "delayjobs-database-read":
+                connection_created.disconnect(freeze)
+                os.kill(victim.pid, signal.SIGSTOP)
+
+        limits = health.Limits(queues=(queue, *healthy, *lost), min_workers=0)
+        connection_created.connect(freeze)
+        try:
+            checks = {c.name: c for c in health.run(engine, limits)}
+        finally:
+            connection_created.disconnect(freeze)
+            os.kill(victim.pid, signal.SIGCONT)
+    assert checks["redis"].ok and checks["database"].ok, checks
+    assert not checks[f"overdue:{queue}"].ok
+    for name in (f"{kind}:{q}" for q in healthy for kind in ("workers", "overdue")):
+        assert checks[name].ok, checks[name]
+    for name in (f"{kind}:{q}" for q in lost for kind in ("workers", "overdue")):
+        assert not checks[name].ok, checks[name]
+    others = {n.address for n in cluster.nodes} - {address}
+    for check in checks.values():
+        assert not any(other in check.detail for other in others), check
