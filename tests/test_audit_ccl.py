@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -15,10 +16,10 @@ import pytest
 from django.db.backends.signals import connection_created
 from django.test import override_settings
 
-from django_delayjobs import health
-from django_delayjobs.connection import get_engine
+from django_delayjobs import health, queues
+from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
 from tests.test_audit_cls3 import PREFIX, node, owner, settings_for
-from tests.test_audit_hlt import queues_by_master
+from tests.test_audit_hlt import frozen, queues_by_master
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
@@ -90,3 +91,33 @@ def test_health_names_only_the_master_that_froze_under_a_sharded_queue(on_lonely
     others = {n.address for n in cluster.nodes} - {address}
     for check in checks.values():
         assert not any(other in check.detail for other in others), check
+
+
+def test_the_queue_page_waits_for_a_frozen_master_once_not_once_per_queue(on_lonely):
+    """The reads of the admin's queue page and the API's ``queues/`` with a master frozen
+    (it takes connections and answers nothing): the pipeline of every queue fails, then
+    each queue is read alone, and each one on the frozen master, or with a shard there,
+    must not wait for it again (a page of many queues there outlasts the web server's
+    timeout: a 502 where the queues of the other masters should show)."""
+    cluster, client = on_lonely
+    by_master = queues_by_master(client)
+    directory = owner(client, f"{{{PREFIX}}}:queues")
+    address = next(a for a in by_master if a != directory)
+    lost = by_master[address][:6]
+    healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
+    split = ["s0", "s1"]
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS=SPLIT)):
+        engine = get_engine()
+        for queue in lost + healthy + split:
+            engine.add(queue, {str(uuid.uuid4()): engine.server_time_ms() + 3_600_000})
+        assert all(address in {engine.node_of(s) for s in engine.shards(q)} for q in split)
+        names = sorted(lost + healthy + split)
+        assert len(queues.readable_queue_states(names=names)[0]) == len(names)
+        with frozen(node(cluster, address)):
+            started = time.monotonic()
+            states, errors, _ = queues.readable_queue_states(names=names)
+            took = time.monotonic() - started
+    assert {s.name for s in states} == set(healthy + split)
+    assert set(errors) == set(lost)
+    assert all(s.partial for s in states if s.name in split)
+    assert took < 8 * SOCKET_TIMEOUT, took
