@@ -5,6 +5,7 @@ pid."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -17,7 +18,8 @@ from django.db.backends.signals import connection_created
 from django.test import override_settings
 
 from django_delayjobs import health, queues
-from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
+from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine, redis_client
+from django_delayjobs.engine import Engine
 from tests.test_audit_cls3 import PREFIX, node, owner, settings_for
 from tests.test_audit_hlt import frozen, queues_by_master
 
@@ -121,3 +123,25 @@ def test_the_queue_page_waits_for_a_frozen_master_once_not_once_per_queue(on_lon
     assert set(errors) == set(lost)
     assert all(s.partial for s in states if s.name in split)
     assert took < 8 * SOCKET_TIMEOUT, took
+
+
+def test_a_failed_read_of_the_directory_is_not_made_again_at_once(on_lonely):
+    """With the directory's master frozen, the queue page's list of queues (a read of the
+    directory that must name its failure) waited the client's timeout and retry, and the
+    first read of the queues' shards right after waited for it again: a read that failed
+    counts as a read for ``DIRECTORY_TTL``, as it does when it need not name its
+    failure."""
+    cluster, client = on_lonely
+    directory = owner(client, f"{{{PREFIX}}}:queues")
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS=SPLIT)):
+        get_engine().add("s0", {str(uuid.uuid4()): get_engine().server_time_ms() + 3_600_000})
+        # A process that has not read the directory yet (a web process's first page).
+        engine = Engine(redis_client(), prefix=PREFIX, shards=SPLIT)
+        with frozen(node(cluster, directory)), contextlib.closing(engine):
+            _, unlisted = queues.listed_queues(engine)
+            assert "cannot be read" in unlisted
+            started = time.monotonic()
+            shards = engine.shards("s0")
+            took = time.monotonic() - started
+    assert len(shards) == 6
+    assert took < SOCKET_TIMEOUT / 2, took  # a read of the frozen master waits it at least
