@@ -6,6 +6,7 @@ pid."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import threading
@@ -14,6 +15,7 @@ import uuid
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db.backends.signals import connection_created
 from django.test import override_settings
 
@@ -145,3 +147,30 @@ def test_a_failed_read_of_the_directory_is_not_made_again_at_once(on_lonely):
             took = time.monotonic() - started
     assert len(shards) == 6
     assert took < SOCKET_TIMEOUT / 2, took  # a read of the frozen master waits it at least
+
+
+def test_delayjobs_stats_shows_the_queues_of_the_masters_that_answer(on_lonely):
+    """``delayjobs_stats`` with a master down printed no row at all, only that Redis is
+    unreachable, when a queue of one shard had its keys there: the rows of the queues on
+    the other masters are printed, the queue that cannot be read is named, exit 1."""
+    cluster, client = on_lonely
+    by_master = queues_by_master(client)
+    directory = owner(client, f"{{{PREFIX}}}:queues")
+    address = next(a for a in by_master if a != directory)
+    lost = by_master[address][:1]
+    healthy = [q for a, qs in by_master.items() if a != address for q in qs[:1]]
+    victim = node(cluster, address)
+    out = io.StringIO()
+    with override_settings(DELAYJOBS=settings_for(cluster)):
+        engine = get_engine()
+        for queue in lost + healthy:
+            engine.add(queue, {str(uuid.uuid4()): engine.server_time_ms() + 3_600_000})
+        cluster.kill(victim)
+        try:
+            with pytest.raises(CommandError) as failed:
+                call_command("delayjobs_stats", *lost, *healthy, stdout=out)
+        finally:
+            cluster.restart(victim)
+    printed = {line.split()[0] for line in out.getvalue().splitlines()[1:]}
+    assert printed == set(healthy), out.getvalue()
+    assert f"queue {lost[0]}" in str(failed.value) and address in str(failed.value)
