@@ -174,3 +174,29 @@ def test_delayjobs_stats_shows_the_queues_of_the_masters_that_answer(on_lonely):
     printed = {line.split()[0] for line in out.getvalue().splitlines()[1:]}
     assert printed == set(healthy), out.getvalue()
     assert f"queue {lost[0]}" in str(failed.value) and address in str(failed.value)
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_delayjobs_stats_while_the_directory_s_master_is_down(on_lonely, named):
+    """With the master of the directory of queues down, ``delayjobs_stats`` printed no row,
+    even of a queue it was given by name on another master: the directory's read ended
+    it. The queues named (or, unnamed, those last listed and those of the settings) are
+    printed, and the command says the directory cannot be read (exit 1)."""
+    cluster, client = on_lonely
+    by_master = queues_by_master(client)
+    directory = owner(client, f"{{{PREFIX}}}:queues")
+    queue = next(q for a, qs in by_master.items() if a != directory for q in qs)
+    victim = node(cluster, directory)
+    out = io.StringIO()
+    with override_settings(DELAYJOBS=settings_for(cluster, DEFAULT_QUEUE=queue)):
+        engine = get_engine()
+        engine.add(queue, {str(uuid.uuid4()): engine.server_time_ms() + 3_600_000})
+        cluster.kill(victim)
+        try:
+            with pytest.raises(CommandError) as failed:
+                call_command("delayjobs_stats", *([queue] if named else []), stdout=out)
+        finally:
+            cluster.restart(victim)
+    printed = [line.split()[0] for line in out.getvalue().splitlines()[1:]]
+    assert printed == [queue], out.getvalue()
+    assert "directory of queues" in str(failed.value), failed.value

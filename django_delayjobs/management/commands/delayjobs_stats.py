@@ -135,6 +135,13 @@ class Command(SafeOutputCommand):
                     raise
                 broken.append(str(exc))
                 listed = None
+            except EngineUnavailable as exc:  # on a Cluster, the directory's master is down
+                if not engine.is_cluster:  # one Redis: every queue's master is down too
+                    raise
+                configured = {delayjobs_settings.DEFAULT_QUEUE, *delayjobs_settings.QUEUE_SHARDS}
+                named = named or sorted({*engine.known_queues(fresh=False), *configured})
+                broken.append(f"the directory of queues, so a queue may be missing: {exc}")
+                listed = None
             down: dict[str, str] = {}  # Cluster masters that do not answer, asked once
             for queue in named or listed or []:
                 try:
