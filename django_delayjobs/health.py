@@ -35,7 +35,6 @@ the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import uuid
@@ -132,31 +131,20 @@ def run(engine: Engine, limits: Limits) -> list[Check]:
         try:
             checks += _queue_checks(engine, queue, limits, rows=database.ok, down=down)
         except EngineUnavailable as exc:  # stopped answering: each call would wait as long
-            if engine.is_cluster:  # the master that did not answer only (its reads put it
-                _note_down(engine, queue, down, exc)  # in ``down``): the others are checked
-                checks += _failed([queue], limits, str(exc))
+            if engine.is_cluster:  # the master that did not answer only (the reads put it
+                checks += _failed([queue], limits, str(exc))  # in ``down``): not the others
                 continue
             left = _failed(limits.queues[n + 1 :], limits, f"not checked: {exc}")
             return checks + _failed([queue], limits, str(exc)) + left
     return checks
 
 
-def _masters(engine: Engine, queue: str, shards: bool = False) -> set[str]:
-    """The addresses of the Cluster masters that hold the keys of ``queue``'s shards (and,
-    unless only ``shards``, of its live workers). No Redis call: the client's slot table
-    (and the directory of queues, as last read, for the shards of an older count)."""
-    names = engine.shards(queue) + ([] if shards else [queue])
+def _masters(engine: Engine, queue: str) -> set[str]:
+    """The addresses of the Cluster masters that hold the keys of ``queue``'s shards and
+    of its live workers. No Redis call: the client's slot table (and the directory of
+    queues, as last read, for the shards of an older count)."""
+    names = [*engine.shards(queue), queue]
     return {engine.node_of(name) for name in names}
-
-
-def _note_down(engine: Engine, queue: str, down: dict[str, str], exc: Exception) -> None:
-    """Put the master of ``queue`` that did not answer into ``down``, when its reads did
-    not (they name the master they asked) and that master is the queue's only one: a queue
-    split over several masters must not have its healthy masters reported down."""
-    with contextlib.suppress(EngineUnavailable):  # a slot with no master
-        masters = _masters(engine, queue, shards=True)
-        if not masters & set(down) and len(masters) == 1:
-            down.setdefault(masters.pop(), str(exc))
 
 
 def _on_masters_down(engine: Engine, queue: str, down: dict[str, str]) -> str | None:
