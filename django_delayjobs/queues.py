@@ -251,8 +251,9 @@ def readable_queue_states(
     ``listed_queues``; always "" with ``names``). Raises ``EngineUnavailable`` if Redis is
     down (no queue could be read, and not for a wrong type).
 
-    Redis is read in one pipeline for all the queues (one round trip per master); when it
-    fails as a whole on a Cluster (a master does not answer), queue by queue instead."""
+    Redis is read in one pipeline for all the queues; on a Cluster (whose pipelines
+    redis-py does not let carry the counts' script), queue by queue instead, each master
+    that does not answer waited for once."""
     engine = get_engine()
     unlisted = ""
     if names is None:

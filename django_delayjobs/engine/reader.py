@@ -391,11 +391,12 @@ class Reader:
         self, queues: Sequence[str], *, next_due: int = 10, garbage: int = 100
     ) -> dict[str, Overview | EngineUnavailable]:
         """Return, for each of ``queues``, what ``stats``, ``next_due``, ``garbage`` and
-        ``workers`` return, read in one pipeline: one round trip per Redis (per master on
-        a Cluster) for them all, where those take about seven calls per queue. Each
-        shard's counts are still one atomic script. A queue whose keys cannot be read (a
-        key of the wrong type) gets its error; raises ``EngineUnavailable`` if the
-        pipeline fails as a whole (Redis, or a Cluster master, does not answer)."""
+        ``workers`` return, read in one pipeline: one round trip for them all, where those
+        take about seven calls per queue. Each shard's counts are still one atomic
+        script. A queue whose keys cannot be read (a key of the wrong type) gets its
+        error; raises ``EngineUnavailable`` if the pipeline fails as a whole (Redis does
+        not answer), and at once on a Cluster: redis-py refuses ``EVALSHA`` in a Cluster
+        pipeline (the caller then reads queue by queue)."""
         due, dead = _batch(next_due), _batch(garbage)
         plan = [(queue, self._router.targets(queue)) for queue in queues]
 
