@@ -35,7 +35,6 @@ the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import uuid
@@ -130,23 +129,21 @@ def run(engine: Engine, limits: Limits) -> list[Check]:
             checks += _failed([queue], limits, away)
             continue
         try:
-            checks += _queue_checks(engine, queue, limits, rows=database.ok)
+            checks += _queue_checks(engine, queue, limits, rows=database.ok, down=down)
         except EngineUnavailable as exc:  # stopped answering: each call would wait as long
-            if engine.is_cluster:  # its master(s) only: the other queues are checked
-                with contextlib.suppress(EngineUnavailable):  # a slot with no master
-                    down.update(dict.fromkeys(_masters(engine, queue, shards=True), str(exc)))
-                checks += _failed([queue], limits, str(exc))
+            if engine.is_cluster:  # the master that did not answer only (the reads put it
+                checks += _failed([queue], limits, str(exc))  # in ``down``): not the others
                 continue
             left = _failed(limits.queues[n + 1 :], limits, f"not checked: {exc}")
             return checks + _failed([queue], limits, str(exc)) + left
     return checks
 
 
-def _masters(engine: Engine, queue: str, shards: bool = False) -> set[str]:
-    """The addresses of the Cluster masters that hold the keys of ``queue``'s shards (and,
-    unless only ``shards``, of its live workers). No Redis call: the client's slot table
-    (and the directory of queues, as last read, for the shards of an older count)."""
-    names = engine.shards(queue) + ([] if shards else [queue])
+def _masters(engine: Engine, queue: str) -> set[str]:
+    """The addresses of the Cluster masters that hold the keys of ``queue``'s shards and
+    of its live workers. No Redis call: the client's slot table (and the directory of
+    queues, as last read, for the shards of an older count)."""
+    names = [*engine.shards(queue), queue]
     return {engine.node_of(name) for name in names}
 
 
@@ -302,13 +299,16 @@ def check_queue(engine: Engine, queue: str, limits: Limits, rows: bool = True) -
         return _failed([queue], limits, str(exc))
 
 
-def _queue_checks(engine: Engine, queue: str, limits: Limits, rows: bool) -> list[Check]:
+def _queue_checks(
+    engine: Engine, queue: str, limits: Limits, rows: bool, down: dict[str, str] | None = None
+) -> list[Check]:
     """``check_queue``, but a Redis that does not answer (``unreachable``) raises its
-    ``EngineUnavailable``: the checks of the next queues need not wait for it too."""
+    ``EngineUnavailable``: the checks of the next queues need not wait for it too. With
+    ``down`` (on a Cluster), the master that did not answer goes into it, and no other."""
     from .metrics.snapshot import oldest_overdue
 
     try:
-        stats = engine.stats(queue)
+        stats = engine.stats(queue, down)
     except DelayJobsError as exc:
         if _stopped_answering(exc):
             raise
@@ -322,7 +322,7 @@ def _queue_checks(engine: Engine, queue: str, limits: Limits, rows: bool) -> lis
                             "is its row's, and the database check failed"))  # fmt: skip
         return checks + _garbage(queue, stats.garbage, limits)
     try:
-        overdue = oldest_overdue(engine, stats)
+        overdue = oldest_overdue(engine, stats, down)
     except (DelayJobsError, DatabaseError) as exc:
         if _stopped_answering(exc):
             raise

@@ -161,19 +161,20 @@ def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) 
 
 
 def _read_one(
-    engine: Engine, name: str, next_due: int, garbage: int
+    engine: Engine, name: str, next_due: int, garbage: int, down: dict[str, str] | None = None
 ) -> Overview | EngineUnavailable:
     """One queue read call by call (``Engine.overview`` reads many in one pipeline); of
-    the shards that answer if some do not (``Overview.partial`` says why)."""
+    the shards that answer if some do not (``Overview.partial`` says why). With ``down``
+    (see ``Engine.stats``), a Cluster master that did not answer is not asked again."""
     each = PerShard()
-    stats: QueueStats | None = each.run(lambda: engine.stats(name), None)  # names a WRONGTYPE
+    stats: QueueStats | None = each.run(lambda: engine.stats(name, down), None)  # WRONGTYPE
     if stats is None:
         assert each.failure is not None
         return each.failure  # no shard answered
     nothing: list[Any] = []
-    upcoming = each.run(lambda: engine.next_due(name, next_due), nothing)
-    dead = each.run(lambda: engine.garbage(name, garbage), nothing) if garbage else []
-    workers = each.run(lambda: engine.workers(name), nothing)
+    upcoming = each.run(lambda: engine.next_due(name, next_due, down), nothing)
+    dead = each.run(lambda: engine.garbage(name, garbage, down), nothing) if garbage else []
+    workers = each.run(lambda: engine.workers(name, down), nothing)
     return Overview(stats, upcoming, dead, workers, str(each.failure or ""))
 
 
@@ -250,8 +251,9 @@ def readable_queue_states(
     ``listed_queues``; always "" with ``names``). Raises ``EngineUnavailable`` if Redis is
     down (no queue could be read, and not for a wrong type).
 
-    Redis is read in one pipeline for all the queues (one round trip per master); when it
-    fails as a whole on a Cluster (a master does not answer), queue by queue instead."""
+    Redis is read in one pipeline for all the queues; on a Cluster (whose pipelines
+    redis-py does not let carry the counts' script), queue by queue instead, each master
+    that does not answer waited for once."""
     engine = get_engine()
     unlisted = ""
     if names is None:
@@ -262,7 +264,8 @@ def readable_queue_states(
     except EngineUnavailable:
         if not engine.is_cluster:
             raise
-        read = {name: _read_one(engine, name, next_due, garbage) for name in names}
+        away: dict[str, str] = {}  # each master that does not answer waited for once
+        read = {name: _read_one(engine, name, next_due, garbage, away) for name in names}
     errors = {name: str(r) for name, r in read.items() if isinstance(r, Exception)}
     found = {name: r for name, r in read.items() if not isinstance(r, Exception)}
     down = next((r for r in read.values() if isinstance(r, Exception)

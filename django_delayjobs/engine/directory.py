@@ -83,7 +83,9 @@ class Directory:
         never split), not none at all; it is read again after ``DIRECTORY_TTL``. (On a
         Cluster, a process that started while the directory's master was down served no
         queue at all until it was back.) ``fresh`` reads raise, so the failure is named
-        where queues are listed (stats, metrics). On one Redis (``one_server``) a read
+        where queues are listed (stats, metrics); the reads after it within
+        ``DIRECTORY_TTL`` use what was last read, as after any read that failed (a frozen
+        master is not waited for twice in a row). On one Redis (``one_server``) a read
         that Redis does not answer raises too (not a refusal or a key of the wrong type):
         the caller's next call would wait for the same timeout (a promote, a claim, a
         ``stats`` waited for two, once per ``DIRECTORY_TTL``).
@@ -92,7 +94,11 @@ class Directory:
             try:
                 members = self._run(lambda: self.client.smembers(self.key))
             except EngineUnavailable as exc:
-                if fresh or (self.one_server and unreachable(exc)):
+                if self.one_server and unreachable(exc):
+                    raise
+                if fresh:  # named; the reads within DIRECTORY_TTL use what was last read
+                    with self._lock:  # (on a Cluster: not one more wait for a frozen master)
+                        self._read_at, self._known = time.monotonic(), True
                     raise
                 members = {shard.name for found in self._shards.values() for shard in found}
             shards: dict[str, set[Shard]] = {}

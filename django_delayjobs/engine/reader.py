@@ -321,15 +321,19 @@ class Reader:
             int(expired), int(garb), int(live), _opt_int(nxt), _opt_int(lease), counters,
         )  # fmt: skip
 
-    def next_due(self, queue: str, limit: int = 10) -> list[tuple[str, int]]:
-        """Return the ``limit`` pending ids due soonest, with their due times (ms)."""
+    def next_due(
+        self, queue: str, limit: int = 10, down: dict[str, str] | None = None
+    ) -> list[tuple[str, int]]:
+        """Return the ``limit`` pending ids due soonest, with their due times (ms). With
+        ``down``, as in ``stats``: a master listed there is not asked."""
         last = _batch(limit) - 1
         found: list[Rows] = []
         # A master that is down: PartlyUnavailable, with the others' ids.
         each = PerShard(one_server=not self.is_cluster)
         for shard in self._router.targets(queue):
             read = partial(self.client.zrange, self._keys(shard).pending, 0, last, withscores=True)
-            found.append(cast(Rows, each.run(partial(self._call, read), [])))
+            call = partial(self._unless_down, shard, down, partial(self._call, read))
+            found.append(cast(Rows, each.run(call, [])))
         soonest = _soonest(found, last + 1)
         each.check(soonest)
         return soonest
@@ -341,14 +345,18 @@ class Reader:
         directory = self._router.directory
         return sorted(directory.listed(fresh=True) if fresh else directory.last())
 
-    def garbage(self, queue: str, limit: int = 100) -> list[tuple[str, int]]:
-        """Return the most recently buried ids with their time of death (ms)."""
+    def garbage(
+        self, queue: str, limit: int = 100, down: dict[str, str] | None = None
+    ) -> list[tuple[str, int]]:
+        """Return the most recently buried ids with their time of death (ms). With
+        ``down``, as in ``stats``: a master listed there is not asked."""
         last = _batch(limit) - 1
         found: list[Rows] = []
         each = PerShard(one_server=not self.is_cluster)  # as in next_due
         for shard in self._router.targets(queue):
             read = partial(self.client.zrevrange, self._keys(shard).garbage, 0, last, True)
-            found.append(cast(Rows, each.run(partial(self._call, read), [])))
+            call = partial(self._unless_down, shard, down, partial(self._call, read))
+            found.append(cast(Rows, each.run(call, [])))
         latest = _latest(found, last + 1)
         each.check(latest)
         return latest
@@ -366,26 +374,29 @@ class Reader:
                 if not cursor:
                     break
 
-    def workers(self, queue: str) -> list[dict[str, Any]]:
-        """Return the live workers of a queue: their description and heartbeat expiry."""
-        k = self._keys(Shard(sharding.parse(queue).queue))
+    def workers(self, queue: str, down: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        """Return the live workers of a queue: their description and heartbeat expiry.
+        With ``down``, as in ``stats``: a master listed there is not asked."""
+        home = Shard(sharding.parse(queue).queue)
+        k = self._keys(home)
 
         def run() -> tuple[Rows, dict[bytes, bytes]]:
             now_ms = self.server_time_ms()
             alive = self.client.zrangebyscore(k.workers, now_ms + 1, "+inf", withscores=True)
             return cast(Rows, alive), cast(dict[bytes, bytes], self.client.hgetall(k.worker_info))
 
-        return _workers(*self._call(run))
+        return _workers(*self._unless_down(home, down, partial(self._call, run)))
 
     def overview(
         self, queues: Sequence[str], *, next_due: int = 10, garbage: int = 100
     ) -> dict[str, Overview | EngineUnavailable]:
         """Return, for each of ``queues``, what ``stats``, ``next_due``, ``garbage`` and
-        ``workers`` return, read in one pipeline: one round trip per Redis (per master on
-        a Cluster) for them all, where those take about seven calls per queue. Each
-        shard's counts are still one atomic script. A queue whose keys cannot be read (a
-        key of the wrong type) gets its error; raises ``EngineUnavailable`` if the
-        pipeline fails as a whole (Redis, or a Cluster master, does not answer)."""
+        ``workers`` return, read in one pipeline: one round trip for them all, where those
+        take about seven calls per queue. Each shard's counts are still one atomic
+        script. A queue whose keys cannot be read (a key of the wrong type) gets its
+        error; raises ``EngineUnavailable`` if the pipeline fails as a whole (Redis does
+        not answer), and at once on a Cluster: redis-py refuses ``EVALSHA`` in a Cluster
+        pipeline (the caller then reads queue by queue)."""
         due, dead = _batch(next_due), _batch(garbage)
         plan = [(queue, self._router.targets(queue)) for queue in check_names(queues)]
 

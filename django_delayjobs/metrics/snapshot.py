@@ -8,6 +8,7 @@ host, whichever process serves it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 from .. import bounded, timing
 from ..conf import delayjobs_settings
 from ..engine import QueueStats
-from ..engine.errors import EngineUnavailable, PartlyUnavailable, WrongType, guarded
+from ..engine.errors import EngineUnavailable, PartlyUnavailable, WrongType, guarded, unreachable
 from ..models import Job
 from ..queues import listed_queues
 from . import layout, store
@@ -109,13 +110,15 @@ def log_unreadable(logger: logging.Logger, unreadable: dict[str, str]) -> None:
             logger.warning("metrics: queue %r could not be read (%s)", name, why)
 
 
-def oldest_overdue(engine: Engine, stats: QueueStats) -> float:
+def oldest_overdue(engine: Engine, stats: QueueStats, down: dict[str, str] | None = None) -> float:
     """Seconds since the due time of the oldest job that is due and has not started:
     the head of pending if it is overdue (no promoter ran it), the oldest live id in
     ready (waiting for a worker), whose due time its row holds, or the oldest lease that
     ran out (its worker was lost, and no promoter has recovered it): since the lease's
     end. (When the first ``READY_HEAD`` entries of ready are all ids removed while ready,
-    the oldest of up to as many of its live ids, picked at random.)"""
+    the oldest of up to as many of its live ids, picked at random.) With ``down`` (see
+    ``Engine.stats``), the Cluster master of a shard whose ready list it could not read
+    goes into it: that master alone, not every master of the queue."""
     ages: list[float] = [0]
     if stats.overdue and stats.next_due_ms is not None:
         ages.append(stats.now_ms - stats.next_due_ms)
@@ -123,7 +126,13 @@ def oldest_overdue(engine: Engine, stats: QueueStats) -> float:
         ages.append(stats.now_ms - stats.oldest_lease_ms)
     for shard in stats.shards or [stats]:  # a queue of several shards: each one's head
         if shard.ready:
-            due_ms = _ready_head_due_ms(engine, shard.queue)
+            try:
+                due_ms = _ready_head_due_ms(engine, shard.queue)
+            except EngineUnavailable as exc:
+                if down is not None and engine.is_cluster and unreachable(exc):
+                    with contextlib.suppress(EngineUnavailable):  # a slot with no master
+                        down.setdefault(engine.node_of(shard.queue), str(exc))
+                raise
             if due_ms is not None:
                 ages.append(stats.now_ms - due_ms)
     return max(ages) / 1000

@@ -15,7 +15,15 @@ from django.core.management.base import CommandError
 
 from ...conf import delayjobs_settings
 from ...connection import get_engine
-from ...engine import DelayJobsError, Engine, PartlyUnavailable, QueueStats, WrongType, sharding
+from ...engine import (
+    DelayJobsError,
+    Engine,
+    EngineUnavailable,
+    PartlyUnavailable,
+    QueueStats,
+    WrongType,
+    sharding,
+)
 from ...queues import missing_shards, ms_datetime
 from ..output import SafeOutputCommand
 
@@ -63,14 +71,28 @@ def empty(r: tuple[str, ...]) -> bool:
     return all(counts[c] == "0" for c in ("pending", "ready", "in_flight", "garbage", "workers"))
 
 
-def rows(engine: Engine, queue: str, stats: QueueStats | None = None) -> list[tuple[str, ...]]:
-    """The queue's row, then (for a queue of several shards) one row per shard."""
-    stats = stats or engine.stats(queue)
+def rows(
+    engine: Engine,
+    queue: str,
+    stats: QueueStats | None = None,
+    down: dict[str, str] | None = None,
+) -> list[tuple[str, ...]]:
+    """The queue's row, then (for a queue of several shards) one row per shard. With
+    ``down`` (see ``Engine.stats``), a Cluster master that did not answer is not asked."""
+    stats = stats or engine.stats(queue, down)
     if not stats.shards:
         return [row(stats, master=engine.node_of(queue))]
     return [row(stats)] + [
         row(shard, f"  {shard.queue}", "-", engine.node_of(shard.queue)) for shard in stats.shards
     ]
+
+
+def masters(engine: Engine, queue: str) -> str:
+    """The Cluster masters of ``queue``'s shards, as the client's slot table has them."""
+    try:
+        return ", ".join(sorted({engine.node_of(shard) for shard in engine.shards(queue)}))
+    except DelayJobsError:
+        return "unknown"
 
 
 def unread(engine: Engine, queue: str, stats: QueueStats) -> str:
@@ -113,9 +135,17 @@ class Command(SafeOutputCommand):
                     raise
                 broken.append(str(exc))
                 listed = None
+            except EngineUnavailable as exc:  # on a Cluster, the directory's master is down
+                if not engine.is_cluster:  # one Redis: every queue's master is down too
+                    raise
+                configured = {delayjobs_settings.DEFAULT_QUEUE, *delayjobs_settings.QUEUE_SHARDS}
+                named = named or sorted({*engine.known_queues(fresh=False), *configured})
+                broken.append(f"the directory of queues, so a queue may be missing: {exc}")
+                listed = None
+            down: dict[str, str] = {}  # Cluster masters that do not answer, asked once
             for queue in named or listed or []:
                 try:
-                    found = rows(engine, queue)
+                    found = rows(engine, queue, down=down)
                     if (
                         listed is not None
                         and empty(found[0])
@@ -131,6 +161,10 @@ class Command(SafeOutputCommand):
                     )
                 except WrongType as exc:  # that queue alone: the others are shown
                     broken.append(f"queue {queue}: {exc}")
+                except EngineUnavailable as exc:  # one Redis: every queue's; on a Cluster,
+                    if not engine.is_cluster:  # its master's: the others are shown
+                        raise
+                    broken.append(f"queue {queue} (master {masters(engine, queue)}): {exc}")
         except (DelayJobsError, ValueError, TypeError) as exc:
             raise CommandError(str(exc)) from exc
         widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
