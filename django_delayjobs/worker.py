@@ -580,13 +580,15 @@ class WorkerProcess:
         """Make Redis hold again the jobs this burst let go (``let_go``); True if there
         were any. After Redis lost its data their rows wait with nothing in Redis, and
         beside a burst run by cron no reconcile sweep may run to put them back. Raises
-        ``EngineUnavailable``; a database that fails it stops the burst (exit 1)."""
+        ``EngineUnavailable``; a database that fails it, or does not answer (``progress``),
+        stops the burst (exit 1)."""
         with self.held_lock:
             ids, self.let_gone = self.let_gone, set()
         if not ids:
             return False
         try:
-            reconcile(self.engine, ids=ids)
+            with self.progress.watching() as progress:
+                reconcile(self.engine, ids=ids, progress=progress)
         except (EngineUnavailable, DatabaseError) as exc:
             with self.held_lock:
                 self.let_gone |= ids  # tried again, or counted as left behind
