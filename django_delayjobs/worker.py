@@ -292,8 +292,12 @@ class WorkerProcess:
             self.finish(grace)
             if any(t.is_alive() for t in self.workers):
                 self.abandoned = True
-                logger.warning("actions still running after %s s; leaving them to their lease "
-                               "(job(s) %s)", grace, ", ".join(self.running_ids()))  # fmt: skip
+                if running := self.running_ids():
+                    logger.warning("actions still running after %s s; leaving them to their "
+                                   "lease (job(s) %s)", grace, ", ".join(running))  # fmt: skip
+                else:  # stuck outside any action: a claim, a burst's put_back
+                    logger.warning("worker thread(s) still busy after %s s, running no action; "
+                                   "exiting without them", grace)  # fmt: skip
                 self.hand_back_waiting()
         finally:
             self.stopped.set()

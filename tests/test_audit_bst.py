@@ -44,4 +44,7 @@ def test_a_burst_whose_put_back_waits_on_a_silent_connection_exits_1(
     text = log.read_text()
     assert "thread delayjobs-worker-0 has made no progress" in text, text
     assert "(more than 6 s)" in text, text
+    # Its thread ran no action: the log named none as running ("job(s) " with no id).
+    assert "actions still running" not in text, text
+    assert "worker thread(s) still busy after 1.0 s, running no action" in text, text
     assert Job.objects.get(pk=first.pk).status == Status.SUCCEEDED
