@@ -4,16 +4,18 @@ A call to the database can wait for a very long time: over a connection left hal
 (a failover or a network cut that sent no reset) a socket read waits as long as the
 kernel retransmits the request, about 15 minutes, and for good once the request was
 acknowledged, unless TCP keepalives are on. The reconcile sweep and the database
-housekeeping would then stop, unseen, in a process that goes on heartbeating. So each
-marks its progress, and one that has gone ``STUCK_BEATS`` ``HEARTBEAT_SECONDS`` past its
+housekeeping would then stop, unseen, in a process that goes on heartbeating, and a
+``--burst`` putting back the jobs whose lease it lost would never end. So each marks its
+progress, and one that has gone ``STUCK_BEATS`` ``HEARTBEAT_SECONDS`` past its
 own pause without a mark counts as a dead thread (see ``WorkerProcess.supervise``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .conf import delayjobs_settings
 
@@ -41,6 +43,16 @@ class Progress:
 
         mark()
         return mark
+
+    @contextlib.contextmanager
+    def watching(self, pause: float = 0.0) -> Iterator[Callable[[], None]]:
+        """Watch the calling thread (``watch``) for the length of the block only: a worker
+        thread's call to the database between jobs, which no ``Execution`` watches."""
+        mark = self.watch(pause)
+        try:
+            yield mark
+        finally:
+            self._marks.pop(threading.current_thread().name, None)
 
     def stuck(self) -> str | None:
         """Why a watched thread counts as dead, or None if none does."""

@@ -292,8 +292,12 @@ class WorkerProcess:
             self.finish(grace)
             if any(t.is_alive() for t in self.workers):
                 self.abandoned = True
-                logger.warning("actions still running after %s s; leaving them to their lease "
-                               "(job(s) %s)", grace, ", ".join(self.running_ids()))  # fmt: skip
+                if running := self.running_ids():
+                    logger.warning("actions still running after %s s; leaving them to their "
+                                   "lease (job(s) %s)", grace, ", ".join(running))  # fmt: skip
+                else:  # stuck outside any action: a claim, a burst's put_back
+                    logger.warning("worker thread(s) still busy after %s s, running no action; "
+                                   "exiting without them", grace)  # fmt: skip
                 self.hand_back_waiting()
         finally:
             self.stopped.set()
@@ -580,13 +584,15 @@ class WorkerProcess:
         """Make Redis hold again the jobs this burst let go (``let_go``); True if there
         were any. After Redis lost its data their rows wait with nothing in Redis, and
         beside a burst run by cron no reconcile sweep may run to put them back. Raises
-        ``EngineUnavailable``; a database that fails it stops the burst (exit 1)."""
+        ``EngineUnavailable``; a database that fails it, or does not answer (``progress``),
+        stops the burst (exit 1)."""
         with self.held_lock:
             ids, self.let_gone = self.let_gone, set()
         if not ids:
             return False
         try:
-            reconcile(self.engine, ids=ids)
+            with self.progress.watching() as progress:
+                reconcile(self.engine, ids=ids, progress=progress)
         except (EngineUnavailable, DatabaseError) as exc:
             with self.held_lock:
                 self.let_gone |= ids  # tried again, or counted as left behind
