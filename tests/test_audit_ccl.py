@@ -23,7 +23,7 @@ from django_delayjobs import health, queues
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine, redis_client
 from django_delayjobs.engine import Engine
 from tests.test_audit_cls3 import PREFIX, node, owner, settings_for
-from tests.test_audit_hlt import frozen, queues_by_master
+from tests.test_audit_hlt import apart, frozen, off_directory, queues_by_master
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
@@ -64,8 +64,7 @@ def test_health_names_only_the_master_that_froze_under_a_sharded_queue(on_lonely
         )
         victim = node(cluster, address)
         assert victim.pid is not None
-        healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
-        lost = by_master[address][:1]
+        lost, healthy = apart(by_master, address, 1, 2)
         now = engine.server_time_ms()
         for shard in (first, second):
             engine.add(queue, dict.fromkeys(ids_in(engine, queue, shard), now - 1000))
@@ -104,11 +103,7 @@ def test_the_queue_page_waits_for_a_frozen_master_once_not_once_per_queue(on_lon
     must not wait for it again (a page of many queues there outlasts the web server's
     timeout: a 502 where the queues of the other masters should show)."""
     cluster, client = on_lonely
-    by_master = queues_by_master(client)
-    directory = owner(client, f"{{{PREFIX}}}:queues")
-    address = next(a for a in by_master if a != directory)
-    lost = by_master[address][:6]
-    healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
+    address, lost, healthy = off_directory(client, 6, 2)
     split = ["s0", "s1"]
     with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS=SPLIT)):
         engine = get_engine()
@@ -154,11 +149,7 @@ def test_delayjobs_stats_shows_the_queues_of_the_masters_that_answer(on_lonely):
     unreachable, when a queue of one shard had its keys there: the rows of the queues on
     the other masters are printed, the queue that cannot be read is named, exit 1."""
     cluster, client = on_lonely
-    by_master = queues_by_master(client)
-    directory = owner(client, f"{{{PREFIX}}}:queues")
-    address = next(a for a in by_master if a != directory)
-    lost = by_master[address][:1]
-    healthy = [q for a, qs in by_master.items() if a != address for q in qs[:1]]
+    address, lost, healthy = off_directory(client, 1, 1)
     victim = node(cluster, address)
     out = io.StringIO()
     with override_settings(DELAYJOBS=settings_for(cluster)):

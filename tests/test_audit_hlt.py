@@ -49,6 +49,22 @@ def queues_by_master(client: Any, count: int = 300) -> dict[str, list[str]]:
     return found
 
 
+def apart(
+    by_master: dict[str, list[str]], address: str, lost: int, healthy: int
+) -> tuple[list[str], list[str]]:
+    """``lost`` queues on the master at ``address``, and ``healthy`` of each other one."""
+    others = [q for a, qs in by_master.items() if a != address for q in qs[:healthy]]
+    return by_master[address][:lost], others
+
+
+def off_directory(client: Any, lost: int, healthy: int) -> tuple[str, list[str], list[str]]:
+    """A master that does not hold the directory of queues, and ``apart``'s queues."""
+    by_master = queues_by_master(client)
+    directory = owner(client, f"{{{PREFIX}}}:queues")
+    address = next(a for a in by_master if a != directory)
+    return address, *apart(by_master, address, lost, healthy)
+
+
 def health(queues: list[str]) -> tuple[dict[str, tuple[bool, str]], bool]:
     """``delayjobs_health`` of ``queues`` (no worker wanted): each check, and whether it
     exited 0."""
@@ -76,12 +92,9 @@ def test_health_with_one_master_down_fails_only_the_queues_on_it(on_lonely, outa
     masters are checked as usual (and pass), those on it fail; exit 1, and 503 from
     ``health/``. A frozen master costs one timeout, not one per queue on it."""
     cluster, client = on_lonely
-    by_master = queues_by_master(client)
-    directory = owner(client, f"{{{PREFIX}}}:queues")
-    address = next(a for a in by_master if a != directory)
+    address, lost, healthy = off_directory(client, 4, 2)
     victim = node(cluster, address)
-    lost = [*by_master[address][:4], "split"]  # a queue split into 6 has a shard there
-    healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
+    lost.append("split")  # a queue split into 6 has a shard there
     with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS={"split": 6})):
         engine = get_engine()
         assert address in {engine.node_of(shard) for shard in engine.shards("split")}
@@ -127,13 +140,9 @@ def test_health_with_a_master_that_freezes_during_the_queue_checks(on_lonely):
     on every master ("not checked"): the single-Redis short-cut again. Only the queues on
     it fail now, after one wait for it; the others are checked as usual."""
     cluster, client = on_lonely
-    by_master = queues_by_master(client)
-    directory = owner(client, f"{{{PREFIX}}}:queues")
-    address = next(a for a in by_master if a != directory)
+    address, lost, healthy = off_directory(client, 4, 2)
     victim = node(cluster, address)
     assert victim.pid is not None
-    lost = by_master[address][:4]
-    healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
     queues = [q for pair in zip(lost, healthy, strict=False) for q in pair] + healthy[4:]
 
     def freeze(sender: object, **kwargs: Any) -> None:
@@ -246,11 +255,7 @@ def test_a_scrape_with_a_frozen_master_waits_for_it_once_not_once_per_queue(on_l
     several waited too. The first key of a master is read alone, and a master that does
     not answer is not asked again in that scrape."""
     cluster, client = on_lonely
-    by_master = queues_by_master(client)
-    directory = owner(client, f"{{{PREFIX}}}:queues")
-    address = next(a for a in by_master if a != directory)
-    lost = by_master[address][:6]
-    healthy = [q for a, qs in by_master.items() if a != address for q in qs[:2]]
+    address, lost, healthy = off_directory(client, 6, 2)
     split = ["split0", "split1", "split2"]  # 6 shards each, 2 of them on the frozen master
     with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS=dict.fromkeys(split, 6))):
         engine = get_engine()
