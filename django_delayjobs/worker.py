@@ -278,7 +278,7 @@ class WorkerProcess:
         try:
             self.threads = [*self.start_threads(), *also]
             watched = 0.0
-            while not self.stopping.is_set():
+            while not (self.stopping.is_set() or self.signalled):
                 if self.options.burst and not any(t.is_alive() for t in self.workers):
                     break
                 self.supervise()
@@ -391,10 +391,12 @@ class WorkerProcess:
         if self.signalled:
             logger.warning("second signal: exiting now")
             self.exit_now()
-        # Flags first: a second signal may run this handler again inside the log call
-        # below (Python handlers are re-entered), and must find them set.
+        # A flag only, set first: a second signal may run this handler again inside the
+        # log call below (Python handlers are re-entered), and must find it set. Not
+        # ``stopping.set()``: the handler runs in the main thread, which may be inside
+        # ``stopping.wait()`` holding the event's lock (not reentrant), and would wait on
+        # it for good. The main loop sets ``stopping`` at its next round (``pause``).
         self.signalled = True
-        self.stopping.set()
         logger.warning("signal %s: finishing running actions, then exiting", signum)
 
     def on_quit(self, signum: int, frame: FrameType | None = None) -> None:

@@ -660,7 +660,7 @@ def test_an_action_that_ends_within_max_run_seconds_is_not_touched(settings):
 
 def test_a_second_signal_inside_the_first_ones_log_call_exits(monkeypatch):
     """A second SIGTERM can run the handler again while the first is still logging (Python
-    re-enters signal handlers); the first has already set ``stopping``, so it exits."""
+    re-enters signal handlers); the first has already set ``signalled``, so it exits."""
     process = WorkerProcess(get_engine(), Options(queues=["default"]))
     previous = process.install_signal_handlers()
     handle = signal.getsignal(signal.SIGTERM)
@@ -688,7 +688,7 @@ def test_a_second_signal_inside_the_first_ones_log_call_exits(monkeypatch):
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    assert exits == [1] and process.stopping.is_set()
+    assert exits == [1] and process.signalled
 
 
 def test_a_burst_runs_a_job_whose_lease_ran_out():
