@@ -45,10 +45,10 @@ class Progress:
         return mark
 
     @contextlib.contextmanager
-    def watching(self, pause: float = 0.0) -> Iterator[Callable[[], None]]:
+    def watching(self) -> Iterator[Callable[[], None]]:
         """Watch the calling thread (``watch``) for the length of the block only: a worker
         thread's call to the database between jobs, which no ``Execution`` watches."""
-        mark = self.watch(pause)
+        mark = self.watch(0.0)
         try:
             yield mark
         finally:

@@ -51,11 +51,9 @@ _outage = Outage(
 
 
 class RedisSkipped:
-    """What ``skip_redis_after_a_failure`` saw: whether a Redis call failed (``down``),
-    and how many later ones it skipped."""
+    """What ``skip_redis_after_a_failure`` saw: whether a Redis call failed (``down``)."""
 
     down = False
-    skipped = 0
 
 
 _skipping: ContextVar[RedisSkipped | None] = ContextVar("delayjobs_skipping", default=None)
@@ -78,10 +76,7 @@ def skip_redis_after_a_failure() -> Iterator[RedisSkipped]:
 def _skip() -> bool:
     """Whether to skip this Redis call (a call within the scope above has failed)."""
     state = _skipping.get()
-    if state is None or not state.down:
-        return False
-    state.skipped += 1
-    return True
+    return state is not None and state.down
 
 
 def _unavailable(exc: EngineUnavailable) -> None:
