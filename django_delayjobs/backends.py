@@ -29,7 +29,7 @@ from django.utils.module_loading import autodiscover_modules
 from . import door, registry, serialization, signals, sql
 from .engine import DelayJobsError, validate_name
 from .execution import current_job
-from .models import Job, Status
+from .models import EventKind, Job, JobEvent, Status
 from .task_api import (
     BaseTaskBackend,
     InvalidTask,
@@ -199,6 +199,22 @@ class DelayJobsBackend(BaseTaskBackend):
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         return to_result(job)
+
+
+def task_attempts(job: Job) -> int | None:
+    """The MAX_ATTEMPTS of the backend that enqueued ``job``'s task (the alias its
+    ``scheduled`` event names), or None when TASKS has no DelayJobsBackend by that alias."""
+    actor = (
+        JobEvent.objects.filter(job=job, kind=EventKind.SCHEDULED)
+        .order_by("id").values_list("actor", flat=True).first()
+    )  # fmt: skip
+    if actor is None or not actor.startswith(ACTOR):
+        return None
+    try:
+        backend = task_backends[actor.removeprefix(ACTOR)]
+    except ImproperlyConfigured:  # InvalidTaskBackend: not in TASKS (any more)
+        return None
+    return backend.max_attempts if isinstance(backend, DelayJobsBackend) else None
 
 
 def _check_kinds(task: Task[Any, Any]) -> None:

@@ -1,0 +1,67 @@
+"""Audit of the django.tasks backend, round 6: requeue, autodiscovery, corrupt rows."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.management import call_command
+from django.urls import reverse
+
+from django_delayjobs.backends import TaskResultStatus
+from django_delayjobs.models import Job, Status
+from tests.testapp import task_functions as t
+
+from .test_rest_helpers import client_for, url
+
+try:
+    from django.tasks import default_task_backend
+except ImportError:
+    from django_tasks import default_task_backend
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHANGELIST = "admin:django_delayjobs_job_changelist"
+
+
+def burst() -> None:
+    call_command("run_delayworker", "--burst", "--queues", "default,other", "-v", "0")
+
+
+def dead_task() -> Job:
+    """A task that raised on its only attempt (the backend's MAX_ATTEMPTS, 1)."""
+    result = t.explode.enqueue("boom")
+    burst()
+    job = Job.objects.get(pk=result.id)
+    assert (job.status, job.attempts, job.max_attempts) == (Status.DEAD, 1, 1)
+    return job
+
+
+# -- 1. a requeued task gets the attempts of its backend ----------------------------------
+
+
+def test_a_dead_task_requeued_in_the_admin_gets_its_backends_attempts(admin_client, settings):
+    """Requeue gave a dead task DELAYJOBS['MAX_ATTEMPTS'] (5) more attempts, where the
+    backend that enqueued it gives a task one: a requeued task that raised again was
+    retried four times, READY between, against its backend's OPTIONS."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "MAX_ATTEMPTS": 5}
+    job = dead_task()
+    selection = {"action": "requeue_dead", ACTION_CHECKBOX_NAME: [str(job.pk)], "index": "0"}
+    assert admin_client.post(reverse(CHANGELIST), selection).status_code == 302
+    job.refresh_from_db()
+    assert (job.status, job.max_attempts) == (Status.SCHEDULED, 2)
+    burst()
+    assert default_task_backend.get_result(str(job.pk)).status == TaskResultStatus.FAILED
+    assert Job.objects.get(pk=job.pk).attempts == 2
+
+
+def test_a_dead_task_requeued_through_the_api_gets_its_backends_attempts(admin_user):
+    job = dead_task()
+    response = client_for(admin_user).post(url("jobs", job.pk, "requeue"), {}, format="json")
+    assert response.status_code == 200, response.content
+    assert Job.objects.get(pk=job.pk).max_attempts == 2
+    # attempts given in the request still win
+    job = dead_task()
+    body = {"attempts": 3}
+    response = client_for(admin_user).post(url("jobs", job.pk, "requeue"), body, format="json")
+    assert response.status_code == 200, response.content
+    assert Job.objects.get(pk=job.pk).max_attempts == 4
