@@ -359,19 +359,31 @@ def to_result(
     return result
 
 
-_discovery = threading.Lock()
 _discovered_once = False
+_discovering = threading.local()  # .active: this thread is importing the tasks modules
 
 
 def _discovered(name: str) -> Task[Any, Any] | None:
     """The task ``name`` after importing every installed app's ``tasks`` module, as the
     worker does at start-up (once per process): a web process that reads a result by id
-    has not necessarily imported the module of the task that made it."""
+    has not necessarily imported the module of the task that made it.
+
+    No lock of ours around the imports: a ``tasks.py`` that reads a result (or cancels a
+    task's job) at import comes back here in the same thread, and waited for ever on a
+    lock its own thread held. Python's import locks already import each module once,
+    make another thread wait for a module under way, and, unlike a lock of ours held
+    across imports, detect two threads each waiting for the other's module. The nested
+    call imports the modules not reached yet; only the outermost marks the work done.
+    """
     global _discovered_once
-    with _discovery:
-        if not _discovered_once:
+    if not _discovered_once:
+        nested = getattr(_discovering, "active", False)
+        _discovering.active = True
+        try:
             autodiscover_modules("tasks")
-            _discovered_once = True
+        finally:
+            _discovering.active = nested
+        _discovered_once = _discovered_once or not nested
     return _tasks.get(name)
 
 

@@ -6,11 +6,13 @@ import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.management import call_command
 from django.urls import reverse
+from django.utils import timezone
 
 from django_delayjobs.backends import TaskResultStatus
 from django_delayjobs.models import Job, Status
 from tests.testapp import task_functions as t
 
+from .helpers import run_in_web_process
 from .test_rest_helpers import client_for, url
 
 try:
@@ -65,3 +67,36 @@ def test_a_dead_task_requeued_through_the_api_gets_its_backends_attempts(admin_u
     response = client_for(admin_user).post(url("jobs", job.pk, "requeue"), body, format="json")
     assert response.status_code == 200, response.content
     assert Job.objects.get(pk=job.pk).max_attempts == 4
+
+
+# -- 2. autodiscovery is re-entrant ---------------------------------------------------------
+
+#: A web process (no task module imported) reads a task's result by id: that imports the
+#: apps' tasks.py, and tests/testapp/tasks.py, with DELAYJOBS_TEST_RESULT_ON_IMPORT set,
+#: reads another result at import, of a task no module defines (one removed since).
+RESULT_IN_WEB_PROCESS = """
+import sys
+import django
+django.setup()
+assert "tests.testapp.task_functions" not in sys.modules
+try:
+    from django.tasks import default_task_backend
+except ImportError:
+    from django_tasks import default_task_backend
+print(default_task_backend.get_result(sys.argv[1]).status)
+"""
+
+
+def test_a_tasks_module_that_reads_a_result_at_import_does_not_deadlock(redis_url):
+    """The first read of a task this process had not imported took a lock and imported
+    the apps' tasks.py; one of them that read a result at import (or cancelled a task's
+    job, whose signal reads one) asked for the same lock in the same thread: the process
+    hung for ever."""
+    outer = t.add.enqueue(1, 2)
+    gone = Job.objects.create(action="task:tests.testapp.removed.task", queue="default",
+                              run_at=timezone.now())  # fmt: skip
+    child = run_in_web_process(RESULT_IN_WEB_PROCESS, outer.id, redis_url=redis_url,
+                               env={"DELAYJOBS_TEST_RESULT_ON_IMPORT": str(gone.pk)},
+                               timeout=30)  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout.split() == ["at-import:TaskResultDoesNotExist", "READY"], child.stderr
