@@ -30,6 +30,7 @@ from . import door, registry, serialization, signals, sql
 from .engine import DelayJobsError, validate_name
 from .execution import current_job
 from .models import EventKind, Job, JobEvent, Status
+from .rows import POISON, Unreadable, tolerant
 from .task_api import (
     BaseTaskBackend,
     InvalidTask,
@@ -195,7 +196,9 @@ class DelayJobsBackend(BaseTaskBackend):
             pk = uuid.UUID(str(result_id))
         except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
-        job = Job.objects.filter(pk=pk, action__startswith=PREFIX).first()
+        # Tolerantly: a row whose JSON Python cannot parse (written past every check) is
+        # still this result, READY until a worker settles it as dead, then FAILED.
+        job = tolerant(Job.objects.filter(pk=pk, action__startswith=PREFIX)).first()
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         return to_result(job)
@@ -330,6 +333,9 @@ def to_result(
         raise TaskResultDoesNotExist(
             f"{job.pk}: task {job.action.removeprefix(PREFIX)} is not imported in this process"
         )
+    deferred = job.get_deferred_fields()  # a signal's copy of the job may leave some out
+    if deferred:  # read as get_result reads them: a corrupt value is an Unreadable
+        job.refresh_from_db(fields=list(deferred), from_queryset=tolerant(Job.objects.all()))
     history = history or History.of(job)
     alias = history.actor.removeprefix(ACTOR) if history.actor.startswith(ACTOR) else None
     if task is None:
@@ -348,15 +354,26 @@ def to_result(
         started_at=history.started[0].at if history.started else None,
         finished_at=job.finished_at,
         last_attempted_at=history.started[-1].at if history.started else None,
-        args=serialization.load(job.args),
-        kwargs=serialization.load(job.kwargs),
+        args=_loaded(job.args),
+        kwargs=_loaded(job.kwargs),
         backend=alias or task.backend,
         errors=history.errors(job),
         worker_ids=[attempt.worker for attempt in history.started],
     )
     if job.status == Status.SUCCEEDED:
-        object.__setattr__(result, "_return_value", serialization.load(job.result))
+        object.__setattr__(result, "_return_value", _loaded(job.result))
     return result
+
+
+def _loaded(value: Any) -> Any:
+    """A stored value as the task gave it, or, when the row holds one that cannot be read
+    (see ``rows``), an ``Unreadable``: the stored text, as the admin and the API show it."""
+    if isinstance(value, Unreadable):
+        return value
+    try:
+        return serialization.load(value)
+    except POISON as exc:  # a tag whose value is no such thing ({"$dt": "not a time"})
+        return Unreadable(serialization.short_repr(value), f"{type(exc).__name__}: {exc}")
 
 
 _discovered_once = False

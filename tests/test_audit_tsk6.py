@@ -8,17 +8,21 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from django_delayjobs.backends import TaskResultStatus
+from django_delayjobs.backends import TaskResultDoesNotExist, TaskResultStatus
 from django_delayjobs.models import Job, Status
+from django_delayjobs.rows import Unreadable
 from tests.testapp import task_functions as t
 
 from .helpers import run_in_web_process
+from .test_poison import plant
 from .test_rest_helpers import client_for, url
 
 try:
     from django.tasks import default_task_backend
+    from django.tasks import signals as task_signals
 except ImportError:
     from django_tasks import default_task_backend
+    from django_tasks import signals as task_signals
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -100,3 +104,59 @@ def test_a_tasks_module_that_reads_a_result_at_import_does_not_deadlock(redis_ur
                                timeout=30)  # fmt: skip
     assert child.returncode == 0, child.stderr[-3000:]
     assert child.stdout.split() == ["at-import:TaskResultDoesNotExist", "READY"], child.stderr
+
+
+# -- 3. a corrupt row reads back, and ends visibly dead --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["args nested 1500 deep", "kwargs 5000-digit int", "kwargs nested 900 deep"]
+)
+def test_a_corrupt_tasks_result_reads_back_and_ends_failed(name, admin_client, admin_user):
+    """A task's row whose arguments Python cannot parse (written past every check, with
+    raw SQL) made get_result raise the parser's RecursionError or ValueError: not
+    TaskResultDoesNotExist (the row is there), nor a result. It now reads as what it is,
+    READY, then FAILED once a worker has settled it as dead, the stored text in place of
+    the value that cannot be read. Its death sends task_finished (its receiver read the
+    row the same way, and failed)."""
+    finished = []
+
+    def on_finished(sender, task_result, **kwargs):
+        finished.append(task_result.status)
+
+    task_signals.task_finished.connect(on_finished)
+    try:
+        corrupt_task_reads_back_and_ends_failed(name, admin_client, admin_user)
+    finally:
+        task_signals.task_finished.disconnect(on_finished)
+    assert finished == [TaskResultStatus.FAILED]
+
+
+def corrupt_task_reads_back_and_ends_failed(name, admin_client, admin_user):
+    result = t.add.enqueue(1, 2)
+    plant(Job.objects.get(pk=result.id), name)
+    read = default_task_backend.get_result(result.id)
+    assert read.status == TaskResultStatus.READY
+    field = "args" if name.startswith("args") else "kwargs"
+    assert isinstance(getattr(read, field), Unreadable)
+    burst()
+    read = default_task_backend.get_result(result.id)
+    assert read.status == TaskResultStatus.FAILED
+    assert Job.objects.filter(pk=result.id).values_list("status", flat=True).get() == Status.DEAD
+    assert "cannot" in read.errors[-1].traceback
+    change = reverse("admin:django_delayjobs_job_change", args=[result.id])
+    assert admin_client.get(change).status_code == 200
+    assert client_for(admin_user).get(url("jobs", result.id)).status_code == 200
+
+
+def test_a_task_whose_arguments_hold_a_broken_tag_reads_back():
+    """Valid JSON whose value cannot be loaded (a datetime tag holding no time)."""
+    result = t.add.enqueue(1, 2)
+    Job.objects.filter(pk=result.id).update(args=[{"$dt": "not a time"}, 2])
+    read = default_task_backend.get_result(result.id)
+    assert isinstance(read.args, Unreadable) and read.status == TaskResultStatus.READY
+
+
+def test_an_unknown_id_is_still_task_result_does_not_exist():
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result("00000000-0000-0000-0000-000000000000")
