@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
+import zoneinfo
+
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.management import call_command
@@ -160,3 +163,35 @@ def test_a_task_whose_arguments_hold_a_broken_tag_reads_back():
 def test_an_unknown_id_is_still_task_result_does_not_exist():
     with pytest.raises(TaskResultDoesNotExist):
         default_task_backend.get_result("00000000-0000-0000-0000-000000000000")
+
+
+# -- 4. what a result reads back ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "read"),
+    [
+        (Status.SCHEDULED, TaskResultStatus.READY),
+        (Status.RETRYING, TaskResultStatus.READY),
+        (Status.RUNNING, TaskResultStatus.RUNNING),
+        (Status.SUCCEEDED, TaskResultStatus.SUCCESSFUL),
+        (Status.DEAD, TaskResultStatus.FAILED),
+        (Status.CANCELLED, TaskResultStatus.FAILED),
+        (Status.SKIPPED, TaskResultStatus.FAILED),
+    ],
+)
+def test_every_job_status_reads_as_docs_tasks_says(status, read):
+    result = t.add.using(run_after=timezone.now() + datetime.timedelta(hours=1)).enqueue(1, 2)
+    Job.objects.filter(pk=result.id).update(status=status, result=3)
+    assert default_task_backend.get_result(result.id).status == read
+
+
+def test_run_after_in_another_zone_reads_back_as_the_same_instant_and_a_past_one_as_none():
+    kolkata = zoneinfo.ZoneInfo("Asia/Kolkata")
+    later = (timezone.now() + datetime.timedelta(hours=1)).astimezone(kolkata)
+    result = t.add.using(run_after=later).enqueue(1, 2)
+    assert default_task_backend.get_result(result.id).task.run_after == later
+    past = (timezone.now() - datetime.timedelta(days=1)).astimezone(kolkata)
+    result = t.add.using(run_after=past).enqueue(1, 2)
+    assert Job.objects.get(pk=result.id).run_at == past  # due at once
+    assert default_task_backend.get_result(result.id).task.run_after is None
