@@ -29,7 +29,8 @@ from django.utils.module_loading import autodiscover_modules
 from . import door, registry, serialization, signals, sql
 from .engine import DelayJobsError, validate_name
 from .execution import current_job
-from .models import Job, Status
+from .models import EventKind, Job, JobEvent, Status
+from .rows import POISON, Unreadable, tolerant
 from .task_api import (
     BaseTaskBackend,
     InvalidTask,
@@ -195,10 +196,28 @@ class DelayJobsBackend(BaseTaskBackend):
             pk = uuid.UUID(str(result_id))
         except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
-        job = Job.objects.filter(pk=pk, action__startswith=PREFIX).first()
+        # Tolerantly: a row whose JSON Python cannot parse (written past every check) is
+        # still this result, READY until a worker settles it as dead, then FAILED.
+        job = tolerant(Job.objects.filter(pk=pk, action__startswith=PREFIX)).first()
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         return to_result(job)
+
+
+def task_attempts(job: Job) -> int | None:
+    """The MAX_ATTEMPTS of the backend that enqueued ``job``'s task (the alias its
+    ``scheduled`` event names), or None when TASKS has no DelayJobsBackend by that alias."""
+    actor = (
+        JobEvent.objects.filter(job=job, kind=EventKind.SCHEDULED)
+        .order_by("id").values_list("actor", flat=True).first()
+    )  # fmt: skip
+    if actor is None or not actor.startswith(ACTOR):
+        return None
+    try:
+        backend = task_backends[actor.removeprefix(ACTOR)]
+    except ImproperlyConfigured:  # InvalidTaskBackend: not in TASKS (any more)
+        return None
+    return backend.max_attempts if isinstance(backend, DelayJobsBackend) else None
 
 
 def _check_kinds(task: Task[Any, Any]) -> None:
@@ -314,6 +333,9 @@ def to_result(
         raise TaskResultDoesNotExist(
             f"{job.pk}: task {job.action.removeprefix(PREFIX)} is not imported in this process"
         )
+    deferred = job.get_deferred_fields()  # a signal's copy of the job may leave some out
+    if deferred:  # read as get_result reads them: a corrupt value is an Unreadable
+        job.refresh_from_db(fields=list(deferred), from_queryset=tolerant(Job.objects.all()))
     history = history or History.of(job)
     alias = history.actor.removeprefix(ACTOR) if history.actor.startswith(ACTOR) else None
     if task is None:
@@ -332,30 +354,53 @@ def to_result(
         started_at=history.started[0].at if history.started else None,
         finished_at=job.finished_at,
         last_attempted_at=history.started[-1].at if history.started else None,
-        args=serialization.load(job.args),
-        kwargs=serialization.load(job.kwargs),
+        args=_loaded(job.args),
+        kwargs=_loaded(job.kwargs),
         backend=alias or task.backend,
         errors=history.errors(job),
         worker_ids=[attempt.worker for attempt in history.started],
     )
     if job.status == Status.SUCCEEDED:
-        object.__setattr__(result, "_return_value", serialization.load(job.result))
+        object.__setattr__(result, "_return_value", _loaded(job.result))
     return result
 
 
-_discovery = threading.Lock()
+def _loaded(value: Any) -> Any:
+    """A stored value as the task gave it, or, when the row holds one that cannot be read
+    (see ``rows``), an ``Unreadable``: the stored text, as the admin and the API show it."""
+    if isinstance(value, Unreadable):
+        return value
+    try:
+        return serialization.load(value)
+    except POISON as exc:  # a tag whose value is no such thing ({"$dt": "not a time"})
+        return Unreadable(serialization.short_repr(value), f"{type(exc).__name__}: {exc}")
+
+
 _discovered_once = False
+_discovering = threading.local()  # .active: this thread is importing the tasks modules
 
 
 def _discovered(name: str) -> Task[Any, Any] | None:
     """The task ``name`` after importing every installed app's ``tasks`` module, as the
     worker does at start-up (once per process): a web process that reads a result by id
-    has not necessarily imported the module of the task that made it."""
+    has not necessarily imported the module of the task that made it.
+
+    No lock of ours around the imports: a ``tasks.py`` that reads a result (or cancels a
+    task's job) at import comes back here in the same thread, and waited for ever on a
+    lock its own thread held. Python's import locks already import each module once,
+    make another thread wait for a module under way, and, unlike a lock of ours held
+    across imports, detect two threads each waiting for the other's module. The nested
+    call imports the modules not reached yet; only the outermost marks the work done.
+    """
     global _discovered_once
-    with _discovery:
-        if not _discovered_once:
+    if not _discovered_once:
+        nested = getattr(_discovering, "active", False)
+        _discovering.active = True
+        try:
             autodiscover_modules("tasks")
-            _discovered_once = True
+        finally:
+            _discovering.active = nested
+        _discovered_once = _discovered_once or not nested
     return _tasks.get(name)
 
 

@@ -556,11 +556,10 @@ def _iso(value: object) -> str:
 
 
 def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None) -> bool:
-    """Give a dead job ``attempts`` more tries (default: MAX_ATTEMPTS), due now."""
+    """Give a dead job ``attempts`` more tries, due now (default: MAX_ATTEMPTS, or for a
+    ``django.tasks`` task the MAX_ATTEMPTS of the backend that enqueued it)."""
     job = _job(job)
-    extra = door.check_positive(
-        delayjobs_settings.MAX_ATTEMPTS if attempts is None else attempts, "attempts"
-    )
+    extra = door.check_positive(_attempts_for(job) if attempts is None else attempts, "attempts")
     most = door.MAX_ATTEMPTS_LIMIT - extra  # the row's attempts, not a copy's: see below
     actor = door.check_actor(actor)
     now = timezone.now()
@@ -601,6 +600,20 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
                 f"the job expired at {_iso(refused.expires_at)}: it would be skipped at once"
             )
     return bool(won)
+
+
+def _attempts_for(job: Job) -> int:
+    """The attempts a requeue gives ``job`` by default: what its enqueue gave it."""
+    if isinstance(job.action, str) and job.action.startswith("task:"):
+        try:  # Django 6's django.tasks or the backport; neither: no backend enqueued it
+            from .backends import task_attempts
+        except ImportError:
+            pass
+        else:
+            attempts = task_attempts(job)
+            if attempts is not None:
+                return attempts
+    return delayjobs_settings.MAX_ATTEMPTS
 
 
 def _requeue_in_redis(job: Job) -> None:

@@ -61,7 +61,10 @@ class History:
                 started[attempt] = Attempt(who.removeprefix("worker:"), at)
             elif kind == EventKind.FAILED:
                 failures.append(message)
-        deferred = first_due is not None and first_due > job.created_at
+        created = job.created_at  # an Unreadable (a str) in a corrupt row read tolerantly
+        deferred = (
+            isinstance(created, datetime.datetime) and first_due is not None and first_due > created
+        )
         return cls(actor, first_due, deferred, list(started.values()), failures)
 
     @classmethod

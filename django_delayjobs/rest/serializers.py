@@ -261,7 +261,10 @@ class RequeueSerializer(StrictSerializer):
 
     attempts = WholeNumberField(
         required=False, min_value=1, max_value=5000,
-        help_text="How many more attempts the job gets (default: the MAX_ATTEMPTS setting).",
+        help_text=(
+            "How many more attempts the job gets (default: the MAX_ATTEMPTS setting; for a "
+            "django.tasks task, the MAX_ATTEMPTS option of the backend that enqueued it)."
+        ),
     )  # fmt: skip
 
 

@@ -304,6 +304,8 @@ def _install_test_hooks() -> None:
         signals.job_succeeded.connect(failed_query, weak=False)
     if os.environ.get("DELAYJOBS_TEST_QUERY_ON_IMPORT"):  # a tasks module that reads at import
         Record.objects.exists()
+    if os.environ.get("DELAYJOBS_TEST_RESULT_ON_IMPORT"):  # one that reads a task's result
+        _read_result(os.environ["DELAYJOBS_TEST_RESULT_ON_IMPORT"])
     broken = os.environ.get("DELAYJOBS_TEST_BREAK_THREAD")
     if broken == "promoter":
         from django_delayjobs.promoter import Promoter
@@ -314,6 +316,21 @@ def _install_test_hooks() -> None:
         Promoter.step = step  # type: ignore[method-assign]
     if os.environ.get("DELAYJOBS_TEST_KILL_AT"):
         _kill_at(os.environ["DELAYJOBS_TEST_KILL_AT"])
+
+
+def _read_result(result_id: str) -> None:
+    """Read a task's result by id at import, and print how that went."""
+    from django_delayjobs.backends import TaskResultDoesNotExist
+
+    try:
+        from django.tasks import default_task_backend
+    except ImportError:  # Django 5.2: the backport
+        from django_tasks import default_task_backend
+    try:
+        said = str(default_task_backend.get_result(result_id).status)
+    except TaskResultDoesNotExist as exc:
+        said = type(exc).__name__
+    print(f"at-import:{said}", flush=True)
 
 
 def _kill_at(step: str) -> None:
