@@ -1,0 +1,73 @@
+"""Audit of a Redis Cluster with one master down (``pytest -m cluster``): reconcile's
+adopt, the admin's charts and the reads of one queue. The tests start their own cluster of
+3 masters and no replicas (``lonely``) and kill or freeze one master by its pid."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+
+from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
+from django_delayjobs.engine import Engine, PartlyUnavailable
+from django_delayjobs.models import Job, Status
+from django_delayjobs.reconcile import reconcile
+from tests.test_audit_ccl import ids_in
+from tests.test_audit_cls3 import PREFIX, node, settings_for
+from tests.test_audit_hlt import off_directory
+from tests.testapp import tasks
+
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db]
+
+Q = "split"
+
+
+def test_an_adopt_with_a_master_down_keeps_what_it_did_on_the_others(on_lonely):
+    """``Engine.adopt`` (reconcile putting running jobs Redis lost back in flight) raised
+    the failure of a shard whose master is down as a plain ``EngineUnavailable``: the ids
+    it had put in flight on the shards before it were lost from its result, so reconcile
+    neither counted them nor checked them against their rows. It goes on past that shard,
+    as ``add`` does, and raises ``PartlyUnavailable`` with the ids it adopted."""
+    cluster, client = on_lonely
+    address, _, _ = off_directory(client, 0, 0)
+    engine = Engine(client, prefix=PREFIX, shards={Q: 6})
+    ids = [job_id for shard in engine.shards(Q) for job_id in ids_in(engine, Q, shard, 2)]
+    healthy = [i for i in ids if engine.node_of(engine.home(Q, i)) != address]
+    assert 0 < len(healthy) < len(ids)
+    cluster.kill(node(cluster, address))
+    try:
+        with pytest.raises(PartlyUnavailable) as failed:
+            engine.adopt(Q, ids, 60_000)
+        flying = {i for i in healthy if client.zscore(engine.keys(engine.home(Q, i)).unack, i)}
+    finally:
+        cluster.restart(node(cluster, address))
+    assert sorted(failed.value.done) == sorted(healthy)
+    assert flying == set(healthy)
+
+
+def test_reconcile_with_a_master_down_counts_the_running_jobs_it_adopted(on_lonely):
+    """Reconcile of running jobs Redis lost, with one master down: the jobs put back in
+    flight on the other masters were counted as none (and the sweep's failure read as if
+    no shard had answered). They are counted, in ``PartlyUnavailable.done``."""
+    cluster, client = on_lonely
+    address, _, _ = off_directory(client, 0, 0)
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS={Q: 6})):
+        engine = get_engine()
+        lost: list[str] = []
+        healthy: list[str] = []
+        while len(lost) < 2 or len(healthy) < 2:  # the on-commit add never runs here
+            job = schedule(tasks.record, in_=timedelta(hours=1), args=["x"], queue=Q)
+            on_it = engine.node_of(engine.home(Q, str(job.pk))) == address
+            (lost if on_it else healthy).append(str(job.pk))
+        Job.objects.update(status=Status.RUNNING, attempts=1, deliveries=1)
+        cluster.kill(node(cluster, address))
+        try:
+            with pytest.raises(PartlyUnavailable) as failed:
+                reconcile(engine, ids=lost + healthy)
+            flying = {i for i in healthy if client.zscore(engine.keys(engine.home(Q, i)).unack, i)}
+        finally:
+            cluster.restart(node(cluster, address))
+    assert failed.value.done[Q] == len(healthy)
+    assert flying == set(healthy)
