@@ -242,7 +242,11 @@ def all_queue_states(*, next_due: int = 10) -> list[QueueState]:
 
 
 def readable_queue_states(
-    *, next_due: int = 10, garbage: int = 0, names: Sequence[str] | None = None
+    *,
+    next_due: int = 10,
+    garbage: int = 0,
+    names: Sequence[str] | None = None,
+    down: dict[str, str] | None = None,
 ) -> tuple[list[QueueState], dict[str, str], str]:
     """Return the state of every queue (or of ``names``) that can be read (in part:
     ``partial``), with its ``garbage`` latest dead jobs; queue -> why for the queues that
@@ -253,7 +257,8 @@ def readable_queue_states(
 
     Redis is read in one pipeline for all the queues; on a Cluster (whose pipelines
     redis-py does not let carry the counts' script), queue by queue instead, each master
-    that does not answer waited for once."""
+    that does not answer waited for once (``down``: as in ``Engine.stats``, for a caller
+    that reads more)."""
     engine = get_engine()
     unlisted = ""
     if names is None:
@@ -264,14 +269,14 @@ def readable_queue_states(
     except EngineUnavailable:
         if not engine.is_cluster:
             raise
-        away: dict[str, str] = {}  # each master that does not answer waited for once
+        away = {} if down is None else down  # each master that does not answer: waited once
         read = {name: _read_one(engine, name, next_due, garbage, away) for name in names}
     errors = {name: str(r) for name, r in read.items() if isinstance(r, Exception)}
     found = {name: r for name, r in read.items() if not isinstance(r, Exception)}
-    down = next((r for r in read.values() if isinstance(r, Exception)
-                 and not isinstance(r, WrongType)), None)  # fmt: skip
-    if down is not None and not found:
-        raise down
+    failure = next((r for r in read.values() if isinstance(r, Exception)
+                    and not isinstance(r, WrongType)), None)  # fmt: skip
+    if failure is not None and not found:
+        raise failure
     return _states(engine, found, with_dead=garbage > 0), errors, unlisted
 
 

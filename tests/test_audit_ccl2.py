@@ -4,19 +4,22 @@ adopt, the admin's charts and the reads of one queue. The tests start their own 
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
 from django.test import override_settings
 
 from django_delayjobs import schedule
-from django_delayjobs.connection import get_engine
+from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
 from django_delayjobs.engine import Engine, PartlyUnavailable
+from django_delayjobs.metrics import store
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
+from tests.test_admin_charts import column_sums, table
 from tests.test_audit_ccl import ids_in
-from tests.test_audit_cls3 import PREFIX, node, settings_for
-from tests.test_audit_hlt import off_directory
+from tests.test_audit_cls3 import PREFIX, node, page, settings_for
+from tests.test_audit_hlt import frozen, off_directory
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db]
@@ -71,3 +74,64 @@ def test_reconcile_with_a_master_down_counts_the_running_jobs_it_adopted(on_lone
             cluster.restart(node(cluster, address))
     assert failed.value.done[Q] == len(healthy)
     assert flying == set(healthy)
+
+
+def test_the_charts_draw_the_queues_of_the_masters_that_answer(on_lonely, admin_client):
+    """With one master down, the queue page's charts were replaced for every queue by
+    "The charts cannot be drawn": their history was read in one Cluster pipeline, which
+    fails whole. They draw the queues whose history can be read and name those whose
+    cannot. A queue split into shards, one of them on that master, has its history (kept
+    under its own name) drawn, but not this minute's scheduled and cancelled jobs: they
+    are its counters now less those at the minute's start, and its counters summed over
+    the shards that answer are short of the down shard's (the chart showed the rest of
+    them, all the jobs ever scheduled there, as scheduled this minute)."""
+    cluster, client = on_lonely
+    address, lost, healthy = off_directory(client, 2, 2)
+    split = next(q for q in healthy if q != healthy[0])
+    healthy.remove(split)
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS={split: 6})):
+        engine = get_engine()
+        assert address in {engine.node_of(s) for s in engine.shards(split)}
+        for queue in lost + healthy:
+            engine.add(queue, {f"{queue}-job": engine.server_time_ms() + 3_600_000})
+        for n, shard in enumerate(engine.shards(split)):
+            engine.add(shard, {f"{split}-{n}": engine.server_time_ms() + 3_600_000})
+        minute = engine.server_time_ms() // 60_000
+        done = {(q, minute): {"jobs:succeeded": 3} for q in lost + healthy + [split]}
+        store.write(engine, done, [split], minute, ttl=600, written=set())
+        cluster.kill(node(cluster, address))
+        try:
+            html = page(admin_client)
+        finally:
+            cluster.restart(node(cluster, address))
+    assert 'id="delayjobs-charts-error"' not in html
+    head, rows = table(html, "delayjobs-throughput")
+    sums = column_sums(head, rows)
+    assert sums["succeeded"] == 3 * len([*healthy, split]), sums
+    assert sums["scheduled"] == 0, sums
+    for queue in lost:
+        assert f'data-charts-missing="{queue}"' in html, queue
+    for queue in [*healthy, split]:
+        assert f'data-charts-missing="{queue}"' not in html, queue
+
+
+def test_the_queue_page_waits_for_a_frozen_master_once_with_its_charts(on_lonely, admin_client):
+    """With a master frozen, the queue page waited for it once to read the queues and
+    again to read the charts' history (and the counters of the queues not on the page):
+    the reads share the masters found not answering, so the page waits once."""
+    cluster, client = on_lonely
+    address, lost, healthy = off_directory(client, 3, 2)
+    with override_settings(DELAYJOBS=settings_for(cluster)):
+        engine = get_engine()
+        for queue in lost + healthy:
+            engine.add(queue, {f"{queue}-job": engine.server_time_ms() + 3_600_000})
+        page(admin_client)  # connections open, scripts loaded
+        with frozen(node(cluster, address)):
+            started = time.monotonic()
+            html = page(admin_client)
+            took = time.monotonic() - started
+    for queue in lost:
+        assert f'data-queue-error="{queue}"' in html, queue
+        assert f'data-charts-missing="{queue}"' in html, queue
+    assert 'id="delayjobs-throughput"' in html
+    assert took < 4 * SOCKET_TIMEOUT, took
