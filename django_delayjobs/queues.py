@@ -150,11 +150,19 @@ def queue_names(engine: Engine | None = None) -> tuple[list[str], str]:
     return sorted(name for name in names if is_valid_name(name)), unlisted
 
 
-def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) -> QueueState:
+def queue_state(
+    name: str,
+    *,
+    next_due: int = 10,
+    engine: Engine | None = None,
+    down: dict[str, str] | None = None,
+) -> QueueState:
     """Return the state of one queue; of the shards that answer if some do not (their
-    masters down: ``partial`` says why). Raises ``EngineUnavailable`` if none answers."""
+    masters down: ``partial`` says why). Raises ``EngineUnavailable`` if none answers.
+    ``down``: as in ``Engine.stats`` (a caller reading several queues waits for a frozen
+    Cluster master once)."""
     engine = engine or get_engine()
-    read = _read_one(engine, name, next_due, 0)
+    read = _read_one(engine, name, next_due, 0, down)
     if isinstance(read, Exception):
         raise read
     return _states(engine, {name: read}, with_dead=False)[0]
@@ -238,7 +246,8 @@ def all_queue_states(*, next_due: int = 10) -> list[QueueState]:
     """Return the state of every queue (see ``queue_names``)."""
     engine = get_engine()
     names, _ = queue_names(engine)
-    return [queue_state(name, next_due=next_due, engine=engine) for name in names]
+    down: dict[str, str] = {}
+    return [queue_state(name, next_due=next_due, engine=engine, down=down) for name in names]
 
 
 def readable_queue_states(

@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 from django.test import override_settings
 
-from django_delayjobs import schedule
+from django_delayjobs import queues, schedule
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
-from django_delayjobs.engine import Engine, PartlyUnavailable
+from django_delayjobs.engine import Engine, EngineUnavailable, PartlyUnavailable
 from django_delayjobs.metrics import store
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
@@ -135,3 +135,32 @@ def test_the_queue_page_waits_for_a_frozen_master_once_with_its_charts(on_lonely
         assert f'data-charts-missing="{queue}"' in html, queue
     assert 'id="delayjobs-throughput"' in html
     assert took < 4 * SOCKET_TIMEOUT, took
+
+
+def test_queue_state_shares_the_masters_found_down(on_lonely):
+    """``queues.queue_state`` (one queue) took no ``down``, which the other reads share so
+    that a caller reading several queues waits for a frozen master once: each queue on it,
+    and each queue with a shard there, waited again. With one ``down``, only the first
+    read waits; a queue on another master is read as usual, a split one in part."""
+    cluster, client = on_lonely
+    address, lost, healthy = off_directory(client, 3, 1)
+    split = healthy.pop()
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS={split: 6})):
+        engine = get_engine()
+        for queue in lost + healthy + engine.shards(split):
+            engine.add(queue, {f"{queue}-job": engine.server_time_ms() + 3_600_000})
+        assert address in {engine.node_of(s) for s in engine.shards(split)}
+        down: dict[str, str] = {}
+        with frozen(node(cluster, address)):
+            with pytest.raises(EngineUnavailable):
+                queues.queue_state(lost[0], down=down)
+            assert address in down
+            started = time.monotonic()
+            for queue in lost[1:]:
+                with pytest.raises(EngineUnavailable, match="not asked again"):
+                    queues.queue_state(queue, down=down)
+            state = queues.queue_state(split, down=down)
+            took = time.monotonic() - started
+            assert all(queues.queue_state(q, down=down).stats.pending == 1 for q in healthy)
+    assert state.partial and state.missing and state.stats.pending == 6 - len(state.missing)
+    assert took < SOCKET_TIMEOUT / 2, took
