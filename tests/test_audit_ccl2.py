@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 from django.test import override_settings
+from django.urls import reverse
 
 from django_delayjobs import queues, schedule
 from django_delayjobs.connection import SOCKET_TIMEOUT, get_engine
@@ -16,7 +17,7 @@ from django_delayjobs.engine import Engine, EngineUnavailable, PartlyUnavailable
 from django_delayjobs.metrics import store
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
-from tests.test_admin_charts import column_sums, table
+from tests.test_admin_charts import QUEUES, column_sums, table
 from tests.test_audit_ccl import ids_in
 from tests.test_audit_cls3 import PREFIX, node, page, settings_for
 from tests.test_audit_hlt import frozen, off_directory
@@ -130,11 +131,16 @@ def test_the_queue_page_waits_for_a_frozen_master_once_with_its_charts(on_lonely
             started = time.monotonic()
             html = page(admin_client)
             took = time.monotonic() - started
+            started = time.monotonic()  # the charts of one queue there
+            one = admin_client.get(reverse(QUEUES), {"charts": lost[0]}).content.decode()
+            took_one = time.monotonic() - started
     for queue in lost:
         assert f'data-queue-error="{queue}"' in html, queue
         assert f'data-charts-missing="{queue}"' in html, queue
     assert 'id="delayjobs-throughput"' in html
     assert took < 4 * SOCKET_TIMEOUT, took
+    assert 'id="delayjobs-charts-error"' in one and "not asked again" in one
+    assert took_one < 4 * SOCKET_TIMEOUT, took_one
 
 
 def test_queue_state_shares_the_masters_found_down(on_lonely):

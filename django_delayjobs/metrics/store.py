@@ -240,7 +240,7 @@ def minutes_of(
     span = range(first, last + 1)
     keys = [minute_key(engine, q, at) for q in queues for at in span]
     failed: dict[str, str] = {}
-    if engine.is_cluster and len(queues) > 1:
+    if engine.is_cluster and (len(queues) > 1 or down):  # a master down is not asked again
         found = _by_master(engine, [q for q in queues for _ in span], keys, failed, down)
     else:
         found = _hashes(engine, keys)
