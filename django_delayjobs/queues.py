@@ -150,11 +150,19 @@ def queue_names(engine: Engine | None = None) -> tuple[list[str], str]:
     return sorted(name for name in names if is_valid_name(name)), unlisted
 
 
-def queue_state(name: str, *, next_due: int = 10, engine: Engine | None = None) -> QueueState:
+def queue_state(
+    name: str,
+    *,
+    next_due: int = 10,
+    engine: Engine | None = None,
+    down: dict[str, str] | None = None,
+) -> QueueState:
     """Return the state of one queue; of the shards that answer if some do not (their
-    masters down: ``partial`` says why). Raises ``EngineUnavailable`` if none answers."""
+    masters down: ``partial`` says why). Raises ``EngineUnavailable`` if none answers.
+    ``down``: as in ``Engine.stats`` (a caller reading several queues waits for a frozen
+    Cluster master once)."""
     engine = engine or get_engine()
-    read = _read_one(engine, name, next_due, 0)
+    read = _read_one(engine, name, next_due, 0, down)
     if isinstance(read, Exception):
         raise read
     return _states(engine, {name: read}, with_dead=False)[0]
@@ -238,11 +246,16 @@ def all_queue_states(*, next_due: int = 10) -> list[QueueState]:
     """Return the state of every queue (see ``queue_names``)."""
     engine = get_engine()
     names, _ = queue_names(engine)
-    return [queue_state(name, next_due=next_due, engine=engine) for name in names]
+    down: dict[str, str] = {}
+    return [queue_state(name, next_due=next_due, engine=engine, down=down) for name in names]
 
 
 def readable_queue_states(
-    *, next_due: int = 10, garbage: int = 0, names: Sequence[str] | None = None
+    *,
+    next_due: int = 10,
+    garbage: int = 0,
+    names: Sequence[str] | None = None,
+    down: dict[str, str] | None = None,
 ) -> tuple[list[QueueState], dict[str, str], str]:
     """Return the state of every queue (or of ``names``) that can be read (in part:
     ``partial``), with its ``garbage`` latest dead jobs; queue -> why for the queues that
@@ -253,7 +266,8 @@ def readable_queue_states(
 
     Redis is read in one pipeline for all the queues; on a Cluster (whose pipelines
     redis-py does not let carry the counts' script), queue by queue instead, each master
-    that does not answer waited for once."""
+    that does not answer waited for once (``down``: as in ``Engine.stats``, for a caller
+    that reads more)."""
     engine = get_engine()
     unlisted = ""
     if names is None:
@@ -264,14 +278,14 @@ def readable_queue_states(
     except EngineUnavailable:
         if not engine.is_cluster:
             raise
-        away: dict[str, str] = {}  # each master that does not answer waited for once
+        away = {} if down is None else down  # each master that does not answer: waited once
         read = {name: _read_one(engine, name, next_due, garbage, away) for name in names}
     errors = {name: str(r) for name, r in read.items() if isinstance(r, Exception)}
     found = {name: r for name, r in read.items() if not isinstance(r, Exception)}
-    down = next((r for r in read.values() if isinstance(r, Exception)
-                 and not isinstance(r, WrongType)), None)  # fmt: skip
-    if down is not None and not found:
-        raise down
+    failure = next((r for r in read.values() if isinstance(r, Exception)
+                    and not isinstance(r, WrongType)), None)  # fmt: skip
+    if failure is not None and not found:
+        raise failure
     return _states(engine, found, with_dead=garbage > 0), errors, unlisted
 
 

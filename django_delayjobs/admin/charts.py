@@ -75,32 +75,40 @@ class Charts:
     queues: list[str]
     hours: int
     charts: list[Chart]
+    #: Queues left out, with why: on a Cluster, their history's master does not answer.
+    missing: dict[str, str] = field(default_factory=dict)
 
 
 def build(
     chosen: str | None,
     names: list[str] | None = None,
     states: Sequence[QueueState] = (),
+    down: dict[str, str] | None = None,
 ) -> Charts:
     """Read the history of ``chosen`` (a queue, or None for all) and lay out both charts.
     ``names``: every queue, ``states``: those read already (their counters and Redis's
-    clock are not read again). Raises ``EngineUnavailable`` if Redis is down."""
+    clock are not read again); ``down``: as in ``Engine.stats``. Raises
+    ``EngineUnavailable`` if Redis is down, or the chosen queue's history cannot be read;
+    on a Cluster with a master down, the other queues are drawn (see ``history.read``)."""
     engine = get_engine()
     names = queue_names(engine) if names is None else names
     queue = chosen if chosen in names else None
     hours = delayjobs_settings.METRICS_HISTORY_HOURS
     now = max((s.stats.now_ms for s in states), default=None)
+    missing: dict[str, str] = {}
     minutes = history.read(
         engine, [queue] if queue else names, hours * 60,
         now=None if now is None else now // 60_000,
-        counters={s.name: s.stats.counters for s in states},
+        # A queue read in part: its counters' sum lacks the shards that did not answer.
+        counters={s.name: {} if s.missing else s.stats.counters for s in states},
+        unreadable=missing, down=down,
     )  # fmt: skip
     labels = [_label(m.minute) for m in minutes]
     ticks = _x_ticks(minutes)
     charts = [throughput(minutes, labels), lateness(minutes, labels)]
     for chart in charts:
         chart.x_ticks = ticks
-    return Charts(queue, names, hours, charts)
+    return Charts(queue, names, hours, charts, dict(sorted(missing.items())))
 
 
 def _label(minute: int) -> str:

@@ -191,14 +191,14 @@ def _workers(state: queues.QueueState, now: datetime.datetime) -> list[Worker]:
 
 
 def _sections(
-    admin: JobAdmin, now: datetime.datetime, names: list[str]
+    admin: JobAdmin, now: datetime.datetime, names: list[str], down: dict[str, str]
 ) -> tuple[list[Section], dict[str, str]]:
     """The sections of the queues ``names`` that can be read, and queue -> why for the
-    others."""
+    others (``down``: as in ``Engine.stats``)."""
     changelist = reverse(f"{admin.admin_site.name}:django_delayjobs_job_changelist")
     sections = []
     states, errors, _ = queues.readable_queue_states(
-        next_due=NEXT_DUE_SHOWN, garbage=GARBAGE_SHOWN, names=names
+        next_due=NEXT_DUE_SHOWN, garbage=GARBAGE_SHOWN, names=names, down=down
     )
     for state in states:
         sections.append(
@@ -235,10 +235,11 @@ def queues_page(admin: JobAdmin, request: HttpRequest) -> HttpResponse:
     try:
         names, unlisted = queues.queue_names()
         page = Paginator(names, QUEUES_SHOWN).get_page(request.GET.get("page"))
-        sections, queue_errors = _sections(admin, now, list(page.object_list))
+        down: dict[str, str] = {}  # a Cluster master that does not answer: waited for once
+        sections, queue_errors = _sections(admin, now, list(page.object_list), down)
         states = [section.state for section in sections]
         try:
-            graphs = charts.build(request.GET.get("charts"), names, states)
+            graphs = charts.build(request.GET.get("charts"), names, states, down)
         except EngineUnavailable as exc:  # a master down: the queues read above stay shown
             charts_error = str(exc)
     except ConfigurationError as exc:  # its text names the setting, never a password

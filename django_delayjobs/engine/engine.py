@@ -357,7 +357,9 @@ class Engine(Reader):
         those shards cannot be read now, or one of them cannot be looked at, nothing is
         adopted (``EngineUnavailable``; the caller tries again): adopting by an older
         listing (or none, in a process that never read it) may put a second copy in
-        flight, delivered again when its lease ends."""
+        flight, delivered again when its lease ends. A shard whose master cannot be
+        reached does not stop the others: their ids are adopted, then ``PartlyUnavailable``
+        is raised with the list of ids adopted as ``done``."""
         lease, adopted, given = _ms(lease_ms, "lease"), [], _ids(ids)
         each = PerShard()
         held: set[str] = set()
@@ -381,10 +383,15 @@ class Engine(Reader):
             k = self._keys(shard)
             keys = [k.pending, k.ready_set, k.unack, k.garbage]
             args: list[str | int] = [lease, *part]
-            was_empty, new = self._run("adopt", keys, args)
-            adopted += [_text(id_) for id_ in new]
-            if was_empty:  # listed, as by add: recover_expired must find the shard
-                self._router.directory.register(shard)
+            with each.attempt():  # a master down: the other shards' ids are still adopted
+                was_empty, new = self._run("adopt", keys, args)
+                adopted += [_text(id_) for id_ in new]
+                if was_empty:  # listed, as by add: recover_expired must find the shard
+                    try:
+                        self._router.directory.register(shard)
+                    except EngineUnavailable as exc:  # adopted all the same, as by add
+                        each.skip(exc)
+        each.check(adopted)
         return adopted
 
     # An id in flight in a shard of an older count (claimed there, or put there by

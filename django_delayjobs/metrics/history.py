@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..engine.errors import WrongType
+from ..engine.errors import EngineUnavailable, WrongType
 from . import layout, store
 
 if TYPE_CHECKING:
@@ -44,20 +44,32 @@ def read(
     count: int,
     now: int | None = None,
     counters: Mapping[str, dict[str, int]] | None = None,
+    unreadable: dict[str, str] | None = None,
+    down: dict[str, str] | None = None,
 ) -> list[Minute]:
     """The last ``count`` minutes up to ``now`` (a minute; default: the current one, by
     Redis's clock), summed over ``queues``; ``counters``: the engine counters of queues
-    read already (``QueueStats.counters``), the others' are read here."""
+    read already (``QueueStats.counters``; {} for those not known in full), the others'
+    are read here.
+
+    On a Cluster with a master down, the queues whose history is on it are left out (with
+    why in ``unreadable``) as long as another master answers; a queue whose counters can
+    be read only in part (a shard's master down) is drawn without the current minute's
+    scheduled and cancelled jobs. ``down``: as in ``Engine.stats``."""
     now = engine.server_time_ms() // 60_000 if now is None else now
     first = now - count + 1
     minutes = [Minute(m) for m in range(first, now + 1)]
-    every = store.minutes_of(engine, queues, first, now)
-    for queue in queues:
+    every = store.minutes_of(engine, queues, first, now, unreadable, down)
+    for queue in (q for q in queues if q in every):
         found = every[queue]
         try:
             current = (counters or {}).get(queue)
-            current = engine.stats(queue).counters if current is None else current
+            current = engine.stats(queue, down).counters if current is None else current
         except WrongType:  # a key of that queue another program wrote: shown on the page
+            current = {}
+        except EngineUnavailable:  # a shard's master down: a short sum would read as a drop
+            if not engine.is_cluster:
+                raise
             current = {}
         for m in minutes:
             fields = found.get(m.minute, {})

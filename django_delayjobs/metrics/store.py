@@ -180,29 +180,34 @@ def _by_master(
     unreachable: dict[str, str] | None,
     down: dict[str, str] | None,
 ) -> list[Fields | None]:
-    """``_hashes`` of a Cluster's keys, master by master: its first key alone, then the
-    rest in one round trip. redis-py sends each command of a pipeline that met a timeout
-    again, one at a time, each waiting for its own: a frozen master cost every queue on it
-    a timeout and a retry (six queues there held a scrape for 27 s, past Prometheus's 10 s,
-    so every queue's series were lost). Now it costs the one key's (about 3 s)."""
+    """``_hashes`` of a Cluster's keys (``keys[n]`` of ``queues[n]``, in its hash tag),
+    master by master: its first key alone, then the rest in one round trip. redis-py sends
+    each command of a pipeline that met a timeout again, one at a time, each waiting for
+    its own: a frozen master cost every queue on it a timeout and a retry (six queues
+    there held a scrape for 27 s, past Prometheus's 10 s, so every queue's series were
+    lost). Now it costs the one key's (about 3 s), and nothing if ``down`` lists it."""
     by_master: dict[str, list[int]] = {}
+    masters: dict[str, str] = {}  # a queue's keys share its hash tag (its minutes too)
     for n, queue in enumerate(queues):
-        try:
-            master = engine.node_of(queue)  # the client's slot table: no round trip
-        except EngineUnavailable:  # a slot with no master: tried alone, and fails
-            master = f"no master for {queue}"
-        by_master.setdefault(master, []).append(n)
+        if queue not in masters:
+            try:
+                masters[queue] = engine.node_of(queue)  # the client's slot table: no round trip
+            except EngineUnavailable:  # a slot with no master: tried alone, and fails
+                masters[queue] = f"no master for {queue}"
+        by_master.setdefault(masters[queue], []).append(n)
     found: list[Fields | None] = [None] * len(keys)
     each = PerShard()
     for master, group in by_master.items():
-        read: list[int] = []
+        read: set[int] = set()
         with each.attempt():
             try:
+                if down is not None and master in down:  # another read of the caller's
+                    raise EngineUnavailable(f"{down[master]} (master {master}, not asked again)")
                 for part in (group[:1], group[1:]):
                     replies = _hashes(engine, [keys[n] for n in part]) if part else []
                     for n, fields in zip(part, replies, strict=True):
                         found[n] = fields
-                    read += part
+                    read.update(part)
             except EngineUnavailable as exc:
                 if unreachable is not None:
                     unreachable.update((queues[n], str(exc)) for n in group if n not in read)
@@ -222,14 +227,29 @@ def minutes(engine: Engine, queue: str, first: int, last: int) -> dict[int, Fiel
 
 
 def minutes_of(
-    engine: Engine, queues: Sequence[str], first: int, last: int
+    engine: Engine,
+    queues: Sequence[str],
+    first: int,
+    last: int,
+    unreachable: dict[str, str] | None = None,
+    down: dict[str, str] | None = None,
 ) -> dict[str, dict[int, Fields]]:
-    """``minutes`` of each of ``queues``, all in one round trip."""
+    """``minutes`` of each of ``queues``, all in one round trip (two per master on a
+    Cluster). On a Cluster with a master down, each queue on it is left out (with why in
+    ``unreachable``) as long as another master answers, as ``totals`` says."""
     span = range(first, last + 1)
-    found = _hashes(engine, [minute_key(engine, q, at) for q in queues for at in span])
+    keys = [minute_key(engine, q, at) for q in queues for at in span]
+    failed: dict[str, str] = {}
+    if engine.is_cluster and (len(queues) > 1 or down):  # a master down is not asked again
+        found = _by_master(engine, [q for q in queues for _ in span], keys, failed, down)
+    else:
+        found = _hashes(engine, keys)
+    if unreachable is not None:
+        unreachable.update(failed)
     return {
         queue: {first + i: f for i, f in enumerate(found[n * len(span) : (n + 1) * len(span)]) if f}
         for n, queue in enumerate(queues)
+        if queue not in failed
     }
 
 
