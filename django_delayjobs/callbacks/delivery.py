@@ -156,8 +156,13 @@ class _FinalResponse(http.client.HTTPResponse):
     def _read_status(self) -> tuple[str, int, str]:
         while True:
             version, status, reason = super()._read_status()  # type: ignore[misc]
-            if status > 599:
-                raise http.client.BadStatusLine(f"{version} {status} {reason}".strip())
+            # http.client reads the code with int() (so "+200", "0200" and "2_00" are 200)
+            # from the line split as text (so "\xa0" separates): the code is 3DIGIT (RFC
+            # 9112 4), after ASCII whitespace only, as bytes.split() splits.
+            line = self.fp.last_line
+            code = line.split(None, 2)[1:2]
+            if status > 599 or not (code and len(code[0]) == 3 and code[0].isdigit()):
+                raise http.client.BadStatusLine(line.decode("iso-8859-1").rstrip("\r\n"))
             if not 100 < status < 200 or status == 101:  # 100 is skipped by begin()
                 return version, status, reason
             http.client.parse_headers(self.fp)  # the interim answer's headers: skipped
