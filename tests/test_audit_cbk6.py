@@ -10,11 +10,18 @@ import ipaddress
 
 import pytest
 
+from django_delayjobs import schedule_http
 from django_delayjobs.callbacks.delivery import DeliveryFailed, Limits, send
 from django_delayjobs.callbacks.policy import parse_url
+from django_delayjobs.callbacks.request import InvalidCallback
+from django_delayjobs.models import Job, Status
+from tests.test_audit_sec import allow, burst
+from tests.test_rest_helpers import client_for, make_user, url
 
 LOOPBACK = [ipaddress.ip_address("127.0.0.1")]
 LIMITS = Limits(connect=2, read=2, total=5, keep_bytes=4096)
+#: A worker runs outside the test's transaction (``run_delayworker --burst``).
+db = pytest.mark.django_db(transaction=True)
 
 
 def exchange(server, headers=None, body=b'{"a":1}'):
@@ -66,3 +73,66 @@ def test_an_informational_answer_with_a_bad_status_code_is_a_bad_status_line(raw
     )
     with pytest.raises(DeliveryFailed, match="BadStatusLine"):
         exchange(server)
+
+
+# -- 2. header names: what a receiver's server passes on ----------------------------------------
+
+#: Legal RFC 9110 tokens that nginx (``ignore_invalid_headers``, on by default) drops, that
+#: Apache drops from a CGI or WSGI environ, and ('_') that gunicorn 22+ drops: the receiver
+#: would not get them, and nothing would say so.
+DROPPED = [("X.Trace", "X-Trace"), ("X_Trace", "X-Trace"), ("X~Trace", "X-Trace"),
+           ("X+Trace", "X-Trace"), ("x!trace", "x-trace"), ("Order#", "Order-"),
+           ("X'Trace", "X-Trace"), ("X|Y", "X-Y")]  # fmt: skip
+
+
+@db
+@pytest.mark.parametrize(("name", "spelled"), DROPPED)
+def test_a_header_name_that_servers_drop_is_refused_at_the_door(
+    name, spelled, settings, callback_server
+):
+    allow(settings, callback_server)
+    said = f"header name {name!r}: write it {spelled!r} (letters, digits and '-' only)"
+    with pytest.raises(InvalidCallback) as refused:
+        schedule_http(callback_server.url(), in_=0, headers={name: "1"})
+    assert refused.value.field == "headers" and str(refused.value).startswith(said)
+    api = client_for(make_user(superuser=True))
+    body = {"url": callback_server.url(), "in": 0, "headers": {name: "1"}}
+    response = api.post(url("callbacks"), body, format="json")
+    assert response.status_code == 400 and response.json()["headers"][0].startswith(said)
+    assert not Job.objects.exists()
+
+
+@db
+def test_a_header_name_of_letters_digits_and_hyphens_is_sent_as_given(settings, callback_server):
+    allow(settings, callback_server)
+    job = schedule_http(callback_server.url(), in_=0, headers={"X-Trace-2": "t", "x9": "u"})
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.SUCCEEDED, job.last_error
+    (request,) = callback_server.wait_for(1)
+    assert (request.headers["x-trace-2"], request.headers["x9"]) == ("t", "u")
+
+
+@db
+def test_a_stored_header_name_that_servers_drop_ends_the_job_dead_naming_it(
+    settings, callback_server
+):
+    allow(settings, callback_server)
+    job = schedule_http(callback_server.url(), in_=0, json={"a": 1})
+    Job.objects.filter(pk=job.pk).update(kwargs={**job.kwargs, "headers": {"X.Trace": "1"}})
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    assert "refused, nothing sent: header name 'X.Trace'" in job.last_error, job.last_error
+    assert callback_server.count() == 0
+
+
+@db
+def test_a_destination_header_name_that_servers_drop_is_a_settings_error(settings, callback_server):
+    from django_delayjobs.checks import check_settings
+
+    allow(settings, callback_server, HTTP_DESTINATIONS={"hooks": {
+        "url": callback_server.url("/base"), "headers": {"X_Tenant": "a"},
+    }})  # fmt: skip
+    [error] = [e for e in check_settings(None) if "HTTP_DESTINATIONS" in e.msg]
+    assert "X_Tenant" in error.msg and "write it 'X-Tenant'" in error.msg, error.msg
