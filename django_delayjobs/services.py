@@ -562,7 +562,10 @@ def _iso(value: object) -> str:
 
 def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None) -> bool:
     """Give a dead job ``attempts`` more tries (default: MAX_ATTEMPTS), due now."""
+    from .callbacks.action import check_requeue
+
     job = _job(job)
+    check_requeue(job.action, job.kwargs)  # a request no attempt sends: it would die again
     extra = door.check_positive(
         delayjobs_settings.MAX_ATTEMPTS if attempts is None else attempts, "attempts"
     )

@@ -9,15 +9,19 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.urls import reverse
 
 from django_delayjobs import schedule_http
 from django_delayjobs.callbacks.delivery import DeliveryFailed, Limits, send
 from django_delayjobs.callbacks.policy import parse_url
 from django_delayjobs.callbacks.request import InvalidCallback
 from django_delayjobs.models import Job, Status
+from tests.callback_server import Reply
 from tests.test_audit_sec import allow, burst
 from tests.test_rest_helpers import client_for, make_user, url
 
+CHANGELIST = "admin:django_delayjobs_job_changelist"
 LOOPBACK = [ipaddress.ip_address("127.0.0.1")]
 LIMITS = Limits(connect=2, read=2, total=5, keep_bytes=4096)
 #: A worker runs outside the test's transaction (``run_delayworker --burst``).
@@ -136,3 +140,54 @@ def test_a_destination_header_name_that_servers_drop_is_a_settings_error(setting
     }})  # fmt: skip
     [error] = [e for e in check_settings(None) if "HTTP_DESTINATIONS" in e.msg]
     assert "X_Tenant" in error.msg and "write it 'X-Tenant'" in error.msg, error.msg
+
+
+# -- 3. requeueing a dead callback whose stored request is refused now ---------------------------
+
+
+def dead_callback(settings, server, headers: dict[str, str] | None = None) -> Job:
+    """A callback job that died at its only attempt: refused for its stored ``headers``
+    (a row stored before they were refused), else answered 410 Gone."""
+    allow(settings, server)
+    server.script("/hook", Reply(410, b"gone"))
+    job = schedule_http(server.url(), in_=0, json={"a": 1}, max_attempts=1)
+    if headers is not None:
+        Job.objects.filter(pk=job.pk).update(kwargs={**job.kwargs, "headers": headers})
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    return job
+
+
+REFUSED_AGAIN = "its stored request is refused, whatever the settings"
+
+
+@db
+def test_requeue_refuses_a_dead_callback_whose_stored_request_is_refused(
+    settings, callback_server, admin_client
+):
+    """Requeued, it died again at once for the same reason: the row cannot be edited, so
+    a requeue never helps. It is refused, saying why and what to do."""
+    job = dead_callback(settings, callback_server, {"X.Trace": "1"})
+    response = client_for(make_user(superuser=True)).post(url("jobs", job.pk, "requeue"))
+    assert response.status_code == 409
+    said = str(response.json())
+    assert REFUSED_AGAIN in said and "header name 'X.Trace'" in said
+    assert "schedule a new callback" in said
+    selection = {"action": "requeue_dead", ACTION_CHECKBOX_NAME: [str(job.pk)], "index": "0"}
+    page = admin_client.post(reverse(CHANGELIST), selection, follow=True)
+    messages = [str(m) for m in page.context["messages"]]
+    assert any(m.startswith(f"Job {job.pk} was not requeued: {REFUSED_AGAIN}") for m in messages)
+    job.refresh_from_db()
+    assert job.status == Status.DEAD and callback_server.count() == 0
+
+
+@db
+def test_a_dead_callback_with_a_sendable_request_is_requeued(settings, callback_server):
+    job = dead_callback(settings, callback_server)
+    assert callback_server.count() == 1
+    response = client_for(make_user(superuser=True)).post(url("jobs", job.pk, "requeue"))
+    assert response.status_code == 200 and response.json()["status"] == Status.SCHEDULED
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.SUCCEEDED and callback_server.count() == 2
