@@ -191,3 +191,46 @@ def test_a_dead_callback_with_a_sendable_request_is_requeued(settings, callback_
     burst()
     job.refresh_from_db()
     assert job.status == Status.SUCCEEDED and callback_server.count() == 2
+
+
+# -- 4. a Content-Length is digits ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "length",
+    [
+        b"+5",  # int() reads a sign
+        b"5_0",  # and underscores (50: the body read as cut short)
+        b"-1",  # a negative length was read as none: to the close
+        b"0x5",  # and one that is no number
+        b"5, 6",  # two lengths (urllib3 said so, in its own words)
+        b"9" * 5000,  # more digits than int() reads: read to the close, and not "cut short"
+    ],
+)
+def test_an_answer_whose_content_length_is_not_digits_is_no_answer(raw_server, length):
+    """RFC 9112 6.3: an invalid Content-Length makes the framing invalid, and a client must
+    discard the answer: no answer (network), retried, as a malformed status line is."""
+    server = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: " + length + b"\r\n\r\nhello")
+    with pytest.raises(DeliveryFailed, match="Content-Length") as failed:
+        exchange(server)
+    assert failed.value.kind == "network"
+    assert repr(length.decode())[:100] in str(failed.value) and "no answer" in str(failed.value)
+
+
+@pytest.mark.parametrize(
+    ("head", "body"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n", b"hello"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 005\r\n", b"hello"),  # 1*DIGIT
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n", b"hello"),  # RFC 9110 8.6: one
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n", b"hello"),
+        # Transfer-Encoding overrides it (RFC 9112 6.3): not read, so not judged
+        (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\nTransfer-Encoding: chunked\r\n",
+         b"5\r\nhello\r\n0\r\n\r\n"),
+        (b"HTTP/1.1 204 No Content\r\nContent-Length: x\r\n", b""),  # no body, whatever it says
+    ],
+)  # fmt: skip
+def test_an_answer_with_a_readable_length_is_read(raw_server, head, body):
+    server = raw_server(head + b"\r\n" + body)
+    response = exchange(server)
+    assert response.body == (b"hello" if body else b"") and not response.truncated

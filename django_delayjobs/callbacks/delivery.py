@@ -21,6 +21,7 @@ import functools
 import http.client
 import io
 import os
+import re
 import socket
 import ssl
 import threading
@@ -42,6 +43,10 @@ USER_AGENT = "django-delayjobs"
 #: which http.client reads up to 64 KiB and quotes whole): it goes into every attempt's
 #: history and log line.
 MAX_QUOTED = 200
+#: A Content-Length: ASCII digits (str.isdigit() takes "\xb2"), fewer than a length no
+#: body reaches (RFC 9110 8.6: no overflow on conversion; http.client's int() refuses
+#: more than 4,300 digits, and reads the body to the close then).
+_LENGTH = re.compile(r"[0-9]{1,18}")
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,10 @@ def _tls_context(ca_file: str | None, version: object) -> ssl.SSLContext:
 class _HeadUnread(http.client.HTTPException):
     """The answer's head was not read whole: the connection ended before the blank line
     that ends it, or it has more lines than ``http.client`` reads."""
+
+
+class _BadLength(http.client.HTTPException):
+    """The answer's ``Content-Length`` frames its body and cannot be read (RFC 9112 6.3)."""
 
 
 class _Lines(io.BufferedReader):
@@ -152,6 +161,32 @@ class _FinalResponse(http.client.HTTPResponse):
             # the request's query unmasked (a ?token=).
             self.msg.set_payload("")
             self.msg.defects.clear()
+        self._check_length()
+
+    def _check_length(self) -> None:
+        """Refuse a ``Content-Length`` that frames the body and is not one number of ASCII
+        digits (RFC 9112 6.3: the answer is then discarded): http.client reads it with
+        int() ("+5", "5_0"; "-1", "0x5" and 5,000 digits as no length, read to the
+        close), and the first of several only. Not where the status, the method or a
+        Transfer-Encoding (which overrides it) frames the body instead."""
+        if (
+            "transfer-encoding" in self.msg
+            or self.status in (101, 204, 304)
+            or self._method == "HEAD"  # type: ignore[attr-defined]  # not in typeshed
+        ):
+            return
+        fields = self.msg.get_all("content-length") or []
+        values = {value.strip(" \t") for field in fields for value in field.split(",")}
+        if values and (
+            not all(_LENGTH.fullmatch(value) for value in values) or len(set(map(int, values))) > 1
+        ):
+            given = ", ".join(fields)
+            if len(given) > MAX_QUOTED:
+                given = f"{given[:MAX_QUOTED]}... ({len(given)} characters)"
+            raise _BadLength(
+                f"the answer's Content-Length {given!r} is not one length (up to 18 digits): an "
+                "answer whose length cannot be read is no answer (RFC 9112 6.3)"
+            )
 
     def _read_status(self) -> tuple[str, int, str]:
         while True:
@@ -267,7 +302,7 @@ def _failure(
     """``handshake``: the TCP connect succeeded and the TLS handshake did not finish."""
     if timed_out:
         return DeliveryFailed(f"no complete answer within {limits.total:g} s (total)", "timeout")
-    if isinstance(exc, _HeadUnread):
+    if isinstance(exc, _HeadUnread | _BadLength):
         return DeliveryFailed(str(exc), "network")
     if isinstance(exc, NewConnectionError):  # before timeouts: urllib3 derives it from one
         return DeliveryFailed(f"could not connect: {exc}", "network")
