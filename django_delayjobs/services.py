@@ -565,7 +565,8 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
     from .callbacks.action import check_requeue
 
     job = _job(job)
-    check_requeue(job.action, job.kwargs)  # a request no attempt sends: it would die again
+    if job.status == Status.DEAD:  # else the UPDATE below says it is not dead
+        check_requeue(job.action, job.kwargs)  # a request no attempt sends: it would die again
     extra = door.check_positive(
         delayjobs_settings.MAX_ATTEMPTS if attempts is None else attempts, "attempts"
     )

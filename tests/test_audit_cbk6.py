@@ -234,3 +234,13 @@ def test_an_answer_with_a_readable_length_is_read(raw_server, head, body):
     server = raw_server(head + b"\r\n" + body)
     response = exchange(server)
     assert response.body == (b"hello" if body else b"") and not response.truncated
+
+
+@db
+def test_requeue_of_a_callback_that_is_not_dead_says_so_first(settings, callback_server):
+    allow(settings, callback_server)
+    job = schedule_http(callback_server.url(), in_=60, json={"a": 1})
+    Job.objects.filter(pk=job.pk).update(kwargs={**job.kwargs, "headers": {"X.Trace": "1"}})
+    response = client_for(make_user(superuser=True)).post(url("jobs", job.pk, "requeue"))
+    assert response.status_code == 409
+    assert response.json()["detail"] == "Only dead jobs can be requeued."
