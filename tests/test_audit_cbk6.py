@@ -244,3 +244,31 @@ def test_requeue_of_a_callback_that_is_not_dead_says_so_first(settings, callback
     response = client_for(make_user(superuser=True)).post(url("jobs", job.pk, "requeue"))
     assert response.status_code == 409
     assert response.json()["detail"] == "Only dead jobs can be requeued."
+
+
+# -- 5. a chunk's size is hex digits ---------------------------------------------------------------
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("chunks", "body", "truncated"),
+    [
+        (b"5\r\nhello\r\n0\r\n\r\n", b"hello", False),
+        (b"5;name=value\r\nhello\r\n0\r\n\r\n", b"hello", False),  # a chunk extension
+        (b"5 ;x\r\nhello\r\n0\r\n\r\n", b"hello", False),  # BWS before it
+        (b"A\r\nhelloworld\r\n0\r\n\r\n", b"helloworld", False),
+        # int(size, 16) read a sign and underscores: "-5" kept the framing as body
+        (b"-5\r\nhello\r\n0\r\n\r\n", b"", True),
+        (b"+5\r\nhello\r\n0\r\n\r\n", b"", True),
+        (b"5_0\r\nhello\r\n0\r\n\r\n", b"", True),
+        (b"5\r\nhello\r\n-0\r\n\r\n", b"hello", True),
+    ],
+)
+def test_a_chunk_size_that_is_not_hex_digits_cuts_the_body_short(
+    raw_server, chunks, body, truncated
+):
+    """RFC 9112 7.1: chunk-size = 1*HEXDIG. The answer stands (its status and headers have
+    come); its body ends at a malformed chunk, marked truncated."""
+    response = exchange(raw_server(CHUNKED + chunks))
+    assert (response.status, response.body, response.truncated) == (200, body, truncated)

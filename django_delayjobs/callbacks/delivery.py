@@ -47,6 +47,8 @@ MAX_QUOTED = 200
 #: body reaches (RFC 9110 8.6: no overflow on conversion; http.client's int() refuses
 #: more than 4,300 digits, and reads the body to the close then).
 _LENGTH = re.compile(r"[0-9]{1,18}")
+#: A chunk's size line (RFC 9112 7.1): hex digits, then BWS before an extension, if any.
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}[ \t]*(?:;.*)?\r?\n", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,14 @@ class _FinalResponse(http.client.HTTPResponse):
                 f"the answer's Content-Length {given!r} is not one length (up to 18 digits): an "
                 "answer whose length cannot be read is no answer (RFC 9112 6.3)"
             )
+
+    def _read_next_chunk_size(self) -> int:
+        # http.client reads the size with int(size, 16): "-5" (its framing then kept as
+        # body), "+5", "5_0". A ValueError here is its own for a bad size: the body ends.
+        size: int = super()._read_next_chunk_size()  # type: ignore[misc]
+        if not _CHUNK_SIZE.fullmatch(self.fp.last_line):
+            raise ValueError("a chunk size that is not hex digits")
+        return size
 
     def _read_status(self) -> tuple[str, int, str]:
         while True:
