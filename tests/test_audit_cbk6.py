@@ -1,6 +1,7 @@
 """Audit of the HTTP callbacks, round 6: the status code's three digits, the header names
-a caller may give (and what a requeue does with a row holding one now refused), and a
-hostile look at the delivery path.
+a caller may give (and what a requeue does with a row holding one now refused), and from a
+hostile look at the delivery path, an answer's Content-Length and chunk sizes, which
+Python's int() read with signs and underscores.
 
 Every exchange here goes to a real server on 127.0.0.1."""
 
