@@ -558,7 +558,11 @@ def _iso(value: object) -> str:
 def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None) -> bool:
     """Give a dead job ``attempts`` more tries, due now (default: MAX_ATTEMPTS, or for a
     ``django.tasks`` task the MAX_ATTEMPTS of the backend that enqueued it)."""
+    from .callbacks.action import check_requeue
+
     job = _job(job)
+    if job.status == Status.DEAD:  # else the UPDATE below says it is not dead
+        check_requeue(job.action, job.kwargs)  # a request no attempt sends: it would die again
     extra = door.check_positive(_attempts_for(job) if attempts is None else attempts, "attempts")
     most = door.MAX_ATTEMPTS_LIMIT - extra  # the row's attempts, not a copy's: see below
     actor = door.check_actor(actor)

@@ -34,6 +34,22 @@ def shown_kwargs(action: str, kwargs: Any) -> Any:
     return masked(kwargs)
 
 
+def check_requeue(action: str, kwargs: Any) -> None:
+    """Raise ``InvalidCallback`` if ``kwargs`` are a callback's stored request that no
+    attempt sends, whatever the settings (a header name refused since it was stored):
+    requeued, it would die again at once, and a row's request cannot be edited."""
+    if action != ACTION or not isinstance(kwargs, dict):  # a poison row's: its worker says
+        return
+    try:
+        load(kwargs)
+    except InvalidCallback as exc:
+        raise InvalidCallback(
+            f"its stored request is refused, whatever the settings, so it would die again "
+            f"at once, nothing sent: {exc}; schedule a new callback",
+            exc.field,
+        ) from None
+
+
 def client_installed() -> bool:
     import importlib.util
 

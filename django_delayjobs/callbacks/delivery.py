@@ -21,6 +21,7 @@ import functools
 import http.client
 import io
 import os
+import re
 import socket
 import ssl
 import threading
@@ -42,6 +43,12 @@ USER_AGENT = "django-delayjobs"
 #: which http.client reads up to 64 KiB and quotes whole): it goes into every attempt's
 #: history and log line.
 MAX_QUOTED = 200
+#: A Content-Length: ASCII digits (str.isdigit() takes "\xb2"), fewer than a length no
+#: body reaches (RFC 9110 8.6: no overflow on conversion; http.client's int() refuses
+#: more than 4,300 digits, and reads the body to the close then).
+_LENGTH = re.compile(r"[0-9]{1,18}")
+#: A chunk's size line (RFC 9112 7.1): hex digits, then BWS before an extension, if any.
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}[ \t]*(?:;.*)?\r?\n", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,10 @@ def _tls_context(ca_file: str | None, version: object) -> ssl.SSLContext:
 class _HeadUnread(http.client.HTTPException):
     """The answer's head was not read whole: the connection ended before the blank line
     that ends it, or it has more lines than ``http.client`` reads."""
+
+
+class _BadLength(http.client.HTTPException):
+    """The answer's ``Content-Length`` frames its body and cannot be read (RFC 9112 6.3)."""
 
 
 class _Lines(io.BufferedReader):
@@ -152,12 +163,51 @@ class _FinalResponse(http.client.HTTPResponse):
             # the request's query unmasked (a ?token=).
             self.msg.set_payload("")
             self.msg.defects.clear()
+        self._check_length()
+
+    def _check_length(self) -> None:
+        """Refuse a ``Content-Length`` that frames the body and is not one number of ASCII
+        digits (RFC 9112 6.3: the answer is then discarded): http.client reads it with
+        int() ("+5", "5_0"; "-1", "0x5" and 5,000 digits as no length, read to the
+        close), and the first of several only. Not where the status, the method or a
+        Transfer-Encoding (which overrides it) frames the body instead."""
+        if (
+            "transfer-encoding" in self.msg
+            or self.status in (101, 204, 304)
+            or self._method == "HEAD"  # type: ignore[attr-defined]  # not in typeshed
+        ):
+            return
+        fields = self.msg.get_all("content-length") or []
+        values = {value.strip(" \t") for field in fields for value in field.split(",")}
+        if values and (
+            not all(_LENGTH.fullmatch(value) for value in values) or len(set(map(int, values))) > 1
+        ):
+            given = ", ".join(fields)
+            if len(given) > MAX_QUOTED:
+                given = f"{given[:MAX_QUOTED]}... ({len(given)} characters)"
+            raise _BadLength(
+                f"the answer's Content-Length {given!r} is not one length (up to 18 digits): an "
+                "answer whose length cannot be read is no answer (RFC 9112 6.3)"
+            )
+
+    def _read_next_chunk_size(self) -> int:
+        # http.client reads the size with int(size, 16): "-5" (its framing then kept as
+        # body), "+5", "5_0". A ValueError here is its own for a bad size: the body ends.
+        size: int = super()._read_next_chunk_size()  # type: ignore[misc]
+        if not _CHUNK_SIZE.fullmatch(self.fp.last_line):
+            raise ValueError("a chunk size that is not hex digits")
+        return size
 
     def _read_status(self) -> tuple[str, int, str]:
         while True:
             version, status, reason = super()._read_status()  # type: ignore[misc]
-            if status > 599:
-                raise http.client.BadStatusLine(f"{version} {status} {reason}".strip())
+            # http.client reads the code with int() (so "+200", "0200" and "2_00" are 200)
+            # from the line split as text (so "\xa0" separates): the code is 3DIGIT (RFC
+            # 9112 4), after ASCII whitespace only, as bytes.split() splits.
+            line = self.fp.last_line
+            code = line.split(None, 2)[1:2]
+            if status > 599 or not (code and len(code[0]) == 3 and code[0].isdigit()):
+                raise http.client.BadStatusLine(line.decode("iso-8859-1").rstrip("\r\n"))
             if not 100 < status < 200 or status == 101:  # 100 is skipped by begin()
                 return version, status, reason
             http.client.parse_headers(self.fp)  # the interim answer's headers: skipped
@@ -262,7 +312,7 @@ def _failure(
     """``handshake``: the TCP connect succeeded and the TLS handshake did not finish."""
     if timed_out:
         return DeliveryFailed(f"no complete answer within {limits.total:g} s (total)", "timeout")
-    if isinstance(exc, _HeadUnread):
+    if isinstance(exc, _HeadUnread | _BadLength):
         return DeliveryFailed(str(exc), "network")
     if isinstance(exc, NewConnectionError):  # before timeouts: urllib3 derives it from one
         return DeliveryFailed(f"could not connect: {exc}", "network")

@@ -25,6 +25,12 @@ _PAIRS = re.compile(r"[;,]")
 
 # RFC 9110 token characters.
 _NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}")
+#: What a name may hold of them: the characters every server passes on. The other tokens
+#: ('_', '.', '!', '~'...) are legal HTTP, but nginx drops such a header by default
+#: (``ignore_invalid_headers``), Apache leaves it out of a CGI or WSGI environ, gunicorn
+#: 22+ drops a name with '_', and CGI and WSGI read '_' as '-': the receiver would not get
+#: it, or would read it as another header, and nothing would say so.
+_PASSED_ON = re.compile(r"[0-9A-Za-z-]+")
 # Visible ASCII, space and tab: no CR, LF, NUL or other controls, nothing non-ASCII.
 _VALUE = re.compile(r"[\t\x20-\x7e]*")
 #: urllib3's ``SKIP_HEADER``: a value it reads as "do not send this header" (for three
@@ -91,6 +97,12 @@ def check_headers(headers: object, *, secrets_allowed: bool = False) -> dict[str
             raise InvalidHeader(
                 f"header {name} carries a credential: put it in the headers of an "
                 "HTTP_DESTINATIONS entry, so that job rows never hold it"
+            )
+        if not _PASSED_ON.fullmatch(name):
+            raise InvalidHeader(
+                f"header name {name!r}: write it {re.sub('[^0-9A-Za-z-]', '-', name)!r} "
+                "(letters, digits and '-' only): nginx and Apache drop a name with other "
+                "characters, gunicorn one with '_', though HTTP allows them"
             )
         checked[name] = value
     return checked

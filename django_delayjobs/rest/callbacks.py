@@ -93,7 +93,8 @@ class CallbackSerializer(s.StrictSerializer):
     json = serializers.JSONField(required=False, help_text="A JSON body (or give data).")
     headers = serializers.DictField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False,
-        help_text="Extra request headers; credentials belong in HTTP_DESTINATIONS.",
+        help_text="Extra request headers (names of letters, digits and '-'); credentials "
+        "belong in HTTP_DESTINATIONS.",
     )  # fmt: skip
     at = s.AwareDateTimeField(required=False, help_text="When to call (ISO 8601 with offset).")
     key = serializers.CharField(
