@@ -7,17 +7,27 @@ re-adds what Redis does not hold. Adding is idempotent, so sweeps may overlap.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Generator
-from datetime import timedelta
+from collections.abc import Callable, Collection, Iterator
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, cast
 
 from django.db import connections
-from django.db.models import Case, Q, TextField, Value, When
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import (
+    BinaryField,
+    Case,
+    DateTimeField,
+    Field,
+    Q,
+    TextField,
+    UUIDField,
+    Value,
+    When,
+)
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -34,6 +44,7 @@ from .engine import (
 )
 from .engine.errors import unreachable
 from .models import ACTIVE, WAITING, Job, Status
+from .outcomes import follow_row
 from .rows import parse_time
 
 logger = logging.getLogger("django_delayjobs.reconcile")
@@ -48,7 +59,8 @@ FRESH = timedelta(seconds=10)
 class Reconciled(Counter[str]):
     """Jobs re-added per queue; ``unusable``: rows whose due time cannot be used (poison
     rows: id -> why), handed to a worker due now; ``skipped``: rows no worker can claim,
-    whose id is not a job id or whose queue cannot name Redis keys; ``cleared`` (a full
+    whose id is not a job id (or not in the form the database keeps), whose queue cannot
+    name Redis keys, or whose text is not UTF-8; ``cleared`` (a full
     pass only): ids taken out of a queue's garbage whose job is not dead."""
 
     def __init__(self) -> None:
@@ -74,6 +86,9 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
     A job Redis holds pending is moved only to an earlier due time: the one read here may
     be older than one a ``reschedule`` committed since has given Redis (a job handed over
     too early is deferred by the worker to its row's due time).
+    On one Redis, Redis is asked its time first: while it is down no row is read (the
+    sweep is retried every few seconds). The rows are read a page at a time (``_pages``),
+    so each is acted on as it is then, not as it was when the sweep began.
     A shard whose master cannot be reached does not stop the sweep: every other one is
     repaired, then ``PartlyUnavailable`` is raised with the result as ``done``. A queue
     none of whose shards answered (on one Redis that does not answer: every queue) is left
@@ -85,8 +100,8 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
     named in one log line. The worker then runs it if its row reads back (a job due in
     1969 is overdue), or settles it dead with the reason. Ids and due times are read as
     text, which cannot fail, and converted here, row by row. A row Redis cannot hold at
-    all (its id is not a job id, its queue cannot name keys) is left out, counted in
-    ``skipped`` and named in one log line.
+    all, or no worker could claim (see ``_texts``), is left out, counted in ``skipped``
+    and named in one log line.
 
     A full pass (``horizon`` and ``ids`` None) also reads every queue's garbage: an id
     whose job finished other than dead, or whose row is gone, is taken out of it (a Redis
@@ -98,25 +113,17 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
     then added to its own (``Engine.add``). The old shards are served meanwhile, so a job
     is never stranded; a full pass (``delayjobs_reconcile``) moves every waiting job at once.
     """
-    now = timezone.now()
-    due = Q(status__in=WAITING)
-    if horizon is not None:
-        due &= Q(run_at__lte=now + horizon)
-    as_text = (Cast("pk", TextField()), "queue", Cast("run_at", TextField()), "priority",
-               "status")  # fmt: skip
-    # Compared by the database: a created_at Python cannot read never stops the sweep.
-    fresh = Case(When(created_at__gt=now - FRESH, then=Value(True)), default=Value(False))
-    rows = Job.objects.filter(due | Q(status=Status.RUNNING))
-    if ids is not None:
-        rows = rows.filter(pk__in=ids)
-    rows = rows.values_list(*as_text, fresh)
+    if not engine.is_cluster:
+        # One cheap call first: while Redis is down (a sweep is retried every few seconds)
+        # no row is read, and a frozen Redis costs this one timeout.
+        engine.server_time_ms()
     result = Reconciled()
     moved: Counter[str] = Counter()  # ids moved to their shard under a new count
-    batch: dict[str, dict[str, float]] = defaultdict(dict)
     priorities: dict[str, int] = {}  # of the batched ids whose priority is not 0
     young: set[str] = set()  # batched ids of rows created within FRESH
     running: set[str] = set()  # batched ids of running rows
-    each = PerShard()  # a queue or shard whose master is down does not stop the sweep
+    # A queue or shard whose master is down does not stop the sweep; one Redis down does.
+    each = PerShard(one_server=not engine.is_cluster)
     down: set[str | None] = set()  # queues no shard of which answered (None: every queue)
 
     def repair(queue: str, items: dict[str, float]) -> None:
@@ -140,30 +147,20 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
                 down.add(None if unreachable(exc) and not engine.is_cluster else queue)
                 raise
 
-    conn = connections[rows.db]
-    # On PostgreSQL iterator() reads through a server-side cursor, which Django closes
-    # with the driver's own close(), outside its error wrapping: a connection lost just
-    # before that CLOSE raised psycopg's OperationalError, not a django.db.Error, and
-    # killed the worker's reconcile thread (and with it the worker). Wrapped here, and
-    # closed here when the sweep stops early, not by the garbage collector later on.
-    found = cast("Generator[tuple[Any, ...]]", rows.order_by().iterator(CHUNK))
-    with conn.wrap_database_errors, contextlib.closing(found):
-        for raw_id, queue, raw_run_at, priority, status, is_young in found:
+    for page, conn in _pages(timezone.now(), horizon, ids):
+        batch: dict[str, dict[str, float]] = defaultdict(dict)
+        for raw_id, raw_queue, raw_run_at, priority, status, is_young in page:
             progress()
             try:
-                job_id = str(uuid.UUID(str(raw_id)))
-            except ValueError as exc:  # a hand-written id: no worker could claim it
-                result.skipped[str(raw_id)] = f"not a job id: {exc}"
+                job_id, queue, run_at = _texts(raw_id, raw_queue, raw_run_at, conn)
+            except _Skipped as exc:
+                result.skipped[exc.key] = str(exc)
                 continue
             try:
-                validate_name(queue, "queue")
-            except (TypeError, ValueError) as exc:  # an older version's, or hand-written
-                result.skipped[job_id] = str(exc)
-                continue
-            try:
-                batch[queue][job_id] = timing.to_ms(parse_time(raw_run_at, conn))
+                batch[queue][job_id] = timing.to_ms(parse_time(run_at, conn))
             except (ArithmeticError, ValueError) as exc:
-                result.unusable[job_id] = str(exc)
+                if status != Status.RUNNING:  # a running one goes back in flight as it is
+                    result.unusable[job_id] = str(exc)
                 batch[queue][job_id] = 0  # due now: the worker runs it or settles it dead
             if priority and priority in PRIORITY_RANGE:
                 priorities[job_id] = priority
@@ -171,18 +168,104 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
                 young.add(job_id)
             if status == Status.RUNNING:
                 running.add(job_id)
-            if len(batch[queue]) >= CHUNK:
-                repair(queue, batch.pop(queue))
-    for queue, items in batch.items():
-        repair(queue, items)
+        for queue, items in batch.items():
+            repair(queue, items)
+        if None in down:
+            break  # the rows left are read again by the next sweep, not now for nothing
     if horizon is None and ids is None and None not in down:
-        for queue in each.run(engine.known_queues, list[str]()):
+        for queue in each.until_down(each.run(engine.known_queues, list[str]())):
             if queue not in down:
                 with each.attempt():
                     result.cleared[queue] = _clear_garbage(engine, queue)
     _report(result, moved)
     each.check(result)
     return result
+
+
+def _pages(
+    now: datetime, horizon: timedelta | None, ids: Collection[str] | None
+) -> Iterator[tuple[list[tuple[Any, ...]], BaseDatabaseWrapper]]:
+    """The rows to repair, ``CHUNK`` at a time, with the connection that read them: per
+    status in (``run_at``, id) order, the order of the (status, run_at) index, each page a
+    short query of its own past the last row read (keyset). A cursor held for the whole
+    sweep acted on rows as they were when it began (a job that died since was taken out of
+    garbage again), and on SQLite held a read transaction that blocked WAL checkpoints.
+    Ids, queues and due times are read as text, which cannot fail, and on SQLite as bytes:
+    text that is not UTF-8 (raw SQL) failed the whole page. Positions are the values as
+    the database holds them, given back as they were read. A row whose status or due time
+    changes during the sweep may be read twice (every move is idempotent) or not at all
+    (the change pushed it to Redis itself, or the next sweep reads it)."""
+    jobs = Job.objects.all() if ids is None else Job.objects.filter(pk__in=ids)
+    conn = connections[jobs.db]
+    sqlite = conn.vendor == "sqlite"
+    as_text = BinaryField() if sqlite else TextField()
+    # Compared by the database: a created_at Python cannot read never stops the sweep.
+    fresh = Case(When(created_at__gt=now - FRESH, then=Value(True)), default=Value(False))
+    columns = (Cast("pk", as_text), Cast("queue", as_text), Cast("run_at", as_text),
+               "priority", "status", fresh)  # fmt: skip
+
+    def stored(raw: Any, field: Field[Any, Any]) -> Cast:
+        if sqlite:
+            return Cast(Value(bytes(raw), BinaryField()), TextField())
+        return Cast(Value(raw, TextField()), field)
+
+    for status in (*WAITING, Status.RUNNING):
+        rows = jobs.filter(status=status)
+        if horizon is not None and status != Status.RUNNING:
+            rows = rows.filter(run_at__lte=now + horizon)
+        rows = rows.values_list(*columns).order_by("run_at", "pk")
+        page = rows
+        while found := cast("list[tuple[Any, ...]]", list(page[:CHUNK])):
+            yield found, conn
+            if len(found) < CHUNK:
+                break
+            pk, run_at = stored(found[-1][0], UUIDField()), stored(found[-1][2], DateTimeField())
+            # The first term lets the index find where to start (the OR alone may not).
+            page = rows.filter(Q(run_at__gt=run_at) | Q(run_at=run_at, pk__gt=pk),
+                               run_at__gte=run_at)  # fmt: skip
+
+
+class _Skipped(ValueError):
+    """A row no worker can claim; ``key`` names it in ``Reconciled.skipped``."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(why)
+        self.key = key
+
+
+def _texts(raw_id: Any, raw_queue: Any, raw_run_at: Any,
+           conn: BaseDatabaseWrapper) -> tuple[str, str, str]:  # fmt: skip
+    """A row's id (as a job id), queue and due time as text; raise ``_Skipped`` for a row
+    no worker can claim: its id is not a job id, or not in the form the database keeps
+    one in (SQLite: 32 hex digits, the form a worker's claim looks for), its queue cannot
+    name Redis keys, or a value is not UTF-8 text."""
+    id_text, queue, run_at = (
+        bytes(raw).decode("utf-8", "backslashreplace") if isinstance(raw, bytes | memoryview)
+        else str(raw) for raw in (raw_id, raw_queue, raw_run_at)
+    )  # fmt: skip
+    try:
+        job_id = str(uuid.UUID(id_text))
+    except ValueError as exc:  # a hand-written id
+        raise _Skipped(id_text, f"not a job id: {exc}") from None
+    if not conn.features.has_native_uuid_field and id_text != uuid.UUID(id_text).hex:
+        raise _Skipped(id_text, "the id is not stored as 32 hex digits, the form a worker "
+                                "looks it up by (written by hand?)")  # fmt: skip
+    for what, raw in (("queue", raw_queue), ("due time", raw_run_at)):
+        if isinstance(raw, bytes | memoryview) and not _utf8(bytes(raw)):
+            raise _Skipped(job_id, f"its {what} is not UTF-8 text: {bytes(raw)!r}")
+    try:
+        validate_name(queue, "queue")
+    except (TypeError, ValueError) as exc:  # an older version's, or hand-written
+        raise _Skipped(job_id, str(exc)) from None
+    return job_id, queue, run_at
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _clear_garbage(engine: Engine, queue: str) -> int:
@@ -240,7 +323,9 @@ def _repair(
     flight); return how many it did not hold, leaving out ids of ``young`` rows (see
     ``FRESH``). An id found waiting in a shard of an older count is moved to its shard
     (by ``Engine.add``), not counted."""
-    each = PerShard()  # the shards whose master is down wait; the others are repaired
+    # The shards whose master is down wait; the others are repaired. On one Redis a call
+    # that got no answer ends the chunk: each next call would wait out the same timeout.
+    each = PerShard(one_server=not engine.is_cluster)
     ranks = {id_: priorities.pop(id_) for id_ in items if id_ in priorities}
     in_flight = [id_ for id_ in items if id_ in running]
     running.difference_update(in_flight)
@@ -296,6 +381,7 @@ def _adopt(engine: Engine, queue: str, ids: list[str], each: PerShard) -> int:
     dead = [id_ for id_ in finished if statuses.get(id_) == Status.DEAD]
     if dead:
         each.run(partial(engine.bury, queue, dead), 0)
+        _follow(engine, queue, dead, each)
     if len(dead) < len(finished):
         each.run(partial(engine.ack, queue, [i for i in finished if i not in dead]), 0)
     return len(adopted) - len(finished)
@@ -320,7 +406,21 @@ def _still_active(queue: str, engine: Engine, added: list[str], each: PerShard) 
     finished = [id_ for id_ in added if id_ not in active]
     if finished:
         each.run(partial(engine.remove, queue, finished), 0)
+        _follow(engine, queue, finished, each)
     return [id_ for id_ in added if id_ in active]
+
+
+def _follow(engine: Engine, queue: str, ids: list[str], each: PerShard) -> None:
+    """Put back the ``ids`` just buried or taken out whose job waits again: a requeue that
+    committed after their rows were read found the id where this sweep had put it (in
+    flight, pending), left it there, and the bury or removal then stranded it until the
+    next sweep. Read again after the move, as after every push (``follow_row``)."""
+    statuses = _statuses(ids)
+    again = [id_ for id_ in ids if statuses.get(id_) in WAITING]
+    if again and not each.down:
+        each.run(partial(engine.requeue, queue, again), 0)  # out of garbage, due now
+        for id_ in again:  # or added, if the removal took it out of pending
+            each.run(partial(follow_row, engine, queue, id_, -1, held=False), None)
 
 
 def horizon() -> timedelta:

@@ -517,60 +517,63 @@ def test_a_sweep_that_repairs_nothing_warns_nothing(caplog):
 
 
 @pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
-                    reason="a server-side cursor: PostgreSQL only")  # fmt: skip
-def test_a_connection_lost_as_the_sweep_closes_its_cursor_is_a_database_error(monkeypatch):
-    """What killed a worker in the chaos test: the sweep reads through a server-side cursor,
-    and the connection was lost just before Django closed it. That close is the driver's,
-    outside Django's error wrapping, so it raised psycopg's OperationalError, which the
-    worker's reconcile loop does not catch (it catches django.db.Error): the thread died.
-    The connection is terminated for real, at that moment, from another session."""
+                    reason="pg_terminate_backend: PostgreSQL only")  # fmt: skip
+def test_a_connection_lost_in_the_middle_of_a_sweep_is_a_database_error(monkeypatch):
+    """What killed a worker in the chaos test: the sweep read through a server-side cursor,
+    and the connection was lost just before Django closed it, with the driver's close(),
+    outside Django's error wrapping: psycopg's OperationalError, which the worker's
+    reconcile loop does not catch (it catches django.db.Error), killed the thread. The
+    sweep now reads page by page, through no server-side cursor; a connection lost
+    between two pages (terminated for real, from another session) is a django.db.Error,
+    and the next sweep, on a new connection, repairs."""
     import threading
 
     import psycopg
     from django.db import DatabaseError, close_old_connections, connections
 
-    from django_delayjobs.reconcile import reconcile
+    from django_delayjobs import reconcile as sweeps
 
+    monkeypatch.setattr(sweeps, "CHUNK", 1)
     for n in range(3):
         schedule(tasks.record, in_=0, args=[f"swept{n}"])
     age_rows()  # lost, not on their way: the sweep counts them
     get_engine().remove("default", [str(pk) for pk in Job.objects.values_list("pk", flat=True)])
-    close = psycopg.ServerCursor.close
+    opened: list[object] = []
+    monkeypatch.setattr(psycopg.ServerCursor, "__init__", lambda *a, **k: opened.append(a))
     terminated: list[int] = []
 
-    def terminate_then_close(cursor: psycopg.ServerCursor) -> None:
-        if not terminated and not cursor.closed:
-            terminated.append(cursor.connection.info.backend_pid)
-            other = connections.create_connection("default")
-            try:
-                with other.cursor() as sql:  # waits until the session is gone
-                    sql.execute("SELECT pg_terminate_backend(%s, 5000)", [terminated[0]])
-            finally:
-                other.close()
+    def terminate() -> None:  # at the first row read, before the next page
+        if terminated:
+            return
+        own = connections["default"].connection
+        terminated.append(own.info.backend_pid)
+        other = connections.create_connection("default")
         try:
-            close(cursor)
-        finally:  # psycopg leaves a cursor whose CLOSE failed open (a ResourceWarning later)
-            if not cursor.closed:
-                psycopg.Cursor.close(cursor)
+            with other.cursor() as sql:  # waits until the session is gone
+                sql.execute("SELECT pg_terminate_backend(%s, 5000)", [terminated[0]])
+        finally:
+            other.close()
 
-    monkeypatch.setattr(psycopg.ServerCursor, "close", terminate_then_close)
     raised: list[BaseException] = []
     repaired: list[object] = []
 
     def sweep() -> None:  # in a thread of its own, as in the worker: its own connection
         try:
             try:
-                reconcile(get_engine())
+                sweeps.reconcile(get_engine(), progress=terminate)
             except BaseException as exc:
                 raised.append(exc)
             close_old_connections()  # what the reconcile loop does after a failed sweep
-            repaired.append(reconcile(get_engine()))
+            repaired.append(sweeps.reconcile(get_engine()))
         finally:
             connections.close_all()
 
     thread = threading.Thread(target=sweep)
     thread.start()
     thread.join(30)
-    assert terminated, "the sweep closed no server-side cursor"
+    assert terminated and not opened
     assert len(raised) == 1 and isinstance(raised[0], DatabaseError), raised
-    assert repaired == [{"default": 3}]  # the next sweep, on a new connection, repairs
+    # The first page's job was added before its check failed; the next sweep, on a new
+    # connection, repairs the other two.
+    assert repaired == [{"default": 2}]
+    assert get_engine().stats("default").overdue + get_engine().stats("default").ready == 3

@@ -9,8 +9,8 @@ from django.db import Error as DatabaseError
 
 from ...connection import get_engine
 from ...databases import database_error, jobs_alias
-from ...engine import DelayJobsError
-from ...reconcile import reconcile
+from ...engine import DelayJobsError, PartlyUnavailable
+from ...reconcile import Reconciled, reconcile
 from ..output import SafeOutputCommand
 
 
@@ -29,6 +29,10 @@ class Command(SafeOutputCommand):
             # for a Redis that is down or refuses writes, the state it is run to repair.
             # Asked after the pass, so that a Cluster master down stops no other's repair.
             refused = engine.refused_write()
+        except PartlyUnavailable as exc:  # what it did before Redis failed, then why
+            if isinstance(exc.done, Reconciled):
+                self.report(exc.done)
+            raise CommandError(str(exc)) from exc
         except DelayJobsError as exc:
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
@@ -37,6 +41,9 @@ class Command(SafeOutputCommand):
             address, refusal = refused
             where = f" (master {address})" if address else ""
             raise CommandError(f"Redis refuses writes{where}: {refusal}")
+        self.report(repaired)
+
+    def report(self, repaired: Reconciled) -> None:
         for queue, count in sorted(repaired.items()):
             self.stdout.write(f"{queue}: re-added {count} job(s)")
         self.stdout.write(f"repaired {sum(repaired.values())} job(s)")
