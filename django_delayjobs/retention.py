@@ -227,12 +227,15 @@ def _delete(
     others = [s for s in Status.values if s not in statuses]
     still = (Job.objects.using(alias).filter(pk__in=pks, finished_at__lt=cutoff)
              .exclude(status__in=others))  # fmt: skip
+    # A write first: on SQLite a transaction that began (DEFERRED, Django's default) with a
+    # read cannot then write once another connection has committed ("database is locked"
+    # at once, whatever the busy timeout); a write first waits for the lock instead.
+    events = JobEvent.objects.using(alias).filter(job__in=still.values("pk"))
+    deleted_events = events._raw_delete(alias)
     dead = []
     if Status.DEAD in statuses:
         dead = [(q, str(pk)) for q, pk, status in still.values_list("queue", "pk", "status")
                 if status == Status.DEAD]  # fmt: skip
-    events = JobEvent.objects.using(alias).filter(job__in=still.values("pk"))
-    deleted_events = events._raw_delete(alias)
     deleted_jobs = still._raw_delete(alias)
     return Pruned(jobs=deleted_jobs, events=deleted_events, batches=1, dead=dead)
 
