@@ -4,11 +4,17 @@ stats against real servers (the suite's Redis, private ones, the test database).
 from __future__ import annotations
 
 import sqlite3
+import threading
+from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 
-from django_delayjobs.models import Job, Status
+from django_delayjobs import retention, services
+from django_delayjobs.connection import get_engine
+from django_delayjobs.models import Job, JobEvent, Status
+from tests.helpers import in_thread, wait_for
 from tests.test_retention import make, prune
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,3 +54,83 @@ def test_a_dead_prune_on_sqlites_default_transactions_survives_a_workers_commit(
     assert "deleted 1 dead jobs" in out
     assert writes  # the worker did try while the batch's transaction was open
     assert not Job.objects.filter(pk=dead.pk).exists()
+
+
+# -- a requeue racing the prune (PostgreSQL: row locks, two sessions) ---------------------
+
+
+def waiting_for_a_lock() -> bool:
+    """Whether another session of the test database waits for a row lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        return bool(cursor.fetchone()[0])
+
+
+@pytest.fixture
+def postgresql() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("two sessions and row locks (PostgreSQL)")
+
+
+def test_a_requeue_not_yet_committed_keeps_its_job_from_the_prune(postgresql):
+    """The requeue's UPDATE holds the row: the prune skips it (SKIP LOCKED) rather than wait
+    or delete it, and once the requeue commits the job waits in Redis with its history."""
+    dead = make(Status.DEAD)
+    requeued, go, out = threading.Event(), threading.Event(), []
+
+    def requeue_and_hold() -> bool:
+        with transaction.atomic():
+            won = services.requeue(dead)
+            requeued.set()
+            go.wait(10)
+        return won
+
+    thread = in_thread(requeue_and_hold, out)
+    assert requeued.wait(10)
+    try:
+        pruned = prune("--older-than", "30d", "--status", "dead")
+    finally:
+        go.set()
+        thread.join(10)
+    assert "deleted 0 dead jobs" in pruned
+    assert out == [True]
+    row = Job.objects.get(pk=dead.pk)
+    assert row.status == Status.SCHEDULED
+    assert JobEvent.objects.filter(job=dead, kind="requeued").exists()
+    stats = get_engine().stats("default")
+    assert stats.pending + stats.ready == 1  # due now: added straight to ready
+
+
+def test_a_requeue_made_while_the_prune_deletes_its_job_is_refused_not_an_error(postgresql):
+    """The prune's batch locks and deletes the row; a requeue arriving meanwhile waits for
+    it, then finds no dead job: False (the admin and the API say "not requeued"), no
+    IntegrityError, no history row left without its job, and nothing added to Redis."""
+    dead = make(Status.DEAD)
+    cutoff = timezone.now() - timedelta(days=30)
+    deleted, go, pruning, requeuing = threading.Event(), threading.Event(), [], []
+
+    def prune_and_hold() -> int:
+        with transaction.atomic():
+            done = retention.delete_batch(cutoff, [Status.DEAD], 50)
+            deleted.set()
+            go.wait(10)
+        return done.jobs
+
+    pruner = in_thread(prune_and_hold, pruning)
+    assert deleted.wait(10)
+    requeuer = in_thread(lambda: services.requeue(dead), requeuing)
+    try:
+        wait_for(waiting_for_a_lock, timeout=10)
+    finally:
+        go.set()
+        pruner.join(10)
+        requeuer.join(10)
+    assert pruning == [1]
+    assert requeuing == [False]
+    assert not Job.objects.filter(pk=dead.pk).exists()
+    assert not JobEvent.objects.filter(job_id=dead.pk).exists()
+    stats = get_engine().stats("default")
+    assert stats.pending + stats.ready == 0
