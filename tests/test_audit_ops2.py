@@ -134,3 +134,22 @@ def test_a_requeue_made_while_the_prune_deletes_its_job_is_refused_not_an_error(
     assert not JobEvent.objects.filter(job_id=dead.pk).exists()
     stats = get_engine().stats("default")
     assert stats.pending + stats.ready == 0
+
+
+# -- only finished jobs, whoever calls ----------------------------------------------------
+
+
+@pytest.mark.parametrize("statuses", [
+    [Status.SCHEDULED], ["running"], [Status.SUCCEEDED, Status.RETRYING], "dead", [],
+])  # fmt: skip
+def test_the_prune_deletes_no_job_that_can_still_run_whatever_its_caller_names(statuses):
+    """'Only finished jobs are ever deleted' held for the command's --status only:
+    ``retention.prune`` (and its dry-run ``count``) took any status, and deleted waiting
+    and running jobs (a row whose finish time was set by hand, or kept by a requeue)."""
+    waiting = [make(status) for status in (Status.SCHEDULED, Status.RUNNING, Status.RETRYING)]
+    cutoff = timezone.now() - timedelta(days=30)
+    with pytest.raises(ValueError, match=r"finished status|no status"):
+        retention.count(cutoff, statuses)
+    with pytest.raises(ValueError, match=r"finished status|no status"):
+        retention.prune(cutoff, statuses)
+    assert Job.objects.filter(pk__in=[j.pk for j in waiting]).count() == 3
