@@ -7,7 +7,9 @@ import sqlite3
 import threading
 from datetime import timedelta
 
+import psycopg
 import pytest
+from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -15,7 +17,7 @@ from django_delayjobs import retention, services
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, JobEvent, Status
 from tests.helpers import in_thread, wait_for
-from tests.test_retention import make, prune
+from tests.test_retention import dead_in_garbage, make, prune
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -153,3 +155,56 @@ def test_the_prune_deletes_no_job_that_can_still_run_whatever_its_caller_names(s
     with pytest.raises(ValueError, match=r"finished status|no status"):
         retention.prune(cutoff, statuses)
     assert Job.objects.filter(pk__in=[j.pk for j in waiting]).count() == 3
+
+
+# -- a prune the database stops midway ---------------------------------------------------
+
+
+def test_a_prune_the_database_stops_midway_exits_1_with_each_batch_whole(postgresql):
+    """A database error in a later batch (here the event table held by a migration past
+    the session's lock_timeout): the command exits 1 naming the database; each batch is
+    whole: the first one's job and history gone and its dead id out of the Redis garbage,
+    the other job kept with its history and its id."""
+    first, second = dead_in_garbage("default", 2)
+    old = timezone.now() - timedelta(days=40)
+    Job.objects.filter(pk=first.pk).update(finished_at=old)  # pruned first
+    Job.objects.filter(pk=second.pk).update(finished_at=old + timedelta(seconds=1))
+    migration = session()
+    locking: list[threading.Thread] = []
+
+    def a_migration_after_the_first_batch(execute, sql, params, many, context):
+        if "DELETE" in sql and not locking:
+            execute("SET lock_timeout = '200ms'", None, False, context)
+            result = execute(sql, params, many, context)
+            # Queued behind this batch's transaction, ahead of the next batch's.
+            lock = "LOCK TABLE django_delayjobs_jobevent IN ACCESS EXCLUSIVE MODE"
+            locking.append(threading.Thread(target=migration.execute, args=[lock]))
+            locking[0].start()
+            wait_for(waiting_for_a_lock, timeout=10)
+            return result
+        return execute(sql, params, many, context)
+
+    try:
+        with (
+            connection.execute_wrapper(a_migration_after_the_first_batch),
+            pytest.raises(CommandError, match="the jobs database 'default'") as failed,
+        ):
+            prune("--older-than", "30d", "--status", "dead", "--batch", "1")
+    finally:
+        for thread in locking:
+            thread.join(10)
+        migration.close()
+    assert failed.value.returncode == 1
+    assert not Job.objects.filter(pk=first.pk).exists()
+    assert not JobEvent.objects.filter(job_id=first.pk).exists()
+    assert Job.objects.filter(pk=second.pk, status=Status.DEAD).exists()
+    assert JobEvent.objects.filter(job_id=second.pk).exists()
+    assert [job_id for job_id, _ in get_engine().garbage("default")] == [str(second.pk)]
+
+
+def session() -> psycopg.Connection:
+    """A session of the test database of its own (autocommit off: a LOCK is held until it
+    is closed)."""
+    s = connection.settings_dict
+    return psycopg.connect(dbname=s["NAME"], user=s["USER"], password=s["PASSWORD"] or None,
+                           host=s["HOST"] or None, port=s["PORT"] or None)  # fmt: skip
