@@ -147,7 +147,7 @@ def test_a_requeue_made_while_the_prune_deletes_its_job_is_refused_not_an_error(
 def test_the_prune_deletes_no_job_that_can_still_run_whatever_its_caller_names(statuses):
     """'Only finished jobs are ever deleted' held for the command's --status only:
     ``retention.prune`` (and its dry-run ``count``) took any status, and deleted waiting
-    and running jobs (a row whose finish time was set by hand, or kept by a requeue)."""
+    and running jobs whose finish time was old (a row written by hand or by another program)."""
     waiting = [make(status) for status in (Status.SCHEDULED, Status.RUNNING, Status.RETRYING)]
     cutoff = timezone.now() - timedelta(days=30)
     with pytest.raises(ValueError, match=r"finished status|no status"):
