@@ -103,7 +103,13 @@ def parse_duration(text: str) -> datetime.timedelta:
 
 def parse_statuses(text: str) -> tuple[str, ...]:
     """A comma-separated list of finished statuses; ValueError for any other."""
-    names = [s.strip() for s in text.split(",") if s.strip()]
+    return check_statuses(s.strip() for s in text.split(",") if s.strip())
+
+
+def check_statuses(statuses: Iterable[str]) -> tuple[str, ...]:
+    """Finished statuses, each once; ValueError for none, or any other (a job that can
+    still run is never pruned, whoever asks)."""
+    names = tuple(dict.fromkeys(statuses))
     if not names:
         raise ValueError("no status given")
     finished = [s.value for s in FINISHED]
@@ -112,7 +118,7 @@ def parse_statuses(text: str) -> tuple[str, ...]:
             raise ValueError(
                 f"{name!r} is not a finished status: only {', '.join(finished)} jobs are pruned"
             )
-    return tuple(dict.fromkeys(names))
+    return names
 
 
 def check_rate(value: int) -> int | None:
@@ -190,6 +196,7 @@ class Pruned:
 
 def count(cutoff: datetime.datetime, statuses: Sequence[str]) -> Pruned:
     """What ``prune`` would delete now (a dry run)."""
+    statuses = check_statuses(statuses)
     jobs, events = sql.count_finished(cutoff, statuses, _referenced_sql())
     return Pruned(jobs=jobs, events=events)
 
@@ -227,12 +234,15 @@ def _delete(
     others = [s for s in Status.values if s not in statuses]
     still = (Job.objects.using(alias).filter(pk__in=pks, finished_at__lt=cutoff)
              .exclude(status__in=others))  # fmt: skip
+    # A write first: on SQLite a transaction that began (DEFERRED, Django's default) with a
+    # read cannot then write once another connection has committed ("database is locked"
+    # at once, whatever the busy timeout); a write first waits for the lock instead.
+    events = JobEvent.objects.using(alias).filter(job__in=still.values("pk"))
+    deleted_events = events._raw_delete(alias)
     dead = []
     if Status.DEAD in statuses:
         dead = [(q, str(pk)) for q, pk, status in still.values_list("queue", "pk", "status")
                 if status == Status.DEAD]  # fmt: skip
-    events = JobEvent.objects.using(alias).filter(job__in=still.values("pk"))
-    deleted_events = events._raw_delete(alias)
     deleted_jobs = still._raw_delete(alias)
     return Pruned(jobs=deleted_jobs, events=deleted_events, batches=1, dead=dead)
 
@@ -396,6 +406,7 @@ def prune(
     ``stop`` set (a signal, by ``delayjobs_prune``): the prune returns after the batch
     under way, its dead ids purged, and without the rest of a pause.
     """
+    statuses = check_statuses(statuses)
     check_batch(batch)
     rate = None if max_rate is None else check_rate(max_rate)
     if max_batches is not None and (
