@@ -42,3 +42,24 @@ def test_a_url_token_the_receiver_echoes_is_masked_in_the_jobs_result_and_histor
     for text in kept + shown(job):
         assert TOKEN not in text
     assert "/hook?token=***&order=42 was not found" in "".join(kept)
+
+
+def test_a_url_token_a_broken_answer_quotes_is_masked_in_the_jobs_error_and_history(
+    raw_server, settings, redis_client
+):
+    """An answer that cannot be read (a server that sends the request back: its request
+    line where the status line goes) is quoted in the failure's history line and error,
+    which kept the URL's ``?token=`` whole beside the masked URL."""
+
+    def echo(conn) -> None:
+        conn.sendall(server.requests[-1])
+
+    server = raw_server(echo)
+    allow(settings, server)
+    job = schedule_http(f"{server.url('/hook')}?token={TOKEN}", in_=0, max_attempts=1)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD and "no answer (network)" in job.last_error
+    for text in [job.last_error, *job.events.values_list("message", flat=True), *shown(job)]:
+        assert TOKEN not in text
+    assert "/hook?token=*** HTTP/1.1" in job.last_error

@@ -92,7 +92,7 @@ def deliver(**stored: Any) -> dict[str, Any]:
         response = delivery.send(target, addresses, request.method, headers, body, limits,
                                  started=started)  # fmt: skip
     except delivery.DeliveryFailed as exc:
-        raise outcome.failed(request.method, request.where, exc) from None
+        raise outcome.failed(request.method, request.where, exc, sent_credentials) from None
     response = outcome.without_credentials(response, sent_credentials)
     result = outcome.judge(
         request.method,
