@@ -25,6 +25,17 @@ def _mask_parameter(found: re.Match[str]) -> str:
     return f"{found['head']}***" if secret else found[0]
 
 
+def secret_values(url: str) -> list[str]:
+    """The values ``without_userinfo`` masks in the query (and fragment) of ``url``, each
+    as written and percent-decoded: a receiver that quotes the URL may show either."""
+    found = []
+    for parameter in _PARAMETER.finditer(url):
+        if secret_name(unquote_plus(parameter["name"])):
+            value = parameter[0][len(parameter["head"]) :]
+            found += [value, unquote_plus(value)]
+    return found
+
+
 def without_userinfo(url: str) -> str:
     """``url`` with the user information of its authority (``user:password@``) replaced
     by ``***``, and the values of query (and fragment) parameters whose name, decoded,

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..conf import delayjobs_settings
 from ..exceptions import ConfigurationError, GiveUp, Retry
+from ..redact import secret_values
 from . import config, policy, signing
 from .headers import credentials
 from .request import InvalidCallback, load, masked
@@ -93,7 +94,8 @@ def deliver(**stored: Any) -> dict[str, Any]:
         ) from None
     body = request.body_bytes()
     headers = request.send_headers(destination)
-    sent_credentials = credentials(headers)
+    # A receiver may quote the URL it was asked for: its ?token= is masked there too.
+    sent_credentials = credentials(headers, also=secret_values(target.target))
     headers.update(signing.sign(str(job.pk), body, http.secrets_for(destination), int(time.time())))
     limits = delivery.Limits(
         connect=settings.HTTP_CONNECT_TIMEOUT_SECONDS,
@@ -106,7 +108,7 @@ def deliver(**stored: Any) -> dict[str, Any]:
         response = delivery.send(target, addresses, request.method, headers, body, limits,
                                  started=started)  # fmt: skip
     except delivery.DeliveryFailed as exc:
-        raise outcome.failed(request.method, request.where, exc) from None
+        raise outcome.failed(request.method, request.where, exc, sent_credentials) from None
     response = outcome.without_credentials(response, sent_credentials)
     result = outcome.judge(
         request.method,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from ..redact import secret_name
 
@@ -117,13 +117,13 @@ def merged(job_headers: Mapping[str, str], destination: Mapping[str, str]) -> di
     return merged
 
 
-def credentials(headers: Mapping[str, str]) -> list[str]:
+def credentials(headers: Mapping[str, str], also: Iterable[str] = ()) -> list[str]:
     """The values of the headers named as credentials (``Authorization``, ``X-Access-Token``),
     each whole, its part after a scheme (``Bearer <token>``), and the value of each of its
     ``name=value`` pairs (a ``Cookie``'s cookies, an ``AWS4-HMAC-SHA256 ...Signature=``):
-    an error page shows each cookie alone; a ``Basic`` one decoded too. Each also as a JSON
-    string holds it. Longest first."""
-    found: set[str] = set()
+    an error page shows each cookie alone; a ``Basic`` one decoded too; and ``also`` (the
+    URL's ``?token=`` values). Each also as a JSON string holds it. Longest first."""
+    found: set[str] = set(also)
     for name, value in headers.items():
         if _key(name) in SECRET or secret_name(name):
             found.update((value, value.rpartition(" ")[2]))

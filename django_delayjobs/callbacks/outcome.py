@@ -74,9 +74,7 @@ def without_credentials(response: Response, credentials: Sequence[str]) -> Respo
         return response
 
     def mask(text: str) -> str:
-        for credential in credentials:
-            text = text.replace(credential, "***")
-        return text
+        return masked(text, credentials)
 
     encoded = [credential.encode() for credential in credentials]
     body = response.body
@@ -88,6 +86,13 @@ def without_credentials(response: Response, credentials: Sequence[str]) -> Respo
         response, body=body, reason=mask(response.reason), malformed=mask(response.malformed),
         headers={name: mask(value) for name, value in response.headers.items()},
     )  # fmt: skip
+
+
+def masked(text: str, credentials: Sequence[str]) -> str:
+    """``text`` with each of ``credentials`` (longest first) replaced by ``***``."""
+    for credential in credentials:
+        text = text.replace(credential, "***")
+    return text
 
 
 def _without_start(body: bytes, credentials: list[bytes]) -> bytes:
@@ -159,6 +164,10 @@ def judge(
     raise GiveUp(f"{text}; not retried (only 5xx and {sorted(retry_statuses)} are)")
 
 
-def failed(method: str, where: str, failure: DeliveryFailed) -> Retry:
-    """No answer at all: retried with the job's backoff."""
-    return Retry(f"{method} {where} -> no answer ({failure.kind}): {failure}")
+def failed(
+    method: str, where: str, failure: DeliveryFailed, credentials: Sequence[str] = ()
+) -> Retry:
+    """No answer at all: retried with the job's backoff. The failure may quote what the
+    receiver sent (a status line that echoes the request line): ``credentials`` masked."""
+    said = masked(str(failure), credentials)
+    return Retry(f"{method} {where} -> no answer ({failure.kind}): {said}")
