@@ -9,6 +9,8 @@ beside the other (its running row read as a delivery whose worker was lost)."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from django_delayjobs import schedule_many
@@ -123,3 +125,43 @@ def test_an_id_another_process_claimed_after_redis_lost_its_data_is_not_run_agai
         (1, 1),
     ]
     assert f"lost the lease of job {b.pk}" in logs[0].read_text()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_id_another_process_claimed_after_a_freeze_is_not_run_again(
+    redis_client, redis_url, tmp_path
+):
+    """The same after a freeze: the first process stopped (SIGSTOP: swapping, a long GC
+    pause, a frozen link to Redis) for longer than its leases; both ids went back to
+    ready, and another process claimed them and ran the first one again (its delivery
+    whose worker was lost). Once awake, the first process kept the lease of the second
+    one as its own and, its first job over, ran it beside the other process."""
+    engine = get_engine()
+    env = {"DELAYJOBS_LEASE_SECONDS": "1"}
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    go = tmp_path / "go"
+    processes = [start_worker(redis_url, "--concurrency", "1", env=env, log=logs[0])]
+    try:
+        wait_for(lambda: engine.stats(Q).live_workers == 1)
+        a = build_job(tasks.wait_for_file_outside, in_=0, args=[str(go), 60.0])
+        b = build_job(tasks.slow_outside, in_=0, args=["b", 0.1])
+        while str(b.pk) < str(a.pk):  # a first in ready once both are handed back
+            b = build_job(tasks.slow_outside, in_=0, args=["b", 0.1])
+        schedule_many([a, b])  # one add: the one thread claims both
+        wait_for(lambda: status(a) == Status.RUNNING)
+        processes.append(start_worker(redis_url, "--concurrency", "1", env=env, log=logs[1]))
+        wait_for(lambda: engine.stats(Q).live_workers == 2)
+        processes[0].send_signal(signal.SIGSTOP)
+        try:  # the second process takes both, and runs a again
+            wait_for(lambda: Job.objects.get(pk=a.pk).deliveries == 2)
+        finally:
+            processes[0].send_signal(signal.SIGCONT)
+        wait_for(lambda: f"lost the lease of job {b.pk}" in logs[0].read_text())
+        go.touch()
+        wait_for(lambda: {status(a), status(b)} == {Status.SUCCEEDED}, timeout=15)
+    finally:
+        go.touch(exist_ok=True)
+        assert [stop(process) for process in processes] == [0] * len(processes)
+    assert Record.objects.filter(label="b").count() == 1
+    b.refresh_from_db()
+    assert (b.attempts, b.deliveries) == (1, 1)
