@@ -43,7 +43,7 @@ from django.utils import timezone
 from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
 from .databases import database_error, database_named, jobs_alias
-from .engine import Engine, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
+from .engine import Engine, EngineUnavailable, Leased, PartlyUnavailable, PerShard, WrongType
 from .engine.claims import Claimer
 from .engine.errors import unreachable
 from .exceptions import ConfigurationError, DelayJobsError
@@ -238,6 +238,8 @@ class WorkerProcess:
         # job id -> (its shard: the queue, for a queue of 1; the worker thread that claimed
         # it), for the ids this process holds in flight: their leases are extended
         self.held: dict[str, tuple[str, int]] = {}
+        # held id -> its lease (held_lock): an extension keeps only that one (leases.py)
+        self.leases: dict[str, str] = {}
         self.lost: set[str] = set()  # held ids whose lost lease was logged (held_lock)
         # A burst's ids let go (``let_go``) and not yet put back in Redis (held_lock): no
         # reconcile sweep runs beside a burst (cron), so it puts them back (``put_back``).
@@ -661,7 +663,7 @@ class WorkerProcess:
             raise failure
         return None
 
-    def hold(self, shard: str, ids: list[str]) -> list[str]:
+    def hold(self, shard: str, ids: Leased) -> list[str]:
         """Hold the ids just claimed for this thread; return those this process did not
         hold already. One it holds came back from Redis while another thread runs it or
         has it in its batch (its lease ended while Redis was frozen, or the reconcile
@@ -672,6 +674,7 @@ class WorkerProcess:
         with self.held_lock:
             fresh = [job_id for job_id in ids if job_id not in self.held]
             self.held.update(dict.fromkeys(fresh, (shard, threading.get_ident())))
+            self.leases.update(ids.leases)
             self.lost.difference_update(ids)  # in flight again: this claim's
             if self.claimed_meanwhile is not None:
                 self.claimed_meanwhile.update(ids)
@@ -808,6 +811,7 @@ class WorkerProcess:
             mine = [i for i in ids if i in self.held and owner in (None, self.held[i][1])]
             for job_id in mine:
                 del self.held[job_id]
+                self.leases.pop(job_id, None)
                 self.lost.discard(job_id)
         return mine
 
@@ -1000,10 +1004,19 @@ class WorkerProcess:
             drop_connections()  # this thread's
 
     def extend_leases(self) -> None:
+        """Extend the leases this process holds. An id whose action runs here is kept
+        whoever holds its lease now: the one the reconcile sweep gave a running job after
+        Redis lost its data (its holder is this process), or the lease of another worker
+        that claimed it once this one's had ended (then it is this process that runs it,
+        and that worker, finding its lease gone, does not start it too). An id that waits
+        in its batch is kept only under the lease this process holds (leases.py): once
+        another worker holds it, it is lost here and not started (``holds``)."""
         with self.held_lock:
-            by_queue: dict[str, list[str]] = {}
+            running = {execution.job_id for execution in self.running.values()}
+            by_queue: dict[str, dict[str, str | None]] = {}
             for job_id, (queue, _) in self.held.items():
-                by_queue.setdefault(queue, []).append(job_id)
+                lease = None if job_id in running else self.leases.get(job_id)
+                by_queue.setdefault(queue, {})[job_id] = lease
             self.claimed_meanwhile = set()
         each = self.each_queue()  # a shard whose master is down must not stop the others'
         try:
@@ -1014,16 +1027,20 @@ class WorkerProcess:
                 self.claimed_meanwhile = None
         each.check()
 
-    def extend(self, queue: str, ids: list[str]) -> None:
-        """Extend the leases of ``ids``; mark (and log once) those found out of flight and
-        not claimed again since: the batch that holds one no longer runs it."""
-        kept = set(self.engine.extend_lease(queue, ids, self.lease_ms))
+    def extend(self, queue: str, ids: dict[str, str | None]) -> None:
+        """Extend the leases of ``ids`` (id -> the lease held, or None: whoever holds it);
+        mark (and log once) those found out of flight, or under another worker's lease,
+        and not claimed again since: the batch that holds one no longer runs it."""
+        kept = self.engine.extend_lease(queue, ids, self.lease_ms)
         with self.held_lock:  # each once: a long action would warn every extension
             again = self.claimed_meanwhile or set()
-            lost = [i for i in ids if i not in kept and i in self.held and i not in self.lost
-                    and i not in again]  # fmt: skip
+            # Not one claimed again meanwhile: that claim's lease may be the newer one.
+            self.leases.update({i: lease for i, lease in kept.leases.items()
+                                if i in self.held and i not in again})  # fmt: skip
+            lost = [i for i in ids if i not in kept.leases and i in self.held
+                    and i not in self.lost and i not in again]  # fmt: skip
             self.lost.update(lost)
-        for job_id in lost:  # still running here, yet Redis no longer has it in flight
+        for job_id in lost:  # held here, yet Redis no longer has it in flight under our lease
             logger.warning("lost the lease of job %s; another worker may take it", job_id)
 
     def each_queue(self) -> PerShard:

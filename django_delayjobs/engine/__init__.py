@@ -3,7 +3,7 @@
 from .engine import MAX_BATCH, Engine, close_client, script_source
 from .errors import DelayJobsError, EngineUnavailable, PartlyUnavailable, PerShard, WrongType
 from .keys import QueueKeys, is_valid_name, validate_name
-from .results import Added, PromoteResult, QueueStats
+from .results import Added, Leased, PromoteResult, QueueStats
 from .sharding import MAX_SHARDS, Shard, queue_of
 from .validation import PRIORITY_RANGE
 
@@ -15,6 +15,7 @@ __all__ = [
     "DelayJobsError",
     "Engine",
     "EngineUnavailable",
+    "Leased",
     "PartlyUnavailable",
     "PerShard",
     "PromoteResult",

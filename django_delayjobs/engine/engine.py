@@ -17,8 +17,9 @@ from . import sharding
 from .claims import ClaimToken, record_ms
 from .errors import EngineUnavailable, PerShard, WrongType
 from .keys import QueueKeys, validate_name
+from .leases import check_leases, fraction
 from .reader import Reader
-from .results import Added, PromoteResult, merge_promoted
+from .results import Added, Leased, PromoteResult, merge_promoted
 from .sharding import Shard
 from .validation import MAX_BATCH as MAX_BATCH
 from .validation import MAX_DUE_MS, brief, check_names
@@ -298,8 +299,9 @@ class Engine(Reader):
     def claim(
         self, queue: str, count: int = 1, lease_ms: float = 300_000,
         token: ClaimToken | None = None,
-    ) -> list[str]:  # fmt: skip
-        """Move up to ``count`` ids from ready into flight with a lease; return them.
+    ) -> Leased:  # fmt: skip
+        """Move up to ``count`` ids from ready into flight with a lease; return them, with
+        the lease each is in flight under (``Leased.leases``: see ``extend_lease``).
 
         Entries left in ready by ``remove`` are skipped. One call skips at most 1000 of
         them, so it may return fewer ids than ready holds; it then leaves a work token,
@@ -316,18 +318,19 @@ class Engine(Reader):
             raise TypeError(f"token must be a ClaimToken, not {type(token).__name__}")
         shards = self._router.targets(queue)
         start = next(self._turns[queue]) % len(shards)
-        claimed: list[str] = []
+        claimed: dict[str, str] = {}
         for shard in shards[start:] + shards[:start]:
             k = self._keys(shard)
             keys = [k.ready, k.ready_set, k.unack, k.notify]
-            args: list[str | int] = [want - len(claimed), lease]
+            args: list[str | int] = [want - len(claimed), lease, fraction()]
             if token is not None:
                 keys.append(k.claims(token.claimer))
                 args += [token.call, record_ms(lease)]
-            claimed += [_text(i) for i in self._run("claim", keys, args)]
+            deadline, ids = self._run("claim", keys, args)
+            claimed.update(dict.fromkeys((_text(i) for i in ids), _text(deadline)))
             if len(claimed) >= want:  # a call sent again returns what it took
                 break
-        return claimed
+        return Leased(claimed)
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until ids enter ready on one of ``queues``, or ``timeout`` seconds pass.
@@ -337,15 +340,26 @@ class Engine(Reader):
         """
         return self._wait(queues, "notify", timeout)
 
-    def extend_lease(self, queue: str, ids: Iterable[str], lease_ms: float) -> list[str]:
-        """Renew the lease of ids still in flight; return those (the rest were lost)."""
-        lease, extended = _ms(lease_ms, "lease"), []
-        for shard, part in self._router.route(queue, _ids(ids)):
-            args: list[str | int] = [lease, *part]
-            extended += [
-                _text(i) for i in self._run("extend_lease", [self._keys(shard).unack], args)
-            ]
-        return extended
+    def extend_lease(
+        self, queue: str, ids: Iterable[str] | Mapping[str, str | None], lease_ms: float
+    ) -> Leased:
+        """Renew the lease of ids still in flight; return those (the rest were lost), with
+        their new leases (``Leased.leases``).
+
+        Given a mapping of id -> the lease its holder holds (as the claim, or the last
+        extension, returned it), an id is extended only while it is still in flight under
+        that lease: one that was lost and claimed again by another worker is in flight
+        under that worker's lease, and is reported lost (see leases.py). An id mapped to
+        None, or given in a plain list, is extended whoever holds it.
+        """
+        lease, leases, extended = _ms(lease_ms, "lease"), check_leases(ids), {}
+        for shard, part in self._router.route(queue, list(leases)):
+            args: list[str | int] = [lease, fraction()]
+            args += [value for id_ in part for value in (id_, leases[id_])]
+            reply = self._run("extend_lease", [self._keys(shard).unack], args)
+            pairs = zip(reply[::2], reply[1::2], strict=True)
+            extended.update({_text(id_): _text(lease) for id_, lease in pairs})
+        return Leased(extended)
 
     def adopt(self, queue: str, ids: Iterable[str], lease_ms: float) -> list[str]:
         """Put the ids Redis holds nowhere, or only in garbage, in flight with a lease;

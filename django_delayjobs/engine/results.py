@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -15,6 +15,16 @@ class Added(list[str]):
     def __init__(self, ids: Iterable[str] = (), moved: Iterable[str] = ()) -> None:
         super().__init__(ids)
         self.moved = list(moved)
+
+
+class Leased(list[str]):
+    """The ids a claim or a lease extension put in flight, in order. ``leases``: each id's
+    lease, its unack score exactly as Redis gave it back. An extension given it extends
+    the id only while that lease is still the one in Redis (see ``Engine.extend_lease``)."""
+
+    def __init__(self, leases: Mapping[str, str] | None = None) -> None:
+        super().__init__(leases or {})
+        self.leases = dict(leases or {})
 
 
 @dataclass(frozen=True)

@@ -268,7 +268,8 @@ class EngineMachine(RuleBasedStateMachine):
         leases = {m.decode(): s for m, s in unack}
         assert set(leases) == set(self.unack)
         for id_, expired in self.unack.items():
-            assert (leases[id_] <= now) is expired, (id_, leases[id_], now)
+            # A lease ends in the ms of its deadline, whatever its fraction of a ms.
+            assert (int(leases[id_]) <= now) is expired, (id_, leases[id_], now)
         assert {m.decode() for m in garbage} == self.garbage
 
         for n, id_ in enumerate(IDS):

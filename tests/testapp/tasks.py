@@ -76,6 +76,13 @@ def wait_for_file(path: str, seconds: float) -> str:
     return "waited"
 
 
+@delayable(atomic=False)
+def wait_for_file_outside(path: str, seconds: float) -> str:
+    """``wait_for_file`` outside any transaction: on SQLite, an atomic action's open
+    transaction keeps every other process from writing (claiming a job) while it waits."""
+    return wait_for_file(path, seconds)
+
+
 @delayable
 def write_then_sleep(label: str, seconds: float) -> None:
     """Write first, then sleep: a kill during the sleep must roll the write back."""

@@ -6,7 +6,9 @@
 -- returns the recovered ids
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+-- A lease ends in the ms of its deadline, whatever its fraction (see engine/leases.py).
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now + 1), 'LIMIT', 0,
+  tonumber(ARGV[1]))
 if #ids > 0 then
   redis.call('ZREM', KEYS[1], unpack(ids))
   for i = #ids, 1, -1 do redis.call('LPUSH', KEYS[2], ids[i]) end

@@ -15,7 +15,7 @@ return {
   redis.call('ZCOUNT', KEYS[1], '-inf', exact),
   redis.call('SCARD', KEYS[2]),
   redis.call('ZCARD', KEYS[3]),
-  redis.call('ZCOUNT', KEYS[3], '-inf', now),
+  redis.call('ZCOUNT', KEYS[3], '-inf', string.format('(%d', now + 1)),  -- as recover_expired
   redis.call('ZCARD', KEYS[4]),
   redis.call('ZCOUNT', KEYS[5], now + 1, '+inf'),
   head[2] or -1,
