@@ -7,12 +7,22 @@ Every delivery here goes to a real server on 127.0.0.1, run by a real (in-proces
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
 
 import pytest
 
-from django_delayjobs import schedule_http
-from django_delayjobs.models import Status
+from django_delayjobs import schedule, schedule_http
+from django_delayjobs.connection import get_engine
+from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.models import Job, Status
+from django_delayjobs.progress import Progress
+from django_delayjobs.worker import Options, WorkerProcess
+from tests.helpers import wait_for
 from tests.test_audit_sec import TOKEN, allow, burst, shown
+from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,3 +55,55 @@ def test_a_url_token_split_by_the_cut_of_a_quoted_failure_is_masked(
     assert any(pad in text for text in logged)  # the log does quote the failure
     for text in texts:
         assert TOKEN[:6] not in text
+
+
+# -- 2. a reconcile sweep that one Redis fails partway --------------------------------------------
+
+
+class FreezeAtRow(Progress):
+    """Progress whose ``row``-th mark (the loop's own is the first) stops ``redis``."""
+
+    def __init__(self, redis: EmbeddedRedis, row: int) -> None:
+        super().__init__()
+        self.redis, self.row, self.marks = redis, row, 0
+
+    def watch(self, pause: float) -> Callable[[], None]:
+        mark = super().watch(pause)
+
+        def marked() -> None:
+            mark()
+            self.marks += 1
+            if self.marks == self.row and self.redis.pid is not None:
+                os.kill(self.redis.pid, signal.SIGSTOP)
+
+        return marked
+
+
+def held_by_redis() -> int:
+    stats = get_engine().stats("default")
+    return stats.pending + stats.ready
+
+
+def test_a_sweep_one_redis_fails_partway_is_retried_after_the_backoff(own_jobs_redis, caplog):
+    """One Redis that stopped answering after the sweep's first page was repaired made the
+    sweep raise ``PartlyUnavailable``, which the loop took for a Cluster's dead master (the
+    others served): it waited RECONCILE_SECONDS (60), not the backoff it waits when Redis
+    fails at the sweep's start, to repair the rest once Redis was back."""
+    schedule(tasks.record, in_=0, args=["scheduled"])
+    retrying = schedule(tasks.record, in_=0, args=["retrying"])
+    Job.objects.filter(pk=retrying.pk).update(status=Status.RETRYING)  # a page of its own
+    get_engine().client.flushdb()
+    process = WorkerProcess(get_engine(), Options(queues=["default"]))
+    process.progress = FreezeAtRow(own_jobs_redis, row=3)  # the retrying job's row
+    thread = threading.Thread(target=process.reconcile_loop)
+    thread.start()
+    try:
+        wait_for(lambda: "reconcile: Redis is unavailable" in caplog.text)
+        assert own_jobs_redis.pid is not None
+        os.kill(own_jobs_redis.pid, signal.SIGCONT)
+        assert held_by_redis() == 1  # the scheduled job's page was repaired
+        wait_for(lambda: held_by_redis() == 2, timeout=10)
+    finally:
+        process.stop()
+        thread.join(30)
+    assert not thread.is_alive()
