@@ -6,13 +6,18 @@ Every delivery here goes to a real server on 127.0.0.1, run by a real (in-proces
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
 
 from django_delayjobs import schedule, schedule_http
 from django_delayjobs.connection import get_engine
@@ -20,7 +25,8 @@ from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
 from django_delayjobs.progress import Progress
 from django_delayjobs.worker import Options, WorkerProcess
-from tests.helpers import wait_for
+from tests.helpers import age_rows, wait_for
+from tests.test_audit_ops2 import session
 from tests.test_audit_sec import TOKEN, allow, burst, shown
 from tests.testapp import tasks
 
@@ -107,3 +113,53 @@ def test_a_sweep_one_redis_fails_partway_is_retried_after_the_backoff(own_jobs_r
         process.stop()
         thread.join(30)
     assert not thread.is_alive()
+
+
+# -- 3. a full reconcile the database stops partway -----------------------------------------------
+
+
+@pytest.fixture
+def postgresql() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("a session ended by another (pg_terminate_backend): PostgreSQL")
+
+
+def terminated_before(matches: Callable[[str, Any], bool]) -> Callable[..., Any]:
+    """An ``execute_wrapper`` that ends this session from another one (a failover, an
+    operator's ``pg_terminate_backend``) just before the first query ``matches``."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    done: list[bool] = []
+
+    def wrapper(execute, sql, params, many, context):
+        if not done and matches(sql, params):
+            done.append(True)
+            with session() as other:
+                other.execute("SELECT pg_terminate_backend(%s)", [pid])
+        return execute(sql, params, many, context)
+
+    return wrapper
+
+
+def test_a_reconcile_the_database_stops_partway_says_what_it_had_repaired(postgresql):
+    """A Redis that fails partway prints the repair so far, then the error; a database
+    that failed partway printed the error only, as if nothing had been repaired."""
+    schedule(tasks.record, in_=0, args=["scheduled"])
+    retrying = schedule(tasks.record, in_=0, args=["retrying"])
+    Job.objects.filter(pk=retrying.pk).update(status=Status.RETRYING)  # a page of its own
+    age_rows()  # a job just scheduled is re-added but not counted
+    get_engine().client.flushdb()
+    out = io.StringIO()
+    ended = terminated_before(lambda sql, params: Status.RETRYING in (params or ()))
+    try:
+        with (
+            connection.execute_wrapper(ended),
+            pytest.raises(CommandError, match="the jobs database 'default'") as failed,
+        ):
+            call_command("delayjobs_reconcile", stdout=out)
+    finally:
+        connection.close()  # ended: the next query opens a new one
+    assert failed.value.returncode == 1
+    assert out.getvalue() == "default: re-added 1 job(s)\nrepaired 1 job(s)\n"
+    assert held_by_redis() == 1  # the scheduled job's page
