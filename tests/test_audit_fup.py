@@ -7,11 +7,14 @@ Every delivery here goes to a real server on 127.0.0.1, run by a real (in-proces
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -28,6 +31,7 @@ from django_delayjobs.worker import Options, WorkerProcess
 from tests.helpers import age_rows, wait_for
 from tests.test_audit_ops2 import session
 from tests.test_audit_sec import TOKEN, allow, burst, shown
+from tests.test_retention import make
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -163,3 +167,32 @@ def test_a_reconcile_the_database_stops_partway_says_what_it_had_repaired(postgr
     assert failed.value.returncode == 1
     assert out.getvalue() == "default: re-added 1 job(s)\nrepaired 1 job(s)\n"
     assert held_by_redis() == 1  # the scheduled job's page
+
+
+# -- 4. a prune the database stops partway ---------------------------------------------------------
+
+
+def test_a_prune_the_database_stops_partway_says_how_much_it_had_deleted(postgresql):
+    """The database failing at the second batch (its session ended by a failover): the
+    command exited 1 with the error only, not saying that a batch had been deleted."""
+    first, second = (make(Status.SUCCEEDED) for _ in range(2))
+    Job.objects.filter(pk=second.pk).update(finished_at=first.finished_at + timedelta(seconds=1))
+    deletes = itertools.count()
+    ended = terminated_before(lambda sql, params: "DELETE" in sql and next(deletes) == 1)
+    out = io.StringIO()
+    try:
+        with (
+            connection.execute_wrapper(ended),
+            pytest.raises(CommandError, match="the jobs database 'default'") as failed,
+        ):
+            call_command("delayjobs_prune", "--older-than", "30d", "--batch", "1", "-v", "0",
+                         stdout=out)  # fmt: skip
+    finally:
+        connection.close()  # ended: the next query opens a new one
+    assert failed.value.returncode == 1
+    assert re.fullmatch(
+        r"deleted 1 succeeded,cancelled,skipped jobs finished before \S+ \S+ UTC, with 2 "
+        r"event\(s\), in 1 batch\(es\) before the database failed\n",
+        out.getvalue(),
+    ), out.getvalue()
+    assert list(Job.objects.values_list("pk", flat=True)) == [second.pk]
