@@ -21,6 +21,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.test import override_settings
 
 from django_delayjobs import schedule, schedule_http
 from django_delayjobs.connection import get_engine
@@ -29,6 +30,8 @@ from django_delayjobs.models import Job, Status
 from django_delayjobs.progress import Progress
 from django_delayjobs.worker import Options, WorkerProcess
 from tests.helpers import age_rows, wait_for
+from tests.test_audit_cls3 import node, settings_for
+from tests.test_audit_hlt import off_directory
 from tests.test_audit_ops2 import session
 from tests.test_audit_sec import TOKEN, allow, burst, shown
 from tests.test_retention import make
@@ -196,3 +199,29 @@ def test_a_prune_the_database_stops_partway_says_how_much_it_had_deleted(postgre
         out.getvalue(),
     ), out.getvalue()
     assert list(Job.objects.values_list("pk", flat=True)) == [second.pk]
+
+
+@pytest.mark.cluster
+def test_a_prune_with_a_master_down_purges_the_garbage_of_the_others(on_lonely, caplog):
+    """On a Cluster with one master down, the prune gave up purging dead ids from the
+    garbage at its first failure: the queues on the masters that answer kept the ids of
+    their pruned jobs (counted as garbage for ever). Each queue is purged on its own."""
+    cluster, client = on_lonely
+    address, [lost], [healthy, *_] = off_directory(client, 1, 1)
+    with override_settings(DELAYJOBS=settings_for(cluster)):
+        engine = get_engine()
+        jobs = {queue: make(Status.DEAD) for queue in (lost, healthy)}  # lost's first
+        for queue, job in jobs.items():
+            Job.objects.filter(pk=job.pk).update(queue=queue)
+            engine.adopt(queue, [str(job.pk)], 60_000)
+            engine.bury(queue, [str(job.pk)])
+        cluster.kill(node(cluster, address))
+        try:
+            call_command("delayjobs_prune", "--older-than", "30d", "--status", "dead",
+                         "--batch", "1", "-v", "0", stdout=io.StringIO())  # fmt: skip
+            kept = engine.garbage(healthy)
+        finally:
+            cluster.restart(node(cluster, address))
+    assert not Job.objects.exists()
+    assert kept == []
+    assert "pruning left 1 deleted dead job id(s)" in caplog.text  # the down master's
