@@ -72,9 +72,11 @@ class Reconciled(Counter[str]):
 
 def reconcile(engine: Engine, *, horizon: timedelta | None = None,
               ids: Collection[str] | None = None,
-              progress: Callable[[], None] = lambda: None) -> Reconciled:  # fmt: skip
+              progress: Callable[[], None] = lambda: None,
+              into: Reconciled | None = None) -> Reconciled:  # fmt: skip
     """Re-add waiting jobs due within ``horizon`` (all of them when None), of ``ids`` only
-    if given; count per queue; call ``progress`` at each row read (the worker's watchdog: a
+    if given; count per queue (in ``into`` if given: what was repaired before a database
+    error stopped the sweep); call ``progress`` at each row read (the worker's watchdog: a
     long sweep is no stuck one).
 
     A ``running`` job Redis holds nowhere (it lost its data while the job ran), or only in
@@ -117,7 +119,7 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
         # One cheap call first: while Redis is down (a sweep is retried every few seconds)
         # no row is read, and a frozen Redis costs this one timeout.
         engine.server_time_ms()
-    result = Reconciled()
+    result = Reconciled() if into is None else into
     moved: Counter[str] = Counter()  # ids moved to their shard under a new count
     priorities: dict[str, int] = {}  # of the batched ids whose priority is not 0
     young: set[str] = set()  # batched ids of rows created within FRESH

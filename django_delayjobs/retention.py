@@ -456,7 +456,9 @@ class GarbagePurge:
 
     def __init__(self) -> None:
         self.left = 0
-        self.error: DelayJobsError | None = None
+        self.error: DelayJobsError | None = None  # the first failure, for the warning
+        self.failed: set[str] = set()  # queues not asked again (a dead master's waits)
+        self.one_server = True
 
     def purge(self, dead: Iterable[tuple[str, str]]) -> None:
         by_queue: dict[str, list[str]] = defaultdict(list)
@@ -471,12 +473,17 @@ class GarbagePurge:
                     self.left += len(part)
 
     def purged(self, queue: str, ids: list[str]) -> bool:
-        if self.error is not None:  # one failure per prune: no more waits on a dead Redis
+        # One failure per prune on one Redis: no more waits on a dead one. On a Cluster,
+        # one per queue: the queues of the masters that answer are purged all the same.
+        if queue in self.failed or (self.error is not None and self.one_server):
             return False
         try:
-            get_engine().purge(queue, ids)  # looks in every shard of the queue
+            engine = get_engine()
+            self.one_server = not engine.is_cluster
+            engine.purge(queue, ids)  # looks in every shard of the queue
         except DelayJobsError as exc:  # Redis down or refusing, or no client (settings)
-            self.error = exc
+            self.error = self.error or exc
+            self.failed.add(queue)
             return False
         return True
 

@@ -497,11 +497,12 @@ class WorkerProcess:
                 reconcile(self.engine, horizon=horizon(), progress=progress)
                 backoff.ok()
                 database.ok(wrote=False)
-            except PartlyUnavailable as exc:  # the shards it reached were repaired
-                backoff.failed("Redis is unavailable", exc, delayjobs_settings.RECONCILE_SECONDS)
-                continue
             except EngineUnavailable as exc:
-                backoff.failed("Redis is unavailable", exc)
+                # A Cluster's masters that answered were repaired: the next sweep in its
+                # time. One Redis that failed partway is down: retried as at the start.
+                partly = isinstance(exc, PartlyUnavailable) and self.engine.is_cluster
+                wait = delayjobs_settings.RECONCILE_SECONDS if partly else None
+                backoff.failed("Redis is unavailable", exc, wait)
                 continue
             except DatabaseError as exc:
                 drop_connections()

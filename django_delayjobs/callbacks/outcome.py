@@ -18,7 +18,7 @@ import math
 import re
 import time
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..exceptions import GiveUp, Retry
 from ..redact import without_userinfo
@@ -32,6 +32,9 @@ _STATUS = re.compile(r" -> ([1-5][0-9][0-9]) |-> (no answer \([a-z]+\))")
 #: which http.client reads up to 64 KiB, would otherwise fill every attempt's history
 #: line and log line.
 MAX_REASON = 200
+#: Where ``delivery`` cut the receiver's text it quotes in a failure (``MAX_QUOTED``).
+_CUT = re.compile(r"(.*?)(\.\.\. \([0-9]+ characters\))", re.DOTALL)
+_Text = TypeVar("_Text", str, bytes)
 
 
 def excerpt(body: bytes, truncated: bool) -> str:
@@ -81,7 +84,7 @@ def without_credentials(response: Response, credentials: Sequence[str]) -> Respo
     for credential in encoded:
         body = body.replace(credential, b"***")
     if response.truncated:  # cut at the kept bytes, perhaps inside a credential
-        body = _without_start(body, encoded)
+        body = _without_start(body, encoded, b"***")
     return dataclasses.replace(
         response, body=body, reason=mask(response.reason), malformed=mask(response.malformed),
         headers={name: mask(value) for name, value in response.headers.items()},
@@ -95,11 +98,11 @@ def masked(text: str, credentials: Sequence[str]) -> str:
     return text
 
 
-def _without_start(body: bytes, credentials: list[bytes]) -> bytes:
+def _without_start(body: _Text, credentials: Sequence[_Text], mask: _Text) -> _Text:
     """``body`` with the start of a credential it ends with (4 bytes or more) masked."""
     for size in range(min(max(map(len, credentials)) - 1, len(body)), 3, -1):
         if any(c.startswith(body[-size:]) for c in credentials if len(c) > size):
-            return body[:-size] + b"***"
+            return body[:-size] + mask
     return body
 
 
@@ -170,4 +173,6 @@ def failed(
     """No answer at all: retried with the job's backoff. The failure may quote what the
     receiver sent (a status line that echoes the request line): ``credentials`` masked."""
     said = masked(str(failure), credentials)
+    if credentials:  # the quote was cut before the masking, perhaps inside a credential
+        said = _CUT.sub(lambda cut: _without_start(cut[1], credentials, "***") + cut[2], said)
     return Retry(f"{method} {where} -> no answer ({failure.kind}): {said}")

@@ -73,6 +73,7 @@ class Command(SafeOutputCommand):
             raise CommandError(str(exc), returncode=2) from exc
         self.verbosity = options["verbosity"]
         self.last_progress: float | None = None
+        self.so_far = Pruned()  # the running totals, which a database error does not return
         self.signalled: int | None = None
         cutoff = timezone.now() - age
         what = f"{','.join(statuses)} jobs finished before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
@@ -86,10 +87,11 @@ class Command(SafeOutputCommand):
             with self.stop_on_signal() as stop:
                 total = prune(cutoff, statuses, batch=batch, max_rate=max_rate,
                               progress=self.progress, stop=stop)  # fmt: skip
-        except DatabaseError as exc:
+        except DatabaseError as exc:  # the batches deleted before it, then why
+            if self.so_far.batches:
+                self.stdout.write(f"{deleted(self.so_far, what)} before the database failed")
             raise CommandError(database_error(exc, jobs_alias())) from exc
-        done = (f"deleted {total.jobs} {what}, with {total.events} event(s), "
-                f"in {total.batches} batch(es)")  # fmt: skip
+        done = deleted(total, what)
         if self.signalled is not None and not total.complete:
             name = signal.Signals(self.signalled).name
             raise CommandError(f"stopped by {name}: {done}; run it again to go on",
@@ -136,6 +138,7 @@ class Command(SafeOutputCommand):
     def progress(self, total: Pruned) -> None:
         """A line for the first batch and then every PROGRESS_EVERY seconds (every batch
         with ``-v 2``)."""
+        self.so_far = total
         if self.verbosity < 1:
             return
         clock = time.monotonic()
@@ -149,3 +152,8 @@ class Command(SafeOutputCommand):
             f"{total.events} event(s) deleted so far"
         )
         self.stdout.flush()
+
+
+def deleted(total: Pruned, what: str) -> str:
+    return (f"deleted {total.jobs} {what}, with {total.events} event(s), "
+            f"in {total.batches} batch(es)")  # fmt: skip

@@ -22,9 +22,10 @@ class Command(SafeOutputCommand):
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        repaired = Reconciled()
         try:
             engine = get_engine()
-            repaired = reconcile(engine, horizon=None)
+            reconcile(engine, horizon=None, into=repaired)
             # A pass with no waiting row asks Redis nothing: it would report "repaired 0"
             # for a Redis that is down or refuses writes, the state it is run to repair.
             # Asked after the pass, so that a Cluster master down stops no other's repair.
@@ -35,7 +36,9 @@ class Command(SafeOutputCommand):
             raise CommandError(str(exc)) from exc
         except DelayJobsError as exc:
             raise CommandError(str(exc)) from exc
-        except DatabaseError as exc:
+        except DatabaseError as exc:  # what it did before the database failed, if anything
+            if repaired or repaired.unusable or repaired.skipped:
+                self.report(repaired)
             raise CommandError(database_error(exc, jobs_alias())) from exc
         if refused is not None:
             address, refusal = refused
