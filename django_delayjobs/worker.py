@@ -713,7 +713,7 @@ class WorkerProcess:
         with self.held_lock:
             return job_id not in self.lost and self.held.get(job_id, ("", None))[1] == thread
 
-    def let_go(self, queue: str, job_id: str, thread: int) -> None:
+    def let_go(self, queue: str, job_id: str, thread: int | None) -> None:
         """Leave an id this thread no longer holds to whoever holds it now: neither acked
         nor handed back, which would move the other delivery's id. One that Redis lost is
         added again by the reconcile sweep (its row is still waiting), or in a burst, which
@@ -825,8 +825,15 @@ class WorkerProcess:
 
     def hand_back(self, queue: str, ids: Sequence[str], owner: int | None = None) -> bool:
         """Return claimed ids that this process (worker thread ``owner``) still holds to
-        pending, due now; False if Redis is down: their leases return them."""
-        ids = self.release(ids, owner)
+        pending, due now; False if Redis is down: their leases return them. One whose lease
+        was lost is let go (``let_go``), not handed back: nack would take it out of flight
+        from under the worker that holds it now, and a third one would run it beside it."""
+        with self.held_lock:
+            lost = [i for i in ids if i in self.lost and i in self.held
+                    and owner in (None, self.held[i][1])]  # fmt: skip
+        for job_id in lost:
+            self.let_go(queue, job_id, owner)
+        ids = self.release([i for i in ids if i not in lost], owner)
         if not ids:
             return True
         try:

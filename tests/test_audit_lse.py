@@ -9,16 +9,25 @@ beside the other (its running row read as a delivery whose worker was lost)."""
 
 from __future__ import annotations
 
+import math
+import os
 import signal
+import threading
+import uuid
 
 import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from django_delayjobs import schedule_many
 from django_delayjobs.connection import get_engine
+from django_delayjobs.engine import Engine, EngineUnavailable, close_client
 from django_delayjobs.engine.claims import ClaimToken
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
 from django_delayjobs.services import build_job
+from django_delayjobs.worker import Options, WorkerProcess
 from tests.helpers import start_worker, stop, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
@@ -33,6 +42,15 @@ def lease_of(redis_client, engine, id_: str) -> str | None:  # type: ignore[no-u
     return None if score is None else repr(score)
 
 
+def another(engine: Engine) -> Engine:
+    """Another holder of the same Redis: an engine whose leases end in another fraction of
+    a ms (two picked at random share it one time in 4095)."""
+    other = Engine(engine.client, prefix=engine.prefix)
+    mine = round(float(engine._holder.fraction) * 4096)  # 1..4095
+    other._holder._fraction = repr((mine % 4095 + 1) / 4096)
+    return other
+
+
 def test_an_extension_of_an_id_another_claim_holds_now_is_refused(engine, redis_client):
     """The first claimer's lease ended and the id was claimed again: the first claimer's
     extension, which names the lease it holds, finds another one and reports the id lost,
@@ -41,11 +59,12 @@ def test_an_extension_of_an_id_another_claim_holds_now_is_refused(engine, redis_
     assert engine.claim(Q, 1, lease_ms=0) == ["a"]
     first = lease_of(redis_client, engine, "a")
     assert engine.recover_expired(Q) == ["a"]
-    assert engine.claim(Q, 1, lease_ms=HOUR) == ["a"]
+    other = another(engine)  # another claimer
+    assert other.claim(Q, 1, lease_ms=HOUR) == ["a"]
     second = lease_of(redis_client, engine, "a")
     assert engine.extend_lease(Q, {"a": first}, HOUR) == []
     assert lease_of(redis_client, engine, "a") == second
-    assert engine.extend_lease(Q, {"a": second}, HOUR) == ["a"]
+    assert other.extend_lease(Q, {"a": second}, HOUR) == ["a"]
 
 
 def test_a_claim_and_an_extension_give_back_the_leases_redis_holds(engine, redis_client):
@@ -165,3 +184,96 @@ def test_an_id_another_process_claimed_after_a_freeze_is_not_run_again(
     assert Record.objects.filter(label="b").count() == 1
     b.refresh_from_db()
     assert (b.attempts, b.deliveries) == (1, 1)
+
+
+# -- an extension whose reply was lost (audit-lse2) ---------------------------------------
+
+
+def test_an_extension_whose_reply_was_lost_does_not_lose_the_lease(own_redis):
+    """Redis stalled past the client's timeout (a fork for a snapshot, a slow command) and
+    ran an extension whose reply never came: the lease moved from the one its holder knew
+    to one it was never told. Its next extension (or a Cluster client's retry) names the
+    old one: it must still find the id its own, not report it lost (it was then never
+    started, and left in flight under a lease nobody held until LEASE_SECONDS ended)."""
+    assert own_redis.pid is not None
+    client = redis.Redis.from_url(own_redis.url, socket_timeout=1.0, retry=Retry(NoBackoff(), 0))
+    try:
+        engine = Engine(client, prefix="t")
+        engine.add(Q, {"a": 0})
+        first = engine.claim(Q, 1, lease_ms=HOUR).leases
+        first = engine.extend_lease(Q, first, HOUR).leases  # its script loaded: run at once
+        os.kill(own_redis.pid, signal.SIGSTOP)  # it runs the call once woken
+        waking = threading.Timer(1.5, os.kill, (own_redis.pid, signal.SIGCONT))
+        waking.start()
+        try:
+            with pytest.raises(EngineUnavailable):
+                engine.extend_lease(Q, first, HOUR)
+        finally:
+            waking.join()
+        wait_for(lambda: lease_of(client, engine, "a") != first["a"])  # it ran
+        again = engine.extend_lease(Q, first, HOUR)
+        assert again == ["a"]
+        assert again.leases == {"a": lease_of(client, engine, "a")}
+        # Another holder that claims it once this one's lease ended still takes it away.
+        other = another(engine)
+        assert engine.extend_lease(Q, ["a"], 0) == ["a"]
+        assert engine.recover_expired(Q) == ["a"]
+        assert other.claim(Q, 1, lease_ms=HOUR) == ["a"]
+        assert engine.extend_lease(Q, again.leases, HOUR) == []
+    finally:
+        close_client(client)
+
+
+def test_a_holder_keeps_one_fraction_for_all_its_leases(engine, redis_client):
+    """Every lease one holder sets ends in the same fraction of a ms, and another holder's
+    in another one (the two engines here are made to differ, as two of 4095 would)."""
+    engine.add(Q, {"a": 0, "b": 0})
+    assert engine.claim(Q, 1, lease_ms=HOUR) == ["a"]
+    assert engine.claim(Q, 1, lease_ms=2 * HOUR) == ["b"]
+    engine.extend_lease(Q, ["a"], 3 * HOUR)
+    fractions = {math.fmod(redis_client.zscore(engine.keys(Q).unack, i), 1) for i in "ab"}
+    assert len(fractions) == 1 and 0 < fractions.pop() < 1
+
+
+# -- a stop hands back only the ids it still holds (audit-lse2) ----------------------------
+
+
+def test_a_stop_does_not_hand_back_an_id_another_worker_holds_now(engine, redis_client):
+    """A worker stopping hands back the ids waiting in its batch. One whose lease it lost,
+    and that another worker has claimed since, is that worker's: nacked, it left flight
+    and went to pending, and a third worker ran it beside the one running it."""
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    engine.add(Q, {a: 0, b: 0})
+    worker = WorkerProcess(engine, Options(queues=[Q]))
+    thread = threading.get_ident()
+    assert worker.hold(Q, engine.claim(Q, 2, lease_ms=0)) == [a, b]
+    assert sorted(engine.recover_expired(Q)) == sorted([a, b])
+    other = another(engine)  # another worker
+    (a,) = other.claim(Q, 1, lease_ms=HOUR)
+    (b,) = {*worker.held} - {a}
+    held = lease_of(redis_client, engine, a)
+    worker.extend_leases()  # a: lost (another worker's now); b: out of flight, lost too
+    assert not worker.holds(a, thread)
+    assert worker.hand_back(Q, [a, b], thread)
+    assert lease_of(redis_client, engine, a) == held  # still the other worker's
+    assert engine.stats(Q).pending == 0
+    assert worker.release([a, b]) == []  # let go all the same
+
+
+def test_an_exit_does_not_hand_back_an_id_another_worker_holds_now(engine, redis_client):
+    """The same at exit, for the ids waiting in the batches of threads left running."""
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    engine.add(Q, {a: 0})
+    worker = WorkerProcess(engine, Options(queues=[Q]))
+    assert worker.hold(Q, engine.claim(Q, 1, lease_ms=0)) == [a]
+    assert engine.recover_expired(Q) == [a]
+    assert another(engine).claim(Q, 1, lease_ms=HOUR) == [a]
+    held = lease_of(redis_client, engine, a)
+    engine.add(Q, {b: 0})
+    assert worker.hold(Q, engine.claim(Q, 1, lease_ms=HOUR)) == [b]
+    worker.extend_leases()
+    worker.hand_back_waiting()
+    assert lease_of(redis_client, engine, a) == held
+    assert lease_of(redis_client, engine, b) is None  # b, still its own, handed back
+    assert engine.stats(Q).pending == 1
+    assert worker.release([a, b]) == []

@@ -17,7 +17,7 @@ from . import sharding
 from .claims import ClaimToken, record_ms
 from .errors import EngineUnavailable, PerShard, WrongType
 from .keys import QueueKeys, validate_name
-from .leases import check_leases, fraction
+from .leases import Holder, check_leases
 from .reader import Reader
 from .results import Added, Leased, PromoteResult, merge_promoted
 from .sharding import Shard
@@ -125,6 +125,8 @@ class Engine(Reader):
         self._waiter: Waiter = waiter(client, self.is_cluster)
         # Per queue: one turn for all would step a queue by the queues claimed between.
         self._turns: defaultdict[str, Iterator[int]] = defaultdict(itertools.count)
+        # The fraction of a ms every lease this engine sets ends in (leases.py).
+        self._holder = Holder()
 
     def close(self) -> None:
         """Stop waiting threads and close the client's connections."""
@@ -322,7 +324,7 @@ class Engine(Reader):
         for shard in shards[start:] + shards[:start]:
             k = self._keys(shard)
             keys = [k.ready, k.ready_set, k.unack, k.notify]
-            args: list[str | int] = [want - len(claimed), lease, fraction()]
+            args: list[str | int] = [want - len(claimed), lease, self._holder.fraction]
             if token is not None:
                 keys.append(k.claims(token.claimer))
                 args += [token.call, record_ms(lease)]
@@ -348,13 +350,14 @@ class Engine(Reader):
 
         Given a mapping of id -> the lease its holder holds (as the claim, or the last
         extension, returned it), an id is extended only while it is still in flight under
-        that lease: one that was lost and claimed again by another worker is in flight
+        that lease, or under another lease of this engine's (an extension whose reply was
+        lost moved it): one that was lost and claimed again by another worker is in flight
         under that worker's lease, and is reported lost (see leases.py). An id mapped to
         None, or given in a plain list, is extended whoever holds it.
         """
         lease, leases, extended = _ms(lease_ms, "lease"), check_leases(ids), {}
         for shard, part in self._router.route(queue, list(leases)):
-            args: list[str | int] = [lease, fraction()]
+            args: list[str | int] = [lease, self._holder.fraction]
             args += [value for id_ in part for value in (id_, leases[id_])]
             reply = self._run("extend_lease", [self._keys(shard).unack], args)
             pairs = zip(reply[::2], reply[1::2], strict=True)

@@ -8,8 +8,8 @@
 -- holds can never be popped: the ready LIST alone was lost (evicted under an LRU
 -- maxmemory-policy, deleted by hand), and add, which trusts ready_set, would never add
 -- those ids again. They are claimed straight from ready_set.
--- The lease deadline carries ARGV[3], a fraction of a ms picked per call (see
--- engine/leases.py): the score tells this claim's lease from another's set in the same ms.
+-- The lease deadline carries ARGV[3], the claimer's fraction of a ms (see
+-- engine/leases.py): the score tells its lease from another claimer's set in the same ms.
 -- With KEYS[5] a call can be sent again (see engine/claims.py): Redis runs a call whose
 -- caller gave up waiting, and the ids it took would be in flight for nobody until their
 -- lease ended. A call that takes ids records "<ARGV[4]> <lease deadline> <id>..." there for
