@@ -225,8 +225,8 @@ def test_an_extension_whose_reply_was_lost_does_not_lose_the_lease(own_redis):
 
 
 def test_a_holder_keeps_one_fraction_for_all_its_leases(engine, redis_client):
-    """Every lease one holder sets ends in the same fraction of a ms, and another holder's
-    in another one (the two engines here are made to differ, as two of 4095 would)."""
+    """Every lease one holder sets, by a claim or an extension, of any length, ends in the
+    same fraction of a ms: the one its next extension recognises as its own."""
     engine.add(Q, {"a": 0, "b": 0})
     assert engine.claim(Q, 1, lease_ms=HOUR) == ["a"]
     assert engine.claim(Q, 1, lease_ms=2 * HOUR) == ["b"]
