@@ -149,8 +149,11 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
                 down.add(None if unreachable(exc) and not engine.is_cluster else queue)
                 raise
 
+    # Each queue's rows are kept across pages and repaired CHUNK at a time: repaired per
+    # page, rows of many queues interleaved by due time cost a round of calls per queue
+    # per page.
+    batches: dict[str, dict[str, float]] = defaultdict(dict)
     for page, conn in _pages(timezone.now(), horizon, ids):
-        batch: dict[str, dict[str, float]] = defaultdict(dict)
         for raw_id, raw_queue, raw_run_at, priority, status, is_young in page:
             progress()
             try:
@@ -158,22 +161,25 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
             except _Skipped as exc:
                 result.skipped[exc.key] = str(exc)
                 continue
+            batch = batches[queue]
             try:
-                batch[queue][job_id] = timing.to_ms(parse_time(run_at, conn))
+                batch[job_id] = timing.to_ms(parse_time(run_at, conn))
             except (ArithmeticError, ValueError) as exc:
                 if status != Status.RUNNING:  # a running one goes back in flight as it is
                     result.unusable[job_id] = str(exc)
-                batch[queue][job_id] = 0  # due now: the worker runs it or settles it dead
+                batch[job_id] = 0  # due now: the worker runs it or settles it dead
             if priority and priority in PRIORITY_RANGE:
                 priorities[job_id] = priority
             if is_young:
                 young.add(job_id)
             if status == Status.RUNNING:
                 running.add(job_id)
-        for queue, items in batch.items():
-            repair(queue, items)
+            if len(batch) >= CHUNK:
+                repair(queue, batches.pop(queue))
         if None in down:
             break  # the rows left are read again by the next sweep, not now for nothing
+    for queue, items in batches.items():  # dropped by ``repair`` once Redis is down
+        repair(queue, items)
     if horizon is None and ids is None and None not in down:
         for queue in each.until_down(each.run(engine.known_queues, list[str]())):
             if queue not in down:

@@ -24,7 +24,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.test import override_settings
 
-from django_delayjobs import schedule, schedule_http, worker
+from django_delayjobs import reconcile, schedule, schedule_http, worker
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import PartlyUnavailable
@@ -99,11 +99,14 @@ def held_by_redis() -> int:
     return stats.pending + stats.ready
 
 
-def test_a_sweep_one_redis_fails_partway_is_retried_after_the_backoff(own_jobs_redis, caplog):
+def test_a_sweep_one_redis_fails_partway_is_retried_after_the_backoff(
+    own_jobs_redis, caplog, monkeypatch
+):
     """One Redis that stopped answering after the sweep's first page was repaired made the
     sweep raise ``PartlyUnavailable``, which the loop took for a Cluster's dead master (the
     others served): it waited RECONCILE_SECONDS (60), not the backoff it waits when Redis
     fails at the sweep's start, to repair the rest once Redis was back."""
+    monkeypatch.setattr(reconcile, "CHUNK", 1)  # the scheduled job repaired before the next
     schedule(tasks.record, in_=0, args=["scheduled"])
     retrying = schedule(tasks.record, in_=0, args=["retrying"])
     Job.objects.filter(pk=retrying.pk).update(status=Status.RETRYING)  # a page of its own
@@ -151,9 +154,10 @@ def terminated_before(matches: Callable[[str, Any], bool]) -> Callable[..., Any]
     return wrapper
 
 
-def test_a_reconcile_the_database_stops_partway_says_what_it_had_repaired(postgresql):
+def test_a_reconcile_the_database_stops_partway_says_what_it_had_repaired(postgresql, monkeypatch):
     """A Redis that fails partway prints the repair so far, then the error; a database
     that failed partway printed the error only, as if nothing had been repaired."""
+    monkeypatch.setattr(reconcile, "CHUNK", 1)  # the scheduled job repaired before the next
     schedule(tasks.record, in_=0, args=["scheduled"])
     retrying = schedule(tasks.record, in_=0, args=["retrying"])
     Job.objects.filter(pk=retrying.pk).update(status=Status.RETRYING)  # a page of its own

@@ -232,3 +232,30 @@ def test_the_sweep_reads_its_rows_page_by_page(monkeypatch):
     pages = [q["sql"] for q in queries.captured_queries if "LIMIT" in q["sql"].upper()]
     # scheduled: 2 + 2 + 1; retrying and running: none
     assert len(pages) == 5, queries.captured_queries
+
+
+def test_queues_interleaved_across_pages_are_repaired_a_chunk_at_a_time(monkeypatch):
+    """Each page was repaired per queue present in it: rows of many queues interleaved by
+    due time cost one round of Redis calls (and database reads) per queue per page, where
+    batches of CHUNK rows per queue cost one per CHUNK rows of each queue."""
+    monkeypatch.setattr(sweep, "CHUNK", 4)
+    due = timezone.now() + timedelta(minutes=1)
+    Job.objects.bulk_create(
+        Job(queue=f"q{n % 5}", action="tests.nothing", run_at=due + timedelta(seconds=n),
+            status=Status.SCHEDULED)
+        for n in range(40)
+    )  # fmt: skip
+    age_rows()
+    engine = get_engine()
+    calls: list[str] = []
+
+    class Counting(Engine):
+        def add(self, queue, items, priorities=None, **options):  # type: ignore[no-untyped-def]
+            calls.append(queue)
+            return super().add(queue, items, priorities, **options)
+
+    result = reconcile(Counting(engine.client, prefix=engine.prefix),
+                       horizon=timedelta(minutes=5))  # fmt: skip
+    assert result == {f"q{n}": 8 for n in range(5)}
+    # 8 rows per queue, 4 per batch: 2 adds per queue (one per page held each: 8 or 10)
+    assert sorted(calls) == sorted([f"q{n}" for n in range(5)] * 2)
