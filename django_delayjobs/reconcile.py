@@ -22,7 +22,6 @@ from django.db.models import (
     Case,
     DateTimeField,
     Field,
-    Q,
     TextField,
     UUIDField,
     Value,
@@ -50,6 +49,11 @@ from .rows import parse_time
 logger = logging.getLogger("django_delayjobs.reconcile")
 
 CHUNK = 1000
+#: The rows of one due time left after a full page are read this many at a time (see
+#: ``_pages``): the (status, run_at) index holds no id, so each such read fetches and sorts
+#: the whole group of that due time, and pieces of CHUNK rows made a large group (orders
+#: scheduled at midnight) cost its size squared over CHUNK rows per sweep.
+TIES = 50_000
 #: A row this young may be one whose transaction has just committed and whose id is on
 #: its way to Redis (the on-commit add of its own process): it is re-added like any other
 #: but not counted as lost, so that a busy system logs no false repairs.
@@ -195,9 +199,11 @@ def _pages(
 ) -> Iterator[tuple[list[tuple[Any, ...]], BaseDatabaseWrapper]]:
     """The rows to repair, ``CHUNK`` at a time, with the connection that read them: per
     status in (``run_at``, id) order, the order of the (status, run_at) index, each page a
-    short query of its own past the last row read (keyset). A cursor held for the whole
-    sweep acted on rows as they were when it began (a job that died since was taken out of
-    garbage again), and on SQLite held a read transaction that blocked WAL checkpoints.
+    short query of its own past the last row read (keyset): after a full page, the rest of
+    its last due time (``TIES`` rows a query), then the rows due after it. A cursor held
+    for the whole sweep acted on rows as they were when it began (a job that died since
+    was taken out of garbage again), and on SQLite held a read transaction that blocked
+    WAL checkpoints.
     Ids, queues and due times are read as text, which cannot fail, and on SQLite as bytes:
     text that is not UTF-8 (raw SQL) failed the whole page. Positions are the values as
     the database holds them, given back as they were read. A row whose status or due time
@@ -228,9 +234,16 @@ def _pages(
             if len(found) < CHUNK:
                 break
             pk, run_at = stored(found[-1][0], UUIDField()), stored(found[-1][2], DateTimeField())
-            # The first term lets the index find where to start (the OR alone may not).
-            page = rows.filter(Q(run_at__gt=run_at) | Q(run_at=run_at, pk__gt=pk),
-                               run_at__gte=run_at)  # fmt: skip
+            # The rest of the last row's due time, in large pieces (``TIES``), then the
+            # rows due after it: the index finds where each starts.
+            while ties := cast("list[tuple[Any, ...]]",
+                               list(rows.filter(run_at=run_at, pk__gt=pk)[:TIES])):  # fmt: skip
+                for start in range(0, len(ties), CHUNK):
+                    yield ties[start : start + CHUNK], conn
+                if len(ties) < TIES:
+                    break
+                pk = stored(ties[-1][0], UUIDField())
+            page = rows.filter(run_at__gt=run_at)
 
 
 class _Skipped(ValueError):

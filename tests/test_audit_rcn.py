@@ -259,3 +259,44 @@ def test_queues_interleaved_across_pages_are_repaired_a_chunk_at_a_time(monkeypa
     assert result == {f"q{n}": 8 for n in range(5)}
     # 8 rows per queue, 4 per batch: 2 adds per queue (one per page held each: 8 or 10)
     assert sorted(calls) == sorted([f"q{n}" for n in range(5)] * 2)
+
+
+@pytest.mark.parametrize(("ties", "expected"), [(100, 5), (10, 7)])
+def test_a_group_of_rows_due_at_one_time_is_read_once_not_once_per_page(
+    monkeypatch, ties, expected
+):
+    """The (status, run_at) index holds no id: each page past a row of a large group due at
+    one time (orders scheduled at midnight) fetched and sorted the whole group again, its
+    size squared over CHUNK rows per sweep. The rest of such a group is read at once (in
+    pieces of ``TIES`` rows), then the rows due after it."""
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr(sweep, "CHUNK", 5)
+    monkeypatch.setattr(sweep, "TIES", ties)
+    due = timezone.now() + timedelta(minutes=1)
+    Job.objects.bulk_create(
+        Job(queue="default", action="tests.nothing", run_at=when, status=Status.SCHEDULED)
+        for when in [due - timedelta(seconds=n) for n in (3, 2, 1)]
+        + [due] * 23
+        + [due + timedelta(seconds=n) for n in (1, 2, 3, 4)]
+    )
+    age_rows()
+    ids = {str(pk) for pk in Job.objects.values_list("pk", flat=True)}
+    handed: list[str] = []
+
+    class Counting(Engine):
+        def add(self, queue, items, priorities=None, **options):  # type: ignore[no-untyped-def]
+            handed.extend(items)
+            return super().add(queue, items, priorities, **options)
+
+    engine = get_engine()
+    with CaptureQueriesContext(connections[sql.db()]) as queries:
+        result = reconcile(Counting(engine.client, prefix=engine.prefix),
+                           horizon=timedelta(minutes=5))  # fmt: skip
+    assert result == {"default": 30}
+    assert sorted(handed) == sorted(ids)  # each row once
+    reads = [q["sql"] for q in queries.captured_queries if "LIMIT" in q["sql"].upper()]
+    # a page: 3 rows + 2 of the group (full); the rest of the group, 21 rows, in pieces of
+    # TIES (1 or 3 queries); a page of the 4 rows after it; retrying and running: 1 each.
+    # Paged as before: 7 pages of the group's rows, each reading the group from its start.
+    assert len(reads) == expected, reads
