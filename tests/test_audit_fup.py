@@ -264,7 +264,14 @@ def test_a_sweep_a_queues_wrong_type_key_fails_partway_waits_reconcile_seconds(
 
     monkeypatch.setattr(worker, "reconcile", counted)
     process = WorkerProcess(engine, Options(queues=["fine"]))
-    thread = threading.Thread(target=process.reconcile_loop)
+
+    def loop() -> None:
+        try:
+            process.reconcile_loop()
+        finally:  # this thread's connections, as the worker's threads do
+            worker.drop_connections()
+
+    thread = threading.Thread(target=loop)
     thread.start()
     try:
         wait_for(lambda: sweeps)
