@@ -172,8 +172,8 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
                 if status != Status.RUNNING:  # a running one goes back in flight as it is
                     result.unusable[job_id] = str(exc)
                 batch[job_id] = 0  # due now: the worker runs it or settles it dead
-            if priority and priority in PRIORITY_RANGE:
-                priorities[job_id] = priority
+            if rank := _rank(priority):
+                priorities[job_id] = rank
             if is_young:
                 young.add(job_id)
             if status == Status.RUNNING:
@@ -215,8 +215,10 @@ def _pages(
     as_text = BinaryField() if sqlite else TextField()
     # Compared by the database: a created_at Python cannot read never stops the sweep.
     fresh = Case(When(created_at__gt=now - FRESH, then=Value(True)), default=Value(False))
+    # The priority too on SQLite, which keeps any text in its integer column (see _rank).
+    priority = Cast("priority", as_text) if sqlite else "priority"
     columns = (Cast("pk", as_text), Cast("queue", as_text), Cast("run_at", as_text),
-               "priority", "status", fresh)  # fmt: skip
+               priority, "status", fresh)  # fmt: skip
 
     def stored(raw: Any, field: Field[Any, Any]) -> Cast:
         if sqlite:
@@ -279,6 +281,18 @@ def _texts(raw_id: Any, raw_queue: Any, raw_run_at: Any,
     except (TypeError, ValueError) as exc:  # an older version's, or hand-written
         raise _Skipped(job_id, str(exc)) from None
     return job_id, queue, run_at
+
+
+def _rank(raw: Any) -> int:
+    """A row's priority, read as bytes on SQLite: one that is no whole number in
+    ``PRIORITY_RANGE`` (text written by raw SQL, not UTF-8 even) counts as 0, the default,
+    the row repaired all the same: it failed the whole page on every sweep."""
+    if isinstance(raw, bytes | memoryview):
+        try:
+            raw = int(bytes(raw).decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            return 0
+    return raw if type(raw) is int and raw in PRIORITY_RANGE else 0
 
 
 def _utf8(raw: bytes) -> bool:

@@ -300,3 +300,27 @@ def test_a_group_of_rows_due_at_one_time_is_read_once_not_once_per_page(
     # TIES (1 or 3 queries); a page of the 4 rows after it; retrying and running: 1 each.
     # Paged as before: 7 pages of the group's rows, each reading the group from its start.
     assert len(reads) == expected, reads
+
+
+@sqlite_only
+def test_a_priority_that_is_not_utf8_text_is_read_as_0_and_the_rest_repaired(
+    monkeypatch, redis_client
+):
+    """The priority was the one column read as it is: a row whose priority is text that is
+    not UTF-8 (raw SQL; SQLite keeps it in an integer column) failed its whole page, on
+    every sweep. Such a priority, or any that is no number, counts as 0 (the default)."""
+    monkeypatch.setattr(sweep, "CHUNK", 2)
+    ids = waiting_rows(5)
+    bad, text, ranked = ids[1], ids[2], ids[3]
+    with connection.cursor() as cursor:  # past the range's CHECK, as a table made before it
+        cursor.execute("PRAGMA ignore_check_constraints = ON")
+        cursor.execute(f"UPDATE {table()} SET priority = CAST(X'ff' AS TEXT) WHERE id = %s",
+                       [uuid.UUID(bad).hex])  # fmt: skip
+        cursor.execute(f"UPDATE {table()} SET priority = 'high' WHERE id = %s",
+                       [uuid.UUID(text).hex])  # fmt: skip
+        cursor.execute(f"UPDATE {table()} SET priority = 7 WHERE id = %s",
+                       [uuid.UUID(ranked).hex])  # fmt: skip
+        cursor.execute("PRAGMA ignore_check_constraints = OFF")
+    result = reconcile(get_engine(), horizon=timedelta(minutes=5))
+    assert result == {"default": 5} and not result.skipped
+    assert redis_client.hgetall(get_engine().keys("default").priority) == {ranked.encode(): b"7"}
