@@ -22,7 +22,6 @@ from django.db.models import (
     Case,
     DateTimeField,
     Field,
-    Q,
     TextField,
     UUIDField,
     Value,
@@ -50,6 +49,11 @@ from .rows import parse_time
 logger = logging.getLogger("django_delayjobs.reconcile")
 
 CHUNK = 1000
+#: The rows of one due time left after a full page are read this many at a time (see
+#: ``_pages``): the (status, run_at) index holds no id, so each such read fetches and sorts
+#: the whole group of that due time, and pieces of CHUNK rows made a large group (orders
+#: scheduled at midnight) cost its size squared over CHUNK rows per sweep.
+TIES = 50_000
 #: A row this young may be one whose transaction has just committed and whose id is on
 #: its way to Redis (the on-commit add of its own process): it is re-added like any other
 #: but not counted as lost, so that a busy system logs no false repairs.
@@ -149,8 +153,11 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
                 down.add(None if unreachable(exc) and not engine.is_cluster else queue)
                 raise
 
+    # Each queue's rows are kept across pages and repaired CHUNK at a time: repaired per
+    # page, rows of many queues interleaved by due time cost a round of calls per queue
+    # per page.
+    batches: dict[str, dict[str, float]] = defaultdict(dict)
     for page, conn in _pages(timezone.now(), horizon, ids):
-        batch: dict[str, dict[str, float]] = defaultdict(dict)
         for raw_id, raw_queue, raw_run_at, priority, status, is_young in page:
             progress()
             try:
@@ -158,22 +165,25 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
             except _Skipped as exc:
                 result.skipped[exc.key] = str(exc)
                 continue
+            batch = batches[queue]
             try:
-                batch[queue][job_id] = timing.to_ms(parse_time(run_at, conn))
+                batch[job_id] = timing.to_ms(parse_time(run_at, conn))
             except (ArithmeticError, ValueError) as exc:
                 if status != Status.RUNNING:  # a running one goes back in flight as it is
                     result.unusable[job_id] = str(exc)
-                batch[queue][job_id] = 0  # due now: the worker runs it or settles it dead
-            if priority and priority in PRIORITY_RANGE:
-                priorities[job_id] = priority
+                batch[job_id] = 0  # due now: the worker runs it or settles it dead
+            if rank := _rank(priority):
+                priorities[job_id] = rank
             if is_young:
                 young.add(job_id)
             if status == Status.RUNNING:
                 running.add(job_id)
-        for queue, items in batch.items():
-            repair(queue, items)
+            if len(batch) >= CHUNK:
+                repair(queue, batches.pop(queue))
         if None in down:
             break  # the rows left are read again by the next sweep, not now for nothing
+    for queue, items in batches.items():  # dropped by ``repair`` once Redis is down
+        repair(queue, items)
     if horizon is None and ids is None and None not in down:
         for queue in each.until_down(each.run(engine.known_queues, list[str]())):
             if queue not in down:
@@ -189,9 +199,11 @@ def _pages(
 ) -> Iterator[tuple[list[tuple[Any, ...]], BaseDatabaseWrapper]]:
     """The rows to repair, ``CHUNK`` at a time, with the connection that read them: per
     status in (``run_at``, id) order, the order of the (status, run_at) index, each page a
-    short query of its own past the last row read (keyset). A cursor held for the whole
-    sweep acted on rows as they were when it began (a job that died since was taken out of
-    garbage again), and on SQLite held a read transaction that blocked WAL checkpoints.
+    short query of its own past the last row read (keyset): after a full page, the rest of
+    its last due time (``TIES`` rows a query), then the rows due after it. A cursor held
+    for the whole sweep acted on rows as they were when it began (a job that died since
+    was taken out of garbage again), and on SQLite held a read transaction that blocked
+    WAL checkpoints.
     Ids, queues and due times are read as text, which cannot fail, and on SQLite as bytes:
     text that is not UTF-8 (raw SQL) failed the whole page. Positions are the values as
     the database holds them, given back as they were read. A row whose status or due time
@@ -203,8 +215,10 @@ def _pages(
     as_text = BinaryField() if sqlite else TextField()
     # Compared by the database: a created_at Python cannot read never stops the sweep.
     fresh = Case(When(created_at__gt=now - FRESH, then=Value(True)), default=Value(False))
+    # The priority too on SQLite, which keeps any text in its integer column (see _rank).
+    priority = Cast("priority", as_text) if sqlite else "priority"
     columns = (Cast("pk", as_text), Cast("queue", as_text), Cast("run_at", as_text),
-               "priority", "status", fresh)  # fmt: skip
+               priority, "status", fresh)  # fmt: skip
 
     def stored(raw: Any, field: Field[Any, Any]) -> Cast:
         if sqlite:
@@ -222,9 +236,16 @@ def _pages(
             if len(found) < CHUNK:
                 break
             pk, run_at = stored(found[-1][0], UUIDField()), stored(found[-1][2], DateTimeField())
-            # The first term lets the index find where to start (the OR alone may not).
-            page = rows.filter(Q(run_at__gt=run_at) | Q(run_at=run_at, pk__gt=pk),
-                               run_at__gte=run_at)  # fmt: skip
+            # The rest of the last row's due time, in large pieces (``TIES``), then the
+            # rows due after it: the index finds where each starts.
+            while ties := cast("list[tuple[Any, ...]]",
+                               list(rows.filter(run_at=run_at, pk__gt=pk)[:TIES])):  # fmt: skip
+                for start in range(0, len(ties), CHUNK):
+                    yield ties[start : start + CHUNK], conn
+                if len(ties) < TIES:
+                    break
+                pk = stored(ties[-1][0], UUIDField())
+            page = rows.filter(run_at__gt=run_at)
 
 
 class _Skipped(ValueError):
@@ -260,6 +281,18 @@ def _texts(raw_id: Any, raw_queue: Any, raw_run_at: Any,
     except (TypeError, ValueError) as exc:  # an older version's, or hand-written
         raise _Skipped(job_id, str(exc)) from None
     return job_id, queue, run_at
+
+
+def _rank(raw: Any) -> int:
+    """A row's priority, read as bytes on SQLite: one that is no whole number in
+    ``PRIORITY_RANGE`` (text written by raw SQL, not UTF-8 even) counts as 0, the default,
+    the row repaired all the same: it failed the whole page on every sweep."""
+    if isinstance(raw, bytes | memoryview):
+        try:
+            raw = int(bytes(raw).decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            return 0
+    return raw if type(raw) is int and raw in PRIORITY_RANGE else 0
 
 
 def _utf8(raw: bytes) -> bool:

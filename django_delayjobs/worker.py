@@ -45,7 +45,7 @@ from .conf import delayjobs_settings
 from .databases import database_error, database_named, jobs_alias
 from .engine import Engine, EngineUnavailable, Leased, PartlyUnavailable, PerShard, WrongType
 from .engine.claims import Claimer
-from .engine.errors import unreachable
+from .engine.errors import first_failure, unreachable
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution, receivers_left_behind
 from .logs import job_fields
@@ -499,9 +499,15 @@ class WorkerProcess:
                 database.ok(wrote=False)
             except EngineUnavailable as exc:
                 # A Cluster's masters that answered were repaired: the next sweep in its
-                # time. One Redis that failed partway is down: retried as at the start.
-                partly = isinstance(exc, PartlyUnavailable) and self.engine.is_cluster
-                wait = delayjobs_settings.RECONCILE_SECONDS if partly else None
+                # time. One Redis that failed partway is down: retried as at the start. A
+                # refusal (a key of the wrong type, out of memory, a replica) does not heal
+                # by itself, and Redis answers: the next sweep in its time too, not the
+                # whole sweep again every few seconds.
+                if self.engine.is_cluster:
+                    soon = not isinstance(exc, PartlyUnavailable)
+                else:
+                    soon = unreachable(first_failure(exc))
+                wait = None if soon else delayjobs_settings.RECONCILE_SECONDS
                 backoff.failed("Redis is unavailable", exc, wait)
                 continue
             except DatabaseError as exc:

@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -23,9 +24,10 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.test import override_settings
 
-from django_delayjobs import schedule, schedule_http
+from django_delayjobs import reconcile, schedule, schedule_http, worker
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
+from django_delayjobs.engine import PartlyUnavailable
 from django_delayjobs.models import Job, Status
 from django_delayjobs.progress import Progress
 from django_delayjobs.worker import Options, WorkerProcess
@@ -97,11 +99,14 @@ def held_by_redis() -> int:
     return stats.pending + stats.ready
 
 
-def test_a_sweep_one_redis_fails_partway_is_retried_after_the_backoff(own_jobs_redis, caplog):
+def test_a_sweep_one_redis_fails_partway_is_retried_after_the_backoff(
+    own_jobs_redis, caplog, monkeypatch
+):
     """One Redis that stopped answering after the sweep's first page was repaired made the
     sweep raise ``PartlyUnavailable``, which the loop took for a Cluster's dead master (the
     others served): it waited RECONCILE_SECONDS (60), not the backoff it waits when Redis
     fails at the sweep's start, to repair the rest once Redis was back."""
+    monkeypatch.setattr(reconcile, "CHUNK", 1)  # the scheduled job repaired before the next
     schedule(tasks.record, in_=0, args=["scheduled"])
     retrying = schedule(tasks.record, in_=0, args=["retrying"])
     Job.objects.filter(pk=retrying.pk).update(status=Status.RETRYING)  # a page of its own
@@ -149,9 +154,10 @@ def terminated_before(matches: Callable[[str, Any], bool]) -> Callable[..., Any]
     return wrapper
 
 
-def test_a_reconcile_the_database_stops_partway_says_what_it_had_repaired(postgresql):
+def test_a_reconcile_the_database_stops_partway_says_what_it_had_repaired(postgresql, monkeypatch):
     """A Redis that fails partway prints the repair so far, then the error; a database
     that failed partway printed the error only, as if nothing had been repaired."""
+    monkeypatch.setattr(reconcile, "CHUNK", 1)  # the scheduled job repaired before the next
     schedule(tasks.record, in_=0, args=["scheduled"])
     retrying = schedule(tasks.record, in_=0, args=["retrying"])
     Job.objects.filter(pk=retrying.pk).update(status=Status.RETRYING)  # a page of its own
@@ -225,3 +231,55 @@ def test_a_prune_with_a_master_down_purges_the_garbage_of_the_others(on_lonely, 
     assert not Job.objects.exists()
     assert kept == []
     assert "pruning left 1 deleted dead job id(s)" in caplog.text  # the down master's
+
+
+# -- 5. a sweep that one Redis refuses partway (a wrong type) ----------------------------------
+
+
+def test_a_sweep_a_queues_wrong_type_key_fails_partway_waits_reconcile_seconds(
+    own_jobs_redis, settings, monkeypatch
+):
+    """On one Redis, a sweep that a refusal failed partway (a queue's key another program
+    overwrote: WrongType; out of memory; a replica) raised ``PartlyUnavailable`` and the
+    loop retried it after the backoff (0.2-5 s), as for Redis down: but a refusal does not
+    heal by itself and Redis answers the sweep's probe, so the whole sweep ran again every
+    few seconds for ever. Only an unreachable Redis is retried soon now."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "RECONCILE_SECONDS": 600}
+    schedule(tasks.record, in_=60, args=["blocked"], queue="blocked")
+    schedule(tasks.record, in_=60, args=["fine"], queue="fine")
+    engine = get_engine()
+    engine.client.flushdb()
+    engine.client.set(engine.keys("blocked").pending, "another program's")
+    sweeps: list[BaseException | None] = []
+    real = worker.reconcile
+
+    def counted(*args, **kwargs):
+        try:
+            result = real(*args, **kwargs)
+        except BaseException as exc:
+            sweeps.append(exc)
+            raise
+        sweeps.append(None)
+        return result
+
+    monkeypatch.setattr(worker, "reconcile", counted)
+    process = WorkerProcess(engine, Options(queues=["fine"]))
+
+    def loop() -> None:
+        try:
+            process.reconcile_loop()
+        finally:  # this thread's connections, as the worker's threads do
+            worker.drop_connections()
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        wait_for(lambda: sweeps)
+        time.sleep(2.5)  # the backoff would have run it ~5 times more by now
+    finally:
+        process.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert len(sweeps) == 1
+    assert isinstance(sweeps[0], PartlyUnavailable)
+    assert engine.stats("fine").pending == 1  # the other queue was repaired

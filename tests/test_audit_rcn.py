@@ -232,3 +232,95 @@ def test_the_sweep_reads_its_rows_page_by_page(monkeypatch):
     pages = [q["sql"] for q in queries.captured_queries if "LIMIT" in q["sql"].upper()]
     # scheduled: 2 + 2 + 1; retrying and running: none
     assert len(pages) == 5, queries.captured_queries
+
+
+def test_queues_interleaved_across_pages_are_repaired_a_chunk_at_a_time(monkeypatch):
+    """Each page was repaired per queue present in it: rows of many queues interleaved by
+    due time cost one round of Redis calls (and database reads) per queue per page, where
+    batches of CHUNK rows per queue cost one per CHUNK rows of each queue."""
+    monkeypatch.setattr(sweep, "CHUNK", 4)
+    due = timezone.now() + timedelta(minutes=1)
+    Job.objects.bulk_create(
+        Job(queue=f"q{n % 5}", action="tests.nothing", run_at=due + timedelta(seconds=n),
+            status=Status.SCHEDULED)
+        for n in range(40)
+    )  # fmt: skip
+    age_rows()
+    engine = get_engine()
+    calls: list[str] = []
+
+    class Counting(Engine):
+        def add(self, queue, items, priorities=None, **options):  # type: ignore[no-untyped-def]
+            calls.append(queue)
+            return super().add(queue, items, priorities, **options)
+
+    result = reconcile(Counting(engine.client, prefix=engine.prefix),
+                       horizon=timedelta(minutes=5))  # fmt: skip
+    assert result == {f"q{n}": 8 for n in range(5)}
+    # 8 rows per queue, 4 per batch: 2 adds per queue (one per page held each: 8 or 10)
+    assert sorted(calls) == sorted([f"q{n}" for n in range(5)] * 2)
+
+
+@pytest.mark.parametrize(("ties", "expected"), [(100, 5), (10, 7)])
+def test_a_group_of_rows_due_at_one_time_is_read_once_not_once_per_page(
+    monkeypatch, ties, expected
+):
+    """The (status, run_at) index holds no id: each page past a row of a large group due at
+    one time (orders scheduled at midnight) fetched and sorted the whole group again, its
+    size squared over CHUNK rows per sweep. The rest of such a group is read at once (in
+    pieces of ``TIES`` rows), then the rows due after it."""
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr(sweep, "CHUNK", 5)
+    monkeypatch.setattr(sweep, "TIES", ties)
+    due = timezone.now() + timedelta(minutes=1)
+    Job.objects.bulk_create(
+        Job(queue="default", action="tests.nothing", run_at=when, status=Status.SCHEDULED)
+        for when in [due - timedelta(seconds=n) for n in (3, 2, 1)]
+        + [due] * 23
+        + [due + timedelta(seconds=n) for n in (1, 2, 3, 4)]
+    )
+    age_rows()
+    ids = {str(pk) for pk in Job.objects.values_list("pk", flat=True)}
+    handed: list[str] = []
+
+    class Counting(Engine):
+        def add(self, queue, items, priorities=None, **options):  # type: ignore[no-untyped-def]
+            handed.extend(items)
+            return super().add(queue, items, priorities, **options)
+
+    engine = get_engine()
+    with CaptureQueriesContext(connections[sql.db()]) as queries:
+        result = reconcile(Counting(engine.client, prefix=engine.prefix),
+                           horizon=timedelta(minutes=5))  # fmt: skip
+    assert result == {"default": 30}
+    assert sorted(handed) == sorted(ids)  # each row once
+    reads = [q["sql"] for q in queries.captured_queries if "LIMIT" in q["sql"].upper()]
+    # a page: 3 rows + 2 of the group (full); the rest of the group, 21 rows, in pieces of
+    # TIES (1 or 3 queries); a page of the 4 rows after it; retrying and running: 1 each.
+    # Paged as before: 7 pages of the group's rows, each reading the group from its start.
+    assert len(reads) == expected, reads
+
+
+@sqlite_only
+def test_a_priority_that_is_not_utf8_text_is_read_as_0_and_the_rest_repaired(
+    monkeypatch, redis_client
+):
+    """The priority was the one column read as it is: a row whose priority is text that is
+    not UTF-8 (raw SQL; SQLite keeps it in an integer column) failed its whole page, on
+    every sweep. Such a priority, or any that is no number, counts as 0 (the default)."""
+    monkeypatch.setattr(sweep, "CHUNK", 2)
+    ids = waiting_rows(5)
+    bad, text, ranked = ids[1], ids[2], ids[3]
+    with connection.cursor() as cursor:  # past the range's CHECK, as a table made before it
+        cursor.execute("PRAGMA ignore_check_constraints = ON")
+        cursor.execute(f"UPDATE {table()} SET priority = CAST(X'ff' AS TEXT) WHERE id = %s",
+                       [uuid.UUID(bad).hex])  # fmt: skip
+        cursor.execute(f"UPDATE {table()} SET priority = 'high' WHERE id = %s",
+                       [uuid.UUID(text).hex])  # fmt: skip
+        cursor.execute(f"UPDATE {table()} SET priority = 7 WHERE id = %s",
+                       [uuid.UUID(ranked).hex])  # fmt: skip
+        cursor.execute("PRAGMA ignore_check_constraints = OFF")
+    result = reconcile(get_engine(), horizon=timedelta(minutes=5))
+    assert result == {"default": 5} and not result.skipped
+    assert redis_client.hgetall(get_engine().keys("default").priority) == {ranked.encode(): b"7"}

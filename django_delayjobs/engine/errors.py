@@ -112,6 +112,15 @@ def unreachable(exc: BaseException) -> bool:
     return isinstance(exc.__cause__, redis.ConnectionError | redis.TimeoutError)
 
 
+def first_failure(exc: EngineUnavailable) -> EngineUnavailable:
+    """The failure a ``PartlyUnavailable`` reports (``PerShard.check`` raises it from its
+    first failure, itself maybe a ``PartlyUnavailable`` of an inner step); ``exc`` if not
+    one: whether the sweep met Redis unreachable or a refusal (``unreachable``)."""
+    while isinstance(exc, PartlyUnavailable) and isinstance(exc.__cause__, EngineUnavailable):
+        exc = exc.__cause__
+    return exc
+
+
 def replica_refused(exc: BaseException) -> bool:
     """Whether an ``EngineUnavailable`` is a write refused by a replica (READONLY; from
     inside a script, Redis 6 gives it as the script's error)."""
