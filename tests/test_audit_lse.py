@@ -36,10 +36,11 @@ Q = "default"
 HOUR = 3_600_000
 
 
-def lease_of(redis_client, engine, id_: str) -> str | None:  # type: ignore[no-untyped-def]
-    """The lease of ``id_`` as Redis holds it (its unack score), exactly."""
-    score = redis_client.zscore(engine.keys(Q).unack, id_)
-    return None if score is None else repr(score)
+def lease_of(redis_client, engine, id_: str) -> float | None:  # type: ignore[no-untyped-def]
+    """The lease of ``id_`` as Redis holds it (its unack score), exactly: a float, which
+    the engine's ``%.17g`` strings equal once read (as text they may differ: '…14.2859'
+    is the same double as repr's '…14.286')."""
+    return redis_client.zscore(engine.keys(Q).unack, id_)
 
 
 def another(engine: Engine) -> Engine:
@@ -62,9 +63,9 @@ def test_an_extension_of_an_id_another_claim_holds_now_is_refused(engine, redis_
     other = another(engine)  # another claimer
     assert other.claim(Q, 1, lease_ms=HOUR) == ["a"]
     second = lease_of(redis_client, engine, "a")
-    assert engine.extend_lease(Q, {"a": first}, HOUR) == []
+    assert engine.extend_lease(Q, {"a": repr(first)}, HOUR) == []
     assert lease_of(redis_client, engine, "a") == second
-    assert other.extend_lease(Q, {"a": second}, HOUR) == ["a"]
+    assert other.extend_lease(Q, {"a": repr(second)}, HOUR) == ["a"]
 
 
 def test_a_claim_and_an_extension_give_back_the_leases_redis_holds(engine, redis_client):
@@ -210,10 +211,12 @@ def test_an_extension_whose_reply_was_lost_does_not_lose_the_lease(own_redis):
                 engine.extend_lease(Q, first, HOUR)
         finally:
             waking.join()
-        wait_for(lambda: lease_of(client, engine, "a") != first["a"])  # it ran
+        wait_for(lambda: lease_of(client, engine, "a") != float(first["a"]))  # it ran
         again = engine.extend_lease(Q, first, HOUR)
         assert again == ["a"]
-        assert again.leases == {"a": lease_of(client, engine, "a")}
+        assert {i: float(lease) for i, lease in again.leases.items()} == {
+            "a": lease_of(client, engine, "a")
+        }
         # Another holder that claims it once this one's lease ended still takes it away.
         other = another(engine)
         assert engine.extend_lease(Q, ["a"], 0) == ["a"]
