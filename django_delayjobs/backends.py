@@ -47,7 +47,7 @@ from .task_api import (
 )
 from .task_history import History
 
-PREFIX = "task:"
+PREFIX = registry.TASK_PREFIX
 ACTOR = "django.tasks:"  # + the backend alias: the actor of a task's "scheduled" event
 
 #: How each job status reads in the task framework, which has only four. A cancelled or

@@ -111,6 +111,46 @@ def _callbacks_let_anyone_in() -> bool:
         return False
 
 
+@register(Tags.security, deploy=True)
+def check_callback_queues(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[Error | Warning]:
+    """Warn, on ``check --deploy``, of a routed ``callbacks/`` whose callers may name any
+    queue: a deploy check, since every command runs the others (the worker's start-up)."""
+    loaded, _ = validate(getattr(settings, "DELAYJOBS", None))
+    if loaded is None or loaded.API_CALLBACK_QUEUES is not None or not _callbacks_routed():
+        return []
+    return [Warning(
+        "DELAYJOBS['API_CALLBACK_QUEUES'] is None: a callbacks/ caller may put its callbacks "
+        "in any queue, and a key is held per queue whoever made the job, so a caller's "
+        "callback holding a key in your queue makes your schedule(..., key=...) of that key "
+        "return the callback, and your job is never scheduled.",
+        hint="List the queues callers may use in API_CALLBACK_QUEUES (for example "
+        "['callbacks']), queues your own keyed jobs do not use, and run a worker for them.",
+        id="django_delayjobs.W004",
+    )]  # fmt: skip
+
+
+def _callbacks_routed() -> bool:
+    """Whether the project's URLconf routes to ``callbacks/`` (``django_delayjobs.rest.urls``
+    included, under any prefix or namespace)."""
+    from django.urls import URLResolver, get_resolver
+
+    from .rest.callbacks import CallbackCreateView
+
+    def routes(patterns: Sequence[Any]) -> bool:
+        return any(
+            routes(p.url_patterns) if isinstance(p, URLResolver)
+            else issubclass(getattr(p.callback, "view_class", object), CallbackCreateView)
+            for p in patterns
+        )  # fmt: skip
+
+    try:
+        return routes(get_resolver().url_patterns)
+    except Exception:  # a URLconf that fails to load: Django's own check (urls) reports it
+        return False
+
+
 #: Why ``USE_TZ = False`` is refused (check E015, and ``schedule()`` at run time).
 NEEDS_USE_TZ = (
     "django-delayjobs needs USE_TZ = True: due times are instants (Redis holds them as ms "

@@ -28,6 +28,10 @@ _functions: dict[str, Callable[..., Any]] = {}
 #: The longest name of an action: the ``Job.action`` column holds no more.
 ACTION_MAX_LENGTH = 255
 
+#: The start of a ``django.tasks`` task's action name (+ its module_path). Here, not in
+#: ``backends``, which imports django.tasks: ``services.requeue`` tells a task's job by it.
+TASK_PREFIX = "task:"
+
 
 class DelayableMethod(Generic[R]):
     """A model method marked ``@delayable``; ``instance.method`` binds it."""

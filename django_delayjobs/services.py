@@ -32,6 +32,7 @@ from .exceptions import AlreadyRunning, InvalidSchedule
 from .models import ACTIVE, WAITING, EventKind, Job, JobEvent, Status
 from .outcomes import Outage, follow_row
 from .registry import (
+    TASK_PREFIX,
     BoundAction,
     DelayableMethod,
     check_arguments,
@@ -608,7 +609,9 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
 
 def _attempts_for(job: Job) -> int:
     """The attempts a requeue gives ``job`` by default: what its enqueue gave it."""
-    if isinstance(job.action, str) and job.action.startswith("task:"):
+    # Told by its name: importing ``backends`` for any other job would import django.tasks
+    # (or the backport, whose import connects a receiver) into a process that uses neither.
+    if isinstance(job.action, str) and job.action.startswith(TASK_PREFIX):
         try:  # Django 6's django.tasks or the backport; neither: no backend enqueued it
             from .backends import task_attempts
         except ImportError:
