@@ -73,6 +73,10 @@ class Reconciled(Counter[str]):
         self.skipped: dict[str, str] = {}
         self.cleared: Counter[str] = Counter()
 
+    def __bool__(self) -> bool:
+        """Whether anything was done or found (a report would not be empty)."""
+        return bool(len(self) or self.unusable or self.skipped or +self.cleared)
+
 
 def reconcile(engine: Engine, *, horizon: timedelta | None = None,
               ids: Collection[str] | None = None,
@@ -188,7 +192,7 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
         for queue in each.until_down(each.run(engine.known_queues, list[str]())):
             if queue not in down:
                 with each.attempt():
-                    result.cleared[queue] = _clear_garbage(engine, queue)
+                    _clear_garbage(engine, queue, result.cleared)
     _report(result, moved)
     each.check(result)
     return result
@@ -303,18 +307,18 @@ def _utf8(raw: bytes) -> bool:
     return True
 
 
-def _clear_garbage(engine: Engine, queue: str) -> int:
+def _clear_garbage(engine: Engine, queue: str, cleared: Counter[str]) -> None:
     """Take the ids of jobs that are not dead (finished otherwise, or deleted) out of
-    ``queue``'s garbage; return how many. A waiting or running job's id is left to the
-    repair above (``requeue``, ``adopt``), an id that is not a job id to whoever wrote it."""
-    cleared = 0
+    ``queue``'s garbage, counting them in ``cleared`` as they go (a failure partway keeps
+    the count of what was done). A waiting or running job's id is left to the repair above
+    (``requeue``, ``adopt``), an id that is not a job id to whoever wrote it."""
+    cleared[queue] += 0  # a queue read, even with none to take out, is reported
     for chunk in engine.garbage_ids(queue, CHUNK):
         ids = [id_ for id_ in chunk if _is_job_id(id_)]
         statuses = _statuses(ids)
         stale = [id_ for id_ in ids if statuses.get(id_) not in (Status.DEAD, *ACTIVE)]
         if stale:
-            cleared += engine.purge(queue, stale)
-    return cleared
+            cleared[queue] += engine.purge(queue, stale)
 
 
 def _is_job_id(text: str) -> bool:
