@@ -22,6 +22,7 @@ from django.db.models import (
     Case,
     DateTimeField,
     Field,
+    Func,
     TextField,
     UUIDField,
     Value,
@@ -162,10 +163,10 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
     # per page.
     batches: dict[str, dict[str, float]] = defaultdict(dict)
     for page, conn in _pages(timezone.now(), horizon, ids):
-        for raw_id, raw_queue, raw_run_at, priority, status, is_young in page:
+        for raw_id, raw_queue, raw_run_at, priority, status, is_young, kind in page:
             progress()
             try:
-                job_id, queue, run_at = _texts(raw_id, raw_queue, raw_run_at, conn)
+                job_id, queue, run_at = _texts(raw_id, raw_queue, raw_run_at, kind, conn)
             except _Skipped as exc:
                 result.skipped[exc.key] = str(exc)
                 continue
@@ -210,9 +211,13 @@ def _pages(
     WAL checkpoints.
     Ids, queues and due times are read as text, which cannot fail, and on SQLite as bytes:
     text that is not UTF-8 (raw SQL) failed the whole page. Positions are the values as
-    the database holds them, given back as they were read. A row whose status or due time
-    changes during the sweep may be read twice (every move is idempotent) or not at all
-    (the change pushed it to Redis itself, or the next sweep reads it)."""
+    the database holds them, given back as they were read: on SQLite, which keeps a value
+    of any type in any column, a due time written by raw SQL as a number is read as it is
+    (as text a REAL lost digits) and one written as a BLOB is given back as a BLOB (as
+    text it was no longer one): such a position matched no row, and a full page of them
+    was read again, for ever. A row whose status or due time changes during the sweep may
+    be read twice (every move is idempotent) or not at all (the change pushed it to Redis
+    itself, or the next sweep reads it)."""
     jobs = Job.objects.all() if ids is None else Job.objects.filter(pk__in=ids)
     conn = connections[jobs.db]
     sqlite = conn.vendor == "sqlite"
@@ -221,10 +226,19 @@ def _pages(
     fresh = Case(When(created_at__gt=now - FRESH, then=Value(True)), default=Value(False))
     # The priority too on SQLite, which keeps any text in its integer column (see _rank).
     priority = Cast("priority", as_text) if sqlite else "priority"
-    columns = (Cast("pk", as_text), Cast("queue", as_text), Cast("run_at", as_text),
-               priority, "status", fresh)  # fmt: skip
+    run_at: Func = Cast("run_at", as_text)
+    kind: Func | Value = Value("")  # the type SQLite holds the due time as
+    if sqlite:
+        run_at = Func("run_at", output_field=as_text, template=(
+            "CASE WHEN typeof(%(expressions)s) IN ('integer', 'real') THEN %(expressions)s "
+            "ELSE CAST(%(expressions)s AS BLOB) END"))  # fmt: skip
+        kind = Func("run_at", function="typeof", output_field=TextField())
+    columns = (Cast("pk", as_text), Cast("queue", as_text), run_at, priority, "status",
+               fresh, kind)  # fmt: skip
 
-    def stored(raw: Any, field: Field[Any, Any]) -> Cast:
+    def stored(raw: Any, field: Field[Any, Any], kind: str = "") -> Cast | Value:
+        if kind in ("integer", "real", "blob"):  # SQLite: as it holds it (int, float, bytes)
+            return Value(raw)
         if sqlite:
             return Cast(Value(bytes(raw), BinaryField()), TextField())
         return Cast(Value(raw, TextField()), field)
@@ -239,17 +253,18 @@ def _pages(
             yield found, conn
             if len(found) < CHUNK:
                 break
-            pk, run_at = stored(found[-1][0], UUIDField()), stored(found[-1][2], DateTimeField())
+            pk = stored(found[-1][0], UUIDField())
+            due = stored(found[-1][2], DateTimeField(), found[-1][6])
             # The rest of the last row's due time, in large pieces (``TIES``), then the
             # rows due after it: the index finds where each starts.
             while ties := cast("list[tuple[Any, ...]]",
-                               list(rows.filter(run_at=run_at, pk__gt=pk)[:TIES])):  # fmt: skip
+                               list(rows.filter(run_at=due, pk__gt=pk)[:TIES])):  # fmt: skip
                 for start in range(0, len(ties), CHUNK):
                     yield ties[start : start + CHUNK], conn
                 if len(ties) < TIES:
                     break
                 pk = stored(ties[-1][0], UUIDField())
-            page = rows.filter(run_at__gt=run_at)
+            page = rows.filter(run_at__gt=due)
 
 
 class _Skipped(ValueError):
@@ -260,12 +275,13 @@ class _Skipped(ValueError):
         self.key = key
 
 
-def _texts(raw_id: Any, raw_queue: Any, raw_run_at: Any,
+def _texts(raw_id: Any, raw_queue: Any, raw_run_at: Any, kind: str,
            conn: BaseDatabaseWrapper) -> tuple[str, str, str]:  # fmt: skip
     """A row's id (as a job id), queue and due time as text; raise ``_Skipped`` for a row
     no worker can claim: its id is not a job id, or not in the form the database keeps
     one in (SQLite: 32 hex digits, the form a worker's claim looks for), its queue cannot
-    name Redis keys, or a value is not UTF-8 text."""
+    name Redis keys, a value is not UTF-8 text, or (SQLite) its due time is a BLOB, which
+    sorts after every time, so that a claim never finds it due."""
     id_text, queue, run_at = (
         bytes(raw).decode("utf-8", "backslashreplace") if isinstance(raw, bytes | memoryview)
         else str(raw) for raw in (raw_id, raw_queue, raw_run_at)
@@ -277,6 +293,8 @@ def _texts(raw_id: Any, raw_queue: Any, raw_run_at: Any,
     if not conn.features.has_native_uuid_field and id_text != uuid.UUID(id_text).hex:
         raise _Skipped(id_text, "the id is not stored as 32 hex digits, the form a worker "
                                 "looks it up by (written by hand?)")  # fmt: skip
+    if kind == "blob":
+        raise _Skipped(job_id, f"its due time is a BLOB, not a time: {bytes(raw_run_at)!r}")
     for what, raw in (("queue", raw_queue), ("due time", raw_run_at)):
         if isinstance(raw, bytes | memoryview) and not _utf8(bytes(raw)):
             raise _Skipped(job_id, f"its {what} is not UTF-8 text: {bytes(raw)!r}")
