@@ -407,14 +407,30 @@ def _add(
 ) -> int:
     """Add the waiting ``items``; return how many Redis did not hold (see ``_repair``)."""
     # A waiting job found in garbage was requeued while Redis was unreachable.
-    revived = each.run(partial(engine.requeue, queue, list(items)), 0)
+    revived = each.run(partial(engine.requeue, queue, list(items)), list[str]())
     ranks = {id_: rank for id_, rank in ranks.items() if id_ in items}
     # An id waiting in a shard of an older count is moved by the add (``Added.moved``).
     found = each.run(partial(engine.add, queue, items, ranks, only_earlier=True), Added())
     moved[queue] += len(found.moved)
     added = _still_active(queue, engine, found, each)
     arriving = sum(1 for id_ in added if id_ in young)
-    return revived + max(0, len(added) - arriving)
+    return _still_waiting(engine, queue, revived, each) + max(0, len(added) - arriving)
+
+
+def _still_waiting(engine: Engine, queue: str, revived: list[str], each: PerShard) -> int:
+    """How many of the ids just taken out of garbage (into ready) have a job that still
+    waits. One whose row was read waiting but that ran and died (buried again) before
+    its chunk came, or finished otherwise, is taken out of ready and put back where its
+    row says (``_adopt``: garbage, or nowhere): left there, it was missing from the dead
+    jobs until a worker claimed it and found it dead."""
+    if not revived:
+        return 0
+    statuses = _statuses(revived)
+    back = [id_ for id_ in revived if statuses.get(id_) not in WAITING]
+    if back:
+        each.run(partial(engine.remove, queue, back), 0)
+        _adopt(engine, queue, back, each)  # one a worker has claimed since is left to it
+    return len(revived) - len(back)
 
 
 def _adopt(engine: Engine, queue: str, ids: list[str], each: PerShard) -> int:
@@ -475,7 +491,7 @@ def _follow(engine: Engine, queue: str, ids: list[str], each: PerShard) -> None:
     statuses = _statuses(ids)
     again = [id_ for id_ in ids if statuses.get(id_) in WAITING]
     if again and not each.down:
-        each.run(partial(engine.requeue, queue, again), 0)  # out of garbage, due now
+        each.run(partial(engine.requeue, queue, again), list[str]())  # out of garbage
         for id_ in again:  # or added, if the removal took it out of pending
             each.run(partial(follow_row, engine, queue, id_, -1, held=False), None)
 

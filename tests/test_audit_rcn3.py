@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections
 from django.utils import timezone
 
 from django_delayjobs import reconcile as sweep
@@ -19,10 +19,54 @@ from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import reconcile
-from tests.helpers import age_rows
+from tests.helpers import age_rows, in_thread
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_job_that_dies_after_the_sweep_read_it_waiting_stays_in_garbage(redis_client):
+    """The row was read waiting; its job then ran, died and was buried before the queue's
+    batch was repaired: the repair's requeue took the id out of garbage into ready, where
+    no worker runs it, and the dead job was missing from Redis's dead jobs."""
+    job = schedule(tasks.record, in_=60, args=["x"])
+    age_rows()
+    engine = get_engine()
+    keys, job_id = engine.keys("default"), str(job.pk)
+
+    def dies() -> None:  # claimed, run and buried by a worker, on a connection of its own
+        Job.objects.filter(pk=job.pk).update(status=Status.DEAD, attempts=1)
+        redis_client.zrem(keys.pending, job_id)
+        redis_client.zadd(keys.garbage, {job_id: 1})
+        connections.close_all()
+
+    read: list[None] = []
+
+    def progress() -> None:  # called for each row read, before its batch is repaired
+        read.append(None)
+        if len(read) == 1:
+            in_thread(dies, []).join()
+
+    result = reconcile(engine, horizon=timedelta(minutes=5), progress=progress)
+    assert read and sum(result.values()) == 0
+    assert redis_client.zscore(keys.garbage, job_id) is not None
+    assert not redis_client.sismember(keys.ready_set, job_id)
+    assert redis_client.zscore(keys.pending, job_id) is None
+    assert redis_client.zscore(keys.unack, job_id) is None
+
+
+def test_a_job_requeued_while_redis_was_down_is_still_taken_out_of_garbage(redis_client):
+    """The repair's requeue is there for a job requeued whose own Redis step was lost."""
+    job = schedule(tasks.record, in_=0, args=["x"])
+    engine = get_engine()
+    keys, job_id = engine.keys("default"), str(job.pk)
+    assert engine.claim("default", 1, 60_000) == [job_id]
+    assert engine.bury("default", [job_id]) == 1
+    Job.objects.filter(pk=job.pk).update(status=Status.SCHEDULED)
+    age_rows()
+    assert reconcile(engine, horizon=timedelta(minutes=5)) == {"default": 1}
+    assert redis_client.zscore(keys.garbage, job_id) is None
+    assert redis_client.sismember(keys.ready_set, job_id)
 
 
 @pytest.mark.parametrize(
