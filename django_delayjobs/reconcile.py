@@ -22,6 +22,7 @@ from django.db.models import (
     Case,
     DateTimeField,
     Field,
+    Func,
     TextField,
     UUIDField,
     Value,
@@ -72,6 +73,10 @@ class Reconciled(Counter[str]):
         self.unusable: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
         self.cleared: Counter[str] = Counter()
+
+    def __bool__(self) -> bool:
+        """Whether anything was done or found (a report would not be empty)."""
+        return bool(len(self) or self.unusable or self.skipped or +self.cleared)
 
 
 def reconcile(engine: Engine, *, horizon: timedelta | None = None,
@@ -158,10 +163,10 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
     # per page.
     batches: dict[str, dict[str, float]] = defaultdict(dict)
     for page, conn in _pages(timezone.now(), horizon, ids):
-        for raw_id, raw_queue, raw_run_at, priority, status, is_young in page:
+        for raw_id, raw_queue, raw_run_at, priority, status, is_young, kind in page:
             progress()
             try:
-                job_id, queue, run_at = _texts(raw_id, raw_queue, raw_run_at, conn)
+                job_id, queue, run_at = _texts(raw_id, raw_queue, raw_run_at, kind, conn)
             except _Skipped as exc:
                 result.skipped[exc.key] = str(exc)
                 continue
@@ -188,7 +193,7 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
         for queue in each.until_down(each.run(engine.known_queues, list[str]())):
             if queue not in down:
                 with each.attempt():
-                    result.cleared[queue] = _clear_garbage(engine, queue)
+                    _clear_garbage(engine, queue, result.cleared)
     _report(result, moved)
     each.check(result)
     return result
@@ -206,9 +211,13 @@ def _pages(
     WAL checkpoints.
     Ids, queues and due times are read as text, which cannot fail, and on SQLite as bytes:
     text that is not UTF-8 (raw SQL) failed the whole page. Positions are the values as
-    the database holds them, given back as they were read. A row whose status or due time
-    changes during the sweep may be read twice (every move is idempotent) or not at all
-    (the change pushed it to Redis itself, or the next sweep reads it)."""
+    the database holds them, given back as they were read: on SQLite, which keeps a value
+    of any type in any column, a due time written by raw SQL as a number is read as it is
+    (as text a REAL lost digits) and one written as a BLOB is given back as a BLOB (as
+    text it was no longer one): such a position matched no row, and a full page of them
+    was read again, for ever. A row whose status or due time changes during the sweep may
+    be read twice (every move is idempotent) or not at all (the change pushed it to Redis
+    itself, or the next sweep reads it)."""
     jobs = Job.objects.all() if ids is None else Job.objects.filter(pk__in=ids)
     conn = connections[jobs.db]
     sqlite = conn.vendor == "sqlite"
@@ -217,10 +226,19 @@ def _pages(
     fresh = Case(When(created_at__gt=now - FRESH, then=Value(True)), default=Value(False))
     # The priority too on SQLite, which keeps any text in its integer column (see _rank).
     priority = Cast("priority", as_text) if sqlite else "priority"
-    columns = (Cast("pk", as_text), Cast("queue", as_text), Cast("run_at", as_text),
-               priority, "status", fresh)  # fmt: skip
+    run_at: Func = Cast("run_at", as_text)
+    kind: Func | Value = Value("")  # the type SQLite holds the due time as
+    if sqlite:
+        run_at = Func("run_at", output_field=as_text, template=(
+            "CASE WHEN typeof(%(expressions)s) IN ('integer', 'real') THEN %(expressions)s "
+            "ELSE CAST(%(expressions)s AS BLOB) END"))  # fmt: skip
+        kind = Func("run_at", function="typeof", output_field=TextField())
+    columns = (Cast("pk", as_text), Cast("queue", as_text), run_at, priority, "status",
+               fresh, kind)  # fmt: skip
 
-    def stored(raw: Any, field: Field[Any, Any]) -> Cast:
+    def stored(raw: Any, field: Field[Any, Any], kind: str = "") -> Cast | Value:
+        if kind in ("integer", "real", "blob"):  # SQLite: as it holds it (int, float, bytes)
+            return Value(raw)
         if sqlite:
             return Cast(Value(bytes(raw), BinaryField()), TextField())
         return Cast(Value(raw, TextField()), field)
@@ -235,17 +253,18 @@ def _pages(
             yield found, conn
             if len(found) < CHUNK:
                 break
-            pk, run_at = stored(found[-1][0], UUIDField()), stored(found[-1][2], DateTimeField())
+            pk = stored(found[-1][0], UUIDField())
+            due = stored(found[-1][2], DateTimeField(), found[-1][6])
             # The rest of the last row's due time, in large pieces (``TIES``), then the
             # rows due after it: the index finds where each starts.
             while ties := cast("list[tuple[Any, ...]]",
-                               list(rows.filter(run_at=run_at, pk__gt=pk)[:TIES])):  # fmt: skip
+                               list(rows.filter(run_at=due, pk__gt=pk)[:TIES])):  # fmt: skip
                 for start in range(0, len(ties), CHUNK):
                     yield ties[start : start + CHUNK], conn
                 if len(ties) < TIES:
                     break
                 pk = stored(ties[-1][0], UUIDField())
-            page = rows.filter(run_at__gt=run_at)
+            page = rows.filter(run_at__gt=due)
 
 
 class _Skipped(ValueError):
@@ -256,12 +275,13 @@ class _Skipped(ValueError):
         self.key = key
 
 
-def _texts(raw_id: Any, raw_queue: Any, raw_run_at: Any,
+def _texts(raw_id: Any, raw_queue: Any, raw_run_at: Any, kind: str,
            conn: BaseDatabaseWrapper) -> tuple[str, str, str]:  # fmt: skip
     """A row's id (as a job id), queue and due time as text; raise ``_Skipped`` for a row
     no worker can claim: its id is not a job id, or not in the form the database keeps
     one in (SQLite: 32 hex digits, the form a worker's claim looks for), its queue cannot
-    name Redis keys, or a value is not UTF-8 text."""
+    name Redis keys, a value is not UTF-8 text, or (SQLite) its due time is a BLOB, which
+    sorts after every time, so that a claim never finds it due."""
     id_text, queue, run_at = (
         bytes(raw).decode("utf-8", "backslashreplace") if isinstance(raw, bytes | memoryview)
         else str(raw) for raw in (raw_id, raw_queue, raw_run_at)
@@ -273,6 +293,8 @@ def _texts(raw_id: Any, raw_queue: Any, raw_run_at: Any,
     if not conn.features.has_native_uuid_field and id_text != uuid.UUID(id_text).hex:
         raise _Skipped(id_text, "the id is not stored as 32 hex digits, the form a worker "
                                 "looks it up by (written by hand?)")  # fmt: skip
+    if kind == "blob":
+        raise _Skipped(job_id, f"its due time is a BLOB, not a time: {bytes(raw_run_at)!r}")
     for what, raw in (("queue", raw_queue), ("due time", raw_run_at)):
         if isinstance(raw, bytes | memoryview) and not _utf8(bytes(raw)):
             raise _Skipped(job_id, f"its {what} is not UTF-8 text: {bytes(raw)!r}")
@@ -303,18 +325,18 @@ def _utf8(raw: bytes) -> bool:
     return True
 
 
-def _clear_garbage(engine: Engine, queue: str) -> int:
+def _clear_garbage(engine: Engine, queue: str, cleared: Counter[str]) -> None:
     """Take the ids of jobs that are not dead (finished otherwise, or deleted) out of
-    ``queue``'s garbage; return how many. A waiting or running job's id is left to the
-    repair above (``requeue``, ``adopt``), an id that is not a job id to whoever wrote it."""
-    cleared = 0
+    ``queue``'s garbage, counting them in ``cleared`` as they go (a failure partway keeps
+    the count of what was done). A waiting or running job's id is left to the repair above
+    (``requeue``, ``adopt``), an id that is not a job id to whoever wrote it."""
+    cleared[queue] += 0  # a queue read, even with none to take out, is reported
     for chunk in engine.garbage_ids(queue, CHUNK):
         ids = [id_ for id_ in chunk if _is_job_id(id_)]
         statuses = _statuses(ids)
         stale = [id_ for id_ in ids if statuses.get(id_) not in (Status.DEAD, *ACTIVE)]
         if stale:
-            cleared += engine.purge(queue, stale)
-    return cleared
+            cleared[queue] += engine.purge(queue, stale)
 
 
 def _is_job_id(text: str) -> bool:
@@ -385,14 +407,30 @@ def _add(
 ) -> int:
     """Add the waiting ``items``; return how many Redis did not hold (see ``_repair``)."""
     # A waiting job found in garbage was requeued while Redis was unreachable.
-    revived = each.run(partial(engine.requeue, queue, list(items)), 0)
+    revived = each.run(partial(engine.requeue, queue, list(items)), list[str]())
     ranks = {id_: rank for id_, rank in ranks.items() if id_ in items}
     # An id waiting in a shard of an older count is moved by the add (``Added.moved``).
     found = each.run(partial(engine.add, queue, items, ranks, only_earlier=True), Added())
     moved[queue] += len(found.moved)
     added = _still_active(queue, engine, found, each)
     arriving = sum(1 for id_ in added if id_ in young)
-    return revived + max(0, len(added) - arriving)
+    return _still_waiting(engine, queue, revived, each) + max(0, len(added) - arriving)
+
+
+def _still_waiting(engine: Engine, queue: str, revived: list[str], each: PerShard) -> int:
+    """How many of the ids just taken out of garbage (into ready) have a job that still
+    waits. One whose row was read waiting but that ran and died (buried again) before
+    its chunk came, or finished otherwise, is taken out of ready and put back where its
+    row says (``_adopt``: garbage, or nowhere): left there, it was missing from the dead
+    jobs until a worker claimed it and found it dead."""
+    if not revived:
+        return 0
+    statuses = _statuses(revived)
+    back = [id_ for id_ in revived if statuses.get(id_) not in WAITING]
+    if back:
+        each.run(partial(engine.remove, queue, back), 0)
+        _adopt(engine, queue, back, each)  # one a worker has claimed since is left to it
+    return len(revived) - len(back)
 
 
 def _adopt(engine: Engine, queue: str, ids: list[str], each: PerShard) -> int:
@@ -453,7 +491,7 @@ def _follow(engine: Engine, queue: str, ids: list[str], each: PerShard) -> None:
     statuses = _statuses(ids)
     again = [id_ for id_ in ids if statuses.get(id_) in WAITING]
     if again and not each.down:
-        each.run(partial(engine.requeue, queue, again), 0)  # out of garbage, due now
+        each.run(partial(engine.requeue, queue, again), list[str]())  # out of garbage
         for id_ in again:  # or added, if the removal took it out of pending
             each.run(partial(follow_row, engine, queue, id_, -1, held=False), None)
 

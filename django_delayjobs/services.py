@@ -627,7 +627,7 @@ def _requeue_in_redis(job: Job) -> None:
     if _skip():
         return
     try:
-        if get_engine().requeue(job.queue, [str(job.pk)]) == 0:
+        if not get_engine().requeue(job.queue, [str(job.pk)]):
             push([job])  # not in garbage (Redis lost it): add it afresh
         _outage.ok()
     except EngineUnavailable as exc:

@@ -15,7 +15,7 @@ from redis.commands.core import Script
 
 from . import sharding
 from .claims import ClaimToken, record_ms
-from .errors import EngineUnavailable, PerShard, WrongType
+from .errors import EngineUnavailable, PartlyUnavailable, PerShard, WrongType
 from .keys import QueueKeys, validate_name
 from .leases import Holder, check_leases
 from .reader import Reader
@@ -446,16 +446,24 @@ class Engine(Reader):
 
     # -- garbage -------------------------------------------------------------------
 
-    def requeue(self, queue: str, ids: Iterable[str], due_ms: float = 0) -> int:
-        """Move buried ids back to ready (or pending, if ``due_ms`` is later than now)."""
-        due, given = _due(due_ms), _ids(ids)
+    def requeue(self, queue: str, ids: Iterable[str], due_ms: float = 0) -> list[str]:
+        """Move buried ids back to ready (or pending, if ``due_ms`` is later than now);
+        return those that were in garbage (reconcile reads their rows again)."""
+        due, given, moved = _due(due_ms), _ids(ids), list[str]()
 
         def run(shard: Shard, part: list[str]) -> int:
             k = self._keys(shard)
             keys = [k.garbage, k.pending, k.ready, k.ready_set, k.wake, k.notify]
-            return int(self._run("requeue", keys, [due, *part]))
+            found = [_text(id_) for id_ in self._run("requeue", keys, [due, *part])]
+            moved.extend(found)
+            return len(found)
 
-        return self._at_home(queue, given, run)
+        try:
+            self._at_home(queue, given, run)
+        except PartlyUnavailable as exc:
+            exc.done = moved  # the ids, as when every shard answers
+            raise
+        return moved
 
     def purge(self, queue: str, ids: Iterable[str]) -> int:
         """Delete buried ids; return how many were in garbage."""

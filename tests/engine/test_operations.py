@@ -153,7 +153,7 @@ def test_operations_on_an_empty_queue_do_nothing_and_write_nothing(engine, redis
     assert engine.ack(Q, ["a"]) == 0
     assert engine.nack(Q, {"a": before}) == 0
     assert engine.bury(Q, ["a"]) == 0
-    assert engine.requeue(Q, ["a"]) == 0
+    assert engine.requeue(Q, ["a"]) == []
     assert engine.purge(Q, ["a"]) == 0
     assert engine.garbage(Q) == []
     assert engine.next_due(Q) == []
@@ -451,7 +451,7 @@ def test_due_times_keep_their_microseconds_wherever_they_are_stored(populated, r
     populated.add(Q, {"b": now + HOUR})
     assert populated.reschedule(Q, "b", due + 0.002) is True
     assert populated.nack(Q, {"u": due + 0.003}) == 1
-    assert populated.requeue(Q, ["g"], due + 0.004) == 1
+    assert populated.requeue(Q, ["g"], due + 0.004) == ["g"]
     pending = dict(redis_client.zrange(populated.keys(Q).pending, 0, -1, withscores=True))
     assert pending == {b"a": due, b"p": due + 0.001, b"b": due + 0.002, b"u": due + 0.003,
                        b"g": due + 0.004}  # fmt: skip
@@ -643,7 +643,7 @@ def test_extend_lease_returns_only_ids_still_held(engine, redis_client):
 def test_a_repeated_id_is_handled_and_counted_once(populated):
     assert populated.extend_lease(Q, ["u", "u", "r", "u"], HOUR) == ["u"]
     assert populated.remove(Q, ["r", "r", "p", "p"]) == 2
-    assert populated.requeue(Q, ["g", "g"]) == 1
+    assert populated.requeue(Q, ["g", "g"]) == ["g"]
     assert populated.claim(Q, 5, HOUR) == ["g"]
     assert populated.bury(Q, ["g", "g"]) == 1
     assert populated.purge(Q, ["g", "g"]) == 1
@@ -752,18 +752,18 @@ def test_bury_moves_in_flight_ids_to_garbage_with_the_time_they_died(populated, 
 
 
 def test_requeue_gives_buried_ids_another_life_in_ready(populated, redis_client):
-    assert populated.requeue(Q, ["g", "u", "r", "p"]) == 1
+    assert populated.requeue(Q, ["g", "u", "r", "p"]) == ["g"]
     s = state(redis_client, populated)
     assert s["garbage"] == {}
     assert s["ready"] == ["r", "g"]
     assert list(s["unack"]) == ["u"]
     assert list(s["pending"]) == ["p"]
-    assert populated.requeue(Q, ["g"]) == 0
+    assert populated.requeue(Q, ["g"]) == []
 
 
 def test_requeue_with_a_later_due_time_puts_buried_ids_in_pending(populated, redis_client, now):
     drain(redis_client, populated.keys(Q).wake)
-    assert populated.requeue(Q, ["g"], due_ms=now + HOUR // 2) == 1
+    assert populated.requeue(Q, ["g"], due_ms=now + HOUR // 2) == ["g"]
     s = state(redis_client, populated)
     assert s["pending"] == {"p": now + HOUR, "g": now + HOUR // 2}
     assert s["garbage"] == {}

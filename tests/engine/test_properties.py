@@ -203,7 +203,7 @@ class EngineMachine(RuleBasedStateMachine):
                 self.push_ready(id_)
             else:
                 self.pending[id_] = due
-        assert self.engine.requeue(Q, ids, due) == len(back)
+        assert self.engine.requeue(Q, ids, due) == back
 
     @rule(ids=id_lists)
     def purge(self, ids: list[str]) -> None:

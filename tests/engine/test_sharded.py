@@ -175,7 +175,7 @@ def test_in_flight_ids_are_acked_nacked_buried_and_extended_in_their_shard(engin
     assert (stats.in_flight, stats.garbage, stats.pending) == (0, 10, 10)
     assert stats.counters == {"added": 30, "acked": 10, "buried": 10, "nacked": 10}
     assert sorted(i for i, _ in engine.garbage(Q, 100)) == sorted(given[10:20])
-    assert engine.requeue(Q, given[10:15]) == 5
+    assert sorted(engine.requeue(Q, given[10:15])) == sorted(given[10:15])
     assert engine.purge(Q, given[15:20]) == 5
     assert engine.remove(Q, given[10:15] + given[20:]) == 15
     assert engine.stats(Q).pending + engine.stats(Q).ready + engine.stats(Q).garbage == 0
@@ -309,7 +309,7 @@ def test_dead_ids_of_an_old_count_are_requeued_and_purged_where_they_died(redis_
     assert before.bury(Q, before.claim(Q, 12, HOUR)) == 12
     assert after.shards(Q)[0] == Q
     assert after.stats(Q).garbage == 12
-    assert after.requeue(Q, dead[:6]) == 6
+    assert sorted(after.requeue(Q, dead[:6])) == sorted(dead[:6])
     assert after.purge(Q, dead[6:]) == 6
     assert sorted(after.claim(Q, 12, HOUR)) == sorted(dead[:6])
     assert after.ack(Q, dead[:6]) == 6  # in flight in their old shards: acked there

@@ -2,11 +2,11 @@
 -- KEYS[1] = garbage ZSET, KEYS[2] = pending ZSET, KEYS[3] = ready LIST,
 -- KEYS[4] = ready_set SET, KEYS[5] = wake LIST, KEYS[6] = notify LIST
 -- ARGV[1] = due time (ms), ARGV[2..] = ids
--- returns how many ids left garbage
+-- returns the ids that left garbage
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000  -- exact: due times hold us
 local due = tonumber(ARGV[1])
-local n = 0
+local moved = {}
 for i = 2, #ARGV do
   if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
     if due <= now then
@@ -15,9 +15,10 @@ for i = 2, #ARGV do
     else
       redis.call('ZADD', KEYS[2], due, ARGV[i])
     end
-    n = n + 1
+    moved[#moved + 1] = ARGV[i]
   end
 end
+local n = #moved
 if n > 0 then
   if due <= now then
     for _ = 1, math.min(n, 64) do redis.call('LPUSH', KEYS[6], 1) end
@@ -27,4 +28,4 @@ if n > 0 then
     redis.call('LTRIM', KEYS[5], 0, 0)
   end
 end
-return n
+return moved

@@ -37,7 +37,7 @@ class Command(SafeOutputCommand):
         except DelayJobsError as exc:
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:  # what it did before the database failed, if anything
-            if repaired or repaired.unusable or repaired.skipped:
+            if repaired:
                 self.report(repaired)
             raise CommandError(database_error(exc, jobs_alias())) from exc
         if refused is not None:
