@@ -95,3 +95,18 @@ def test_a_claim_sent_again_counts_its_leases_from_its_first_sending(engine, set
     # Trusted for the twelfth of the lease left after the record's two thirds (0.25 s),
     # not the three quarters (2.25 s) a fresh claim gets.
     wait_for(lambda: not process.holds(job_id, thread), timeout=1.0)
+
+
+# -- smaller lease items ------------------------------------------------------------------
+
+
+def test_an_extension_given_a_claims_reply_keeps_only_the_leases_it_names(engine):
+    """What a claim returns (a ``Leased``) passed to ``extend_lease`` as it is, rather than
+    its ``.leases``: as a list it meant "whoever holds them", and took over the lease of
+    the worker that claimed the id once the first claimer's had ended."""
+    engine.add(Q, {"a": 0})
+    claimed = engine.claim(Q, 1, lease_ms=0)
+    assert engine.recover_expired(Q) == ["a"]
+    assert another(engine).claim(Q, 1, lease_ms=HOUR) == ["a"]
+    assert engine.extend_lease(Q, claimed, HOUR) == []
+    assert engine.extend_lease(Q, ["a"], HOUR) == ["a"]  # a plain list: whoever holds it

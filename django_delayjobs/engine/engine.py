@@ -353,7 +353,8 @@ class Engine(Reader):
         that lease, or under another lease of this engine's (an extension whose reply was
         lost moved it): one that was lost and claimed again by another worker is in flight
         under that worker's lease, and is reported lost (see leases.py). An id mapped to
-        None, or given in a plain list, is extended whoever holds it.
+        None, or given in a plain list, is extended whoever holds it; a ``Leased`` (what a
+        claim or an extension returned) is taken as its ``leases``.
         """
         lease, leases, extended = _ms(lease_ms, "lease"), check_leases(ids), {}
         for shard, part in self._router.route(queue, list(leases)):
