@@ -44,7 +44,15 @@ from django.utils import timezone
 from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
 from .databases import database_error, database_named, jobs_alias
-from .engine import Engine, EngineUnavailable, Leased, PartlyUnavailable, PerShard, WrongType
+from .engine import (
+    MAX_BATCH,
+    Engine,
+    EngineUnavailable,
+    Leased,
+    PartlyUnavailable,
+    PerShard,
+    WrongType,
+)
 from .engine.claims import Claimer
 from .engine.errors import first_failure, unreachable
 from .exceptions import ConfigurationError, DelayJobsError
@@ -89,6 +97,13 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: ``LEASE_SECONDS`` ago. The rest covers the time from that check to the job's claim in
 #: the database; a worker that extends every third of the lease stays well within it.
 LEASE_TRUSTED = 0.75
+
+
+def in_parts(ids: Sequence[str]) -> Iterator[list[str]]:
+    """``ids`` in parts of at most ``MAX_BATCH``, as many as one engine call takes: the
+    threads of one process may hold more of one queue (``PREFETCH`` is up to 5,000)."""
+    for start in range(0, len(ids), MAX_BATCH):
+        yield list(ids[start : start + MAX_BATCH])
 
 
 def lease_every() -> float:
@@ -887,8 +902,8 @@ class WorkerProcess:
             for job_id, (shard, _) in self.held.items():
                 if job_id not in running:
                     waiting.setdefault(shard, []).append(job_id)
-        for shard, ids in waiting.items():
-            if self.hand_back(shard, ids):
+        for shard, ids in waiting.items():  # parts until one fails: the rest would wait too
+            if all(self.hand_back(shard, part) for part in in_parts(ids)):
                 logger.warning("handed back %d job(s) that had not started", len(ids))
             else:
                 logger.warning(
@@ -1059,7 +1074,8 @@ class WorkerProcess:
         each = self.each_queue()  # a shard whose master is down must not stop the others'
         try:
             for queue, ids in by_queue.items():
-                each.run(partial(self.extend, queue, ids), None)
+                for part in in_parts(list(ids)):
+                    each.run(partial(self.extend, queue, {i: ids[i] for i in part}), None)
         finally:
             with self.held_lock:
                 self.claimed_meanwhile = None

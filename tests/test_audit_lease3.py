@@ -18,6 +18,7 @@ import pytest
 
 from django_delayjobs import schedule_many
 from django_delayjobs.connection import get_engine
+from django_delayjobs.engine import MAX_BATCH
 from django_delayjobs.engine.claims import Claimer
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
@@ -110,3 +111,22 @@ def test_an_extension_given_a_claims_reply_keeps_only_the_leases_it_names(engine
     assert another(engine).claim(Q, 1, lease_ms=HOUR) == ["a"]
     assert engine.extend_lease(Q, claimed, HOUR) == []
     assert engine.extend_lease(Q, ["a"], HOUR) == ["a"]  # a plain list: whoever holds it
+
+
+def test_a_worker_holding_more_than_a_call_takes_extends_and_hands_back_them_all(engine):
+    """Two worker threads with ``PREFETCH`` 5000 hold more ids of one queue than one engine
+    call takes (``MAX_BATCH``): the extension raised ValueError, which killed the
+    housekeeping thread (and the process), and so did handing them back at exit."""
+    ids = [str(uuid.uuid4()) for _ in range(MAX_BATCH + 1)]
+    engine.add(Q, dict.fromkeys(ids[:MAX_BATCH], 0))
+    engine.add(Q, dict.fromkeys(ids[MAX_BATCH:], 0))
+    worker = WorkerProcess(engine, Options(queues=[Q]))
+    held = worker.hold(Q, engine.claim(Q, MAX_BATCH, lease_ms=1))
+    held += worker.hold(Q, engine.claim(Q, 1, lease_ms=1))
+    assert sorted(held) == sorted(ids)
+    wait_for(lambda: engine.stats(Q).expired_leases == len(ids))
+    worker.extend_leases()
+    assert engine.stats(Q).expired_leases == 0
+    worker.hand_back_waiting()
+    stats = engine.stats(Q)
+    assert (stats.in_flight, stats.pending + stats.ready) == (0, len(ids))
