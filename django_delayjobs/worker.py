@@ -256,8 +256,9 @@ class WorkerProcess:
         # Extends the running jobs' leases; when it died, finish() does it meanwhile.
         self.housekeeper = self.thread("delayjobs-housekeeping", self.housekeep)
         self.workers: list[threading.Thread] = []  # the worker threads (start_threads)
-        # job id -> (its shard: the queue, for a queue of 1; the worker thread that claimed
-        # it), for the ids this process holds in flight: their leases are extended
+        # job id -> (the shard it was claimed from, by a name that addresses that shard
+        # alone; the worker thread that claimed it), for the ids this process holds in
+        # flight: their leases are extended there
         self.held: dict[str, tuple[str, int]] = {}
         # held id -> its lease (held_lock): an extension keeps only that one (leases.py)
         self.leases: dict[str, str] = {}
@@ -708,7 +709,10 @@ class WorkerProcess:
         given), from which its leases are counted."""
         with self.held_lock:
             fresh = [job_id for job_id in ids if job_id not in self.held]
-            self.held.update(dict.fromkeys(fresh, (shard, threading.get_ident())))
+            thread = threading.get_ident()
+            # Each by its own shard: a queue's shard of 1 claims from its older shards too,
+            # and its name would extend (and hand back) in the shard of 1 alone.
+            self.held.update({i: (ids.shards.get(i, shard), thread) for i in fresh})
             self.leases.update(ids.leases)
             self.confirmed.update(dict.fromkeys(ids, time.monotonic() if sent is None else sent))
             self.lost.difference_update(ids)  # in flight again: this claim's

@@ -18,7 +18,7 @@ import pytest
 
 from django_delayjobs import schedule_many
 from django_delayjobs.connection import get_engine
-from django_delayjobs.engine import MAX_BATCH
+from django_delayjobs.engine import MAX_BATCH, Engine
 from django_delayjobs.engine.claims import Claimer
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
@@ -130,3 +130,22 @@ def test_a_worker_holding_more_than_a_call_takes_extends_and_hands_back_them_all
     worker.hand_back_waiting()
     stats = engine.stats(Q)
     assert (stats.in_flight, stats.pending + stats.ready) == (0, len(ids))
+
+
+def test_ids_claimed_from_a_shard_of_an_older_count_keep_their_lease(redis_client):
+    """``QUEUE_SHARDS`` of a queue changed from 2 to 1: a worker claims by the queue's name
+    (its shard of 1), which claims from the older shards too while they hold ids. It held
+    them under that name, and extended them by it, which looks in the shard of 1 only:
+    every id was found lost and none started (each left in flight until its lease ended)."""
+    ids = [str(uuid.uuid4()) for _ in range(6)]
+    before = Engine(redis_client, prefix="t", shards={Q: 2})
+    before.add(Q, dict.fromkeys(ids, 0))
+    before.promote(Q)
+    engine = Engine(redis_client, prefix="t", shards=1)
+    worker = WorkerProcess(engine, Options(queues=[Q]))
+    claimed = worker.claim([Q])
+    assert claimed is not None and sorted(claimed[1]) == sorted(ids)
+    worker.extend_leases()
+    assert [i for i in ids if not worker.holds(i, threading.get_ident())] == []
+    worker.hand_back_waiting()
+    assert engine.stats(Q).in_flight == 0
