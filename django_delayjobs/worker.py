@@ -22,6 +22,7 @@ import datetime
 import faulthandler
 import itertools
 import logging
+import math
 import os
 import signal
 import socket
@@ -43,7 +44,15 @@ from django.utils import timezone
 from . import metrics, sql, walcheckpoint
 from .conf import delayjobs_settings
 from .databases import database_error, database_named, jobs_alias
-from .engine import Engine, EngineUnavailable, Leased, PartlyUnavailable, PerShard, WrongType
+from .engine import (
+    MAX_BATCH,
+    Engine,
+    EngineUnavailable,
+    Leased,
+    PartlyUnavailable,
+    PerShard,
+    WrongType,
+)
 from .engine.claims import Claimer
 from .engine.errors import first_failure, unreachable
 from .exceptions import ConfigurationError, DelayJobsError
@@ -83,6 +92,18 @@ BACKOFF_MAX_SECONDS = 5.0
 #: too: a terminal that closes sends it, and Python's default ended the process with no
 #: cleanup at all.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: A waiting id is started only while its lease was last confirmed (by the claim or an
+#: extension that kept it, as of when that call was sent) less than this share of
+#: ``LEASE_SECONDS`` ago. The rest covers the time from that check to the job's claim in
+#: the database; a worker that extends every third of the lease stays well within it.
+LEASE_TRUSTED = 0.75
+
+
+def in_parts(ids: Sequence[str]) -> Iterator[list[str]]:
+    """``ids`` in parts of at most ``MAX_BATCH``, as many as one engine call takes: the
+    threads of one process may hold more of one queue (``PREFETCH`` is up to 5,000)."""
+    for start in range(0, len(ids), MAX_BATCH):
+        yield list(ids[start : start + MAX_BATCH])
 
 
 def lease_every() -> float:
@@ -235,12 +256,16 @@ class WorkerProcess:
         # Extends the running jobs' leases; when it died, finish() does it meanwhile.
         self.housekeeper = self.thread("delayjobs-housekeeping", self.housekeep)
         self.workers: list[threading.Thread] = []  # the worker threads (start_threads)
-        # job id -> (its shard: the queue, for a queue of 1; the worker thread that claimed
-        # it), for the ids this process holds in flight: their leases are extended
+        # job id -> (the shard it was claimed from, by a name that addresses that shard
+        # alone; the worker thread that claimed it), for the ids this process holds in
+        # flight: their leases are extended there
         self.held: dict[str, tuple[str, int]] = {}
         # held id -> its lease (held_lock): an extension keeps only that one (leases.py)
         self.leases: dict[str, str] = {}
         self.lost: set[str] = set()  # held ids whose lost lease was logged (held_lock)
+        # held id -> when its lease was last confirmed (time.monotonic(), held_lock): when
+        # the claim or extension that set it was sent, which is no later than Redis set it
+        self.confirmed: dict[str, float] = {}
         # A burst's ids let go (``let_go``) and not yet put back in Redis (held_lock): no
         # reconcile sweep runs beside a burst (cron), so it puts them back (``put_back``).
         self.let_gone: set[str] = set()
@@ -254,6 +279,7 @@ class WorkerProcess:
         self.turns: defaultdict[str, Iterator[int]] = defaultdict(itertools.count)
         self.held_lock = threading.Lock()
         self.lease_ms = delayjobs_settings.LEASE_SECONDS * 1000
+        self.trusted = delayjobs_settings.LEASE_SECONDS * LEASE_TRUSTED  # seconds
         self.prefetch = delayjobs_settings.PREFETCH
         self.outage = Outage(
             "worker", "outcomes are in the database; ids come back with their lease"
@@ -648,10 +674,12 @@ class WorkerProcess:
             start = next(self.turns[queue]) % len(shards)
             for shard in shards[start:] + shards[:start]:
                 token = claimer.token(shard) if claimer is not None else None
+                sent = time.monotonic()
                 try:
                     with self.promoter.breaker.guard(shard):  # a frozen master: passed over
                         ids = self.engine.claim(shard, count, self.lease_ms, token)
                     if claimer is not None:
+                        sent = claimer.since(shard, sent, self.lease_ms)
                         claimer.answered(shard)
                 except WrongType as exc:  # that shard alone: no outage, no backoff
                     self.broken.report(shard, exc)
@@ -663,25 +691,30 @@ class WorkerProcess:
                     continue
                 answered = True
                 if ids:
-                    return shard, self.hold(shard, ids)
+                    return shard, self.hold(shard, ids, sent)
         if failure is not None and answered:
             raise PartlyUnavailable(str(failure), None) from failure
         if failure is not None:
             raise failure
         return None
 
-    def hold(self, shard: str, ids: Leased) -> list[str]:
+    def hold(self, shard: str, ids: Leased, sent: float | None = None) -> list[str]:
         """Hold the ids just claimed for this thread; return those this process did not
         hold already. One it holds came back from Redis while another thread runs it or
         has it in its batch (its lease ended while Redis was frozen, or the reconcile
         sweep gave it back after Redis lost its data): it stays that thread's, in flight
         again under this claim's lease, which the extensions keep. Run here too, it would
         run beside that thread, the second claim reading the first one's running row as
-        a delivery whose worker was lost."""
+        a delivery whose worker was lost. ``sent``: when the claim was sent (now if not
+        given), from which its leases are counted."""
         with self.held_lock:
             fresh = [job_id for job_id in ids if job_id not in self.held]
-            self.held.update(dict.fromkeys(fresh, (shard, threading.get_ident())))
+            thread = threading.get_ident()
+            # Each by its own shard: a queue's shard of 1 claims from its older shards too,
+            # and its name would extend (and hand back) in the shard of 1 alone.
+            self.held.update({i: (ids.shards.get(i, shard), thread) for i in fresh})
             self.leases.update(ids.leases)
+            self.confirmed.update(dict.fromkeys(ids, time.monotonic() if sent is None else sent))
             self.lost.difference_update(ids)  # in flight again: this claim's
             if self.claimed_meanwhile is not None:
                 self.claimed_meanwhile.update(ids)
@@ -713,11 +746,19 @@ class WorkerProcess:
     def holds(self, job_id: str, thread: int) -> bool:
         """Whether worker thread ``thread`` still holds ``job_id``, claimed with its batch:
         not once a lease extension found it out of flight (Redis lost it, or handed it to
-        another worker when its lease ended). Its row may be running for that other
-        delivery by now, and the claim would read it as a delivery whose worker was lost:
-        the job would run twice at once. No round trip: what the extensions have seen."""
+        another worker when its lease ended), nor once its lease may have ended unnoticed
+        (``gone``). Its row may be running for another delivery by now, and the claim would
+        read it as a delivery whose worker was lost: the job would run twice at once. No
+        round trip: what the claims and extensions have seen."""
         with self.held_lock:
-            return job_id not in self.lost and self.held.get(job_id, ("", None))[1] == thread
+            return not self.gone(job_id) and self.held.get(job_id, ("", None))[1] == thread
+
+    def gone(self, job_id: str) -> bool:
+        """Whether a held id's lease may be another worker's now (held_lock held): an
+        extension found it lost, or none has confirmed it for ``LEASE_TRUSTED`` of the lease
+        (extensions that fail, as to a Redis frozen or cut off, find nothing lost)."""
+        confirmed = self.confirmed.get(job_id, -math.inf)
+        return job_id in self.lost or time.monotonic() - confirmed > self.trusted
 
     def let_go(self, queue: str, job_id: str, thread: int | None) -> None:
         """Leave an id this thread no longer holds to whoever holds it now: neither acked
@@ -819,6 +860,7 @@ class WorkerProcess:
             for job_id in mine:
                 del self.held[job_id]
                 self.leases.pop(job_id, None)
+                self.confirmed.pop(job_id, None)
                 self.lost.discard(job_id)
         return mine
 
@@ -832,11 +874,12 @@ class WorkerProcess:
     def hand_back(self, queue: str, ids: Sequence[str], owner: int | None = None) -> bool:
         """Return claimed ids that this process (worker thread ``owner``) still holds to
         pending, due now; False if Redis is down: their leases return them. One whose lease
-        was lost is let go (``let_go``), not handed back: nack would take it out of flight
-        from under the worker that holds it now, and a third one would run it beside it."""
+        was lost, or may have ended unnoticed (``gone``), is let go (``let_go``), not handed
+        back: nack would take it out of flight from under the worker that holds it now, and
+        a third one would run it beside it."""
         with self.held_lock:
-            lost = [i for i in ids if i in self.lost and i in self.held
-                    and owner in (None, self.held[i][1])]  # fmt: skip
+            lost = [i for i in ids if i in self.held and owner in (None, self.held[i][1])
+                    and self.gone(i)]  # fmt: skip
         for job_id in lost:
             self.let_go(queue, job_id, owner)
         ids = self.release([i for i in ids if i not in lost], owner)
@@ -863,8 +906,8 @@ class WorkerProcess:
             for job_id, (shard, _) in self.held.items():
                 if job_id not in running:
                     waiting.setdefault(shard, []).append(job_id)
-        for shard, ids in waiting.items():
-            if self.hand_back(shard, ids):
+        for shard, ids in waiting.items():  # parts until one fails: the rest would wait too
+            if all(self.hand_back(shard, part) for part in in_parts(ids)):
                 logger.warning("handed back %d job(s) that had not started", len(ids))
             else:
                 logger.warning(
@@ -1035,7 +1078,8 @@ class WorkerProcess:
         each = self.each_queue()  # a shard whose master is down must not stop the others'
         try:
             for queue, ids in by_queue.items():
-                each.run(partial(self.extend, queue, ids), None)
+                for part in in_parts(list(ids)):
+                    each.run(partial(self.extend, queue, {i: ids[i] for i in part}), None)
         finally:
             with self.held_lock:
                 self.claimed_meanwhile = None
@@ -1045,12 +1089,15 @@ class WorkerProcess:
         """Extend the leases of ``ids`` (id -> the lease held, or None: whoever holds it);
         mark (and log once) those found out of flight, or under another worker's lease,
         and not claimed again since: the batch that holds one no longer runs it."""
+        sent = time.monotonic()
         kept = self.engine.extend_lease(queue, ids, self.lease_ms)
         with self.held_lock:  # each once: a long action would warn every extension
             again = self.claimed_meanwhile or set()
             # Not one claimed again meanwhile: that claim's lease may be the newer one.
-            self.leases.update({i: lease for i, lease in kept.leases.items()
-                                if i in self.held and i not in again})  # fmt: skip
+            mine = {i: lease for i, lease in kept.leases.items()
+                    if i in self.held and i not in again}  # fmt: skip
+            self.leases.update(mine)
+            self.confirmed.update(dict.fromkeys(mine, sent))
             lost = [i for i in ids if i not in kept.leases and i in self.held
                     and i not in self.lost and i not in again]  # fmt: skip
             self.lost.update(lost)

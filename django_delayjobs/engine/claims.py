@@ -17,6 +17,7 @@ to another worker, no repeated call returns them.
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -63,13 +64,21 @@ class Claimer:
     def __init__(self) -> None:
         self.name = uuid.uuid4().hex
         self._calls = itertools.count()
-        self._unanswered: dict[str, ClaimToken] = {}  # shard -> token of its last claim
+        # shard -> token of its last claim, and when it was first sent (time.monotonic())
+        self._unanswered: dict[str, tuple[ClaimToken, float]] = {}
 
     def token(self, shard: str) -> ClaimToken:
         """The token of the next claim from ``shard``."""
         if shard not in self._unanswered:
-            self._unanswered[shard] = ClaimToken(self.name, next(self._calls))
-        return self._unanswered[shard]
+            self._unanswered[shard] = ClaimToken(self.name, next(self._calls)), time.monotonic()
+        return self._unanswered[shard][0]
+
+    def since(self, shard: str, sent: float, lease_ms: float) -> float:
+        """The earliest time (``time.monotonic()``) the leases returned by the claim from
+        ``shard`` sent at ``sent`` may have been set: a call sent again may return those of
+        its first sending, set no earlier than that, nor than the record's life before."""
+        first = self._unanswered[shard][1] if shard in self._unanswered else sent
+        return max(first, sent - record_ms(int(lease_ms)) / 1000)
 
     def answered(self, shard: str) -> None:
         """A claim from ``shard`` was answered: the next one is a new call."""

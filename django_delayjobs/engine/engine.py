@@ -303,7 +303,8 @@ class Engine(Reader):
         token: ClaimToken | None = None,
     ) -> Leased:  # fmt: skip
         """Move up to ``count`` ids from ready into flight with a lease; return them, with
-        the lease each is in flight under (``Leased.leases``: see ``extend_lease``).
+        the lease each is in flight under (``Leased.leases``: see ``extend_lease``) and the
+        shard each came from (``Leased.shards``).
 
         Entries left in ready by ``remove`` are skipped. One call skips at most 1000 of
         them, so it may return fewer ids than ready holds; it then leaves a work token,
@@ -321,6 +322,7 @@ class Engine(Reader):
         shards = self._router.targets(queue)
         start = next(self._turns[queue]) % len(shards)
         claimed: dict[str, str] = {}
+        where: dict[str, str] = {}  # id -> the name of the shard it came from
         for shard in shards[start:] + shards[:start]:
             k = self._keys(shard)
             keys = [k.ready, k.ready_set, k.unack, k.notify]
@@ -329,10 +331,12 @@ class Engine(Reader):
                 keys.append(k.claims(token.claimer))
                 args += [token.call, record_ms(lease)]
             deadline, ids = self._run("claim", keys, args)
-            claimed.update(dict.fromkeys((_text(i) for i in ids), _text(deadline)))
+            taken = [_text(i) for i in ids]
+            claimed.update(dict.fromkeys(taken, _text(deadline)))
+            where.update(dict.fromkeys(taken, self._router.name(shard)))
             if len(claimed) >= want:  # a call sent again returns what it took
                 break
-        return Leased(claimed)
+        return Leased(claimed, where)
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until ids enter ready on one of ``queues``, or ``timeout`` seconds pass.
@@ -353,7 +357,8 @@ class Engine(Reader):
         that lease, or under another lease of this engine's (an extension whose reply was
         lost moved it): one that was lost and claimed again by another worker is in flight
         under that worker's lease, and is reported lost (see leases.py). An id mapped to
-        None, or given in a plain list, is extended whoever holds it.
+        None, or given in a plain list, is extended whoever holds it; a ``Leased`` (what a
+        claim or an extension returned) is taken as its ``leases``.
         """
         lease, leases, extended = _ms(lease_ms, "lease"), check_leases(ids), {}
         for shard, part in self._router.route(queue, list(leases)):

@@ -37,6 +37,7 @@ import os
 import random
 from collections.abc import Iterable, Mapping
 
+from .results import Leased
 from .validation import check_ids
 
 #: A lease's fraction of a millisecond is one of ``1 / STEPS .. (STEPS - 1) / STEPS``.
@@ -66,7 +67,10 @@ class Holder:
 
 def check_leases(ids: Iterable[str] | Mapping[str, str | None]) -> dict[str, str]:
     """Return id -> the lease its holder holds ("" for an id whose lease is kept whoever
-    holds it: every id of a plain list)."""
+    holds it: every id of a plain list). A ``Leased`` (a claim's or an extension's reply)
+    stands for its ``leases``: a list, it would mean "whoever holds them"."""
+    if isinstance(ids, Leased):
+        ids = ids.leases
     if not isinstance(ids, Mapping):
         return dict.fromkeys(check_ids(ids), "")
     checked = check_ids(ids.keys())

@@ -20,11 +20,16 @@ class Added(list[str]):
 class Leased(list[str]):
     """The ids a claim or a lease extension put in flight, in order. ``leases``: each id's
     lease, its unack score exactly as Redis gave it back. An extension given it extends
-    the id only while that lease is still the one in Redis (see ``Engine.extend_lease``)."""
+    the id only while that lease is still the one in Redis (see ``Engine.extend_lease``).
+    ``shards``: a claim's, the shard each id came from, by a name that addresses that
+    shard alone (a queue's name may stand for several, after its count changed)."""
 
-    def __init__(self, leases: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, leases: Mapping[str, str] | None = None, shards: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(leases or {})
         self.leases = dict(leases or {})
+        self.shards = dict(shards or {})
 
 
 @dataclass(frozen=True)
