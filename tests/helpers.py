@@ -44,14 +44,16 @@ def add_pending(engine: Engine, queue: str, ids: list[str], margin_ms: float) ->
     Redis after that time (a loaded machine paused the test between reading the time and
     the add) put them in ready at once, where no promote moves them: they are taken out
     and added again with a margin four times as long."""
+    chunks = [ids[start : start + 1000] for start in range(0, len(ids), 1000)]
     while True:
         due = engine.server_time_ms() + margin_ms
-        for start in range(0, len(ids), 1000):
-            engine.add(queue, dict.fromkeys(ids[start : start + 1000], due))
+        for chunk in chunks:
+            engine.add(queue, dict.fromkeys(chunk, due))
         if engine.stats(queue).pending == len(ids):
             return due
-        engine.remove(queue, ids)
-        margin_ms *= 4
+        for chunk in chunks:
+            engine.remove(queue, chunk)
+        margin_ms = max(4 * margin_ms, 1)
 
 
 def free_port() -> int:
