@@ -101,7 +101,7 @@ def test_a_backlog_in_one_queue_does_not_hold_up_promotion_in_another(
     recovery of all, for as long as it took to drain. Shards now take turns, one batch
     each per round."""
     backlog(engine, "a", 500)
-    engine.add("b", {"b-1": engine.server_time_ms() + 20})
+    add_pending(engine, "b", ["b-1"], 20)
     while not engine.stats("b").overdue:
         time.sleep(0.005)
     promoter = Promoter(engine, ["a", "b"], tick=1.0)
