@@ -472,7 +472,10 @@ def _active(ids: list[str]) -> list[str]:
 def _still_active(queue: str, engine: Engine, added: list[str], each: PerShard) -> list[str]:
     """The re-added ids whose job is still active. The rows were read before the add, and
     a worker may have finished a job (and acked its id) in between: such an id is taken
-    out again, so that it is neither counted as repaired nor delivered for nothing."""
+    out again, so that it is neither counted as repaired nor left to be delivered for
+    nothing. A worker may claim it before this read: that delivery is dropped by the
+    claim's conditional UPDATE (the action does not run again), and counted in the
+    worker's status line all the same."""
     if not added:
         return added
     active = set(_active(added))

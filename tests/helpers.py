@@ -38,6 +38,24 @@ def wait_for(check: Callable[[], T], timeout: float = 20.0, every: float = 0.02)
         time.sleep(every)
 
 
+def add_pending(engine: Engine, queue: str, ids: list[str], margin_ms: float) -> float:
+    """Add ``ids`` to ``queue`` (which holds no other pending id) due ``margin_ms`` from
+    Redis's time, every one of them pending, and return their due time. An add that reached
+    Redis after that time (a loaded machine paused the test between reading the time and
+    the add) put them in ready at once, where no promote moves them: they are taken out
+    and added again with a margin four times as long."""
+    chunks = [ids[start : start + 1000] for start in range(0, len(ids), 1000)]
+    while True:
+        due = engine.server_time_ms() + margin_ms
+        for chunk in chunks:
+            engine.add(queue, dict.fromkeys(chunk, due))
+        if engine.stats(queue).pending == len(ids):
+            return due
+        for chunk in chunks:
+            engine.remove(queue, chunk)
+        margin_ms = max(4 * margin_ms, 1)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     probe = socket.socket()

@@ -155,6 +155,13 @@ DELAYJOBS = {
 for _name in ("PRUNE_AFTER_SECONDS", "MAX_RUN_SECONDS", "SHUTDOWN_GRACE_SECONDS"):
     if os.environ.get(f"DELAYJOBS_{_name}"):
         DELAYJOBS[_name] = float(os.environ[f"DELAYJOBS_{_name}"])
+if os.environ.get("DELAYJOBS_TEST_LEASE_FRACTION"):  # a worker started by test_audit_lse.py
+    # The fraction of a ms its leases end in, chosen by the test (a multiple of 1/4096, as
+    # repr writes it): two picked at random are the same one time in 4095, and two holders
+    # that share one take each other's leases for their own (engine/leases.py).
+    from django_delayjobs.engine import leases as _leases
+
+    _leases.fraction = lambda: os.environ["DELAYJOBS_TEST_LEASE_FRACTION"]
 if os.environ.get("DELAYJOBS_METRICS_TOKEN"):  # a worker started by a metrics test
     DELAYJOBS["METRICS_TOKEN"] = os.environ["DELAYJOBS_METRICS_TOKEN"]
     DELAYJOBS["METRICS_ACTIONS"] = json.loads(os.environ.get("DELAYJOBS_METRICS_ACTIONS", "[]"))

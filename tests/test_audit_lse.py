@@ -100,6 +100,22 @@ def status(job: Job) -> str:
     return Job.objects.filter(pk=job.pk).values_list("status", flat=True).get()
 
 
+#: The fractions of a ms the leases of the two worker processes end in: two other holders,
+#: always (picked at random, they are the same one time in 4095, and then the first takes
+#: the second's lease for its own: that is no lease ownership these tests could check).
+FRACTIONS = (repr(1 / 4096), repr(2 / 4096))
+
+
+def lease_env(n: int, **extra: str) -> dict[str, str]:
+    """The environment of worker process ``n`` (0 or 1): ``extra`` and its own fraction."""
+    return {**extra, "DELAYJOBS_TEST_LEASE_FRACTION": FRACTIONS[n]}
+
+
+def ends_in(score: float | None, n: int) -> bool:
+    """Whether a lease is one worker process ``n`` set (it ends in its fraction)."""
+    return score is not None and math.fmod(score, 1) == float(FRACTIONS[n])
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_id_another_process_claimed_after_redis_lost_its_data_is_not_run_again(
     redis_client, redis_url, tmp_path
@@ -113,23 +129,29 @@ def test_an_id_another_process_claimed_after_redis_lost_its_data_is_not_run_agai
     env = {"DELAYJOBS_LEASE_SECONDS": "4.5"}  # extensions every 1.5 s
     logs = [tmp_path / "first.log", tmp_path / "second.log"]
     go = tmp_path / "go"
-    processes = [start_worker(redis_url, "--concurrency", "1", env=env, log=logs[0])]
+    processes = [
+        start_worker(redis_url, "--concurrency", "1", env=lease_env(0, **env), log=logs[0])
+    ]
     try:
         wait_for(lambda: engine.stats(Q).live_workers == 1)
         a = build_job(tasks.wait_for_file_outside, in_=0, args=[str(go), 60.0])
         b = build_job(tasks.slow_outside, in_=0, args=["b", 5.0])
         schedule_many([a, b])  # one add: the one thread claims both
         wait_for(lambda: status(a) == Status.RUNNING)
-        processes.append(start_worker(redis_url, "--concurrency", "1", env=env, log=logs[1]))
+        processes.append(
+            start_worker(redis_url, "--concurrency", "1", env=lease_env(1, **env), log=logs[1])
+        )
         wait_for(lambda: engine.stats(Q).live_workers == 2)
         # Just after the first process extended its leases, so the rest happens before
         # its next extension.
         before = lease_of(redis_client, engine, str(b.pk))
+        assert ends_in(before, 0)
         wait_for(lambda: lease_of(redis_client, engine, str(b.pk)) != before)
         redis_client.flushdb()  # a restart without persistence
         reconcile(engine)  # a back in flight (adopted), b in ready: the second process's
         adopted = lease_of(redis_client, engine, str(a.pk))
         wait_for(lambda: status(b) == Status.RUNNING)
+        assert ends_in(lease_of(redis_client, engine, str(b.pk)), 1)  # the second's lease
         # The first process extended a's lease (it still runs a), and b's with it, after the
         # second process claimed b: it must have found b's lease another's.
         wait_for(lambda: lease_of(redis_client, engine, str(a.pk)) != adopted)
@@ -160,7 +182,9 @@ def test_an_id_another_process_claimed_after_a_freeze_is_not_run_again(
     env = {"DELAYJOBS_LEASE_SECONDS": "1"}
     logs = [tmp_path / "first.log", tmp_path / "second.log"]
     go = tmp_path / "go"
-    processes = [start_worker(redis_url, "--concurrency", "1", env=env, log=logs[0])]
+    processes = [
+        start_worker(redis_url, "--concurrency", "1", env=lease_env(0, **env), log=logs[0])
+    ]
     try:
         wait_for(lambda: engine.stats(Q).live_workers == 1)
         a = build_job(tasks.wait_for_file_outside, in_=0, args=[str(go), 60.0])
@@ -169,11 +193,14 @@ def test_an_id_another_process_claimed_after_a_freeze_is_not_run_again(
             b = build_job(tasks.slow_outside, in_=0, args=["b", 0.1])
         schedule_many([a, b])  # one add: the one thread claims both
         wait_for(lambda: status(a) == Status.RUNNING)
-        processes.append(start_worker(redis_url, "--concurrency", "1", env=env, log=logs[1]))
+        processes.append(
+            start_worker(redis_url, "--concurrency", "1", env=lease_env(1, **env), log=logs[1])
+        )
         wait_for(lambda: engine.stats(Q).live_workers == 2)
         processes[0].send_signal(signal.SIGSTOP)
         try:  # the second process takes both, and runs a again
             wait_for(lambda: Job.objects.get(pk=a.pk).deliveries == 2)
+            assert ends_in(lease_of(redis_client, engine, str(b.pk)), 1)  # the second's
         finally:
             processes[0].send_signal(signal.SIGCONT)
         wait_for(lambda: f"lost the lease of job {b.pk}" in logs[0].read_text())

@@ -28,7 +28,7 @@ from django_delayjobs.management.commands import run_delayworker
 from django_delayjobs.promoter import Promoter
 from django_delayjobs.worker import Options, WorkerProcess
 from tests.conftest import cluster_client
-from tests.helpers import ROOT, run_on_two_databases, wait_for, worker_env
+from tests.helpers import ROOT, add_pending, run_on_two_databases, wait_for, worker_env
 
 
 @pytest.fixture
@@ -64,9 +64,7 @@ def counting_timeouts(client: redis.Redis) -> list[float]:
 def backlog(engine: Engine, queue: str, count: int) -> float:
     """Put ``count`` ids in ``queue``'s pending set, all due by the time this returns (an
     add of an id already due would put it in ready at once); return their due time."""
-    due = engine.server_time_ms() + 50
-    for start in range(0, count, 1000):
-        engine.add(queue, {f"{queue}-{n:06d}": due for n in range(start, min(count, start + 1000))})
+    due = add_pending(engine, queue, [f"{queue}-{n:06d}" for n in range(count)], 50)
     while engine.server_time_ms() <= due:
         time.sleep(0.005)
     return due
@@ -103,7 +101,7 @@ def test_a_backlog_in_one_queue_does_not_hold_up_promotion_in_another(
     recovery of all, for as long as it took to drain. Shards now take turns, one batch
     each per round."""
     backlog(engine, "a", 500)
-    engine.add("b", {"b-1": engine.server_time_ms() + 20})
+    add_pending(engine, "b", ["b-1"], 20)
     while not engine.stats("b").overdue:
         time.sleep(0.005)
     promoter = Promoter(engine, ["a", "b"], tick=1.0)

@@ -132,7 +132,7 @@ def test_malformed_headers_raise_invalid_signature_only(headers):
         verify(headers, b"", [new_secret()], now=1)
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)  # the answer, not its speed on a loaded machine
 @given(
     st.dictionaries(
         st.sampled_from(["webhook-id", "webhook-timestamp", "webhook-signature", "x"]),

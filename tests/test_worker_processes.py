@@ -29,6 +29,7 @@ from django_delayjobs import schedule, schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.models import Job, Status
+from django_delayjobs.reconcile import horizon, reconcile
 from django_delayjobs.services import build_job
 from tests.helpers import ROOT, TcpProxy, age_rows, start_worker, stop, wait_for, worker_env
 from tests.testapp import tasks
@@ -51,7 +52,9 @@ def test_job_starts_after_its_due_time_and_soon(worker_redis, tmp_path):
     worker = start_worker(worker_redis.url, env=worker_redis.env, log=tmp_path / "w.log")
     try:
         wait_for(live_workers)
-        jobs = [schedule(tasks.record, in_=0.5, args=[f"r{n}"]) for n in range(5)]
+        # 0.2 s apart: each one's lateness is the promoter's, not the time it waited for
+        # the jobs before it in the one worker thread (on a loaded machine, 4 jobs' runs)
+        jobs = [schedule(tasks.record, in_=0.5 + 0.2 * n, args=[f"r{n}"]) for n in range(5)]
         wait_for(lambda: Record.objects.count() == 5, timeout=10)
     finally:
         assert stop(worker) == 0
@@ -340,11 +343,45 @@ def test_verbosity_2_logs_a_status_line(redis_url, tmp_path):
         wait_for(live_workers)
         schedule(tasks.record, in_=0, args=["counted"])
         # processed=1, or 2 when the start-up sweep, which read the row before it ran,
-        # added it again and a second delivery was skipped within the same status line
+        # added it again and a second delivery was dropped within the same status line
+        # (shown step by step by the next test)
         wait_for(lambda: re.search(r"status: processed=[12] failed=0", log.read_text()))
     finally:
         assert stop(worker) == 0
     assert "queues default, roles promoter+worker, concurrency 1" in log.read_text()
+
+
+def test_a_sweep_that_read_the_row_before_its_job_ran_adds_it_again_and_it_runs_once(
+    redis_url, tmp_path
+):
+    """Why the status line above may say processed=2: a reconcile sweep (the worker's own,
+    at start-up) reads a waiting row, the job runs and its id is acked, then the sweep adds
+    the id again. It takes it out once it reads the row finished, but a worker may claim
+    it first: a second delivery, dropped by the claim's conditional UPDATE, never a second
+    run of the action."""
+    engine = get_engine()
+    worker = start_worker(redis_url, log=tmp_path / "w.log")
+    try:
+        wait_for(live_workers)
+        job = schedule(tasks.record, in_=0.5, args=["once"])  # pending: read by the sweep
+        read: list[str] = []
+
+        def progress() -> None:  # the sweep has read the row: the job runs and is acked
+            if not read:
+                read.append(Job.objects.get(pk=job.pk).status)
+                wait_for(lambda: Job.objects.get(pk=job.pk).status == Status.SUCCEEDED)
+                wait_for(lambda: engine.stats("default").in_flight == 0)
+
+        reconcile(engine, horizon=horizon(), progress=progress)
+        assert read == [Status.SCHEDULED]
+        # Its schedule added it once; the sweep added it again.
+        assert engine.stats("default").counters["added"] >= 2
+        wait_for(lambda: engine.stats("default").in_flight + engine.stats("default").ready == 0)
+    finally:
+        assert stop(worker) == 0
+    assert Record.objects.filter(label="once").count() == 1
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.deliveries) == (Status.SUCCEEDED, 1, 1)
 
 
 def test_failing_action_retries_then_dies_and_stats_show_it(redis_url, tmp_path, capsys):

@@ -18,8 +18,10 @@ stalled past the client's timeout, then ran it) moved the score to one its holde
 told, and the next extension (or a Cluster client's retry) names the old one. It still
 finds a score with its own fraction and keeps the id; a fraction per call made every id it
 extended look lost (none started, each left in flight under a lease nobody held until
-``LEASE_SECONDS`` ended). Two holders share a fraction one time in 4095: they then tell
-each other's leases apart only by the exact score, as before the fraction.
+``LEASE_SECONDS`` ended). Two holders share a fraction one time in 4095 (of N holders
+live at once, some two of them about N*(N-1)/8190 of the time): each then takes the other's
+leases for its own, and an id lost to the other is kept and run by both, as before leases
+had owners.
 
 The fraction costs nothing: no key, no round trip, and the score stays the deadline (a
 reader that takes whole ms sees the millisecond it ends in). A score near today's times

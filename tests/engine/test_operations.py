@@ -29,6 +29,7 @@ from redis.retry import Retry
 from django_delayjobs.engine import MAX_BATCH, Engine, close_client
 from django_delayjobs.engine.sharding import parse
 from django_delayjobs.engine.validation import MAX_DUE_MS
+from tests.helpers import add_pending
 
 from .conftest import on_cluster
 
@@ -375,7 +376,7 @@ def test_reschedule_to_a_past_time_makes_the_id_ready(engine, redis_client, now)
 
 
 def test_reschedule_after_promote_returns_false_and_does_not_resurrect(engine, redis_client):
-    engine.add(Q, {"a": engine.server_time_ms() + 30})
+    add_pending(engine, Q, ["a"], 30)
     wait_until(lambda: engine.promote(Q).moved)
     assert engine.reschedule(Q, "a", engine.server_time_ms() + HOUR) is False
     s = state(redis_client, engine)
@@ -891,7 +892,7 @@ def test_an_earlier_reschedule_or_nack_wakes_the_promoter(engine, redis_client, 
 
 
 def test_wait_for_work_returns_after_promote_moves_ids(engine, redis_client):
-    engine.add(Q, {"a": engine.server_time_ms() + 100})
+    add_pending(engine, Q, ["a"], 100)
     assert engine.wait_for_work([Q], 0.01) is False
     thread, out = _in_thread(lambda: engine.wait_for_work([Q], 10))
     moved_at = wait_until(lambda: engine.promote(Q).moved and time.monotonic())

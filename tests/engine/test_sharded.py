@@ -19,6 +19,7 @@ from redis.retry import Retry
 
 from django_delayjobs.engine import Engine
 from django_delayjobs.engine.sharding import parse, slot, tag
+from tests.helpers import add_pending
 
 from .conftest import Backend, on_cluster, open_backend
 
@@ -142,10 +143,9 @@ def test_claim_gathers_its_count_from_several_shards(engine):
 
 
 def test_promote_by_queue_name_covers_every_shard(engine, redis_client):
-    now = engine.server_time_ms()
     given = ids(60)
-    engine.add(Q, {i: now + 150 for i in given})
-    engine.add(Q, {"later": now + HOUR})
+    due = add_pending(engine, Q, given, 150)
+    engine.add(Q, {"later": due + HOUR})
     deadline = time.monotonic() + 5
     while engine.stats(Q).overdue < 60:
         assert time.monotonic() < deadline
@@ -153,11 +153,11 @@ def test_promote_by_queue_name_covers_every_shard(engine, redis_client):
     result = engine.promote(Q, batch=5)  # up to 5 per shard
     per_shard = Counter(engine.home(Q, i) for i in given)
     assert result.moved == sum(min(5, n) for n in per_shard.values())
-    assert result.next_due_ms is not None and result.next_due_ms <= now + 150
+    assert result.next_due_ms is not None and result.next_due_ms <= due
     while engine.promote(Q, batch=5).moved:
         pass
     after = engine.promote(Q)
-    assert (after.moved, after.next_due_ms) == (0, now + HOUR)
+    assert (after.moved, after.next_due_ms) == (0, due + HOUR)
     assert 0 < after.next_due_in_us <= HOUR * 1000
     assert engine.stats(Q).ready == 60
 
@@ -210,16 +210,17 @@ def test_next_due_and_garbage_merge_the_shards_in_order(engine):
 
 
 def test_a_token_in_any_shard_wakes_a_worker_waiting_on_the_queue(engine, redis_client):
-    now = engine.server_time_ms()
     last = engine.shards(Q)[-1]
     id_ = next(i for i in ids(100) if engine.home(Q, i) == last)
-    engine.add(Q, {id_: now + 200})
+    add_pending(engine, Q, [id_], 200)
     out: list[tuple[bool, float]] = []
     thread = threading.Thread(
         target=lambda: out.append((engine.wait_for_work([Q], 10), time.monotonic()))
     )
     thread.start()
+    deadline = time.monotonic() + 20
     while not engine.promote(Q).moved:
+        assert time.monotonic() < deadline, "never promoted"
         time.sleep(0.005)
     moved_at = time.monotonic()
     thread.join(10)
