@@ -30,6 +30,10 @@ from .models import ACTIVE, FINISHED, WAITING, Job, JobEvent, Status
 
 _JOB = Job._meta
 _EVENT = JobEvent._meta
+#: The statuses as the hot path's statements take them (an enum member's ``.value`` is a
+#: Python call each time).
+_RUNNING = Status.RUNNING.value
+_ACTIVE = tuple(s.value for s in ACTIVE)
 
 
 def db() -> str:
@@ -128,11 +132,11 @@ def claim(
     alias = db()
     conn = connections[alias]
     stamp = _prep(conn, _JOB, "started_at", now)
-    running = Status.RUNNING.value
+    running = _RUNNING
     pk = _prep(conn, _JOB, "id", job_id)
     params = [
         running, stamp, worker[:128], running, running,
-        pk, *(s.value for s in ACTIVE), stamp, running, max_deliveries,
+        pk, *_ACTIVE, stamp, running, max_deliveries,
     ]  # fmt: skip
     skip_locked = skip_locked and conn.vendor == "postgresql"
     if skip_locked:
@@ -176,7 +180,7 @@ def update_fenced(job: Job, values: Mapping[str, Any]) -> bool:
     fields = tuple(values)
     params = [_prep(conn, _JOB, name, values[name]) for name in fields]
     params += [_prep(conn, _JOB, "id", job.pk), job.attempts, job.deliveries]
-    params.append(Status.RUNNING.value)
+    params.append(_RUNNING)
     with conn.cursor() as cursor:
         cursor.execute(_fenced_sql(alias, fields), params)
         return bool(cursor.rowcount)
@@ -438,11 +442,12 @@ class _RowPlan:
         fields = _JOB.concrete_fields
         self.columns = ", ".join(_q(conn, _JOB, f.name) for f in fields)
         self.attnames = [f.attname for f in fields]
-        self.converters = []
-        for field in fields:
+        self.converting = []  # (index, column, converters) of the columns that have any
+        for i, field in enumerate(fields):
             col = field.get_col(_JOB.db_table)
             functions = conn.ops.get_db_converters(col) + field.get_db_converters(conn)
-            self.converters.append((col, functions))
+            if functions:
+                self.converting.append((i, col, functions))
         # UPDATE ... RETURNING: PostgreSQL, and SQLite since 3.35, the release that also
         # brought INSERT ... RETURNING (the feature Django checks). Not MariaDB's UPDATE.
         self.returning = conn.vendor in ("postgresql", "sqlite") and bool(
@@ -450,11 +455,14 @@ class _RowPlan:
         )
 
     def job(self, alias: str, conn: BaseDatabaseWrapper, row: Sequence[Any]) -> Job:
-        values = []
-        for value, (col, functions) in zip(row, self.converters, strict=True):
+        if len(row) != len(self.attnames):
+            raise ValueError(f"a row of {len(row)} columns, not {len(self.attnames)}")
+        values = list(row)
+        for i, col, functions in self.converting:
+            value = values[i]
             for convert in functions:
                 value = convert(value, col, conn)
-            values.append(value)
+            values[i] = value
         return Job.from_db(alias, self.attnames, values)
 
 
