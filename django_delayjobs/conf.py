@@ -288,11 +288,19 @@ class DelayJobsSettings:
         return self._current
 
     def __getattr__(self, name: str) -> Any:
+        # Called for a name not yet read since the last reload only: the value is kept as
+        # an attribute, so that a hot path's reads cost no call (this method, current()
+        # and a getattr were three per read).
         if name not in NAMES:
             raise AttributeError(f"unknown DELAYJOBS setting {name!r}")
-        return getattr(self.current(), name)
+        current = self.current()
+        value = getattr(current, name)
+        if self._current is current:  # not reloaded meanwhile (another thread)
+            self.__dict__[name] = value
+        return value
 
     def reload(self) -> None:
+        self.__dict__.clear()
         self._current = None
 
 

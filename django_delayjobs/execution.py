@@ -252,6 +252,10 @@ def close_atomic_blocks(conn: BaseDatabaseWrapper, depth: int) -> int:
     return max(left_open, 0)
 
 
+#: The event kinds of a success, as written (an enum member's ``.value`` is a call).
+_SUCCEEDED, _STARTED = EventKind.SUCCEEDED.value, EventKind.STARTED.value
+
+
 #: Per database alias whose connection this thread has set up: how many atomic blocks it
 #: has open, and whether it was closed inside one (``transaction_states``).
 TransactionStates = dict[str, tuple[int, bool]]
@@ -669,11 +673,11 @@ class Execution:
             if (found := row.first()) is None:
                 raise JobRowDeleted("the action deleted its own job row")
             raise _Overtaken(found)
-        events = [(job, EventKind.SUCCEEDED.value, self.actor, "\n".join(notes))]
+        events = [(job, _SUCCEEDED, self.actor, "\n".join(notes))]
         claimed = self.claim_ahead()
         if claimed is not None:
             message = self.started_message(claimed)
-            events.append((claimed, EventKind.STARTED.value, self.actor, message))
+            events.append((claimed, _STARTED, self.actor, message))
         sql.insert_events(events)
         return claimed
 

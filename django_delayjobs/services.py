@@ -207,6 +207,11 @@ def build_job(
     return job
 
 
+def _scheduled(job: Job, actor: str) -> tuple[Job, str, str, str]:
+    """The ``scheduled`` event of a new job (for ``sql.insert_events``)."""
+    return (job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}")
+
+
 def _existing(job: Job) -> Job | None:
     """The active job holding ``job``'s key, read by ``tolerant``: a holder whose row cannot
     be read back (a poison row) is returned, or cancelled by ``replace``, like any other."""
@@ -216,12 +221,13 @@ def _existing(job: Job) -> Job | None:
 
 def _insert(job: Job, replace: bool, actor: str) -> Job:
     """Insert one job honouring its key; return the job now holding the key."""
+    # The row is written from ``job``: its copy is exact (no read of the row).
     if job.key is None:
-        sql.insert_jobs([job])
+        sql.insert_jobs([job], [_scheduled(job, actor)])  # both through one cursor
     elif (holder := _insert_keyed(job, replace, actor)) is not None:
         return holder
-    # The row was just written from ``job``: its copy is exact (no read of the row).
-    sql.insert_event(job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}")
+    else:
+        sql.insert_events([_scheduled(job, actor)])
     _send(signals.job_scheduled, job)
     return job
 
@@ -307,10 +313,7 @@ def schedule_many(jobs: Iterable[Job], *, actor: str = "code") -> list[Job]:
     actor = door.check_actor(actor)
     try:
         with transaction.atomic(using=sql.db()):
-            sql.insert_jobs(batch)
-            sql.insert_events(
-                (job, EventKind.SCHEDULED, actor, f"due {job.run_at.isoformat()}") for job in batch
-            )
+            sql.insert_jobs(batch, (_scheduled(job, actor) for job in batch))
 
             def after() -> None:
                 push(batch)
