@@ -300,6 +300,9 @@ class DelayJobsSettings:
         return value
 
     def reload(self) -> None:
+        # None first: a read under way then finds it changed and keeps nothing (cleared
+        # first, a read between the two could keep a value of the old settings).
+        self._current = None
         self.__dict__.clear()
         self._current = None
 
