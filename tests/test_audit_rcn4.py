@@ -4,19 +4,23 @@ buried before its row was read; a running row whose due time SQLite holds as a B
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 import redis
+from django.core.management import call_command
 from django.db import connection
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
-from django_delayjobs.engine import EngineUnavailable, PartlyUnavailable
+from django_delayjobs.engine import EngineUnavailable, PartlyUnavailable, close_client
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import Reconciled, reconcile
+from tests.conftest import cluster_client
 from tests.helpers import age_rows, in_thread
+from tests.test_rest_helpers import redis_state
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -131,3 +135,49 @@ def test_ids_taken_out_of_garbage_before_a_shard_failed_are_reported(
         reconcile(engine, horizon=None, into=result)
     assert result.cleared == {"default": 1}
     assert redis_client.zcard(engine.keys("default").garbage) == 0
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite keeps a number in any column")
+def test_an_eight_digit_integer_due_time_reads_as_a_date(redis_client: redis.Redis) -> None:
+    """docs/worker.md said a due time SQLite holds as a number is handed to a worker due
+    now: one of 8 digits reads as an ISO date, and is due then."""
+    job = schedule(tasks.record, in_=60, args=["x"])
+    age_rows()
+    table = connection.ops.quote_name(Job._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET run_at = 20991231 WHERE id = %s", [job.pk.hex])
+    engine = get_engine()
+    redis_client.flushdb()
+    result = reconcile(engine, horizon=None)
+    assert result == {"default": 1} and not result.unusable
+    due = redis_client.zscore(engine.keys("default").pending, str(job.pk))
+    assert due == datetime(2099, 12, 31, tzinfo=UTC).timestamp() * 1000
+
+
+@pytest.fixture
+def on_cluster(redis_cluster: Any, settings: Any) -> Iterator[Any]:
+    """The Django layer on the test cluster, with the queue ``orders`` in 6 shards."""
+    redis_cluster.wait_healthy()
+    client = cluster_client(redis_cluster.url)
+    client.flushall()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": redis_cluster.url,
+                          "REDIS_CLUSTER": True, "QUEUE_SHARDS": {"orders": 6}}  # fmt: skip
+    yield client
+    close_client(client)
+
+
+@pytest.mark.cluster
+def test_on_a_cluster_the_sweep_requeues_the_ids_buried_before_it_read_their_rows(
+    on_cluster: Any,
+) -> None:
+    """On a Cluster the bound is the process's clock (each shard buries by its own)."""
+    dead = [schedule(tasks.fail, in_=0, args=[str(n)], max_attempts=1, queue="orders")
+            for n in range(8)]  # fmt: skip
+    call_command("run_delayworker", "--burst", "--queues", "orders", "-v", "0")
+    assert {Job.objects.get(pk=j.pk).status for j in dead} == {Status.DEAD}
+    lost = [str(j.pk) for j in dead[:4]]  # requeued, their Redis step lost
+    Job.objects.filter(pk__in=lost).update(status=Status.SCHEDULED)
+    age_rows()
+    time.sleep(0.005)
+    assert reconcile(get_engine(), horizon=None) == {"orders": 4}
+    assert [redis_state(j) for j in dead] == ["ready"] * 4 + ["garbage"] * 4
