@@ -8,6 +8,7 @@ re-adds what Redis does not hold. Adding is idempotent, so sweeps may overlap.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterator
@@ -93,6 +94,9 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
     is put back in flight with a new lease (``adopt``), not in ready: its worker, if it
     still runs it, extends that lease, so no second worker runs it meanwhile; if its worker
     is gone too, the lease ends and the job is delivered again.
+    A waiting job whose id is in garbage (a requeue whose own Redis step was lost) is
+    requeued only if the id was buried before its row was read (``_clock``): one whose job
+    ran and died since stays there, where its row says it is.
     A job created less than ``FRESH`` ago is re-added if Redis lacks it, but not counted.
     A job Redis holds pending is moved only to an earlier due time: the one read here may
     be older than one a ``reschedule`` committed since has given Redis (a job handed over
@@ -124,10 +128,9 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
     then added to its own (``Engine.add``). The old shards are served meanwhile, so a job
     is never stranded; a full pass (``delayjobs_reconcile``) moves every waiting job at once.
     """
-    if not engine.is_cluster:
-        # One cheap call first: while Redis is down (a sweep is retried every few seconds)
-        # no row is read, and a frozen Redis costs this one timeout.
-        engine.server_time_ms()
+    # On one Redis, one cheap call first (Redis's clock): while Redis is down (a sweep is
+    # retried every few seconds) no row is read, and a frozen Redis costs this one timeout.
+    clock = _clock(engine)
     result = Reconciled() if into is None else into
     moved: Counter[str] = Counter()  # ids moved to their shard under a new count
     priorities: dict[str, int] = {}  # of the batched ids whose priority is not 0
@@ -137,10 +140,11 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
     each = PerShard(one_server=not engine.is_cluster)
     down: set[str | None] = set()  # queues no shard of which answered (None: every queue)
 
-    def repair(queue: str, items: dict[str, float]) -> None:
-        """Repair one chunk of ``queue``. Once none of its shards answered, the queue's
-        other chunks (every queue's, on one Redis) are left for the next sweep: each would
-        wait out the same timeouts, and a full pass of a frozen Redis would hang."""
+    def repair(queue: str, items: dict[str, float], since: int) -> None:
+        """Repair one chunk of ``queue``, whose first row was read at ``since``. Once none
+        of its shards answered, the queue's other chunks (every queue's, on one Redis) are
+        left for the next sweep: each would wait out the same timeouts, and a full pass of
+        a frozen Redis would hang."""
         if None in down or queue in down:
             for id_ in items:
                 priorities.pop(id_, None)
@@ -150,7 +154,7 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
         with each.attempt():
             try:
                 result[queue] += _repair(engine, queue, items, priorities, young, running,
-                                         moved)  # fmt: skip
+                                         moved, since)  # fmt: skip
             except PartlyUnavailable as exc:
                 result[queue] += exc.done
                 raise
@@ -162,15 +166,18 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
     # page, rows of many queues interleaved by due time cost a round of calls per queue
     # per page.
     batches: dict[str, dict[str, float]] = defaultdict(dict)
-    for page, conn in _pages(timezone.now(), horizon, ids):
+    read_at: dict[str, int] = {}  # per batch: when its first row was read (see ``_clock``)
+    for page, conn, page_read_at in _pages(timezone.now(), horizon, ids, clock):
         for raw_id, raw_queue, raw_run_at, priority, status, is_young, kind in page:
             progress()
             try:
-                job_id, queue, run_at = _texts(raw_id, raw_queue, raw_run_at, kind, conn)
+                job_id, queue, run_at = _texts(raw_id, raw_queue, raw_run_at, kind, conn,
+                                               status != Status.RUNNING)  # fmt: skip
             except _Skipped as exc:
                 result.skipped[exc.key] = str(exc)
                 continue
             batch = batches[queue]
+            read_at.setdefault(queue, page_read_at)
             try:
                 batch[job_id] = timing.to_ms(parse_time(run_at, conn))
             except (ArithmeticError, ValueError) as exc:
@@ -184,11 +191,11 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
             if status == Status.RUNNING:
                 running.add(job_id)
             if len(batch) >= CHUNK:
-                repair(queue, batches.pop(queue))
+                repair(queue, batches.pop(queue), read_at.pop(queue))
         if None in down:
             break  # the rows left are read again by the next sweep, not now for nothing
     for queue, items in batches.items():  # dropped by ``repair`` once Redis is down
-        repair(queue, items)
+        repair(queue, items, read_at[queue])
     if horizon is None and ids is None and None not in down:
         for queue in each.until_down(each.run(engine.known_queues, list[str]())):
             if queue not in down:
@@ -200,9 +207,11 @@ def reconcile(engine: Engine, *, horizon: timedelta | None = None,
 
 
 def _pages(
-    now: datetime, horizon: timedelta | None, ids: Collection[str] | None
-) -> Iterator[tuple[list[tuple[Any, ...]], BaseDatabaseWrapper]]:
-    """The rows to repair, ``CHUNK`` at a time, with the connection that read them: per
+    now: datetime, horizon: timedelta | None, ids: Collection[str] | None,
+    clock: Callable[[], int],
+) -> Iterator[tuple[list[tuple[Any, ...]], BaseDatabaseWrapper, int]]:  # fmt: skip
+    """The rows to repair, ``CHUNK`` at a time, with the connection that read them and
+    the time (``clock``) taken just before the query that read them: per
     status in (``run_at``, id) order, the order of the (status, run_at) index, each page a
     short query of its own past the last row read (keyset): after a full page, the rest of
     its last due time (``TIES`` rows a query), then the rows due after it. A cursor held
@@ -249,18 +258,25 @@ def _pages(
             rows = rows.filter(run_at__lte=now + horizon)
         rows = rows.values_list(*columns).order_by("run_at", "pk")
         page = rows
-        while found := cast("list[tuple[Any, ...]]", list(page[:CHUNK])):
-            yield found, conn
+        while True:
+            at = clock()
+            if not (found := cast("list[tuple[Any, ...]]", list(page[:CHUNK]))):
+                break
+            yield found, conn, at
             if len(found) < CHUNK:
                 break
             pk = stored(found[-1][0], UUIDField())
             due = stored(found[-1][2], DateTimeField(), found[-1][6])
             # The rest of the last row's due time, in large pieces (``TIES``), then the
             # rows due after it: the index finds where each starts.
-            while ties := cast("list[tuple[Any, ...]]",
-                               list(rows.filter(run_at=due, pk__gt=pk)[:TIES])):  # fmt: skip
+            while True:
+                at = clock()
+                ties = cast("list[tuple[Any, ...]]",
+                            list(rows.filter(run_at=due, pk__gt=pk)[:TIES]))  # fmt: skip
+                if not ties:
+                    break
                 for start in range(0, len(ties), CHUNK):
-                    yield ties[start : start + CHUNK], conn
+                    yield ties[start : start + CHUNK], conn, at
                 if len(ties) < TIES:
                     break
                 pk = stored(ties[-1][0], UUIDField())
@@ -276,12 +292,14 @@ class _Skipped(ValueError):
 
 
 def _texts(raw_id: Any, raw_queue: Any, raw_run_at: Any, kind: str,
-           conn: BaseDatabaseWrapper) -> tuple[str, str, str]:  # fmt: skip
+           conn: BaseDatabaseWrapper, waits: bool) -> tuple[str, str, str]:  # fmt: skip
     """A row's id (as a job id), queue and due time as text; raise ``_Skipped`` for a row
     no worker can claim: its id is not a job id, or not in the form the database keeps
     one in (SQLite: 32 hex digits, the form a worker's claim looks for), its queue cannot
-    name Redis keys, a value is not UTF-8 text, or (SQLite) its due time is a BLOB, which
-    sorts after every time, so that a claim never finds it due."""
+    name Redis keys, its queue is not UTF-8 text, or (SQLite), if it ``waits``, its due
+    time is a BLOB, which sorts after every time, so that a claim never finds it due, or
+    text that is not UTF-8. A running row's due time is not used: it is put back in flight
+    (``adopt``) whatever it is, and settled by the worker path."""
     id_text, queue, run_at = (
         bytes(raw).decode("utf-8", "backslashreplace") if isinstance(raw, bytes | memoryview)
         else str(raw) for raw in (raw_id, raw_queue, raw_run_at)
@@ -293,9 +311,9 @@ def _texts(raw_id: Any, raw_queue: Any, raw_run_at: Any, kind: str,
     if not conn.features.has_native_uuid_field and id_text != uuid.UUID(id_text).hex:
         raise _Skipped(id_text, "the id is not stored as 32 hex digits, the form a worker "
                                 "looks it up by (written by hand?)")  # fmt: skip
-    if kind == "blob":
+    if waits and kind == "blob":
         raise _Skipped(job_id, f"its due time is a BLOB, not a time: {bytes(raw_run_at)!r}")
-    for what, raw in (("queue", raw_queue), ("due time", raw_run_at)):
+    for what, raw in (("queue", raw_queue), ("due time", raw_run_at if waits else b"")):
         if isinstance(raw, bytes | memoryview) and not _utf8(bytes(raw)):
             raise _Skipped(job_id, f"its {what} is not UTF-8 text: {bytes(raw)!r}")
     try:
@@ -336,7 +354,11 @@ def _clear_garbage(engine: Engine, queue: str, cleared: Counter[str]) -> None:
         statuses = _statuses(ids)
         stale = [id_ for id_ in ids if statuses.get(id_) not in (Status.DEAD, *ACTIVE)]
         if stale:
-            cleared[queue] += engine.purge(queue, stale)
+            try:
+                cleared[queue] += engine.purge(queue, stale)
+            except PartlyUnavailable as exc:  # those taken out on the shards that answered
+                cleared[queue] += exc.done
+                raise
 
 
 def _is_job_id(text: str) -> bool:
@@ -375,11 +397,12 @@ def _repair(
     young: set[str],
     running: set[str],
     moved: Counter[str],
+    since: int,
 ) -> int:
     """Make Redis hold ``items`` (with their ``priorities``; the ``running`` ones in
-    flight); return how many it did not hold, leaving out ids of ``young`` rows (see
-    ``FRESH``). An id found waiting in a shard of an older count is moved to its shard
-    (by ``Engine.add``), not counted."""
+    flight), read at ``since`` or later; return how many it did not hold, leaving out ids
+    of ``young`` rows (see ``FRESH``). An id found waiting in a shard of an older count is
+    moved to its shard (by ``Engine.add``), not counted."""
     # The shards whose master is down wait; the others are repaired. On one Redis a call
     # that got no answer ends the chunk: each next call would wait out the same timeout.
     each = PerShard(one_server=not engine.is_cluster)
@@ -390,7 +413,7 @@ def _repair(
     flying = set(in_flight)
     waiting = {id_: due for id_, due in items.items() if id_ not in flying}
     if waiting:
-        repaired += _add(engine, queue, waiting, ranks, young, moved, each)
+        repaired += _add(engine, queue, waiting, ranks, young, moved, each, since)
     young.difference_update(items)
     each.check(repaired)
     return repaired
@@ -404,33 +427,37 @@ def _add(
     young: set[str],
     moved: Counter[str],
     each: PerShard,
+    since: int,
 ) -> int:
-    """Add the waiting ``items``; return how many Redis did not hold (see ``_repair``)."""
-    # A waiting job found in garbage was requeued while Redis was unreachable.
-    revived = each.run(partial(engine.requeue, queue, list(items)), list[str]())
+    """Add the waiting ``items``, read at ``since`` or later; return how many Redis did not
+    hold (see ``_repair``)."""
+    # A waiting job found in garbage was requeued while Redis was unreachable: its id was
+    # buried before its row was read. One buried since (its job ran and died after the
+    # read) is left there: its row is dead.
+    requeue = partial(engine.requeue, queue, list(items), buried_before=since)
+    revived = each.run(requeue, list[str]())
     ranks = {id_: rank for id_, rank in ranks.items() if id_ in items}
     # An id waiting in a shard of an older count is moved by the add (``Added.moved``).
     found = each.run(partial(engine.add, queue, items, ranks, only_earlier=True), Added())
     moved[queue] += len(found.moved)
     added = _still_active(queue, engine, found, each)
     arriving = sum(1 for id_ in added if id_ in young)
-    return _still_waiting(engine, queue, revived, each) + max(0, len(added) - arriving)
+    return len(revived) + max(0, len(added) - arriving)
 
 
-def _still_waiting(engine: Engine, queue: str, revived: list[str], each: PerShard) -> int:
-    """How many of the ids just taken out of garbage (into ready) have a job that still
-    waits. One whose row was read waiting but that ran and died (buried again) before
-    its chunk came, or finished otherwise, is taken out of ready and put back where its
-    row says (``_adopt``: garbage, or nowhere): left there, it was missing from the dead
-    jobs until a worker claimed it and found it dead."""
-    if not revived:
-        return 0
-    statuses = _statuses(revived)
-    back = [id_ for id_ in revived if statuses.get(id_) not in WAITING]
-    if back:
-        each.run(partial(engine.remove, queue, back), 0)
-        _adopt(engine, queue, back, each)  # one a worker has claimed since is left to it
-    return len(revived) - len(back)
+def _clock(engine: Engine) -> Callable[[], int]:
+    """Now in whole ms, by the clock garbage is scored by (the time of death, ``bury``),
+    for the repair's requeue (see ``_add``). On one Redis: its clock, asked once (the
+    sweep's first call), then moved on by this process's monotonic clock; taken after the
+    answer, the time is a little early, which only leaves an id buried just before a read
+    for the next sweep. On a Cluster, each shard buries by its own clock: Django's is
+    used. A clock behind Redis's leaves a lost requeue's id in garbage until a later sweep;
+    one ahead may take out the id of a job that died just after its row was read, which a
+    worker's claim then buries again (its row is dead)."""
+    if engine.is_cluster:
+        return lambda: int(timing.to_ms(timezone.now()))
+    start = engine.server_time_ms() - time.monotonic() * 1000
+    return lambda: int(start + time.monotonic() * 1000)
 
 
 def _adopt(engine: Engine, queue: str, ids: list[str], each: PerShard) -> int:

@@ -451,15 +451,21 @@ class Engine(Reader):
 
     # -- garbage -------------------------------------------------------------------
 
-    def requeue(self, queue: str, ids: Iterable[str], due_ms: float = 0) -> list[str]:
+    def requeue(
+        self, queue: str, ids: Iterable[str], due_ms: float = 0, *,
+        buried_before: int | None = None,
+    ) -> list[str]:  # fmt: skip
         """Move buried ids back to ready (or pending, if ``due_ms`` is later than now);
-        return those that were in garbage (reconcile reads their rows again)."""
+        return those taken out of garbage. Given ``buried_before`` (ms, by Redis's clock),
+        only the ids buried before it are taken out: the reconcile sweep passes the time it
+        read the rows, and leaves in garbage the id of a job that died after that."""
         due, given, moved = _due(due_ms), _ids(ids), list[str]()
+        before = "" if buried_before is None else str(int(buried_before))
 
         def run(shard: Shard, part: list[str]) -> int:
             k = self._keys(shard)
             keys = [k.garbage, k.pending, k.ready, k.ready_set, k.wake, k.notify]
-            found = [_text(id_) for id_ in self._run("requeue", keys, [due, *part])]
+            found = [_text(id_) for id_ in self._run("requeue", keys, [due, before, *part])]
             moved.extend(found)
             return len(found)
 
