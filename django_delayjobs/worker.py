@@ -52,6 +52,7 @@ from .engine import (
     PartlyUnavailable,
     PerShard,
     WrongType,
+    queue_of,
 )
 from .engine.claims import Claimer
 from .engine.errors import first_failure, unreachable
@@ -719,8 +720,11 @@ class WorkerProcess:
             fresh = [job_id for job_id in ids if job_id not in self.held]
             thread = threading.get_ident()
             # Each by its own shard: a queue's shard of 1 claims from its older shards too,
-            # and its name would extend (and hand back) in the shard of 1 alone.
+            # and its name would extend (and hand back) in the shard of 1 alone. One held
+            # already is held by the shard that has it now, by the thread that holds it.
             self.held.update({i: (ids.shards.get(i, shard), thread) for i in fresh})
+            self.held.update({i: (ids.shards.get(i, shard), self.held[i][1]) for i in ids
+                              if i not in fresh})  # fmt: skip
             self.leases.update(ids.leases)
             self.confirmed.update(dict.fromkeys(ids, time.monotonic() if sent is None else sent))
             self.lost.difference_update(ids)  # in flight again: this claim's
@@ -1177,7 +1181,20 @@ class WorkerProcess:
         and not claimed again since: the batch that holds one no longer runs it."""
         sent = time.monotonic()
         kept = self.engine.extend_lease(queue, ids, self.lease_ms)
+        home = queue_of(queue)
+        astray = {i: None for i, lease in ids.items() if lease is None and i not in kept.leases}
+        moved: dict[str, str] = {}
+        unknown: set[str] = set()  # not told: not lost either
+        if astray and home != queue:  # a running id adopted in its home shard (Redis lost it)
+            try:  # by the queue's name: in each id's home shard
+                moved = self.engine.extend_lease(home, astray, self.lease_ms).leases
+            except EngineUnavailable:  # the next extension asks again; the rest are kept
+                unknown = set(astray)
+            kept.leases.update(moved)
         with self.held_lock:  # each once: a long action would warn every extension
+            for job_id in moved:  # held by its queue's name now: its home shard
+                if job_id in self.held:
+                    self.held[job_id] = (home, self.held[job_id][1])
             again = self.claimed_meanwhile or set()
             # Not one claimed again meanwhile: that claim's lease may be the newer one.
             mine = {i: lease for i, lease in kept.leases.items()
@@ -1185,7 +1202,7 @@ class WorkerProcess:
             self.leases.update(mine)
             self.confirmed.update(dict.fromkeys(mine, sent))
             lost = [i for i in ids if i not in kept.leases and i in self.held
-                    and i not in self.lost and i not in again]  # fmt: skip
+                    and i not in self.lost and i not in again and i not in unknown]  # fmt: skip
             self.lost.update(lost)
         for job_id in lost:  # held here, yet Redis no longer has it in flight under our lease
             logger.warning("lost the lease of job %s; another worker may take it", job_id)

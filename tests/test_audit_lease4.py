@@ -23,6 +23,7 @@ from redis.retry import Retry
 from django_delayjobs import schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.engine import Engine, close_client
+from django_delayjobs.execution import Execution
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
 from django_delayjobs.worker import Options, WorkerDied, WorkerProcess
@@ -112,3 +113,55 @@ def test_an_exit_counts_only_the_ids_it_handed_back(engine, caplog):
     worker.hand_back_waiting()
     assert "handed back 1 job(s) that had not started" in caplog.text
     assert "handed back 2" not in caplog.text
+
+
+# -- a held id's shard ----------------------------------------------------------------------
+
+
+def test_an_id_claimed_again_from_another_shard_is_held_by_that_one(redis_client):
+    """An id held by an old shard of its queue, back in flight in its home shard (its
+    lease ended there and the reconcile sweep added it again, or a claim by the queue's
+    name took it there): held by the shard it was first claimed from, every extension
+    looked for it there and found it lost."""
+    job_id = str(uuid.uuid4())
+    before = Engine(redis_client, prefix="t", shards={Q: 2})
+    before.add(Q, {job_id: 0})
+    before.promote(Q)
+    engine = Engine(redis_client, prefix="t", shards=1)
+    worker = WorkerProcess(engine, Options(queues=[Q]))
+    claimed = worker.claim([Q])
+    assert claimed is not None and claimed[1] == [job_id]
+    old = worker.held[job_id][0]
+    assert old.startswith(f"{Q}#")
+    assert before.ack(old, [job_id]) == 1  # out of the old shard
+    engine.add(Q, {job_id: 0})  # in its home shard now
+    engine.promote(Q)
+    assert worker.hold(Q, engine.claim(Q, 1, lease_ms=HOUR)) == []  # held already
+    assert worker.held[job_id][0] == Q
+    worker.extend_leases()
+    assert job_id not in worker.lost
+
+
+def test_a_running_id_adopted_in_its_home_shard_keeps_its_lease(redis_client):
+    """An id claimed from an old shard runs here when Redis loses its data; the reconcile
+    sweep adopts the running job in its home shard. Extended in the old shard (whoever
+    holds it), it was found lost there, and its lease in the home shard, extended by
+    nobody, ended: another worker ran it beside this one."""
+    job_id = str(uuid.uuid4())
+    before = Engine(redis_client, prefix="t", shards={Q: 2})
+    before.add(Q, {job_id: 0})
+    before.promote(Q)
+    engine = Engine(redis_client, prefix="t", shards=1)
+    worker = WorkerProcess(engine, Options(queues=[Q]))
+    claimed = worker.claim([Q])
+    assert claimed is not None and claimed[1] == [job_id]
+    old = worker.held[job_id][0]
+    worker.running[threading.get_ident()] = Execution(Q, job_id, worker.id)  # it runs
+    assert before.ack(old, [job_id]) == 1  # Redis lost it
+    assert engine.adopt(Q, [job_id], lease_ms=1) == [job_id]  # in its home shard
+    worker.extend_leases()
+    assert job_id not in worker.lost
+    assert worker.held[job_id][0] == Q
+    time.sleep(0.01)
+    assert engine.recover_expired(Q) == []  # its lease was extended
+    assert engine.stats(Q).in_flight == 1
