@@ -687,8 +687,9 @@ class WorkerProcess:
                 try:
                     with self.promoter.breaker.guard(shard):  # a frozen master: passed over
                         ids = self.engine.claim(shard, count, self.lease_ms, token)
+                    first = sent  # when the leases of ids returned by a replay were set
                     if claimer is not None:
-                        sent = claimer.since(shard, sent, self.lease_ms)
+                        first = claimer.since(shard, sent, self.lease_ms)
                         claimer.answered(shard)
                 except WrongType as exc:  # that shard alone: no outage, no backoff
                     self.broken.report(shard, exc)
@@ -700,14 +701,16 @@ class WorkerProcess:
                     continue
                 answered = True
                 if ids:
-                    return shard, self.hold(shard, ids, sent)
+                    return shard, self.hold(shard, ids, sent, first)
         if failure is not None and answered:
             raise PartlyUnavailable(str(failure), None) from failure
         if failure is not None:
             raise failure
         return None
 
-    def hold(self, shard: str, ids: Leased, sent: float | None = None) -> list[str]:
+    def hold(
+        self, shard: str, ids: Leased, sent: float | None = None, first: float | None = None
+    ) -> list[str]:
         """Hold the ids just claimed for this thread; return those this process did not
         hold already. One it holds came back from Redis while another thread runs it or
         has it in its batch (its lease ended while Redis was frozen, or the reconcile
@@ -715,7 +718,9 @@ class WorkerProcess:
         again under this claim's lease, which the extensions keep. Run here too, it would
         run beside that thread, the second claim reading the first one's running row as
         a delivery whose worker was lost. ``sent``: when the claim was sent (now if not
-        given), from which its leases are counted."""
+        given), from which its leases are counted; ``first``: for the ids a call sent again
+        returned as its first sending took them (``Leased.replayed``), when that may have
+        been (``Claimer.since``; ``sent`` if not given)."""
         with self.held_lock:
             fresh = [job_id for job_id in ids if job_id not in self.held]
             thread = threading.get_ident()
@@ -726,7 +731,9 @@ class WorkerProcess:
             self.held.update({i: (ids.shards.get(i, shard), self.held[i][1]) for i in ids
                               if i not in fresh})  # fmt: skip
             self.leases.update(ids.leases)
-            self.confirmed.update(dict.fromkeys(ids, time.monotonic() if sent is None else sent))
+            sent = time.monotonic() if sent is None else sent
+            first = sent if first is None else first
+            self.confirmed.update({i: first if i in ids.replayed else sent for i in ids})
             self.lost.difference_update(ids)  # in flight again: this claim's
             if self.claimed_meanwhile is not None:
                 self.claimed_meanwhile.update(ids)

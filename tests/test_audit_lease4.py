@@ -23,6 +23,7 @@ from redis.retry import Retry
 from django_delayjobs import schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.engine import Engine, close_client
+from django_delayjobs.engine.claims import Claimer
 from django_delayjobs.execution import Execution
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
@@ -165,3 +166,40 @@ def test_a_running_id_adopted_in_its_home_shard_keeps_its_lease(redis_client):
     time.sleep(0.01)
     assert engine.recover_expired(Q) == []  # its lease was extended
     assert engine.stats(Q).in_flight == 1
+
+
+# -- a claim sent again -------------------------------------------------------------------
+
+
+def test_a_claim_after_a_failed_one_that_takes_new_ids_trusts_them_from_its_sending(
+    engine, settings
+):
+    """A claim failed (Redis never ran it), and the next one from that shard, sent again
+    as the same call, took new ids: their leases were set by this sending, yet they were
+    counted from the record's life before it (two thirds of the lease), and trusted for a
+    twelfth of the lease rather than three quarters."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 3}
+    process = WorkerProcess(engine, Options(queues=[Q]))
+    claimer = Claimer()
+    claimer.token(Q)  # a claim was sent, and failed before Redis ran it
+    first = time.monotonic()
+    while time.monotonic() - first < 2.5:  # sent again much later
+        time.sleep(0.05)
+    engine.add(Q, {str(uuid.uuid4()): 0})
+    claimed = process.claim([Q], claimer)
+    assert claimed is not None
+    (job_id,) = claimed[1]
+    time.sleep(0.5)  # past a twelfth of the lease (0.25 s), well within three quarters
+    assert process.holds(job_id, threading.get_ident())
+
+
+def test_a_claim_tells_the_ids_a_call_sent_again_returns(engine):
+    """``Leased.replayed``: the ids a call sent again returned as its first sending took
+    them, and none of those a call takes afresh."""
+    claimer = Claimer()
+    engine.add(Q, {"a": 0})
+    token = claimer.token(Q)
+    first = engine.claim(Q, 1, lease_ms=HOUR, token=token)
+    assert (first, first.replayed) == (["a"], frozenset())
+    again = engine.claim(Q, 1, lease_ms=HOUR, token=token)
+    assert (again, again.replayed, again.leases) == (["a"], {"a"}, first.leases)
