@@ -52,6 +52,7 @@ from .engine import (
     PartlyUnavailable,
     PerShard,
     WrongType,
+    queue_of,
 )
 from .engine.claims import Claimer
 from .engine.errors import first_failure, unreachable
@@ -269,6 +270,9 @@ class WorkerProcess:
         # A burst's ids let go (``let_go``) and not yet put back in Redis (held_lock): no
         # reconcile sweep runs beside a burst (cron), so it puts them back (``put_back``).
         self.let_gone: set[str] = set()
+        # A burst's ids not started as no call could confirm their lease (``leave``): they
+        # may still be in flight under this process's lease until it ends (held_lock).
+        self.unconfirmed: set[str] = set()
         # While a lease extension is under way, the ids claimed since it began (held_lock):
         # out of flight when it asked, in flight again by now, so not lost.
         self.claimed_meanwhile: set[str] | None = None
@@ -346,6 +350,11 @@ class WorkerProcess:
             raise WorkerDied(f"--burst: {len(self.let_gone)} job(s) whose lease was lost were "
                              "not put back in Redis; they wait for a reconcile sweep "
                              "(manage.py delayjobs_reconcile)")  # fmt: skip
+        if self.unconfirmed:  # not run, and maybe in flight under this process's lease
+            raise WorkerDied(f"--burst: {len(self.unconfirmed)} job(s) were not run as Redis "
+                             "did not answer to confirm their lease; they are due again once "
+                             "their lease ends (LEASE_SECONDS), recovered by the next burst or "
+                             "a promoter")  # fmt: skip
 
     def finish(self, grace: float) -> None:
         """Give the running actions ``grace`` seconds to end. If the housekeeping thread
@@ -678,8 +687,9 @@ class WorkerProcess:
                 try:
                     with self.promoter.breaker.guard(shard):  # a frozen master: passed over
                         ids = self.engine.claim(shard, count, self.lease_ms, token)
+                    first = sent  # when the leases of ids returned by a replay were set
                     if claimer is not None:
-                        sent = claimer.since(shard, sent, self.lease_ms)
+                        first = claimer.since(shard, sent, self.lease_ms)
                         claimer.answered(shard)
                 except WrongType as exc:  # that shard alone: no outage, no backoff
                     self.broken.report(shard, exc)
@@ -691,14 +701,16 @@ class WorkerProcess:
                     continue
                 answered = True
                 if ids:
-                    return shard, self.hold(shard, ids, sent)
+                    return shard, self.hold(shard, ids, sent, first)
         if failure is not None and answered:
             raise PartlyUnavailable(str(failure), None) from failure
         if failure is not None:
             raise failure
         return None
 
-    def hold(self, shard: str, ids: Leased, sent: float | None = None) -> list[str]:
+    def hold(
+        self, shard: str, ids: Leased, sent: float | None = None, first: float | None = None
+    ) -> list[str]:
         """Hold the ids just claimed for this thread; return those this process did not
         hold already. One it holds came back from Redis while another thread runs it or
         has it in its batch (its lease ended while Redis was frozen, or the reconcile
@@ -706,15 +718,22 @@ class WorkerProcess:
         again under this claim's lease, which the extensions keep. Run here too, it would
         run beside that thread, the second claim reading the first one's running row as
         a delivery whose worker was lost. ``sent``: when the claim was sent (now if not
-        given), from which its leases are counted."""
+        given), from which its leases are counted; ``first``: for the ids a call sent again
+        returned as its first sending took them (``Leased.replayed``), when that may have
+        been (``Claimer.since``; ``sent`` if not given)."""
         with self.held_lock:
             fresh = [job_id for job_id in ids if job_id not in self.held]
             thread = threading.get_ident()
             # Each by its own shard: a queue's shard of 1 claims from its older shards too,
-            # and its name would extend (and hand back) in the shard of 1 alone.
+            # and its name would extend (and hand back) in the shard of 1 alone. One held
+            # already is held by the shard that has it now, by the thread that holds it.
             self.held.update({i: (ids.shards.get(i, shard), thread) for i in fresh})
+            self.held.update({i: (ids.shards.get(i, shard), self.held[i][1]) for i in ids
+                              if i not in fresh})  # fmt: skip
             self.leases.update(ids.leases)
-            self.confirmed.update(dict.fromkeys(ids, time.monotonic() if sent is None else sent))
+            sent = time.monotonic() if sent is None else sent
+            first = sent if first is None else first
+            self.confirmed.update({i: first if i in ids.replayed else sent for i in ids})
             self.lost.difference_update(ids)  # in flight again: this claim's
             if self.claimed_meanwhile is not None:
                 self.claimed_meanwhile.update(ids)
@@ -728,8 +747,7 @@ class WorkerProcess:
         try:
             while waiting and not (self.stopping.is_set() and claimed is None):
                 job_id = waiting.popleft()
-                if claimed is None and not self.holds(job_id, thread):
-                    self.let_go(queue, job_id, thread)
+                if claimed is None and not self.takes_up(queue, job_id, thread):
                     continue
                 following = waiting[0] if waiting else None
 
@@ -752,6 +770,70 @@ class WorkerProcess:
         round trip: what the claims and extensions have seen."""
         with self.held_lock:
             return not self.gone(job_id) and self.held.get(job_id, ("", None))[1] == thread
+
+    def takes_up(self, queue: str, job_id: str, thread: int) -> bool:
+        """Whether worker thread ``thread`` may start ``job_id`` now (``holds``); else it
+        is let go. One only unconfirmed for long (``gone``, not found lost) is asked about
+        first, by one call (``reconfirm``): Redis may still hold it in flight under this
+        process's lease (extensions held back by a short freeze, or one that timed out),
+        and let go, it would wait there, extended by nobody, until that lease ends."""
+        if self.holds(job_id, thread):
+            return True
+        with self.held_lock:
+            mine = self.held.get(job_id, ("", None))[1] == thread and job_id not in self.lost
+        kept = self.reconfirm([job_id]) if mine else set()
+        if kept is None:
+            self.leave([job_id], thread)
+            logger.warning("job %s: its lease could not be confirmed (Redis did not answer); "
+                           "not run here, it is due again once its lease ends", job_id,
+                           extra=job_fields(job_id, queue))  # fmt: skip
+        elif not kept:
+            self.let_go(queue, job_id, thread)
+        return bool(kept)
+
+    def reconfirm(self, ids: Iterable[str]) -> set[str] | None:
+        """Extend the leases of held ids by the shard that holds each, under the lease held
+        (as ``extend`` does); return those kept (confirmed as of when the call was sent),
+        the others marked lost; None if Redis did not answer: they may still be in flight
+        under this process's lease. A round trip only for ids ``gone`` by time alone."""
+        by_shard: dict[str, dict[str, str | None]] = {}
+        with self.held_lock:
+            for job_id in ids:
+                if job_id in self.held and job_id not in self.lost and job_id in self.leases:
+                    by_shard.setdefault(self.held[job_id][0], {})[job_id] = self.leases[job_id]
+        kept: dict[str, str] = {}
+        lost: list[str] = []
+        for shard, leases in by_shard.items():
+            sent = time.monotonic()
+            try:
+                extended = self.engine.extend_lease(shard, leases, self.lease_ms).leases
+            except EngineUnavailable as exc:
+                self.outage.failed(exc)
+                return None
+            with self.held_lock:
+                for job_id in leases:
+                    if job_id not in self.held:  # released meanwhile
+                        continue
+                    if job_id in extended:
+                        kept[job_id] = self.leases[job_id] = extended[job_id]
+                        self.confirmed[job_id] = max(self.confirmed.get(job_id, sent), sent)
+                    else:
+                        self.lost.add(job_id)
+                        lost.append(job_id)
+        for job_id in lost:
+            logger.warning("lost the lease of job %s; another worker may take it", job_id)
+        return set(kept)
+
+    def leave(self, ids: Iterable[str], thread: int | None) -> list[str]:
+        """Stop holding ids whose lease no call could confirm (Redis did not answer), and
+        return them: neither started nor handed back, they may be in flight under this
+        process's lease, due again once it ends. A burst that leaves any exits non-zero
+        (``unconfirmed``): it cannot tell that they will run."""
+        left = self.release(ids, thread)
+        if self.options.burst:
+            with self.held_lock:
+                self.unconfirmed.update(left)
+        return left
 
     def gone(self, job_id: str) -> bool:
         """Whether a held id's lease may be another worker's now (held_lock held): an
@@ -873,24 +955,36 @@ class WorkerProcess:
 
     def hand_back(self, queue: str, ids: Sequence[str], owner: int | None = None) -> bool:
         """Return claimed ids that this process (worker thread ``owner``) still holds to
-        pending, due now; False if Redis is down: their leases return them. One whose lease
-        was lost, or may have ended unnoticed (``gone``), is let go (``let_go``), not handed
-        back: nack would take it out of flight from under the worker that holds it now, and
-        a third one would run it beside it."""
+        pending, due now; False if Redis is down: their leases return them."""
+        return self.give_back(queue, ids, owner) is not None
+
+    def give_back(self, queue: str, ids: Sequence[str], owner: int | None = None) -> int | None:
+        """``hand_back``; return how many ids were handed back, None if Redis is down. One
+        whose lease was lost is let go (``let_go``), not handed back: nack would take it
+        out of flight from under the worker that holds it now, and a third one would run it
+        beside it. One only unconfirmed for long (``gone``) is asked about first
+        (``reconfirm``): handed back if kept, left to its lease if Redis did not answer."""
         with self.held_lock:
-            lost = [i for i in ids if i in self.held and owner in (None, self.held[i][1])
+            gone = [i for i in ids if i in self.held and owner in (None, self.held[i][1])
                     and self.gone(i)]  # fmt: skip
-        for job_id in lost:
-            self.let_go(queue, job_id, owner)
-        ids = self.release([i for i in ids if i not in lost], owner)
+            stale = [i for i in gone if i not in self.lost]
+        kept = self.reconfirm(stale) if stale else set()
+        for job_id in gone:  # lost (those Redis did not answer about are left)
+            if job_id not in (stale if kept is None else kept):
+                self.let_go(queue, job_id, owner)
+        if kept is None:  # Redis does not answer: no nack would either
+            self.leave(stale, owner)
+            self.release(ids, owner)
+            return None
+        ids = self.release([i for i in ids if i not in gone or i in kept], owner)
         if not ids:
-            return True
+            return 0
         try:
             self.engine.nack(queue, dict.fromkeys(ids, self.engine.server_time_ms()))
         except EngineUnavailable as exc:
             self.outage.failed(exc)
-            return False
-        return True
+            return None
+        return len(ids)
 
     def running_ids(self) -> list[str]:
         """The jobs whose actions run in this process now."""
@@ -907,14 +1001,17 @@ class WorkerProcess:
                 if job_id not in running:
                     waiting.setdefault(shard, []).append(job_id)
         for shard, ids in waiting.items():  # parts until one fails: the rest would wait too
-            if all(self.hand_back(shard, part) for part in in_parts(ids)):
-                logger.warning("handed back %d job(s) that had not started", len(ids))
-            else:
-                logger.warning(
-                    "could not hand back %d job(s) that had not started: Redis is "
-                    "unavailable; they come back when their lease ends",
-                    len(ids),
-                )
+            handed = 0  # those let go or left to their lease are logged apart
+            for start, part in enumerate(in_parts(ids)):
+                count = self.give_back(shard, part)
+                if count is None:
+                    logger.warning("could not hand back %d job(s) that had not started: Redis "
+                                   "is unavailable; they come back when their lease ends",
+                                   len(ids) - start * MAX_BATCH)  # fmt: skip
+                    break
+                handed += count
+            if handed:
+                logger.warning("handed back %d job(s) that had not started", handed)
 
     # -- housekeeping ------------------------------------------------------------
 
@@ -1091,7 +1188,20 @@ class WorkerProcess:
         and not claimed again since: the batch that holds one no longer runs it."""
         sent = time.monotonic()
         kept = self.engine.extend_lease(queue, ids, self.lease_ms)
+        home = queue_of(queue)
+        astray = {i: None for i, lease in ids.items() if lease is None and i not in kept.leases}
+        moved: dict[str, str] = {}
+        unknown: set[str] = set()  # not told: not lost either
+        if astray and home != queue:  # a running id adopted in its home shard (Redis lost it)
+            try:  # by the queue's name: in each id's home shard
+                moved = self.engine.extend_lease(home, astray, self.lease_ms).leases
+            except EngineUnavailable:  # the next extension asks again; the rest are kept
+                unknown = set(astray)
+            kept.leases.update(moved)
         with self.held_lock:  # each once: a long action would warn every extension
+            for job_id in moved:  # held by its queue's name now: its home shard
+                if job_id in self.held:
+                    self.held[job_id] = (home, self.held[job_id][1])
             again = self.claimed_meanwhile or set()
             # Not one claimed again meanwhile: that claim's lease may be the newer one.
             mine = {i: lease for i, lease in kept.leases.items()
@@ -1099,7 +1209,7 @@ class WorkerProcess:
             self.leases.update(mine)
             self.confirmed.update(dict.fromkeys(mine, sent))
             lost = [i for i in ids if i not in kept.leases and i in self.held
-                    and i not in self.lost and i not in again]  # fmt: skip
+                    and i not in self.lost and i not in again and i not in unknown]  # fmt: skip
             self.lost.update(lost)
         for job_id in lost:  # held here, yet Redis no longer has it in flight under our lease
             logger.warning("lost the lease of job %s; another worker may take it", job_id)

@@ -85,17 +85,17 @@ def test_a_claim_sent_again_counts_its_leases_from_its_first_sending(engine, set
     settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 3}
     process = WorkerProcess(engine, Options(queues=[Q]))
     claimer = Claimer()
-    claimer.token(Q)  # a claim was sent, and its reply lost
-    first = time.monotonic()
-    wait_for(lambda: time.monotonic() - first > 3)  # sent again much later
     engine.add(Q, {str(uuid.uuid4()): 0})
+    first = time.monotonic()
+    taken = engine.claim(Q, 1, lease_ms=3000, token=claimer.token(Q))  # its reply lost
+    wait_for(lambda: time.monotonic() - first > 1.5)  # sent again later
     claimed = process.claim([Q], claimer)
-    assert claimed is not None
+    assert claimed is not None and claimed[1] == taken
     (job_id,) = claimed[1]
     thread = threading.get_ident()
-    # Trusted for the twelfth of the lease left after the record's two thirds (0.25 s),
-    # not the three quarters (2.25 s) a fresh claim gets.
-    wait_for(lambda: not process.holds(job_id, thread), timeout=1.0)
+    # Trusted for the three quarters of the lease from the first sending (0.75 s left),
+    # not from the second (2.25 s).
+    wait_for(lambda: not process.holds(job_id, thread), timeout=1.2)
 
 
 # -- smaller lease items ------------------------------------------------------------------

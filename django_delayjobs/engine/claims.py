@@ -74,9 +74,10 @@ class Claimer:
         return self._unanswered[shard][0]
 
     def since(self, shard: str, sent: float, lease_ms: float) -> float:
-        """The earliest time (``time.monotonic()``) the leases returned by the claim from
-        ``shard`` sent at ``sent`` may have been set: a call sent again may return those of
-        its first sending, set no earlier than that, nor than the record's life before."""
+        """The earliest time (``time.monotonic()``) the leases of the ids a claim from
+        ``shard`` sent at ``sent`` returned as sent again (``Leased.replayed``) may have
+        been set: no earlier than its first sending, nor than the record's life before.
+        The ids a call takes afresh were leased by it: counted from ``sent``."""
         first = self._unanswered[shard][1] if shard in self._unanswered else sent
         return max(first, sent - record_ms(int(lease_ms)) / 1000)
 

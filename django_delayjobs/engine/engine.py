@@ -323,6 +323,7 @@ class Engine(Reader):
         start = next(self._turns[queue]) % len(shards)
         claimed: dict[str, str] = {}
         where: dict[str, str] = {}  # id -> the name of the shard it came from
+        replayed: list[str] = []  # returned by a call sent again: leased when first run
         for shard in shards[start:] + shards[:start]:
             k = self._keys(shard)
             keys = [k.ready, k.ready_set, k.unack, k.notify]
@@ -330,13 +331,15 @@ class Engine(Reader):
             if token is not None:
                 keys.append(k.claims(token.claimer))
                 args += [token.call, record_ms(lease)]
-            deadline, ids = self._run("claim", keys, args)
+            deadline, ids, *again = self._run("claim", keys, args)
             taken = [_text(i) for i in ids]
+            if again:
+                replayed += taken
             claimed.update(dict.fromkeys(taken, _text(deadline)))
             where.update(dict.fromkeys(taken, self._router.name(shard)))
             if len(claimed) >= want:  # a call sent again returns what it took
                 break
-        return Leased(claimed, where)
+        return Leased(claimed, where, replayed)
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until ids enter ready on one of ``queues``, or ``timeout`` seconds pass.

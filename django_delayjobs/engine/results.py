@@ -22,14 +22,20 @@ class Leased(list[str]):
     lease, its unack score exactly as Redis gave it back. An extension given it extends
     the id only while that lease is still the one in Redis (see ``Engine.extend_lease``).
     ``shards``: a claim's, the shard each id came from, by a name that addresses that
-    shard alone (a queue's name may stand for several, after its count changed)."""
+    shard alone (a queue's name may stand for several, after its count changed).
+    ``replayed``: a claim's ids returned by a call sent again (see claims.py), whose lease
+    was set when Redis first ran it, not by this sending."""
 
     def __init__(
-        self, leases: Mapping[str, str] | None = None, shards: Mapping[str, str] | None = None
+        self,
+        leases: Mapping[str, str] | None = None,
+        shards: Mapping[str, str] | None = None,
+        replayed: Iterable[str] = (),
     ) -> None:
         super().__init__(leases or {})
         self.leases = dict(leases or {})
         self.shards = dict(shards or {})
+        self.replayed = frozenset(replayed)
 
 
 @dataclass(frozen=True)

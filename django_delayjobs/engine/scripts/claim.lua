@@ -21,7 +21,8 @@
 -- ARGV[1] = how many, ARGV[2] = lease (ms), ARGV[3] = the lease's fraction of a ms,
 -- ARGV[4] = call token, ARGV[5] = record's life (ms)
 -- returns {the lease deadline the ids are in flight under (exactly as ZSCORE gives it
---          back), the claimed ids, oldest first}
+--          back), the claimed ids, oldest first[, 1 if they are a recorded call's: sent
+--          again, its ids' lease was set when it was first run]}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local want = tonumber(ARGV[1])
@@ -37,7 +38,7 @@ if record then
     for id in fields do
       if tonumber(redis.call('ZSCORE', KEYS[3], id)) == lease then again[#again + 1] = id end
     end
-    return {recorded, again}
+    return {recorded, again, 1}
   end
 end
 local budget = want + 1000
