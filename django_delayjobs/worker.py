@@ -722,14 +722,14 @@ class WorkerProcess:
         returned as its first sending took them (``Leased.replayed``), when that may have
         been (``Claimer.since``; ``sent`` if not given)."""
         with self.held_lock:
-            fresh = [job_id for job_id in ids if job_id not in self.held]
             thread = threading.get_ident()
             # Each by its own shard: a queue's shard of 1 claims from its older shards too,
             # and its name would extend (and hand back) in the shard of 1 alone. One held
             # already is held by the shard that has it now, by the thread that holds it.
-            self.held.update({i: (ids.shards.get(i, shard), thread) for i in fresh})
-            self.held.update({i: (ids.shards.get(i, shard), self.held[i][1]) for i in ids
-                              if i not in fresh})  # fmt: skip
+            fresh = [i for i in ids if i not in self.held]
+            self.held.update({i: (ids.shards.get(i, shard), self.held.get(i, ("", thread))[1])
+                              for i in ids})  # fmt: skip
+            self.unconfirmed.difference_update(ids)  # in flight again under this claim
             self.leases.update(ids.leases)
             sent = time.monotonic() if sent is None else sent
             first = sent if first is None else first
@@ -747,7 +747,7 @@ class WorkerProcess:
         try:
             while waiting and not (self.stopping.is_set() and claimed is None):
                 job_id = waiting.popleft()
-                if claimed is None and not self.takes_up(queue, job_id, thread):
+                if claimed is None and not self.takes_up(queue, job_id, thread, waiting):
                     continue
                 following = waiting[0] if waiting else None
 
@@ -771,25 +771,36 @@ class WorkerProcess:
         with self.held_lock:
             return not self.gone(job_id) and self.held.get(job_id, ("", None))[1] == thread
 
-    def takes_up(self, queue: str, job_id: str, thread: int) -> bool:
+    def takes_up(self, queue: str, job_id: str, thread: int, waiting: deque[str]) -> bool:
         """Whether worker thread ``thread`` may start ``job_id`` now (``holds``); else it
         is let go. One only unconfirmed for long (``gone``, not found lost) is asked about
-        first, by one call (``reconfirm``): Redis may still hold it in flight under this
-        process's lease (extensions held back by a short freeze, or one that timed out),
-        and let go, it would wait there, extended by nobody, until that lease ends."""
+        first (``reconfirm``): Redis may still hold it in flight under this process's lease
+        (extensions held back by a short freeze, or one that timed out), and let go, it
+        would wait there, extended by nobody, until that lease ends. The ids ``waiting``
+        behind it in its batch, claimed with it, are as old: asked about in the same call,
+        and left with it if Redis does not answer (each its own timeout, one after another,
+        held a batch of PREFETCH ids up to PREFETCH timeouts)."""
         if self.holds(job_id, thread):
             return True
         with self.held_lock:
             mine = self.held.get(job_id, ("", None))[1] == thread and job_id not in self.lost
-        kept = self.reconfirm([job_id]) if mine else set()
+            stale = [i for i in waiting if self.held.get(i, ("", None))[1] == thread
+                     and i not in self.lost and self.gone(i)] if mine else []  # fmt: skip
+        kept = self.reconfirm([job_id, *stale]) if mine else set()
         if kept is None:
-            self.leave([job_id], thread)
-            logger.warning("job %s: its lease could not be confirmed (Redis did not answer); "
-                           "not run here, it is due again once its lease ends", job_id,
-                           extra=job_fields(job_id, queue))  # fmt: skip
-        elif not kept:
+            left = set(self.leave([job_id, *stale], thread))
+            kept_waiting = [i for i in waiting if i not in left]
+            waiting.clear()
+            waiting.extend(kept_waiting)
+            for left_id in sorted(left):
+                logger.warning("job %s: its lease could not be confirmed (Redis did not "
+                               "answer); not run here, it is due again once its lease ends",
+                               left_id, extra=job_fields(left_id, queue))  # fmt: skip
+            return False
+        if job_id not in kept:
             self.let_go(queue, job_id, thread)
-        return bool(kept)
+            return False
+        return True
 
     def reconfirm(self, ids: Iterable[str]) -> set[str] | None:
         """Extend the leases of held ids by the shard that holds each, under the lease held
@@ -811,10 +822,12 @@ class WorkerProcess:
                 self.outage.failed(exc)
                 return None
             with self.held_lock:
-                for job_id in leases:
-                    if job_id not in self.held:  # released meanwhile
-                        continue
-                    if job_id in extended:
+                for job_id, asked in leases.items():
+                    if job_id not in self.held or job_id in self.lost:  # released, or found
+                        continue  # lost by an extension meanwhile
+                    if self.leases.get(job_id) != asked:  # claimed again (or extended)
+                        kept[job_id] = self.leases[job_id]  # meanwhile: that call's lease
+                    elif job_id in extended:
                         kept[job_id] = self.leases[job_id] = extended[job_id]
                         self.confirmed[job_id] = max(self.confirmed.get(job_id, sent), sent)
                     else:

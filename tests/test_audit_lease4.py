@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 import uuid
+from collections import deque
 
 import pytest
 import redis
@@ -203,3 +204,98 @@ def test_a_claim_tells_the_ids_a_call_sent_again_returns(engine):
     assert (first, first.replayed) == (["a"], frozenset())
     again = engine.claim(Q, 1, lease_ms=HOUR, token=token)
     assert (again, again.replayed, again.leases) == (["a"], {"a"}, first.leases)
+
+
+# -- second read: what a reconfirmation meets meanwhile -------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_that_runs_an_id_it_had_left_unconfirmed_exits_0():
+    """An id left unconfirmed (Redis did not answer the one call that asked about it) whose
+    lease then ended is claimed again by the same burst and run: the burst did everything
+    and must not exit non-zero for it (it was kept in ``unconfirmed`` for ever)."""
+    (job,) = schedule_many([build_job(tasks.record, in_=0, args=["again"])])
+    engine = get_engine()
+    worker = WorkerProcess(engine, Options(queues=[Q], burst=True))
+    worker.hold(Q, engine.claim(Q, 1, lease_ms=0))  # a lease that ended at once
+    worker.leave([str(job.pk)], threading.get_ident())  # as after a call with no answer
+    assert worker.unconfirmed == {str(job.pk)}
+    worker.run()  # recovers the lease, claims the id again and runs it: no WorkerDied
+    assert status(job) == Status.SUCCEEDED
+    assert worker.unconfirmed == set()
+
+
+def stale_batch(
+    engine: Engine, worker: WorkerProcess, ids: list[str], lease_ms: int = HOUR
+) -> None:
+    """Claim ``ids`` for ``worker`` as if an hour ago (no call has confirmed them since)."""
+    engine.add(Q, dict.fromkeys(ids, 0))
+    worker.hold(Q, engine.claim(Q, len(ids), lease_ms=lease_ms), sent=time.monotonic() - HOUR)
+
+
+def test_an_id_claimed_again_while_it_was_asked_about_is_not_taken_for_lost(engine, monkeypatch):
+    """The call that asks about an id unconfirmed for long finds it out of flight (its
+    lease ended and was recovered); before its answer is recorded, this process claims the
+    id again. That claim's lease is this process's: the id must be taken up, not marked
+    lost and let go (left in flight under a lease nobody extends)."""
+    worker = WorkerProcess(engine, Options(queues=[Q]))
+    thread = threading.get_ident()
+    stale_batch(engine, worker, ["a"], lease_ms=0)
+    time.sleep(0.01)  # past the ms its lease ends in
+    assert engine.recover_expired(Q) == ["a"]
+    real = engine.extend_lease
+
+    def extend_then_claimed_again(*args, **kwargs):  # type: ignore[no-untyped-def]
+        extended = real(*args, **kwargs)
+        worker.hold(Q, engine.claim(Q, 1, lease_ms=HOUR))  # another thread's claim, here
+        return extended
+
+    monkeypatch.setattr(engine, "extend_lease", extend_then_claimed_again)
+    assert worker.takes_up(Q, "a", thread, deque())
+    assert "a" not in worker.lost
+
+
+def test_an_id_found_lost_while_it_was_asked_about_is_not_started(engine, monkeypatch):
+    """An extension of the housekeeping thread finds the id lost while the call asking
+    about it is under way: the worker thread must not start it on that call's answer."""
+    worker = WorkerProcess(engine, Options(queues=[Q]))
+    thread = threading.get_ident()
+    stale_batch(engine, worker, ["a"])
+    real = engine.extend_lease
+
+    def extend_then_found_lost(*args, **kwargs):  # type: ignore[no-untyped-def]
+        extended = real(*args, **kwargs)
+        with worker.held_lock:
+            worker.lost.add("a")
+        return extended
+
+    monkeypatch.setattr(engine, "extend_lease", extend_then_found_lost)
+    assert not worker.takes_up(Q, "a", thread, deque())
+
+
+def test_a_batch_unconfirmed_for_long_is_asked_about_in_one_call(own_redis, monkeypatch):
+    """Every id of a batch was claimed at once, so all go unconfirmed together: they are
+    asked about in one call, and if Redis does not answer, left together (one timeout, not
+    one per id of a batch of up to PREFETCH)."""
+    assert own_redis.pid is not None
+    client = redis.Redis.from_url(own_redis.url, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    try:
+        engine = Engine(client, prefix="t")
+        worker = WorkerProcess(engine, Options(queues=[Q], burst=True))
+        thread = threading.get_ident()
+        stale_batch(engine, worker, ["a", "b", "c"])
+        calls = []
+        real = engine.extend_lease
+        monkeypatch.setattr(
+            engine, "extend_lease", lambda *a, **k: calls.append(a) or real(*a, **k)
+        )
+        waiting = deque(["b", "c"])
+        os.kill(own_redis.pid, signal.SIGSTOP)
+        try:
+            assert not worker.takes_up(Q, "a", thread, waiting)
+        finally:
+            os.kill(own_redis.pid, signal.SIGCONT)
+        assert len(calls) == 1 and sorted(calls[0][1]) == ["a", "b", "c"]
+        assert (list(waiting), worker.unconfirmed, worker.held) == ([], {"a", "b", "c"}, {})
+    finally:
+        close_client(client)
