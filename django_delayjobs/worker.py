@@ -354,7 +354,8 @@ class WorkerProcess:
             raise WorkerDied(f"--burst: {len(self.unconfirmed)} job(s) were not run as Redis "
                              "did not answer to confirm their lease; they are due again once "
                              "their lease ends (LEASE_SECONDS), recovered by the next burst or "
-                             "a promoter")  # fmt: skip
+                             "a promoter, or, if Redis lost its data, by a reconcile sweep "
+                             "(manage.py delayjobs_reconcile)")  # fmt: skip
 
     def finish(self, grace: float) -> None:
         """Give the running actions ``grace`` seconds to end. If the housekeeping thread
