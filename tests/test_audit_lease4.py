@@ -120,11 +120,9 @@ def test_an_exit_counts_only_the_ids_it_handed_back(engine, caplog):
 # -- a held id's shard ----------------------------------------------------------------------
 
 
-def test_an_id_claimed_again_from_another_shard_is_held_by_that_one(redis_client):
-    """An id held by an old shard of its queue, back in flight in its home shard (its
-    lease ended there and the reconcile sweep added it again, or a claim by the queue's
-    name took it there): held by the shard it was first claimed from, every extension
-    looked for it there and found it lost."""
+def held_from_an_old_shard(redis_client):  # type: ignore[no-untyped-def]
+    """A worker of a queue now of 1 shard that claimed an id from one of its 2 old shards:
+    the engine of the old count, the worker's engine, the worker and the id."""
     job_id = str(uuid.uuid4())
     before = Engine(redis_client, prefix="t", shards={Q: 2})
     before.add(Q, {job_id: 0})
@@ -133,6 +131,15 @@ def test_an_id_claimed_again_from_another_shard_is_held_by_that_one(redis_client
     worker = WorkerProcess(engine, Options(queues=[Q]))
     claimed = worker.claim([Q])
     assert claimed is not None and claimed[1] == [job_id]
+    return before, engine, worker, job_id
+
+
+def test_an_id_claimed_again_from_another_shard_is_held_by_that_one(redis_client):
+    """An id held by an old shard of its queue, back in flight in its home shard (its
+    lease ended there and the reconcile sweep added it again, or a claim by the queue's
+    name took it there): held by the shard it was first claimed from, every extension
+    looked for it there and found it lost."""
+    before, engine, worker, job_id = held_from_an_old_shard(redis_client)
     old = worker.held[job_id][0]
     assert old.startswith(f"{Q}#")
     assert before.ack(old, [job_id]) == 1  # out of the old shard
@@ -149,14 +156,7 @@ def test_a_running_id_adopted_in_its_home_shard_keeps_its_lease(redis_client):
     sweep adopts the running job in its home shard. Extended in the old shard (whoever
     holds it), it was found lost there, and its lease in the home shard, extended by
     nobody, ended: another worker ran it beside this one."""
-    job_id = str(uuid.uuid4())
-    before = Engine(redis_client, prefix="t", shards={Q: 2})
-    before.add(Q, {job_id: 0})
-    before.promote(Q)
-    engine = Engine(redis_client, prefix="t", shards=1)
-    worker = WorkerProcess(engine, Options(queues=[Q]))
-    claimed = worker.claim([Q])
-    assert claimed is not None and claimed[1] == [job_id]
+    before, engine, worker, job_id = held_from_an_old_shard(redis_client)
     old = worker.held[job_id][0]
     worker.running[threading.get_ident()] = Execution(Q, job_id, worker.id)  # it runs
     assert before.ack(old, [job_id]) == 1  # Redis lost it
