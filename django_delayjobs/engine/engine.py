@@ -463,7 +463,7 @@ class Engine(Reader):
         only the ids buried before it are taken out: the reconcile sweep passes the time it
         read the rows, and leaves in garbage the id of a job that died after that."""
         due, given, moved = _due(due_ms), _ids(ids), list[str]()
-        before = "" if buried_before is None else str(int(buried_before))
+        before = "" if buried_before is None else str(_ms(buried_before, "buried_before"))
 
         def run(shard: Shard, part: list[str]) -> int:
             k = self._keys(shard)
