@@ -26,35 +26,52 @@ from tests.testapp import tasks
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def dies_after_its_row_is_read(redis_client, job: Job):  # type: ignore[no-untyped-def]
+    """A sweep's ``progress`` that, at the first row read, has ``job`` claimed, run and
+    buried by a worker (on a connection of its own): after the sweep read its row waiting,
+    before its chunk is repaired."""
+    engine = get_engine()
+    keys, job_id = engine.keys("default"), str(job.pk)
+
+    def dies() -> None:
+        Job.objects.filter(pk=job.pk).update(status=Status.DEAD, attempts=1)
+        redis_client.zrem(keys.pending, job_id)
+        redis_client.zadd(keys.unack, {job_id: 0})
+        assert engine.bury("default", [job_id]) == 1  # scored by Redis's clock, as a worker's
+        connections.close_all()
+
+    read: list[None] = []
+
+    def progress() -> None:
+        read.append(None)
+        if len(read) == 1:
+            out: list[object] = []
+            in_thread(dies, out).join()
+            assert out == [None]
+
+    return progress
+
+
+def in_garbage_only(redis_client, job: Job) -> bool:  # type: ignore[no-untyped-def]
+    keys, job_id = get_engine().keys("default"), str(job.pk)
+    return (
+        redis_client.zscore(keys.garbage, job_id) is not None
+        and not redis_client.sismember(keys.ready_set, job_id)
+        and redis_client.zscore(keys.pending, job_id) is None
+        and redis_client.zscore(keys.unack, job_id) is None
+    )
+
+
 def test_a_job_that_dies_after_the_sweep_read_it_waiting_stays_in_garbage(redis_client):
     """The row was read waiting; its job then ran, died and was buried before the queue's
     batch was repaired: the repair's requeue took the id out of garbage into ready, where
     no worker runs it, and the dead job was missing from Redis's dead jobs."""
     job = schedule(tasks.record, in_=60, args=["x"])
     age_rows()
-    engine = get_engine()
-    keys, job_id = engine.keys("default"), str(job.pk)
-
-    def dies() -> None:  # claimed, run and buried by a worker, on a connection of its own
-        Job.objects.filter(pk=job.pk).update(status=Status.DEAD, attempts=1)
-        redis_client.zrem(keys.pending, job_id)
-        redis_client.zadd(keys.unack, {job_id: 0})
-        engine.bury("default", [job_id])  # scored by Redis's clock: after the row was read
-        connections.close_all()
-
-    read: list[None] = []
-
-    def progress() -> None:  # called for each row read, before its batch is repaired
-        read.append(None)
-        if len(read) == 1:
-            in_thread(dies, []).join()
-
-    result = reconcile(engine, horizon=timedelta(minutes=5), progress=progress)
-    assert read and sum(result.values()) == 0
-    assert redis_client.zscore(keys.garbage, job_id) is not None
-    assert not redis_client.sismember(keys.ready_set, job_id)
-    assert redis_client.zscore(keys.pending, job_id) is None
-    assert redis_client.zscore(keys.unack, job_id) is None
+    progress = dies_after_its_row_is_read(redis_client, job)
+    result = reconcile(get_engine(), horizon=timedelta(minutes=5), progress=progress)
+    assert sum(result.values()) == 0
+    assert in_garbage_only(redis_client, job)
 
 
 def test_a_job_requeued_while_redis_was_down_is_still_taken_out_of_garbage(redis_client):

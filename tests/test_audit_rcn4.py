@@ -3,6 +3,7 @@ buried before its row was read; a running row whose due time SQLite holds as a B
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,7 +20,8 @@ from django_delayjobs.engine import EngineUnavailable, PartlyUnavailable, close_
 from django_delayjobs.models import Job, Status
 from django_delayjobs.reconcile import Reconciled, reconcile
 from tests.conftest import cluster_client
-from tests.helpers import age_rows, in_thread
+from tests.helpers import age_rows
+from tests.test_audit_rcn3 import dies_after_its_row_is_read, in_garbage_only
 from tests.test_rest_helpers import redis_state
 from tests.testapp import tasks
 
@@ -36,23 +38,7 @@ def test_a_job_that_dies_after_the_sweep_read_it_never_leaves_garbage(
     job = schedule(tasks.record, in_=60, args=["x"])
     age_rows()
     engine = get_engine()
-    keys, job_id = engine.keys("default"), str(job.pk)
-
-    def dies() -> None:  # claimed, run and buried by a worker, on a connection of its own
-        Job.objects.filter(pk=job.pk).update(status=Status.DEAD, attempts=1)
-        redis_client.zrem(keys.pending, job_id)
-        redis_client.zadd(keys.unack, {job_id: 0})
-        assert engine.bury("default", [job_id]) == 1  # scored by Redis's clock, as a worker's
-
-    read: list[None] = []
-
-    def progress() -> None:  # called for each row read, before its chunk is repaired
-        read.append(None)
-        if len(read) == 1:
-            out: list[Any] = []
-            in_thread(dies, out).join()
-            assert out == [None]
-
+    progress = dies_after_its_row_is_read(redis_client, job)
     revived: list[str] = []
     requeue = engine.requeue
 
@@ -69,11 +55,7 @@ def test_a_job_that_dies_after_the_sweep_read_it_never_leaves_garbage(
         pass
     finally:
         redis_client.config_set("maxmemory", 0)
-    assert read and job_id not in revived
-    assert redis_client.zscore(keys.garbage, job_id) is not None
-    assert not redis_client.sismember(keys.ready_set, job_id)
-    assert redis_client.zscore(keys.pending, job_id) is None
-    assert redis_client.zscore(keys.unack, job_id) is None
+    assert revived == [] and in_garbage_only(redis_client, job)
 
 
 def test_requeue_given_a_bound_takes_out_only_the_ids_buried_before_it(
@@ -92,6 +74,37 @@ def test_requeue_given_a_bound_takes_out_only_the_ids_buried_before_it(
     assert engine.requeue("default", ["b"]) == ["b"]  # no bound: any buried id
 
 
+@pytest.mark.parametrize(
+    ("bound", "error"),
+    [("1", TypeError), (True, TypeError), (math.nan, ValueError), (math.inf, ValueError),
+     (-1, ValueError), (10**400, ValueError)],
+)  # fmt: skip
+def test_a_requeue_bound_that_is_no_time_is_refused_before_any_move(
+    redis_client: redis.Redis, bound: object, error: type[Exception]
+) -> None:
+    """A bound that is not a finite, non-negative number of ms is refused as every other
+    time the engine takes is (``int()`` of it raised OverflowError, or took "1" and True),
+    and nothing leaves garbage."""
+    engine = get_engine()
+    engine.add("default", {"a": 0})
+    assert engine.claim("default", 1, 60_000) == ["a"]
+    assert engine.bury("default", ["a"]) == 1
+    with pytest.raises(error, match="buried_before"):
+        engine.requeue("default", ["a"], buried_before=bound)  # type: ignore[arg-type]
+    assert redis_client.zrange(engine.keys("default").garbage, 0, -1) == [b"a"]
+
+
+def swept_with_due_time(redis_client: redis.Redis, job: Job, sql: str) -> tuple[Any, Any]:
+    """Write ``job``'s due time as the SQLite literal ``sql`` (raw SQL, as a program of
+    yours might), empty Redis and run a full sweep: the engine and the sweep's result."""
+    table = connection.ops.quote_name(Job._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET run_at = {sql} WHERE id = %s", [job.pk.hex])
+    redis_client.flushdb()
+    engine = get_engine()
+    return engine, reconcile(engine, horizon=None)
+
+
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite keeps a BLOB in any column")
 @pytest.mark.parametrize("value", ["X'01'", "X'FF'"])
 def test_a_running_job_whose_due_time_is_a_blob_is_still_put_back_in_flight(
@@ -102,12 +115,7 @@ def test_a_running_job_whose_due_time_is_a_blob_is_still_put_back_in_flight(
     job = schedule(tasks.record, in_=60, args=["x"])
     Job.objects.filter(pk=job.pk).update(status=Status.RUNNING)
     age_rows()
-    table = connection.ops.quote_name(Job._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET run_at = {value} WHERE id = %s", [job.pk.hex])
-    engine = get_engine()
-    redis_client.flushdb()
-    result = reconcile(engine, horizon=None)
+    engine, result = swept_with_due_time(redis_client, job, value)
     assert not result.skipped and not result.unusable
     assert result["default"] == 1
     assert redis_client.zscore(engine.keys("default").unack, str(job.pk)) is not None
@@ -143,12 +151,7 @@ def test_an_eight_digit_integer_due_time_reads_as_a_date(redis_client: redis.Red
     now: one of 8 digits reads as an ISO date, and is due then."""
     job = schedule(tasks.record, in_=60, args=["x"])
     age_rows()
-    table = connection.ops.quote_name(Job._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET run_at = 20991231 WHERE id = %s", [job.pk.hex])
-    engine = get_engine()
-    redis_client.flushdb()
-    result = reconcile(engine, horizon=None)
+    engine, result = swept_with_due_time(redis_client, job, "20991231")
     assert result == {"default": 1} and not result.unusable
     due = redis_client.zscore(engine.keys("default").pending, str(job.pk))
     assert due == datetime(2099, 12, 31, tzinfo=UTC).timestamp() * 1000
