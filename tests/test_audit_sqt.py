@@ -48,6 +48,19 @@ def test_a_project_without_the_rest_api_is_not_warned(settings):
     assert not warned(deploy=True)
 
 
+def test_a_urlconf_that_fails_to_load_leaves_the_warning_to_djangos_own_check(settings):
+    """The check reads the URLconf: one that cannot be imported does not fail W004's check
+    (Django's own urls check reports it), which then neither warns nor raises."""
+    from django.urls import clear_url_caches
+
+    settings.ROOT_URLCONF = "tests.no_such_urlconf"
+    clear_url_caches()
+    try:
+        assert not warned(deploy=True)
+    finally:
+        clear_url_caches()
+
+
 @pytest.fixture
 def service(settings):
     """A service account: logged in, not staff, holding ``add_job`` alone."""
