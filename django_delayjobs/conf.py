@@ -9,6 +9,7 @@ refuses to hand out values from a dict that has any. A setting is added here, on
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
@@ -276,16 +277,26 @@ class DelayJobsSettings:
     ``ConfigurationError`` naming all of them (``manage.py check`` lists them too).
     """
 
+    #: Never missing, even while ``reload`` runs: a read then finds None, not no attribute.
+    _current: Settings | None = None
+
     def __init__(self) -> None:
-        self._current: Settings | None = None
+        # Taken to fill the cache and to empty it, never to read a value already kept: a
+        # reload cannot slip between a read's check and its store, so no value of the
+        # settings it replaced is kept after it.
+        self._lock = threading.RLock()
 
     def current(self) -> Settings:
-        if self._current is None:
-            loaded, problems = validate(getattr(django_settings, "DELAYJOBS", None))
-            if loaded is None:
-                raise ConfigurationError("; ".join(describe(p) for p in problems))
-            self._current = loaded
-        return self._current
+        current = self._current
+        if current is None:
+            with self._lock:
+                if self._current is None:
+                    loaded, problems = validate(getattr(django_settings, "DELAYJOBS", None))
+                    if loaded is None:
+                        raise ConfigurationError("; ".join(describe(p) for p in problems))
+                    self._current = loaded
+                current = self._current
+        return current
 
     def __getattr__(self, name: str) -> Any:
         # Called for a name not yet read since the last reload only: the value is kept as
@@ -293,18 +304,15 @@ class DelayJobsSettings:
         # and a getattr were three per read).
         if name not in NAMES:
             raise AttributeError(f"unknown DELAYJOBS setting {name!r}")
-        current = self.current()
-        value = getattr(current, name)
-        if self._current is current:  # not reloaded meanwhile (another thread)
-            self.__dict__[name] = value
+        with self._lock:
+            value = self.__dict__[name] = getattr(self.current(), name)
         return value
 
     def reload(self) -> None:
-        # None first: a read under way then finds it changed and keeps nothing (cleared
-        # first, a read between the two could keep a value of the old settings).
-        self._current = None
-        self.__dict__.clear()
-        self._current = None
+        with self._lock:
+            self._current = None
+            for name in NAMES:
+                self.__dict__.pop(name, None)
 
 
 #: Typed as ``Settings`` so that every read is type-checked.

@@ -304,3 +304,39 @@ def test_docs_settings_table_names_every_setting_with_its_default_and_range():
             found = re.search(r"(\d[\d.]*) ?(?:-|to) ?(\d[\d.]*)", meaning)
             assert found is not None, name
             assert (float(found[1]), float(found[2])) == (low, high), name
+
+
+def test_a_setting_read_while_another_thread_reloads_is_one_of_either_settings(settings):
+    """A reload in one thread never makes a read in another raise or keep a value of the
+    settings it replaced: reload() once emptied every attribute, ``_current`` too, so a
+    read between the two found no ``_current`` ("unknown DELAYJOBS setting '_current'")."""
+    import sys
+    import threading
+
+    settings.DELAYJOBS = {"LEASE_SECONDS": 300}
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                assert delayjobs_settings.LEASE_SECONDS in (300, 200)
+                delayjobs_settings.current()
+            except BaseException as exc:  # any failure is the finding
+                errors.append(exc)
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for n in range(20_000):
+            settings.DELAYJOBS = {"LEASE_SECONDS": 200 if n % 2 else 300}
+    finally:
+        done.set()
+        reader.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
+    settings.DELAYJOBS = {"LEASE_SECONDS": 200}
+    assert delayjobs_settings.LEASE_SECONDS == 200 == delayjobs_settings.current().LEASE_SECONDS
