@@ -24,18 +24,22 @@ class Leased(list[str]):
     ``shards``: a claim's, the shard each id came from, by a name that addresses that
     shard alone (a queue's name may stand for several, after its count changed).
     ``replayed``: a claim's ids returned by a call sent again (see claims.py), whose lease
-    was set when Redis first ran it, not by this sending."""
+    was set when Redis first ran it, not by this sending. ``dropped``: members a claim took
+    that are no ids the engine takes (another program's), taken out of flight, not
+    returned."""
 
     def __init__(
         self,
         leases: Mapping[str, str] | None = None,
         shards: Mapping[str, str] | None = None,
         replayed: Iterable[str] = (),
+        dropped: Iterable[str] = (),
     ) -> None:
         super().__init__(leases or {})
         self.leases = dict(leases or {})
         self.shards = dict(shards or {})
         self.replayed = frozenset(replayed)
+        self.dropped = list(dropped)
 
 
 @dataclass(frozen=True)
