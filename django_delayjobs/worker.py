@@ -713,12 +713,20 @@ class WorkerProcess:
 
     def took(self, shard: str, ids: Leased, claimer: Claimer | None, sent: float) -> float:
         """Note a claim from ``shard`` that was answered; return when the leases of the ids
-        it returned as sent again (``Leased.replayed``) were set (``Claimer.since``). The
-        members it took out of Redis that are no ids (``Leased.dropped``) are logged."""
+        it returned as sent again (``Leased.replayed``) were set (``Claimer.since``). A
+        shard of several whose call failed after others gave ids (``Leased.failure``) is
+        sent the same call again, as after a claim that raised (Redis may have run it),
+        unless a key of its had the wrong type: reported, and a script that meets one
+        takes nothing (a new call, or the others would only replay it until the key is
+        fixed). The members it took out of Redis that are no ids (``Leased.dropped``) are
+        logged."""
         first = sent
         if claimer is not None:
             first = claimer.since(shard, sent, self.lease_ms)
-            claimer.answered(shard)
+            if ids.failure is None or isinstance(ids.failure, WrongType):
+                claimer.answered(shard)
+        if isinstance(ids.failure, WrongType):
+            self.broken.report(shard, ids.failure)
         for job_id in ids.dropped:
             not_a_job_id(shard, job_id)
         return first

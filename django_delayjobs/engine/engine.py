@@ -315,9 +315,11 @@ class Engine(Reader):
         with the same token: on each shard where Redis ran it, it returns the ids it took
         there (however many) that are still in flight under its lease, and takes none.
 
-        A member no other call takes (another program's: see ``check_ids``) is taken out
-        of flight again, in a second call made only then, and named in ``Leased.dropped``,
-        not returned.
+        A shard that fails after others gave ids ends the claim: those ids are returned,
+        with the error as ``Leased.failure`` (raised, they would be in flight for nobody
+        until their lease ended); one that fails before any is raised. A member no other
+        call takes (another program's: see ``check_ids``) is taken out of flight again,
+        in a second call made only then, and named in ``Leased.dropped``, not returned.
         """
         want, lease = _batch(count), _ms(lease_ms, "lease")
         # Exactly a ClaimToken: a subclass may skip the checks that make one.
@@ -336,7 +338,12 @@ class Engine(Reader):
             if token is not None:
                 keys.append(k.claims(token.claimer))
                 args += [token.call, record_ms(lease)]
-            deadline, ids, *again = self._run("claim", keys, args)
+            try:
+                deadline, ids, *again = self._run("claim", keys, args)
+            except EngineUnavailable as exc:
+                if not claimed:
+                    raise
+                return Leased(claimed, where, replayed, dropped, exc)
             taken = [_text(i) for i in ids]
             refused = [i for i in taken if not is_id(i)]
             if refused:
