@@ -175,6 +175,11 @@ class Stats:
         return text
 
 
+def not_a_job_id(queue: str, job_id: str) -> None:
+    """Log an id removed from Redis (once: never retried) that is not a job id."""
+    logger.warning("queue %s: removed %r from Redis: it is not a job id", queue, job_id)
+
+
 def drop_connections() -> None:
     """Close this thread's database connections whatever their state, so that the next
     call opens a new one: after a failure or a refusal (a session left read-only, a
@@ -688,10 +693,6 @@ class WorkerProcess:
                 try:
                     with self.promoter.breaker.guard(shard):  # a frozen master: passed over
                         ids = self.engine.claim(shard, count, self.lease_ms, token)
-                    first = sent  # when the leases of ids returned by a replay were set
-                    if claimer is not None:
-                        first = claimer.since(shard, sent, self.lease_ms)
-                        claimer.answered(shard)
                 except WrongType as exc:  # that shard alone: no outage, no backoff
                     self.broken.report(shard, exc)
                     continue
@@ -701,6 +702,7 @@ class WorkerProcess:
                     failure = failure or exc
                     continue
                 answered = True
+                first = self.took(shard, ids, claimer, sent)
                 if ids:
                     return shard, self.hold(shard, ids, sent, first)
         if failure is not None and answered:
@@ -708,6 +710,26 @@ class WorkerProcess:
         if failure is not None:
             raise failure
         return None
+
+    def took(self, shard: str, ids: Leased, claimer: Claimer | None, sent: float) -> float:
+        """Note a claim from ``shard`` that was answered; return when the leases of the ids
+        it returned as sent again (``Leased.replayed``) were set (``Claimer.since``). A
+        shard of several whose call failed after others gave ids (``Leased.failure``) is
+        sent the same call again, as after a claim that raised (Redis may have run it),
+        unless a key of its had the wrong type: reported, and a script that meets one
+        takes nothing (a new call, or the others would only replay it until the key is
+        fixed). The members it took out of Redis that are no ids (``Leased.dropped``) are
+        logged."""
+        first = sent
+        if claimer is not None:
+            first = claimer.since(shard, sent, self.lease_ms)
+            if ids.failure is None or isinstance(ids.failure, WrongType):
+                claimer.answered(shard)
+        if isinstance(ids.failure, WrongType):
+            self.broken.report(shard, ids.failure)
+        for job_id in ids.dropped:
+            not_a_job_id(shard, job_id)
+        return first
 
     def hold(
         self, shard: str, ids: Leased, sent: float | None = None, first: float | None = None
@@ -874,7 +896,7 @@ class WorkerProcess:
         try:
             uuid.UUID(job_id)
         except ValueError:  # not ours: removed from Redis once, never retried
-            logger.warning("queue %s: removed %r from Redis: it is not a job id", queue, job_id)
+            not_a_job_id(queue, job_id)
             ack(job_id)
             return False
         return True

@@ -22,7 +22,7 @@ from .reader import Reader
 from .results import Added, Leased, PromoteResult, merge_promoted
 from .sharding import Shard
 from .validation import MAX_BATCH as MAX_BATCH
-from .validation import MAX_DUE_MS, brief, check_names
+from .validation import MAX_DUE_MS, brief, check_names, is_id
 from .validation import check_batch as _batch
 from .validation import check_due as _due
 from .validation import check_dues as _dues
@@ -314,6 +314,12 @@ class Engine(Reader):
         With a ``token`` (see claims.py), a call whose reply was lost can be sent again
         with the same token: on each shard where Redis ran it, it returns the ids it took
         there (however many) that are still in flight under its lease, and takes none.
+
+        A shard that fails after others gave ids ends the claim: those ids are returned,
+        with the error as ``Leased.failure`` (raised, they would be in flight for nobody
+        until their lease ended); one that fails before any is raised. A member no other
+        call takes (another program's: see ``check_ids``) is taken out of flight again,
+        in a second call made only then, and named in ``Leased.dropped``, not returned.
         """
         want, lease = _batch(count), _ms(lease_ms, "lease")
         # Exactly a ClaimToken: a subclass may skip the checks that make one.
@@ -324,6 +330,7 @@ class Engine(Reader):
         claimed: dict[str, str] = {}
         where: dict[str, str] = {}  # id -> the name of the shard it came from
         replayed: list[str] = []  # returned by a call sent again: leased when first run
+        dropped: list[str] = []
         for shard in shards[start:] + shards[:start]:
             k = self._keys(shard)
             keys = [k.ready, k.ready_set, k.unack, k.notify]
@@ -331,15 +338,34 @@ class Engine(Reader):
             if token is not None:
                 keys.append(k.claims(token.claimer))
                 args += [token.call, record_ms(lease)]
-            deadline, ids, *again = self._run("claim", keys, args)
+            try:
+                deadline, ids, *again = self._run("claim", keys, args)
+            except EngineUnavailable as exc:
+                if not claimed:
+                    raise
+                return Leased(claimed, where, replayed, dropped, exc)
             taken = [_text(i) for i in ids]
+            refused = [i for i in taken if not is_id(i)]
+            if refused:
+                taken = [i for i in taken if is_id(i)]
+                dropped += self._drop(k, refused)
             if again:
                 replayed += taken
             claimed.update(dict.fromkeys(taken, _text(deadline)))
             where.update(dict.fromkeys(taken, self._router.name(shard)))
             if len(claimed) >= want:  # a call sent again returns what it took
                 break
-        return Leased(claimed, where, replayed)
+        return Leased(claimed, where, replayed, dropped)
+
+    def _drop(self, k: QueueKeys, ids: list[str]) -> list[str]:
+        """Take claimed members that are no ids (see ``claim``) out of flight, as ``ack``
+        does; return them. If that fails they stay in flight: their lease ends, and the
+        claim that takes them again tries again."""
+        try:
+            self._run("ack", [k.unack, k.counters, k.priority], ids)
+        except EngineUnavailable:
+            return []
+        return ids
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until ids enter ready on one of ``queues``, or ``timeout`` seconds pass.

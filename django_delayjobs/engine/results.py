@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .errors import EngineUnavailable
+
 
 class Added(list[str]):
     """The ids an ``add`` put in Redis that it held nowhere before. ``moved``: the ids it
@@ -24,18 +26,25 @@ class Leased(list[str]):
     ``shards``: a claim's, the shard each id came from, by a name that addresses that
     shard alone (a queue's name may stand for several, after its count changed).
     ``replayed``: a claim's ids returned by a call sent again (see claims.py), whose lease
-    was set when Redis first ran it, not by this sending."""
+    was set when Redis first ran it, not by this sending. ``dropped``: members a claim took
+    that are no ids the engine takes (another program's), taken out of flight, not
+    returned. ``failure``: a claim's, the error of a shard tried after others gave ids,
+    which are returned all the same (the claim stopped there)."""
 
     def __init__(
         self,
         leases: Mapping[str, str] | None = None,
         shards: Mapping[str, str] | None = None,
         replayed: Iterable[str] = (),
+        dropped: Iterable[str] = (),
+        failure: EngineUnavailable | None = None,
     ) -> None:
         super().__init__(leases or {})
         self.leases = dict(leases or {})
         self.shards = dict(shards or {})
         self.replayed = frozenset(replayed)
+        self.dropped = list(dropped)
+        self.failure = failure
 
 
 @dataclass(frozen=True)

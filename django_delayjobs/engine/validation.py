@@ -24,10 +24,16 @@ def check_ids(ids: Iterable[object]) -> list[str]:
     for id_ in given:
         if not isinstance(id_, str):
             raise TypeError(f"job ids must be str, not {type(id_).__name__}")
-        if not id_ or len(id_) > 128 or not _printable(id_) or " " in id_:
+        if not is_id(id_):
             raise ValueError(f"job id {id_!r} must be 1 to 128 printable, non-space characters")
         checked[id_] = None
     return list(checked)
+
+
+def is_id(id_: str) -> bool:
+    """Whether ``id_`` is one the engine takes: 1 to 128 printable, non-space characters.
+    A member another program wrote may be anything (``claim`` takes such ones out)."""
+    return bool(id_) and len(id_) <= 128 and _printable(id_) and " " not in id_
 
 
 def _printable(id_: str) -> bool:
