@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from types import FrameType
@@ -865,9 +865,25 @@ class WorkerProcess:
         if self.options.burst:
             with self.held_lock:
                 self.let_gone.add(job_id)
-        logger.warning("job %s: its lease was lost before it started; not run here (another "
-                       "delivery has it, or it is added again from its row)", job_id,
-                       extra=job_fields(job_id, queue))  # fmt: skip
+        self.said_let_go(queue, [job_id])
+
+    def lose(self, ids: Iterable[str], owner: int | None) -> list[str]:
+        """Stop holding those of ``ids`` (of worker thread ``owner``, if given) that are lost
+        (held_lock held), recorded by a burst (``let_gone``); return them. One that another
+        thread's claim took again since it was found lost (``hold``) is in flight under
+        this process's fresh lease: let go, it would wait there, extended by nobody, and a
+        burst, finding it in flight, would put nothing back."""
+        let = self.unhold(ids, owner, self.lost)
+        if self.options.burst:
+            self.let_gone.update(let)
+        return let
+
+    @staticmethod
+    def said_let_go(queue: str, ids: Iterable[str]) -> None:
+        for job_id in ids:
+            logger.warning("job %s: its lease was lost before it started; not run here "
+                           "(another delivery has it, or it is added again from its row)",
+                           job_id, extra=job_fields(job_id, queue))  # fmt: skip
 
     @staticmethod
     def is_job_id(queue: str, job_id: str, ack: Callable[[str], None]) -> bool:
@@ -952,12 +968,19 @@ class WorkerProcess:
         """Stop holding ``ids`` (those that worker thread ``owner`` claimed, if given: an
         id it settled may be another thread's by now); return the ids released."""
         with self.held_lock:
-            mine = [i for i in ids if i in self.held and owner in (None, self.held[i][1])]
-            for job_id in mine:
-                del self.held[job_id]
-                self.leases.pop(job_id, None)
-                self.confirmed.pop(job_id, None)
-                self.lost.discard(job_id)
+            return self.unhold(ids, owner)
+
+    def unhold(
+        self, ids: Iterable[str], owner: int | None, only: Container[str] | None = None
+    ) -> list[str]:
+        """``release`` with held_lock held; only the ids in ``only``, if given."""
+        mine = [i for i in ids if i in self.held and owner in (None, self.held[i][1])
+                and (only is None or i in only)]  # fmt: skip
+        for job_id in mine:
+            del self.held[job_id]
+            self.leases.pop(job_id, None)
+            self.confirmed.pop(job_id, None)
+            self.lost.discard(job_id)
         return mine
 
     def engine_has_ready(self) -> bool:
@@ -974,29 +997,34 @@ class WorkerProcess:
 
     def give_back(self, queue: str, ids: Sequence[str], owner: int | None = None) -> int | None:
         """``hand_back``; return how many ids were handed back, None if Redis is down. One
-        whose lease was lost is let go (``let_go``), not handed back: nack would take it
-        out of flight from under the worker that holds it now, and a third one would run it
-        beside it. One only unconfirmed for long (``gone``) is asked about first
-        (``reconfirm``): handed back if kept, left to its lease if Redis did not answer."""
+        whose lease was lost is let go (``lose``), not handed back: nack would take it out
+        of flight from under the worker that holds it now, and a third one would run it
+        beside it. Lost as they are released: found so before, by the call below, or by an
+        extension meanwhile. One only unconfirmed for long (``gone``) is asked about first
+        (``reconfirm``): handed back if kept. If Redis did not answer that call, or the
+        nack, the ids are left to their lease, and a burst counts them (``unconfirmed``):
+        after Redis lost its data, only a reconcile sweep would bring them back."""
         with self.held_lock:
-            gone = [i for i in ids if i in self.held and owner in (None, self.held[i][1])
-                    and self.gone(i)]  # fmt: skip
-            stale = [i for i in gone if i not in self.lost]
+            stale = [i for i in ids if i in self.held and owner in (None, self.held[i][1])
+                     and i not in self.lost and self.gone(i)]  # fmt: skip
         kept = self.reconfirm(stale) if stale else set()
-        for job_id in gone:  # lost (those Redis did not answer about are left)
-            if job_id not in (stale if kept is None else kept):
-                self.let_go(queue, job_id, owner)
-        if kept is None:  # Redis does not answer: no nack would either
-            self.leave(stale, owner)
-            self.release(ids, owner)
+        with self.held_lock:  # one section: one found lost after a check would be nacked
+            let = self.lose(ids, owner)
+            ids = self.unhold(ids, owner)
+            if kept is None and self.options.burst:  # no nack would be answered either
+                self.unconfirmed.update(ids)
+        self.said_let_go(queue, let)
+        if kept is None:
             return None
-        ids = self.release([i for i in ids if i not in gone or i in kept], owner)
         if not ids:
             return 0
         try:
             self.engine.nack(queue, dict.fromkeys(ids, self.engine.server_time_ms()))
         except EngineUnavailable as exc:
             self.outage.failed(exc)
+            if self.options.burst:
+                with self.held_lock:
+                    self.unconfirmed.update(ids)
             return None
         return len(ids)
 
