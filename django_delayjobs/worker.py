@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from types import FrameType
@@ -780,16 +780,18 @@ class WorkerProcess:
         would wait there, extended by nobody, until that lease ends. The ids ``waiting``
         behind it in its batch, claimed with it, are as old: asked about in the same call,
         and left with it if Redis does not answer (each its own timeout, one after another,
-        held a batch of PREFETCH ids up to PREFETCH timeouts)."""
+        held a batch of PREFETCH ids up to PREFETCH timeouts). One neither let go nor left
+        (another thread's claim took it again meanwhile: ``hold``) is decided about anew."""
         if self.holds(job_id, thread):
             return True
         with self.held_lock:
             mine = self.held.get(job_id, ("", None))[1] == thread and job_id not in self.lost
             stale = [i for i in waiting if self.held.get(i, ("", None))[1] == thread
                      and i not in self.lost and self.gone(i)] if mine else []  # fmt: skip
-        kept = self.reconfirm([job_id, *stale]) if mine else set()
+            asked = {i: self.leases.get(i) for i in (job_id, *stale)} if mine else {}
+        kept = self.reconfirm(asked) if mine else set()
         if kept is None:
-            left = set(self.leave([job_id, *stale], thread))
+            left = set(self.leave(asked, thread))
             kept_waiting = [i for i in waiting if i not in left]
             waiting.clear()
             waiting.extend(kept_waiting)
@@ -797,11 +799,15 @@ class WorkerProcess:
                 logger.warning("job %s: its lease could not be confirmed (Redis did not "
                                "answer); not run here, it is due again once its lease ends",
                                left_id, extra=job_fields(left_id, queue))  # fmt: skip
+            if job_id in left:
+                return False
+        elif job_id in kept:
+            return True
+        elif self.let_go(queue, job_id, thread):
             return False
-        if job_id not in kept:
-            self.let_go(queue, job_id, thread)
-            return False
-        return True
+        with self.held_lock:
+            again = self.held.get(job_id, ("", None))[1] == thread
+        return again and self.takes_up(queue, job_id, thread, waiting)
 
     def reconfirm(self, ids: Iterable[str]) -> set[str] | None:
         """Extend the leases of held ids by the shard that holds each, under the lease held
@@ -838,14 +844,17 @@ class WorkerProcess:
             logger.warning("lost the lease of job %s; another worker may take it", job_id)
         return set(kept)
 
-    def leave(self, ids: Iterable[str], thread: int | None) -> list[str]:
+    def leave(self, ids: Mapping[str, str | None], thread: int | None) -> list[str]:
         """Stop holding ids whose lease no call could confirm (Redis did not answer), and
         return them: neither started nor handed back, they may be in flight under this
         process's lease, due again once it ends. A burst that leaves any exits non-zero
-        (``unconfirmed``): it cannot tell that they will run."""
-        left = self.release(ids, thread)
-        if self.options.burst:
-            with self.held_lock:
+        (``unconfirmed``): it cannot tell that they will run. Only those still under the
+        lease asked about (``ids``: id -> that lease), checked as they are released: one a
+        claim took again meanwhile (``hold``) is in flight under that claim's lease."""
+        with self.held_lock:
+            asked = [i for i, lease in ids.items() if self.leases.get(i) == lease]
+            left = self.unhold(asked, thread)
+            if self.options.burst:
                 self.unconfirmed.update(left)
         return left
 
@@ -856,16 +865,16 @@ class WorkerProcess:
         confirmed = self.confirmed.get(job_id, -math.inf)
         return job_id in self.lost or time.monotonic() - confirmed > self.trusted
 
-    def let_go(self, queue: str, job_id: str, thread: int | None) -> None:
+    def let_go(self, queue: str, job_id: str, thread: int | None) -> bool:
         """Leave an id this thread no longer holds to whoever holds it now: neither acked
         nor handed back, which would move the other delivery's id. One that Redis lost is
         added again by the reconcile sweep (its row is still waiting), or in a burst, which
-        runs none, by the burst itself before it ends (``put_back``)."""
-        self.release([job_id], thread)
-        if self.options.burst:
-            with self.held_lock:
-                self.let_gone.add(job_id)
-        self.said_let_go(queue, [job_id])
+        runs none, by the burst itself before it ends (``put_back``). Only while it is still
+        lost, checked as it is released; return whether it was let go."""
+        with self.held_lock:
+            let = self.lose([job_id], thread)
+        self.said_let_go(queue, let)
+        return bool(let)
 
     def lose(self, ids: Iterable[str], owner: int | None) -> list[str]:
         """Stop holding those of ``ids`` (of worker thread ``owner``, if given) that are lost

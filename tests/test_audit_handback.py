@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 
 import pytest
@@ -131,3 +132,54 @@ def test_a_lost_id_claimed_again_while_its_batch_is_handed_back_is_handed_back(e
     stats = engine.stats(Q)
     assert (stats.in_flight, stats.pending + stats.ready) == (0, 2)
     assert (worker.let_gone, worker.held) == (set(), {})
+
+
+def test_an_id_claimed_again_once_found_lost_is_started(engine, monkeypatch):
+    """The call asking about a stale id finds it out of flight and marks it lost; before
+    the worker thread lets it go, another thread's claim takes it again: it is this
+    thread's, under a fresh lease, and must be started, not released to wait there."""
+    worker = WorkerProcess(engine, Options(queues=[Q], burst=True))
+    thread = threading.get_ident()
+    stale_batch(engine, worker, ["a"], lease_ms=0)
+    time.sleep(0.01)
+    assert engine.recover_expired(Q) == ["a"]
+    real = worker.reconfirm
+
+    def found_lost_then_claimed_again(ids):  # type: ignore[no-untyped-def]
+        kept = real(ids)
+        assert "a" in worker.lost
+        assert worker.hold(Q, engine.claim(Q, 1, lease_ms=HOUR)) == []  # another thread's
+        return kept
+
+    monkeypatch.setattr(worker, "reconfirm", found_lost_then_claimed_again)
+    assert worker.takes_up(Q, "a", thread, deque())
+    assert (worker.let_gone, list(worker.held)) == (set(), ["a"])
+
+
+def test_an_id_claimed_again_while_redis_does_not_answer_about_it_is_started(
+    own_redis, stoppable, monkeypatch
+):
+    """Another thread's claim takes a stale id again just before Redis stops answering the
+    call asking about it: under the claim's fresh lease, it is started, not left (released
+    in flight under that lease, and counted by a burst as not run)."""
+    assert own_redis.pid is not None
+    worker = WorkerProcess(stoppable, Options(queues=[Q], burst=True))
+    stale_batch(stoppable, worker, ["a"], lease_ms=0)
+    time.sleep(0.01)
+    assert stoppable.recover_expired(Q) == ["a"]
+    stoppable.extend_lease(Q, ["b"], HOUR)  # its script loaded
+    real = stoppable.extend_lease
+
+    def claimed_again_then_no_answer(*args, **kwargs):  # type: ignore[no-untyped-def]
+        monkeypatch.setattr(stoppable, "extend_lease", real)
+        assert worker.hold(Q, stoppable.claim(Q, 1, lease_ms=HOUR)) == []  # another thread's
+        assert own_redis.pid is not None
+        os.kill(own_redis.pid, signal.SIGSTOP)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stoppable, "extend_lease", claimed_again_then_no_answer)
+    try:
+        assert worker.takes_up(Q, "a", threading.get_ident(), deque())
+    finally:
+        os.kill(own_redis.pid, signal.SIGCONT)
+    assert (worker.unconfirmed, list(worker.held)) == (set(), ["a"])
