@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from types import FrameType
@@ -802,16 +802,18 @@ class WorkerProcess:
         would wait there, extended by nobody, until that lease ends. The ids ``waiting``
         behind it in its batch, claimed with it, are as old: asked about in the same call,
         and left with it if Redis does not answer (each its own timeout, one after another,
-        held a batch of PREFETCH ids up to PREFETCH timeouts)."""
+        held a batch of PREFETCH ids up to PREFETCH timeouts). One neither let go nor left
+        (another thread's claim took it again meanwhile: ``hold``) is decided about anew."""
         if self.holds(job_id, thread):
             return True
         with self.held_lock:
             mine = self.held.get(job_id, ("", None))[1] == thread and job_id not in self.lost
             stale = [i for i in waiting if self.held.get(i, ("", None))[1] == thread
                      and i not in self.lost and self.gone(i)] if mine else []  # fmt: skip
-        kept = self.reconfirm([job_id, *stale]) if mine else set()
+            asked = {i: self.leases.get(i) for i in (job_id, *stale)} if mine else {}
+        kept = self.reconfirm(asked) if mine else set()
         if kept is None:
-            left = set(self.leave([job_id, *stale], thread))
+            left = set(self.leave(asked, thread))
             kept_waiting = [i for i in waiting if i not in left]
             waiting.clear()
             waiting.extend(kept_waiting)
@@ -819,11 +821,15 @@ class WorkerProcess:
                 logger.warning("job %s: its lease could not be confirmed (Redis did not "
                                "answer); not run here, it is due again once its lease ends",
                                left_id, extra=job_fields(left_id, queue))  # fmt: skip
+            if job_id in left:
+                return False
+        elif job_id in kept:
+            return True
+        elif self.let_go(queue, job_id, thread):
             return False
-        if job_id not in kept:
-            self.let_go(queue, job_id, thread)
-            return False
-        return True
+        with self.held_lock:
+            again = self.held.get(job_id, ("", None))[1] == thread
+        return again and self.takes_up(queue, job_id, thread, waiting)
 
     def reconfirm(self, ids: Iterable[str]) -> set[str] | None:
         """Extend the leases of held ids by the shard that holds each, under the lease held
@@ -860,14 +866,17 @@ class WorkerProcess:
             logger.warning("lost the lease of job %s; another worker may take it", job_id)
         return set(kept)
 
-    def leave(self, ids: Iterable[str], thread: int | None) -> list[str]:
+    def leave(self, ids: Mapping[str, str | None], thread: int | None) -> list[str]:
         """Stop holding ids whose lease no call could confirm (Redis did not answer), and
         return them: neither started nor handed back, they may be in flight under this
         process's lease, due again once it ends. A burst that leaves any exits non-zero
-        (``unconfirmed``): it cannot tell that they will run."""
-        left = self.release(ids, thread)
-        if self.options.burst:
-            with self.held_lock:
+        (``unconfirmed``): it cannot tell that they will run. Only those still under the
+        lease asked about (``ids``: id -> that lease), checked as they are released: one a
+        claim took again meanwhile (``hold``) is in flight under that claim's lease."""
+        with self.held_lock:
+            asked = [i for i, lease in ids.items() if self.leases.get(i) == lease]
+            left = self.unhold(asked, thread)
+            if self.options.burst:
                 self.unconfirmed.update(left)
         return left
 
@@ -878,18 +887,34 @@ class WorkerProcess:
         confirmed = self.confirmed.get(job_id, -math.inf)
         return job_id in self.lost or time.monotonic() - confirmed > self.trusted
 
-    def let_go(self, queue: str, job_id: str, thread: int | None) -> None:
+    def let_go(self, queue: str, job_id: str, thread: int | None) -> bool:
         """Leave an id this thread no longer holds to whoever holds it now: neither acked
         nor handed back, which would move the other delivery's id. One that Redis lost is
         added again by the reconcile sweep (its row is still waiting), or in a burst, which
-        runs none, by the burst itself before it ends (``put_back``)."""
-        self.release([job_id], thread)
+        runs none, by the burst itself before it ends (``put_back``). Only while it is still
+        lost, checked as it is released; return whether it was let go."""
+        with self.held_lock:
+            let = self.lose([job_id], thread)
+        self.said_let_go(queue, let)
+        return bool(let)
+
+    def lose(self, ids: Iterable[str], owner: int | None) -> list[str]:
+        """Stop holding those of ``ids`` (of worker thread ``owner``, if given) that are lost
+        (held_lock held), recorded by a burst (``let_gone``); return them. One that another
+        thread's claim took again since it was found lost (``hold``) is in flight under
+        this process's fresh lease: let go, it would wait there, extended by nobody, and a
+        burst, finding it in flight, would put nothing back."""
+        let = self.unhold(ids, owner, self.lost)
         if self.options.burst:
-            with self.held_lock:
-                self.let_gone.add(job_id)
-        logger.warning("job %s: its lease was lost before it started; not run here (another "
-                       "delivery has it, or it is added again from its row)", job_id,
-                       extra=job_fields(job_id, queue))  # fmt: skip
+            self.let_gone.update(let)
+        return let
+
+    @staticmethod
+    def said_let_go(queue: str, ids: Iterable[str]) -> None:
+        for job_id in ids:
+            logger.warning("job %s: its lease was lost before it started; not run here "
+                           "(another delivery has it, or it is added again from its row)",
+                           job_id, extra=job_fields(job_id, queue))  # fmt: skip
 
     @staticmethod
     def is_job_id(queue: str, job_id: str, ack: Callable[[str], None]) -> bool:
@@ -974,12 +999,19 @@ class WorkerProcess:
         """Stop holding ``ids`` (those that worker thread ``owner`` claimed, if given: an
         id it settled may be another thread's by now); return the ids released."""
         with self.held_lock:
-            mine = [i for i in ids if i in self.held and owner in (None, self.held[i][1])]
-            for job_id in mine:
-                del self.held[job_id]
-                self.leases.pop(job_id, None)
-                self.confirmed.pop(job_id, None)
-                self.lost.discard(job_id)
+            return self.unhold(ids, owner)
+
+    def unhold(
+        self, ids: Iterable[str], owner: int | None, only: Container[str] | None = None
+    ) -> list[str]:
+        """``release`` with held_lock held; only the ids in ``only``, if given."""
+        mine = [i for i in ids if i in self.held and owner in (None, self.held[i][1])
+                and (only is None or i in only)]  # fmt: skip
+        for job_id in mine:
+            del self.held[job_id]
+            self.leases.pop(job_id, None)
+            self.confirmed.pop(job_id, None)
+            self.lost.discard(job_id)
         return mine
 
     def engine_has_ready(self) -> bool:
@@ -996,29 +1028,34 @@ class WorkerProcess:
 
     def give_back(self, queue: str, ids: Sequence[str], owner: int | None = None) -> int | None:
         """``hand_back``; return how many ids were handed back, None if Redis is down. One
-        whose lease was lost is let go (``let_go``), not handed back: nack would take it
-        out of flight from under the worker that holds it now, and a third one would run it
-        beside it. One only unconfirmed for long (``gone``) is asked about first
-        (``reconfirm``): handed back if kept, left to its lease if Redis did not answer."""
+        whose lease was lost is let go (``lose``), not handed back: nack would take it out
+        of flight from under the worker that holds it now, and a third one would run it
+        beside it. Lost as they are released: found so before, by the call below, or by an
+        extension meanwhile. One only unconfirmed for long (``gone``) is asked about first
+        (``reconfirm``): handed back if kept. If Redis did not answer that call, or the
+        nack, the ids are left to their lease, and a burst counts them (``unconfirmed``):
+        after Redis lost its data, only a reconcile sweep would bring them back."""
         with self.held_lock:
-            gone = [i for i in ids if i in self.held and owner in (None, self.held[i][1])
-                    and self.gone(i)]  # fmt: skip
-            stale = [i for i in gone if i not in self.lost]
+            stale = [i for i in ids if i in self.held and owner in (None, self.held[i][1])
+                     and i not in self.lost and self.gone(i)]  # fmt: skip
         kept = self.reconfirm(stale) if stale else set()
-        for job_id in gone:  # lost (those Redis did not answer about are left)
-            if job_id not in (stale if kept is None else kept):
-                self.let_go(queue, job_id, owner)
-        if kept is None:  # Redis does not answer: no nack would either
-            self.leave(stale, owner)
-            self.release(ids, owner)
+        with self.held_lock:  # one section: one found lost after a check would be nacked
+            let = self.lose(ids, owner)
+            ids = self.unhold(ids, owner)
+            if kept is None and self.options.burst:  # no nack would be answered either
+                self.unconfirmed.update(ids)
+        self.said_let_go(queue, let)
+        if kept is None:
             return None
-        ids = self.release([i for i in ids if i not in gone or i in kept], owner)
         if not ids:
             return 0
         try:
             self.engine.nack(queue, dict.fromkeys(ids, self.engine.server_time_ms()))
         except EngineUnavailable as exc:
             self.outage.failed(exc)
+            if self.options.burst:
+                with self.held_lock:
+                    self.unconfirmed.update(ids)
             return None
         return len(ids)
 

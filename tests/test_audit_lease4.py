@@ -218,7 +218,8 @@ def test_a_burst_that_runs_an_id_it_had_left_unconfirmed_exits_0():
     engine = get_engine()
     worker = WorkerProcess(engine, Options(queues=[Q], burst=True))
     worker.hold(Q, engine.claim(Q, 1, lease_ms=0))  # a lease that ended at once
-    worker.leave([str(job.pk)], threading.get_ident())  # as after a call with no answer
+    asked = {str(job.pk): worker.leases[str(job.pk)]}
+    worker.leave(asked, threading.get_ident())  # as after a call with no answer
     assert worker.unconfirmed == {str(job.pk)}
     worker.run()  # recovers the lease, claims the id again and runs it: no WorkerDied
     assert status(job) == Status.SUCCEEDED
