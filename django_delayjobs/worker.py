@@ -705,6 +705,10 @@ class WorkerProcess:
                 first = self.took(shard, ids, claimer, sent)
                 if ids:
                     return shard, self.hold(shard, ids, sent, first)
+                if ids.failure is not None and not isinstance(ids.failure, WrongType):
+                    if not self.engine.is_cluster and unreachable(ids.failure):
+                        raise ids.failure  # as above: only members no ids were dropped
+                    failure = failure or ids.failure
         if failure is not None and answered:
             raise PartlyUnavailable(str(failure), None) from failure
         if failure is not None:
@@ -713,20 +717,22 @@ class WorkerProcess:
 
     def took(self, shard: str, ids: Leased, claimer: Claimer | None, sent: float) -> float:
         """Note a claim from ``shard`` that was answered; return when the leases of the ids
-        it returned as sent again (``Leased.replayed``) were set (``Claimer.since``). A
-        shard of several whose call failed after others gave ids (``Leased.failure``) is
-        sent the same call again, as after a claim that raised (Redis may have run it),
-        unless a key of its had the wrong type: reported, and a script that meets one
-        takes nothing (a new call, or the others would only replay it until the key is
-        fixed). The members it took out of Redis that are no ids (``Leased.dropped``) are
-        logged."""
+        it returned as sent again (``Leased.replayed``) were set (``Claimer.since``). The
+        next claim from ``shard`` is a new call, even after one of its shards failed once
+        others had answered (``Leased.failure``): sent again, the call would reach every
+        shard of ``shard``, and those that answered would only replay it (for two thirds
+        of the lease) while the other stays down; whatever the failed one may have taken
+        comes back with its lease. That failure is reported (a key of the wrong type) or
+        counted in the outage, and the members the claim took out of Redis that are no
+        ids (``Leased.dropped``) are logged."""
         first = sent
         if claimer is not None:
             first = claimer.since(shard, sent, self.lease_ms)
-            if ids.failure is None or isinstance(ids.failure, WrongType):
-                claimer.answered(shard)
+            claimer.answered(shard)
         if isinstance(ids.failure, WrongType):
             self.broken.report(shard, ids.failure)
+        elif ids.failure is not None:
+            self.outage.failed(ids.failure)
         for job_id in ids.dropped:
             not_a_job_id(shard, job_id)
         return first

@@ -14,8 +14,9 @@ from django.core.management import call_command
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
-from django_delayjobs.engine import Engine, WrongType
+from django_delayjobs.engine import Engine, EngineUnavailable, WrongType
 from django_delayjobs.engine.claims import Claimer
+from django_delayjobs.engine.results import Leased
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job, schedule_many
 from django_delayjobs.worker import Options, WorkerProcess
@@ -159,3 +160,43 @@ def test_a_worker_reports_the_broken_old_shard_and_claims_anew_after_it(
     assert "is not served" in caplog.text and "WRONGTYPE" in caplog.text
     assert claimer.token("orders") != sent
     assert sorted(process.release(["A", "B"])) == ["A", "B"]
+
+
+def test_a_claim_that_only_dropped_members_before_a_shard_failed_still_names_them(
+    redis_client: redis.Redis,
+) -> None:
+    """The current shard held a foreign member only, which the claim took out of Redis;
+    the old shard then raised, nothing had been claimed, and the claim raised: the member
+    was gone from Redis and never logged. It now returns nothing, with the member in
+    ``dropped`` and the error in ``failure``."""
+    broken_old_shard(redis_client, Engine(redis_client, prefix="t", shards={Q: 2}))
+    engine = Engine(redis_client, prefix="t")
+    plant(redis_client, engine, Q, b"bad id")
+    for _ in engine.shards(Q):  # whichever shard the claim starts at
+        claimed = engine.claim(Q, 10)
+        if claimed.dropped:
+            break
+    assert list(claimed) == [] and claimed.dropped == ["bad id"]
+    assert isinstance(claimed.failure, WrongType)
+    assert not left_anywhere(redis_client, engine, Q, b"bad id")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_claims_anew_after_a_shard_that_did_not_answer_and_says_so(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claim over several shards that returned its ids with another shard's failure (a
+    Cluster master down: not a wrong type) kept its token, so every later claim of the
+    queue sent that call again to every shard: the healthy shard only replayed its record
+    (two thirds of the lease) and gave this worker no new ids while the other was down,
+    and the failure was logged nowhere. The next claim is a new call, and the failure is
+    logged."""
+    engine = get_engine()
+    process = WorkerProcess(engine, Options(queues=["orders"]))
+    claimer = Claimer()
+    sent = claimer.token("orders")
+    failed = Leased({"A": "1"}, failure=EngineUnavailable("the master of {dj:orders#1/2} is down"))
+    with caplog.at_level(logging.WARNING, logger="django_delayjobs"):
+        process.took("orders", failed, claimer, 0.0)
+    assert claimer.token("orders") != sent
+    assert "{dj:orders#1/2} is down" in caplog.text

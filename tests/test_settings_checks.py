@@ -307,9 +307,11 @@ def test_docs_settings_table_names_every_setting_with_its_default_and_range():
 
 
 def test_a_setting_read_while_another_thread_reloads_is_one_of_either_settings(settings):
-    """A reload in one thread never makes a read in another raise or keep a value of the
-    settings it replaced: reload() once emptied every attribute, ``_current`` too, so a
-    read between the two found no ``_current`` ("unknown DELAYJOBS setting '_current'")."""
+    """A reload in one thread never makes a read in another raise: reload() once emptied
+    every attribute, ``_current`` too, so a read between the two found no ``_current``
+    ("unknown DELAYJOBS setting '_current'"). (That a read cannot keep a value of the
+    settings a reload replaced rests on the lock; CPython gives no switch point between a
+    read's check and its store to show it by.)"""
     import sys
     import threading
 

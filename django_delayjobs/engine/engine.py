@@ -315,11 +315,13 @@ class Engine(Reader):
         with the same token: on each shard where Redis ran it, it returns the ids it took
         there (however many) that are still in flight under its lease, and takes none.
 
-        A shard that fails after others gave ids ends the claim: those ids are returned,
-        with the error as ``Leased.failure`` (raised, they would be in flight for nobody
-        until their lease ended); one that fails before any is raised. A member no other
-        call takes (another program's: see ``check_ids``) is taken out of flight again,
-        in a second call made only then, and named in ``Leased.dropped``, not returned.
+        A shard that fails after others gave ids (or after members were dropped, below)
+        ends the claim: those ids are returned, with the error as ``Leased.failure``
+        (raised, they would be in flight for nobody until their lease ended); one that
+        fails before is raised. A member no other call takes (another program's: see
+        ``check_ids``) is taken out of flight again, in a second call made only then, and
+        named in ``Leased.dropped``, not returned; that call unanswered ends the claim
+        too (one Redis that does not answer costs a claim one timeout, not one a shard).
         """
         want, lease = _batch(count), _ms(lease_ms, "lease")
         # Exactly a ClaimToken: a subclass may skip the checks that make one.
@@ -341,31 +343,27 @@ class Engine(Reader):
             try:
                 deadline, ids, *again = self._run("claim", keys, args)
             except EngineUnavailable as exc:
-                if not claimed:
+                if not claimed and not dropped:
                     raise
                 return Leased(claimed, where, replayed, dropped, exc)
             taken = [_text(i) for i in ids]
             refused = [i for i in taken if not is_id(i)]
-            if refused:
-                taken = [i for i in taken if is_id(i)]
-                dropped += self._drop(k, refused)
+            taken = [i for i in taken if is_id(i)] if refused else taken
             if again:
                 replayed += taken
             claimed.update(dict.fromkeys(taken, _text(deadline)))
             where.update(dict.fromkeys(taken, self._router.name(shard)))
+            if refused:
+                # Out of flight again. Not answered, they stay there until their lease
+                # ends, and the claim that takes them again tries again.
+                try:
+                    self._run("ack", [k.unack, k.counters, k.priority], refused)
+                except EngineUnavailable as exc:
+                    return Leased(claimed, where, replayed, dropped, exc)
+                dropped += refused
             if len(claimed) >= want:  # a call sent again returns what it took
                 break
         return Leased(claimed, where, replayed, dropped)
-
-    def _drop(self, k: QueueKeys, ids: list[str]) -> list[str]:
-        """Take claimed members that are no ids (see ``claim``) out of flight, as ``ack``
-        does; return them. If that fails they stay in flight: their lease ends, and the
-        claim that takes them again tries again."""
-        try:
-            self._run("ack", [k.unack, k.counters, k.priority], ids)
-        except EngineUnavailable:
-            return []
-        return ids
 
     def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until ids enter ready on one of ``queues``, or ``timeout`` seconds pass.
