@@ -707,7 +707,7 @@ class WorkerProcess:
                     return shard, self.hold(shard, ids, sent, first)
                 if ids.failure is not None and not isinstance(ids.failure, WrongType):
                     if not self.engine.is_cluster and unreachable(ids.failure):
-                        raise ids.failure  # as above: only members no ids were dropped
+                        raise ids.failure  # as above (it took only members that are no ids)
                     failure = failure or ids.failure
         if failure is not None and answered:
             raise PartlyUnavailable(str(failure), None) from failure
