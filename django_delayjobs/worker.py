@@ -676,10 +676,11 @@ class WorkerProcess:
         timeout. A shard with a key of the wrong type is passed over and reported
         (``BrokenKeys``).
 
-        With a ``claimer`` (the calling thread's), a shard's claim that failed is sent
+        With a ``claimer`` (the calling thread's), a shard's claim that raised is sent
         again as the same call by the next claim from that shard: if Redis ran it after
         the caller gave up (a timeout while Redis stalled), that returns the ids it took,
-        which would otherwise wait in flight for their lease to end.
+        which would otherwise wait in flight for their lease to end (one that returned
+        ids with a failure is answered: see ``took``).
         """
         failure: EngineUnavailable | None = None
         answered = False
@@ -722,16 +723,16 @@ class WorkerProcess:
         others had answered (``Leased.failure``): sent again, the call would reach every
         shard of ``shard``, and those that answered would only replay it (for two thirds
         of the lease) while the other stays down; whatever the failed one may have taken
-        comes back with its lease. That failure is reported (a key of the wrong type) or
-        counted in the outage, and the members the claim took out of Redis that are no
-        ids (``Leased.dropped``) are logged."""
+        comes back with its lease. That failure is reported (a key of the wrong type) or,
+        with ids, counted in the outage (with none, ``claim`` raises it), and the members
+        the claim took out of Redis that are no ids (``Leased.dropped``) are logged."""
         first = sent
         if claimer is not None:
             first = claimer.since(shard, sent, self.lease_ms)
             claimer.answered(shard)
         if isinstance(ids.failure, WrongType):
             self.broken.report(shard, ids.failure)
-        elif ids.failure is not None:
+        elif ids.failure is not None and ids:  # with none, claim() raises it
             self.outage.failed(ids.failure)
         for job_id in ids.dropped:
             not_a_job_id(shard, job_id)

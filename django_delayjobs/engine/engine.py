@@ -320,8 +320,9 @@ class Engine(Reader):
         (raised, they would be in flight for nobody until their lease ended); one that
         fails before is raised. A member no other call takes (another program's: see
         ``check_ids``) is taken out of flight again, in a second call made only then, and
-        named in ``Leased.dropped``, not returned; that call unanswered ends the claim
-        too (one Redis that does not answer costs a claim one timeout, not one a shard).
+        named in ``Leased.dropped``, not returned; that call failing ends the claim too,
+        which returns what it took with the error (one Redis that does not answer costs
+        a claim one timeout, not one a shard).
         """
         want, lease = _batch(count), _ms(lease_ms, "lease")
         # Exactly a ClaimToken: a subclass may skip the checks that make one.

@@ -28,8 +28,9 @@ class Leased(list[str]):
     ``replayed``: a claim's ids returned by a call sent again (see claims.py), whose lease
     was set when Redis first ran it, not by this sending. ``dropped``: members a claim took
     that are no ids the engine takes (another program's), taken out of flight, not
-    returned. ``failure``: a claim's, the error of a shard tried after others gave ids,
-    which are returned all the same (the claim stopped there)."""
+    returned. ``failure``: a claim's, the error that ended it once it had taken ids or
+    dropped members (a shard that failed after others answered, or a drop that failed),
+    which are returned all the same."""
 
     def __init__(
         self,
