@@ -33,15 +33,14 @@ def check_ids(ids: Iterable[object]) -> list[str]:
 def is_id(id_: str) -> bool:
     """Whether ``id_`` is one the engine takes: 1 to 128 printable, non-space characters.
     A member another program wrote may be anything (``claim`` takes such ones out)."""
-    return bool(id_) and len(id_) <= 128 and _printable(id_) and " " not in id_
+    return 0 < len(id_) <= 128 and (id_.isprintable() or _printable(id_)) and " " not in id_
 
 
 def _printable(id_: str) -> bool:
-    """Whether ``id_`` is printable, its bytes that are not UTF-8 (an id another program
-    wrote, as ``text`` reads it) counted as printable: the worker removes such an id. Only
-    as ``text`` spells it: another spelling of the same bytes would be a second id."""
-    if id_.isprintable():
-        return True
+    """Whether ``id_``, which ``str.isprintable`` refuses, is printable once its bytes that
+    are not UTF-8 (an id another program wrote, as ``text`` reads it) are counted as
+    printable: the worker removes such an id. Only as ``text`` spells it: another spelling
+    of the same bytes would be a second id."""
     try:
         raw = wire(id_)
     except UnicodeEncodeError:  # a lone surrogate that no bytes read back stand for
