@@ -81,10 +81,7 @@ class Breaker:
         if not self.engine.is_cluster:
             yield
             return
-        try:
-            master = self.engine.node_of(shard)  # the client's slot table: no round trip
-        except EngineUnavailable:
-            master = ""
+        master = self._master(shard)
         until, why = self._open.get(master, (0.0, None))
         if why is not None and time.monotonic() < until:  # a new error: tracebacks add up
             raise EngineUnavailable(
@@ -93,11 +90,27 @@ class Breaker:
         try:
             yield
         except EngineUnavailable as exc:
-            if unreachable(exc):
-                self._open[master] = (time.monotonic() + SKIP_SECONDS, exc)
+            self._trip(master, exc)
             raise
         else:
             self._open.pop(master, None)
+
+    def failed(self, shard: str, exc: EngineUnavailable) -> None:
+        """Note that ``shard`` failed with ``exc`` within a call that did not raise it (a
+        claim that returned the ids other shards gave with it: ``Leased.failure``), so
+        that its master is passed over as if the call had raised."""
+        if self.engine.is_cluster:
+            self._trip(self._master(shard), exc)
+
+    def _master(self, shard: str) -> str:
+        try:
+            return self.engine.node_of(shard)  # the client's slot table: no round trip
+        except EngineUnavailable:
+            return ""
+
+    def _trip(self, master: str, exc: EngineUnavailable) -> None:
+        if unreachable(exc):
+            self._open[master] = (time.monotonic() + SKIP_SECONDS, exc)
 
 
 class Promoter:

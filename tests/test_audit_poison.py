@@ -145,7 +145,9 @@ def test_a_worker_reports_the_broken_old_shard_and_claims_anew_after_it(
     redis_client: redis.Redis, settings: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A wrong type makes the script fail before it takes anything: the next claim is a new
-    call (sent again, it would only replay the healthy shard's ids until the key is fixed)."""
+    call (sent again, it would only replay the healthy shard's ids until the key is fixed).
+    The worker claims each shard alone (the queue's own by ``orders#0/1``): the broken one
+    is met, and reported, by the claim that comes to it by its own name."""
     settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 2}}
     broken_old_shard(redis_client, get_engine(), "orders")
     settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 1}}
@@ -156,6 +158,7 @@ def test_a_worker_reports_the_broken_old_shard_and_claims_anew_after_it(
     sent = claimer.token("orders")
     with caplog.at_level(logging.ERROR, logger="django_delayjobs"):
         claimed = process.claim(["orders"], claimer)
+        assert process.claim(["orders"], claimer) is None  # the old shards' turn
     assert claimed is not None and claimed[0] == "orders" and sorted(claimed[1]) == ["A", "B"]
     assert "is not served" in caplog.text and "WRONGTYPE" in caplog.text
     assert claimer.token("orders") != sent

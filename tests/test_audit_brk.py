@@ -1,0 +1,136 @@
+"""Audit of the Cluster's claim breaker (``pytest -m cluster``): a queue whose shard count
+changed spans shards on several masters, and the master of one old shard freezes.
+
+The worker claimed such a queue by its name, which the engine serves from every shard it
+has, the old ones too: a claim that met the frozen shard after another had given ids came
+back with the failure inside ``Leased.failure``, tripped no breaker, and every claim that
+reached that shard waited for the client's timeout. One that met it first raised, and
+opened the breaker of the queue's own master (the healthy one)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+from django.test import override_settings
+
+from django_delayjobs import schedule
+from django_delayjobs.connection import get_engine
+from django_delayjobs.engine import Engine, EngineUnavailable, Leased
+from django_delayjobs.engine.claims import Claimer
+from django_delayjobs.engine.engine import checked_source
+from django_delayjobs.models import Job, Status
+from django_delayjobs.promoter import SKIP_SECONDS
+from django_delayjobs.worker import Backoff, Options, WorkerProcess
+from tests.test_audit_cls3 import PREFIX, node, settings_for
+from tests.test_audit_hlt import frozen
+from tests.testapp import tasks
+from tests.testapp.models import Record
+
+pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
+
+#: A claim slower than this met a master that did not answer (the timeout is 1 s).
+SLOW = 0.5
+
+
+def split_queue(client: Any) -> tuple[str, str]:
+    """A queue name and one of its shards of 2 whose master holds neither its shard of 1
+    nor the directory of queues (read again every few seconds)."""
+    directory = client.get_node_from_key(f"{{{PREFIX}}}:queues").name
+    for n in range(1000):
+        queue = f"split{n}"
+        engine = Engine(client, prefix=PREFIX, shards={queue: 2})
+        for old in (f"{queue}#0/2", f"{queue}#1/2"):
+            master = engine.node_of(old)
+            if master not in (directory, engine.node_of(f"{queue}#0/1")):
+                return queue, old
+    raise AssertionError("no such queue")
+
+
+def claim_and_run(process: WorkerProcess, queue: str, claimer: Claimer) -> tuple[float, list[str]]:
+    """One claim of the worker, and the run of what it took; return how long the claim
+    took and the ids it returned."""
+    started = time.monotonic()
+    try:
+        found = process.claim([queue], claimer)
+    except EngineUnavailable:
+        found = None
+    took = time.monotonic() - started
+    if found is None:
+        return took, []
+    process.run_batch(*found, Backoff(process.stopping, "worker", process.database))
+    return took, found[1]
+
+
+def test_a_frozen_old_shard_costs_one_claim_its_timeout_then_is_passed_over(on_lonely):
+    """A queue split in 2 then back to 1: its shard of 1 and its old shards are served
+    together. The master of one old shard freezes: the first claim that meets it waits
+    for the timeout, the next ones pass over it (its master's breaker) and return the
+    other shards' ids at once. Once it answers again, after the breaker's cool-down, its
+    ids are claimed and run: none lost, none run twice (the ids its timed-out claim took
+    once Redis ran it come back with that claim's token, not after their lease)."""
+    cluster, client = on_lonely
+    queue, old = split_queue(client)
+    victim = node(cluster, Engine(client, prefix=PREFIX, shards={queue: 2}).node_of(old))
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS={queue: 2})):
+        jobs = [schedule(tasks.record, in_=0, args=[f"old-{n}"], queue=queue) for n in range(30)]
+        stuck = {str(j.pk) for j in jobs if get_engine().home(queue, str(j.pk)) == old}
+    with override_settings(DELAYJOBS=settings_for(cluster)):  # back to 1 shard
+        jobs += [schedule(tasks.record, in_=0, args=[f"new-{n}"], queue=queue) for n in range(20)]
+        engine = get_engine()
+        assert set(engine.shards(queue)) == {queue, f"{queue}#0/2", f"{queue}#1/2"}
+        assert 0 < len(stuck) < 30
+        process = WorkerProcess(engine, Options(queues=[queue]))
+        process.prefetch = 4  # several claims, each meeting the shards in turn
+        claimer = Claimer()
+        everyone = {str(j.pk) for j in jobs}
+        claimed: list[str] = []
+        slow = 0
+        with victim.client() as direct:  # as once any worker has claimed there
+            direct.script_load(checked_source("claim"))
+        with frozen(victim):
+            started = time.monotonic()
+            while set(claimed) != everyone - stuck:
+                took, ids = claim_and_run(process, queue, claimer)
+                claimed += ids
+                slow += took > SLOW
+                assert time.monotonic() - started < 60, (slow, len(claimed))
+            passed = time.monotonic() - started
+            assert slow == 1, f"{slow} claims waited for the frozen master ({passed:.1f} s)"
+            assert passed < SKIP_SECONDS  # all within the breaker's first opening
+        deadline = time.monotonic() + SKIP_SECONDS + 15
+        while set(claimed) != everyone:
+            claimed += claim_and_run(process, queue, claimer)[1]
+            assert time.monotonic() < deadline, f"missing: {everyone - set(claimed)}"
+            time.sleep(0.05)
+        assert Counter(claimed) == Counter(everyone)  # each claimed once
+        labels = Counter(Record.objects.values_list("label", flat=True))
+        assert labels == Counter([f"old-{n}" for n in range(30)] + [f"new-{n}" for n in range(20)])
+        assert set(Job.objects.values_list("status", flat=True)) == {Status.SUCCEEDED}
+        assert all(engine.stats(s).in_flight == 0 for s in engine.shards(queue))
+
+
+def test_a_claim_that_returned_ids_with_a_shard_that_did_not_answer_opens_its_breaker(
+    on_lonely,
+):
+    """A claim whose ids came back with the failure of another shard (``Leased.failure``)
+    "succeeded": no breaker was told, and the next claim met the same master. The worker
+    now opens the breaker of the master of the shard that failed (named by the claim),
+    the one the promoter uses, and not that of the shard it claimed by."""
+    cluster, client = on_lonely
+    queue, old = split_queue(client)
+    with override_settings(DELAYJOBS=settings_for(cluster)):
+        engine = get_engine()
+        process = WorkerProcess(engine, Options(queues=[queue]))
+        timeout = EngineUnavailable("Redis is unreachable: Timeout reading from socket")
+        timeout.__cause__ = redis.TimeoutError("Timeout reading from socket")
+        failed = Leased({"A": "1"}, failure=timeout, failed_shard=old)
+        process.took(queue, failed, Claimer(), time.monotonic())
+        breaker = process.promoter.breaker
+        with pytest.raises(EngineUnavailable, match="passed over"), breaker.guard(old):
+            pass
+        with breaker.guard(queue):  # the healthy master of the shard it claimed by
+            pass
