@@ -9,11 +9,12 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PerShard, WrongType
 from .engine.errors import unreachable
+from .engine.sharding import alone
 
 logger = logging.getLogger("django_delayjobs.promoter")
 
@@ -77,40 +78,40 @@ class Breaker:
         self._open: dict[str, tuple[float, EngineUnavailable]] = {}  # master -> until, why
 
     @contextlib.contextmanager
-    def guard(self, shard: str) -> Iterator[None]:
+    def guard(self, shard: str) -> Iterator[Callable[[EngineUnavailable], None]]:
+        """Raise at once while ``shard``'s master is passed over; else run the block, and
+        pass that master over if the block raises that it did not answer, or gives that
+        error to the function it is handed (a call that returned a failure with its
+        results: ``Leased.failure``). The master is the one the client named before the
+        call (a failover may have named a new one since)."""
+        failed: list[EngineUnavailable] = []
         if not self.engine.is_cluster:
-            yield
+            yield failed.append
             return
-        master = self._master(shard)
+        try:
+            master = self.engine.node_of(shard)  # the client's slot table: no round trip
+        except EngineUnavailable:
+            master = ""
         until, why = self._open.get(master, (0.0, None))
         if why is not None and time.monotonic() < until:  # a new error: tracebacks add up
             raise EngineUnavailable(
                 f"{why} (passed over for {SKIP_SECONDS:g} s)"
             ) from why.__cause__
         try:
-            yield
+            yield failed.append
         except EngineUnavailable as exc:
-            self._trip(master, exc)
+            self._trip(master, [exc])
             raise
-        else:
+        if not self._trip(master, failed):
             self._open.pop(master, None)
 
-    def failed(self, shard: str, exc: EngineUnavailable) -> None:
-        """Note that ``shard`` failed with ``exc`` within a call that did not raise it (a
-        claim that returned the ids other shards gave with it: ``Leased.failure``), so
-        that its master is passed over as if the call had raised."""
-        if self.engine.is_cluster:
-            self._trip(self._master(shard), exc)
-
-    def _master(self, shard: str) -> str:
-        try:
-            return self.engine.node_of(shard)  # the client's slot table: no round trip
-        except EngineUnavailable:
-            return ""
-
-    def _trip(self, master: str, exc: EngineUnavailable) -> None:
-        if unreachable(exc):
-            self._open[master] = (time.monotonic() + SKIP_SECONDS, exc)
+    def _trip(self, master: str, failures: list[EngineUnavailable]) -> bool:
+        """Pass ``master`` over if one of ``failures`` says it did not answer."""
+        for exc in failures:
+            if unreachable(exc):
+                self._open[master] = (time.monotonic() + SKIP_SECONDS, exc)
+                return True
+        return False
 
 
 class Promoter:
@@ -173,7 +174,7 @@ class Promoter:
                 next_at.pop(shard, None)
                 with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
                     sent = time.monotonic()  # Redis measured the wait after this
-                    result = self.engine.promote(shard, self.batch)
+                    result = self.engine.promote(alone(shard), self.batch)
                     moved += result.moved
                     if result.moved >= self.batch:  # more may be due: its next turn
                         full.add(shard)
@@ -195,7 +196,7 @@ class Promoter:
             self._last_recover = now
             for shard in each.until_down(self.shards(each)):
                 with each.attempt(), self.breaker.guard(shard), self.broken.watch(shard):
-                    while len(self.engine.recover_expired(shard, self.batch)) == self.batch:
+                    while len(self.engine.recover_expired(alone(shard), self.batch)) == self.batch:
                         pass
             if self._last_list is None or now - self._last_list >= LIST_EVERY:
                 self._last_list = now

@@ -56,7 +56,7 @@ from .engine import (
 )
 from .engine.claims import Claimer
 from .engine.errors import first_failure, unreachable
-from .engine.sharding import explicit
+from .engine.sharding import alone
 from .exceptions import ConfigurationError, DelayJobsError
 from .execution import Execution, receivers_left_behind
 from .logs import job_fields
@@ -106,14 +106,6 @@ def in_parts(ids: Sequence[str]) -> Iterator[list[str]]:
     threads of one process may hold more of one queue (``PREFETCH`` is up to 5,000)."""
     for start in range(0, len(ids), MAX_BATCH):
         yield list(ids[start : start + MAX_BATCH])
-
-
-def alone(name: str) -> str:
-    """A name that addresses the one shard ``name`` (a queue's or a shard's, as
-    ``Engine.shards`` gives them) stands for in its master's breaker: a queue's own name
-    (its shard of 1) also claims from the shards of its older counts, which
-    ``Engine.shards`` lists by their own names, each behind its own master's breaker."""
-    return name if explicit(name) else f"{name}#0/1"
 
 
 def lease_every() -> float:
@@ -685,11 +677,10 @@ class WorkerProcess:
         timeout. A shard with a key of the wrong type is passed over and reported
         (``BrokenKeys``).
 
-        Each shard is claimed alone (``alone``), behind the breaker of its own master: a
-        queue's own name would also claim from its old shards (which come in turn by their
-        own names), and an old shard whose master froze would cost each such claim its
-        timeout, its failure returned with the other shards' ids (``Leased.failure``,
-        which trips no breaker) or raised into the breaker of the queue's own master.
+        Each shard is claimed alone (``alone``: by its name a queue would also be claimed
+        from its old shards, which come in turn by their own), behind its own master's
+        breaker; a failure that comes back with ids (``Leased.failure``: a drop that was
+        not answered) opens that breaker too.
 
         With a ``claimer`` (the calling thread's), a shard's claim that raised is sent
         again as the same call by the next claim from that shard: if Redis ran it after
@@ -707,8 +698,10 @@ class WorkerProcess:
                 token = claimer.token(shard) if claimer is not None else None
                 sent = time.monotonic()
                 try:
-                    with self.promoter.breaker.guard(shard):  # a frozen master: passed over
+                    with self.promoter.breaker.guard(shard) as trip:  # a frozen master
                         ids = self.engine.claim(alone(shard), count, self.lease_ms, token)
+                        if ids.failure is not None:
+                            trip(ids.failure)
                 except WrongType as exc:  # that shard alone: no outage, no backoff
                     self.broken.report(shard, exc)
                     continue
@@ -735,25 +728,18 @@ class WorkerProcess:
         """Note a claim from ``shard`` that was answered; return when the leases of the ids
         it returned as sent again (``Leased.replayed``) were set (``Claimer.since``). The
         next claim from ``shard`` is a new call, even when this one came with a failure
-        (``Leased.failure``): ``claim`` claims one shard per call (``alone``), whose own
-        claim answered, so the failure is that of the drop of members that are no ids. (A
-        claim of several shards sent again would reach them all, and those that answered
-        would only replay it while the failed one stays down; a shard's claim that raised
-        keeps its token, so what Redis ran of it comes back.) That failure is reported (a
-        key of the wrong type) or told to the breaker of its shard's master (the next
-        claims pass over it, as after a claim that raised: ``Breaker.failed``) and, with
-        ids, counted in the outage (with none, ``claim`` raises it), and the members the
-        claim took out of Redis that are no ids (``Leased.dropped``) are logged."""
+        (``Leased.failure``: its claim was answered, the drop of members that are no ids
+        was not). That failure is reported (a key of the wrong type) or, with ids, counted
+        in the outage (with none, ``claim`` raises it), and the members the claim took out
+        of Redis that are no ids (``Leased.dropped``) are logged."""
         first = sent
         if claimer is not None:
             first = claimer.since(shard, sent, self.lease_ms)
             claimer.answered(shard)
         if isinstance(ids.failure, WrongType):
             self.broken.report(shard, ids.failure)
-        elif ids.failure is not None:
-            self.promoter.breaker.failed(ids.failed_shard or shard, ids.failure)
-            if ids:  # with none, claim() raises it
-                self.outage.failed(ids.failure)
+        elif ids.failure is not None and ids:  # with none, claim() raises it
+            self.outage.failed(ids.failure)
         for job_id in ids.dropped:
             not_a_job_id(shard, job_id)
         return first

@@ -153,3 +153,22 @@ def test_ids_claimed_from_a_shard_of_an_older_count_keep_their_lease(redis_clien
     assert [i for i in ids if not worker.holds(i, threading.get_ident())] == []
     worker.hand_back_waiting()
     assert engine.stats(Q).in_flight == 0
+
+
+def test_ids_a_claim_by_the_queues_name_took_from_older_shards_keep_their_lease(redis_client):
+    """The same, claimed as ``Engine.claim`` by the queue's name does (the worker claims
+    each shard alone): the worker holds each id under the shard it came from
+    (``Leased.shards``), so its extensions find it."""
+    ids = [str(uuid.uuid4()) for _ in range(6)]
+    before = Engine(redis_client, prefix="t", shards={Q: 2})
+    before.add(Q, dict.fromkeys(ids, 0))
+    before.promote(Q)
+    engine = Engine(redis_client, prefix="t", shards=1)
+    worker = WorkerProcess(engine, Options(queues=[Q]))
+    leased = engine.claim(Q, 10)
+    assert sorted(leased) == sorted(ids) and set(leased.shards.values()) == {f"{Q}#0/2", f"{Q}#1/2"}
+    assert sorted(worker.hold(Q, leased)) == sorted(ids)
+    worker.extend_leases()
+    assert [i for i in ids if not worker.holds(i, threading.get_ident())] == []
+    worker.hand_back_waiting()
+    assert engine.stats(Q).in_flight == 0

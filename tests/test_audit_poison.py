@@ -144,10 +144,10 @@ def test_a_worker_runs_the_jobs_of_the_healthy_shard_beside_a_broken_old_one(
 def test_a_worker_reports_the_broken_old_shard_and_claims_anew_after_it(
     redis_client: redis.Redis, settings: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A wrong type makes the script fail before it takes anything: the next claim is a new
-    call (sent again, it would only replay the healthy shard's ids until the key is fixed).
-    The worker claims each shard alone (the queue's own by ``orders#0/1``): the broken one
-    is met, and reported, by the claim that comes to it by its own name."""
+    """A wrong type makes the script fail before it takes anything. The worker claims each
+    shard alone (the queue's own by ``orders#0/1``): the healthy one gives its ids, and the
+    broken one is met, and reported, by the claim that comes to it by its own name; each
+    answered claim ends its token."""
     settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 2}}
     broken_old_shard(redis_client, get_engine(), "orders")
     settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 1}}
@@ -185,11 +185,11 @@ def test_a_claim_that_only_dropped_members_before_a_shard_failed_still_names_the
 def test_a_worker_claims_anew_after_a_shard_that_did_not_answer_and_says_so(
     redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A claim over several shards that returned its ids with another shard's failure (a
-    Cluster master down: not a wrong type) kept its token, so every later claim of the
-    queue sent that call again to every shard: the healthy shard only replayed its record
-    (two thirds of the lease) and gave this worker no new ids while the other was down,
-    and the failure was logged nowhere. The next claim is a new call, and the failure is
+    """A claim that returned its ids with a failure (not a wrong type: a drop of members
+    that are no ids that was not answered, or, before the worker claimed each shard alone,
+    another shard's master down) kept its token, so every later claim sent that call
+    again: the shard that answered only replayed its record (two thirds of the lease) and
+    the failure was logged nowhere. The next claim is a new call, and the failure is
     logged."""
     engine = get_engine()
     process = WorkerProcess(engine, Options(queues=["orders"]))

@@ -318,10 +318,8 @@ class Engine(Reader):
         A shard that fails after others gave ids (or after members were dropped, below)
         ends the claim: those ids are returned, with the error as ``Leased.failure``
         (raised, they would be in flight for nobody until their lease ended); one that
-        fails before is raised. (``Leased.failed_shard`` names the shard that failed: the
-        worker tells its master's breaker.) A member no other call takes (another
-        program's: see ``check_ids``) is taken out of flight again, in a second call made
-        only then, and
+        fails before is raised. A member no other call takes (another program's: see
+        ``check_ids``) is taken out of flight again, in a second call made only then, and
         named in ``Leased.dropped``, not returned; that call failing ends the claim too,
         which returns what it took with the error (one Redis that does not answer costs
         a claim one timeout, not one a shard).
@@ -337,7 +335,7 @@ class Engine(Reader):
         replayed: list[str] = []  # returned by a call sent again: leased when first run
         dropped: list[str] = []
         for shard in shards[start:] + shards[:start]:
-            k, name = self._keys(shard), self._router.name(shard)
+            k = self._keys(shard)
             keys = [k.ready, k.ready_set, k.unack, k.notify]
             args: list[str | int] = [want - len(claimed), lease, self._holder.fraction]
             if token is not None:
@@ -348,21 +346,21 @@ class Engine(Reader):
             except EngineUnavailable as exc:
                 if not claimed and not dropped:
                     raise
-                return Leased(claimed, where, replayed, dropped, exc, name)
+                return Leased(claimed, where, replayed, dropped, exc)
             taken = [_text(i) for i in ids]
             refused = [i for i in taken if not is_id(i)]
             taken = [i for i in taken if is_id(i)] if refused else taken
             if again:
                 replayed += taken
             claimed.update(dict.fromkeys(taken, _text(deadline)))
-            where.update(dict.fromkeys(taken, name))
+            where.update(dict.fromkeys(taken, self._router.name(shard)))
             if refused:
                 # Out of flight again. Not answered, they stay there until their lease
                 # ends, and the claim that takes them again tries again.
                 try:
                     self._run("ack", [k.unack, k.counters, k.priority], refused)
                 except EngineUnavailable as exc:
-                    return Leased(claimed, where, replayed, dropped, exc, name)
+                    return Leased(claimed, where, replayed, dropped, exc)
                 dropped += refused
             if len(claimed) >= want:  # a call sent again returns what it took
                 break

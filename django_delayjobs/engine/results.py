@@ -30,8 +30,7 @@ class Leased(list[str]):
     that are no ids the engine takes (another program's), taken out of flight, not
     returned. ``failure``: a claim's, the error that ended it once it had taken ids or
     dropped members (a shard that failed after others answered, or a drop that failed),
-    which are returned all the same; ``failed_shard``: the name of the shard that failed
-    (its master's breaker is told: see ``WorkerProcess.took``)."""
+    which are returned all the same."""
 
     def __init__(
         self,
@@ -40,7 +39,6 @@ class Leased(list[str]):
         replayed: Iterable[str] = (),
         dropped: Iterable[str] = (),
         failure: EngineUnavailable | None = None,
-        failed_shard: str = "",
     ) -> None:
         super().__init__(leases or {})
         self.leases = dict(leases or {})
@@ -48,7 +46,6 @@ class Leased(list[str]):
         self.replayed = frozenset(replayed)
         self.dropped = list(dropped)
         self.failure = failure
-        self.failed_shard = failed_shard
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,14 @@ def explicit(name: str) -> bool:
     return "#" in name
 
 
+def alone(name: str) -> str:
+    """The name of the one shard ``name`` stands for (a queue's or a shard's, as
+    ``Engine.shards`` gives them): a queue's own name becomes ``q#0/1``, since by its name a
+    queue is also served from the shards of its older counts, which ``Engine.shards``
+    lists by their own names."""
+    return name if explicit(name) else f"{name}#0/1"
+
+
 def shards(queue: str, count: int) -> list[Shard]:
     """Every shard of ``queue`` split ``count`` ways."""
     return [Shard(queue, k, count) for k in range(count)] if count > 1 else [Shard(queue)]
