@@ -492,18 +492,27 @@ class Execution:
         return text
 
     def not_claimed(self) -> Job | Result:
-        """The claim matched nothing: finished, not due yet, or out of deliveries."""
+        """The claim matched nothing: finished, not due yet, running too recently to be
+        taken over, or out of deliveries."""
         job = sql.fetch(self.job_id)
         if job is None or job.status not in ACTIVE:
             return Result(Outcome.DROPPED, job)  # cancelled, finished or deleted
-        early = (job.run_at - timezone.now()).total_seconds()
+        now = timezone.now()
+        early = (job.run_at - now).total_seconds()
         if early > EARLY_WAIT.total_seconds():  # rescheduled after Redis promoted it
             return Result(Outcome.DEFERRED, job, retry_at=job.run_at)
         if early > 0:  # this host's clock is behind Redis's: never start before run_at
             time.sleep(early)
             return self.claim()
+        running = job.status == Status.RUNNING
+        if running and job.started_at is not None:
+            # Its worker may be alive (see sql.takeover_delay): neither taken over nor
+            # buried, even out of deliveries (its last delivery may be the one running).
+            takeover_at = job.started_at + sql.takeover_delay()
+            if takeover_at > now:
+                return Result(Outcome.DEFERRED, job, retry_at=takeover_at)
         self.job = job
-        if job.status == Status.RUNNING:
+        if running and job.deliveries >= delayjobs_settings.MAX_DELIVERIES:
             return self.finish(Outcome.DEAD, (
                 f"attempt {job.attempts} was delivered {job.deliveries} time(s) and never "
                 "recorded an outcome: its worker was lost each time (killed, out of memory, "
@@ -511,9 +520,10 @@ class Execution:
                 "process), or the database refused to record it. Requeue it once the cause "
                 "is fixed."
             ))  # fmt: skip
-        if job.attempts >= job.max_attempts:
+        if not running and job.attempts >= job.max_attempts:
             return self.finish(Outcome.DEAD, "no attempts left", fence=False)
-        # Changed between our UPDATE and SELECT (a cancel, say): look at it again shortly.
+        # Changed between our UPDATE and SELECT (a cancel; a running row that reached its
+        # takeover time in between): look at it again shortly.
         return Result(Outcome.DEFERRED, job, retry_at=timezone.now())
 
     def poisoned(self) -> bool:
@@ -888,7 +898,9 @@ class Execution:
         return result
 
     def hand_back(self, exc: BaseException) -> Result:
-        """The database failed, not the job: the same attempt is delivered again later."""
+        """The database failed, not the job: the same attempt is delivered again later (a
+        row its claim left running, once that delivery started half a lease ago:
+        ``sql.takeover_delay``; the next claim defers it until then)."""
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         # One line per delivery at INFO: the worker's loop warns once per outage, with why
         # (a database that stays away, or read-only, would warn for every job every second).

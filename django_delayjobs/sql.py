@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 from operator import attrgetter
 from typing import Any
@@ -26,6 +26,7 @@ from django.db.backends.utils import CursorWrapper
 from django.db.models import DateField, DateTimeField, F, Field, Q
 from django.utils import timezone
 
+from .conf import delayjobs_settings
 from .models import ACTIVE, FINISHED, WAITING, Job, JobEvent, Status
 
 _JOB = Job._meta
@@ -84,16 +85,19 @@ def _claim_sql(alias: str, skip_locked: bool) -> str:
     running = f"{c('status')} = %s"
     # A running row is one whose delivery never recorded an outcome (its worker was lost,
     # or lost its database): it is delivered again as the same attempt, at most
-    # MAX_DELIVERIES times. Any other active row starts its next attempt. SET and WHERE
-    # both read the row as it was before this UPDATE.
+    # MAX_DELIVERIES times, once it started half a lease ago (``takeover_delay``; a row
+    # from before started_at was written, NULL, at once). Any other active row starts its
+    # next attempt. SET and WHERE both read the row as it was before this UPDATE.
+    started = c("started_at")
     sql = (
         f"UPDATE {table}"
-        f" SET {c('status')} = %s, {c('started_at')} = %s, {c('worker')} = %s,"
+        f" SET {c('status')} = %s, {started} = %s, {c('worker')} = %s,"
         f" {c('attempts')} = CASE WHEN {running} THEN {c('attempts')}"
         f" ELSE {c('attempts')} + 1 END,"
         f" {c('deliveries')} = CASE WHEN {running} THEN {c('deliveries')} + 1 ELSE 1 END"
         f" WHERE {c('id')} = %s AND {c('status')} IN ({', '.join(['%s'] * len(ACTIVE))})"
         f" AND {c('run_at')} <= %s AND CASE WHEN {running} THEN {c('deliveries')} < %s"
+        f" AND ({started} IS NULL OR {started} <= %s)"
         f" ELSE {c('attempts')} < {c('max_attempts')} END"
     )
     if skip_locked:  # the row is locked first, or left out if another transaction holds it
@@ -102,13 +106,39 @@ def _claim_sql(alias: str, skip_locked: bool) -> str:
     return sql
 
 
+#: A running row is taken over (delivered again) only once its delivery started this share
+#: of ``LEASE_SECONDS`` ago (``takeover_delay``).
+TAKEOVER_SHARE = 0.5
+
+
+def takeover_delay() -> timedelta:
+    """How long after its start a running row may be taken over, its delivery read as lost.
+
+    A worker that died is overtaken only once its Redis lease ended: it extended the
+    lease every third of a lease, so the last extension came at most a third of a lease
+    before it died, and the lease then ran its whole length: the id comes back at least
+    about two thirds of a lease after the row started. Waiting for half a lease delays
+    no such recovery (the sixth between the two covers a late extension and the clocks of
+    two worker hosts, which write and read ``started_at``). A running row younger than
+    that may have a live worker: one whose lease Redis lost (a restart without
+    persistence, a failover to a lagging replica: the reconcile sweep re-adds the id of a
+    row it read as waiting just before that worker started it), or one that started it
+    on a lease trusted on time alone (``LEASE_TRUSTED``) that Redis had lost. Taken over,
+    its action would run twice at once. A delivery whose outcome write failed (handed
+    back, the row left running) waits the rest of the half lease too. An action that
+    runs longer than half a lease is not covered: that would take a heartbeat in the row.
+    """
+    return timedelta(seconds=delayjobs_settings.LEASE_SECONDS * TAKEOVER_SHARE)
+
+
 def claim(
     job_id: str, worker: str, now: datetime, max_deliveries: int,
     *, commit_without_waiting: bool = False, skip_locked: bool = False,
 ) -> Job | None:  # fmt: skip
     """Start the next attempt of an active job that is due and has attempts left, or
     deliver the current attempt again if it never recorded an outcome (fewer than
-    ``max_deliveries`` times); return the row as it is now, or None if it did not qualify.
+    ``max_deliveries`` times, once it started ``takeover_delay()`` before ``now``); return
+    the row as it is now, or None if it did not qualify.
 
     One statement where the database can return the updated row (PostgreSQL, SQLite from
     3.35); an UPDATE and a SELECT elsewhere.
@@ -134,9 +164,10 @@ def claim(
     stamp = _prep(conn, _JOB, "started_at", now)
     running = _RUNNING
     pk = _prep(conn, _JOB, "id", job_id)
+    cutoff = _prep(conn, _JOB, "started_at", now - takeover_delay())
     params = [
         running, stamp, worker[:128], running, running,
-        pk, *_ACTIVE, stamp, running, max_deliveries,
+        pk, *_ACTIVE, stamp, running, max_deliveries, cutoff,
     ]  # fmt: skip
     skip_locked = skip_locked and conn.vendor == "postgresql"
     if skip_locked:

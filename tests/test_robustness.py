@@ -99,7 +99,10 @@ def test_settings_that_would_make_a_zombie_are_refused_with_one_line(redis_url, 
                     reason="SQLite has no connection to terminate: the database outage "
                     "test of test_worker_processes covers it")  # fmt: skip
 def test_a_lost_database_connection_is_not_the_actions_failure(redis_url, tmp_path):
-    worker = start_worker(redis_url, log=tmp_path / "w.log")
+    # The claim committed: the row is left running, delivered again once it started half
+    # a lease ago (2 s here; the action's own 2 s pass before it is handed back anyway).
+    env = {"DELAYJOBS_LEASE_SECONDS": "4"}
+    worker = start_worker(redis_url, env=env, log=tmp_path / "w.log")
     try:
         wait_for(live_workers)
         job = schedule(tasks.write_then_sleep, in_=0, args=["survived", 2.0], max_attempts=1)
@@ -258,7 +261,10 @@ def test_an_outcome_the_database_refuses_is_handed_back_on_a_new_connection(redi
     """An action leaves its session read-only and fails: its failure cannot be written.
     The worker hands the job back and drops that connection, even one it would keep, so
     its next claims are not refused too; after MAX_DELIVERIES the job is dead."""
-    env = {"DELAYJOBS_TEST_PERSISTENT_CONNECTIONS": "1", "DELAYJOBS_MAX_DELIVERIES": "3"}
+    # Each delivery handed back leaves its row running: the next is taken over once that
+    # one started half a lease ago (1 s here).
+    env = {"DELAYJOBS_TEST_PERSISTENT_CONNECTIONS": "1", "DELAYJOBS_MAX_DELIVERIES": "3",
+           "DELAYJOBS_LEASE_SECONDS": "2"}  # fmt: skip
     worker = start_worker(redis_url, "--concurrency", "1", env=env, log=tmp_path / "w.log")
     try:
         wait_for(live_workers)

@@ -54,12 +54,16 @@ def test_claim_starts_only_due_active_jobs_with_attempts_left(claim_path):
     assert fields(claimed) == fields(Job.objects.get(pk=due.pk))
     assert (claimed.status, claimed.attempts, claimed.deliveries) == (Status.RUNNING, 1, 1)
     assert claimed.worker == "w" and claimed.started_at == now + timedelta(seconds=1)
-    # Still running: that delivery never recorded an outcome (its worker was lost). The
-    # same attempt is delivered again, not counted twice, up to max_deliveries times.
-    again = sql.claim(str(due.pk), "w2", now + timedelta(seconds=2), 2)
+    # Still running: that delivery never recorded an outcome (its worker was lost). Not
+    # before it started half a lease ago (its worker may still run it); then the same
+    # attempt is delivered again, not counted twice, up to max_deliveries times.
+    half = sql.takeover_delay()
+    assert sql.claim(str(due.pk), "w2", now + timedelta(seconds=1) + half * 0.99, 2) is None
+    assert Job.objects.get(pk=due.pk).deliveries == 1
+    again = sql.claim(str(due.pk), "w2", now + timedelta(seconds=1) + half, 2)
     assert again is not None
     assert (again.attempts, again.deliveries, again.worker) == (1, 2, "w2")
-    assert sql.claim(str(due.pk), "w3", now + timedelta(seconds=3), 2) is None
+    assert sql.claim(str(due.pk), "w3", now + timedelta(seconds=3) + 2 * half, 2) is None
     # waiting, but no attempts left
     Job.objects.filter(pk=due.pk).update(status=Status.RETRYING)
     assert sql.claim(str(due.pk), "w4", now + timedelta(seconds=4), 2) is None

@@ -78,6 +78,8 @@ def test_an_attempt_delivered_twice_is_one_attempt_run_by_its_last_worker():
         job = sql.claim(result.id, "lost", timezone.now(), 5)
         assert job is not None and job.attempts == 1
         sql.insert_event(job, "started", "worker:lost", "attempt 1 of 1")
+    # Long enough ago for its lease to have ended (a younger running row is not taken over)
+    Job.objects.filter(pk=result.id).update(started_at=timezone.now() - sql.takeover_delay())
     burst()
     read = t.introspect.get_result(result.id)
     assert Job.objects.get(pk=result.id).deliveries == 2

@@ -335,7 +335,11 @@ def test_a_database_locked_for_a_moment_as_the_action_begins_costs_no_attempt(se
     assert (job.status, job.attempts, job.deliveries) == (Status.RUNNING, 1, 1)
     assert not Record.objects.exists()
 
-    def run_again() -> bool:  # the hand-back is due again in 1 s
+    # The hand-back is due again in 1 s; its row, left running, is delivered again once
+    # it started half a lease ago (1 s here: the claims defer it until then).
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 2}
+
+    def run_again() -> bool:
         burst()
         job.refresh_from_db()
         return job.status != Status.RUNNING
@@ -796,11 +800,14 @@ class Unwind(BaseException):
     """A bug that ends a worker thread (nothing in the package raises it on purpose)."""
 
 
-def test_a_worker_thread_that_dies_hands_back_the_rest_of_its_batch(monkeypatch):
+def test_a_worker_thread_that_dies_hands_back_the_rest_of_its_batch(monkeypatch, settings):
     """A thread dies after the first job of a batch of three, whose outcome transaction
     claimed the second. The second and third never started: they are handed back at once,
-    not left in flight for LEASE_SECONDS, and run once by the next worker."""
+    not left in flight for LEASE_SECONDS, and run once by the next worker (the second,
+    whose row its claim left running, once that claim is half a lease old)."""
     from django_delayjobs import worker
+
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 2}
 
     def log_outcome(queue, job_id, result):
         raise Unwind("a bug after the first job")
@@ -814,8 +821,13 @@ def test_a_worker_thread_that_dies_hands_back_the_rest_of_its_batch(monkeypatch)
     assert (stats.in_flight, stats.pending + stats.ready) == (0, 2)
     assert Job.objects.get(pk=jobs[0].pk).status == Status.SUCCEEDED
     monkeypatch.undo()
-    burst()
-    assert [Job.objects.get(pk=j.pk).status for j in jobs] == [Status.SUCCEEDED] * 3
+
+    def all_ran() -> bool:
+        burst()
+        return [Job.objects.get(pk=j.pk).status for j in jobs] == [Status.SUCCEEDED] * 3
+
+    wait_for(all_ran, timeout=10, every=0.2)
+    assert Job.objects.get(pk=jobs[1].pk).deliveries == 2
     assert sorted(Record.objects.values_list("label", flat=True)) == ["first", "second", "third"]
 
 
