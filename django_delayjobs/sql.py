@@ -131,6 +131,22 @@ def takeover_delay() -> timedelta:
     return timedelta(seconds=delayjobs_settings.LEASE_SECONDS * TAKEOVER_SHARE)
 
 
+_HUNDREDTH = timedelta(microseconds=10_000)
+_last_cutoff: tuple[tuple[str, datetime] | None, Any] = (None, None)
+
+
+def _takeover_cutoff(conn: BaseDatabaseWrapper, now: datetime) -> Any:
+    """``now - takeover_delay()`` as the ``started_at`` column takes it, rounded up to the
+    next hundredth of a second (a takeover may come that much sooner): prepared once in
+    each hundredth at most, not once a claim (some 28 Python calls)."""
+    global _last_cutoff
+    at = now - takeover_delay()
+    key = (conn.alias, at.replace(microsecond=at.microsecond - at.microsecond % 10_000))
+    if _last_cutoff[0] != key:
+        _last_cutoff = (key, _prep(conn, _JOB, "started_at", key[1] + _HUNDREDTH))
+    return _last_cutoff[1]
+
+
 def claim(
     job_id: str, worker: str, now: datetime, max_deliveries: int,
     *, commit_without_waiting: bool = False, skip_locked: bool = False,
@@ -164,7 +180,7 @@ def claim(
     stamp = _prep(conn, _JOB, "started_at", now)
     running = _RUNNING
     pk = _prep(conn, _JOB, "id", job_id)
-    cutoff = _prep(conn, _JOB, "started_at", now - takeover_delay())
+    cutoff = _takeover_cutoff(conn, now)
     params = [
         running, stamp, worker[:128], running, running,
         pk, *_ACTIVE, stamp, running, max_deliveries, cutoff,
