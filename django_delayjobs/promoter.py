@@ -205,7 +205,7 @@ class Promoter:
                         self.engine.list_shards(queue)
             for queue in each.until_down(self.queues):
                 with each.attempt():
-                    for shard in self.engine.forget_empty_shards(queue):
+                    for shard in self.engine.forget_empty_shards(queue, self.breaker.guard):
                         logger.info("queue %s: shard %s of an older shard count is empty; "
                                     "no longer served", queue, shard)  # fmt: skip
 

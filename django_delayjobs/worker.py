@@ -679,8 +679,8 @@ class WorkerProcess:
 
         Each shard is claimed alone (``alone``: by its name a queue would also be claimed
         from its old shards, which come in turn by their own), behind its own master's
-        breaker; a failure that comes back with ids (``Leased.failure``: a drop that was
-        not answered) opens that breaker too.
+        breaker; a failure that comes back with the claim (``Leased.failure``: a drop that
+        was not answered) opens that breaker too, as one raised does.
 
         With a ``claimer`` (the calling thread's), a shard's claim that raised is sent
         again as the same call by the next claim from that shard: if Redis ran it after

@@ -11,6 +11,8 @@ same way, for the worker's claims as well (they share it)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 from typing import Any
@@ -131,13 +133,11 @@ def test_a_frozen_old_shard_costs_one_claim_its_timeout_then_is_passed_over(on_l
         assert all(engine.stats(s).in_flight == 0 for s in engine.shards(queue))
 
 
-def test_a_failure_that_came_back_with_ids_opens_the_breaker_of_the_master_called(
-    on_lonely,
-):
-    """A claim whose ids came back with a failure (``Leased.failure``: the drop of members
-    that are no ids, not answered) "succeeded": the guard around it opens its master's
-    breaker only if the worker hands it that failure, and a failure that says nothing
-    of the master's reach (a key of the wrong type) opens nothing."""
+def test_the_guard_opens_the_breaker_on_a_failure_handed_to_it(on_lonely):
+    """A call that returned a failure with its results (``Leased.failure``) "succeeded":
+    the guard around it opens its master's breaker if the block hands it that failure,
+    and a failure that says nothing of the master's reach (a key of the wrong type) opens
+    nothing."""
     cluster, client = on_lonely
     queue, old = split_queue(client)
     with override_settings(DELAYJOBS=settings_for(cluster)):
@@ -157,11 +157,50 @@ def test_a_failure_that_came_back_with_ids_opens_the_breaker_of_the_master_calle
             pass
 
 
-def test_the_promoter_passes_over_the_frozen_master_of_an_old_shard_alone(on_lonely):
+def test_a_claim_whose_drop_was_not_answered_opens_its_masters_breaker(on_lonely, monkeypatch):
+    """The worker's claim of a shard took another program's member with the jobs' ids, and
+    its master froze before the second call, which takes that member out of flight again:
+    the claim returned the ids with the timeout (``Leased.failure``), and the next claims
+    met the frozen master again. The worker hands that failure to the guard: the master
+    is passed over."""
+    monkeypatch.setattr(promoter, "SKIP_SECONDS", SKIP)
+    cluster, client = on_lonely
+    queue = split_queue(client)[0]
+    with override_settings(DELAYJOBS=settings_for(cluster)):
+        engine = get_engine()
+        shard = f"{queue}#0/1"
+        victim = node(cluster, engine.node_of(shard))
+        ids = [str(schedule(tasks.record, in_=0, args=["a"], queue=queue).pk) for _ in range(2)]
+        k = engine.keys(shard)
+        client.rpush(k.ready, b"bad id")
+        client.sadd(k.ready_set, b"bad id")
+        run = engine._run
+
+        def freezing(name: str, *args: Any) -> Any:
+            if name == "ack":  # the drop, right after the claim answered
+                os.kill(victim.pid, signal.SIGSTOP)
+            return run(name, *args)
+
+        monkeypatch.setattr(engine, "_run", freezing)
+        process = WorkerProcess(engine, Options(queues=[queue]))
+        try:
+            found = process.claim([queue], Claimer())
+            assert found is not None and sorted(found[1]) == sorted(ids)
+            breaker = process.promoter.breaker
+            with pytest.raises(EngineUnavailable, match="passed over"), breaker.guard(queue):
+                pass
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+
+
+def test_the_promoter_passes_over_the_frozen_master_of_an_old_shard_alone(on_lonely, monkeypatch):
     """The promoter promoted, and recovered the expired leases of, the queue's shard of 1
     by the queue's name, which the engine serves from its old shards too: the frozen old
     shard's timeout opened the breaker of the healthy master of the shard of 1, which the
-    worker's claims share, and that shard's jobs were passed over with it."""
+    worker's claims share, and that shard's jobs were passed over with it. Its look for
+    empty old shards, each second, was guarded by no breaker: it waited for the timeout
+    at each pass."""
+    monkeypatch.setattr(promoter, "SKIP_SECONDS", SKIP)
     cluster, client = on_lonely
     queue, old, victim = split_with_jobs(cluster, client)
     with override_settings(DELAYJOBS=settings_for(cluster)):
@@ -172,7 +211,9 @@ def test_the_promoter_passes_over_the_frozen_master_of_an_old_shard_alone(on_lon
         with frozen(victim):
             with pytest.raises(EngineUnavailable):
                 process.promoter.promote_due()
-            process.promoter.housekeeping(time.monotonic(), process.promoter.new_pass())
+            started = time.monotonic()  # recovers leases, forgets empty old shards
+            process.promoter.housekeeping(started, process.promoter.new_pass())
+            assert time.monotonic() - started < SLOW  # the frozen master passed over
             with pytest.raises(EngineUnavailable, match="passed over"), breaker.guard(old):
                 pass
             with breaker.guard(queue):  # the healthy master of the shard of 1

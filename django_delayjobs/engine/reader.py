@@ -3,11 +3,13 @@ workers, server INFO and time. ``Engine`` adds the moves (engine.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -188,19 +190,23 @@ class Reader:
         ``known_queues`` (the metrics, ``delayjobs_stats``) until it had emptied."""
         self._router.directory.register_all(sharding.shards(queue, self._router.count(queue)))
 
-    def forget_empty_shards(self, queue: str) -> list[str]:
+    def forget_empty_shards(
+        self, queue: str,
+        guard: Callable[[str], AbstractContextManager[Any]] = lambda name: contextlib.nullcontext(),
+    ) -> list[str]:  # fmt: skip
         """Drop from the directory the shards of older counts that hold nothing; return them.
 
         An old process may add to such a shard meanwhile: its add finds the shard empty
         and lists it again, and a shard found not empty after it was dropped is listed
         again here, so a shard that holds ids is never left unlisted. A shard that cannot
-        be reached is left listed (``PartlyUnavailable`` once the others are done).
+        be reached is left listed (``PartlyUnavailable`` once the others are done), as one
+        is that ``guard`` (given each shard's name, around its calls) refuses.
         """
         forgotten: list[str] = []
         directory = self._router.directory
         each = PerShard()
         for shard in self._router.stale(queue):
-            with each.attempt():
+            with each.attempt(), guard(self._router.name(shard)):
                 if not self._empty(shard):
                     continue
                 self._fold_counters(shard, sharding.shards(queue, self._router.count(queue))[0])
