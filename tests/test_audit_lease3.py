@@ -132,12 +132,15 @@ def test_a_worker_holding_more_than_a_call_takes_extends_and_hands_back_them_all
     assert (stats.in_flight, stats.pending + stats.ready) == (0, len(ids))
 
 
-def test_ids_claimed_from_a_shard_of_an_older_count_keep_their_lease(redis_client):
+@pytest.mark.parametrize("by", ["worker", "engine"])
+def test_ids_claimed_from_a_shard_of_an_older_count_keep_their_lease(redis_client, by):
     """``QUEUE_SHARDS`` of a queue changed from 2 to 1: a worker claims by the queue's name
     (its shard of 1), which claims from the older shards too while they hold ids. It held
     them under that name, and extended them by it, which looks in the shard of 1 only:
     every id was found lost and none started (each left in flight until its lease ended).
-    (The worker now claims each shard alone, the old ones by their own names, in turn.)"""
+    The worker now claims each shard alone, the old ones by their own names, in turn;
+    claimed as ``Engine.claim`` by the queue's name does, each id is held under the shard
+    it came from (``Leased.shards``)."""
     ids = [str(uuid.uuid4()) for _ in range(6)]
     before = Engine(redis_client, prefix="t", shards={Q: 2})
     before.add(Q, dict.fromkeys(ids, 0))
@@ -145,30 +148,15 @@ def test_ids_claimed_from_a_shard_of_an_older_count_keep_their_lease(redis_clien
     engine = Engine(redis_client, prefix="t", shards=1)
     worker = WorkerProcess(engine, Options(queues=[Q]))
     claimed: list[str] = []
-    for _ in engine.shards(Q):  # every shard's turn
-        found = worker.claim([Q])
-        claimed += found[1] if found is not None else []
+    if by == "worker":
+        for _ in engine.shards(Q):  # every shard's turn
+            found = worker.claim([Q])
+            claimed += found[1] if found is not None else []
+    else:
+        leased = engine.claim(Q, 10)
+        assert leased.shards == {i: before.home(Q, i) for i in ids}  # old shards' names
+        claimed = worker.hold(Q, leased)
     assert sorted(claimed) == sorted(ids)
-    worker.extend_leases()
-    assert [i for i in ids if not worker.holds(i, threading.get_ident())] == []
-    worker.hand_back_waiting()
-    assert engine.stats(Q).in_flight == 0
-
-
-def test_ids_a_claim_by_the_queues_name_took_from_older_shards_keep_their_lease(redis_client):
-    """The same, claimed as ``Engine.claim`` by the queue's name does (the worker claims
-    each shard alone): the worker holds each id under the shard it came from
-    (``Leased.shards``), so its extensions find it."""
-    ids = [str(uuid.uuid4()) for _ in range(6)]
-    before = Engine(redis_client, prefix="t", shards={Q: 2})
-    before.add(Q, dict.fromkeys(ids, 0))
-    before.promote(Q)
-    engine = Engine(redis_client, prefix="t", shards=1)
-    worker = WorkerProcess(engine, Options(queues=[Q]))
-    leased = engine.claim(Q, 10)
-    assert sorted(leased) == sorted(ids)
-    assert leased.shards == {i: before.home(Q, i) for i in ids}  # old shards' names
-    assert sorted(worker.hold(Q, leased)) == sorted(ids)
     worker.extend_leases()
     assert [i for i in ids if not worker.holds(i, threading.get_ident())] == []
     worker.hand_back_waiting()
