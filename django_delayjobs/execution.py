@@ -28,7 +28,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
@@ -510,7 +510,7 @@ class Execution:
             # buried, even out of deliveries (its last delivery may be the one running).
             takeover_at = job.started_at + sql.takeover_delay()
             if takeover_at > now:
-                return Result(Outcome.DEFERRED, job, retry_at=takeover_at)
+                return self.not_taken_over(job, now, takeover_at)
         self.job = job
         if running and job.deliveries >= delayjobs_settings.MAX_DELIVERIES:
             return self.finish(Outcome.DEAD, (
@@ -525,6 +525,24 @@ class Execution:
         # Changed between our UPDATE and SELECT (a cancel; a running row that reached its
         # takeover time in between): look at it again shortly.
         return Result(Outcome.DEFERRED, job, retry_at=timezone.now())
+
+    def not_taken_over(self, job: Job, now: datetime, takeover_at: datetime) -> Result:
+        """Defer the delivery of a row running since less than half a lease: said, as it
+        means that Redis lost the lease of a live worker (its data, a failover), or that an
+        outcome write failed; a start ahead of this host's clock, that the hosts' clocks
+        disagree (each second they do delays the takeover one second)."""
+        assert job.started_at is not None
+        ahead = (job.started_at - now).total_seconds()
+        level, clocks = logging.INFO, ""
+        if ahead > 1:
+            level = logging.WARNING
+            clocks = (f"; it started {ahead:.0f} s ahead of this host's clock: the clocks of "
+                      "the worker hosts disagree")  # fmt: skip
+        logger.log(level, "job %s: running since %s on %s, which may still run it: not "
+                   "delivered again before %s%s", self.job_id, job.started_at.isoformat(),
+                   job.worker or "a worker", takeover_at.isoformat(), clocks,
+                   extra=job_fields(self.job_id, self.queue, job, "deferred"))  # fmt: skip
+        return Result(Outcome.DEFERRED, job, retry_at=takeover_at)
 
     def poisoned(self) -> bool:
         """Whether the row cannot be read back faithfully: a value Python cannot hold (a

@@ -138,13 +138,14 @@ _last_cutoff: tuple[tuple[str, datetime] | None, Any] = (None, None)
 def _takeover_cutoff(conn: BaseDatabaseWrapper, now: datetime) -> Any:
     """``now - takeover_delay()`` as the ``started_at`` column takes it, rounded up to the
     next hundredth of a second (a takeover may come that much sooner): prepared once in
-    each hundredth at most, not once a claim (some 28 Python calls)."""
+    each hundredth at most, not once a claim (about 27 Python calls)."""
     global _last_cutoff
     at = now - takeover_delay()
     key = (conn.alias, at.replace(microsecond=at.microsecond - at.microsecond % 10_000))
-    if _last_cutoff[0] != key:
-        _last_cutoff = (key, _prep(conn, _JOB, "started_at", key[1] + _HUNDREDTH))
-    return _last_cutoff[1]
+    last = _last_cutoff  # read once: another thread may replace it meanwhile
+    if last[0] != key:
+        last = _last_cutoff = (key, _prep(conn, _JOB, "started_at", key[1] + _HUNDREDTH))
+    return last[1]
 
 
 def claim(

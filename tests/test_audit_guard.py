@@ -11,6 +11,7 @@ start at the earliest); a younger one is deferred until then, never buried nor d
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -59,14 +60,30 @@ def started_events(job: Job) -> int:
     return job.events.filter(kind="started").count()
 
 
-def test_a_row_started_just_now_is_deferred_not_taken_over():
+def test_a_row_started_just_now_is_deferred_not_taken_over(caplog):
     job = started_by_a()
     before = (row(job), started_events(job))
-    result = Execution(Q, str(job.pk), "B").claim()
+    with caplog.at_level(logging.INFO, logger="django_delayjobs"):
+        result = Execution(Q, str(job.pk), "B").claim()
+    [record] = [r for r in caplog.records if "may still run it" in r.getMessage()]
+    assert record.levelno == logging.INFO and "on A," in record.getMessage()
     assert isinstance(result, Result) and result.outcome == Outcome.DEFERRED
     assert result.retry_at is not None and job.started_at is not None
     assert abs((result.retry_at - (job.started_at + half_lease())).total_seconds()) < 0.01
     assert (row(job), started_events(job)) == before == ((Status.RUNNING, 1, 1, "A"), 0)
+
+
+def test_a_row_started_ahead_of_this_hosts_clock_says_the_clocks_disagree(caplog):
+    """Host A's clock is an hour fast: its running row is not taken over before its start
+    (by A's clock) plus half a lease, which a warning says, each time."""
+    job = started_by_a()
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() + timedelta(hours=1))
+    with caplog.at_level(logging.INFO, logger="django_delayjobs"):
+        result = Execution(Q, str(job.pk), "B").claim()
+    assert isinstance(result, Result) and result.outcome == Outcome.DEFERRED
+    [record] = [r for r in caplog.records if "may still run it" in r.getMessage()]
+    assert record.levelno == logging.WARNING and "clocks" in record.getMessage()
+    assert row(job) == (Status.RUNNING, 1, 1, "A")
 
 
 def test_a_young_row_out_of_deliveries_is_deferred_not_buried():
@@ -108,7 +125,7 @@ def test_the_next_job_of_a_batch_is_not_taken_over_in_the_outcome_transaction():
 def test_a_deferred_delivery_runs_once_its_row_is_half_a_lease_old(settings):
     """The delivery of a row whose worker recorded no outcome (its outcome write failed and
     it handed the id back, or it died) waits, then runs: once, as the same attempt."""
-    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 2}
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 8}  # taken over after 4 s
     job = started_by_a("handed back")
     get_engine().add(Q, {str(job.pk): 0})  # A's hand-back: due now
     burst()  # deferred: A may still be running it

@@ -58,7 +58,10 @@ def test_claim_starts_only_due_active_jobs_with_attempts_left(claim_path):
     # before it started half a lease ago (its worker may still run it); then the same
     # attempt is delivered again, not counted twice, up to max_deliveries times.
     half = sql.takeover_delay()
-    assert sql.claim(str(due.pk), "w2", now + timedelta(seconds=1) + half * 0.99, 2) is None
+    assert (
+        sql.claim(str(due.pk), "w2", now + timedelta(seconds=1) + half - timedelta(seconds=0.1), 2)
+        is None
+    )
     assert Job.objects.get(pk=due.pk).deliveries == 1
     again = sql.claim(str(due.pk), "w2", now + timedelta(seconds=1) + half, 2)
     assert again is not None
