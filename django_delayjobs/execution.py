@@ -538,9 +538,9 @@ class Execution:
             level = logging.WARNING
             clocks = (f"; it started {ahead:.0f} s ahead of this host's clock: the clocks of "
                       "the worker hosts disagree")  # fmt: skip
-        logger.log(level, "job %s: running since %s on %s, which may still run it: not "
+        logger.log(level, "job %s: running since %s on %r, which may still run it: not "
                    "delivered again before %s%s", self.job_id, job.started_at.isoformat(),
-                   job.worker or "a worker", takeover_at.isoformat(), clocks,
+                   job.worker, takeover_at.isoformat(), clocks,
                    extra=job_fields(self.job_id, self.queue, job, "deferred"))  # fmt: skip
         return Result(Outcome.DEFERRED, job, retry_at=takeover_at)
 

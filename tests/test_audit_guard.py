@@ -66,7 +66,7 @@ def test_a_row_started_just_now_is_deferred_not_taken_over(caplog):
     with caplog.at_level(logging.INFO, logger="django_delayjobs"):
         result = Execution(Q, str(job.pk), "B").claim()
     [record] = [r for r in caplog.records if "may still run it" in r.getMessage()]
-    assert record.levelno == logging.INFO and "on A," in record.getMessage()
+    assert record.levelno == logging.INFO and "on 'A'," in record.getMessage()
     assert isinstance(result, Result) and result.outcome == Outcome.DEFERRED
     assert result.retry_at is not None and job.started_at is not None
     assert abs((result.retry_at - (job.started_at + half_lease())).total_seconds()) < 0.01

@@ -200,14 +200,17 @@ class Reader:
         and lists it again, and a shard found not empty after it was dropped is listed
         again here, so a shard that holds ids is never left unlisted. A shard that cannot
         be reached is left listed (``PartlyUnavailable`` once the others are done), as one
-        is that ``guard`` (given each shard's name, around its calls) refuses.
+        is that ``guard`` (given its name, around the first look at it: the calls after it
+        reach other masters too) refuses.
         """
         forgotten: list[str] = []
         directory = self._router.directory
         each = PerShard()
         for shard in self._router.stale(queue):
-            with each.attempt(), guard(self._router.name(shard)):
-                if not self._empty(shard):
+            with each.attempt():
+                with guard(self._router.name(shard)):
+                    empty = self._empty(shard)
+                if not empty:
                     continue
                 self._fold_counters(shard, sharding.shards(queue, self._router.count(queue))[0])
                 directory.forget(shard)
