@@ -508,7 +508,10 @@ class Execution:
         if running and job.started_at is not None:
             # Its worker may be alive (see sql.takeover_delay): neither taken over nor
             # buried, even out of deliveries (its last delivery may be the one running).
-            takeover_at = job.started_at + sql.takeover_delay()
+            try:
+                takeover_at = job.started_at + sql.takeover_delay()
+            except OverflowError:  # a start near the year 9999: a row edited by hand
+                takeover_at = now + sql.takeover_delay()
             if takeover_at > now:
                 return self.not_taken_over(job, now, takeover_at)
         self.job = job

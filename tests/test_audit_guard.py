@@ -12,7 +12,7 @@ start at the earliest); a younger one is deferred until then, never buried nor d
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.management import call_command
@@ -84,6 +84,20 @@ def test_a_row_started_ahead_of_this_hosts_clock_says_the_clocks_disagree(caplog
     [record] = [r for r in caplog.records if "may still run it" in r.getMessage()]
     assert record.levelno == logging.WARNING and "clocks" in record.getMessage()
     assert row(job) == (Status.RUNNING, 1, 1, "A")
+
+
+def test_a_row_started_near_the_year_9999_is_deferred_with_a_warning(caplog):
+    """A start time no takeover time can follow (a row edited by hand): looked at again
+    half a lease later, each time with the clocks' warning; not a crash of the claim."""
+    job = started_by_a()
+    edited = datetime.max.replace(tzinfo=UTC) - timedelta(minutes=1)
+    Job.objects.filter(pk=job.pk).update(started_at=edited)
+    with caplog.at_level(logging.INFO, logger="django_delayjobs"):
+        result = Execution(Q, str(job.pk), "B").claim()
+    assert isinstance(result, Result) and result.outcome == Outcome.DEFERRED
+    assert result.retry_at is not None and result.retry_at - timezone.now() <= half_lease()
+    [record] = [r for r in caplog.records if "may still run it" in r.getMessage()]
+    assert record.levelno == logging.WARNING and "clocks" in record.getMessage()
 
 
 def test_a_young_row_out_of_deliveries_is_deferred_not_buried():
