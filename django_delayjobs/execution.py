@@ -505,13 +505,12 @@ class Execution:
             time.sleep(early)
             return self.claim()
         running = job.status == Status.RUNNING
-        if running and job.started_at is not None:
+        if running and job.started_at is not None and job.worker != self.worker_id[:128]:
             # Its worker may be alive (see sql.takeover_delay): neither taken over nor
             # buried, even out of deliveries (its last delivery may be the one running).
-            try:
-                takeover_at = job.started_at + sql.takeover_delay()
-            except OverflowError:  # a start near the year 9999: a row edited by hand
-                takeover_at = now + sql.takeover_delay()
+            # A start ahead of this host's clock counts from now: looked at again, and
+            # said, each half lease.
+            takeover_at = min(job.started_at, now) + sql.takeover_delay()
             if takeover_at > now:
                 return self.not_taken_over(job, now, takeover_at)
         self.job = job

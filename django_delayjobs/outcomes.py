@@ -44,7 +44,7 @@ class Outcome(enum.StrEnum):
     DEAD = "dead"  # failed for good (or the row cannot be run at all)
     SKIPPED = "skipped"  # target row gone, or past ``expires_at``
     DROPPED = "dropped"  # nothing to run: cancelled, finished, deleted, or not a job id
-    DEFERRED = "deferred"  # not due yet (rescheduled after Redis handed it out)
+    DEFERRED = "deferred"  # not due yet (rescheduled), or running too recently to take over
     HANDED_BACK = "handed_back"  # the database or Redis failed: the same attempt runs again
     OVERTAKEN = "overtaken"  # another delivery owns the row now; nothing was written
 

@@ -85,9 +85,10 @@ def _claim_sql(alias: str, skip_locked: bool) -> str:
     running = f"{c('status')} = %s"
     # A running row is one whose delivery never recorded an outcome (its worker was lost,
     # or lost its database): it is delivered again as the same attempt, at most
-    # MAX_DELIVERIES times, once it started half a lease ago (``takeover_delay``; a row
-    # from before started_at was written, NULL, at once). Any other active row starts its
-    # next attempt. SET and WHERE both read the row as it was before this UPDATE.
+    # MAX_DELIVERIES times, once it started half a lease ago (``takeover_delay``), or at
+    # once by the worker process that started it (it runs no id twice at once) or for a
+    # row from before started_at was written (NULL). Any other active row starts its next
+    # attempt. SET and WHERE both read the row as it was before this UPDATE.
     started = c("started_at")
     sql = (
         f"UPDATE {table}"
@@ -97,7 +98,7 @@ def _claim_sql(alias: str, skip_locked: bool) -> str:
         f" {c('deliveries')} = CASE WHEN {running} THEN {c('deliveries')} + 1 ELSE 1 END"
         f" WHERE {c('id')} = %s AND {c('status')} IN ({', '.join(['%s'] * len(ACTIVE))})"
         f" AND {c('run_at')} <= %s AND CASE WHEN {running} THEN {c('deliveries')} < %s"
-        f" AND ({started} IS NULL OR {started} <= %s)"
+        f" AND ({started} IS NULL OR {started} <= %s OR {c('worker')} = %s)"
         f" ELSE {c('attempts')} < {c('max_attempts')} END"
     )
     if skip_locked:  # the row is locked first, or left out if another transaction holds it
@@ -124,9 +125,11 @@ def takeover_delay() -> timedelta:
     persistence, a failover to a lagging replica: the reconcile sweep re-adds the id of a
     row it read as waiting just before that worker started it), or one that started it
     on a lease trusted on time alone (``LEASE_TRUSTED``) that Redis had lost. Taken over,
-    its action would run twice at once. A delivery whose outcome write failed (handed
-    back, the row left running) waits the rest of the half lease too. An action that
-    runs longer than half a lease is not covered: that would take a heartbeat in the row.
+    its action would run twice at once. A delivery handed back after its claim committed
+    (the database failed, the row left running) waits the rest of the half lease too,
+    unless the worker process that started it claims it again (it runs no id twice at
+    once). An action that runs longer than half a lease is not covered: that would take
+    a heartbeat in the row.
     """
     return timedelta(seconds=delayjobs_settings.LEASE_SECONDS * TAKEOVER_SHARE)
 
@@ -154,8 +157,8 @@ def claim(
 ) -> Job | None:  # fmt: skip
     """Start the next attempt of an active job that is due and has attempts left, or
     deliver the current attempt again if it never recorded an outcome (fewer than
-    ``max_deliveries`` times, once it started ``takeover_delay()`` before ``now``); return
-    the row as it is now, or None if it did not qualify.
+    ``max_deliveries`` times, once it started ``takeover_delay()`` before ``now`` or if
+    ``worker`` started it); return the row as it is now, or None if it did not qualify.
 
     One statement where the database can return the updated row (PostgreSQL, SQLite from
     3.35); an UPDATE and a SELECT elsewhere.
@@ -184,7 +187,7 @@ def claim(
     cutoff = _takeover_cutoff(conn, now)
     params = [
         running, stamp, worker[:128], running, running,
-        pk, *_ACTIVE, stamp, running, max_deliveries, cutoff,
+        pk, *_ACTIVE, stamp, running, max_deliveries, cutoff, worker[:128],
     ]  # fmt: skip
     skip_locked = skip_locked and conn.vendor == "postgresql"
     if skip_locked:

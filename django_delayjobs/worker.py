@@ -759,8 +759,8 @@ class WorkerProcess:
         been (``Claimer.since``; ``sent`` if not given)."""
         with self.held_lock:
             thread = threading.get_ident()
-            # Each by its own shard: a queue's shard of 1 claims from its older shards too,
-            # and its name would extend (and hand back) in the shard of 1 alone. One held
+            # Each by its own shard (``Engine.claim`` by a queue's name takes from its older
+            # shards too, and that name would extend and hand back in the shard of 1). One held
             # already is held by the shard that has it now, by the thread that holds it.
             fresh = [i for i in ids if i not in self.held]
             self.held.update({i: (ids.shards.get(i, shard), self.held.get(i, ("", thread))[1])

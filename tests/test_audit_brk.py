@@ -37,7 +37,7 @@ from tests.testapp.models import Record
 pytestmark = [pytest.mark.cluster, pytest.mark.django_db(transaction=True)]
 
 #: A claim slower than this met a master that did not answer (the timeout is 1 s).
-SLOW = 0.5
+SLOW = 0.9
 
 #: How long a master that did not answer is passed over, here: the 5 s of the setting
 #: might end, on a loaded machine, before the healthy shards' jobs have all run.
@@ -215,7 +215,7 @@ def test_the_promoter_passes_over_the_frozen_master_of_an_old_shard_alone(on_lon
                 process.promoter.promote_due()
             started = time.monotonic()  # recovers leases, forgets empty old shards
             process.promoter.housekeeping(started, process.promoter.new_pass())
-            assert time.monotonic() - started < 0.9  # passed over: no 1 s timeout
+            assert time.monotonic() - started < SLOW  # passed over: no 1 s timeout
             with pytest.raises(EngineUnavailable, match="passed over"), breaker.guard(old):
                 pass
             with breaker.guard(queue):  # the healthy master of the shard of 1
@@ -238,6 +238,8 @@ def test_looking_for_empty_old_shards_blames_no_healthy_master(on_lonely):
         if current != directory and any(engine.node_of(s) != directory for s in olds):
             old = next(s for s in olds if engine.node_of(s) != directory)
             break
+    else:
+        raise AssertionError("no such queue")
     job_id = next(
         i for i in (str(uuid.uuid4()) for _ in range(100)) if engine.home(queue, i) == old
     )

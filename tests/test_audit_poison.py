@@ -126,9 +126,9 @@ def test_a_claim_over_several_shards_returns_what_it_took_when_a_later_shard_fai
 def test_a_worker_runs_the_jobs_of_the_healthy_shard_beside_a_broken_old_one(
     redis_client: redis.Redis, settings: Any
 ) -> None:
-    """The worker's claim by the queue's name (its shard of 1, which takes from the old
-    shards too) raised WrongType after taking the ids: the burst ended with them in
-    flight, and the jobs never ran."""
+    """The worker's claim by the queue's name (its shard of 1, which took from the old
+    shards too; it now claims each shard alone) raised WrongType after taking the ids: the
+    burst ended with them in flight, and the jobs never ran."""
     settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 2}}
     broken_old_shard(redis_client, get_engine(), "orders")
     settings.DELAYJOBS = {**settings.DELAYJOBS, "QUEUE_SHARDS": {"orders": 1}}
