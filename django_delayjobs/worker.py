@@ -931,13 +931,18 @@ class WorkerProcess:
 
     @staticmethod
     def is_job_id(queue: str, job_id: str, ack: Callable[[str], None]) -> bool:
+        """Whether ``job_id`` is a job id as the engine is given them (``str(uuid)``); any
+        other, another spelling of one included (upper case, no hyphens: another
+        program's), is removed from Redis once, never retried: held ids are told apart by
+        their text, so a second spelling would be a second delivery of the same row."""
         try:
-            uuid.UUID(job_id)
-        except ValueError:  # not ours: removed from Redis once, never retried
+            ours = str(uuid.UUID(job_id)) == job_id
+        except ValueError:
+            ours = False
+        if not ours:
             not_a_job_id(queue, job_id)
             ack(job_id)
-            return False
-        return True
+        return ours
 
     def process(
         self,

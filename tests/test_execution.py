@@ -336,6 +336,20 @@ def test_ids_that_are_not_job_ids_are_removed_once_with_one_log_line(caplog):
     assert len(lines) == 2 and all("removed" in line for line in lines)
 
 
+def test_another_spelling_of_a_job_id_is_removed_not_delivered(caplog):
+    """Held ids are told apart by their text: a second spelling of a job's id (another
+    program's) would be a second delivery of its row beside the first."""
+    engine = get_engine()
+    job = schedule(tasks.record, in_=0, args=["once"])
+    engine.add("default", {str(job.pk).upper(): 0, job.pk.hex: 0})
+    burst()
+    burst()
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    assert Record.objects.filter(label="once").count() == 1
+    lines = [r.getMessage() for r in caplog.records if "not a job id" in r.getMessage()]
+    assert len(lines) == 2
+
+
 def test_a_missing_row_is_dropped():
     get_engine().add("default", {str(uuid.uuid4()): 0})
     burst()
