@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 from contextlib import suppress
 from typing import Any
@@ -350,12 +351,14 @@ def test_a_worker_killed_at_each_step_leaves_each_job_run_once(redis_url, tmp_pa
 
 
 @pytest.mark.parametrize("first", ["second delivery", "outcome"])
-def test_a_lease_that_ends_as_the_action_commits_gives_one_effect(monkeypatch, first):
-    """The first delivery's lease ended (a pause) just as its action was about to commit,
-    and another worker took the id. Whichever commits first wins; the other writes nothing
-    (overtaken and rolled back, or finding the job finished)."""
+def test_a_lease_that_ends_as_the_action_commits_gives_one_effect(monkeypatch, settings, first):
+    """The first delivery's lease ended (a pause, past half a lease: a younger running row
+    is not taken over) just as its action was about to commit, and another worker took the
+    id. Whichever commits first wins; the other writes nothing (overtaken and rolled back,
+    or finding the job finished)."""
     if first == "second delivery" and connection.vendor == "sqlite":
         pytest.skip("SQLite: the first delivery's transaction holds the write lock")
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1}
     engine = get_engine()
     job = schedule(tasks.record, in_=0, args=["effect"])
     (job_id,) = claimed_in_redis(job, lease_ms=1)
@@ -378,6 +381,7 @@ def test_a_lease_that_ends_as_the_action_commits_gives_one_effect(monkeypatch, f
     results: list[Any] = []
     one = in_thread(lambda: deliver(job_id, "first"), results, "first")
     assert at_fence.wait(30)
+    time.sleep(sql.takeover_delay().total_seconds())  # the pause
     assert wait_for(lambda: engine.recover_expired("default")) == [job_id]
     assert engine.claim("default", 1) == [job_id]
     two = in_thread(lambda: deliver(job_id, "second"), results)
