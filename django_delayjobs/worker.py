@@ -247,7 +247,10 @@ class WorkerProcess:
     def __init__(self, engine: Engine, options: Options) -> None:
         self.engine = engine
         self.options = options
-        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        # At most 128 characters (a heartbeat's member, a row's ``worker``), whatever the
+        # host's name: the pid and the random part must survive, as the same-process
+        # takeover tells processes apart by it (48 random bits: none shared in a fleet).
+        self.id = f"{socket.gethostname()[:100]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # everything is done
         self.fatal: str | None = None  # why the process must exit non-zero
