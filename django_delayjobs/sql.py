@@ -118,7 +118,9 @@ def takeover_delay() -> timedelta:
     A worker that died is overtaken only once its Redis lease ended: it extended the
     lease every third of a lease, so the last extension came at most a third of a lease
     before it died, and the lease then ran its whole length: the id comes back at least
-    about two thirds of a lease after the row started. Waiting for half a lease delays
+    about two thirds of a lease after the row started (while its extensions succeeded;
+    one that started the job on a lease ``LEASE_TRUSTED`` kept on time alone may lose it
+    sooner, and that delivery then waits for the half lease). Waiting for half a lease delays
     no such recovery (the sixth between the two covers a late extension and the clocks of
     two worker hosts, which write and read ``started_at``). A running row younger than
     that may have a live worker: one whose lease Redis lost (a restart without
