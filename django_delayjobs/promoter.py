@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
 from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PerShard, WrongType
@@ -204,10 +205,12 @@ class Promoter:
                     with each.attempt():
                         self.engine.list_shards(queue)
             for queue in each.until_down(self.queues):
-                with each.attempt():
-                    for shard in self.engine.forget_empty_shards(queue, self.breaker.guard):
-                        logger.info("queue %s: shard %s of an older shard count is empty; "
-                                    "no longer served", queue, shard)  # fmt: skip
+                forget = partial(self.engine.forget_empty_shards, queue, self.breaker.guard)
+                # with those forgotten beside a shard passed over (``PartlyUnavailable.done``)
+                forgotten: list[str] = each.run(forget, [])
+                for shard in forgotten:
+                    logger.info("queue %s: shard %s of an older shard count is empty; "
+                                "no longer served", queue, shard)  # fmt: skip
 
     def step(self) -> float:
         """One pass; return how long to sleep before the next.
