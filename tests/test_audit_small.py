@@ -1,6 +1,5 @@
 """Audit (small): what a Redis Cluster with one master frozen leaves out (``pytest -m
-cluster``): the old shards the promoter forgot in a call that passed over another, and the
-leases one reconfirmation extended on a healthy master before it met the frozen one."""
+cluster``): the old shards the promoter forgot in a call that passed over another."""
 
 from __future__ import annotations
 
