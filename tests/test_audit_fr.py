@@ -10,16 +10,20 @@ due time, and the retry ran about half a lease late.
 
 from __future__ import annotations
 
+import logging
+from datetime import UTC, timedelta
+
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from django_delayjobs import Retry, delayable, timing
 from django_delayjobs.connection import get_engine
-from django_delayjobs.execution import Execution, current_job
+from django_delayjobs.execution import HAND_BACK_DELAY, Execution, current_job
 from django_delayjobs.models import Job, Status
-from django_delayjobs.outcomes import Outcome, settle
+from django_delayjobs.outcomes import Outcome, Result, settle
 from django_delayjobs.services import schedule
-from tests.test_audit_guard import burst, half_lease
+from tests.test_audit_guard import burst, half_lease, row, started_by_a
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Q = "default"
@@ -86,3 +90,32 @@ def test_a_job_dead_whose_id_was_deferred_reaches_garbage_at_the_deferrals_due_t
     burst()
     assert [entry[0] for entry in engine.garbage(Q, 10)] == [str(job.pk)]
     assert engine.next_due(Q, 10) == [] and Job.objects.get(pk=job.pk).status == Status.DEAD
+
+
+def test_a_running_row_the_claim_and_its_check_disagree_on_is_looked_at_in_a_second(
+    settings, caplog
+):
+    """SQLite: a start time written by hand as ISO text ('T' between date and time) sorts
+    after the claim's cutoff of the same day (' '), so the claim does not take the row
+    over, while Django reads the start as over half a lease ago. Each such deferral was
+    due at once: claim, fetch, nack, again, a few ms apart. Now one a second, said."""
+    if connection.vendor != "sqlite":
+        pytest.skip("a text start time: SQLite's text comparison")
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1}  # half a lease: 0.5 s
+    job = started_by_a()
+    started = timezone.now().astimezone(UTC) - timedelta(seconds=3)
+    if started.date() != timezone.now().astimezone(UTC).date():  # pragma: no cover
+        pytest.skip("just past midnight: the dates' text would agree")
+    text = started.replace(tzinfo=None).isoformat(timespec="seconds")  # 'T' separator
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {Job._meta.db_table} SET started_at = %s WHERE id = %s",
+                       [text, job.pk.hex])  # fmt: skip
+    assert Job.objects.get(pk=job.pk).started_at == started.replace(microsecond=0)
+    before = timezone.now()
+    with caplog.at_level(logging.INFO, logger="django_delayjobs"):
+        result = Execution(Q, str(job.pk), "B").claim()
+    assert isinstance(result, Result) and result.outcome == Outcome.DEFERRED
+    assert result.retry_at is not None and result.retry_at >= before + HAND_BACK_DELAY
+    [record] = [r for r in caplog.records if "not taken over" in r.getMessage()]
+    assert record.levelno == logging.INFO and "on 'A'" in record.getMessage()
+    assert row(job) == (Status.RUNNING, 1, 1, "A")
