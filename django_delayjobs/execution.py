@@ -526,7 +526,23 @@ class Execution:
             return self.finish(Outcome.DEAD, "no attempts left", fence=False)
         # Changed between our UPDATE and SELECT (a cancel; a running row that reached its
         # takeover time in between): look at it again shortly.
+        if running:
+            return self.not_taken_over_yet(job)
         return Result(Outcome.DEFERRED, job, retry_at=timezone.now())
+
+    def not_taken_over_yet(self, job: Job) -> Result:
+        """Defer the delivery of a running row that the claim did not take over though
+        this check finds it old enough: it reached its takeover time between the claim
+        and the read, or the two disagree about its start for good (a start time written
+        by hand in a form the SQL compares otherwise, such as ISO text with a 'T' in
+        SQLite): looked at again in ``HAND_BACK_DELAY``, not at once, so a disagreement
+        costs one claim a second, not a tight loop; said each time."""
+        started = "an unknown time" if job.started_at is None else job.started_at.isoformat()
+        logger.info("job %s: running since %s on %r, not taken over by the claim: looked "
+                    "at again in %.0f s", self.job_id, started, job.worker,
+                    HAND_BACK_DELAY.total_seconds(),
+                    extra=job_fields(self.job_id, self.queue, job, "deferred"))  # fmt: skip
+        return Result(Outcome.DEFERRED, job, retry_at=timezone.now() + HAND_BACK_DELAY)
 
     def not_taken_over(self, job: Job, now: datetime, takeover_at: datetime) -> Result:
         """Defer the delivery of a row running since less than half a lease: said, as it

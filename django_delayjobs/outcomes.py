@@ -254,9 +254,12 @@ def settle(
                 # the job back at once, and again, until its clock caught up.
                 wait_ms = max(0, due_ms - timing.to_ms(timezone.now()))
                 due_ms = engine.server_time_ms() + wait_ms
-            engine.nack(queue, {job_id: due_ms})
+            moved = engine.nack(queue, {job_id: due_ms})
             if result.outcome in _FOLLOW_ROW:
-                follow_row(engine, queue, job_id, timing.to_ms(due))
+                # Moved nothing: the id was not in flight under this lease. Redis lost it
+                # and another worker, given it back, deferred it (pending at its own due
+                # time), or it is gone: the row's due time is pushed whatever it is.
+                follow_row(engine, queue, job_id, timing.to_ms(due) if moved else None)
         outage.ok()
     except EngineUnavailable as exc:
         outage.failed(exc)
@@ -272,12 +275,13 @@ _FOLLOW_ROW = frozenset({Outcome.RETRYING, Outcome.DEFERRED})
 
 
 def follow_row(
-    engine: Engine, queue: str, job_id: str, pushed_ms: float, *, held: bool = True
+    engine: Engine, queue: str, job_id: str, pushed_ms: float | None, *, held: bool = True
 ) -> None:
     """Make Redis agree with ``job_id``'s row after a push of the id due at ``pushed_ms``:
     a nack (due as the row gave it, before a deferral's move to Redis's clock), or a
     reschedule's add (``held``: whether the push may have left the id waiting in Redis;
-    an add that found it there already did not).
+    an add that found it there already did not). None: a nack that moved nothing, so
+    Redis may hold the id at any due time (or not at all): the row's is pushed.
 
     Pushes of one job may reach Redis out of the order of their commits: a reschedule
     committed between an attempt's commit and its nack found the id in flight, and its
