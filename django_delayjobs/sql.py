@@ -120,10 +120,10 @@ def takeover_delay() -> timedelta:
     before it died, and the lease then ran its whole length: the id comes back at least
     about two thirds of a lease after the row started (while its extensions succeeded;
     one that started the job on a lease ``LEASE_TRUSTED`` kept on time alone may lose it
-    sooner, and that delivery then waits for the half lease). Waiting for half a lease delays
-    no such recovery (the sixth between the two covers a late extension and the clocks of
-    two worker hosts, which write and read ``started_at``). A running row younger than
-    that may have a live worker: one whose lease Redis lost (a restart without
+    sooner, and that delivery then waits for the half lease). Waiting for half a lease
+    delays no such recovery (the sixth between the two covers a late extension and the
+    clocks of two worker hosts, which write and read ``started_at``). A running row
+    younger than that may have a live worker: one whose lease Redis lost (a restart without
     persistence, a failover to a lagging replica: the reconcile sweep re-adds the id of a
     row it read as waiting just before that worker started it), or one that started it
     on a lease trusted on time alone (``LEASE_TRUSTED``) that Redis had lost. Taken over,
