@@ -65,7 +65,8 @@ _notes: ContextVar[list[str] | None] = ContextVar("delayjobs_notes", default=Non
 #: A job promoted this close to its due time (Redis and this host's clocks may differ by
 #: a little, and due times are whole ms) waits here instead of going back to Redis.
 EARLY_WAIT = timedelta(seconds=1)
-#: How long a delivery handed back for a lost database connection waits in Redis.
+#: How long a delivery handed back for a lost database connection waits in Redis (and one
+#: that its claim did not match though its row looks claimable: ``not_claimed_yet``).
 HAND_BACK_DELAY = timedelta(seconds=1)
 #: How long the outcome of a non-atomic action is tried again while the database fails it
 #: (SQLite's write lock held past the busy timeout, a restart), and the pause between tries.
@@ -524,23 +525,22 @@ class Execution:
             ))  # fmt: skip
         if not running and job.attempts >= job.max_attempts:
             return self.finish(Outcome.DEAD, "no attempts left", fence=False)
-        # Changed between our UPDATE and SELECT (a cancel; a running row that reached its
-        # takeover time in between): look at it again shortly.
-        if running:
-            return self.not_taken_over_yet(job)
-        return Result(Outcome.DEFERRED, job, retry_at=timezone.now())
+        return self.not_claimed_yet(job)
 
-    def not_taken_over_yet(self, job: Job) -> Result:
-        """Defer the delivery of a running row that the claim did not take over though
-        this check finds it old enough: it reached its takeover time between the claim
-        and the read, or the two disagree about its start for good (a start time written
-        by hand in a form the SQL compares otherwise, such as ISO text with a 'T' in
-        SQLite): looked at again in ``HAND_BACK_DELAY``, not at once, so a disagreement
-        costs one claim a second, not a tight loop; said each time."""
-        started = "an unknown time" if job.started_at is None else job.started_at.isoformat()
-        logger.info("job %s: running since %s on %r, not taken over by the claim: looked "
-                    "at again in %.0f s", self.job_id, started, job.worker,
-                    HAND_BACK_DELAY.total_seconds(),
+    def not_claimed_yet(self, job: Job) -> Result:
+        """Defer the delivery of a row that the claim did not match though the checks
+        above find it claimable: it changed between the claim and the read (a running row
+        reaching its takeover time, a reschedule), or the two disagree about it for good
+        (a time written by hand in a form the SQL compares otherwise, such as ISO text
+        with a 'T' in SQLite): looked at again in ``HAND_BACK_DELAY``, not at once, so a
+        disagreement costs one claim a second, not a tight loop; said each time."""
+        if job.status == Status.RUNNING:
+            at = "an unknown time" if job.started_at is None else job.started_at.isoformat()
+            state = f"running since {at} on {job.worker!r}"
+        else:
+            state = f"{job.status}, due at {job.run_at.isoformat()}"
+        logger.info("job %s: %s, not claimed: looked at again in %.0f s", self.job_id,
+                    state, HAND_BACK_DELAY.total_seconds(),
                     extra=job_fields(self.job_id, self.queue, job, "deferred"))  # fmt: skip
         return Result(Outcome.DEFERRED, job, retry_at=timezone.now() + HAND_BACK_DELAY)
 

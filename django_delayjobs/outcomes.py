@@ -256,9 +256,9 @@ def settle(
                 due_ms = engine.server_time_ms() + wait_ms
             moved = engine.nack(queue, {job_id: due_ms})
             if result.outcome in _FOLLOW_ROW:
-                # Moved nothing: the id was not in flight under this lease. Redis lost it
-                # and another worker, given it back, deferred it (pending at its own due
-                # time), or it is gone: the row's due time is pushed whatever it is.
+                # Moved nothing: the id was not in flight. Redis lost it and another worker,
+                # given it back, deferred it (pending at its own due time), or it is gone:
+                # the row's due time is pushed whatever it is.
                 follow_row(engine, queue, job_id, timing.to_ms(due) if moved else None)
         outage.ok()
     except EngineUnavailable as exc:

@@ -24,10 +24,14 @@ from django_delayjobs.models import Job, Status
 from django_delayjobs.outcomes import Outcome, Result, settle
 from django_delayjobs.services import schedule
 from tests.test_audit_guard import burst, half_lease, row, started_by_a
+from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Q = "default"
 RETRY_SECONDS = 20.0
+#: The jobs whose action saw the race happen as the test means it (an assertion failing in
+#: the action would only fail that attempt, which a retry follows all the same).
+RACED: list[str] = []
 
 
 @delayable(atomic=False)
@@ -47,13 +51,17 @@ def lose_the_lease_then_retry(seconds: float) -> None:
     assert result.outcome == Outcome.DEFERRED  # running since just now on W1
     settle(engine, Q, job_id, result)
     [(_, due)] = engine.next_due(Q, 10)
-    assert due >= timing.to_ms(timezone.now() + half_lease()) - 1000
+    assert job.started_at is not None
+    assert due >= timing.to_ms(job.started_at + half_lease()) - 1000
+    RACED.append(job_id)
     raise Retry("not yet", after=seconds)
 
 
 def test_a_retry_whose_id_was_deferred_by_another_worker_is_due_at_its_retry_time():
+    RACED.clear()
     job = schedule(lose_the_lease_then_retry, in_=0, args=[RETRY_SECONDS])
     burst()  # W1
+    assert [str(job.pk)] == RACED
     job.refresh_from_db()
     assert (job.status, job.attempts) == (Status.RETRYING, 1)
     [(job_id, due)] = get_engine().next_due(Q, 10)
@@ -116,6 +124,31 @@ def test_a_running_row_the_claim_and_its_check_disagree_on_is_looked_at_in_a_sec
         result = Execution(Q, str(job.pk), "B").claim()
     assert isinstance(result, Result) and result.outcome == Outcome.DEFERRED
     assert result.retry_at is not None and result.retry_at >= before + HAND_BACK_DELAY
-    [record] = [r for r in caplog.records if "not taken over" in r.getMessage()]
+    [record] = [r for r in caplog.records if "not claimed" in r.getMessage()]
     assert record.levelno == logging.INFO and "on 'A'" in record.getMessage()
     assert row(job) == (Status.RUNNING, 1, 1, "A")
+
+
+def test_a_waiting_row_the_claim_and_its_check_disagree_on_is_looked_at_in_a_second(caplog):
+    """The same with a due time written by hand as ISO text: the claim's ``run_at <= now``
+    compares it as text and matches nothing, while Django reads it as due."""
+    if connection.vendor != "sqlite":
+        pytest.skip("a text due time: SQLite's text comparison")
+    job = schedule(tasks.record, in_=60, args=["hand-written"])
+    due = timezone.now().astimezone(UTC) - timedelta(seconds=3)
+    if due.date() != timezone.now().astimezone(UTC).date():  # pragma: no cover
+        pytest.skip("just past midnight: the dates' text would agree")
+    text = due.replace(tzinfo=None).isoformat(timespec="seconds")  # 'T' separator
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {Job._meta.db_table} SET run_at = %s WHERE id = %s",
+                       [text, job.pk.hex])  # fmt: skip
+    assert Job.objects.get(pk=job.pk).run_at == due.replace(microsecond=0)
+    before = timezone.now()
+    with caplog.at_level(logging.INFO, logger="django_delayjobs"):
+        result = Execution(Q, str(job.pk), "B").claim()
+    assert isinstance(result, Result) and result.outcome == Outcome.DEFERRED
+    assert result.retry_at is not None and result.retry_at >= before + HAND_BACK_DELAY
+    [record] = [r for r in caplog.records if "not claimed" in r.getMessage()]
+    assert record.levelno == logging.INFO and "scheduled, due at" in record.getMessage()
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.SCHEDULED, 0)
