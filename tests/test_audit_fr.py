@@ -100,55 +100,37 @@ def test_a_job_dead_whose_id_was_deferred_reaches_garbage_at_the_deferrals_due_t
     assert engine.next_due(Q, 10) == [] and Job.objects.get(pk=job.pk).status == Status.DEAD
 
 
-def test_a_running_row_the_claim_and_its_check_disagree_on_is_looked_at_in_a_second(
-    settings, caplog
+@pytest.mark.parametrize(
+    ("column", "said"), [("started_at", "running since"), ("run_at", "scheduled, due at")]
+)
+def test_a_row_the_claim_and_its_check_disagree_on_is_looked_at_in_a_second(
+    settings, caplog, column, said
 ):
-    """SQLite: a start time written by hand as ISO text ('T' between date and time) sorts
-    after the claim's cutoff of the same day (' '), so the claim does not take the row
-    over, while Django reads the start as over half a lease ago. Each such deferral was
-    due at once: claim, fetch, nack, again, a few ms apart. Now one a second, said."""
+    """SQLite: a start (or due) time written by hand as ISO text ('T' between date and
+    time) sorts after the claim's time of the same day (' '), so the claim matches nothing
+    (no takeover of the running row, the waiting row not due), while Django reads the
+    time as over half a lease ago (as past). Each such deferral was due at once: claim,
+    fetch, nack, again, a few ms apart. Now one a second, said."""
     if connection.vendor != "sqlite":
-        pytest.skip("a text start time: SQLite's text comparison")
+        pytest.skip("a time held as text: SQLite's text comparison")
     settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1}  # half a lease: 0.5 s
-    job = started_by_a()
-    started = timezone.now().astimezone(UTC) - timedelta(seconds=3)
-    if started.date() != timezone.now().astimezone(UTC).date():  # pragma: no cover
+    if column == "started_at":
+        job, state = started_by_a(), (Status.RUNNING, 1, 1, "A")
+    else:
+        job, state = schedule(tasks.record, in_=60, args=["later"]), (Status.SCHEDULED, 0, 0, "")
+    at = timezone.now().astimezone(UTC) - timedelta(seconds=3)
+    if at.date() != timezone.now().astimezone(UTC).date():  # pragma: no cover
         pytest.skip("just past midnight: the dates' text would agree")
-    text = started.replace(tzinfo=None).isoformat(timespec="seconds")  # 'T' separator
+    text = at.replace(tzinfo=None).isoformat(timespec="seconds")  # 'T' separator
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {Job._meta.db_table} SET started_at = %s WHERE id = %s",
+        cursor.execute(f"UPDATE {Job._meta.db_table} SET {column} = %s WHERE id = %s",
                        [text, job.pk.hex])  # fmt: skip
-    assert Job.objects.get(pk=job.pk).started_at == started.replace(microsecond=0)
+    assert getattr(Job.objects.get(pk=job.pk), column) == at.replace(microsecond=0)
     before = timezone.now()
     with caplog.at_level(logging.INFO, logger="django_delayjobs"):
         result = Execution(Q, str(job.pk), "B").claim()
     assert isinstance(result, Result) and result.outcome == Outcome.DEFERRED
     assert result.retry_at is not None and result.retry_at >= before + HAND_BACK_DELAY
     [record] = [r for r in caplog.records if "not claimed" in r.getMessage()]
-    assert record.levelno == logging.INFO and "on 'A'" in record.getMessage()
-    assert row(job) == (Status.RUNNING, 1, 1, "A")
-
-
-def test_a_waiting_row_the_claim_and_its_check_disagree_on_is_looked_at_in_a_second(caplog):
-    """The same with a due time written by hand as ISO text: the claim's ``run_at <= now``
-    compares it as text and matches nothing, while Django reads it as due."""
-    if connection.vendor != "sqlite":
-        pytest.skip("a text due time: SQLite's text comparison")
-    job = schedule(tasks.record, in_=60, args=["hand-written"])
-    due = timezone.now().astimezone(UTC) - timedelta(seconds=3)
-    if due.date() != timezone.now().astimezone(UTC).date():  # pragma: no cover
-        pytest.skip("just past midnight: the dates' text would agree")
-    text = due.replace(tzinfo=None).isoformat(timespec="seconds")  # 'T' separator
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {Job._meta.db_table} SET run_at = %s WHERE id = %s",
-                       [text, job.pk.hex])  # fmt: skip
-    assert Job.objects.get(pk=job.pk).run_at == due.replace(microsecond=0)
-    before = timezone.now()
-    with caplog.at_level(logging.INFO, logger="django_delayjobs"):
-        result = Execution(Q, str(job.pk), "B").claim()
-    assert isinstance(result, Result) and result.outcome == Outcome.DEFERRED
-    assert result.retry_at is not None and result.retry_at >= before + HAND_BACK_DELAY
-    [record] = [r for r in caplog.records if "not claimed" in r.getMessage()]
-    assert record.levelno == logging.INFO and "scheduled, due at" in record.getMessage()
-    job.refresh_from_db()
-    assert (job.status, job.attempts) == (Status.SCHEDULED, 0)
+    assert record.levelno == logging.INFO and said in record.getMessage()
+    assert row(job) == state
