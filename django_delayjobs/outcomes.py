@@ -280,8 +280,8 @@ def follow_row(
     """Make Redis agree with ``job_id``'s row after a push of the id due at ``pushed_ms``:
     a nack (due as the row gave it, before a deferral's move to Redis's clock), or a
     reschedule's add (``held``: whether the push may have left the id waiting in Redis;
-    an add that found it there already did not). None: a nack that moved nothing, so
-    Redis may hold the id at any due time (or not at all): the row's is pushed.
+    an add that found it there already did not). None: Redis may hold the id at any due
+    time, or not at all (a nack that moved nothing, a sweep's move): the row's is pushed.
 
     Pushes of one job may reach Redis out of the order of their commits: a reschedule
     committed between an attempt's commit and its nack found the id in flight, and its

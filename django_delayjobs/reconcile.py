@@ -523,7 +523,7 @@ def _follow(engine: Engine, queue: str, ids: list[str], each: PerShard) -> None:
     if again and not each.down:
         each.run(partial(engine.requeue, queue, again), list[str]())  # out of garbage
         for id_ in again:  # or added, if the removal took it out of pending
-            each.run(partial(follow_row, engine, queue, id_, -1, held=False), None)
+            each.run(partial(follow_row, engine, queue, id_, None, held=False), None)
 
 
 def horizon() -> timedelta:
