@@ -34,6 +34,18 @@ RETRY_SECONDS = 20.0
 RACED: list[str] = []
 
 
+def lose_the_lease(job_id: str) -> Result:
+    """Redis loses the running id; the reconcile sweep adds it again, and worker W2 claims
+    it in Redis, then in the database, and settles what its claim found."""
+    engine = get_engine()
+    engine.client.flushdb()
+    engine.add(Q, {job_id: 0})  # the reconcile sweep's add
+    assert list(engine.claim(Q, 1)) == [job_id]
+    result = Execution(Q, job_id, "W2").run()
+    settle(engine, Q, job_id, result)
+    return result
+
+
 @delayable(atomic=False)
 def lose_the_lease_then_retry(seconds: float) -> None:
     """First attempt: Redis loses the id in flight, the sweep re-adds it and worker W2
@@ -44,12 +56,7 @@ def lose_the_lease_then_retry(seconds: float) -> None:
     if job.attempts > 1:
         return
     job_id, engine = str(job.pk), get_engine()
-    engine.client.flushdb()
-    engine.add(Q, {job_id: 0})  # the reconcile sweep's add
-    assert list(engine.claim(Q, 1)) == [job_id]  # W2's claim in Redis
-    result = Execution(Q, job_id, "W2").run()
-    assert result.outcome == Outcome.DEFERRED  # running since just now on W1
-    settle(engine, Q, job_id, result)
+    assert lose_the_lease(job_id).outcome == Outcome.DEFERRED  # running since now on W1
     [(_, due)] = engine.next_due(Q, 10)
     assert job.started_at is not None
     assert due >= timing.to_ms(job.started_at + half_lease()) - 1000
@@ -76,11 +83,7 @@ def lose_the_lease_then_die() -> None:
     """As above, then the job's only attempt fails: it is dead."""
     job = current_job.get()
     assert job is not None
-    job_id, engine = str(job.pk), get_engine()
-    engine.client.flushdb()
-    engine.add(Q, {job_id: 0})
-    assert list(engine.claim(Q, 1)) == [job_id]
-    settle(engine, Q, job_id, Execution(Q, job_id, "W2").run())
+    lose_the_lease(str(job.pk))
     raise RuntimeError("failing on purpose")
 
 
