@@ -127,6 +127,8 @@ def test_the_same_key_returns_the_active_job():
         ({"headers": {"X-A": 1}}, TypeError, "must be str"),
         ({"headers": ["X-A"]}, TypeError, "dict"),
         ({"headers": {f"X-{n}": "1" for n in range(33)}}, ValueError, "at most 32"),
+        # The Content-Type a body adds counts: stored as 33, the job could never be sent.
+        ({"json": {}, "headers": {f"X-{n}": "1" for n in range(32)}}, ValueError, "at most 32"),
         ({"headers": {"X-A": "1", "x-a": "2"}}, ValueError, "twice"),
         ({"headers": {"Host": "evil.example"}}, ValueError, "set by the delivery"),
         ({"headers": {"Content-Length": "0"}}, ValueError, "set by the delivery"),
@@ -151,6 +153,12 @@ def test_hostile_arguments_are_refused_and_nothing_is_written(kwargs, error, mat
         schedule_http("https://hooks.example.com/x", **call)
     assert not isinstance(info.value, UnicodeError), repr(info.value)  # a ValueError too
     assert not Job.objects.exists() and not JobEvent.objects.exists()
+
+
+def test_a_body_and_the_most_headers_it_leaves_room_for_are_stored_and_load_again():
+    headers = {f"X-{n}": "1" for n in range(31)}
+    job = schedule_http("https://hooks.example.com/x", json={}, headers=headers, in_=10)
+    assert load(job.kwargs).headers == {**headers, "Content-Type": "application/json"}
 
 
 def test_a_body_within_http_max_request_bytes_is_still_held_to_max_json_bytes(http):

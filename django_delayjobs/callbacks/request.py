@@ -21,7 +21,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from ..exceptions import InvalidSchedule
 from ..redact import secret_name, without_userinfo
 from .config import Destination, HttpConfig
-from .headers import InvalidHeader, check_headers, merged
+from .headers import MAX_HEADERS, InvalidHeader, check_headers, merged
 from .policy import MAX_URL_LENGTH, Target, addresses, check_host, parse_url
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
@@ -251,6 +251,11 @@ def build(
     if body is not None:
         _check_text(body, max_bytes, "data" if json is None else "json")
         if content_type and not any(name.lower() == "content-type" for name in checked):
+            if len(checked) == MAX_HEADERS:  # stored, the job could never be sent (load)
+                raise InvalidCallback(
+                    f"at most {MAX_HEADERS} headers, with the Content-Type the body adds",
+                    "headers",
+                )
             checked["Content-Type"] = content_type
     return CallbackRequest(method, request.url, request.destination, request.path, checked, body)
 
