@@ -256,9 +256,12 @@ def settle(
                 due_ms = engine.server_time_ms() + wait_ms
             moved = engine.nack(queue, {job_id: due_ms})
             if result.outcome in _FOLLOW_ROW:
-                # Moved nothing: the id was not in flight. Redis lost it and another worker,
-                # given it back, deferred it (pending at its own due time), or it is gone:
-                # the row's due time is pushed whatever it is.
+                # Moved nothing: the id was not in flight under this engine's lease. Redis
+                # lost it and another worker, given it back, deferred it (pending at its own
+                # due time), or it is gone: the row's due time is pushed whatever it is. Or
+                # another worker claimed it since (this one's lease was lost: nack.lua): a
+                # running row is left to it, a waiting row's push (add) leaves it in flight,
+                # and that worker's delivery reads the row and moves the id.
                 follow_row(engine, queue, job_id, timing.to_ms(due) if moved else None)
         outage.ok()
     except EngineUnavailable as exc:

@@ -1049,10 +1049,11 @@ class WorkerProcess:
 
     def give_back(self, queue: str, ids: Sequence[str], owner: int | None = None) -> int | None:
         """``hand_back``; return how many ids were handed back, None if Redis is down. One
-        whose lease was lost is let go (``lose``), not handed back: nack would take it out
-        of flight from under the worker that holds it now, and a third one would run it
-        beside it. Lost as they are released: found so before, by the call below, or by an
-        extension meanwhile. One only unconfirmed for long (``gone``) is asked about first
+        whose lease was lost is let go (``lose``), not handed back: the worker that holds it
+        now may run it. Lost as they are released: found so before, by the call below, or
+        by an extension meanwhile; one lost unknown to this process is left in flight by
+        the nack itself, which moves only an id under this engine's lease (or no holder's,
+        ``adopt``'s). One only unconfirmed for long (``gone``) is asked about first
         (``reconfirm``): handed back if kept. If Redis did not answer that call, or the
         nack, the ids are left to their lease, and a burst counts them (``unconfirmed``):
         after Redis lost its data, only a reconcile sweep would bring them back."""

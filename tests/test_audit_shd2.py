@@ -24,18 +24,25 @@ from tests.testapp import tasks
 __all__ = ["any_client"]  # a fixture, used by name
 
 
-def resharded(cls: type[Engine]) -> Engine:
-    """An engine of ``cls`` with "orders" split 4 ways, on the session's Redis."""
+def resharded(cls: type[Engine], claimer: Engine | None = None) -> Engine:
+    """An engine of ``cls`` with "orders" split 4 ways, on the session's Redis; given the
+    engine that claimed an id, with its holder: the worker that claimed the id nacks it (a
+    nack moves only an id under its own engine's lease, see test_audit_nack)."""
     base = get_engine()
-    return cls(base.client, prefix=base.prefix, shards={"orders": 4})
+    engine = cls(base.client, prefix=base.prefix, shards={"orders": 4})
+    if claimer is not None:
+        engine._holder = claimer._holder
+    return engine
 
 
-def claimed_in_the_old_shard(settings: Any) -> Job:
-    """A job of "orders" claimed (in flight) in its shard of 1; then "orders" has 4."""
+def claimed_in_the_old_shard(settings: Any) -> tuple[Job, Engine]:
+    """A job of "orders" claimed (in flight) in its shard of 1, and the engine that
+    claimed it; then "orders" has 4."""
     job = schedule(tasks.record, in_=0, args=["x"], queue="orders")
-    assert get_engine().claim("orders", 1, HOUR) == [str(job.pk)]
+    claimer = get_engine()
+    assert claimer.claim("orders", 1, HOUR) == [str(job.pk)]
     shards(settings, 4)
-    return job
+    return job, claimer
 
 
 @pytest.mark.django_db(transaction=True)
@@ -46,7 +53,7 @@ def test_a_nack_followed_in_an_old_shard_leaves_the_id_in_one_shard_at_most(sett
     that moved the id to its new shard in between left a second copy pending (a second
     delivery, of a job that may be running by then) or, for a job cancelled meanwhile, a
     stray one."""
-    job = claimed_in_the_old_shard(settings)
+    job, claimer = claimed_in_the_old_shard(settings)
     job_id = str(job.pk)
     run_at = timezone.now() + timedelta(hours=2)  # rescheduled after the attempt committed
     Job.objects.filter(pk=job.pk).update(status=status, attempts=1, run_at=run_at)
@@ -59,7 +66,7 @@ def test_a_nack_followed_in_an_old_shard_leaves_the_id_in_one_shard_at_most(sett
             assert self.add("orders", {job_id: to_ms(nacked)}).moved == [job_id]
             return moved
 
-    engine = resharded(SweptAfterNack)
+    engine = resharded(SweptAfterNack, claimer)
     settle(engine, "orders#0/1", job_id, Result(Outcome.RETRYING, job, retry_at=nacked))
     assert len(holders(job_id)) == (status == Status.RETRYING)
     if status == Status.RETRYING:
@@ -103,6 +110,7 @@ def test_moves_by_queue_name_reach_an_id_in_flight_in_an_old_shard(any_client, m
     old.add(Q, {"X": 0})
     assert old.claim(Q, 1, HOUR) == ["X"]
     new = Engine(any_client, prefix="t", shards={Q: 4})
+    new._holder = old._holder  # the claimer's: a nack moves only its own engine's ids
     done = {"ack": lambda: new.ack(Q, ["X", "Y"]), "nack": lambda: new.nack(Q, {"X": 0}),
             "bury": lambda: new.bury(Q, ["X"])}[move]()  # fmt: skip
     assert done == 1
@@ -132,6 +140,7 @@ def test_a_reschedule_pushed_before_a_retry_s_follow_up_add_is_not_undone():
 
     base = get_engine()
     engine = RescheduledBeforeAdd(base.client, prefix=base.prefix)
+    engine._holder = base._holder  # the claimer's: a nack moves only its own engine's ids
     nacked = timezone.now() + timedelta(minutes=1)
     settle(engine, "default", job_id, Result(Outcome.RETRYING, job, retry_at=nacked))
     assert done == [True]

@@ -458,13 +458,23 @@ class Engine(Reader):
         return self._at_home(queue, _ids(ids), run)
 
     def nack(self, queue: str, items: Mapping[str, float]) -> int:
-        """Hand in-flight ids back to pending with retry times; return how many moved."""
+        """Hand in-flight ids back to pending with retry times; return how many moved.
+
+        Only an id in flight under a lease of this engine's (any that ends in its fraction
+        of a ms, see leases.py), or under one no holder set (``adopt``'s: the worker still
+        running that job nacks it too, as its extension keeps it), is moved. One in flight
+        under another engine's lease is left there and not counted: this engine's lease
+        was lost (Redis lost its data, or it ended) and another worker claimed the id since,
+        and may run it now; pending, it would be claimed again beside that run. Two holders
+        that share a fraction (leases.py) take each other's leases for their own here too.
+        """
         dues = _dues(items)
 
         def run(shard: Shard, part: list[str]) -> int:
             k = self._keys(shard)
             keys = [k.unack, k.pending, k.wake, k.counters]
-            return int(self._run("nack", keys, [v for i in part for v in (i, dues[i])]))
+            args = [self._holder.fraction, *(v for i in part for v in (i, dues[i]))]
+            return int(self._run("nack", keys, args))
 
         return self._at_home(queue, list(dues), run)
 

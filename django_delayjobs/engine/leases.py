@@ -9,9 +9,12 @@ the holder's fraction. Once the lease has ended without its holder noticing (Red
 its data and the id was added again, or the holder froze past its lease and
 ``recover_expired`` handed it back) and another worker has claimed the id, the score is
 that worker's, with that worker's fraction, and the first holder's extension reports the
-id lost instead of taking it over. Without the fraction, two leases set in the same
-millisecond with the same length (or lengths that differ as much as their start) would be
-the same score.
+id lost instead of taking it over. A nack checks it too: it moves an id only under a lease
+of its holder, or a whole ms, which no holder sets (``adopt``'s), so a worker that reaches
+an id it lost, and defers or hands it back, leaves it in flight under the other worker's
+lease instead of putting it in pending for a third one. Without the fraction, two leases
+set in the same millisecond with the same length (or lengths that differ as much as their
+start) would be the same score.
 
 The fraction names the holder, not the call: an extension whose reply was lost (Redis
 stalled past the client's timeout, then ran it) moved the score to one its holder was never
@@ -21,7 +24,7 @@ extended look lost (none started, each left in flight under a lease nobody held 
 ``LEASE_SECONDS`` ended). Two holders share a fraction one time in 4095 (of N holders
 live at once, some two of them about N*(N-1)/8190 of the time): each then takes the other's
 leases for its own, and an id lost to the other is kept and run by both, as before leases
-had owners.
+had owners (and nacked by either).
 
 The fraction costs nothing: no key, no round trip, and the score stays the deadline (a
 reader that takes whole ms sees the millisecond it ends in). A score near today's times
@@ -30,7 +33,9 @@ after): the fraction is a multiple of 1/4096, which the sum keeps exact until th
 ``math.fmod(score, 1)`` gives back exactly (fmod is always exact). After 2039 the sum rounds
 the fraction to 1/2048: the script compares the score's fraction with the holder's added to
 the score's whole ms, which rounds the same way. The holder passes the score Redis gave
-back, so rounding never makes its own lease look another's.
+back, so rounding never makes its own lease look another's. A fraction that rounds to a
+whole ms then (1/4096 or 4095/4096 may) makes its holder's leases look like no holder's to
+a nack, which moves them whoever nacks them, as before leases had owners.
 """
 
 from __future__ import annotations
