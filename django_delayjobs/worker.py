@@ -1253,15 +1253,18 @@ class WorkerProcess:
             drop_connections()  # this thread's
 
     def extend_leases(self) -> None:
-        """Extend the leases this process holds. An id whose action runs here is kept
-        whoever holds its lease now: the one the reconcile sweep gave a running job after
-        Redis lost its data (its holder is this process), or the lease of another worker
-        that claimed it once this one's had ended (then it is this process that runs it,
-        and that worker, finding its lease gone, does not start it too). An id that waits
-        in its batch is kept only under the lease this process holds (leases.py): once
-        another worker holds it, it is lost here and not started (``holds``)."""
+        """Extend the leases this process holds. An id whose row this process claimed, its
+        action to run here, is kept whoever holds its lease now: the one the reconcile
+        sweep gave a running job after Redis lost its data (its holder is this process),
+        or the lease of another worker that claimed it once this one's had ended (then it
+        is this process that runs it, and that worker, finding its lease gone, does not
+        start it too). An id that waits in its batch, or whose row claim has not returned,
+        is kept only under the lease this process holds (leases.py): once another worker
+        holds it, it is lost here and not started (``holds``); taken while the claim
+        decides to defer or hand it back, it would be this process's to nack, out of the
+        other worker's lease into pending, where a third would take it over."""
         with self.held_lock:
-            running = {execution.job_id for execution in self.running.values()}
+            running = {e.job_id for e in self.running.values() if e.job is not None}
             by_queue: dict[str, dict[str, str | None]] = {}
             for job_id, (queue, _) in self.held.items():
                 lease = None if job_id in running else self.leases.get(job_id)
