@@ -1048,7 +1048,7 @@ class WorkerProcess:
         return self.give_back(queue, ids, owner) is not None
 
     def give_back(self, queue: str, ids: Sequence[str], owner: int | None = None) -> int | None:
-        """``hand_back``; return how many ids were handed back, None if Redis is down. One
+        """``hand_back``; return how many ids Redis moved back, None if Redis is down. One
         whose lease was lost is let go (``lose``), not handed back: the worker that holds it
         now may run it. Lost as they are released: found so before, by the call below, or
         by an extension meanwhile; one lost unknown to this process is left in flight by
@@ -1072,14 +1072,18 @@ class WorkerProcess:
         if not ids:
             return 0
         try:
-            self.engine.nack(queue, dict.fromkeys(ids, self.engine.server_time_ms()))
+            moved = self.engine.nack(queue, dict.fromkeys(ids, self.engine.server_time_ms()))
         except EngineUnavailable as exc:
             self.outage.failed(exc)
             if self.options.burst:
                 with self.held_lock:
                     self.unconfirmed.update(ids)
             return None
-        return len(ids)
+        if moved < len(ids):
+            logger.warning("%d of %d job(s) handed back were not in flight under this "
+                           "worker's lease: left to whoever holds them, or to reconcile if "
+                           "Redis lost them", len(ids) - moved, len(ids))  # fmt: skip
+        return moved
 
     def running_ids(self) -> list[str]:
         """The jobs whose actions run in this process now."""

@@ -43,3 +43,18 @@ def test_a_running_id_whose_row_is_not_claimed_yet_is_kept_only_under_its_own_le
     execution.job = Job()  # had the claim returned the row, J's action would run here
     process.extend_leases()
     assert lease_of(engine, "j") not in (None, theirs)  # kept whoever held it
+
+
+def test_a_hand_back_of_an_id_another_worker_holds_now_says_so(engine, caplog):
+    """The nack leaves it under that worker's lease: it is not counted as handed back
+    (``hand_back_waiting`` logged every id it was given as handed back)."""
+    process = WorkerProcess(engine, Options(queues=[Q]))
+    engine.add(Q, {"j": 0, "k": 0})
+    process.hold(Q, engine.claim(Q, 2, lease_ms=HOUR))
+    engine.client.flushdb()
+    engine.add(Q, {"j": 0})
+    assert another(engine).claim(Q, 1, lease_ms=HOUR) == ["j"]
+    theirs = lease_of(engine, "j")
+    assert process.give_back(Q, ["j", "k"]) == 0
+    assert lease_of(engine, "j") == theirs
+    assert "2 of 2 job(s) handed back were not in flight under this worker's lease" in caplog.text
