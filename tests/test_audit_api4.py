@@ -1,17 +1,22 @@
 """Audit of the REST API, fourth round: the callback endpoints and object permissions
-(callbacks/ answered for another team's job that jobs/<id>/ refuses)."""
+(callbacks/ answered for another team's job that jobs/<id>/ refuses), and a requeue whose
+key's holder finishes between the refused UPDATE and the lookup of the holder (a 500)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from django.urls import reverse
 from rest_framework.permissions import BasePermission
 
-from django_delayjobs.models import Job, Status
+from django_delayjobs import schedule, services
+from django_delayjobs.models import ACTIVE, Job, Status
+from django_delayjobs.services import build_job
+from tests.testapp import tasks
 
 from . import test_rest_helpers
-from .test_rest_helpers import client_for, make_user, url
+from .test_rest_helpers import client_for, dead_job, make_user, url
 
 http = test_rest_helpers.http  # a fixture: callbacks to hooks.example.com allowed
 
@@ -92,3 +97,85 @@ def test_callbacks_create_with_a_held_key_checks_object_permissions(teams):
     again = orders.post(url("callbacks"), body, format="json")
     assert (again.status_code, again.json()["id"]) == (200, str(job.pk))
     assert Job.objects.filter(queue="orders", key="k").count() == 1
+
+
+# -- 3. a requeue refused by the key's constraint whose holder finished meanwhile ---------
+
+
+def _dead_and_held() -> tuple[Job, Job]:
+    job = dead_job()
+    Job.objects.filter(pk=job.pk).update(key="order-7")
+    holder = schedule(tasks.record, in_=3600, args=["a"], key="order-7")
+    return job, holder
+
+
+def _finish_holders_before_lookup(monkeypatch, *, rival: bool = False) -> list[int]:
+    """Each lookup of the key's holder after the refused UPDATE first sees the holder
+    finish (a worker's commit); with ``rival``, another job takes the key right after."""
+    real, calls = services._existing, []
+
+    def lookup(row: Job) -> Job | None:
+        calls.append(1)
+        holders = Job.objects.filter(queue=row.queue, key=row.key, status__in=ACTIVE)
+        holders.update(status=Status.SUCCEEDED)
+        found = real(row)
+        if rival:
+            build_job(tasks.record, in_=3600, args=["r"], key=row.key).save(force_insert=True)
+        return found
+
+    monkeypatch.setattr(services, "_existing", lookup)
+    return calls
+
+
+@pytest.mark.parametrize("via", ["service", "api", "admin"])
+def test_a_requeue_whose_key_holder_finishes_meanwhile_is_requeued(monkeypatch, via):
+    """The key's constraint refused the UPDATE, and the holder had finished when it was
+    looked up: a bare ``raise`` of the IntegrityError (the API's 500, the admin's action
+    failed part-way). The UPDATE is tried again, and wins."""
+    job, _ = _dead_and_held()
+    calls = _finish_holders_before_lookup(monkeypatch)
+    if via == "service":
+        assert services.requeue(job) is True
+    elif via == "api":
+        api = client_for(make_user(superuser=True))
+        response = api.post(url("jobs", job.pk, "requeue"), {}, format="json")
+        assert response.status_code == 200, response.content[:300]
+    else:
+        admin = client_for(make_user(superuser=True))
+        changelist = reverse("admin:django_delayjobs_job_changelist")
+        body = {"action": "requeue_dead", "_selected_action": [str(job.pk)], "index": "0"}
+        response = admin.post(changelist, body, follow=True)
+        assert [str(m) for m in response.context["messages"]] == ["1 dead job requeued."]
+    assert calls == [1]
+    assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
+
+
+@pytest.mark.parametrize("via", ["service", "api", "admin"])
+def test_a_requeue_whose_key_is_taken_each_time_says_so(monkeypatch, via):
+    """Each UPDATE refused, each holder gone when looked up (a rival takes the key
+    after): a bounded number of tries, then ``InvalidSchedule`` (the API's 409, the
+    admin's message for that job), not an IntegrityError."""
+    job, _ = _dead_and_held()
+    other = dead_job()
+    calls = _finish_holders_before_lookup(monkeypatch, rival=True)
+    said = "the key 'order-7' was taken by another job as this one was requeued: try again"
+    if via == "service":
+        with pytest.raises(services.InvalidSchedule, match=said):
+            services.requeue(job)
+    elif via == "api":
+        api = client_for(make_user(superuser=True))
+        response = api.post(url("jobs", job.pk, "requeue"), {}, format="json")
+        assert response.status_code == 409, response.content[:300]
+        assert response.json() == {"detail": f"Cannot requeue: {said}.", "status": "dead"}
+    else:
+        admin = client_for(make_user(superuser=True))
+        changelist = reverse("admin:django_delayjobs_job_changelist")
+        body = {"action": "requeue_dead", "_selected_action": [str(job.pk), str(other.pk)],
+                "index": "0"}  # fmt: skip
+        response = admin.post(changelist, body, follow=True)
+        assert sorted(str(m) for m in response.context["messages"]) == [
+            "1 dead job requeued.", f"Job {job.pk} was not requeued: {said}."
+        ]  # fmt: skip
+        assert Job.objects.get(pk=other.pk).status == Status.SCHEDULED
+    assert len(calls) == 3
+    assert Job.objects.get(pk=job.pk).status == Status.DEAD
