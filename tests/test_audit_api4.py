@@ -1,16 +1,20 @@
 """Audit of the REST API, fourth round: the callback endpoints and object permissions
 (callbacks/ answered for another team's job that jobs/<id>/ refuses), and a requeue whose
-key's holder finishes between the refused UPDATE and the lookup of the holder (a 500)."""
+key's holder finishes between the refused UPDATE and the lookup of the holder (a 500);
+an admin action stopped by a database error, which lost what it had done."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from django.db import OperationalError, connection, transaction
+from django.test import RequestFactory
 from django.urls import reverse
 from rest_framework.permissions import BasePermission
 
 from django_delayjobs import schedule, services
+from django_delayjobs.admin import operations
 from django_delayjobs.models import ACTIVE, Job, Status
 from django_delayjobs.services import build_job
 from tests.testapp import tasks
@@ -179,3 +183,79 @@ def test_a_requeue_whose_key_is_taken_each_time_says_so(monkeypatch, via):
         assert Job.objects.get(pk=other.pk).status == Status.SCHEDULED
     assert len(calls) == 3
     assert Job.objects.get(pk=job.pk).status == Status.DEAD
+
+
+# -- 4. an admin action stopped by a database error reports what it did -------------------
+
+
+def _fails_at_update(nth: int) -> Any:
+    """An execute wrapper: the ``nth`` UPDATE of the jobs' table fails."""
+    updates: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.lstrip().upper().startswith("UPDATE") and Job._meta.db_table in sql:
+            updates.append(sql)
+            if len(updates) == nth:
+                raise OperationalError("the server closed the connection")
+        return execute(sql, params, many, context)
+
+    return wrapper
+
+
+@pytest.fixture
+def atomic_requests():
+    """The project wraps every view in a transaction (``ATOMIC_REQUESTS``)."""
+    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        yield
+    finally:
+        connection.settings_dict["ATOMIC_REQUESTS"] = False
+
+
+def _cancel_three_the_second_failing() -> tuple[Any, str]:
+    """Post "Cancel selected jobs" for three jobs; the second one's UPDATE fails."""
+    jobs = [schedule(tasks.record, in_=3600, args=[n]) for n in range(3)]
+    admin = client_for(make_user(superuser=True))
+    admin.raise_request_exception = False  # a 500 is a status to assert on, not a raise
+    changelist = reverse("admin:django_delayjobs_job_changelist")
+    body = {"action": "cancel_jobs", "_selected_action": [str(j.pk) for j in jobs], "index": "0"}
+    with connection.execute_wrapper(_fails_at_update(2)):
+        response = admin.post(changelist, body)
+    assert response.status_code == 500
+    return admin, changelist
+
+
+def test_an_admin_action_stopped_by_a_database_error_reports_what_it_did():
+    """Each job commits on its own, but the action's messages were added after its loop:
+    a database error at the second job (a 500) left the first cancelled and said nothing
+    of it. The messages say what was done, and that the error stopped the rest."""
+    admin, changelist = _cancel_three_the_second_failing()
+    cancelled = Job.objects.filter(status=Status.CANCELLED).count()
+    assert cancelled == 1 and Job.objects.filter(status=Status.SCHEDULED).count() == 2
+    shown = [str(m) for m in admin.get(changelist).context["messages"]]
+    assert shown == [
+        "1 job cancelled.",
+        "A database error (OperationalError) stopped the action: the job it was changing "
+        "and those after it were left as they were.",
+    ]
+
+
+def test_an_admin_action_stopped_by_a_database_error_under_atomic_requests(atomic_requests):
+    """The actions run outside ``ATOMIC_REQUESTS`` (job by job): the same report."""
+    admin, changelist = _cancel_three_the_second_failing()
+    assert Job.objects.filter(status=Status.SCHEDULED).count() == 2
+    shown = [str(m) for m in admin.get(changelist).context["messages"]]
+    assert shown[0] == "1 job cancelled." and len(shown) == 2
+
+
+def test_operations_in_a_transaction_of_the_caller_report_nothing_it_undoes():
+    """Called within a transaction (not the admin's own way), a database error undoes
+    every change: none is reported as made."""
+    jobs = [schedule(tasks.record, in_=3600, args=[n]) for n in range(2)]
+    said: list[str] = []
+    request = RequestFactory().post("/")
+    request.user = make_user(superuser=True)
+    failing = connection.execute_wrapper(_fails_at_update(2))
+    with pytest.raises(OperationalError), transaction.atomic(), failing:
+        operations.cancel(request, jobs, lambda request, text, level: said.append(text))
+    assert said == [] and Job.objects.filter(status=Status.SCHEDULED).count() == 2
