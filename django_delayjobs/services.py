@@ -570,29 +570,9 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
     extra = door.check_positive(_attempts_for(job) if attempts is None else attempts, "attempts")
     most = door.MAX_ATTEMPTS_LIMIT - extra  # the row's attempts, not a copy's: see below
     actor = door.check_actor(actor)
-    now = timezone.now()
     dead = Job.objects.filter(pk=job.pk, status=Status.DEAD)
     with transaction.atomic(using=sql.db()):
-        try:
-            with transaction.atomic(using=sql.db()):  # the key's constraint may refuse it
-                # one past its expiry would be skipped at once: never to run, as reschedule
-                unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
-                won = dead.filter(unexpired, attempts__lte=most).update(
-                    status=Status.SCHEDULED, run_at=now, finished_at=None,
-                    # Attempts only grow: the attempt number is the fencing token of outcomes.
-                    max_attempts=F("attempts") + extra,
-                )  # fmt: skip
-        except IntegrityError:
-            # the key, not a copy's; gone if a purge committed since: not requeued
-            row = Job.objects.only("queue", "key").filter(pk=job.pk).first()
-            if row is None:
-                return False
-            holder = _existing(row)
-            if holder is None:
-                raise
-            raise InvalidSchedule(
-                f"job {holder.pk} holds the key {row.key!r} now: cancel it first"
-            ) from None
+        won = _revive(job, extra, most)
         if won:
             # Tolerantly: a poison row (JSON Python cannot parse) is requeued all the same,
             # and its worker settles it as dead with the reason.
@@ -608,6 +588,40 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
                 f"the job expired at {_iso(refused.expires_at)}: it would be skipped at once"
             )
     return bool(won)
+
+
+def _revive(job: Job, extra: int, most: int) -> int:
+    """Make ``job`` scheduled, due now, with ``extra`` more attempts if it is dead, has at
+    most ``most`` and is not past its expiry; return the rows changed (0 or 1).
+
+    The key's constraint refuses it while an active job holds the key: that job is named.
+    A holder that finished before it was looked up leaves the key free, and the UPDATE is
+    tried again, as ``_insert_keyed`` tries an INSERT (a rival may take the key first)."""
+    dead, key = Job.objects.filter(pk=job.pk, status=Status.DEAD), job.key
+    for _ in range(3):
+        now = timezone.now()
+        # one past its expiry would be skipped at once: never to run, as reschedule
+        unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+        try:
+            with transaction.atomic(using=sql.db()):  # the key's constraint may refuse it
+                return dead.filter(unexpired, attempts__lte=most).update(
+                    status=Status.SCHEDULED, run_at=now, finished_at=None,
+                    # Attempts only grow: the attempt number is the fencing token of outcomes.
+                    max_attempts=F("attempts") + extra,
+                )  # fmt: skip
+        except IntegrityError:
+            # the key, not a copy's; gone if a purge committed since: not requeued
+            row = Job.objects.only("queue", "key").filter(pk=job.pk).first()
+            if row is None:
+                return 0
+            key, holder = row.key, _existing(row)
+            if holder is not None:
+                raise InvalidSchedule(
+                    f"job {holder.pk} holds the key {key!r} now: cancel it first"
+                ) from None
+    raise InvalidSchedule(
+        f"the key {key!r} was taken by another job as this one was requeued: try again"
+    )
 
 
 def _attempts_for(job: Job) -> int:

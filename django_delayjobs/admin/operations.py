@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from django.contrib import messages
 from django.contrib.admin.models import DELETION, LogEntry
 from django.core import signing
-from django.db import IntegrityError, router, transaction
+from django.db import DatabaseError, IntegrityError, router, transaction
 from django.db.models import ProtectedError, QuerySet, RestrictedError
 from django.http import HttpRequest
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from .. import services
+from .. import services, sql
 from ..exceptions import InvalidSchedule
 from ..models import WAITING, Job, Status
 from .display import actor
@@ -85,18 +85,38 @@ def walk(queryset: QuerySet[Job], batch: int = BATCH) -> Iterator[Job]:
 
 
 def _each(
-    jobs: Iterable[Job], eligible: Callable[[Job], bool], verb: Callable[[Job], bool]
+    request: HttpRequest,
+    report: Report,
+    jobs: Iterable[Job],
+    eligible: Callable[[Job], bool],
+    verb: Callable[[Job], bool],
+    say: Callable[[Outcome], None],
 ) -> Outcome:
+    """Apply ``verb`` to each job of ``jobs`` and ``say`` the outcome. Each job commits on
+    its own (the admin runs its actions outside ``ATOMIC_REQUESTS``): a database error
+    part-way is said with what was done before it, then raised. Within a transaction of
+    the caller's, which the error undoes whole, it is only raised."""
     outcome = Outcome()
     with services.skip_redis_after_a_failure() as redis:
-        for job in jobs:
-            # The status read here only spares a call that cannot win; the service's
-            # conditional UPDATE is what decides.
-            if eligible(job) and verb(job):
-                outcome.won += 1
-            else:
-                outcome.lost += 1
+        try:
+            for job in jobs:
+                # The status read here only spares a call that cannot win; the service's
+                # conditional UPDATE is what decides.
+                if eligible(job) and verb(job):
+                    outcome.won += 1
+                else:
+                    outcome.lost += 1
+        except DatabaseError as exc:
+            if transaction.get_connection(sql.db()).in_atomic_block:
+                raise
+            outcome.redis_down = redis.down
+            say(outcome)
+            text = _("A database error (%s) stopped the action: the job it was changing "
+                     "and those after it were left as they were.") % type(exc).__name__  # fmt: skip
+            report(request, text, messages.ERROR)
+            raise
     outcome.redis_down = redis.down
+    say(outcome)
     return outcome
 
 
@@ -111,17 +131,22 @@ def report_gone(request: HttpRequest, report: Report, selected: int, found: int)
 
 def cancel(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
     who = actor(request)
-    outcome = _each(jobs, lambda j: j.status in WAITING, lambda j: services.cancel(j, actor=who))
-    _report(
-        report, request, outcome,
-        ngettext("%d job cancelled.", "%d jobs cancelled.", outcome.won),
-        ngettext(
-            "%d job was not cancelled: it had already started or finished.",
-            "%d jobs were not cancelled: they had already started or finished.",
-            outcome.lost,
-        ),
-    )  # fmt: skip
-    return outcome
+
+    def say(outcome: Outcome) -> None:
+        _report(
+            report, request, outcome,
+            ngettext("%d job cancelled.", "%d jobs cancelled.", outcome.won),
+            ngettext(
+                "%d job was not cancelled: it had already started or finished.",
+                "%d jobs were not cancelled: they had already started or finished.",
+                outcome.lost,
+            ),
+        )  # fmt: skip
+
+    def stop(job: Job) -> bool:
+        return services.cancel(job, actor=who)
+
+    return _each(request, report, jobs, lambda j: j.status in WAITING, stop, say)
 
 
 def run_now(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
@@ -133,17 +158,18 @@ def run_now(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
         except InvalidSchedule:  # past its expiry: it may no longer start
             return False
 
-    outcome = _each(jobs, lambda j: j.status in WAITING, now)
-    _report(
-        report, request, outcome,
-        ngettext("%d job is due now.", "%d jobs are due now.", outcome.won),
-        ngettext(
-            "%d job was not moved: it had already started, finished or expired.",
-            "%d jobs were not moved: they had already started, finished or expired.",
-            outcome.lost,
-        ),
-    )  # fmt: skip
-    return outcome
+    def say(outcome: Outcome) -> None:
+        _report(
+            report, request, outcome,
+            ngettext("%d job is due now.", "%d jobs are due now.", outcome.won),
+            ngettext(
+                "%d job was not moved: it had already started, finished or expired.",
+                "%d jobs were not moved: they had already started, finished or expired.",
+                outcome.lost,
+            ),
+        )  # fmt: skip
+
+    return _each(request, report, jobs, lambda j: j.status in WAITING, now, say)
 
 
 def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcome:
@@ -157,25 +183,26 @@ def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
             refused.append(f"Job {job.pk} was not requeued: {exc}.")
             return False
 
-    outcome = _each(jobs, lambda j: j.status == Status.DEAD, again)
-    outcome.lost -= refused.count
-    refused.report(
-        report, request,
-        ngettext("%d more job was not requeued for such reasons.",
-                 "%d more jobs were not requeued for such reasons.", refused.unnamed),
-    )  # fmt: skip
-    if refused.count and not (outcome.won or outcome.lost):
-        return outcome  # said already
-    _report(
-        report, request, outcome,
-        ngettext("%d dead job requeued.", "%d dead jobs requeued.", outcome.won),
-        ngettext(
-            "%d job was not requeued: it was not dead.",
-            "%d jobs were not requeued: they were not dead.",
-            outcome.lost,
-        ),
-    )  # fmt: skip
-    return outcome
+    def say(outcome: Outcome) -> None:
+        outcome.lost -= refused.count
+        refused.report(
+            report, request,
+            ngettext("%d more job was not requeued for such reasons.",
+                     "%d more jobs were not requeued for such reasons.", refused.unnamed),
+        )  # fmt: skip
+        if refused.count and not (outcome.won or outcome.lost):
+            return  # said already
+        _report(
+            report, request, outcome,
+            ngettext("%d dead job requeued.", "%d dead jobs requeued.", outcome.won),
+            ngettext(
+                "%d job was not requeued: it was not dead.",
+                "%d jobs were not requeued: they were not dead.",
+                outcome.lost,
+            ),
+        )  # fmt: skip
+
+    return _each(request, report, jobs, lambda j: j.status == Status.DEAD, again, say)
 
 
 def shown_token() -> str:
@@ -230,25 +257,26 @@ def purge(request: HttpRequest, jobs: Iterable[Job], report: Report, *, shown: i
             refused.append(f"Job {job.pk} was not purged: {_referrers(exc)}.")
             return False
 
-    outcome = _each(jobs, lambda j: j.status == Status.DEAD, gone)
-    outcome.lost -= refused.count
-    refused.report(
-        report, request,
-        ngettext("%d more job was not purged for such reasons.",
-                 "%d more jobs were not purged for such reasons.", refused.unnamed),
-    )  # fmt: skip
-    if refused.count and not (outcome.won or outcome.lost):
-        return outcome  # said already
-    _report(
-        report, request, outcome,
-        ngettext("%d dead job purged.", "%d dead jobs purged.", outcome.won),
-        ngettext(
-            "%d job was not purged: it was not dead.",
-            "%d jobs were not purged: they were not dead.",
-            outcome.lost,
-        ),
-    )  # fmt: skip
-    return outcome
+    def say(outcome: Outcome) -> None:
+        outcome.lost -= refused.count
+        refused.report(
+            report, request,
+            ngettext("%d more job was not purged for such reasons.",
+                     "%d more jobs were not purged for such reasons.", refused.unnamed),
+        )  # fmt: skip
+        if refused.count and not (outcome.won or outcome.lost):
+            return  # said already
+        _report(
+            report, request, outcome,
+            ngettext("%d dead job purged.", "%d dead jobs purged.", outcome.won),
+            ngettext(
+                "%d job was not purged: it was not dead.",
+                "%d jobs were not purged: they were not dead.",
+                outcome.lost,
+            ),
+        )  # fmt: skip
+
+    return _each(request, report, jobs, lambda j: j.status == Status.DEAD, gone, say)
 
 
 def _referrers(exc: IntegrityError) -> str:

@@ -3,8 +3,9 @@
 
 For any service in any language: "call this URL at that time unless I cancel first".
 They need ``API_CALLBACK_PERMISSIONS`` (``add_job`` by default) on top of
-``API_PERMISSION_CLASSES``, and only ever see callback jobs. Throttled by
-``API_CALLBACK_THROTTLE_RATE`` (and the project's own DRF throttles).
+``API_PERMISSION_CLASSES`` (whose object permissions are asked about the job found),
+and only ever see callback jobs. Throttled by ``API_CALLBACK_THROTTLE_RATE`` (and the
+project's own DRF throttles).
 """
 
 from __future__ import annotations
@@ -314,6 +315,8 @@ class CallbackCreateView(CallbackView):
             raise ValidationError({"url": [str(exc)]}) from None
         except (TypeError, ValueError) as exc:
             raise ValidationError({"non_field_errors": [str(exc)]}) from None
+        if not created:  # another caller's job, perhaps: shown only to one who may act on it
+            self.check_object_permissions(request, job)
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(shown(request, job), status=code)
 
@@ -367,6 +370,7 @@ class CallbackCancelView(CallbackView):
         body = LookupSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         job = _find(body.validated_data)
+        self.check_object_permissions(request, job)  # as jobs/<id>/cancel/ asks them
         return _changed(request, job, services.cancel(job, actor=actor(request)), "cancel")
 
 
@@ -382,6 +386,7 @@ class CallbackRescheduleView(CallbackView):
         body = CallbackRescheduleSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         job = _find(body.validated_data)
+        self.check_object_permissions(request, job)  # as jobs/<id>/reschedule/ asks them
         field = "in" if "in" in body.validated_data else "at"
         when = {"in_" if field == "in" else "at": body.validated_data[field]}
         try:
