@@ -109,7 +109,9 @@ def _dump(value: Any, path: str, depth: int) -> Any:
     if isinstance(value, list | tuple | dict):
         _container(path, depth)
         if isinstance(value, dict):
-            return {_key(key, path): _dump(item, f"{path}[{key!r}]", depth + 1)
+            # A key is quoted at most 40 characters long (``!r:.40``): the path of every
+            # value below it repeats it, and a whole 1 MB key made the paths quadratic.
+            return {_key(key, path): _dump(item, f"{path}[{key!r:.40}]", depth + 1)
                     for key, item in _items(value, path)}  # fmt: skip
         return [_dump(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
     raise TypeError(
@@ -200,7 +202,7 @@ def _items(value: dict[Any, Any], path: str) -> list[tuple[str, Any]]:
 def _key(key: object, path: str) -> str:
     if not isinstance(key, str):
         raise TypeError(f"{path} has a key {short_repr(key)}: JSON object keys must be str")
-    return check_text(key, f"{path} key {key!r}")
+    return check_text(key, f"{path} key {key!r:.40}")
 
 
 def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
@@ -236,7 +238,7 @@ def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
         for key, item in value.items() if isinstance(value, dict) else enumerate(value):
             if isinstance(value, dict):
                 _key(key, path)
-            check_stored(item, f"{path}[{key!r}]", depth + 1)
+            check_stored(item, f"{path}[{key!r:.40}]", depth + 1)
     else:
         raise TypeError(
             f"{path} is a {type(value).__name__}, which is not JSON: build jobs with build_job"
