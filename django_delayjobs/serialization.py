@@ -42,11 +42,14 @@ _LOADERS: dict[str, Callable[[str], Any]] = {
 
 def short_repr(value: object) -> str:
     """``repr(value)``, cut short; a huge int has no repr (Python refuses > 4,300 digits),
-    so quoting a bad value must not raise a ValueError of its own instead of the door's."""
+    so quoting a bad value must not raise a ValueError of its own instead of the door's;
+    nor may a ``__repr__`` of the caller's that raises."""
     try:
         text = repr(value)
     except ValueError:
         return "a huge number"
+    except Exception:
+        return "(no repr)"
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 

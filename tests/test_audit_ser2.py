@@ -42,6 +42,35 @@ def test_a_long_key_is_quoted_short_in_the_path(kwargs):
     assert not Job.objects.exists()
 
 
+class BadRepr(str):
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    __hash__ = str.__hash__
+
+
+class BadReprKey:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: schedule(tasks.keep, in_=0, kwargs={"a": {BadReprKey(): 1}}),
+        lambda: schedule(tasks.keep, in_=0, kwargs={"a": {BadRepr("b"): "\x00"}}),
+        lambda: schedule(tasks.keep, in_=0, key=BadReprKey()),
+    ],
+    ids=["non-str-key", "str-key", "key"],
+)
+def test_a_raising_repr_gives_the_doors_error(call):
+    """``short_repr`` caught only ValueError: a key whose ``__repr__`` raised made
+    ``schedule()`` raise that RuntimeError instead of TypeError/InvalidSchedule."""
+    with pytest.raises((TypeError, ValueError)):
+        call()
+    assert not Job.objects.exists()
+
+
 class HideIter(dict):  # type: ignore[type-arg]
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(["x"])
