@@ -9,10 +9,13 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from django_delayjobs import schedule
+from django_delayjobs.backends import InvalidTask
 from django_delayjobs.models import Job
 from django_delayjobs.serialization import dump, load
+from tests.testapp import task_functions as t
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -190,3 +193,16 @@ def test_kwargs_are_checked_as_they_are_stored():
     job = schedule(tasks.slow, in_=3600, kwargs=TwoFaces(label="x", seconds=1))
     stored = Job.objects.get(pk=job.pk).kwargs
     assert stored == {"label": "x", "seconds": 1} == job.kwargs
+
+
+class NoOffset(datetime.tzinfo):
+    pass
+
+
+def test_a_run_after_whose_zone_fails_is_an_invalid_task():
+    """A ``run_after`` whose tzinfo cannot give an offset escaped Django's own
+    ``validate_task`` as NotImplementedError."""
+    when = timezone.now().replace(tzinfo=NoOffset())
+    with pytest.raises(InvalidTask, match="time zone"):
+        t.add.using(run_after=when).enqueue(1, 2)
+    assert not Job.objects.exists()
