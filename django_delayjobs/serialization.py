@@ -14,7 +14,7 @@ import datetime
 import json
 import math
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -58,7 +58,8 @@ def check_text(value: str, what: str, max_length: int | None = None) -> str:
     else raise ``InvalidSchedule``: no NUL (PostgreSQL refuses it), no lone surrogate
     (not Unicode). A subclass is read through ``str``'s own methods: its overrides (an
     ``__contains__`` that hides the NUL) decide nothing."""
-    value = str.__str__(value)
+    if type(value) is not str:  # the test first: an exact str is the hot path of schedule()
+        value = str.__str__(value)
     if max_length is not None and len(value) > max_length:
         raise InvalidSchedule(f"{what} is {len(value)} characters long: at most {max_length} fit")
     if "\x00" in value:
@@ -118,15 +119,18 @@ def _dump(value: Any, path: str, depth: int) -> Any:
     if isinstance(value, list | tuple | dict):
         _container(path, depth)
         if isinstance(value, dict):
-            # A key is quoted at most 40 characters long (``!r:.40``): the path of every
-            # value below it repeats it, and a whole 1 MB key made the paths quadratic.
-            items = _items(value, path)
-            dumped = {key: _dump(item, f"{path}[{key!r:.40}]", depth + 1)
-                      for key, item in items}  # fmt: skip
-            if len(dumped) != len(items):
+            # A key is quoted at most 40 characters long: the path of every value below it
+            # repeats it, and a whole 1 MB key made building the paths quadratic.
+            plain = type(value) is dict
+            dumped = {(text := _key(key, path)): _dump(item, f"{path}[{text!r}]" if len(text)
+                      <= 40 else f"{path}[{text[:37]!r}...]", depth + 1)
+                      for key, item in (value.items() if plain else dict.items(value))}  # fmt: skip
+            if len(dumped) != (len(value) if plain else dict.__len__(value)):
                 raise InvalidSchedule(f"{path} has two keys of the same text: pass each once")
+            if len(dumped) == 1 and next(iter(dumped)) in _LOADERS:
+                raise TypeError(f"{path} uses the reserved key {next(iter(dumped))!r}")
             return dumped
-        each = list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value)
+        each = value if type(value) is list else _iterate(value)
         return [_dump(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(each)]
     raise TypeError(
         f"{path} is a {type(value).__name__}, which cannot be stored as JSON; pass JSON "
@@ -145,14 +149,16 @@ def _uuid(value: uuid.UUID, path: str) -> uuid.UUID:
 
 def _number(value: int | float, path: str) -> int | float:
     if isinstance(value, int):
-        value = int.__int__(value)
+        if type(value) is not int:
+            value = int.__int__(value)
         if not INT_MIN <= value <= INT_MAX:
             raise InvalidSchedule(
                 f"{path} is an integer beyond 64 bits, which SQLite's JSON functions read back "
                 "as a float: pass it as a str or Decimal"
             )
         return value
-    value = float.__float__(value)
+    if type(value) is not float:
+        value = float.__float__(value)
     if not math.isfinite(value):
         raise TypeError(f"{path} is {value!r}: JSON has no NaN or infinity")
     if abs(value) >= FLOAT_LIMIT:
@@ -221,6 +227,11 @@ def check_depth(value: Any, path: str = "value") -> None:
         elif isinstance(item, Sequence) and not isinstance(item, str | bytes):
             _container(path, depth)
             stack.extend((child, depth + 1) for child in item)
+
+
+def _iterate(value: list[Any] | tuple[Any, ...]) -> Iterator[Any]:
+    """``value``'s items as ``list``'s or ``tuple``'s own ``__iter__`` gives them."""
+    return list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value)
 
 
 def _items(value: dict[Any, Any], path: str) -> list[tuple[str, Any]]:
