@@ -221,10 +221,11 @@ def task_attempts(job: Job) -> int | None:
 
 
 def _check_kinds(task: Task[Any, Any]) -> None:
-    """Refuse a ``run_after`` that is not a datetime, or a ``priority`` that cannot be
-    compared with numbers, as ``InvalidTask``: the framework's own checks compare and
-    convert them, and raised ``AttributeError`` for a timedelta (it has no
-    ``utcoffset``), ``TypeError`` for a str, ``ValueError`` for a NaN."""
+    """Refuse a ``run_after`` that is not a datetime or whose time zone gives no offset,
+    or a ``priority`` that cannot be compared with numbers, as ``InvalidTask``: the
+    framework's own checks compare and convert them, and raised ``AttributeError`` for a
+    timedelta (it has no ``utcoffset``), ``NotImplementedError`` for a bare ``tzinfo``,
+    ``TypeError`` for a str, ``ValueError`` for a NaN."""
     run_after = task.run_after
     if run_after is not None and not isinstance(run_after, datetime.datetime):
         delay = isinstance(run_after, datetime.timedelta)
@@ -232,6 +233,13 @@ def _check_kinds(task: Task[Any, Any]) -> None:
             f"run_after must be an aware datetime, not {type(run_after).__name__}"
             + (" (for a delay, pass run_after=timezone.now() + the timedelta)" if delay else "")
         )
+    try:  # the framework's check asks for the offset and lets a bare tzinfo's error out
+        if run_after is not None:
+            run_after.utcoffset()
+    except serialization.TZINFO_ERRORS as exc:
+        raise InvalidTask(
+            f"run_after={serialization.short_repr(run_after)} has a time zone that fails: {exc}"
+        ) from None
     priority = task.priority
     try:  # what the framework's check computes; it says itself why a number is refused
         _ = (int(priority) == priority, priority < 0)

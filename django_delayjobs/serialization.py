@@ -14,7 +14,7 @@ import datetime
 import json
 import math
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -42,17 +42,24 @@ _LOADERS: dict[str, Callable[[str], Any]] = {
 
 def short_repr(value: object) -> str:
     """``repr(value)``, cut short; a huge int has no repr (Python refuses > 4,300 digits),
-    so quoting a bad value must not raise a ValueError of its own instead of the door's."""
+    so quoting a bad value must not raise a ValueError of its own instead of the door's;
+    nor may a ``__repr__`` of the caller's that raises."""
     try:
         text = repr(value)
     except ValueError:
         return "a huge number"
+    except Exception:
+        return "(no repr)"
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def check_text(value: str, what: str, max_length: int | None = None) -> str:
-    """Return ``value`` if every supported database stores it as it is, else raise
-    ``InvalidSchedule``: no NUL (PostgreSQL refuses it), no lone surrogate (not Unicode)."""
+    """Return ``value`` as an exact str if every supported database stores it as it is,
+    else raise ``InvalidSchedule``: no NUL (PostgreSQL refuses it), no lone surrogate
+    (not Unicode). A subclass is read through ``str``'s own methods: its overrides (an
+    ``__contains__`` that hides the NUL) decide nothing."""
+    if type(value) is not str:  # the test first: an exact str is the hot path of schedule()
+        value = str.__str__(value)
     if max_length is not None and len(value) > max_length:
         raise InvalidSchedule(f"{what} is {len(value)} characters long: at most {max_length} fit")
     if "\x00" in value:
@@ -98,34 +105,60 @@ def _dump(value: Any, path: str, depth: int) -> Any:
         return _number(value, path)
     if isinstance(value, datetime.datetime):
         return {"$dt": _datetime(value, path)}
+    # Every value is read through its base type's own methods, unbound: a subclass's
+    # overrides (its own __str__, isoformat, __iter__ or __abs__) decide nothing, so what
+    # is checked is what is stored and what loads back.
     if isinstance(value, datetime.date):
-        return {"$d": value.isoformat()}
+        return {"$d": datetime.date.isoformat(value)}
     if isinstance(value, Decimal):
-        if value.is_nan():
-            raise InvalidSchedule(f"{path} is {value!r}, which is never equal to itself")
-        return {"$dec": str(value)}
+        if Decimal.is_nan(value):
+            raise InvalidSchedule(f"{path} is {short_repr(value)}, which is never equal to itself")
+        return {"$dec": Decimal.__str__(value)}
     if isinstance(value, uuid.UUID):
-        return {"$uuid": str(value)}
+        return {"$uuid": str(value if type(value) is uuid.UUID else _uuid(value, path))}
     if isinstance(value, list | tuple | dict):
         _container(path, depth)
         if isinstance(value, dict):
-            return {_key(key, path): _dump(item, f"{path}[{key!r}]", depth + 1)
-                    for key, item in _items(value, path)}  # fmt: skip
-        return [_dump(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
+            # A key is quoted at most 40 characters long: the path of every value below it
+            # repeats it, and a whole 1 MB key made building the paths quadratic.
+            plain = type(value) is dict
+            dumped = {(text := _key(key, path)): _dump(item, f"{path}[{text!r}]" if len(text)
+                      <= 40 else f"{path}[{text[:37]!r}...]", depth + 1)
+                      for key, item in (value.items() if plain else dict.items(value))}  # fmt: skip
+            if len(dumped) != (len(value) if plain else dict.__len__(value)):
+                raise InvalidSchedule(f"{path} has two keys of the same text: pass each once")
+            if len(dumped) == 1 and next(iter(dumped)) in _LOADERS:
+                raise TypeError(f"{path} uses the reserved key {next(iter(dumped))!r}")
+            return dumped
+        each = value if type(value) is list else _iterate(value)
+        return [_dump(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(each)]
     raise TypeError(
         f"{path} is a {type(value).__name__}, which cannot be stored as JSON; pass JSON "
         "values, datetime, date, Decimal or UUID (for a model instance, pass its pk)"
     )
 
 
+def _uuid(value: uuid.UUID, path: str) -> uuid.UUID:
+    """An exact UUID of a subclass's value (its ``int`` slot, read by ``UUID``'s own
+    descriptor)."""
+    try:
+        return uuid.UUID(int=uuid.UUID.int.__get__(value))  # type: ignore[attr-defined,misc]
+    except (AttributeError, TypeError, ValueError):
+        raise InvalidSchedule(f"{path} is a {type(value).__name__} that holds no UUID") from None
+
+
 def _number(value: int | float, path: str) -> int | float:
     if isinstance(value, int):
+        if type(value) is not int:
+            value = int.__int__(value)
         if not INT_MIN <= value <= INT_MAX:
             raise InvalidSchedule(
                 f"{path} is an integer beyond 64 bits, which SQLite's JSON functions read back "
                 "as a float: pass it as a str or Decimal"
             )
         return value
+    if type(value) is not float:
+        value = float.__float__(value)
     if not math.isfinite(value):
         raise TypeError(f"{path} is {value!r}: JSON has no NaN or infinity")
     if abs(value) >= FLOAT_LIMIT:
@@ -138,16 +171,18 @@ def _number(value: int | float, path: str) -> int | float:
 
 def _datetime(value: datetime.datetime, path: str) -> str:
     try:
-        text = value.isoformat()  # asks the tzinfo for its offset
+        text = datetime.datetime.isoformat(value)  # asks the tzinfo for its offset
     except TZINFO_ERRORS as exc:
-        raise InvalidSchedule(f"{path}={value!r} has a time zone that fails: {exc}") from None
+        raise InvalidSchedule(
+            f"{path}={short_repr(value)} has a time zone that fails: {exc}"
+        ) from None
     try:
         back: datetime.datetime | None = datetime.datetime.fromisoformat(text)
     except ValueError:
         back = None
     if back is None or not same_time(back, value):
         raise InvalidSchedule(
-            f"{path} is {value!r}, which reads back from ISO 8601 as {back!r} (an offset "
+            f"{path} is {short_repr(value)}, which reads back from ISO 8601 as {back!r} (an offset "
             "with microseconds does not survive): convert it to UTC first"
         )
     return text
@@ -158,12 +193,15 @@ def same_time(a: datetime.datetime, b: datetime.datetime) -> bool:
 
     Not ``==``: Python calls two aware datetimes in different zones unequal when either
     falls in a fold (an ambiguous local hour), even when they are the same instant.
+    Read through ``datetime``'s own methods: a subclass's overrides decide nothing.
     """
-    if (a.utcoffset() is None) != (b.utcoffset() is None):
+    dt = datetime.datetime
+    naive = dt.utcoffset(a) is None
+    if naive != (dt.utcoffset(b) is None):
         return False
-    if a.utcoffset() is None:
-        return a.replace(tzinfo=None) == b.replace(tzinfo=None)
-    return a - b == datetime.timedelta(0)
+    if naive:
+        return dt.__eq__(dt.replace(a, tzinfo=None), dt.replace(b, tzinfo=None)) is True
+    return dt.__sub__(a, b) == datetime.timedelta(0)
 
 
 def _container(path: str, depth: int) -> None:
@@ -191,16 +229,24 @@ def check_depth(value: Any, path: str = "value") -> None:
             stack.extend((child, depth + 1) for child in item)
 
 
+def _iterate(value: list[Any] | tuple[Any, ...]) -> Iterator[Any]:
+    """``value``'s items as ``list``'s or ``tuple``'s own ``__iter__`` gives them."""
+    return list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value)
+
+
 def _items(value: dict[Any, Any], path: str) -> list[tuple[str, Any]]:
-    if len(value) == 1 and next(iter(value)) in _LOADERS:
-        raise TypeError(f"{path} uses the reserved key {next(iter(value))!r}")
-    return list(value.items())
+    """``value``'s pairs, each key as exact text, read by ``dict``'s own methods."""
+    items = [(_key(key, path), item) for key, item in dict.items(value)]
+    if len(items) == 1 and items[0][0] in _LOADERS:
+        raise TypeError(f"{path} uses the reserved key {items[0][0]!r}")
+    return items
 
 
 def _key(key: object, path: str) -> str:
     if not isinstance(key, str):
         raise TypeError(f"{path} has a key {short_repr(key)}: JSON object keys must be str")
-    return check_text(key, f"{path} key {key!r}")
+    text = key if type(key) is str else str.__str__(key)  # its own __repr__ may raise
+    return check_text(text, f"{path} key {text!r:.40}")
 
 
 def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
@@ -212,8 +258,8 @@ def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
         check_text(value, path)
     elif isinstance(value, int | float):
         _number(value, path)
-    elif isinstance(value, dict) and len(value) == 1 and next(iter(value)) in _LOADERS:
-        ((tag, raw),) = value.items()
+    elif isinstance(value, dict) and dict.__len__(value) == 1 and _tag(value) in _LOADERS:
+        ((tag, raw),) = dict.items(value)
         if not isinstance(raw, str):  # dump() writes text; uuid.UUID(5) raises AttributeError
             raise InvalidSchedule(
                 f"{path} holds {tag} with a {type(raw).__name__}, where dump() writes text: "
@@ -233,14 +279,17 @@ def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
             )
     elif isinstance(value, list | dict):
         _container(path, depth)
-        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
-            if isinstance(value, dict):
-                _key(key, path)
-            check_stored(item, f"{path}[{key!r}]", depth + 1)
+        pairs = _items(value, path) if isinstance(value, dict) else enumerate(value)
+        for key, item in pairs:
+            check_stored(item, f"{path}[{key!r:.40}]", depth + 1)
     else:
         raise TypeError(
             f"{path} is a {type(value).__name__}, which is not JSON: build jobs with build_job"
         )
+
+
+def _tag(value: dict[Any, Any]) -> Any:
+    return next(dict.__iter__(value))
 
 
 #: A stored value nested deeper than this is shown as text (rendering JSON recurses).

@@ -162,11 +162,16 @@ def _check_arguments(fn: Any, args: Any, kwargs: Any) -> tuple[list[Any], dict[s
     kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict, not {type(kwargs).__name__}")
+    # Both checks read one plain copy: a subclass binds through keys()/__getitem__ and
+    # iterates through __iter__, which it may override to differ from what dump() reads.
+    args = list(list.__iter__(args) if isinstance(args, list) else tuple.__iter__(args))
+    if type(kwargs) is not dict:
+        kwargs = dict(dict.items(kwargs))
     if isinstance(fn, BoundAction):
         check_arguments(fn.method.func, args, kwargs, method=True)
     else:
         check_arguments(fn, args, kwargs, method=False)
-    stored = serialization.dump(list(args), "args"), serialization.dump(kwargs, "kwargs")
+    stored = serialization.dump(args, "args"), serialization.dump(kwargs, "kwargs")
     serialization.check_size(stored, "args and kwargs", delayjobs_settings.MAX_JSON_BYTES)
     return stored
 
