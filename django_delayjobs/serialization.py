@@ -119,17 +119,11 @@ def _dump(value: Any, path: str, depth: int) -> Any:
     if isinstance(value, list | tuple | dict):
         _container(path, depth)
         if isinstance(value, dict):
-            # A key is quoted at most 40 characters long: the path of every value below it
-            # repeats it, and a whole 1 MB key made building the paths quadratic.
-            plain = type(value) is dict
-            dumped = {(text := _key(key, path)): _dump(item, f"{path}[{text!r}]" if len(text)
-                      <= 40 else f"{path}[{text[:37]!r}...]", depth + 1)
-                      for key, item in (value.items() if plain else dict.items(value))}  # fmt: skip
-            if len(dumped) != (len(value) if plain else dict.__len__(value)):
-                raise InvalidSchedule(f"{path} has two keys of the same text: pass each once")
-            if len(dumped) == 1 and next(iter(dumped)) in _LOADERS:
-                raise TypeError(f"{path} uses the reserved key {next(iter(dumped))!r}")
-            return dumped
+            items = _items(value, path)
+            # A key is quoted short: the path of every value below it repeats it (a whole
+            # 1 MB key made building the paths quadratic).
+            return {key: _dump(item, f"{path}[{short_repr(key)}]", depth + 1)
+                    for key, item in items}  # fmt: skip
         each = value if type(value) is list else _iterate(value)
         return [_dump(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(each)]
     raise TypeError(
@@ -236,7 +230,10 @@ def _iterate(value: list[Any] | tuple[Any, ...]) -> Iterator[Any]:
 
 def _items(value: dict[Any, Any], path: str) -> list[tuple[str, Any]]:
     """``value``'s pairs, each key as exact text, read by ``dict``'s own methods."""
-    items = [(_key(key, path), item) for key, item in dict.items(value)]
+    pairs = value.items() if type(value) is dict else dict.items(value)
+    items = [(_key(key, path), item) for key, item in pairs]
+    if len(items) > 1 and len({key for key, _ in items}) != len(items):  # str subclasses
+        raise InvalidSchedule(f"{path} has two keys of the same text: pass each once")
     if len(items) == 1 and items[0][0] in _LOADERS:
         raise TypeError(f"{path} uses the reserved key {items[0][0]!r}")
     return items
@@ -281,7 +278,7 @@ def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
         _container(path, depth)
         pairs = _items(value, path) if isinstance(value, dict) else enumerate(value)
         for key, item in pairs:
-            check_stored(item, f"{path}[{key!r:.40}]", depth + 1)
+            check_stored(item, f"{path}[{short_repr(key)}]", depth + 1)
     else:
         raise TypeError(
             f"{path} is a {type(value).__name__}, which is not JSON: build jobs with build_job"

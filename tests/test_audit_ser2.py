@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from django_delayjobs import schedule
 from django_delayjobs.backends import InvalidTask
+from django_delayjobs.exceptions import InvalidSchedule
 from django_delayjobs.models import Job
 from django_delayjobs.serialization import dump, load
 from tests.testapp import task_functions as t
@@ -206,3 +207,17 @@ def test_a_run_after_whose_zone_fails_is_an_invalid_task():
     with pytest.raises(InvalidTask, match="time zone"):
         t.add.using(run_after=when).enqueue(1, 2)
     assert not Job.objects.exists()
+
+
+def test_a_key_of_a_str_subclass_beside_the_same_text_in_a_plain_dict_is_refused():
+    """Two entries of a plain dict (the subclass hashes apart) that are one key as text:
+    stored, one would silently replace the other."""
+
+    class Apart(str):
+        def __hash__(self) -> int:
+            return 7
+
+    value = {Apart("a"): 1, "a": 2}
+    assert len(value) == 2
+    with pytest.raises(InvalidSchedule, match="two keys of the same text"):
+        dump(value)
