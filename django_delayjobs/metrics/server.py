@@ -3,7 +3,8 @@ view, from the worker process, for deployments that do not expose the web app to
 Prometheus. ``METRICS_TOKEN``, when set, is required here too.
 
 Each scrape runs in its own short thread (``ThreadingMixIn``); it closes the database
-connection it opened, so scrapes leave no connection behind. At most ``MAX_CONNECTIONS``
+connection it opened, so scrapes leave no connection behind. They read one at a time (the
+worker's Redis pool is counted one connection for them). At most ``MAX_CONNECTIONS``
 are served at a time, and a client has ``REQUEST_TIMEOUT_SECONDS`` to send its request: a
 client that sends nothing must not hold the worker's threads and file descriptors.
 """
@@ -41,6 +42,9 @@ REQUEST_TIMEOUT_SECONDS = 10.0
 #: Connections served at once; more are closed as soon as they are accepted, rather than
 #: each taking a thread and a file descriptor the worker needs for its own connections.
 MAX_CONNECTIONS = 8
+#: Scrapes read Redis (and the database) one at a time: the worker's pool check counts one
+#: connection for this port (``preflight.check_pool``), and each reading scrape holds one.
+_READING = threading.Lock()
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -145,7 +149,8 @@ def app(environ: dict[str, Any], start: StartResponse) -> Iterable[bytes]:
                       "localhost or a loopback address is answered")  # fmt: skip
     unreadable: dict[str, str] = {}
     try:
-        body = exposition.render(snapshot.read(get_engine(), unreadable), unreadable)
+        with _READING:
+            body = exposition.render(snapshot.read(get_engine(), unreadable), unreadable)
     except EngineUnavailable as exc:
         logger.warning("metrics: Redis is unavailable (%s)", exc)
         return _plain(start, "503 Service Unavailable", "Redis is unavailable")
