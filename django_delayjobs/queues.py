@@ -26,17 +26,21 @@ from .rows import tolerant
 
 #: The latest time a datetime can show (9999-12-31 23:59:59.999999 UTC).
 LATEST = datetime.datetime.max.replace(tzinfo=datetime.UTC)
+EARLIEST = datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 
 def ms_datetime(ms: int | None) -> datetime.datetime | None:
     """A time Redis holds (ms since the epoch) as an aware datetime, or None. Redis may hold
     a time later than a datetime can show: the engine accepts due times up to 10000-01-01
     (the row of a job due at ``datetime.max`` rounds to it), and a key another program
-    wrote may hold any score; such a time is shown as ``LATEST``."""
+    wrote may hold any score; such a time is shown as ``LATEST``, one before year 1 as
+    ``EARLIEST``."""
     if ms is None:
         return None
     if ms >= LATEST.timestamp() * 1000:
         return LATEST
+    if ms <= EARLIEST.timestamp() * 1000:
+        return EARLIEST
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
 
 

@@ -13,6 +13,9 @@ import threading
 import urllib.request
 
 import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
 
 from django_delayjobs import schedule
 from django_delayjobs.metrics import server as metrics_server
@@ -47,3 +50,22 @@ def test_scrapes_that_come_together_use_one_redis_connection(settings, redis_url
     finally:
         srv.close()
     assert codes == [200] * 5 * metrics_server.MAX_CONNECTIONS, caplog.text[-500:]
+
+
+def test_a_time_before_year_1_in_redis_is_shown_as_the_earliest(redis_client, settings):
+    """A score another program wrote (or a clamped Lua reply) far below zero: Redis may hold
+    any score, and ``ms_datetime`` guarded only the far future, so the stats command, the
+    API's queues/ and the admin's queue page raised ValueError for the whole page."""
+    from django.core.management import call_command
+
+    from django_delayjobs.connection import get_engine
+    from django_delayjobs.queues import EARLIEST, ms_datetime
+
+    for ms in (-(10**20), -(2**63), -62_135_596_800_001):
+        assert ms_datetime(ms) == EARLIEST
+    engine = get_engine()
+    redis_client.zadd(engine.keys("default").pending, {"x": -9.2e18})
+    call_command("delayjobs_stats")  # raised ValueError: year -291... is out of range
+    staff = Client()
+    staff.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    assert staff.get(reverse("admin:django_delayjobs_queues")).status_code == 200
