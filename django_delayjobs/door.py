@@ -126,7 +126,7 @@ def check_key(key: object) -> str | None:
     """``key`` (or None) if ``Job.key`` stores it as it is, else raise."""
     if key is None:
         return None
-    if not isinstance(key, str) or not key:
+    if not isinstance(key, str) or not str.__len__(key):  # str's own: not a subclass's
         raise TypeError(
             f"key must be a non-empty str (at most 255 characters), not {short_repr(key)}"
         )

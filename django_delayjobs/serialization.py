@@ -14,7 +14,7 @@ import datetime
 import json
 import math
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -124,8 +124,7 @@ def _dump(value: Any, path: str, depth: int) -> Any:
             # 1 MB key made building the paths quadratic).
             return {key: _dump(item, f"{path}[{short_repr(key)}]", depth + 1)
                     for key, item in items}  # fmt: skip
-        each = value if type(value) is list else _iterate(value)
-        return [_dump(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(each)]
+        return [_dump(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
     raise TypeError(
         f"{path} is a {type(value).__name__}, which cannot be stored as JSON; pass JSON "
         "values, datetime, date, Decimal or UUID (for a model instance, pass its pk)"
@@ -223,15 +222,10 @@ def check_depth(value: Any, path: str = "value") -> None:
             stack.extend((child, depth + 1) for child in item)
 
 
-def _iterate(value: list[Any] | tuple[Any, ...]) -> Iterator[Any]:
-    """``value``'s items as ``list``'s or ``tuple``'s own ``__iter__`` gives them."""
-    return list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value)
-
-
 def _items(value: dict[Any, Any], path: str) -> list[tuple[str, Any]]:
-    """``value``'s pairs, each key as exact text, read by ``dict``'s own methods."""
-    pairs = value.items() if type(value) is dict else dict.items(value)
-    items = [(_key(key, path), item) for key, item in pairs]
+    """``value``'s pairs, read once (``items()``: a ``QueryDict``'s last values), each key
+    as exact text: every check, and what is stored, read the same pairs."""
+    items = [(_key(key, path), item) for key, item in value.items()]
     if len(items) > 1 and len({key for key, _ in items}) != len(items):  # str subclasses
         raise InvalidSchedule(f"{path} has two keys of the same text: pass each once")
     if len(items) == 1 and items[0][0] in _LOADERS:
@@ -249,15 +243,16 @@ def _key(key: object, path: str) -> str:
 def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
     """Raise ``TypeError``/``InvalidSchedule`` unless ``value`` is what ``dump`` returns
     for some acceptable value (for jobs built elsewhere and handed to ``schedule_many``)."""
-    if value is None or isinstance(value, bool):
+    kind = type(value)  # exactly what dump() makes: a subclass's methods are not trusted
+    if value is None or kind is bool:
         return
-    if isinstance(value, str):
+    if kind is str:
         check_text(value, path)
-    elif isinstance(value, int | float):
+    elif kind is int or kind is float:
         _number(value, path)
-    elif isinstance(value, dict) and dict.__len__(value) == 1 and _tag(value) in _LOADERS:
-        ((tag, raw),) = dict.items(value)
-        if not isinstance(raw, str):  # dump() writes text; uuid.UUID(5) raises AttributeError
+    elif kind is dict and len(value) == 1 and next(iter(value)) in _LOADERS:
+        ((tag, raw),) = value.items()
+        if type(raw) is not str:  # dump() writes text; uuid.UUID(5) raises AttributeError
             raise InvalidSchedule(
                 f"{path} holds {tag} with a {type(raw).__name__}, where dump() writes text: "
                 "build jobs with build_job"
@@ -265,28 +260,26 @@ def check_stored(value: Any, path: str = "value", depth: int = 0) -> None:
         try:
             loaded = _LOADERS[tag](raw)
         except (ArithmeticError, TypeError, ValueError):
-            raise InvalidSchedule(f"{path} holds {tag} {raw!r}, which does not load") from None
+            raise InvalidSchedule(
+                f"{path} holds {tag} {short_repr(raw)}, which does not load"
+            ) from None
         # e.g. a NaN Decimal, an offset that does not round-trip; and the text itself, which
         # the loaders take in many forms (fromisoformat: any separator, NUL included)
         dumped = _dump(loaded, path, depth)
         if dumped != value:
             raise InvalidSchedule(
-                f"{path} holds {tag} {raw!r}, which dump() writes as {dumped[tag]!r}: build "
-                "jobs with build_job"
+                f"{path} holds {tag} {short_repr(raw)}, which dump() writes as "
+                f"{short_repr(dumped[tag])}: build jobs with build_job"
             )
-    elif isinstance(value, list | dict):
+    elif kind is list or kind is dict:
         _container(path, depth)
-        pairs = _items(value, path) if isinstance(value, dict) else enumerate(value)
+        pairs = _items(value, path) if kind is dict else enumerate(value)
         for key, item in pairs:
             check_stored(item, f"{path}[{short_repr(key)}]", depth + 1)
     else:
         raise TypeError(
             f"{path} is a {type(value).__name__}, which is not JSON: build jobs with build_job"
         )
-
-
-def _tag(value: dict[Any, Any]) -> Any:
-    return next(dict.__iter__(value))
 
 
 #: A stored value nested deeper than this is shown as text (rendering JSON recurses).

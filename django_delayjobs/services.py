@@ -162,11 +162,15 @@ def _check_arguments(fn: Any, args: Any, kwargs: Any) -> tuple[list[Any], dict[s
     kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict, not {type(kwargs).__name__}")
-    # Both checks read one plain copy: a subclass binds through keys()/__getitem__ and
-    # iterates through __iter__, which it may override to differ from what dump() reads.
-    args = list(list.__iter__(args) if isinstance(args, list) else tuple.__iter__(args))
-    if type(kwargs) is not dict:
-        kwargs = dict(dict.items(kwargs))
+    # Both checks read one plain copy, keys as exact text: a subclass binds through
+    # keys()/__getitem__ (a key through its own __hash__ and __eq__), which may differ
+    # from the items() that dump() reads.
+    args = list(args)
+    if type(kwargs) is not dict or any(type(key) is not str for key in kwargs):
+        pairs = list(kwargs.items())
+        kwargs = {str.__str__(k) if isinstance(k, str) else k: v for k, v in pairs}
+        if len(kwargs) != len(pairs):
+            raise InvalidSchedule("kwargs has two keys of the same text: pass each once")
     if isinstance(fn, BoundAction):
         check_arguments(fn.method.func, args, kwargs, method=True)
     else:

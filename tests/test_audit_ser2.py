@@ -64,8 +64,9 @@ class BadReprKey:
         lambda: schedule(tasks.keep, in_=0, kwargs={"a": {BadReprKey(): 1}}),
         lambda: schedule(tasks.keep, in_=0, kwargs={"a": {BadRepr("b"): "\x00"}}),
         lambda: schedule(tasks.keep, in_=0, key=BadReprKey()),
+        lambda: schedule(tasks.keep, in_=0, queue=BadRepr("not a name")),
     ],
-    ids=["non-str-key", "str-key", "key"],
+    ids=["non-str-key", "str-key", "key", "queue"],
 )
 def test_a_raising_repr_gives_the_doors_error(call):
     """``short_repr`` caught only ValueError: a key whose ``__repr__`` raised made
@@ -134,11 +135,10 @@ class Fits(int):
 
 
 class TwoFaces(dict):  # type: ignore[type-arg]
-    def items(self):  # type: ignore[no-untyped-def]
-        return [("label", "stored")]
+    """Holds one set of kwargs, and gives another from ``items()``."""
 
-    def keys(self):  # type: ignore[no-untyped-def]
-        return ["label"]
+    def items(self):  # type: ignore[no-untyped-def]
+        return [("nonsense", 1)]
 
 
 NOON = datetime.datetime(2020, 1, 1, 12, tzinfo=datetime.UTC)
@@ -188,12 +188,41 @@ def test_a_key_that_hides_its_nul_is_refused():
 
 
 def test_kwargs_are_checked_as_they_are_stored():
-    """``check_arguments`` bound the kwargs through ``keys()``/``__getitem__`` while
-    ``dump`` read ``items()``: a dict where they differ was checked as one set of
-    kwargs and stored as another."""
-    job = schedule(tasks.slow, in_=3600, kwargs=TwoFaces(label="x", seconds=1))
-    stored = Job.objects.get(pk=job.pk).kwargs
-    assert stored == {"label": "x", "seconds": 1} == job.kwargs
+    """``check_arguments`` bound the kwargs through the dict's own storage (``**``) while
+    ``dump`` read ``items()``: checked as one set of kwargs, stored as another, the job
+    died at its first run. Both read ``items()`` once now: refused at the door."""
+    with pytest.raises(TypeError, match="do not fit slow"):
+        schedule(tasks.slow, in_=3600, kwargs=TwoFaces(label="x", seconds=1))
+    assert not Job.objects.exists()
+
+
+class Apart(str):
+    """A key that hashes apart from its own text."""
+
+    def __hash__(self) -> int:
+        return 7
+
+
+def test_a_kwarg_key_apart_from_its_text_is_checked_as_the_text_it_is_stored_as():
+    """Bound through its own hash, the key fell into ``**extra``: beside ``label`` given
+    by position it was accepted, stored as ``label``, and the run failed (two values)."""
+    with pytest.raises(TypeError, match="multiple values for argument 'label'"):
+        schedule(tasks.record, in_=3600, args=["x"], kwargs={Apart("label"): "y"})
+    job = schedule(tasks.record, in_=3600, kwargs={Apart("label"): "y"})
+    assert Job.objects.get(pk=job.pk).kwargs == {"label": "y"}
+    with pytest.raises(ValueError, match="two keys of the same text"):
+        schedule(tasks.record, in_=3600, kwargs={Apart("label"): "y", "label": "z"})
+
+
+def test_a_query_dict_is_stored_as_its_items_give_it():
+    """Read by ``dict``'s own methods, a ``QueryDict`` was stored as its lists of values;
+    ``items()`` gives each key's last value, as before."""
+    from django.http import QueryDict
+
+    query = QueryDict("a=1&a=2&b=3")
+    job = schedule(tasks.keep, in_=3600, args=[query], kwargs={"extra": query})
+    row = Job.objects.get(pk=job.pk)
+    assert row.args == [{"a": "2", "b": "3"}] and row.kwargs == {"extra": {"a": "2", "b": "3"}}
 
 
 class NoOffset(datetime.tzinfo):
@@ -213,11 +242,24 @@ def test_a_key_of_a_str_subclass_beside_the_same_text_in_a_plain_dict_is_refused
     """Two entries of a plain dict (the subclass hashes apart) that are one key as text:
     stored, one would silently replace the other."""
 
-    class Apart(str):
-        def __hash__(self) -> int:
-            return 7
-
-    value = {Apart("a"): 1, "a": 2}
+    value = {Apart("a"): 1, "a": 2}  # a plain dict
     assert len(value) == 2
     with pytest.raises(InvalidSchedule, match="two keys of the same text"):
         dump(value)
+
+
+class Sneaky(dict):  # type: ignore[type-arg]
+    def items(self):  # type: ignore[no-untyped-def]
+        return [("a", "x\x00")]  # what json.dumps would write for the row
+
+
+def test_schedule_many_takes_only_the_json_types_dump_makes():
+    """A job built by hand: its stored arguments must be what ``dump`` returns, exact
+    ``dict``, ``list`` and ``str`` included; a subclass's own methods are not trusted."""
+    from django_delayjobs.services import build_job, schedule_many
+
+    job = build_job(tasks.keep, in_=0)
+    job.args = [Sneaky(a="fine")]
+    with pytest.raises(TypeError, match="not JSON"):
+        schedule_many([job])
+    assert not Job.objects.exists()

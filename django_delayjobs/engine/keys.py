@@ -17,8 +17,10 @@ def validate_name(value: object, what: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, not {type(value).__name__}")
     if not _NAME.fullmatch(value):
+        shown = str.__repr__(value)  # str's own: a subclass's __repr__ may raise
+        shown = shown if len(shown) <= 70 else f"{shown[:67]}..."
         raise ValueError(
-            f"{what} {value!r} is not valid: use 1 to 64 letters, digits, '_', '.' or '-'"
+            f"{what} {shown} is not valid: use 1 to 64 letters, digits, '_', '.' or '-'"
         )
     return value
 
