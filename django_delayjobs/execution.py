@@ -415,6 +415,9 @@ class Execution:
         self.worker_id = worker_id
         self.actor = f"worker:{worker_id}"
         self.job: Job | None = None
+        #: Whether this delivery claimed the row (its action is to run here): ``job`` is
+        #: set as well while a claim that matched nothing decides the job's fate.
+        self.row_claimed = False
         self.claimed = claimed
         self.then = then
         self.next_job: Job | None = None
@@ -443,6 +446,7 @@ class Execution:
         if isinstance(claimed, Result):
             return claimed
         job = self.job = claimed
+        self.row_claimed = True
         self.connection = Connection(self.db)  # before the receivers: they may change it too
         if signals.job_started.has_listeners():  # the copy for them costs a few us
             signals.send(signals.job_started, handed_out(job))

@@ -1268,7 +1268,7 @@ class WorkerProcess:
         decides to defer or hand it back, it would be this process's to nack, out of the
         other worker's lease into pending, where a third would take it over."""
         with self.held_lock:
-            running = {e.job_id for e in self.running.values() if e.job is not None}
+            running = {e.job_id for e in self.running.values() if e.row_claimed}
             by_queue: dict[str, dict[str, str | None]] = {}
             for job_id, (queue, _) in self.held.items():
                 lease = None if job_id in running else self.leases.get(job_id)

@@ -35,12 +35,13 @@ def test_a_running_id_whose_row_is_not_claimed_yet_is_kept_only_under_its_own_le
     assert other.claim(Q, 1, lease_ms=HOUR) == ["j"]  # W2
     theirs = lease_of(engine, "j")
     execution = Execution(Q, "j", process.id)
+    execution.job = Job()  # as a claim that matched nothing sets it, deciding what to do
     with process.held_lock:
         process.running[1] = execution  # W1 reached J: its row claim has not returned
     process.extend_leases()
     assert lease_of(engine, "j") == theirs  # left to W2, and lost here
     assert "j" in process.lost
-    execution.job = Job()  # had the claim returned the row, J's action would run here
+    execution.row_claimed = True  # had the claim returned the row, J's action would run here
     process.extend_leases()
     assert lease_of(engine, "j") not in (None, theirs)  # kept whoever held it
 

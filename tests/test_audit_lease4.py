@@ -159,7 +159,7 @@ def test_a_running_id_adopted_in_its_home_shard_keeps_its_lease(redis_client):
     before, engine, worker, job_id = held_from_an_old_shard(redis_client)
     old = worker.held[job_id][0]
     execution = Execution(Q, job_id, worker.id)
-    execution.job = Job()  # its row claimed: it runs
+    execution.row_claimed = True  # its row claimed: it runs
     worker.running[threading.get_ident()] = execution
     assert before.ack(old, [job_id]) == 1  # Redis lost it
     assert engine.adopt(Q, [job_id], lease_ms=1) == [job_id]  # in its home shard
