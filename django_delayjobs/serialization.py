@@ -105,9 +105,9 @@ def _dump(value: Any, path: str, depth: int) -> Any:
         return _number(value, path)
     if isinstance(value, datetime.datetime):
         return {"$dt": _datetime(value, path)}
-    # Every value is read through its base type's own methods, unbound: a subclass's
-    # overrides (its own __str__, isoformat, __iter__ or __abs__) decide nothing, so what
-    # is checked is what is stored and what loads back.
+    # A scalar is read through its base type's own methods, unbound: a subclass's
+    # overrides (its own __str__, isoformat or __abs__) decide nothing, so what is checked
+    # is what is stored and what loads back. A dict is read once, by its items() (_items).
     if isinstance(value, datetime.date):
         return {"$d": datetime.date.isoformat(value)}
     if isinstance(value, Decimal):
