@@ -418,6 +418,8 @@ class Execution:
         #: Whether this delivery claimed the row (its action is to run here): ``job`` is
         #: set as well while a claim that matched nothing decides the job's fate.
         self.row_claimed = False
+        #: The time the last claim of the row compared it with (None before the first).
+        self.claimed_at: datetime | None = None
         self.claimed = claimed
         self.then = then
         self.next_job: Job | None = None
@@ -473,7 +475,8 @@ class Execution:
         """Claim the row for a delivery, or say why there is nothing to run."""
         try:
             with transaction.atomic(using=sql.db()):
-                job = sql.claim(self.job_id, self.worker_id, timezone.now(),
+                at = self.claimed_at = timezone.now()
+                job = sql.claim(self.job_id, self.worker_id, at,
                                 delayjobs_settings.MAX_DELIVERIES,
                                 commit_without_waiting=True)  # fmt: skip
                 if job is not None:
@@ -529,7 +532,22 @@ class Execution:
             ))  # fmt: skip
         if not running and job.attempts >= job.max_attempts:
             return self.finish(Outcome.DEAD, "no attempts left", fence=False)
+        if self.claimable_only_since(job, now):
+            return self.claim()
         return self.not_claimed_yet(job)
+
+    def claimable_only_since(self, job: Job, now: datetime) -> bool:
+        """Whether the row became claimable between the claim's time and ``now`` (due, or
+        its takeover time come, in between: the claim saw it before): claimed again at
+        once, as the next claim's time is later. Not a row the claim saw claimable."""
+        at = self.claimed_at
+        if at is None or at >= now:
+            return False
+        if job.status != Status.RUNNING:
+            return job.run_at > at
+        if job.started_at is None or job.worker == self.worker_id[:128]:
+            return False  # claimable whatever the time
+        return min(job.started_at, at) + sql.takeover_delay() > at
 
     def not_claimed_yet(self, job: Job) -> Result:
         """Defer the delivery of a row that the claim did not match though the checks
