@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import redis
 import trustme
+from django.db import connection
 from django.test import override_settings
 from redis.cluster import RedisCluster
 
@@ -127,6 +128,16 @@ def _no_worker_thread_outlives_its_test() -> Iterator[None]:
 @pytest.fixture
 def engine(redis_client: redis.Redis) -> Engine:
     return Engine(redis_client, prefix="t")
+
+
+@pytest.fixture
+def atomic_requests() -> Iterator[None]:
+    """The project wraps every view in a transaction (``ATOMIC_REQUESTS``)."""
+    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        yield
+    finally:
+        connection.settings_dict["ATOMIC_REQUESTS"] = False
 
 
 # -- HTTP callbacks -------------------------------------------------------------------------

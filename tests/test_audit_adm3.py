@@ -102,16 +102,6 @@ def test_the_services_given_a_poison_rows_id_change_it():
 # -- ATOMIC_REQUESTS: the actions' Redis calls run after the request's commit -------------
 
 
-@pytest.fixture
-def atomic_requests():
-    """The project wraps every view in a transaction (``ATOMIC_REQUESTS``)."""
-    connection.settings_dict["ATOMIC_REQUESTS"] = True
-    try:
-        yield
-    finally:
-        connection.settings_dict["ATOMIC_REQUESTS"] = False
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("page", ["job list", "queue page"])
 def test_an_action_under_atomic_requests_while_redis_does_not_answer_waits_once(

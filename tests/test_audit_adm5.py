@@ -18,11 +18,8 @@ from django_delayjobs.models import Job, Status
 from tests.helpers import purge_with_a_death_between, run_on_two_databases
 from tests.testapp import tasks
 
-from . import test_audit_adm3
 from .test_audit_adm4 import JOBS_DOWN
 from .test_rest_helpers import client_for, dead_job, url
-
-atomic_requests = test_audit_adm3.atomic_requests  # a fixture: ATOMIC_REQUESTS on default
 
 CHANGE = "admin:django_delayjobs_job_change"
 QUEUES = "admin:django_delayjobs_queues"

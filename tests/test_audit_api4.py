@@ -202,16 +202,6 @@ def _fails_at_update(nth: int) -> Any:
     return wrapper
 
 
-@pytest.fixture
-def atomic_requests():
-    """The project wraps every view in a transaction (``ATOMIC_REQUESTS``)."""
-    connection.settings_dict["ATOMIC_REQUESTS"] = True
-    try:
-        yield
-    finally:
-        connection.settings_dict["ATOMIC_REQUESTS"] = False
-
-
 def _cancel_three_the_second_failing() -> tuple[Any, str]:
     """Post "Cancel selected jobs" for three jobs; the second one's UPDATE fails."""
     jobs = [schedule(tasks.record, in_=3600, args=[n]) for n in range(3)]

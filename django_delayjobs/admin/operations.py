@@ -25,6 +25,8 @@ from ..models import WAITING, Job, Status
 from .display import actor
 
 Report = Callable[[HttpRequest, str, int], None]
+#: A message for a count, in the singular or plural the count asks for (``ngettext``).
+Words = Callable[[int], str]
 
 #: Jobs read per query while an action walks a selection.
 BATCH = 1000
@@ -60,11 +62,23 @@ class Refusals:
     def unnamed(self) -> int:
         return self.count - len(self.named)
 
-    def report(self, report: Report, request: HttpRequest, more: str) -> None:
-        for text in self.named:
-            report(request, text, messages.WARNING)
-        if self.unnamed:
-            report(request, more % self.unnamed, messages.WARNING)
+    def saying(
+        self, report: Report, request: HttpRequest, *, more: Words, won: Words, lost: Words
+    ) -> Callable[[Outcome], None]:
+        """The ``say`` of an action that refuses some jobs by name: the refusals, then
+        the other outcomes (a refused job is not also counted as lost). ``more`` words
+        the count of refusals beyond the named ones."""
+
+        def say(outcome: Outcome) -> None:
+            outcome.lost -= self.count
+            for text in self.named:
+                report(request, text, messages.WARNING)
+            if self.unnamed:
+                report(request, more(self.unnamed) % self.unnamed, messages.WARNING)
+            if not self.count or outcome.won or outcome.lost:
+                _report(report, request, outcome, won(outcome.won), lost(outcome.lost))
+
+        return say
 
 
 def walk(queryset: QuerySet[Job], batch: int = BATCH) -> Iterator[Job]:
@@ -183,25 +197,14 @@ def requeue(request: HttpRequest, jobs: Iterable[Job], report: Report) -> Outcom
             refused.append(f"Job {job.pk} was not requeued: {exc}.")
             return False
 
-    def say(outcome: Outcome) -> None:
-        outcome.lost -= refused.count
-        refused.report(
-            report, request,
-            ngettext("%d more job was not requeued for such reasons.",
-                     "%d more jobs were not requeued for such reasons.", refused.unnamed),
-        )  # fmt: skip
-        if refused.count and not (outcome.won or outcome.lost):
-            return  # said already
-        _report(
-            report, request, outcome,
-            ngettext("%d dead job requeued.", "%d dead jobs requeued.", outcome.won),
-            ngettext(
-                "%d job was not requeued: it was not dead.",
-                "%d jobs were not requeued: they were not dead.",
-                outcome.lost,
-            ),
-        )  # fmt: skip
-
+    say = refused.saying(
+        report, request,
+        more=lambda n: ngettext("%d more job was not requeued for such reasons.",
+                                "%d more jobs were not requeued for such reasons.", n),
+        won=lambda n: ngettext("%d dead job requeued.", "%d dead jobs requeued.", n),
+        lost=lambda n: ngettext("%d job was not requeued: it was not dead.",
+                                "%d jobs were not requeued: they were not dead.", n),
+    )  # fmt: skip
     return _each(request, report, jobs, lambda j: j.status == Status.DEAD, again, say)
 
 
@@ -257,25 +260,14 @@ def purge(request: HttpRequest, jobs: Iterable[Job], report: Report, *, shown: i
             refused.append(f"Job {job.pk} was not purged: {_referrers(exc)}.")
             return False
 
-    def say(outcome: Outcome) -> None:
-        outcome.lost -= refused.count
-        refused.report(
-            report, request,
-            ngettext("%d more job was not purged for such reasons.",
-                     "%d more jobs were not purged for such reasons.", refused.unnamed),
-        )  # fmt: skip
-        if refused.count and not (outcome.won or outcome.lost):
-            return  # said already
-        _report(
-            report, request, outcome,
-            ngettext("%d dead job purged.", "%d dead jobs purged.", outcome.won),
-            ngettext(
-                "%d job was not purged: it was not dead.",
-                "%d jobs were not purged: they were not dead.",
-                outcome.lost,
-            ),
-        )  # fmt: skip
-
+    say = refused.saying(
+        report, request,
+        more=lambda n: ngettext("%d more job was not purged for such reasons.",
+                                "%d more jobs were not purged for such reasons.", n),
+        won=lambda n: ngettext("%d dead job purged.", "%d dead jobs purged.", n),
+        lost=lambda n: ngettext("%d job was not purged: it was not dead.",
+                                "%d jobs were not purged: they were not dead.", n),
+    )  # fmt: skip
     return _each(request, report, jobs, lambda j: j.status == Status.DEAD, gone, say)
 
 
