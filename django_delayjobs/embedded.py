@@ -85,6 +85,23 @@ def start_server(args: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=die_with_owner())
 
 
+#: The longest ``start(timeout=...)`` taken, in seconds.
+MAX_START_TIMEOUT = 3600
+
+
+def check_timeout(timeout: object) -> None:
+    """Refuse a start-up time-out that is not a number of seconds from 0 (excluded) to
+    ``MAX_START_TIMEOUT``: ``nan`` or ``inf`` would wait for ever on a server that never
+    answers, and ``10**400`` overflow the deadline."""
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    if not 0 < timeout <= MAX_START_TIMEOUT:  # False for nan
+        shown = "a huge number" if isinstance(timeout, int) and timeout > 10**9 else timeout
+        raise ValueError(
+            f"timeout must be more than 0 and at most {MAX_START_TIMEOUT} seconds, not {shown}"
+        )
+
+
 class EmbeddedRedis:
     """A ``redis-server`` process on a unix socket; ``start()``/``stop()`` may repeat."""
 
@@ -116,6 +133,7 @@ class EmbeddedRedis:
 
     def start(self, timeout: float = 10.0) -> str:
         """Start the server (if it is not running) and return its URL once it answers."""
+        check_timeout(timeout)
         if self.process and self.process.poll() is None:
             return self.url
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from types import TracebackType
 
 import redis
 
-from .embedded import find_redis_server, start_server
+from .embedded import check_timeout, find_redis_server, start_server
 
 SLOTS = 16384
 
@@ -133,6 +133,7 @@ class EmbeddedCluster:
 
     def start(self, timeout: float = 60.0) -> str:
         """Start every node, create the cluster, wait until it serves; return a seed URL."""
+        check_timeout(timeout)
         if self.nodes:
             return self.url
         count = self.masters * (1 + self.replicas)

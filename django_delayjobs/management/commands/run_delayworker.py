@@ -99,6 +99,9 @@ class StoppedDuringStartUp(Exception):
 
 
 MAX_CONCURRENCY = 1000
+#: ``--metrics-host``'s default. Another host without ``--metrics-port`` is refused (no port
+#: is opened: it would be ignored); this one is the same whether given or not.
+DEFAULT_METRICS_HOST = "127.0.0.1"
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.INFO, 3: logging.DEBUG}
 
 
@@ -151,7 +154,7 @@ class Command(SafeOutputCommand):
                  "port); needs the metrics extra.",
         )  # fmt: skip
         parser.add_argument(
-            "--metrics-host", default="127.0.0.1",
+            "--metrics-host", default=DEFAULT_METRICS_HOST,
             help="Address the metrics port listens on (default 127.0.0.1; 0.0.0.0 for all, "
                  "which needs METRICS_TOKEN: any non-loopback address does).",
         )  # fmt: skip
@@ -259,6 +262,9 @@ class Command(SafeOutputCommand):
         port = opts["metrics_port"]
         if port is not None and not 0 <= port <= 65535:
             raise CommandError("--metrics-port must be from 0 to 65535", returncode=2)
+        if port is None and opts["metrics_host"] != DEFAULT_METRICS_HOST:
+            raise CommandError("--metrics-host needs --metrics-port: without it no metrics "
+                               "port is opened", returncode=2)  # fmt: skip
         if opts["burst"] and opts["promoter_only"]:
             raise CommandError("--burst runs the jobs that are due: it needs the worker role, "
                                "not --promoter-only", returncode=2)  # fmt: skip
