@@ -9,7 +9,10 @@ while scrapers came together. Scrapes now read one at a time.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -69,3 +72,41 @@ def test_a_time_before_year_1_in_redis_is_shown_as_the_earliest(redis_client, se
     staff = Client()
     staff.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
     assert staff.get(reverse("admin:django_delayjobs_queues")).status_code == 200
+
+
+@pytest.mark.slow
+def test_scrapes_queued_behind_a_frozen_redis_each_answer_and_the_port_recovers(
+    settings, own_redis, frozen_redis
+):
+    """While Redis does not answer, the scrape reading it holds the lock for its socket
+    timeout; those queued behind it each answer 503 in turn (none waits for good on the
+    lock), and once Redis answers again the next scrape reads it: 200."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": frozen_redis}
+    srv = metrics_server.MetricsServer("127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{srv.port}/metrics"
+    codes: list[int] = []
+
+    def scrape() -> None:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                codes.append(response.status)
+        except urllib.error.HTTPError as exc:
+            codes.append(exc.code)
+
+    try:
+        began = time.monotonic()
+        threads = [threading.Thread(target=scrape) for _ in range(metrics_server.MAX_CONNECTIONS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        took = time.monotonic() - began
+        assert codes == [503] * metrics_server.MAX_CONNECTIONS
+        assert took < 30, took  # in turn, a socket timeout or so each
+        os.kill(own_redis.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while codes[-1] != 200 and time.monotonic() < deadline:
+            scrape()  # the outage's back-off may refuse a scrape or two
+        assert codes[-1] == 200
+    finally:
+        srv.close()
