@@ -15,6 +15,8 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import importlib.util
+import math
+import numbers
 import os
 import shutil
 import signal
@@ -89,17 +91,23 @@ def start_server(args: list[str]) -> subprocess.Popen[bytes]:
 MAX_START_TIMEOUT = 3600
 
 
-def check_timeout(timeout: object) -> None:
-    """Refuse a start-up time-out that is not a number of seconds from 0 (excluded) to
-    ``MAX_START_TIMEOUT``: ``nan`` or ``inf`` would wait for ever on a server that never
-    answers, and ``10**400`` overflow the deadline."""
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+def seconds(timeout: object) -> float:
+    """``timeout`` as a float number of seconds, or ``TypeError``/``ValueError`` unless it
+    is more than 0 and at most ``MAX_START_TIMEOUT``: ``nan`` or ``inf`` would wait for
+    ever on a server that never answers, ``10**400`` overflow the deadline. Converted, so
+    the deadline's sum is a float's, not one a subclass of the caller's chose."""
+    if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool):
         raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
-    if not 0 < timeout <= MAX_START_TIMEOUT:  # False for nan
-        shown = "a huge number" if isinstance(timeout, int) and timeout > 10**9 else timeout
+    try:
+        value = float(timeout)
+    except (OverflowError, ValueError, TypeError):
+        value = math.nan
+    if not 0 < value <= MAX_START_TIMEOUT:  # False for nan
         raise ValueError(
-            f"timeout must be more than 0 and at most {MAX_START_TIMEOUT} seconds, not {shown}"
+            f"timeout must be more than 0 and at most {MAX_START_TIMEOUT} seconds, not "
+            f"{value if math.isfinite(value) else 'that'}"
         )
+    return value
 
 
 class EmbeddedRedis:
@@ -133,7 +141,7 @@ class EmbeddedRedis:
 
     def start(self, timeout: float = 10.0) -> str:
         """Start the server (if it is not running) and return its URL once it answers."""
-        check_timeout(timeout)
+        timeout = seconds(timeout)
         if self.process and self.process.poll() is None:
             return self.url
         self.directory.mkdir(parents=True, exist_ok=True)

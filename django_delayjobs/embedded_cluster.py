@@ -22,7 +22,7 @@ from types import TracebackType
 
 import redis
 
-from .embedded import check_timeout, find_redis_server, start_server
+from .embedded import find_redis_server, seconds, start_server
 
 SLOTS = 16384
 
@@ -133,7 +133,7 @@ class EmbeddedCluster:
 
     def start(self, timeout: float = 60.0) -> str:
         """Start every node, create the cluster, wait until it serves; return a seed URL."""
-        check_timeout(timeout)
+        timeout = seconds(timeout)
         if self.nodes:
             return self.url
         count = self.masters * (1 + self.replicas)
@@ -207,6 +207,7 @@ class EmbeddedCluster:
     def restart(self, node: Node, timeout: float = 60.0) -> None:
         """Start a stopped node again: it rejoins from its nodes.conf (as a replica, if a
         replica took over its slots meanwhile)."""
+        timeout = seconds(timeout)
         if node.process and node.process.poll() is None:
             return
         self._spawn(node)
@@ -288,7 +289,7 @@ class EmbeddedCluster:
     def wait_healthy(self, timeout: float = 60.0) -> None:
         """Wait until every running node says the cluster is ok, every slot is served,
         there are ``masters`` masters, and every replica's link to its master is up."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + seconds(timeout)
         while not self._healthy():
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster did not become healthy:\n"
