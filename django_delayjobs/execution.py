@@ -870,27 +870,31 @@ class Execution:
             ) from exc
         return stored
 
-    def overran(self, limit: float) -> Result:
+    def overran(self, limit: float, gone_in: timedelta) -> Result:
         """Fail this attempt from another thread: its action has run for more than
-        ``limit`` seconds and is still running. Fenced like every outcome, so whichever of
-        this and the action's own outcome comes second is overtaken (and, for the action,
-        rolled back)."""
+        ``limit`` seconds and is still running, until its process exits (in ``gone_in`` at
+        the latest): the retry is not due before then, or another worker would run it
+        beside this one. Fenced like every outcome, so whichever of this and the action's
+        own outcome comes second is overtaken (and, for the action, rolled back)."""
         error = TimeLimitExceeded(
             f"the action ran for more than {limit:g} s (MAX_RUN_SECONDS); the attempt was "
             "failed and the worker process exited, for its supervisor to start a new one "
             "(a running action cannot be stopped)"
         )
-        return self.failed(error, [], limit)
+        return self.failed(error, [], limit, at_least=gone_in)
 
     # -- outcomes ------------------------------------------------------------------
 
-    def failed(self, exc: BaseException, notes: list[str], duration: float) -> Result:
+    def failed(
+        self, exc: BaseException, notes: list[str], duration: float,
+        at_least: timedelta = timedelta(0),
+    ) -> Result:  # fmt: skip
         job = self.job
         assert job is not None
         # The exception's text (a receiver's header, say) as the database can store it: a
         # NUL or a lone surrogate must not turn the action's failure into a refused write.
         error = sql.clean_text(describe(exc, notes))
-        outcome, retry_at = after_failure(job, exc)
+        outcome, retry_at = after_failure(job, exc, at_least)
         if outcome == Outcome.DEAD:
             return self.finish(Outcome.DEAD, error, failed=True, duration=duration)
         if outcome == Outcome.SKIPPED:

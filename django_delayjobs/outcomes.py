@@ -99,10 +99,13 @@ def backoff_seconds(attempt: int) -> float:
 MAX_RETRY_AFTER = datetime.timedelta(days=1)
 
 
-def after_failure(job: Job, exc: BaseException) -> tuple[Outcome, datetime.datetime | None]:
+def after_failure(
+    job: Job, exc: BaseException, at_least: datetime.timedelta = datetime.timedelta(0)
+) -> tuple[Outcome, datetime.datetime | None]:
     """Decide what a failed attempt leads to: ``(DEAD, None)``, ``(RETRYING, when)``, or
     ``(SKIPPED, when)`` if the next attempt would be due at or after the job's
-    ``expires_at`` (a claim then would only skip it).
+    ``expires_at`` (a claim then would only skip it). The next attempt is due in
+    ``at_least`` at the soonest.
 
     The one place that says whether attempts are left and when the next one is due. An
     exception group (an asyncio ``TaskGroup``'s) is what it holds: a ``GiveUp`` anywhere
@@ -116,7 +119,7 @@ def after_failure(job: Job, exc: BaseException) -> tuple[Outcome, datetime.datet
         delay = datetime.timedelta(seconds=min(max(max(asked), 0.0), 86_400.0))
     else:
         delay = datetime.timedelta(seconds=backoff_seconds(job.attempts))
-    retry_at = timezone.now() + min(delay, MAX_RETRY_AFTER)
+    retry_at = timezone.now() + max(min(delay, MAX_RETRY_AFTER), at_least)
     if job.expires_at is not None and retry_at >= job.expires_at:
         return Outcome.SKIPPED, retry_at
     return Outcome.RETRYING, retry_at

@@ -1238,10 +1238,16 @@ class WorkerProcess:
             self.record_overrun(execution, limit)
 
     def record_overrun(self, execution: Execution, limit: float) -> None:
-        """Fail the attempt of an action past ``MAX_RUN_SECONDS`` and settle it."""
+        """Fail the attempt of an action past ``MAX_RUN_SECONDS`` and settle it. The
+        action runs on until this process exits: after the grace for the other actions,
+        then as long again for the interpreter's exit (``run_delayworker``'s
+        ``exit_within``, at least 1 s), both timed from ``die()``, before this; its retry is
+        due once that is over, and a second more."""
         job_id, queue = execution.job_id, execution.queue
+        grace = delayjobs_settings.SHUTDOWN_GRACE_SECONDS
+        gone_in = datetime.timedelta(seconds=grace + max(grace, 1.0) + 1.0)
         try:
-            result = execution.overran(limit)
+            result = execution.overran(limit, gone_in)
             if result.outcome != Outcome.OVERTAKEN:  # overtaken: its own outcome came first
                 self.release([job_id])
                 settle(self.engine, queue, job_id, result, outage=self.outage)
