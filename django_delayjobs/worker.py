@@ -1086,15 +1086,19 @@ class WorkerProcess:
         return moved
 
     def running_ids(self) -> list[str]:
-        """The jobs whose actions run in this process now."""
+        """The jobs whose actions run (or ran, their outcome not yet settled) in this
+        process now: not one whose thread has not called its action yet (its claim
+        waiting on the database, say)."""
         with self.held_lock:
-            return sorted(execution.job_id for execution in self.running.values())
+            return sorted(e.job_id for e in self.running.values() if e.called)
 
     def hand_back_waiting(self) -> None:
-        """Exiting with actions still running: hand back the ids claimed with them that
-        never started, instead of leaving them to wait for their lease to end."""
+        """Exiting with actions still running: hand back the ids held that never started
+        (claimed with them, or whose claim still waits), instead of leaving them to wait
+        for their lease to end. A thread that calls its action after this is stopped by
+        the exit; its row, claimed, is taken over only half a lease after that start."""
         with self.held_lock:
-            running = {execution.job_id for execution in self.running.values()}
+            running = {e.job_id for e in self.running.values() if e.called}
             waiting: dict[str, list[str]] = {}
             for job_id, (shard, _) in self.held.items():
                 if job_id not in running:
