@@ -1,0 +1,108 @@
+"""The lead's audit, 2026-12-01 (evening): ``schedule_http``'s body and headers with hostile
+values. Real servers: a receiver on 127.0.0.1, a private Redis, the real worker
+(``run_delayworker --burst``)."""
+
+from __future__ import annotations
+
+import datetime
+import enum
+
+import pytest
+
+from django_delayjobs import schedule_http
+from django_delayjobs.callbacks.request import InvalidCallback
+from django_delayjobs.models import Job, Status
+from tests.test_audit_sec import allow, burst
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class NoOffset(datetime.tzinfo):
+    """A time zone that cannot say its offset (``tzinfo``'s own ``utcoffset`` raises
+    ``NotImplementedError``); ``schedule()`` refuses one in ``args`` (InvalidSchedule)."""
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        datetime.datetime(2030, 1, 1, tzinfo=NoOffset()),
+        datetime.time(12, tzinfo=NoOffset()),
+        [{"at": datetime.datetime(2030, 1, 1, tzinfo=NoOffset())}],
+    ],
+    ids=["datetime", "time", "nested"],
+)
+def test_a_json_body_holding_a_time_zone_that_fails_is_refused_naming_json(
+    value, settings, callback_server
+):
+    """``DjangoJSONEncoder`` asks the tzinfo for its offset: its ``NotImplementedError``
+    escaped ``schedule_http``, where only TypeError and ValueError may (docs/callbacks.md:
+    "a bad value raises TypeError or a ValueError")."""
+    allow(settings, callback_server)
+    with pytest.raises(InvalidCallback, match="json= is not JSON") as refused:
+        schedule_http(callback_server.url(), in_=0, json={"when": value})
+    assert refused.value.field == "json"
+    assert not Job.objects.exists()
+
+
+class Kind(str, enum.Enum):  # noqa: UP042 (not StrEnum: the idiom whose str() is Kind.X)
+    REFUND = "refund"
+
+
+class Level(int, enum.Enum):
+    HIGH = 5
+
+
+class Ratio(float):
+    def __str__(self) -> str:
+        return "a lot"
+
+
+def test_a_form_is_sent_with_the_text_of_its_str_int_and_float_subclasses(
+    settings, callback_server
+):
+    """``urlencode`` writes every key and value with ``str()``: a member of ``class
+    Kind(str, Enum)`` went as ``Kind.REFUND``, of ``class Level(int, Enum)`` as
+    ``Level.HIGH``, where ``json=`` sends ``"refund"`` and ``5``, and where ``args`` and a
+    ``queue`` keep the text (docs/scheduling.md). The form is now written from each
+    one's base-type value, as the stored and sent body shows."""
+    allow(settings, callback_server)
+    form = {Kind.REFUND: Level.HIGH, "kind": Kind.REFUND, "ratio": Ratio(0.5), "n": 7, "f": 1.5}
+    job = schedule_http(callback_server.url(), in_=0, data=form)
+    sent = "refund=5&kind=refund&ratio=0.5&n=7&f=1.5"
+    assert Job.objects.get(pk=job.pk).kwargs["body"] == sent
+    burst()
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    [request] = callback_server.requests
+    assert request.body == sent.encode()
+
+
+def test_a_form_whose_values_are_bools_is_sent_as_before(settings, callback_server):
+    """A bool is an int: written as ``str()`` writes it (``True``), as it always was."""
+    allow(settings, callback_server)
+    job = schedule_http(callback_server.url(), in_=0, data={"a": True, "b": False})
+    assert Job.objects.get(pk=job.pk).kwargs["body"] == "a=True&b=False"
+
+
+class Understated(dict):  # type: ignore[type-arg]
+    """A dict that says it holds one entry, whatever it holds."""
+
+    def __len__(self) -> int:
+        return 1
+
+
+def test_headers_that_understate_their_number_are_counted_as_given(settings, callback_server):
+    """``check_headers`` took the number from ``len()`` and the headers from ``items()``:
+    40 headers that said they were one were stored, and the job died at its first attempt,
+    nothing sent ("at most 32 headers, not 40"), a value the door had accepted."""
+    allow(settings, callback_server)
+    headers = Understated({f"X-Tag-{i}": "v" for i in range(40)})
+    with pytest.raises(InvalidCallback, match="at most 32 headers, not 40") as refused:
+        schedule_http(callback_server.url(), in_=0, headers=headers)
+    assert refused.value.field == "headers"
+    assert not Job.objects.exists()
+    fits = Understated({f"X-Tag-{i}": "v" for i in range(31)})  # with the Content-Type: 32
+    job = schedule_http(callback_server.url(), in_=0, json={"a": 1}, headers=fits)
+    burst()
+    assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
+    [request] = callback_server.requests
+    assert request.headers["x-tag-30"] == "v"
