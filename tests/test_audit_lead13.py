@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+from urllib.parse import urlencode
 
 import pytest
 
@@ -13,6 +14,7 @@ from django_delayjobs import schedule_http
 from django_delayjobs.callbacks.request import InvalidCallback
 from django_delayjobs.models import Job, Status
 from tests.test_audit_sec import allow, burst
+from tests.test_rest_helpers import client_for, make_user, url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -106,3 +108,26 @@ def test_headers_that_understate_their_number_are_counted_as_given(settings, cal
     assert Job.objects.get(pk=job.pk).status == Status.SUCCEEDED
     [request] = callback_server.requests
     assert request.headers["x-tag-30"] == "v"
+
+
+@pytest.mark.parametrize("form", ["multipart", "urlencoded"])
+def test_a_json_field_given_in_a_form_and_nested_too_deep_is_a_400(form, settings, callback_server):
+    """A form (curl -F, the browsable API) gives ``json`` as text, which DRF's JSONField
+    parses itself, past ``SafeJSONParser``: a text nested 100,000 deep raised
+    ``RecursionError``, Django's HTML 500 page. Now a 400 naming the field."""
+    allow(settings, callback_server)
+    api = client_for(make_user(superuser=True))
+    deep = "[" * 100_000 + "]" * 100_000
+    fields = {"url": callback_server.url(), "in": "0", "json": deep}
+    if form == "multipart":
+        response = api.post(url("callbacks"), fields, format="multipart")
+    else:
+        kind = "application/x-www-form-urlencoded"
+        response = api.post(url("callbacks"), urlencode(fields), content_type=kind)
+    assert response.status_code == 400, response.content[:200]
+    assert response.json() == {"json": ["Nested too deeply."]}
+    assert not Job.objects.exists()
+    fields["json"] = '{"a": [1]}'
+    response = api.post(url("callbacks"), fields, format="multipart")
+    assert response.status_code == 201, response.content[:200]
+    assert Job.objects.get().kwargs["body"] == '{"a":[1]}'
