@@ -131,3 +131,51 @@ def test_a_json_field_given_in_a_form_and_nested_too_deep_is_a_400(form, setting
     response = api.post(url("callbacks"), fields, format="multipart")
     assert response.status_code == 201, response.content[:200]
     assert Job.objects.get().kwargs["body"] == '{"a":[1]}'
+
+
+UNSENDABLE = [
+    ({"method": "POST", "url": "http://127.0.0.1/", "headers": {"Authorization": "Bearer t0ken-1"}},
+     "headers", "carries a credential"),
+    ({"method": "TRACE", "url": "http://127.0.0.1/"}, "url", "malformed"),
+    ({"method": "POST", "url": "http://user@127.0.0.1/"}, "url", "user information"),
+    ({"method": "POST", "url": "http://127.0.0.1/", "body": 5}, "url", "malformed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("stored", "field", "said"), UNSENDABLE)
+def test_the_callback_action_is_scheduled_only_with_a_request_its_delivery_sends(
+    stored, field, said, settings, callback_server
+):
+    """``schedule(deliver, kwargs=...)`` (and ``build_job`` + ``schedule_many``) took any
+    kwargs that fit ``deliver(**stored)``: a credential header that "job rows never hold"
+    was written to the row, and each such job died at its first attempt, nothing sent."""
+    from django_delayjobs import schedule, schedule_many
+    from django_delayjobs.callbacks.action import deliver
+    from django_delayjobs.services import build_job
+
+    allow(settings, callback_server)
+    with pytest.raises(InvalidCallback, match=said) as refused:
+        schedule(deliver, in_=0, kwargs=stored)
+    assert refused.value.field == field and "schedule_http" in str(refused.value)
+    job = build_job(deliver, in_=0, kwargs={"method": "POST", "url": callback_server.url()})
+    job.kwargs = stored  # changed after build_job checked it
+    with pytest.raises(InvalidCallback, match=said):
+        schedule_many([job])
+    assert not Job.objects.exists()
+
+
+def test_the_callback_action_scheduled_with_a_sendable_request_is_sent(settings, callback_server):
+    """The other side: a request ``schedule_http`` would store is taken and delivered."""
+    from django_delayjobs import schedule, schedule_many
+    from django_delayjobs.callbacks.action import deliver
+    from django_delayjobs.services import build_job
+
+    allow(settings, callback_server)
+    stored = {"method": "PUT", "url": callback_server.url(), "headers": {"X-A": "b"}, "body": "x"}
+    one = schedule(deliver, in_=0, kwargs=stored)
+    [two] = schedule_many([build_job(deliver, in_=0, kwargs=stored)])
+    burst()
+    assert {job.status for job in Job.objects.filter(pk__in=[one.pk, two.pk])} == {"succeeded"}
+    assert [(r.method, r.body, r.headers["x-a"]) for r in callback_server.requests] == [
+        ("PUT", b"x", "b")
+    ] * 2
