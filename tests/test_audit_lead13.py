@@ -179,3 +179,31 @@ def test_the_callback_action_scheduled_with_a_sendable_request_is_sent(settings,
     assert [(r.method, r.body, r.headers["x-a"]) for r in callback_server.requests] == [
         ("PUT", b"x", "b")
     ] * 2
+
+
+class Modest(str):
+    """A str that says it is empty and equal to nothing."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = str.__hash__
+
+
+@pytest.mark.parametrize(
+    "value", [Modest("v" * 5000), Modest("@@@SKIP_HEADER@@@")], ids=["long", "skip-marker"]
+)
+def test_a_header_value_of_a_str_subclass_is_checked_as_its_text(value, settings, callback_server):
+    """A subclass's ``len()`` and ``==`` decide ``check_headers``' length and marker checks:
+    a 5,000 character value (or urllib3's marker) was stored as its text, which the
+    delivery's own check of the row refuses: dead at the first attempt, nothing sent. The
+    stored request is now checked as the delivery reads it before it is written
+    (``check_scheduled``), which refuses it whatever the subclass says."""
+    allow(settings, callback_server)
+    with pytest.raises(InvalidCallback) as refused:
+        schedule_http(callback_server.url(), in_=0, headers={"X-A": value})
+    assert refused.value.field == "headers"
+    assert not Job.objects.exists()
