@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from . import registry, serialization, sql, timing
+from .callbacks.action import check_scheduled
 from .conf import delayjobs_settings
 from .engine import PRIORITY_RANGE, validate_name
 from .exceptions import InvalidSchedule
@@ -231,3 +232,4 @@ def check_built(job: Job, now: datetime.datetime) -> None:
     serialization.check_size((job.args, job.kwargs), "args and kwargs", limit)
     args, kwargs = serialization.load(job.args), serialization.load(job.kwargs)
     registry.check_call(job.action, model, args, kwargs)  # what schedule() refuses
+    check_scheduled(job.action, job.kwargs)

@@ -25,6 +25,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from . import door, serialization, signals, sql, timing
+from .callbacks.action import check_scheduled
 from .conf import delayjobs_settings
 from .connection import get_engine
 from .engine import MAX_BATCH, EngineUnavailable, PerShard, validate_name
@@ -198,6 +199,7 @@ def build_job(
     now = timezone.now()
     run_at = timing.due_time(in_, at, now)
     stored_args, stored_kwargs = _check_arguments(fn, args, kwargs)
+    check_scheduled(ref.name, stored_kwargs)
     attempts = delayjobs_settings.MAX_ATTEMPTS if max_attempts is None else max_attempts
     job = Job(
         queue=door.check_queue(delayjobs_settings.DEFAULT_QUEUE if queue is None else queue),

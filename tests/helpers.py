@@ -360,3 +360,18 @@ def purge_with_a_death_between(
     for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', html):
         form.setdefault(name, []).append(value)
     return client.post(url, form, follow=True)
+
+
+def planted_callback(stored: dict[str, Any], **options: Any) -> Any:
+    """A callback job whose row holds ``stored`` as its request, written past the door (as
+    an older version or a manual edit would): scheduled with a request the door takes,
+    then its row's kwargs replaced. ``options`` go to ``schedule``."""
+    from django_delayjobs import schedule
+    from django_delayjobs.callbacks.action import deliver
+    from django_delayjobs.models import Job
+
+    sendable = {"method": "POST", "url": "http://planted.invalid/"}
+    job = schedule(deliver, in_=0, kwargs=sendable, **options)
+    Job.objects.filter(pk=job.pk).update(kwargs=stored)
+    job.kwargs = stored
+    return job

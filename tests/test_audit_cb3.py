@@ -21,6 +21,7 @@ from django_delayjobs.callbacks import policy
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.models import EventKind, Job, Status
 from tests.callback_server import Reply
+from tests.helpers import planted_callback
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -165,12 +166,9 @@ def test_a_malformed_rows_error_masks_the_token_of_its_url(
 ):
     """A row written by anything (an older version, a manual edit) is refused at delivery,
     its error quoting the row: the URL in that quote is masked as everywhere else."""
-    from django_delayjobs import schedule
-    from django_delayjobs.callbacks.action import deliver
-
     allow(settings, callback_server.netloc)
     stored = {"method": "TRACE", "url": callback_server.url("/hook?token=s3cret")}
-    job = schedule(deliver, in_=0, kwargs=stored)
+    job = planted_callback(stored)
     burst()
     job.refresh_from_db()
     assert job.status == Status.DEAD and "malformed" in job.last_error

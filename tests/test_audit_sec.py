@@ -16,11 +16,11 @@ from django.test import Client
 from django.urls import reverse
 
 from django_delayjobs import schedule, schedule_http
-from django_delayjobs.callbacks.action import deliver
 from django_delayjobs.callbacks.request import InvalidCallback
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.models import Job, Status
 from tests.callback_server import Reply
+from tests.helpers import planted_callback
 from tests.test_rest_helpers import client_for, make_user, url
 from tests.testapp.models import Thing
 
@@ -71,7 +71,7 @@ def test_a_refused_destination_path_is_quoted_with_its_token_masked(
         schedule_http(f"hooks:{path}?token={TOKEN}", in_=0)
     assert TOKEN not in str(refused.value) and "token=***" in str(refused.value)
     stored = {"method": "POST", "destination": "hooks", "path": f"{path}?token={TOKEN}"}
-    job = schedule(deliver, in_=0, kwargs=stored)
+    job = planted_callback(stored)
     burst()
     job.refresh_from_db()
     assert job.status == Status.DEAD and "token=***" in job.last_error

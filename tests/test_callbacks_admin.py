@@ -13,6 +13,7 @@ from django_delayjobs.callbacks.action import deliver
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.models import Job, JobEvent
 from tests.callback_server import Reply
+from tests.helpers import planted_callback
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,7 +80,7 @@ def test_a_success_shows_its_status(client, http, settings):
 
 def test_a_refusal_and_a_malformed_row_render(client, http):
     refused = schedule(deliver, in_=0, kwargs={"method": "POST", "url": "http://10.0.0.1/"})
-    malformed = schedule(deliver, in_=0, kwargs={"method": "TRACE"})
+    malformed = planted_callback({"method": "TRACE"})
     burst()
     assert "not in HTTP_ALLOWED_HOSTS" in detail(client, refused)
     page = detail(client, malformed)

@@ -14,12 +14,12 @@ from django.db import connection, connections
 from django.test import Client
 from django.utils import timezone
 
-from django_delayjobs import schedule, schedule_http
+from django_delayjobs import schedule_http
 from django_delayjobs.callbacks import policy
-from django_delayjobs.callbacks.action import deliver
 from django_delayjobs.callbacks.signing import new_secret, signature, verify
 from django_delayjobs.models import Job, Status
 from tests.callback_server import Reply, json_body
+from tests.helpers import planted_callback
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -345,7 +345,7 @@ def test_a_destination_removed_from_the_settings_ends_the_job(callback_server, s
     ],
 )
 def test_a_planted_malformed_row_dies_and_sends_nothing(callback_server, stored):
-    job = run(schedule(deliver, in_=0, kwargs=stored, max_attempts=5))
+    job = run(planted_callback(stored, max_attempts=5))
     assert job.status == Status.DEAD and job.attempts == 1
     assert "refused, nothing sent" in job.last_error
     assert callback_server.count() == 0

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import pytest
 from django.core.management import call_command
 
-from django_delayjobs import schedule, schedule_http
+from django_delayjobs import schedule_http
 from django_delayjobs.callbacks import policy
-from django_delayjobs.callbacks.action import deliver
 from django_delayjobs.callbacks.signing import new_secret
 from django_delayjobs.models import Job, Status
 from tests import conftest
 from tests.callback_server import CallbackServer, Reply
+from tests.helpers import planted_callback
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -137,8 +137,7 @@ def test_hostile_callback_is_refused_and_nothing_is_sent(name, servers, settings
             assert case.reason in f"{refused.value} [rule: {getattr(refused.value, 'rule', '')}]"
             assert not Job.objects.exists()
             # planted anyway: the delivery checks everything again
-            job = schedule(deliver, in_=0, max_attempts=5,
-                           kwargs={"method": "POST", "url": url, "body": "{}"})  # fmt: skip
+            job = planted_callback({"method": "POST", "url": url, "body": "{}"}, max_attempts=5)
         else:
             job = schedule_http(url, json={"x": 1}, in_=0, max_attempts=5)
     with policy.use_resolver(resolver({host: case.resolves} if case.resolves else {})):

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ..conf import delayjobs_settings
-from ..exceptions import ConfigurationError, GiveUp, Retry
+from ..exceptions import ConfigurationError, GiveUp, InvalidSchedule, Retry
 from ..redact import secret_values
 from . import config, policy, signing
 from .headers import credentials
@@ -33,6 +33,20 @@ def shown_kwargs(action: str, kwargs: Any) -> Any:
     if action != ACTION or not isinstance(kwargs, dict):
         return kwargs
     return masked(kwargs)
+
+
+def check_scheduled(action: str, kwargs: Any) -> None:
+    """Raise ``InvalidCallback`` if a job of the callback action is given ``kwargs`` that
+    no attempt sends, whatever the settings (``schedule(deliver, ...)``, ``build_job``):
+    a credential header that job rows must never hold, a malformed request. Such a job
+    died at its first attempt; ``schedule_http`` builds what the delivery takes."""
+    if action != ACTION:
+        return
+    try:
+        load(kwargs)
+    except InvalidSchedule as exc:  # InvalidCallback, or Refused for the URL's form
+        field = exc.field if isinstance(exc, InvalidCallback) else "url"
+        raise InvalidCallback(f"{exc}: schedule callbacks with schedule_http", field) from None
 
 
 def check_requeue(action: str, kwargs: Any) -> None:

@@ -20,6 +20,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from ..exceptions import InvalidSchedule
 from ..redact import secret_name, without_userinfo
+from ..serialization import TZINFO_ERRORS
 from .config import Destination, HttpConfig
 from .headers import MAX_HEADERS, InvalidHeader, check_headers, merged
 from .policy import MAX_URL_LENGTH, Target, addresses, check_host, parse_url
@@ -185,7 +186,7 @@ def _body(method: str, json: Any, data: Any) -> tuple[str | None, str | None]:
         try:
             text = jsonlib.dumps(json, cls=DjangoJSONEncoder, ensure_ascii=False,
                                  allow_nan=False, separators=(",", ":"))  # fmt: skip
-        except (TypeError, ValueError) as exc:
+        except TZINFO_ERRORS as exc:  # a datetime's tzinfo that gives no offset, too
             raise InvalidCallback(f"json= is not JSON: {exc}", "json") from None
         except RecursionError:
             raise InvalidCallback("json= is nested too deeply", "json") from None
@@ -198,12 +199,12 @@ def _body(method: str, json: Any, data: Any) -> tuple[str | None, str | None]:
         except UnicodeDecodeError:
             raise InvalidCallback("data= bytes must be UTF-8 text", "data") from None
     if isinstance(data, Mapping):
-        if not all(
-            isinstance(k, str) and isinstance(v, str | int | float) for k, v in data.items()
-        ):
+        pairs = list(data.items())
+        if not all(isinstance(k, str) and isinstance(v, str | int | float) for k, v in pairs):
             raise TypeError("data= as a dict must map str to str or numbers (a form)")
         try:
-            return urlencode(data), "application/x-www-form-urlencoded"
+            form = urlencode([(str.__str__(k), _form_value(v)) for k, v in pairs])
+            return form, "application/x-www-form-urlencoded"
         except UnicodeEncodeError:  # urlencode writes the form's text as UTF-8
             raise InvalidCallback("the form holds a lone surrogate: not UTF-8", "data") from None
         except ValueError as exc:  # an int of more digits than int.__str__ writes
@@ -211,6 +212,18 @@ def _body(method: str, json: Any, data: Any) -> tuple[str | None, str | None]:
     if isinstance(data, str):
         return data, "text/plain; charset=utf-8"
     raise TypeError(f"data= must be str, bytes or a dict, not {type(data).__name__}")
+
+
+def _form_value(value: str | int | float) -> str | int | float:
+    """A form's value as its base type's value (a key: its text, ``str.__str__``):
+    ``urlencode`` writes ``str()`` of each, which for a member of ``class Kind(str, Enum)``
+    is ``Kind.REFUND``, not the ``refund`` that ``json=`` sends. A bool stays one (sent
+    as ``True``)."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, bool):
+        return value
+    return int.__int__(value) if isinstance(value, int) else float.__float__(value)
 
 
 def _check_text(text: str, max_bytes: int, field: str = "data") -> None:
