@@ -432,6 +432,9 @@ class Execution:
         self.called = False
         #: The connection a non-atomic action began with (see ``until_written``).
         self.outside: Connection | None = None
+        #: Whether an earlier try of this outcome may have committed (its connection was
+        #: cut at COMMIT): a row that holds this very outcome is then that try's.
+        self.rewriting = False
         #: The connection the job started on, once claimed (to see its session changed).
         self.connection: Connection | None = None
         #: This thread's connection to the jobs' database (Django's wrapper).
@@ -740,6 +743,8 @@ class Execution:
             row = Job.objects.filter(pk=job.pk).values_list("status", "attempts", "deliveries")
             if (found := row.first()) is None:
                 raise JobRowDeleted("the action deleted its own job row")
+            if self.landed(job, done, found):
+                return None  # with its events, and its claim of the next job (run again)
             raise _Overtaken(found)
         events = [(job, _SUCCEEDED, self.actor, "\n".join(notes))]
         claimed = self.claim_ahead()
@@ -772,11 +777,16 @@ class Execution:
         the database refuses the write for now (SQLite's write lock held past the busy
         timeout). Then raise the last failure; raise any other at once."""
         outside = self.outside
+        db = connections[sql.db()]  # this thread's (MAX_RUN_SECONDS's watcher writes too)
+        ran_on = None
         try:
+            db.ensure_connection()
+            ran_on = db.connection
             return write()
         except DatabaseError as exc:
-            db = connections[sql.db()]  # this thread's (MAX_RUN_SECONDS's watcher writes too)
-            if outside is None or outside.wrapper is not db or not outside.passing(exc):
+            if outside is None or outside.wrapper is not db:
+                raise
+            if not (outside.passing(exc) or self.cut(exc, db, ran_on)):
                 raise
             failure = exc
         give_up = time.monotonic() + OUTCOME_PATIENCE.total_seconds()
@@ -784,14 +794,34 @@ class Execution:
             with contextlib.suppress(DatabaseError):
                 db.close()  # a lost one, or a standby's: the write opens a new one
             try:
+                db.ensure_connection()
+                ran_on = db.connection
                 return write()
             except DatabaseError as exc:
-                if not outside.passing(exc):
+                if not (outside.passing(exc) or self.cut(exc, db, ran_on)):
                     raise
                 failure = exc
             if time.monotonic() >= give_up:
                 raise failure
             time.sleep(OUTCOME_PAUSE.total_seconds())
+
+    def cut(self, exc: DatabaseError, db: BaseDatabaseWrapper, ran_on: object) -> bool:
+        """Whether ``exc`` cut the connection the write ran on (``ran_on``) at its COMMIT:
+        Django then opened another at once (turning autocommit back on), which ``passing``
+        cannot tell from a sound one. Whether the COMMIT landed is unknown: the write is
+        tried again, and a row that holds this very outcome is this one (``landed``)."""
+        if not isinstance(exc, OperationalError | InterfaceError) or ran_on is None:
+            return False
+        if db.connection is ran_on:
+            return False
+        self.rewriting = True
+        return True
+
+    def landed(self, job: Job, values: dict[str, Any], row: tuple[str, int, int]) -> bool:
+        """Whether ``row`` (status, attempt, delivery), which the fence did not match, is
+        this outcome as an earlier try committed it, its reply cut (``cut``): the same
+        status at this delivery of this attempt, which only this delivery writes."""
+        return self.rewriting and row == (values["status"], job.attempts, job.deliveries)
 
     def changed_session(self) -> bool:
         """Whether the action left its database session with other settings than it found
@@ -948,6 +978,10 @@ class Execution:
                 if won:
                     for kind, message in events:
                         self.event(job, kind, message)
+                elif self.rewriting:  # an earlier try's COMMIT, cut, may have landed
+                    row = Job.objects.filter(pk=job.pk)
+                    found = row.values_list("status", "attempts", "deliveries").first()
+                    return found is not None and self.landed(job, values, found)
             return won
 
         try:

@@ -82,6 +82,9 @@ METRICS_FLUSH_SECONDS = 1.0
 #: How long past ``MAX_RUN_SECONDS`` (and the shutdown grace) a process whose main thread
 #: cannot run (an action holding the GIL in C code) is left frozen before it exits.
 FROZEN_SLACK_SECONDS = 5.0
+#: The retry of an action failed past ``MAX_RUN_SECONDS`` is due this long after the
+#: shutdown grace (seconds): by then the process that still ran it has exited.
+OVERRUN_SLACK = 30.0
 #: Seconds between two checkpoints of a SQLite database's WAL (see walcheckpoint), run
 #: only once jobs have been settled since the last one.
 CHECKPOINT_SECONDS = 1.0
@@ -1243,16 +1246,24 @@ class WorkerProcess:
 
     def record_overrun(self, execution: Execution, limit: float) -> None:
         """Fail the attempt of an action past ``MAX_RUN_SECONDS`` and settle it. The
-        action runs on until this process exits: after the grace for the other actions,
-        then as long again for the interpreter's exit (``run_delayworker``'s
-        ``exit_within``, at least 1 s), both timed from ``die()``, before this; its retry is
-        due once that is over, and a second more."""
+        action runs on until this process exits, at once after the grace for the other
+        actions and the last calls to Redis (heartbeat, hand-backs, metrics: a socket
+        timeout each at worst; ``run_delayworker`` ends a process that left an action
+        running with ``exit_now``), all timed from ``die()``, before this: its retry is
+        due once that is over, ``OVERRUN_SLACK`` after the grace.
+        Called in-process, the command cannot end the process, and says so. Handed back
+        (the database failed the write), the id is left to its lease: the row, running
+        since past ``MAX_RUN_SECONDS``, would be taken over at once, beside the action."""
         job_id, queue = execution.job_id, execution.queue
         grace = delayjobs_settings.SHUTDOWN_GRACE_SECONDS
-        gone_in = datetime.timedelta(seconds=grace + max(grace, 1.0) + 1.0)
+        gone_in = datetime.timedelta(seconds=grace + OVERRUN_SLACK)
         try:
             result = execution.overran(limit, gone_in)
-            if result.outcome != Outcome.OVERTAKEN:  # overtaken: its own outcome came first
+            if result.outcome == Outcome.HANDED_BACK:
+                logger.error("job %s ran past MAX_RUN_SECONDS; its failure could not be "
+                             "recorded (%s): it is due again once its lease ends", job_id,
+                             result.error)  # fmt: skip
+            elif result.outcome != Outcome.OVERTAKEN:  # overtaken: its own outcome came first
                 self.release([job_id])
                 settle(self.engine, queue, job_id, result, outage=self.outage)
                 self.stats.record(result)

@@ -328,11 +328,14 @@ class Command(SafeOutputCommand):
             if server is not None:
                 server.close()
         if process.abandoned and not self.exits:
+            running = process.running_ids()
+            busy = (f"actions still ran (job(s) {', '.join(running)})" if running else
+                    "worker threads were still busy outside any action (a claim or an outcome "
+                    "waiting on the database)")  # fmt: skip
             raise CommandError(
-                f"actions still ran when the shutdown grace ended (job(s) "
-                f"{', '.join(process.running_ids()) or '?'}): called in-process, the worker "
-                "leaves them running in this process with their leases no longer extended, "
-                "so another worker may run the same jobs beside them"
+                f"{busy} when the shutdown grace ended: called in-process, the worker leaves "
+                "them running in this process with their leases no longer extended, so "
+                "another worker may run the same jobs beside them"
             )
         if verbosity:
             self.stdout.write(f"delayjobs {process.id}: stopped ({process.stats.line()})")
