@@ -249,3 +249,21 @@ def test_a_url_of_a_str_subclass_is_checked_as_its_text_by_schedule_http_itself(
     assert str(refused.value) == "the URL must have 1 to 2048 characters"
     assert refused.value.rule == "url"
     assert not Job.objects.exists()
+
+
+def test_requeue_refuses_a_dead_callback_whose_stored_url_is_refused_saying_why(settings):
+    """``check_requeue`` and ``check_scheduled`` read the row through one helper: a stored
+    URL refused for its form (``Refused``, not ``InvalidCallback``) escaped the requeue
+    bare, without the "would die again ... schedule a new callback" that a refused header
+    gets; now both say it."""
+    from tests.helpers import planted_callback
+
+    job = planted_callback({"method": "POST", "url": "http://user@127.0.0.1/"}, max_attempts=1)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    with pytest.raises(InvalidCallback, match=r"would die again.*user information") as refused:
+        job.requeue()
+    assert "schedule a new callback" in str(refused.value) and refused.value.field == "url"
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
