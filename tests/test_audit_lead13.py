@@ -267,3 +267,27 @@ def test_requeue_refuses_a_dead_callback_whose_stored_url_is_refused_saying_why(
     assert "schedule a new callback" in str(refused.value) and refused.value.field == "url"
     job.refresh_from_db()
     assert job.status == Status.DEAD
+
+
+def test_the_callback_action_is_scheduled_to_a_host_or_destination_not_allowed_yet(
+    settings, callback_server
+):
+    """The door checks only what the delivery refuses whatever the settings: the allowlist
+    and ``HTTP_DESTINATIONS`` may change before the job is due, so a host not in
+    ``HTTP_ALLOWED_HOSTS`` and a destination not configured are taken, and the attempt
+    refuses them under the settings of its time (nothing sent)."""
+    from django_delayjobs import schedule, schedule_many
+    from django_delayjobs.callbacks.action import deliver
+    from django_delayjobs.services import build_job
+
+    allow(settings, callback_server)  # 127.0.0.1:port only, and no destination
+    other_host = {"method": "POST", "url": callback_server.url(host="localhost")}
+    no_destination = {"method": "POST", "destination": "billing", "path": "/hook"}
+    one = schedule(deliver, in_=0, kwargs=other_host, max_attempts=1)
+    two = schedule(deliver, in_=0, kwargs=no_destination, max_attempts=1)
+    [three] = schedule_many([build_job(deliver, in_=0, kwargs=other_host, max_attempts=1)])
+    burst()
+    jobs = Job.objects.filter(pk__in=[one.pk, two.pk, three.pk])
+    assert {job.status for job in jobs} == {Status.DEAD}
+    assert callback_server.count() == 0
+    assert all("refused, nothing sent" in job.last_error for job in jobs)
