@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 import pytest
 
 from django_delayjobs import schedule_http
+from django_delayjobs.callbacks.policy import Refused
 from django_delayjobs.callbacks.request import InvalidCallback
 from django_delayjobs.models import Job, Status
 from tests.test_audit_sec import allow, burst
@@ -98,8 +99,11 @@ def test_headers_that_understate_their_number_are_counted_as_given(settings, cal
     nothing sent ("at most 32 headers, not 40"), a value the door had accepted."""
     allow(settings, callback_server)
     headers = Understated({f"X-Tag-{i}": "v" for i in range(40)})
-    with pytest.raises(InvalidCallback, match="at most 32 headers, not 40") as refused:
+    with pytest.raises(InvalidCallback) as refused:
         schedule_http(callback_server.url(), in_=0, headers=headers)
+    # schedule_http's own message: the stored request's check (check_scheduled) says the
+    # same words, then "schedule callbacks with schedule_http", if check_headers miscounts.
+    assert str(refused.value) == "at most 32 headers, not 40"
     assert refused.value.field == "headers"
     assert not Job.objects.exists()
     fits = Understated({f"X-Tag-{i}": "v" for i in range(31)})  # with the Content-Type: 32
@@ -193,17 +197,97 @@ class Modest(str):
     __hash__ = str.__hash__
 
 
+class LowerCase(str):
+    """A header name whose ``lower()`` names a harmless header, whatever it spells."""
+
+    def lower(self) -> str:
+        return "x-harmless"
+
+
+class Short(str):
+    """A str that says it has ten characters."""
+
+    def __len__(self) -> int:
+        return 10
+
+
+SUBCLASSED = [
+    ({"X-A": Modest("v" * 5000)}, "header X-A: the value must be at most 4096 characters"),
+    ({"X-A": Modest("@@@SKIP_HEADER@@@")}, "the HTTP client's own marker"),
+    ({LowerCase("Authorization"): "Bearer t0ken-1"}, "header Authorization carries a credential"),
+]
+
+
 @pytest.mark.parametrize(
-    "value", [Modest("v" * 5000), Modest("@@@SKIP_HEADER@@@")], ids=["long", "skip-marker"]
+    ("headers", "said"), SUBCLASSED, ids=["long-value", "skip-marker", "credential-name"]
 )
-def test_a_header_value_of_a_str_subclass_is_checked_as_its_text(value, settings, callback_server):
-    """A subclass's ``len()`` and ``==`` decide ``check_headers``' length and marker checks:
-    a 5,000 character value (or urllib3's marker) was stored as its text, which the
-    delivery's own check of the row refuses: dead at the first attempt, nothing sent. The
-    stored request is now checked as the delivery reads it before it is written
-    (``check_scheduled``), which refuses it whatever the subclass says."""
+def test_a_header_of_a_str_subclass_is_checked_as_its_text_by_schedule_http_itself(
+    headers, said, settings, callback_server
+):
+    """A subclass's ``len()``, ``==`` and ``lower()`` decided ``check_headers``' checks:
+    its text passed ``build`` and was refused only by the stored request's check
+    (``check_scheduled``), whose message tells a ``schedule_http`` caller to "schedule
+    callbacks with schedule_http". Each is now read as its exact ``str`` first, so
+    ``schedule_http`` refuses it with its own message."""
     allow(settings, callback_server)
-    with pytest.raises(InvalidCallback) as refused:
-        schedule_http(callback_server.url(), in_=0, headers={"X-A": value})
+    with pytest.raises(InvalidCallback, match=said) as refused:
+        schedule_http(callback_server.url(), in_=0, headers=headers)
+    assert "schedule callbacks with schedule_http" not in str(refused.value)
     assert refused.value.field == "headers"
     assert not Job.objects.exists()
+
+
+def test_a_url_of_a_str_subclass_is_checked_as_its_text_by_schedule_http_itself(
+    settings, callback_server
+):
+    """A URL of 3,000 characters that says it has ten passed ``parse_url``'s length check
+    and was refused only by ``check_scheduled``; now by ``schedule_http``'s own check."""
+    allow(settings, callback_server)
+    given = Short(callback_server.url() + "?" + "a" * 3000)
+    with pytest.raises(Refused) as refused:
+        schedule_http(given, in_=0)
+    assert str(refused.value) == "the URL must have 1 to 2048 characters"
+    assert refused.value.rule == "url"
+    assert not Job.objects.exists()
+
+
+def test_requeue_refuses_a_dead_callback_whose_stored_url_is_refused_saying_why(settings):
+    """``check_requeue`` and ``check_scheduled`` read the row through one helper: a stored
+    URL refused for its form (``Refused``, not ``InvalidCallback``) escaped the requeue
+    bare, without the "would die again ... schedule a new callback" that a refused header
+    gets; now both say it."""
+    from tests.helpers import planted_callback
+
+    job = planted_callback({"method": "POST", "url": "http://user@127.0.0.1/"}, max_attempts=1)
+    burst()
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+    with pytest.raises(InvalidCallback, match=r"would die again.*user information") as refused:
+        job.requeue()
+    assert "schedule a new callback" in str(refused.value) and refused.value.field == "url"
+    job.refresh_from_db()
+    assert job.status == Status.DEAD
+
+
+def test_the_callback_action_is_scheduled_to_a_host_or_destination_not_allowed_yet(
+    settings, callback_server
+):
+    """The door checks only what the delivery refuses whatever the settings: the allowlist
+    and ``HTTP_DESTINATIONS`` may change before the job is due, so a host not in
+    ``HTTP_ALLOWED_HOSTS`` and a destination not configured are taken, and the attempt
+    refuses them under the settings of its time (nothing sent)."""
+    from django_delayjobs import schedule, schedule_many
+    from django_delayjobs.callbacks.action import deliver
+    from django_delayjobs.services import build_job
+
+    allow(settings, callback_server)  # 127.0.0.1:port only, and no destination
+    other_host = {"method": "POST", "url": callback_server.url(host="localhost")}
+    no_destination = {"method": "POST", "destination": "billing", "path": "/hook"}
+    one = schedule(deliver, in_=0, kwargs=other_host, max_attempts=1)
+    two = schedule(deliver, in_=0, kwargs=no_destination, max_attempts=1)
+    [three] = schedule_many([build_job(deliver, in_=0, kwargs=other_host, max_attempts=1)])
+    burst()
+    jobs = Job.objects.filter(pk__in=[one.pk, two.pk, three.pk])
+    assert {job.status for job in jobs} == {Status.DEAD}
+    assert callback_server.count() == 0
+    assert all("refused, nothing sent" in job.last_error for job in jobs)

@@ -40,13 +40,9 @@ def check_scheduled(action: str, kwargs: Any) -> None:
     no attempt sends, whatever the settings (``schedule(deliver, ...)``, ``build_job``):
     a credential header that job rows must never hold, a malformed request. Such a job
     died at its first attempt; ``schedule_http`` builds what the delivery takes."""
-    if action != ACTION:
-        return
-    try:
-        load(kwargs)
-    except InvalidSchedule as exc:  # InvalidCallback, or Refused for the URL's form
-        field = exc.field if isinstance(exc, InvalidCallback) else "url"
-        raise InvalidCallback(f"{exc}: schedule callbacks with schedule_http", field) from None
+    refused = _unsendable(kwargs) if action == ACTION else None
+    if refused is not None:
+        raise InvalidCallback(f"{refused}: schedule callbacks with schedule_http", refused.field)
 
 
 def check_requeue(action: str, kwargs: Any) -> None:
@@ -55,14 +51,25 @@ def check_requeue(action: str, kwargs: Any) -> None:
     requeued, it would die again at once, and a row's request cannot be edited."""
     if action != ACTION or not isinstance(kwargs, dict):  # a poison row's: its worker says
         return
+    refused = _unsendable(kwargs)
+    if refused is not None:
+        raise InvalidCallback(
+            f"its stored request is refused, whatever the settings, so it would die again "
+            f"at once, nothing sent: {refused}; schedule a new callback",
+            refused.field,
+        )
+
+
+def _unsendable(kwargs: Any) -> InvalidCallback | None:
+    """Why the delivery refuses the request ``kwargs`` store whatever the settings (as
+    ``load`` reads them at every attempt), or None."""
     try:
         load(kwargs)
     except InvalidCallback as exc:
-        raise InvalidCallback(
-            f"its stored request is refused, whatever the settings, so it would die again "
-            f"at once, nothing sent: {exc}; schedule a new callback",
-            exc.field,
-        ) from None
+        return exc
+    except InvalidSchedule as exc:  # Refused, for the URL's form
+        return InvalidCallback(str(exc), "url")
+    return None
 
 
 def client_installed() -> bool:

@@ -77,6 +77,9 @@ def check_headers(headers: object, *, secrets_allowed: bool = False) -> dict[str
     for name, value in items:
         if not isinstance(name, str) or not isinstance(value, str):
             raise TypeError(f"header {name!r}: names and values must be str")
+        # Read as the text that is stored and sent: a subclass's len(), == or lower() may
+        # say otherwise, and the delivery's check of the row would refuse it.
+        name, value = str.__str__(name), str.__str__(value)
         if not _NAME.fullmatch(name):
             raise InvalidHeader(f"header name {name!r} is not a legal HTTP token")
         if len(value) > MAX_VALUE_LENGTH or not _VALUE.fullmatch(value):

@@ -150,6 +150,7 @@ def split_url(url: object, config: HttpConfig | None) -> CallbackRequest:
     """Return a request with the URL part set: an absolute URL or ``destination:/path``."""
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, not {type(url).__name__}")
+    url = str.__str__(url)  # its text, as stored: a subclass's len() may say otherwise
     named = destination_named(url)
     if named:
         name, path = named
