@@ -7,6 +7,7 @@ import json
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -375,3 +376,42 @@ def planted_callback(stored: dict[str, Any], **options: Any) -> Any:
     Job.objects.filter(pk=job.pk).update(kwargs=stored)
     job.kwargs = stored
     return job
+
+
+class WritesLocked:
+    """The jobs' table locked against writes by another connection from ``hold()`` to
+    ``release()``; it still answers reads. A claim's ``UPDATE`` waits for it: on SQLite
+    for the whole database's write lock, and is refused past the busy timeout."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.holder: threading.Thread | None = None
+
+    def hold(self) -> None:
+        locked = threading.Event()
+
+        def hold() -> None:
+            if connection.vendor == "sqlite":
+                other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+                other.execute("BEGIN IMMEDIATE")
+            else:
+                import psycopg  # PostgreSQL's only
+
+                from django_delayjobs.models import Job
+
+                other = psycopg.connect(**connection.get_connection_params())
+                # Not the row alone: the claim skips a locked row (SKIP LOCKED) at once.
+                other.execute(f'LOCK TABLE "{Job._meta.db_table}" IN EXCLUSIVE MODE')
+            locked.set()
+            self.released.wait(60)
+            other.rollback()
+            other.close()
+
+        self.holder = threading.Thread(target=hold)
+        self.holder.start()
+        assert locked.wait(10)
+
+    def release(self) -> None:
+        self.released.set()
+        if self.holder is not None:
+            self.holder.join(10)

@@ -4,7 +4,6 @@ past its shutdown grace."""
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from django_delayjobs.management.commands.run_delayworker import Command
 from django_delayjobs.models import Job, Status
 from django_delayjobs.outcomes import SETTLED_SECONDS
 from django_delayjobs.worker import Backoff, Options, WorkerProcess
-from tests.helpers import age_rows, set_read_only, wait_for
+from tests.helpers import WritesLocked, age_rows, set_read_only, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,35 +80,6 @@ def test_a_burst_puts_back_the_jobs_whose_lease_redis_lost(own_jobs_redis, setti
 # -- 2. a database that answers reads but refuses writes --------------------------------------
 
 
-class WriteLock:
-    """SQLite's write lock, held by another connection from ``hold()`` to ``release()``:
-    the database answers reads (WAL mode) and refuses writes past the busy timeout."""
-
-    def __init__(self) -> None:
-        self.released = threading.Event()
-        self.holder: threading.Thread | None = None
-
-    def hold(self) -> None:
-        locked = threading.Event()
-
-        def hold() -> None:
-            other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
-            other.execute("BEGIN IMMEDIATE")
-            locked.set()
-            self.released.wait(60)
-            other.execute("COMMIT")
-            other.close()
-
-        self.holder = threading.Thread(target=hold)
-        self.holder.start()
-        assert locked.wait(10)
-
-    def release(self) -> None:
-        self.released.set()
-        if self.holder is not None:
-            self.holder.join(10)
-
-
 class ReadOnly:
     """PostgreSQL's new sessions made read-only from ``hold()`` to ``release()``, as on a
     standby: they answer reads and refuse writes."""
@@ -124,7 +94,7 @@ class ReadOnly:
 
 
 @pytest.fixture
-def refusal() -> Iterator[WriteLock | ReadOnly]:
+def refusal() -> Iterator[WritesLocked | ReadOnly]:
     """A database that answers reads and refuses writes while held: SQLite's write lock
     (the busy timeout of this process's connections made short), PostgreSQL read-only."""
     if connection.vendor == "postgresql":
@@ -138,7 +108,7 @@ def refusal() -> Iterator[WriteLock | ReadOnly]:
     saved = options.get("timeout")
     options["timeout"] = 0.2
     connections.close_all()
-    lock = WriteLock()
+    lock = WritesLocked()
     try:
         yield lock
     finally:
@@ -147,7 +117,7 @@ def refusal() -> Iterator[WriteLock | ReadOnly]:
         connections.close_all()
 
 
-def hand_back_one(process: WorkerProcess, lock: WriteLock | ReadOnly) -> None:
+def hand_back_one(process: WorkerProcess, lock: WritesLocked | ReadOnly) -> None:
     """Deliver a due job to ``process`` while the database refuses writes: handed back."""
     job = schedule(tasks.record, in_=0, args=["refused"])
     age_rows()  # a job the reconcile sweep re-adds counts as lost

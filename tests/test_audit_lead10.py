@@ -27,6 +27,15 @@ from tests.testapp import tasks
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def scraped(url: str) -> int:
+    """The status a scrape of ``url`` answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def test_scrapes_that_come_together_use_one_redis_connection(settings, redis_url, caplog):
     settings.DELAYJOBS = {**settings.DELAYJOBS, "REDIS_URL": f"{redis_url}?max_connections=1"}
     schedule(tasks.record, in_=0, args=["ready"])  # a ready job: its row is read too
@@ -34,12 +43,7 @@ def test_scrapes_that_come_together_use_one_redis_connection(settings, redis_url
     codes: list[int] = []
 
     def scrape() -> None:
-        url = f"http://127.0.0.1:{srv.port}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=30) as response:
-                codes.append(response.status)
-        except urllib.error.HTTPError as exc:
-            codes.append(exc.code)
+        codes.append(scraped(f"http://127.0.0.1:{srv.port}/metrics"))
 
     try:
         for _ in range(5):  # rounds of scrapes at once: each round overlaps, unserialized
@@ -87,11 +91,7 @@ def test_scrapes_queued_behind_a_frozen_redis_each_answer_and_the_port_recovers(
     codes: list[int] = []
 
     def scrape() -> None:
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                codes.append(response.status)
-        except urllib.error.HTTPError as exc:
-            codes.append(exc.code)
+        codes.append(scraped(url))
 
     try:
         began = time.monotonic()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from django_delayjobs import schedule, signals, sql
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import EventKind, Job, Status
 from django_delayjobs.worker import OVERRUN_SLACK
-from tests.helpers import set_read_only, start_worker, wait_for
+from tests.helpers import WritesLocked, set_read_only, start_worker, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Record
 
@@ -88,43 +87,6 @@ def test_an_overrun_whose_failure_the_database_refuses_is_left_to_its_lease(redi
 
 def status_of(job: Job) -> str:
     return Job.objects.filter(pk=job.pk).values_list("status", flat=True).get()
-
-
-class WritesLocked:
-    """The jobs' table locked against writes by another connection from ``hold()`` to
-    ``release()``: a claim's ``UPDATE`` waits for it (on SQLite for the whole database's
-    write lock, within the 30 s busy timeout of the test settings)."""
-
-    def __init__(self) -> None:
-        self.released = threading.Event()
-        self.holder: threading.Thread | None = None
-
-    def hold(self) -> None:
-        locked = threading.Event()
-
-        def hold() -> None:
-            if connection.vendor == "sqlite":
-                other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
-                other.execute("BEGIN IMMEDIATE")
-            else:
-                import psycopg
-
-                other = psycopg.connect(**connection.get_connection_params())
-                # Not the row alone: the claim skips a locked row (SKIP LOCKED) at once.
-                other.execute(f'LOCK TABLE "{Job._meta.db_table}" IN EXCLUSIVE MODE')
-            locked.set()
-            self.released.wait(60)
-            other.rollback()
-            other.close()
-
-        self.holder = threading.Thread(target=hold)
-        self.holder.start()
-        assert locked.wait(10)
-
-    def release(self) -> None:
-        self.released.set()
-        if self.holder is not None:
-            self.holder.join(10)
 
 
 def test_a_job_whose_claim_waits_past_the_grace_is_handed_back_not_left_to_its_lease(
