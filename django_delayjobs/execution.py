@@ -743,7 +743,7 @@ class Execution:
             row = Job.objects.filter(pk=job.pk).values_list("status", "attempts", "deliveries")
             if (found := row.first()) is None:
                 raise JobRowDeleted("the action deleted its own job row")
-            if self.landed(job, done, found):
+            if self.landed(job, done):
                 return None  # with its events, and its claim of the next job (run again)
             raise _Overtaken(found)
         events = [(job, _SUCCEEDED, self.actor, "\n".join(notes))]
@@ -786,19 +786,20 @@ class Execution:
         except DatabaseError as exc:
             if outside is None or outside.wrapper is not db:
                 raise
-            if not (outside.passing(exc) or self.cut(exc, db, ran_on)):
+            if not (self.cut(exc, db, ran_on) or outside.passing(exc)):
                 raise
             failure = exc
         give_up = time.monotonic() + OUTCOME_PATIENCE.total_seconds()
         while True:
             with contextlib.suppress(DatabaseError):
                 db.close()  # a lost one, or a standby's: the write opens a new one
+            ran_on = None
             try:
                 db.ensure_connection()
                 ran_on = db.connection
                 return write()
             except DatabaseError as exc:
-                if not (outside.passing(exc) or self.cut(exc, db, ran_on)):
+                if not (self.cut(exc, db, ran_on) or outside.passing(exc)):
                     raise
                 failure = exc
             if time.monotonic() >= give_up:
@@ -806,10 +807,11 @@ class Execution:
             time.sleep(OUTCOME_PAUSE.total_seconds())
 
     def cut(self, exc: DatabaseError, db: BaseDatabaseWrapper, ran_on: object) -> bool:
-        """Whether ``exc`` cut the connection the write ran on (``ran_on``) at its COMMIT:
-        Django then opened another at once (turning autocommit back on), which ``passing``
-        cannot tell from a sound one. Whether the COMMIT landed is unknown: the write is
-        tried again, and a row that holds this very outcome is this one (``landed``)."""
+        """Whether ``exc`` cut the connection the write ran on (``ran_on``): Django dropped
+        it, and at a COMMIT opened another at once (turning autocommit back on), which
+        ``passing`` cannot tell from a sound one. Whether a COMMIT landed is then unknown:
+        the write is tried again, and a row that holds this very outcome is this one
+        (``landed``)."""
         if not isinstance(exc, OperationalError | InterfaceError) or ran_on is None:
             return False
         if db.connection is ran_on:
@@ -817,11 +819,18 @@ class Execution:
         self.rewriting = True
         return True
 
-    def landed(self, job: Job, values: dict[str, Any], row: tuple[str, int, int]) -> bool:
-        """Whether ``row`` (status, attempt, delivery), which the fence did not match, is
-        this outcome as an earlier try committed it, its reply cut (``cut``): the same
-        status at this delivery of this attempt, which only this delivery writes."""
-        return self.rewriting and row == (values["status"], job.attempts, job.deliveries)
+    def landed(self, job: Job, values: dict[str, Any]) -> bool:
+        """Whether the row, which the fence did not match, holds this outcome as an
+        earlier try wrote it, its COMMIT cut (``cut``): the same status at this delivery of
+        this attempt, with this outcome's own times (the ``MAX_RUN_SECONDS`` watcher may
+        have failed the same attempt with its own)."""
+        if not self.rewriting:
+            return False
+        stamps = {name: values[name] for name in ("run_at", "finished_at") if name in values}
+        return Job.objects.filter(
+            pk=job.pk, status=values["status"], attempts=job.attempts,
+            deliveries=job.deliveries, **stamps,
+        ).exists()  # fmt: skip
 
     def changed_session(self) -> bool:
         """Whether the action left its database session with other settings than it found
@@ -978,10 +987,8 @@ class Execution:
                 if won:
                     for kind, message in events:
                         self.event(job, kind, message)
-                elif self.rewriting:  # an earlier try's COMMIT, cut, may have landed
-                    row = Job.objects.filter(pk=job.pk)
-                    found = row.values_list("status", "attempts", "deliveries").first()
-                    return found is not None and self.landed(job, values, found)
+                else:  # an earlier try's COMMIT, cut, may have landed
+                    return self.landed(job, values)
             return won
 
         try:

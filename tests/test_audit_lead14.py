@@ -120,14 +120,24 @@ def test_a_job_whose_claim_waits_past_the_grace_is_handed_back_not_left_to_its_l
 
 
 @contextlib.contextmanager
-def reply_lost_after(kinds: set[str]) -> Iterator[list[str]]:
+def reply_lost_after(kinds: set[str], reconnect_fails: bool) -> Iterator[list[str]]:
     """The first COMMIT of a transaction that wrote an event of ``kinds`` reaches the
     database, then its reply is lost: the connection closes and the worker meets the
-    error a network cut at that moment gives. The one fault made in this process: which
-    side of a COMMIT a cut falls on cannot be chosen on a real network."""
+    error a network cut at that moment gives, and with ``reconnect_fails`` the new
+    connection Django opens at once is refused too (a failover under way). The one fault
+    made in this process: which side of a COMMIT a cut falls on cannot be chosen on a
+    real network."""
     fired: list[str] = []
     pending = threading.local()
     insert_events, commit = sql.insert_events, BaseDatabaseWrapper._commit
+    connect = BaseDatabaseWrapper.connect
+    refuse = threading.local()
+
+    def refusing(self):  # type: ignore[no-untyped-def]
+        if getattr(refuse, "once", False):
+            refuse.once = False
+            raise OperationalError("could not connect to server: Connection refused")
+        return connect(self)
 
     def noting(events, cursor=None):  # type: ignore[no-untyped-def]
         events = list(events)
@@ -140,18 +150,23 @@ def reply_lost_after(kinds: set[str]) -> Iterator[list[str]]:
         if kind is not None and not fired:
             fired.append(kind)
             self.close()
+            refuse.once = reconnect_fails
             raise OperationalError("server closed the connection unexpectedly")
         return done
 
     with (
         mock.patch.object(sql, "insert_events", noting),
         mock.patch.object(BaseDatabaseWrapper, "_commit", cut),
+        mock.patch.object(BaseDatabaseWrapper, "connect", refusing),
     ):
         yield fired
 
 
+@pytest.mark.parametrize("reconnect_fails", [False, True], ids=["reconnected", "refused"])
 @pytest.mark.parametrize("fail", [False, True], ids=["success", "failure"])
-def test_a_non_atomic_outcome_whose_commit_landed_though_its_reply_was_lost(fail, caplog):
+def test_a_non_atomic_outcome_whose_commit_landed_though_its_reply_was_lost(
+    fail, reconnect_fails, caplog
+):
     """Django opens a new connection as soon as the COMMIT fails: the outcome was handed
     back (its signal never sent, the log saying the database was unavailable), or, once
     written again, read as a takeover. The row holds this very outcome: it is the outcome
@@ -166,7 +181,7 @@ def test_a_non_atomic_outcome_whose_commit_landed_though_its_reply_was_lost(fail
     job = schedule(tasks.outside_call, in_=0, args=["called", fail])
     kind = "failed" if fail else "succeeded"
     try:
-        with reply_lost_after({"succeeded", "failed"}) as fired:
+        with reply_lost_after({"succeeded", "failed"}, reconnect_fails) as fired:
             call_command("run_delayworker", "--burst", "-v", "0")
     finally:
         signals.job_succeeded.disconnect(received)

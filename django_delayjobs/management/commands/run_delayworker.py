@@ -330,8 +330,8 @@ class Command(SafeOutputCommand):
         if process.abandoned and not self.exits:
             running = process.running_ids()
             busy = (f"actions still ran (job(s) {', '.join(running)})" if running else
-                    "worker threads were still busy outside any action (a claim or an outcome "
-                    "waiting on the database)")  # fmt: skip
+                    "worker threads were still busy outside any action (a claim waiting on the "
+                    "database, say)")  # fmt: skip
             raise CommandError(
                 f"{busy} when the shutdown grace ended: called in-process, the worker leaves "
                 "them running in this process with their leases no longer extended, so "
