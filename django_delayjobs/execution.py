@@ -435,6 +435,8 @@ class Execution:
         #: Whether an earlier try of this outcome may have committed (its connection was
         #: cut at COMMIT): a row that holds this very outcome is then that try's.
         self.rewriting = False
+        #: The next job as this outcome's last try claimed it (``claim_ahead``), if it did.
+        self.ahead: Job | None = None
         #: The connection the job started on, once claimed (to see its session changed).
         self.connection: Connection | None = None
         #: This thread's connection to the jobs' database (Django's wrapper).
@@ -744,10 +746,10 @@ class Execution:
             if (found := row.first()) is None:
                 raise JobRowDeleted("the action deleted its own job row")
             if self.landed(job, done):
-                return None  # with its events, and its claim of the next job (run again)
+                return self.landed_ahead()  # with its events
             raise _Overtaken(found)
         events = [(job, _SUCCEEDED, self.actor, "\n".join(notes))]
-        claimed = self.claim_ahead()
+        claimed = self.ahead = self.claim_ahead()
         if claimed is not None:
             message = self.started_message(claimed)
             events.append((claimed, _STARTED, self.actor, message))
@@ -831,6 +833,17 @@ class Execution:
             pk=job.pk, status=values["status"], attempts=job.attempts,
             deliveries=job.deliveries, **stamps,
         ).exists()  # fmt: skip
+
+    def landed_ahead(self) -> Job | None:
+        """The next job as the landed outcome transaction claimed it, if it did: that
+        claim is its delivery (claimed again, it would count a second one, with a second
+        ``started`` event). The row tells: still running that very delivery."""
+        ahead = self.ahead
+        if ahead is None:
+            return None
+        held = Job.objects.filter(pk=ahead.pk, status=Status.RUNNING, attempts=ahead.attempts,
+                                  deliveries=ahead.deliveries)  # fmt: skip
+        return ahead if held.exists() else None
 
     def changed_session(self) -> bool:
         """Whether the action left its database session with other settings than it found

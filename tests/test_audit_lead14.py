@@ -197,3 +197,20 @@ def test_a_non_atomic_outcome_whose_commit_landed_though_its_reply_was_lost(
         pending = engine.keys(engine.home("default", str(job.pk))).pending
         score = engine.client.zscore(pending, str(job.pk))
         assert score is not None and abs(score - job.run_at.timestamp() * 1000) < 2
+
+
+def test_a_claim_ahead_whose_commit_landed_though_its_reply_was_lost_is_not_claimed_again():
+    """The outcome transaction that landed also claimed the next job of the batch: that
+    claim is the next job's delivery. Claimed again, it would be counted as a second
+    delivery of its attempt, with a second ``started`` event."""
+    first = schedule(tasks.outside_call, at=timezone.now() - timedelta(seconds=1),
+                     args=["first", False])  # fmt: skip
+    second = schedule(tasks.outside_call, in_=0, args=["second", False])
+    with reply_lost_after({"succeeded"}, reconnect_fails=False) as fired:
+        call_command("run_delayworker", "--burst", "-v", "0")
+    assert fired == ["succeeded"]
+    for job in (first, second):
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.deliveries) == (Status.SUCCEEDED, 1, 1)
+        assert job.events.filter(kind=EventKind.STARTED).count() == 1
+    assert Record.objects.filter(label="second").count() == 1
