@@ -258,9 +258,11 @@ class WorkerProcess:
         self.stopped = threading.Event()  # everything is done
         self.fatal: str | None = None  # why the process must exit non-zero
         self.signalled = False  # a stop signal was received: the next one exits at once
-        # Actions still ran when the grace ended, left to their leases: the process must
-        # exit now, whatever else would hold it up (see run_delayworker's run_from_argv).
+        # Worker threads were still busy when the grace ended, left behind: the process
+        # must exit now, whatever else would hold it up (see run_delayworker's
+        # run_from_argv). ``left_running``: the jobs whose actions still ran then.
         self.abandoned = False
+        self.left_running: list[str] = []
         self.stats = Stats()
         self.broken = BrokenKeys()  # one report per broken key, whichever thread meets it
         self.promoter = Promoter(engine, options.queues, tick=options.tick, stop=self.stopping,
@@ -337,6 +339,7 @@ class WorkerProcess:
             if any(t.is_alive() for t in self.workers):
                 self.abandoned = True
                 if running := self.running_ids():
+                    self.left_running = running
                     logger.warning("actions still running after %s s; leaving them to their "
                                    "lease (job(s) %s)", grace, ", ".join(running))  # fmt: skip
                 else:  # stuck outside any action: a claim, a burst's put_back

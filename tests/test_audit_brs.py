@@ -181,3 +181,34 @@ def test_an_in_process_worker_that_leaves_an_action_running_raises(settings, tmp
         wait_for(lambda: status(job) == Status.SUCCEEDED)
     assert len(raised) == 1 and isinstance(raised[0], CommandError), raised
     assert str(job.pk) in str(raised[0])
+
+
+def test_an_in_process_worker_whose_claim_waits_past_its_grace_says_so(settings):
+    """Stopped while its only worker thread's claim waits on the database, the command
+    raises without calling that claim a running action: the job never started, and was
+    handed back."""
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "SHUTDOWN_GRACE_SECONDS": 0.5}
+    engine = get_engine()
+    job = schedule(tasks.record, in_=3600, args=["held"])
+    lock = WritesLocked()
+    command = Command()
+    thread, raised = in_a_thread(lambda: call_command(command, "--concurrency", "1", "-v", "0"))
+    try:
+        wait_for(lambda: engine.stats("default").live_workers == 1)
+        lock.hold()
+        assert engine.reschedule("default", str(job.pk), 0)  # due now, in Redis alone
+        wait_for(lambda: engine.stats("default").in_flight == 1)
+        time.sleep(0.3)  # the claim is sent, and waits on the lock
+        assert command.process is not None
+        command.process.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+        stats = engine.stats("default")
+        assert (stats.in_flight, stats.pending + stats.ready) == (0, 1), stats
+    finally:
+        lock.release()
+        for left in command.process.workers if command.process else []:
+            left.join(30)  # its claim lands, and it runs the job here: done before the next test
+    assert len(raised) == 1 and isinstance(raised[0], CommandError), raised
+    message = str(raised[0])
+    assert "busy outside any action" in message and "actions still ran" not in message

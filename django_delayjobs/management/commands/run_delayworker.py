@@ -328,14 +328,19 @@ class Command(SafeOutputCommand):
             if server is not None:
                 server.close()
         if process.abandoned and not self.exits:
-            running = process.running_ids()
-            busy = (f"actions still ran (job(s) {', '.join(running)})" if running else
-                    "worker threads were still busy outside any action (a claim waiting on the "
-                    "database, say)")  # fmt: skip
+            if running := process.left_running:
+                busy = (
+                    f"actions still ran (job(s) {', '.join(running)}) when the shutdown "
+                    "grace ended: called in-process, the worker leaves them running"
+                )
+            else:  # what it was waiting for was handed back
+                busy = ("worker threads were still busy outside any action (a claim waiting "
+                        "on the database, say) when the shutdown grace ended: called "
+                        "in-process, the worker leaves them waiting, and a claim that lands "
+                        "runs its action")  # fmt: skip
             raise CommandError(
-                f"{busy} when the shutdown grace ended: called in-process, the worker leaves "
-                "them running in this process with their leases no longer extended, so "
-                "another worker may run the same jobs beside them"
+                f"{busy} in this process with no lease extended, so another worker may run "
+                "the same jobs beside them"
             )
         if verbosity:
             self.stdout.write(f"delayjobs {process.id}: stopped ({process.stats.line()})")
