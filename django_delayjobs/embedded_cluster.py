@@ -149,7 +149,7 @@ class EmbeddedCluster:
             for node in self.nodes:
                 self._wait_answers(node, timeout)
             self._create(timeout)
-            self.wait_healthy(timeout)
+            self._wait_healthy(timeout)
         except BaseException:
             self.close()
             raise
@@ -212,7 +212,7 @@ class EmbeddedCluster:
             return
         self._spawn(node)
         self._wait_answers(node, timeout)
-        self.wait_healthy(timeout)
+        self._wait_healthy(timeout)
 
     def stop(self) -> None:
         """Stop every node by pid (SIGTERM, then SIGKILL after 5 s)."""
@@ -289,7 +289,10 @@ class EmbeddedCluster:
     def wait_healthy(self, timeout: float = 60.0) -> None:
         """Wait until every running node says the cluster is ok, every slot is served,
         there are ``masters`` masters, and every replica's link to its master is up."""
-        deadline = time.monotonic() + seconds(timeout)
+        self._wait_healthy(seconds(timeout))
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         while not self._healthy():
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster did not become healthy:\n"
