@@ -835,15 +835,21 @@ class Execution:
         ).exists()  # fmt: skip
 
     def landed_ahead(self) -> Job | None:
-        """The next job as the landed outcome transaction claimed it, if it did: that
-        claim is its delivery (claimed again, it would count a second one, with a second
-        ``started`` event). The row tells: still running that very delivery."""
+        """The next job as the landed outcome transaction claimed it, if it did and this
+        worker still holds it (``then``): that claim is its delivery (claimed again, it
+        would count a second one, with a second ``started`` event). Started now: the claim
+        may be as old as ``OUTCOME_PATIENCE``, and its start tells others when they may
+        take it over. Only while the row still runs that very delivery."""
         ahead = self.ahead
-        if ahead is None:
+        if ahead is None or self.then is None or self.then() != str(ahead.pk):
             return None
+        now = timezone.now()
         held = Job.objects.filter(pk=ahead.pk, status=Status.RUNNING, attempts=ahead.attempts,
-                                  deliveries=ahead.deliveries)  # fmt: skip
-        return ahead if held.exists() else None
+                                  deliveries=ahead.deliveries, worker=ahead.worker)  # fmt: skip
+        if not held.update(started_at=now):
+            return None
+        ahead.started_at = now
+        return ahead
 
     def changed_session(self) -> bool:
         """Whether the action left its database session with other settings than it found

@@ -198,7 +198,7 @@ def test_an_in_process_worker_whose_claim_waits_past_its_grace_says_so(settings)
         lock.hold()
         assert engine.reschedule("default", str(job.pk), 0)  # due now, in Redis alone
         wait_for(lambda: engine.stats("default").in_flight == 1)
-        time.sleep(0.3)  # the claim is sent, and waits on the lock
+        time.sleep(0.5)  # the claim is sent, and waits on the lock
         assert command.process is not None
         command.process.stop()
         thread.join(30)
@@ -208,7 +208,7 @@ def test_an_in_process_worker_whose_claim_waits_past_its_grace_says_so(settings)
     finally:
         lock.release()
         for left in command.process.workers if command.process else []:
-            left.join(30)  # its claim lands, and it runs the job here: done before the next test
+            left.join(30)  # its claim ends (the job is not due): done before the next test
     assert len(raised) == 1 and isinstance(raised[0], CommandError), raised
     message = str(raised[0])
     assert "busy outside any action" in message and "actions still ran" not in message

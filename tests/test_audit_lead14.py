@@ -7,7 +7,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from unittest import mock
 
@@ -15,10 +15,12 @@ import pytest
 from django.core.management import call_command
 from django.db import OperationalError, connection
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import F
 from django.utils import timezone
 
 from django_delayjobs import schedule, signals, sql
 from django_delayjobs.connection import get_engine
+from django_delayjobs.execution import Execution
 from django_delayjobs.models import EventKind, Job, Status
 from django_delayjobs.worker import OVERRUN_SLACK
 from tests.helpers import WritesLocked, set_read_only, start_worker, wait_for
@@ -120,11 +122,14 @@ def test_a_job_whose_claim_waits_past_the_grace_is_handed_back_not_left_to_its_l
 
 
 @contextlib.contextmanager
-def reply_lost_after(kinds: set[str], reconnect_fails: bool) -> Iterator[list[str]]:
+def reply_lost_after(
+    kinds: set[str], reconnect_fails: bool, meanwhile: Callable[[], object] = lambda: None
+) -> Iterator[list[str]]:
     """The first COMMIT of a transaction that wrote an event of ``kinds`` reaches the
     database, then its reply is lost: the connection closes and the worker meets the
     error a network cut at that moment gives, and with ``reconnect_fails`` the new
-    connection Django opens at once is refused too (a failover under way). The one fault
+    connection Django opens at once is refused too (a failover under way); ``meanwhile``
+    runs between the COMMIT and the error (another worker's write). The one fault
     made in this process: which side of a COMMIT a cut falls on cannot be chosen on a
     real network."""
     fired: list[str] = []
@@ -150,6 +155,7 @@ def reply_lost_after(kinds: set[str], reconnect_fails: bool) -> Iterator[list[st
         if kind is not None and not fired:
             fired.append(kind)
             self.close()
+            meanwhile()
             refuse.once = reconnect_fails
             raise OperationalError("server closed the connection unexpectedly")
         return done
@@ -199,18 +205,39 @@ def test_a_non_atomic_outcome_whose_commit_landed_though_its_reply_was_lost(
         assert score is not None and abs(score - job.run_at.timestamp() * 1000) < 2
 
 
-def test_a_claim_ahead_whose_commit_landed_though_its_reply_was_lost_is_not_claimed_again():
+@pytest.mark.parametrize("taken_over", [False, True], ids=["held", "taken-over"])
+def test_a_claim_ahead_whose_commit_landed_though_its_reply_was_lost(taken_over):
     """The outcome transaction that landed also claimed the next job of the batch: that
-    claim is the next job's delivery. Claimed again, it would be counted as a second
-    delivery of its attempt, with a second ``started`` event."""
+    claim is the next job's delivery. Claimed again, it was counted as a second delivery
+    of its attempt, with a second ``started`` event. Unless another delivery has taken
+    the row over meanwhile: then it is not run here."""
     first = schedule(tasks.outside_call, at=timezone.now() - timedelta(seconds=1),
                      args=["first", False])  # fmt: skip
     second = schedule(tasks.outside_call, in_=0, args=["second", False])
-    with reply_lost_after({"succeeded"}, reconnect_fails=False) as fired:
+    ahead: list[object] = []
+    claim_ahead = Execution.claim_ahead
+
+    def spied(self):  # type: ignore[no-untyped-def]
+        ahead.append(claimed := claim_ahead(self))
+        return claimed
+
+    def take_over() -> None:  # as another worker's claim would, on its own connection
+        Job.objects.filter(pk=second.pk).update(deliveries=F("deliveries") + 1, worker="other")
+
+    with (
+        mock.patch.object(Execution, "claim_ahead", spied),
+        reply_lost_after({"succeeded"}, False, take_over if taken_over else lambda: None) as fired,
+    ):
         call_command("run_delayworker", "--burst", "-v", "0")
     assert fired == ["succeeded"]
-    for job in (first, second):
-        job.refresh_from_db()
-        assert (job.status, job.attempts, job.deliveries) == (Status.SUCCEEDED, 1, 1)
-        assert job.events.filter(kind=EventKind.STARTED).count() == 1
-    assert Record.objects.filter(label="second").count() == 1
+    assert [getattr(job, "pk", None) for job in ahead[:1]] == [second.pk]  # claimed ahead
+    first.refresh_from_db()
+    assert (first.status, first.attempts, first.deliveries) == (Status.SUCCEEDED, 1, 1)
+    second.refresh_from_db()
+    assert second.events.filter(kind=EventKind.STARTED).count() == 1
+    if taken_over:  # left to the delivery that holds it
+        assert (second.status, second.deliveries, second.worker) == (Status.RUNNING, 2, "other")
+        assert not Record.objects.filter(label="second").exists()
+    else:
+        assert (second.status, second.attempts, second.deliveries) == (Status.SUCCEEDED, 1, 1)
+        assert Record.objects.filter(label="second").count() == 1
