@@ -4,10 +4,17 @@ database, the port's own HTTP server)."""
 
 from __future__ import annotations
 
-import pytest
-from django.test import Client
+import time
 
-from tests.test_metrics import TOKEN, get, parser, user
+import pytest
+from django.test import Client, override_settings
+
+from django_delayjobs.connection import get_engine
+from django_delayjobs.engine import EngineUnavailable
+from django_delayjobs.metrics import store
+from django_delayjobs.metrics.recorder import Recorder
+from django_delayjobs.outcomes import Outcome
+from tests.test_metrics import TOKEN, get, parser, result, user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,3 +46,61 @@ def test_a_project_that_requires_logins_still_answers_the_scrapers_token(login_w
     clerk = Client()
     clerk.force_login(user("clerk", staff=False))
     assert get(clerk).status_code == 403
+
+
+def test_a_queue_whose_counters_cannot_be_read_still_has_its_outcomes_written(redis_client):
+    """Once a minute a flush snapshots the engine's ``added``/``removed`` counters of each
+    queue for the charts, read before the queue's MULTI/EXEC; when that read failed (a
+    counters key of another program's type; on a Redis Cluster, the master of one shard
+    of a sharded queue down while the queue's own master answers) the queue's outcomes
+    were not written either, and since its snapshot was then still due, neither were
+    they at any later flush: none reached the scrape until the counters could be read
+    again, and a worker that stopped meanwhile lost them all. The outcomes are written;
+    only the snapshot waits for the next flush."""
+    engine = get_engine()
+    redis_client.set(engine.keys("default").counters, "another program's")
+    recorder = Recorder()
+    now = time.time()
+    recorder.record("default", result(Outcome.SUCCEEDED), now=now)
+    with pytest.raises(EngineUnavailable):
+        recorder.flush(engine, ["default"], now=now)
+    assert store.totals(engine, ["default"])["default"].get("jobs:succeeded") == 1
+    minute = int(now // 60)
+    assert store.minutes(engine, "default", minute, minute)[minute].get("jobs:succeeded") == 1
+    with pytest.raises(EngineUnavailable):  # the snapshot is due still, not the count
+        recorder.flush(engine, ["default"], now=now)
+    assert store.totals(engine, ["default"])["default"].get("jobs:succeeded") == 1
+    redis_client.delete(engine.keys("default").counters)
+    recorder.flush(engine, ["default"], now=now)  # the snapshot, taken now
+    assert "snap:added" in store.minutes(engine, "default", minute, minute)[minute]
+    assert store.totals(engine, ["default"])["default"].get("jobs:succeeded") == 1
+
+
+@pytest.mark.cluster
+def test_a_sharded_queues_outcomes_are_written_while_one_shards_master_is_down(on_lonely):
+    """The Cluster case of the test above: a queue split into shards, the master of one
+    of its shards down, the master of its own hash tag (its metrics keys) up. Its workers
+    go on running the jobs of the other shards, and their outcomes must reach the scrape
+    (the queue is marked unreadable, but not lost when the worker stops)."""
+    from tests.test_audit_cls3 import PREFIX, node, owner, settings_for
+
+    cluster, client = on_lonely
+    queue = "s0"
+    with override_settings(DELAYJOBS=settings_for(cluster, QUEUE_SHARDS={queue: 6})):
+        engine = get_engine()
+        home = owner(client, store.totals_key(engine, queue))
+        away = {engine.node_of(shard) for shard in engine.shards(queue)} - {home}
+        assert away, "every shard on one master"
+        victim = node(cluster, sorted(away)[0])
+        assert owner(client, f"{{{PREFIX}:{queue}}}:pending") == home
+        recorder = Recorder()
+        now = time.time()
+        recorder.record(queue, result(Outcome.SUCCEEDED), now=now)
+        cluster.kill(victim)
+        try:
+            with pytest.raises(EngineUnavailable):
+                recorder.flush(engine, [queue], now=now)
+            written = store.totals(engine, [queue])[queue]
+        finally:
+            cluster.restart(victim)
+        assert written.get("jobs:succeeded") == 1
