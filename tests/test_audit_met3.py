@@ -4,6 +4,11 @@ database, the port's own HTTP server)."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -104,3 +109,50 @@ def test_a_sharded_queues_outcomes_are_written_while_one_shards_master_is_down(o
         finally:
             cluster.restart(victim)
         assert written.get("jobs:succeeded") == 1
+
+
+#: A process that serves the metrics port, uses up its file descriptors, prints the port,
+#: waits for a line (a client has connected) and prints the CPU seconds of the next one.
+OUT_OF_DESCRIPTORS = """
+import os, resource, sys, time
+import django
+django.setup()
+from django_delayjobs.metrics.server import MetricsServer
+server = MetricsServer("127.0.0.1", 0).start()
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+held = []
+try:
+    while True:
+        held.append(open(os.devnull))
+except OSError:
+    pass
+print(server.port, flush=True)
+sys.stdin.readline()
+time.sleep(0.2)
+cpu = time.process_time()
+time.sleep(1.0)
+print(time.process_time() - cpu, flush=True)
+"""
+
+
+def test_the_metrics_port_does_not_spin_when_the_process_is_out_of_file_descriptors():
+    """A connection that the worker process cannot accept (no file descriptor left: an
+    action that leaks them, a low ``ulimit -n``) stays pending, so the listening socket is
+    ready again at once, and the port's thread retried the accept in a loop at a full
+    core (0.94 CPU seconds a second), holding the GIL from the worker's threads, which
+    then ran their jobs slower. It pauses between tries now."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    root = pathlib.Path(__file__).resolve().parent.parent
+    command = [sys.executable, "-c", OUT_OF_DESCRIPTORS]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+    with subprocess.Popen(command, cwd=root, env=env, text=True, **pipes) as child:
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            port = int(child.stdout.readline())
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                child.stdin.write("connected\n")
+                child.stdin.flush()
+                cpu = float(child.stdout.readline())
+        finally:
+            child.kill()
+    assert cpu < 0.3, f"{cpu:.2f} CPU seconds in 1 s"
