@@ -131,16 +131,17 @@ class Recorder:
         tallies = {k: t for k, t in self.take().items() if k[1] is None or k[1] > minute - history}
         snap = [q for q in queues if self.snapped.get(q) != minute]
         written: set[str] = set()
+        snapped: set[str] = set()
         refused: store.Increments = {}
         try:
             store.write(engine, tallies, snap, minute, ttl=history * 60 + 120, written=written,
-                        refused=refused)  # fmt: skip
+                        refused=refused, snapped=snapped)  # fmt: skip
         finally:
             # Only the queues not written, and what Redis refused of the others: the rest
             # is in Redis already, and giving it back would add it again at every flush.
             self.give_back({k: t for k, t in tallies.items() if k[0] not in written})
             self.give_back(refused)
-            for queue in written.intersection(snap):
+            for queue in snapped:
                 self.snapped[queue] = minute
 
 

@@ -11,6 +11,7 @@ client that sends nothing must not hold the worker's threads and file descriptor
 
 from __future__ import annotations
 
+import errno
 import io
 import ipaddress
 import logging
@@ -42,6 +43,8 @@ REQUEST_TIMEOUT_SECONDS = 10.0
 #: Connections served at once; more are closed as soon as they are accepted, rather than
 #: each taking a thread and a file descriptor the worker needs for its own connections.
 MAX_CONNECTIONS = 8
+#: The pause after a connection could not be accepted for want of file descriptors.
+ACCEPT_PAUSE_SECONDS = 0.1
 #: Scrapes read Redis (and the database) one at a time: the worker's pool check counts one
 #: connection for this port (``preflight.check_pool``), and each reading scrape holds one.
 _READING = threading.Lock()
@@ -53,7 +56,22 @@ class _Server(ThreadingMixIn, WSGIServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.refused_at = -math.inf  # when a refusal was last logged (one a minute)
+        self.failed_at = -math.inf  # when a failed accept was last logged (one a minute)
         super().__init__(*args, **kwargs)
+
+    def get_request(self) -> Any:
+        """Accept a connection. One that cannot be (the process is out of file descriptors)
+        stays pending, so the listening socket is ready again at once: without a pause the
+        thread spun at a full core, holding the GIL the worker's threads need."""
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                if time.monotonic() - self.failed_at >= 60:
+                    self.failed_at = time.monotonic()
+                    logger.warning("metrics: cannot accept a connection (%s)", exc)
+                time.sleep(ACCEPT_PAUSE_SECONDS)
+            raise
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False):

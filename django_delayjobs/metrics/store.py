@@ -1,8 +1,9 @@
 """The metrics' Redis layout (see ``layout``): writes from the recorder, reads for the
 Prometheus exposition and the admin charts. Pure redis-py, through the engine's client.
 
-Each flush writes one queue in one MULTI/EXEC (its keys share the queue's hash tag, so
-this also works per slot on Redis Cluster). A minute's hash expires ``ttl`` seconds
+Each flush writes one queue in one MULTI/EXEC, and once a minute its snapshot of the
+engine counters in another (its keys share the queue's hash tag, so this also works per
+slot on Redis Cluster). A minute's hash expires ``ttl`` seconds
 after its last write; the running totals never expire (Prometheus counters handle the
 reset that a Redis which lost its data brings).
 """
@@ -63,14 +64,18 @@ def write(
     ttl: int,
     written: set[str],
     refused: Increments | None = None,
+    snapped: set[str] | None = None,
 ) -> None:
     """Add the tallies; give ``minute`` of each queue in ``snapshot`` its snapshot of the
-    engine counters unless one is there already. Each queue goes into ``written`` once its
-    MULTI/EXEC has run. Redis runs every command of an EXEC but those it refuses (a key of
-    the wrong type, another program's): their increments go into ``refused``, the rest are
-    written, then the refusal is raised. A queue whose master (or one of whose shards'
-    masters) cannot be reached does not stop the others: they are written, then the
-    failure is raised (on one Redis that does not answer, the others are not tried)."""
+    engine counters unless one is there already. Each queue goes into ``written`` once the
+    MULTI/EXEC of its tallies has run, and into ``snapped`` once its snapshot's has: the
+    tallies go first, so counters that cannot be read (a shard's master down, a key of
+    another program's type) hold back only the snapshot, and a master that does not
+    answer is waited for once. Redis runs every command of an EXEC but those it refuses (a
+    key of the wrong type, another program's): their increments go into ``refused``, the
+    rest are written, then the refusal is raised. A queue whose master (or one of whose
+    shards' masters) cannot be reached does not stop the others: they are written, then
+    the failure is raised (on one Redis that does not answer, the others are not tried)."""
     by_queue: dict[str, list[tuple[int | None, Mapping[str, float]]]] = defaultdict(list)
     for (queue, at), tally in tallies.items():
         by_queue[queue].append((at, tally))
@@ -79,9 +84,22 @@ def write(
     each = PerShard(one_server=not engine.is_cluster)
     for queue in each.until_down(sorted(set(by_queue) | set(snapshot))):
         with each.attempt():
-            counters = _counters(engine, queue) if queue in snapshot else None
-            _write_queue(engine, queue, by_queue.get(queue, []), counters, minute, ttl,
-                         written, {} if refused is None else refused)  # fmt: skip
+            refusals = {} if refused is None else refused
+            partly: EngineUnavailable | None = None  # Redis ran the EXEC, refused some
+            if queue in by_queue:
+                try:
+                    _write_queue(engine, queue, by_queue[queue], None, minute, ttl, written,
+                                 refusals)  # fmt: skip
+                except EngineUnavailable as exc:
+                    if queue not in written:
+                        raise  # not run: the snapshot would wait for the same master
+                    partly = exc
+            if queue in snapshot:
+                counters = _counters(engine, queue)
+                _write_queue(engine, queue, [], counters, minute, ttl,
+                             set() if snapped is None else snapped, refusals)  # fmt: skip
+            if partly is not None:
+                raise partly
     each.check()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from django.contrib.auth.decorators import login_not_required
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
@@ -28,6 +29,9 @@ def _text(status: int, body: str) -> HttpResponse:
     return HttpResponse(body + "\n", status=status, content_type="text/plain; charset=utf-8")
 
 
+# Its own access control (token or staff user): a project's LoginRequiredMiddleware
+# must not send Prometheus, token in hand, to the login page.
+@login_not_required
 @never_cache
 @require_safe
 def metrics(request: HttpRequest) -> HttpResponse:
