@@ -3,9 +3,9 @@ Prometheus exposition and the admin charts. Pure redis-py, through the engine's 
 
 Each flush writes one queue in one MULTI/EXEC, and once a minute its snapshot of the
 engine counters in another (its keys share the queue's hash tag, so this also works per
-slot on Redis Cluster). A minute's hash expires ``ttl`` seconds
-after its last write; the running totals never expire (Prometheus counters handle the
-reset that a Redis which lost its data brings).
+slot on Redis Cluster). A minute's hash expires ``ttl`` seconds after its last write; the
+running totals never expire (Prometheus counters handle the reset that a Redis which
+lost its data brings).
 """
 
 from __future__ import annotations
