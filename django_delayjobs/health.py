@@ -1,16 +1,18 @@
 """Health checks of a deployment, shared by ``manage.py delayjobs_health`` and the
 ``health/`` view.
 
-Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``DEL`` of a key that
-does not exist, per master), two ``SELECT`` for the database (one a primary-key lookup; on
-SQLite also an ``UPDATE`` that matches no row), and per queue one stats script call
-(counts of sorted sets, no scan) plus at most one query by primary keys (the due time of
-the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read``).
+Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``SETRANGE`` of
+nothing on a key that does not exist, per master), two ``SELECT`` for the database (one a
+primary-key lookup; on SQLite also an ``UPDATE`` that matches no row), and per queue one
+stats script call (counts of sorted sets, no scan) plus at most one query by primary
+keys (the due time of the oldest ready job, as for the metrics, waited for at most 5 s:
+``bounded.read``).
 
 - ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
-  not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
-  (``MISCONF``) and not short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it
-  answers those to every write, so to the check's ``DEL`` of a key that does not exist.
+  not a replica, not at ``maxmemory`` with ``noeviction`` (nor with a ``volatile-*``
+  policy and nothing to evict: ``OOM``), not unable to persist (``MISCONF``) and not
+  short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it answers those to every
+  write, so to the check's ``SETRANGE`` of nothing (which changes nothing).
   On a Cluster, a master that does not answer while others do fails it (named), and the
   checks of each queue with a key on that master fail without asking it again; the
   queues on the other masters are checked as usual (one Redis that does not answer fails
