@@ -8,7 +8,9 @@ stats script call (counts of sorted sets, no scan) plus at most one query by pri
 keys (the due time of the oldest ready job, as for the metrics, waited for at most 5 s:
 ``bounded.read``).
 
-- ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
+- ``redis``: the client has a socket timeout (else it fails without asking Redis, and
+  the queue checks with it: a Redis that stops answering would hold the check for good),
+  Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
   not a replica, not at ``maxmemory`` with ``noeviction`` (nor with a ``volatile-*``
   policy and nothing to evict: ``OOM``), not unable to persist (``MISCONF``) and not
   short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it answers those to every
@@ -54,6 +56,7 @@ from django.views.decorators.http import require_safe
 from . import bounded, sql
 from .engine import DelayJobsError, EngineUnavailable, validate_name
 from .engine.errors import PartlyUnavailable, unreachable
+from .engine.waiting import socket_timeout
 from .models import Job
 from .numbers import decimal_number, whole_number
 
@@ -67,6 +70,15 @@ MAX_OVERDUE = 366 * 86_400.0
 MAX_WORKERS = 100_000
 MAX_GARBAGE = 10**12
 DEFAULT_MAX_OVERDUE = 60.0
+#: Why ``redis`` fails, without asking, for a client whose connections have no socket
+#: timeout: a Redis that stops answering (frozen, or cut off with no reset) would hold the
+#: probe, or the web worker serving ``health/``, for good.
+NO_SOCKET_TIMEOUT = (
+    "not asked: the Redis client has no socket timeout, so a Redis that stops answering "
+    "would hold this check for good (run_delayworker refuses it too). Give it one, 1 to "
+    "5 s (the SOCKET_TIMEOUT of the CACHE_ALIAS cache's OPTIONS, or socket_timeout in its "
+    "CONNECTION_POOL_KWARGS)"
+)
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,9 @@ def parse_count(text: str, high: int) -> int:
 
 def run(engine: Engine, limits: Limits) -> list[Check]:
     """Run every check; never raises for an unreachable Redis or database."""
+    if socket_timeout(engine.client) is None:  # not asked: it could hold the check for good
+        redis = Check("redis", False, NO_SOCKET_TIMEOUT)
+        return without_redis(redis, limits, "not checked: the Redis client has no socket timeout")
     down: dict[str, str] = {}  # the masters of a Cluster that do not answer, with why
     redis, reachable = check_redis(engine, down)
     if not reachable:
@@ -164,9 +179,10 @@ def _on_masters_down(engine: Engine, queue: str, down: dict[str, str]) -> str | 
     return f"unavailable: a key of it is on master {address}, which does not answer ({why})"
 
 
-def without_redis(redis: Check, limits: Limits) -> list[Check]:
-    """Every check when Redis does not answer (``redis`` says why): the queue checks fail."""
-    return [redis, check_database(), *_failed(limits.queues, limits, "Redis is unavailable")]
+def without_redis(redis: Check, limits: Limits, why: str = "Redis is unavailable") -> list[Check]:
+    """Every check when Redis does not answer (``redis`` says why), or is not asked: the
+    queue checks fail."""
+    return [redis, check_database(), *_failed(limits.queues, limits, why)]
 
 
 def _failed(queues: Sequence[str], limits: Limits, why: str) -> list[Check]:

@@ -1,14 +1,22 @@
 """Audit of the health check (``delayjobs_health`` and the ``health/`` view): a Redis
-that is full with an evicting policy and nothing left to evict."""
+that is full with an evicting policy and nothing left to evict, and a Redis client with
+no socket timeout on a Redis that stops answering."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from typing import Any
 
 import pytest
 import redis
+from django.test import Client
+from django_redis.pool import ConnectionFactory
 
-from django_delayjobs.connection import get_engine
+from django_delayjobs.connection import get_engine, reset_engine
+from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import EngineUnavailable
 from tests.test_health import health, names, private_redis  # noqa: F401 (a fixture)
 
@@ -48,3 +56,67 @@ def test_the_write_probe_changes_nothing(request: Any) -> None:
     assert client.info("stats")["total_commands_processed"] > before
     assert client.info("persistence")["rdb_changes_since_last_save"] == dirty
     assert client.keys("*write-probe*") == []
+
+
+@pytest.fixture
+def timeless_cache(own_redis: EmbeddedRedis, settings: Any, monkeypatch: Any) -> EmbeddedRedis:
+    """The jobs' Redis is ``own_redis``, through a django-redis cache whose pool has no
+    socket timeout (as redis-py before 8 gives by default)."""
+    settings.CACHES = {
+        **settings.CACHES,
+        "jobs": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": own_redis.url,
+                 "OPTIONS": {"CONNECTION_POOL_KWARGS": {"socket_timeout": None}}},
+    }  # fmt: skip
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "jobs"}
+    monkeypatch.setattr(ConnectionFactory, "_pools", {})  # one pool per URL, per process
+    reset_engine()
+    return own_redis
+
+
+def within(seconds: float, fn: Any) -> tuple[bool, list[Any]]:
+    """Run ``fn`` in a thread; whether it returned within ``seconds``, and its result."""
+    found: list[Any] = []
+    thread = threading.Thread(target=lambda: found.append(fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive(), found
+
+
+@pytest.mark.parametrize("via", ["command", "view"])
+def test_a_client_without_a_socket_timeout_fails_at_once(timeless_cache: EmbeddedRedis, via):
+    """A Redis client with no socket timeout waits for ever on a Redis that stops
+    answering (frozen, or cut off with no reset): the probe, or the web worker serving
+    ``health/``, hung for good, past every bound the checks promise (``run_delayworker``
+    refuses such a client at start). The ``redis`` check now fails at once, saying why,
+    without asking Redis; the queue checks are not made; the database is checked."""
+    assert timeless_cache.pid is not None
+
+    def check() -> Any:
+        if via == "command":
+            return health("--min-workers", "0")
+        response = Client().get("/delayjobs/health/", {"min_workers": "0"})
+        return response.status_code, response.json()
+
+    os.kill(timeless_cache.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        done, found = within(10, check)
+        took = time.monotonic() - started
+    finally:
+        os.kill(timeless_cache.pid, signal.SIGCONT)
+    assert done, "the check hung on a frozen Redis"
+    assert took < 5, took
+    if via == "command":
+        code, lines = found[0]
+        assert code == 1 and names(lines, "ok") == ["database"], lines
+        assert "no socket timeout" in lines[0] and "SOCKET_TIMEOUT" in lines[0], lines[0]
+        assert names(lines, "FAIL") == ["redis", "workers:default", "overdue:default"]
+    else:
+        status, body = found[0]
+        assert status == 503
+        assert body["checks"] == {
+            "redis": "fail",
+            "database": "ok",
+            "workers:default": "fail",
+            "overdue:default": "fail",
+        }
