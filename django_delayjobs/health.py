@@ -83,11 +83,15 @@ NO_SOCKET_TIMEOUT = (
 
 @dataclass(frozen=True)
 class Check:
-    """One check's name (``redis``, ``workers:orders``...), result and explanation."""
+    """One check's name (``redis``, ``workers:orders``...), result and explanation, on
+    one line (an error's text may hold several: psycopg's "Is the server running...?")."""
 
     name: str
     ok: bool
     detail: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "detail", " ".join(self.detail.split()))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Audit of the health check (``delayjobs_health`` and the ``health/`` view): a Redis
-that is full with an evicting policy and nothing left to evict, and a Redis client with
-no socket timeout on a Redis that stops answering."""
+that is full with an evicting policy and nothing left to evict, a Redis client with no
+socket timeout on a Redis that stops answering, and a reason of several lines."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 import redis
+from django.db import connections
 from django.test import Client
 from django_redis.pool import ConnectionFactory
 
 from django_delayjobs.connection import get_engine, reset_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.engine import EngineUnavailable
+from tests.helpers import database_down
 from tests.test_health import health, names, private_redis  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -120,3 +122,28 @@ def test_a_client_without_a_socket_timeout_fails_at_once(timeless_cache: Embedde
             "workers:default": "fail",
             "overdue:default": "fail",
         }
+
+
+@pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
+                    reason="psycopg's errors of several lines (PostgreSQL)")  # fmt: skip
+def test_each_check_is_one_line_whatever_its_reason(tmp_path, caplog):
+    """A reason of several lines (psycopg's "connection refused", then a tab and "Is the
+    server running on that host...?") broke the command's one line per check: a line
+    that is no check, which a probe or a script reading the output took for one (or for
+    garbage). The view's log line was cut the same way. Each reason is one line now."""
+    conn = connections["default"]
+    with database_down(tmp_path):
+        old, conn.settings_dict["PORT"] = conn.settings_dict["PORT"], "1"  # nothing listens
+        try:
+            code, lines = health("--min-workers", "0")
+            Client().get("/delayjobs/health/", {"min_workers": "0"})
+        finally:
+            conn.settings_dict["PORT"] = old
+    assert code == 1
+    assert [line.split()[1] for line in lines] == [
+        "redis", "database", "workers:default", "overdue:default"
+    ], lines  # fmt: skip
+    assert all(line.startswith(("ok   ", "FAIL ")) for line in lines), lines
+    assert "Connection refused Is the server running" in lines[1], lines[1]
+    logged = [r.getMessage() for r in caplog.records if r.name == "django_delayjobs.health"]
+    assert logged and all("\n" not in m and "\t" not in m for m in logged), logged
