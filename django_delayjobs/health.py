@@ -21,7 +21,8 @@ keys (the due time of the oldest ready job, as for the metrics, waited for at mo
   every queue check at once).
 - ``database``: the jobs' database answers within ``bounded.DATABASE_TIMEOUT_SECONDS``
   and takes writes: a PostgreSQL standby, or a database with
-  ``default_transaction_read_only``, would refuse every claim, as would a SQLite file (or
+  ``default_transaction_read_only``, would refuse every claim, as would a PostgreSQL role
+  that may not update the job table (asked in the same query), or a SQLite file (or
   filesystem) that is read-only; and the job table has every column (not so until the
   app's migrations are applied).
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
@@ -266,13 +267,24 @@ def check_database() -> Check:
 def _check_database(conn: BaseDatabaseWrapper) -> Check:
     try:
         with conn.cursor() as cursor:
-            if conn.vendor == "postgresql":  # a standby, or default_transaction_read_only
-                cursor.execute("SELECT current_setting('transaction_read_only')")
+            if conn.vendor == "postgresql":  # a standby, or default_transaction_read_only;
+                # a role that may not update the job table (NULL: no table, said below)
+                cursor.execute(
+                    "SELECT current_setting('transaction_read_only'), "
+                    "coalesce(has_table_privilege(to_regclass(%s), 'UPDATE'), true)",
+                    [conn.ops.quote_name(Job._meta.db_table)],
+                )
             else:
-                cursor.execute("SELECT 'off'")
-            read_only = cursor.fetchone()[0] == "on"
+                cursor.execute("SELECT 'off', true")
+            setting, may_update = cursor.fetchone()
+            read_only = setting == "on"
     except DatabaseError as exc:
         return Check("database", False, f"unavailable: {str(exc).strip() or type(exc).__name__}")
+    if not may_update:
+        return Check("database", False, (
+            f"refuses writes: this role ({conn.settings_dict.get('USER') or 'default'}) may "
+            "not update the job table, so no worker can claim a job"
+        ))  # fmt: skip
     if read_only:
         return Check(
             "database",

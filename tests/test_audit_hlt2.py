@@ -1,6 +1,7 @@
 """Audit of the health check (``delayjobs_health`` and the ``health/`` view): a Redis
 that is full with an evicting policy and nothing left to evict, a Redis client with no
-socket timeout on a Redis that stops answering, and a reason of several lines."""
+socket timeout on a Redis that stops answering, a reason of several lines, and a
+database role that may read the job table but not write it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -147,3 +149,36 @@ def test_each_check_is_one_line_whatever_its_reason(tmp_path, caplog):
     assert "Connection refused Is the server running" in lines[1], lines[1]
     logged = [r.getMessage() for r in caplog.records if r.name == "django_delayjobs.health"]
     assert logged and all("\n" not in m and "\t" not in m for m in logged), logged
+
+
+@pytest.mark.skipif("os.environ.get('DATABASE_URL') is None",
+                    reason="table privileges of a role (PostgreSQL)")  # fmt: skip
+def test_a_database_role_that_may_not_update_the_job_table_fails():
+    """A role that may read the job table but not update it (a read-only user, a
+    reporting one given by mistake) answers both of the check's ``SELECT`` and is not in
+    a read-only transaction, yet every claim fails with "permission denied": the check
+    said ok. It asks whether the role may update the job table, in the same query."""
+    from django_delayjobs.models import Job
+
+    conn = connections["default"]
+    role = f"hlt2_reader_{uuid.uuid4().hex[:8]}"
+    table = conn.ops.quote_name(Job._meta.db_table)
+    with conn.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {role} LOGIN")
+        cursor.execute(f"GRANT SELECT ON {table} TO {role}")
+    old = conn.settings_dict["USER"], conn.settings_dict["PASSWORD"]
+    try:
+        conn.close()
+        conn.settings_dict["USER"], conn.settings_dict["PASSWORD"] = role, ""
+        code, lines = health("--min-workers", "0")
+        response = Client().get("/delayjobs/health/", {"min_workers": "0"})
+    finally:
+        conn.close()
+        conn.settings_dict["USER"], conn.settings_dict["PASSWORD"] = old
+        with conn.cursor() as cursor:
+            cursor.execute(f"REVOKE ALL ON {table} FROM {role}")
+            cursor.execute(f"DROP ROLE {role}")
+    assert code == 1 and names(lines, "FAIL") == ["database"], lines
+    assert "may not update the job table" in lines[1], lines[1]
+    assert response.status_code == 503 and response.json()["checks"]["database"] == "fail"
+    assert health("--min-workers", "0")[0] == 0
