@@ -1,7 +1,7 @@
 """Audit of the health check (``delayjobs_health`` and the ``health/`` view): a Redis
 that is full with an evicting policy and nothing left to evict, a Redis client with no
-socket timeout on a Redis that stops answering, a reason of several lines, and a
-database role that may read the job table but not write it."""
+socket timeout on a Redis that stops answering, a reason of several lines, a database
+role that may read the job table but not write it, and an option given twice."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+from django.core.management import CommandError
 from django.db import connections
 from django.test import Client
 from django_redis.pool import ConnectionFactory
@@ -182,3 +183,15 @@ def test_a_database_role_that_may_not_update_the_job_table_fails():
     assert "may not update the job table" in lines[1], lines[1]
     assert response.status_code == 503 and response.json()["checks"]["database"] == "fail"
     assert health("--min-workers", "0")[0] == 0
+
+
+@pytest.mark.parametrize("option", ["--queues", "--max-overdue", "--min-workers", "--max-garbage"])
+def test_an_option_given_twice_is_a_bad_option(option):
+    """``--queues a --queues b`` checked b alone (argparse keeps the last), and a probe
+    so written said healthy while queue a was never checked; the view refuses
+    ``?queues=a&queues=b`` for that reason. Each option is taken once: exit 2."""
+    with pytest.raises(CommandError) as failed:
+        health(option, "1", option, "2")
+    assert failed.value.returncode == 2
+    assert f"{option} given 2 times: give it once" in str(failed.value)
+    assert health("--min-workers", "0", "--queues", "default")[0] == 0  # once is fine
