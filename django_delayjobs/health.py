@@ -1,23 +1,28 @@
 """Health checks of a deployment, shared by ``manage.py delayjobs_health`` and the
 ``health/`` view.
 
-Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``DEL`` of a key that
-does not exist, per master), two ``SELECT`` for the database (one a primary-key lookup; on
-SQLite also an ``UPDATE`` that matches no row), and per queue one stats script call
-(counts of sorted sets, no scan) plus at most one query by primary keys (the due time of
-the oldest ready job, as for the metrics, waited for at most 5 s: ``bounded.read``).
+Each check is cheap: two Redis round trips for Redis (``INFO`` and a ``SETRANGE`` of
+nothing on a key that does not exist, per master), two ``SELECT`` for the database (one a
+primary-key lookup; on SQLite also an ``UPDATE`` that matches no row), and per queue one
+stats script call (counts of sorted sets, no scan) plus at most one query by primary
+keys (the due time of the oldest ready job, as for the metrics, waited for at most 5 s:
+``bounded.read``).
 
-- ``redis``: Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
-  not a replica, not at ``maxmemory`` with ``noeviction``, not unable to persist
-  (``MISCONF``) and not short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it
-  answers those to every write, so to the check's ``DEL`` of a key that does not exist.
+- ``redis``: the client has a socket timeout (else it fails without asking Redis, and
+  the queue checks with it: a Redis that stops answering would hold the check for good),
+  Redis answers (its ``INFO``; every master's on a Cluster) and takes writes:
+  not a replica, not at ``maxmemory`` with ``noeviction`` (nor with a ``volatile-*``
+  policy and nothing to evict: ``OOM``), not unable to persist (``MISCONF``) and not
+  short of ``min-replicas-to-write`` replicas (``NOREPLICAS``): it answers those to every
+  write, so to the check's ``SETRANGE`` of nothing (which changes nothing).
   On a Cluster, a master that does not answer while others do fails it (named), and the
   checks of each queue with a key on that master fail without asking it again; the
   queues on the other masters are checked as usual (one Redis that does not answer fails
   every queue check at once).
 - ``database``: the jobs' database answers within ``bounded.DATABASE_TIMEOUT_SECONDS``
   and takes writes: a PostgreSQL standby, or a database with
-  ``default_transaction_read_only``, would refuse every claim, as would a SQLite file (or
+  ``default_transaction_read_only``, would refuse every claim, as would a PostgreSQL role
+  that may not update the job table (asked in the same query), or a SQLite file (or
   filesystem) that is read-only; and the job table has every column (not so until the
   app's migrations are applied).
 - ``workers:<queue>``: at least ``min_workers`` processes heartbeat for the queue (any
@@ -52,6 +57,7 @@ from django.views.decorators.http import require_safe
 from . import bounded, sql
 from .engine import DelayJobsError, EngineUnavailable, validate_name
 from .engine.errors import PartlyUnavailable, unreachable
+from .engine.waiting import socket_timeout
 from .models import Job
 from .numbers import decimal_number, whole_number
 
@@ -65,15 +71,28 @@ MAX_OVERDUE = 366 * 86_400.0
 MAX_WORKERS = 100_000
 MAX_GARBAGE = 10**12
 DEFAULT_MAX_OVERDUE = 60.0
+#: Why ``redis`` fails, without asking, for a client whose connections have no socket
+#: timeout: a Redis that stops answering (frozen, or cut off with no reset) would hold the
+#: probe, or the web worker serving ``health/``, for good.
+NO_SOCKET_TIMEOUT = (
+    "not asked: the Redis client has no socket timeout, so a Redis that stops answering "
+    "would hold this check for good (run_delayworker refuses it too). Give it one, 1 to "
+    "5 s (the SOCKET_TIMEOUT of the CACHE_ALIAS cache's OPTIONS, or socket_timeout in its "
+    "CONNECTION_POOL_KWARGS)"
+)
 
 
 @dataclass(frozen=True)
 class Check:
-    """One check's name (``redis``, ``workers:orders``...), result and explanation."""
+    """One check's name (``redis``, ``workers:orders``...), result and explanation, on
+    one line (an error's text may hold several: psycopg's "Is the server running...?")."""
 
     name: str
     ok: bool
     detail: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "detail", " ".join(self.detail.split()))
 
 
 @dataclass(frozen=True)
@@ -117,6 +136,9 @@ def parse_count(text: str, high: int) -> int:
 
 def run(engine: Engine, limits: Limits) -> list[Check]:
     """Run every check; never raises for an unreachable Redis or database."""
+    if socket_timeout(engine.client) is None:  # not asked: it could hold the check for good
+        redis = Check("redis", False, NO_SOCKET_TIMEOUT)
+        return without_redis(redis, limits, "not checked: the Redis client has no socket timeout")
     down: dict[str, str] = {}  # the masters of a Cluster that do not answer, with why
     redis, reachable = check_redis(engine, down)
     if not reachable:
@@ -162,9 +184,10 @@ def _on_masters_down(engine: Engine, queue: str, down: dict[str, str]) -> str | 
     return f"unavailable: a key of it is on master {address}, which does not answer ({why})"
 
 
-def without_redis(redis: Check, limits: Limits) -> list[Check]:
-    """Every check when Redis does not answer (``redis`` says why): the queue checks fail."""
-    return [redis, check_database(), *_failed(limits.queues, limits, "Redis is unavailable")]
+def without_redis(redis: Check, limits: Limits, why: str = "Redis is unavailable") -> list[Check]:
+    """Every check when Redis does not answer (``redis`` says why), or is not asked: the
+    queue checks fail."""
+    return [redis, check_database(), *_failed(limits.queues, limits, why)]
 
 
 def _failed(queues: Sequence[str], limits: Limits, why: str) -> list[Check]:
@@ -244,13 +267,24 @@ def check_database() -> Check:
 def _check_database(conn: BaseDatabaseWrapper) -> Check:
     try:
         with conn.cursor() as cursor:
-            if conn.vendor == "postgresql":  # a standby, or default_transaction_read_only
-                cursor.execute("SELECT current_setting('transaction_read_only')")
+            if conn.vendor == "postgresql":  # a standby, or default_transaction_read_only;
+                # a role that may not update the job table (NULL: no table, said below)
+                cursor.execute(
+                    "SELECT current_setting('transaction_read_only'), "
+                    "coalesce(has_table_privilege(to_regclass(%s), 'UPDATE'), true)",
+                    [conn.ops.quote_name(Job._meta.db_table)],
+                )
             else:
-                cursor.execute("SELECT 'off'")
-            read_only = cursor.fetchone()[0] == "on"
+                cursor.execute("SELECT 'off', true")
+            setting, may_update = cursor.fetchone()
+            read_only = setting == "on"
     except DatabaseError as exc:
         return Check("database", False, f"unavailable: {str(exc).strip() or type(exc).__name__}")
+    if not may_update:
+        return Check("database", False, (
+            f"refuses writes: this role ({conn.settings_dict.get('USER') or 'default'}) may "
+            "not update the job table, so no worker can claim a job"
+        ))  # fmt: skip
     if read_only:
         return Check(
             "database",

@@ -509,7 +509,7 @@ class Reader:
     def refused_write(
         self, down: dict[str, str] | None = None
     ) -> tuple[str, EngineUnavailable] | None:
-        """Ask every master to delete a key that does not exist; return the first one that
+        """Ask every master for a write that changes nothing; return the first one that
         refuses (its address, "" on one Redis) with its refusal, or None. Raise
         ``EngineUnavailable`` if a master does not answer; with ``down`` (see ``masters``),
         a master of a Cluster listed there is not asked, and one that does not answer goes
@@ -518,8 +518,11 @@ class Reader:
         A master that takes no write refuses it, as it refuses every write, while its
         ``INFO`` reads as usual: MISCONF (a failed RDB save or AOF write, with
         ``stop-writes-on-bgsave-error``), NOREPLICAS (fewer good replicas than
-        ``min-replicas-to-write``, which ``PING`` does not show). A DEL that finds nothing
-        changes nothing and is not replicated."""
+        ``min-replicas-to-write``, which ``PING`` does not show), OOM (at ``maxmemory``
+        with nothing it may evict: a ``volatile-*`` policy and no key with a time to live,
+        as the jobs' keys have none). The write is ``SETRANGE`` of nothing on a key that
+        does not exist: it creates no key and is not replicated, and Redis refuses it when
+        full, as it refuses every command that may grow memory (a ``DEL`` it would run)."""
         if not self.is_cluster:
             targets = [("", f"{{{self.prefix}}}:write-probe")]
         else:
@@ -528,7 +531,7 @@ class Reader:
                        if down is None or node.name not in down]  # fmt: skip
         for address, key in targets:
             try:
-                self._call(partial(self.client.delete, key))
+                self._call(partial(self.client.setrange, key, 0, b""))
             except EngineUnavailable as exc:
                 if not unreachable(exc):
                     return address, exc

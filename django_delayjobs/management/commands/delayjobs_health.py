@@ -1,11 +1,13 @@
 """``manage.py delayjobs_health``: one line per check; exit 0 when all pass, 1 if not.
 
-Bad options, and settings that cannot work (past the system checks), exit 2. The checks
-are those of ``django_delayjobs.health`` (and of the ``health/`` view).
+Bad options (one given twice too), and settings that cannot work (past the system
+checks), exit 2. The checks are those of ``django_delayjobs.health`` (and of the
+``health/`` view).
 """
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -16,6 +18,21 @@ from ...exceptions import DelayJobsError
 from ..output import SafeOutputCommand
 
 
+class Counted(argparse.Action):
+    """``store``, and the option's name noted in ``GIVEN`` each time it is given: argparse
+    keeps the last value, so ``--queues a --queues b`` checked b alone (a probe so written
+    said healthy with a unchecked); ``limits`` refuses it, as the view refuses
+    ``?queues=a&queues=b``."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, GIVEN, [*getattr(namespace, GIVEN, []), self.option_strings[0]])
+
+
+#: The options the command line gave, once per time given (see ``Counted``).
+GIVEN = "delayjobs_given"
+
+
 class Command(SafeOutputCommand):
     help = (
         "Check Redis, the database, live workers, overdue jobs (and dead jobs with "
@@ -24,19 +41,20 @@ class Command(SafeOutputCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--queues", default=None, metavar="LIST",
+            "--queues", default=None, metavar="LIST", action=Counted,
             help="Comma-separated queues to check (default: DEFAULT_QUEUE).",
         )  # fmt: skip
         parser.add_argument(
             "--max-overdue", default=str(health.DEFAULT_MAX_OVERDUE), metavar="SECONDS",
+            action=Counted,
             help="Longest a due job may wait for a worker (default "
                  f"{health.DEFAULT_MAX_OVERDUE:g}).",
         )  # fmt: skip
-        parser.add_argument("--min-workers", default="1", metavar="N",
+        parser.add_argument("--min-workers", default="1", metavar="N", action=Counted,
                             help="Live worker processes wanted per queue (default 1; "
                                  "0: the check always passes).")  # fmt: skip
         parser.add_argument(
-            "--max-garbage", default=None, metavar="N",
+            "--max-garbage", default=None, metavar="N", action=Counted,
             help="Most dead jobs a queue may hold (default: not checked).",
         )  # fmt: skip
 
@@ -64,6 +82,10 @@ class Command(SafeOutputCommand):
             except ValueError as exc:
                 raise ValueError(f"--{option}: {exc}") from exc
 
+        given = options.get(GIVEN) or []
+        for option in dict.fromkeys(given):
+            if given.count(option) > 1:
+                raise ValueError(f"{option} given {given.count(option)} times: give it once")
         queues = options["queues"]
         return health.Limits(
             queues=named("queues", health.parse_queues)
