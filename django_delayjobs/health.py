@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django.contrib.auth.decorators import login_not_required
 from django.db import Error as DatabaseError
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -417,6 +418,7 @@ def limits_from_query(query: QueryDict) -> Limits:
     )
 
 
+@login_not_required  # a probe has no session (LoginRequiredMiddleware would redirect it)
 @never_cache
 @require_safe
 def health_view(request: HttpRequest) -> HttpResponse:

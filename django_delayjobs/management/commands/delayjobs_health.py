@@ -21,7 +21,7 @@ from ..output import SafeOutputCommand
 class Counted(argparse.Action):
     """``store``, and the option's name noted in ``GIVEN`` each time it is given: argparse
     keeps the last value, so ``--queues a --queues b`` checked b alone (a probe so written
-    said healthy with a unchecked); ``limits`` refuses it, as the view refuses
+    said healthy with a left unchecked); ``limits`` refuses it, as the view refuses
     ``?queues=a&queues=b``."""
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
