@@ -8,6 +8,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
 from django.test import Client
 
+from django_delayjobs.callbacks.signing import new_secret, sign
 from tests.test_metrics import user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,3 +43,21 @@ def test_the_rest_api_answers_its_own_authentication_behind_a_login_wall(setting
     response = Client().get("/api/delayjobs/jobs/", HTTP_AUTHORIZATION=basic)
     assert response.status_code == 200, (response.status_code, response.get("Location"))
     assert Client().get("/api/delayjobs/jobs/").status_code in (401, 403)
+
+
+@pytest.mark.parametrize("path", ["/hooks/receive/", "/hooks/receive-async/"])
+def test_a_webhook_receiver_answers_a_signed_request_behind_a_login_wall(settings, path):
+    """The signature is a webhook's authentication, as it is its CSRF protection: the
+    sender has no session, and ``@verify_webhook``'s view was never reached (a 302 to the
+    login page, which a sender takes as delivered, or as a failure to retry for ever)."""
+    secret = new_secret()
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_SIGNING_SECRETS": [secret]}
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE,
+                           "django.contrib.auth.middleware.LoginRequiredMiddleware"]  # fmt: skip
+    body = b'{"order": 7}'
+    headers = {f"HTTP_{name.upper().replace('-', '_')}": value
+               for name, value in sign("msg-1", body, [secret]).items()}  # fmt: skip
+    response = Client().post(path, body, content_type="application/json", **headers)
+    assert response.status_code == 200, (response.status_code, response.get("Location"))
+    unsigned = Client().post(path, body, content_type="application/json")
+    assert unsigned.status_code == 401

@@ -2,7 +2,8 @@
 only if its Standard Webhooks signature and timestamp check out.
 
 A callback carries no session and no CSRF token: its signature is its authentication, so
-the decorated view is CSRF-exempt and answers 401 to anything that does not verify.
+the decorated view is CSRF-exempt (and exempt from ``LoginRequiredMiddleware``) and
+answers 401 to anything that does not verify.
 Receivers should also treat ``request.webhook_id`` as an idempotency key: a callback is
 delivered at least once, and a retry carries the same id.
 """
@@ -12,8 +13,9 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
+from django.contrib.auth.decorators import login_not_required
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -49,6 +51,12 @@ def _refusal(exc: InvalidSignature) -> HttpResponse:
     )
 
 
+def exempt(view: Callable[..., Any]) -> Callable[..., Any]:
+    """The signature is the request's authentication, and its CSRF protection: the sender
+    has no session (``LoginRequiredMiddleware`` would send it to the login page)."""
+    return login_not_required(csrf_exempt(view))
+
+
 @overload
 def verify_webhook(view: View) -> View: ...
 @overload
@@ -76,7 +84,7 @@ def verify_webhook(
                     return _refusal(exc)
                 return await view(request, *args, **kwargs)
 
-            return csrf_exempt(async_wrapper)  # type: ignore[return-value]
+            return cast(View, exempt(async_wrapper))
 
         @functools.wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
@@ -88,6 +96,6 @@ def verify_webhook(
                 return _refusal(exc)
             return view(request, *args, **kwargs)
 
-        return csrf_exempt(wrapper)  # type: ignore[return-value]
+        return cast(View, exempt(wrapper))
 
     return decorate if view is None else decorate(view)
