@@ -113,3 +113,41 @@ def test_a_callbacks_json_given_in_a_form_with_a_key_twice_is_400(api, http):
     form["json"] = '{"a": 1, "b": {"a": 2}}'
     response = api.post(url("callbacks"), form, format="multipart")
     assert response.status_code == 201, response.content[:300]
+
+
+# -- a write refuses query parameters, as the reads do ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("verb", "query", "body"),
+    [
+        ("cancel", "?dry_run=1", {}),
+        ("reschedule", "?notify=0", {"in": 600}),
+        ("requeue", "?attempts=1", {}),  # was requeued with MAX_ATTEMPTS more, not 1
+    ],
+)
+def test_a_verb_given_a_query_parameter_it_does_not_read_is_400(api, verb, query, body):
+    job = dead_job() if verb == "requeue" else schedule(tasks.record, in_=3600, args=["x"])
+    before = snapshot(job)
+    response = api.post(url("jobs", job.pk, verb) + query, body, format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert snapshot(job) == before
+
+
+@pytest.mark.parametrize("path", ["callbacks", "callbacks/cancel", "callbacks/reschedule"])
+def test_the_callback_endpoints_refuse_query_parameters_they_do_not_read(api, http, path):
+    created = api.post(url("callbacks"), {"url": HOOK, "in": 600, "key": "a"}, format="json")
+    assert created.status_code == 201, created.content[:300]
+    before = snapshot(Job.objects.get())
+    body = {"url": HOOK, "in": 60} if path == "callbacks" else {"key": "a", "in": 5}
+    if path == "callbacks/cancel":
+        del body["in"]
+    response = api.post(f"/api/delayjobs/{path}/?queue=mail", body, format="json")
+    assert response.status_code == 400, response.content[:300]
+    assert Job.objects.count() == 1 and snapshot(Job.objects.get()) == before
+
+
+def test_a_verb_still_takes_the_format_parameter(api):
+    job = schedule(tasks.record, in_=3600, args=["x"])
+    response = api.post(url("jobs", job.pk, "cancel") + "?format=json", {}, format="json")
+    assert response.status_code == 200, response.content[:300]

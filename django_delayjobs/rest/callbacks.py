@@ -33,6 +33,7 @@ from ..exceptions import ConfigurationError, InvalidSchedule
 from ..models import Job
 from ..rows import tolerant
 from . import serializers as s
+from .filters import check_only
 from .formats import SafeFormats, UniqueKeysDecoder
 from .permissions import can_view, configured_permissions
 from .schema import auto_schema, document, field_schema, one_of
@@ -317,6 +318,7 @@ class CallbackCreateView(CallbackView):
         },
     )
     def post(self, request: Request) -> Response:
+        check_only(request.query_params)  # the body says it all: ?queue= would not
         body = CallbackSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         given = dict(body.validated_data)
@@ -388,6 +390,7 @@ class CallbackCancelView(CallbackView):
 
     @document(operation_id="callbacks_cancel", request=LookupSerializer, responses=_CHANGED)
     def post(self, request: Request) -> Response:
+        check_only(request.query_params)  # the body says it all: ?queue= would not
         body = LookupSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         job = _find(body.validated_data)
@@ -404,6 +407,7 @@ class CallbackRescheduleView(CallbackView):
         responses=_CHANGED,
     )
     def post(self, request: Request) -> Response:
+        check_only(request.query_params)  # the body says it all: ?queue= would not
         body = CallbackRescheduleSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         job = _find(body.validated_data)
