@@ -33,7 +33,8 @@ from ..exceptions import ConfigurationError, InvalidSchedule
 from ..models import Job
 from ..rows import tolerant
 from . import serializers as s
-from .formats import SafeFormats
+from .filters import check_only
+from .formats import SafeFormats, UniqueKeysDecoder
 from .permissions import can_view, configured_permissions
 from .schema import auto_schema, document, field_schema, one_of
 from .views import actor
@@ -77,9 +78,16 @@ def _is_number(text: str) -> bool:
 class BodyJSONField(serializers.JSONField):
     """DRF's JSONField; a value nested too deep for Python's ``json`` is a 400. A form
     gives the field as text, which the field parses itself (``SafeJSONParser`` guards only
-    a JSON body): 100,000 brackets raised ``RecursionError``, an HTML 500."""
+    a JSON body): 100,000 brackets raised ``RecursionError``, an HTML 500; and an object
+    in it that gives a key twice was read as its last value, as a JSON body's is not."""
 
-    default_error_messages = {"nested": "Nested too deeply."}
+    default_error_messages = {
+        "nested": "Nested too deeply.",
+        "invalid": "Value must be valid JSON, each object giving a key once.",
+    }
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(decoder=UniqueKeysDecoder, **kwargs)
 
     def to_internal_value(self, data: Any) -> Any:
         try:
@@ -310,6 +318,7 @@ class CallbackCreateView(CallbackView):
         },
     )
     def post(self, request: Request) -> Response:
+        check_only(request.query_params)  # the body says it all: ?queue= would not
         body = CallbackSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         given = dict(body.validated_data)
@@ -381,6 +390,7 @@ class CallbackCancelView(CallbackView):
 
     @document(operation_id="callbacks_cancel", request=LookupSerializer, responses=_CHANGED)
     def post(self, request: Request) -> Response:
+        check_only(request.query_params)  # the body says it all: ?queue= would not
         body = LookupSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         job = _find(body.validated_data)
@@ -397,6 +407,7 @@ class CallbackRescheduleView(CallbackView):
         responses=_CHANGED,
     )
     def post(self, request: Request) -> Response:
+        check_only(request.query_params)  # the body says it all: ?queue= would not
         body = CallbackRescheduleSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         job = _find(body.validated_data)

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
+from django.http import QueryDict
 from django.utils import timezone
 from rest_framework import ISO_8601, serializers
 
@@ -110,6 +111,8 @@ class StrictSerializer(serializers.Serializer[Any]):
             errors.update(exc.detail)
         for name in unknown[:UNKNOWN_NAMED]:
             errors[name] = ["Unknown field: this action does not take it."]
+        for name, times in repeated(data)[:UNKNOWN_NAMED]:
+            errors[name] = [f"Given {times} times: give it once."]
         if len(unknown) > UNKNOWN_NAMED:
             more = len(unknown) - UNKNOWN_NAMED
             errors.setdefault("non_field_errors", []).append(
@@ -118,6 +121,15 @@ class StrictSerializer(serializers.Serializer[Any]):
         if errors:
             raise serializers.ValidationError(errors)
         return value
+
+
+def repeated(data: Any) -> list[tuple[str, int]]:
+    """The fields a form sends more than once, with how many times: DRF reads the last
+    value alone, a proxy or validator in front may have read the first (a JSON body's
+    repeated key is refused by ``formats.SafeJSONParser``)."""
+    if not isinstance(data, QueryDict):
+        return []
+    return [(n, len(v)) for n, v in data.lists() if len(v) > 1 and n not in NOT_FIELDS]
 
 
 # -- jobs -------------------------------------------------------------------------------

@@ -157,6 +157,7 @@ class JobViewSet(
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         """Cancel the job if it has not started (200), else say its status (409)."""
+        check_only(request.query_params)  # it reads none: ?dry_run=1 would still act
         job = self.get_object()
         s.CancelSerializer(data=request.data).is_valid(raise_exception=True)
         if services.cancel(job, actor=actor(request)):
@@ -167,6 +168,7 @@ class JobViewSet(
     @action(detail=True, methods=["post"])
     def reschedule(self, request: Request, pk: str | None = None) -> Response:
         """Move the job to a new due time if it has not started (200), else 409."""
+        check_only(request.query_params)  # it reads none: ?dry_run=1 would still act
         job = self.get_object()
         body = s.RescheduleSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -186,6 +188,7 @@ class JobViewSet(
     def requeue(self, request: Request, pk: str | None = None) -> Response:
         """Give a dead job more attempts, due now (200); any other job gives 409, and so
         does a dead job whose key another active job holds now."""
+        check_only(request.query_params)  # it reads none: ?dry_run=1 would still act
         job = self.get_object()
         body = s.RequeueSerializer(data=request.data)
         body.is_valid(raise_exception=True)
