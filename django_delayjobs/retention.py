@@ -8,11 +8,12 @@ named, since they wait for someone to requeue or purge them.
 Deletion goes in batches, each in its own short transaction: select (and, where the
 database can, lock, skipping locked rows) up to ``batch`` primary keys, delete their
 events, then the jobs. Both deletes restate the conditions, so a job requeued between the
-select and the delete is left alone on every database. On PostgreSQL the three are one
-statement; on a database without row locks (SQLite) the select runs before the
-transaction, so the write lock lasts only as long as the deletes. Rows are deleted without
-loading them (no ``pre_delete``/``post_delete`` signals): a row that cannot be read back
-cannot stop the pruning.
+select and the delete is left alone on every database (and the one-by-one retry after a
+refusal locks its job first, so a requeue cannot land between the two deletes). On
+PostgreSQL the three are one statement; on a database without row locks (SQLite) the
+select runs before the transaction, so the write lock lasts only as long as the deletes.
+Rows are deleted without loading them (no ``pre_delete``/``post_delete`` signals): a row
+that cannot be read back cannot stop the pruning.
 
 A pass walks the jobs in (``finished_at``, id) order, each batch on from the last job the
 one before chose: the jobs it leaves (those a model refers to, those another transaction
@@ -224,16 +225,27 @@ def delete_batch(
 
 
 def _delete(
-    alias: str, cutoff: datetime.datetime, statuses: Sequence[str], pks: list[Any]
+    alias: str,
+    cutoff: datetime.datetime,
+    statuses: Sequence[str],
+    pks: list[Any],
+    *,
+    lock: bool = False,
 ) -> Pruned:
     """Delete the jobs ``pks`` that still match, and their events (in the caller's
-    transaction)."""
+    transaction; ``lock``: the jobs are not locked yet, lock them first where the database
+    can)."""
     # Restated: on a database without row locks a job may have been requeued since. As
     # "not another status", which SQLite reads by primary key: it reads "status IN (...)"
     # through the (status, run_at) index, i.e. every finished job, kept ones too.
     others = [s for s in Status.values if s not in statuses]
     still = (Job.objects.using(alias).filter(pk__in=pks, finished_at__lt=cutoff)
              .exclude(status__in=others))  # fmt: skip
+    if lock and connections[alias].features.has_select_for_update:
+        # Else each statement reads the rows afresh (READ COMMITTED): a requeue committed
+        # between the events' delete and the job's left the job waiting again, its
+        # history gone. Locked, a requeue waits for this transaction, or came first.
+        list(still.select_for_update().values_list("pk", flat=True))
     # A write first: on SQLite a transaction that began (DEFERRED, Django's default) with a
     # read cannot then write once another connection has committed ("database is locked"
     # at once, whatever the busy timeout); a write first waits for the lock instead.
@@ -362,7 +374,7 @@ def delete_singly(
             done.last = position
             try:  # a transaction each: a deferred constraint refuses at COMMIT
                 with transaction.atomic(using=alias):
-                    one = _delete(alias, cutoff, statuses, [position[1]])
+                    one = _delete(alias, cutoff, statuses, [position[1]], lock=True)
             except DatabaseError as exc:
                 if not refused(exc):
                     raise

@@ -1,0 +1,70 @@
+"""Audit of retention (prn): a requeue racing the one-job-at-a-time fallback, what a
+prune that fails part-way says it deleted, hostile options."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_delayjobs import retention, services
+from django_delayjobs.connection import get_engine
+from django_delayjobs.models import Job, JobEvent, Status
+from tests.helpers import in_thread, wait_for
+from tests.test_audit_ret import hand_table, old_jobs  # noqa: F401 (fixture)
+from tests.test_retention import dead_in_garbage
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def waiting_for_a_lock() -> bool:
+    """Whether another session of the test database waits for a lock (read afresh: within
+    a transaction PostgreSQL reads its sessions once)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        return bool(cursor.fetchone()[0])
+
+
+@pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="SQLite's write lock, from the events' DELETE on"
+)
+def test_a_dead_job_requeued_during_the_one_by_one_delete_keeps_its_history(hand_table):  # noqa: F811
+    """After a refusal a batch is retried one job per transaction, whose deletes restated
+    the conditions but locked nothing: on PostgreSQL a requeue that committed between the
+    events' DELETE and the job's left the job scheduled again, without its history."""
+    [job] = dead_in_garbage("default")
+    hand_table(old_jobs(1, timedelta(days=35)))  # the batch is refused: one by one
+    events = JobEvent.objects.filter(job=job).count()
+    table = connection.ops.quote_name(Job._meta.db_table)
+    requeued: list[object] = []
+    threads: list[threading.Thread] = []
+
+    def requeue_before_the_jobs_delete(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.startswith(f"DELETE FROM {table}") and not threads:
+            threads.append(in_thread(lambda: services.requeue(job), requeued))
+            # Until it is done, or waits for this transaction's lock.
+            wait_for(lambda: requeued or waiting_for_a_lock(), timeout=10)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(requeue_before_the_jobs_delete):
+        done = retention.prune(timezone.now() - timedelta(days=30),
+                               [Status.SUCCEEDED, Status.DEAD])  # fmt: skip
+    threads[0].join(10)
+    assert done.complete, done
+    stats = get_engine().stats("default")
+    if requeued == [True]:  # first: scheduled again, with its history
+        assert Job.objects.get(pk=job.pk).status == Status.SCHEDULED
+        assert JobEvent.objects.filter(job=job).count() == events + 1  # and "requeued"
+        assert (stats.garbage, stats.pending + stats.ready) == (0, 1), stats
+    else:  # second: gone, for good
+        assert requeued == [False], requeued
+        assert not Job.objects.filter(pk=job.pk).exists()
+        assert not JobEvent.objects.filter(job=job).exists()
+        assert (stats.garbage, stats.pending + stats.ready) == (0, 0), stats
