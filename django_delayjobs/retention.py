@@ -356,38 +356,33 @@ def delete_singly(
     statuses: Sequence[str],
     size: int,
     protected: Protected,
-    garbage: GarbagePurge,
-) -> Pruned:
+    done: Pruned,
+) -> None:
     """The batch ``delete_batch`` could not delete as a whole (the database ``refused`` it:
     a row another table refers to, a trigger), one job per transaction, in (``finished_at``, id)
     order from ``protected.position``: those it refuses are left behind
     ``protected.after``. Only after such a refusal, so the usual batch stays one
-    statement. If the database fails part-way, the dead ids of the jobs already deleted
-    still leave ``garbage`` before the error goes on."""
+    statement. What it deletes is added to ``done`` as each job's transaction commits: if
+    the database fails part-way, the caller still has the jobs already deleted (their
+    count, their dead ids) when the error goes on."""
     alias = sql.db()
-    done = Pruned(batches=1)
-    try:
-        rows = sql.choose_finished(cutoff, statuses, size, protected.position,
-                                   _referenced_sql(), lock=False)  # fmt: skip
-        done.chosen = len(rows)
-        for position in rows:
-            done.last = position
-            try:  # a transaction each: a deferred constraint refuses at COMMIT
-                with transaction.atomic(using=alias):
-                    one = _delete(alias, cutoff, statuses, [position[1]], lock=True)
-            except DatabaseError as exc:
-                if not refused(exc):
-                    raise
-                protected.refuse(position, exc)
-                done.protected += 1
-                continue
+    rows = sql.choose_finished(cutoff, statuses, size, protected.position,
+                               _referenced_sql(), lock=False)  # fmt: skip
+    done.chosen = len(rows)
+    for position in rows:
+        try:  # a transaction each: a deferred constraint refuses at COMMIT
+            with transaction.atomic(using=alias):
+                one = _delete(alias, cutoff, statuses, [position[1]], lock=True)
+        except DatabaseError as exc:
+            if not refused(exc):
+                raise
+            protected.refuse(position, exc)
+            done.protected += 1
+        else:
             done.jobs += one.jobs
             done.events += one.events
             done.dead += one.dead
-    except DatabaseError:
-        garbage.purge(done.dead)
-        raise
-    return done
+        done.last = position  # not a failed one's: the next batch tries it again
 
 
 def prune(
@@ -429,6 +424,19 @@ def prune(
     garbage = GarbagePurge()
     protected = Protected() if protected is None else protected
     stop = threading.Event() if stop is None else stop
+
+    def add(done: Pruned) -> None:
+        if done.last is not None:
+            protected.walked = done.last
+        if done.batches:
+            garbage.purge(done.dead)
+            total.jobs += done.jobs
+            total.events += done.events
+            total.protected += done.protected
+            total.batches += 1
+            if progress is not None:
+                progress(total)
+
     try:
         while True:
             started = time.monotonic()
@@ -437,17 +445,13 @@ def prune(
             except DatabaseError as exc:  # a row it refuses to delete: the rest, one by one
                 if not refused(exc):
                     raise
-                done = delete_singly(cutoff, statuses, batch, protected, garbage)
-            if done.last is not None:
-                protected.walked = done.last
-            if done.batches:
-                garbage.purge(done.dead)
-                total.jobs += done.jobs
-                total.events += done.events
-                total.protected += done.protected
-                total.batches += 1
-                if progress is not None:
-                    progress(total)
+                done = Pruned(batches=1)
+                try:
+                    delete_singly(cutoff, statuses, batch, protected, done)
+                except DatabaseError:  # what it deleted before is counted, and purged
+                    add(done)
+                    raise
+            add(done)
             if done.chosen < batch:  # none left
                 total.protected += protected.count_referenced(cutoff, statuses)
                 total.complete = True

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection
 from django.utils import timezone
 
 from django_delayjobs import retention, services
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, JobEvent, Status
-from tests.helpers import in_thread, wait_for
+from tests.helpers import WritesLocked, in_thread, wait_for
 from tests.test_audit_ret import hand_table, old_jobs  # noqa: F401 (fixture)
 from tests.test_retention import dead_in_garbage
 
@@ -68,3 +71,44 @@ def test_a_dead_job_requeued_during_the_one_by_one_delete_keeps_its_history(hand
         assert not Job.objects.filter(pk=job.pk).exists()
         assert not JobEvent.objects.filter(job=job).exists()
         assert (stats.garbage, stats.pending + stats.ready) == (0, 0), stats
+
+
+def test_a_prune_the_database_stops_in_the_one_by_one_retry_says_what_it_deleted(hand_table):  # noqa: F811
+    """The one-job-at-a-time retry commits each job: when the database failed part-way
+    (here a lock held past the lock timeout), the jobs it had deleted were counted nowhere,
+    and the command said it had deleted none."""
+    jobs = old_jobs(10, timedelta(days=40))
+    jobs.sort(key=lambda j: (j.finished_at, j.pk))
+    hand_table([jobs[3]])  # the batch is refused: one by one
+    locked, seen = WritesLocked(), [False]  # seen[0]: the sixth job's own delete
+
+    def names(job: Job, params: object) -> bool:
+        return bool({job.pk.hex, str(job.pk)} & {str(p) for p in params or ()})  # type: ignore[attr-defined]
+
+    def lock_at_the_seventh_job(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        seen[0] = seen[0] or (names(jobs[5], params) and not names(jobs[6], params))
+        if locked.holder is None:
+            if connection.vendor == "postgresql" and seen[0] and names(jobs[6], params):
+                locked.hold()  # its rows' lock waits for the table's
+                execute("SET lock_timeout = '200ms'", None, False, context)
+            elif connection.vendor == "sqlite" and seen[0] and sql.startswith("BEGIN"):
+                locked.hold()  # the seventh job's transaction waits for the write lock
+                connection.connection.execute("PRAGMA busy_timeout = 200")
+        return execute(sql, params, many, context)
+
+    try:
+        with (
+            connection.execute_wrapper(lock_at_the_seventh_job),
+            pytest.raises(CommandError, match="database") as failed,
+        ):
+            out = StringIO()
+            call_command("delayjobs_prune", "--older-than", "30d", "--batch", "50",
+                         "--max-rate", "0", stdout=out)  # fmt: skip
+    finally:
+        locked.release()
+        connection.close()  # its lock or busy timeout
+    assert failed.value.returncode == 1
+    gone = len(jobs) - Job.objects.filter(pk__in=[j.pk for j in jobs]).count()
+    assert gone == 5, gone  # before the seventh: all but the refused one
+    assert f"deleted {gone} " in out.getvalue(), out.getvalue()
+    assert "before the database failed" in out.getvalue(), out.getvalue()
