@@ -104,6 +104,8 @@ def parse_duration(text: str) -> datetime.timedelta:
 
 def parse_statuses(text: str) -> tuple[str, ...]:
     """A comma-separated list of finished statuses; ValueError for any other."""
+    if not isinstance(text, str):  # call_command(status=[...]): not the list it looks like
+        raise ValueError(f"{text!r} is not a comma-separated list of statuses")
     return check_statuses(s.strip() for s in text.split(",") if s.strip())
 
 

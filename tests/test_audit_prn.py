@@ -112,3 +112,15 @@ def test_a_prune_the_database_stops_in_the_one_by_one_retry_says_what_it_deleted
     assert gone == 5, gone  # before the seventh: all but the refused one
     assert f"deleted {gone} " in out.getvalue(), out.getvalue()
     assert "before the database failed" in out.getvalue(), out.getvalue()
+
+
+@pytest.mark.parametrize("status", [["dead"], None, 3])
+def test_a_status_that_is_not_text_is_a_command_error(status):
+    """``call_command("delayjobs_prune", status=[...])`` (a list, as for other commands'
+    options) raised AttributeError from ``str.split``: a traceback, not the command's
+    refusal (exit 2), while ``--older-than`` of the wrong type was refused."""
+    [job] = old_jobs(1, timedelta(days=40))
+    with pytest.raises(CommandError, match="comma-separated") as refused:
+        call_command("delayjobs_prune", older_than="30d", status=status, stdout=StringIO())
+    assert refused.value.returncode == 2
+    assert Job.objects.filter(pk=job.pk).exists()
