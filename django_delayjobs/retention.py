@@ -243,11 +243,18 @@ def _delete(
     others = [s for s in Status.values if s not in statuses]
     still = (Job.objects.using(alias).filter(pk__in=pks, finished_at__lt=cutoff)
              .exclude(status__in=others))  # fmt: skip
-    if lock and connections[alias].features.has_select_for_update:
+    features = connections[alias].features
+    if lock and features.has_select_for_update:
         # Else each statement reads the rows afresh (READ COMMITTED): a requeue committed
         # between the events' delete and the job's left the job waiting again, its
-        # history gone. Locked, a requeue waits for this transaction, or came first.
-        list(still.select_for_update().values_list("pk", flat=True))
+        # history gone. Locked, a requeue waits for this transaction, or came first. A
+        # job another transaction holds is skipped, as a batch skips it: the next run
+        # prunes it, and this one (a worker's database thread) does not wait for it.
+        skip = features.has_select_for_update_skip_locked
+        locked = list(still.select_for_update(skip_locked=skip).values_list("pk", flat=True))
+        if not locked:
+            return Pruned(batches=1)
+        still = still.filter(pk__in=locked)
     # A write first: on SQLite a transaction that began (DEFERRED, Django's default) with a
     # read cannot then write once another connection has committed ("database is locked"
     # at once, whatever the busy timeout); a write first waits for the lock instead.

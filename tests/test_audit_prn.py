@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 from io import StringIO
+from typing import TYPE_CHECKING
 
 import pytest
 from django.core.management import call_command
@@ -19,6 +20,9 @@ from django_delayjobs.models import Job, JobEvent, Status
 from tests.helpers import WritesLocked, in_thread, wait_for
 from tests.test_audit_ret import hand_table, old_jobs  # noqa: F401 (fixture)
 from tests.test_retention import dead_in_garbage
+
+if TYPE_CHECKING:
+    import psycopg
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,3 +128,35 @@ def test_a_status_that_is_not_text_is_a_command_error(status):
         call_command("delayjobs_prune", older_than="30d", status=status, stdout=StringIO())
     assert refused.value.returncode == 2
     assert Job.objects.filter(pk=job.pk).exists()
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="row locks")
+def test_the_one_by_one_retry_skips_a_job_another_transaction_holds(hand_table):  # noqa: F811
+    """A batch skips the jobs another transaction has locked (SKIP LOCKED), but its retry
+    one job at a time waited for them: a transaction left open on one finished job held
+    the prune (the workers' automatic one, in their database thread) for as long."""
+    jobs = old_jobs(5, timedelta(days=40))
+    hand_table([jobs[0]])  # the batch is refused: one by one
+    other = session()
+    other.execute(f"SELECT 1 FROM {Job._meta.db_table} WHERE id = %s FOR UPDATE", [jobs[2].pk])
+
+    try:
+        with connection.cursor() as cursor:  # a wait fails instead of holding the test
+            cursor.execute("SET lock_timeout = '2s'")
+        done = retention.prune(timezone.now() - timedelta(days=30))
+    finally:
+        other.close()
+        connection.close()  # its lock timeout
+    assert (done.jobs, done.protected) == (3, 1), done
+    left = set(Job.objects.values_list("pk", flat=True))
+    assert left == {jobs[0].pk, jobs[2].pk}, left
+    assert retention.prune(timezone.now() - timedelta(days=30)).jobs == 1  # released since
+    assert set(Job.objects.values_list("pk", flat=True)) == {jobs[0].pk}
+
+
+def session() -> psycopg.Connection:
+    """A session of the test database of its own (autocommit off: a lock is held until it
+    is closed)."""
+    import psycopg
+
+    return psycopg.connect(**connection.get_connection_params())
