@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import Error as DatabaseError
 from django.db import IntegrityError, connections, router, transaction
-from django.db.models import Exists, ForeignKey, Model, OuterRef, Q, QuerySet
+from django.db.models import ForeignKey
 from django.utils import timezone
 
 from . import sql
@@ -141,10 +141,6 @@ def check_batch(value: int) -> int:
 Cursor = sql.Position
 
 
-def _finished(cutoff: datetime.datetime, statuses: Iterable[str]) -> QuerySet[Job]:
-    return Job.objects.using(sql.db()).filter(status__in=list(statuses), finished_at__lt=cutoff)
-
-
 def references(alias: str) -> list[ForeignKey[Any, Any]]:
     """The foreign keys of models on database ``alias`` whose constraint refuses to delete
     a job they refer to (``PROTECT``, but also ``CASCADE`` & co: the prune deletes without
@@ -163,18 +159,6 @@ def references(alias: str) -> list[ForeignKey[Any, Any]]:
         if router.allow_migrate_model(alias, model):  # else no table of it on ``alias``
             found.append(field)
     return found
-
-
-def _unreferenced(alias: str) -> Q:
-    """The jobs no row of ``references(alias)`` refers to (all, if none could)."""
-    condition = Q()
-    for fk in references(alias):
-        model: type[Model] = fk.model
-        rows = model._base_manager.using(alias).filter(
-            **{fk.attname: OuterRef(fk.target_field.attname)}
-        )
-        condition &= Q(~Exists(rows))
-    return condition
 
 
 @dataclass
@@ -330,10 +314,11 @@ class Protected:
 
     def count_referenced(self, cutoff: datetime.datetime, statuses: Sequence[str]) -> int:
         """Count the jobs that a model's row refers to, which the prune left."""
-        fields = references(sql.db())
+        alias = sql.db()
+        fields = references(alias)
         self.models = [f"{f.model._meta.label}.{f.name}" for f in fields]
-        left = _finished(cutoff, statuses).exclude(_unreferenced(sql.db())) if fields else None
-        self.referenced = 0 if left is None else left.count()
+        referenced = sql.unreferenced_sql(alias, fields)
+        self.referenced = sql.count_referenced(cutoff, statuses, referenced) if fields else 0
         return self.referenced
 
     def report(self) -> None:

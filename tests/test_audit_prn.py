@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from django_delayjobs import retention, services
@@ -20,6 +20,7 @@ from django_delayjobs.models import Job, JobEvent, Status
 from tests.helpers import WritesLocked, in_thread, wait_for
 from tests.test_audit_ret import hand_table, old_jobs  # noqa: F401 (fixture)
 from tests.test_retention import dead_in_garbage
+from tests.testapp.models import Receipt
 
 if TYPE_CHECKING:
     import psycopg
@@ -160,3 +161,32 @@ def session() -> psycopg.Connection:
     import psycopg
 
     return psycopg.connect(**connection.get_connection_params())
+
+
+def test_the_jobs_a_model_keeps_are_counted_through_the_index_the_prune_walks():
+    """At the end of each pass (a worker's automatic one every hour) the prune counts the
+    jobs a model keeps through the ORM: SQLite, without statistics, read every job of the
+    statuses through the (status, run_at) index, the ones kept for 30 days too."""
+    [kept] = old_jobs(1, timedelta(days=40))
+    Receipt.objects.create(job=kept)
+    old_jobs(3, timedelta(days=40))
+    plans = []
+
+    def explain(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if "count(" in sql.lower() and not sql.startswith("EXPLAIN"):
+            cursor = context["cursor"]
+            if connection.vendor == "postgresql":  # few rows: the planner would read them all
+                cursor.execute("SET LOCAL enable_seqscan = off")
+            prefix = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
+            cursor.execute(prefix + sql, params)
+            plans.append("\n".join(str(row) for row in cursor.fetchall()))
+        return execute(sql, params, many, context)
+
+    protected = retention.Protected()
+    with transaction.atomic(), connection.execute_wrapper(explain):
+        left = protected.count_referenced(timezone.now() - timedelta(days=30),
+                                          retention.DEFAULT_STATUSES)  # fmt: skip
+    assert left == 1
+    assert plans and all("delayjobs_finished_at" in plan for plan in plans), plans
+    done = retention.prune(timezone.now() - timedelta(days=30))
+    assert (done.jobs, done.protected) == (3, 1), done
