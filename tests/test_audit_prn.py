@@ -1,12 +1,12 @@
-"""Audit of retention (prn): a requeue racing the one-job-at-a-time fallback, what a
-prune that fails part-way says it deleted, hostile options."""
+"""Audit of retention (prn): the one-job-at-a-time retry after a refusal (a requeue racing
+it, a job another transaction holds, the database failing part-way), a status that is not
+text, the count of the jobs a model keeps."""
 
 from __future__ import annotations
 
 import threading
 from datetime import timedelta
 from io import StringIO
-from typing import TYPE_CHECKING
 
 import pytest
 from django.core.management import call_command
@@ -18,12 +18,10 @@ from django_delayjobs import retention, services
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, JobEvent, Status
 from tests.helpers import WritesLocked, in_thread, wait_for
+from tests.test_audit_ops2 import session
 from tests.test_audit_ret import hand_table, old_jobs  # noqa: F401 (fixture)
 from tests.test_retention import dead_in_garbage
 from tests.testapp.models import Receipt
-
-if TYPE_CHECKING:
-    import psycopg
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -153,14 +151,6 @@ def test_the_one_by_one_retry_skips_a_job_another_transaction_holds(hand_table):
     assert left == {jobs[0].pk, jobs[2].pk}, left
     assert retention.prune(timezone.now() - timedelta(days=30)).jobs == 1  # released since
     assert set(Job.objects.values_list("pk", flat=True)) == {jobs[0].pk}
-
-
-def session() -> psycopg.Connection:
-    """A session of the test database of its own (autocommit off: a lock is held until it
-    is closed)."""
-    import psycopg
-
-    return psycopg.connect(**connection.get_connection_params())
 
 
 def test_the_jobs_a_model_keeps_are_counted_through_the_index_the_prune_walks():
