@@ -8,11 +8,12 @@ named, since they wait for someone to requeue or purge them.
 Deletion goes in batches, each in its own short transaction: select (and, where the
 database can, lock, skipping locked rows) up to ``batch`` primary keys, delete their
 events, then the jobs. Both deletes restate the conditions, so a job requeued between the
-select and the delete is left alone on every database. On PostgreSQL the three are one
-statement; on a database without row locks (SQLite) the select runs before the
-transaction, so the write lock lasts only as long as the deletes. Rows are deleted without
-loading them (no ``pre_delete``/``post_delete`` signals): a row that cannot be read back
-cannot stop the pruning.
+select and the delete is left alone on every database (and the one-by-one retry after a
+refusal locks its job first, so a requeue cannot land between the two deletes). On
+PostgreSQL the three are one statement; on a database without row locks (SQLite) the
+select runs before the transaction, so the write lock lasts only as long as the deletes.
+Rows are deleted without loading them (no ``pre_delete``/``post_delete`` signals): a row
+that cannot be read back cannot stop the pruning.
 
 A pass walks the jobs in (``finished_at``, id) order, each batch on from the last job the
 one before chose: the jobs it leaves (those a model refers to, those another transaction
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import Error as DatabaseError
 from django.db import IntegrityError, connections, router, transaction
-from django.db.models import Exists, ForeignKey, Model, OuterRef, Q, QuerySet
+from django.db.models import ForeignKey
 from django.utils import timezone
 
 from . import sql
@@ -103,6 +104,8 @@ def parse_duration(text: str) -> datetime.timedelta:
 
 def parse_statuses(text: str) -> tuple[str, ...]:
     """A comma-separated list of finished statuses; ValueError for any other."""
+    if not isinstance(text, str):  # call_command(status=[...]): not the list it looks like
+        raise ValueError(f"{text!r} is not a comma-separated list of statuses")
     return check_statuses(s.strip() for s in text.split(",") if s.strip())
 
 
@@ -138,10 +141,6 @@ def check_batch(value: int) -> int:
 Cursor = sql.Position
 
 
-def _finished(cutoff: datetime.datetime, statuses: Iterable[str]) -> QuerySet[Job]:
-    return Job.objects.using(sql.db()).filter(status__in=list(statuses), finished_at__lt=cutoff)
-
-
 def references(alias: str) -> list[ForeignKey[Any, Any]]:
     """The foreign keys of models on database ``alias`` whose constraint refuses to delete
     a job they refer to (``PROTECT``, but also ``CASCADE`` & co: the prune deletes without
@@ -160,18 +159,6 @@ def references(alias: str) -> list[ForeignKey[Any, Any]]:
         if router.allow_migrate_model(alias, model):  # else no table of it on ``alias``
             found.append(field)
     return found
-
-
-def _unreferenced(alias: str) -> Q:
-    """The jobs no row of ``references(alias)`` refers to (all, if none could)."""
-    condition = Q()
-    for fk in references(alias):
-        model: type[Model] = fk.model
-        rows = model._base_manager.using(alias).filter(
-            **{fk.attname: OuterRef(fk.target_field.attname)}
-        )
-        condition &= Q(~Exists(rows))
-    return condition
 
 
 @dataclass
@@ -224,16 +211,34 @@ def delete_batch(
 
 
 def _delete(
-    alias: str, cutoff: datetime.datetime, statuses: Sequence[str], pks: list[Any]
+    alias: str,
+    cutoff: datetime.datetime,
+    statuses: Sequence[str],
+    pks: list[Any],
+    *,
+    lock: bool = False,
 ) -> Pruned:
     """Delete the jobs ``pks`` that still match, and their events (in the caller's
-    transaction)."""
+    transaction; ``lock``: the jobs are not locked yet, lock them first where the database
+    can)."""
     # Restated: on a database without row locks a job may have been requeued since. As
     # "not another status", which SQLite reads by primary key: it reads "status IN (...)"
     # through the (status, run_at) index, i.e. every finished job, kept ones too.
     others = [s for s in Status.values if s not in statuses]
     still = (Job.objects.using(alias).filter(pk__in=pks, finished_at__lt=cutoff)
              .exclude(status__in=others))  # fmt: skip
+    features = connections[alias].features
+    if lock and features.has_select_for_update:
+        # Else each statement reads the rows afresh (READ COMMITTED): a requeue committed
+        # between the events' delete and the job's left the job waiting again, its
+        # history gone. Locked, a requeue waits for this transaction, or came first. A
+        # job another transaction holds is skipped, as a batch skips it: the next run
+        # prunes it, and this one (a worker's database thread) does not wait for it.
+        skip = features.has_select_for_update_skip_locked
+        locked = list(still.select_for_update(skip_locked=skip).values_list("pk", flat=True))
+        if not locked:
+            return Pruned(batches=1)
+        still = still.filter(pk__in=locked)
     # A write first: on SQLite a transaction that began (DEFERRED, Django's default) with a
     # read cannot then write once another connection has committed ("database is locked"
     # at once, whatever the busy timeout); a write first waits for the lock instead.
@@ -309,10 +314,11 @@ class Protected:
 
     def count_referenced(self, cutoff: datetime.datetime, statuses: Sequence[str]) -> int:
         """Count the jobs that a model's row refers to, which the prune left."""
-        fields = references(sql.db())
+        alias = sql.db()
+        fields = references(alias)
         self.models = [f"{f.model._meta.label}.{f.name}" for f in fields]
-        left = _finished(cutoff, statuses).exclude(_unreferenced(sql.db())) if fields else None
-        self.referenced = 0 if left is None else left.count()
+        referenced = sql.unreferenced_sql(alias, fields)
+        self.referenced = sql.count_referenced(cutoff, statuses, referenced) if fields else 0
         return self.referenced
 
     def report(self) -> None:
@@ -344,38 +350,33 @@ def delete_singly(
     statuses: Sequence[str],
     size: int,
     protected: Protected,
-    garbage: GarbagePurge,
-) -> Pruned:
+    done: Pruned,
+) -> None:
     """The batch ``delete_batch`` could not delete as a whole (the database ``refused`` it:
     a row another table refers to, a trigger), one job per transaction, in (``finished_at``, id)
     order from ``protected.position``: those it refuses are left behind
     ``protected.after``. Only after such a refusal, so the usual batch stays one
-    statement. If the database fails part-way, the dead ids of the jobs already deleted
-    still leave ``garbage`` before the error goes on."""
+    statement. What it deletes is added to ``done`` as each job's transaction commits: if
+    the database fails part-way, the caller still has the jobs already deleted (their
+    count, their dead ids) when the error goes on."""
     alias = sql.db()
-    done = Pruned(batches=1)
-    try:
-        rows = sql.choose_finished(cutoff, statuses, size, protected.position,
-                                   _referenced_sql(), lock=False)  # fmt: skip
-        done.chosen = len(rows)
-        for position in rows:
-            done.last = position
-            try:  # a transaction each: a deferred constraint refuses at COMMIT
-                with transaction.atomic(using=alias):
-                    one = _delete(alias, cutoff, statuses, [position[1]])
-            except DatabaseError as exc:
-                if not refused(exc):
-                    raise
-                protected.refuse(position, exc)
-                done.protected += 1
-                continue
+    rows = sql.choose_finished(cutoff, statuses, size, protected.position,
+                               _referenced_sql(), lock=False)  # fmt: skip
+    done.chosen = len(rows)
+    for position in rows:
+        try:  # a transaction each: a deferred constraint refuses at COMMIT
+            with transaction.atomic(using=alias):
+                one = _delete(alias, cutoff, statuses, [position[1]], lock=True)
+        except DatabaseError as exc:
+            if not refused(exc):
+                raise
+            protected.refuse(position, exc)
+            done.protected += 1
+        else:
             done.jobs += one.jobs
             done.events += one.events
             done.dead += one.dead
-    except DatabaseError:
-        garbage.purge(done.dead)
-        raise
-    return done
+        done.last = position  # not a failed one's: the next batch tries it again
 
 
 def prune(
@@ -417,6 +418,19 @@ def prune(
     garbage = GarbagePurge()
     protected = Protected() if protected is None else protected
     stop = threading.Event() if stop is None else stop
+
+    def add(done: Pruned) -> None:
+        if done.last is not None:
+            protected.walked = done.last
+        if done.batches:
+            garbage.purge(done.dead)
+            total.jobs += done.jobs
+            total.events += done.events
+            total.protected += done.protected
+            total.batches += 1
+            if progress is not None:
+                progress(total)
+
     try:
         while True:
             started = time.monotonic()
@@ -425,17 +439,13 @@ def prune(
             except DatabaseError as exc:  # a row it refuses to delete: the rest, one by one
                 if not refused(exc):
                     raise
-                done = delete_singly(cutoff, statuses, batch, protected, garbage)
-            if done.last is not None:
-                protected.walked = done.last
-            if done.batches:
-                garbage.purge(done.dead)
-                total.jobs += done.jobs
-                total.events += done.events
-                total.protected += done.protected
-                total.batches += 1
-                if progress is not None:
-                    progress(total)
+                done = Pruned(batches=1)
+                try:
+                    delete_singly(cutoff, statuses, batch, protected, done)
+                except DatabaseError:  # what it deleted before is counted, and purged
+                    add(done)
+                    raise
+            add(done)
             if done.chosen < batch:  # none left
                 total.protected += protected.count_referenced(cutoff, statuses)
                 total.complete = True
