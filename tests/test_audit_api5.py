@@ -13,21 +13,15 @@ from django_delayjobs import schedule
 from django_delayjobs.models import Job
 from tests.testapp import tasks
 
-from . import test_rest_helpers
-from .test_rest_helpers import client_for, dead_job, make_user, snapshot, url
+from . import test_audit_api2, test_rest_helpers
+from .test_audit_api2 import HOOK
+from .test_rest_helpers import dead_job, snapshot, url
 
 http = test_rest_helpers.http  # a fixture: callbacks to hooks.example.com allowed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-HOOK = "https://hooks.example.com/orders/42/expire"
-
-
-@pytest.fixture
-def api():
-    client = client_for(make_user(superuser=True))
-    client.raise_request_exception = False  # a 500 is a status to assert on, not a raise
-    return client
+api = test_audit_api2.api  # a fixture: a superuser's client, a 500 a status
 
 
 # -- a field given twice in a body is a 400, not its last value ---------------------------

@@ -20,6 +20,7 @@ from django_delayjobs.models import Job, JobEvent, Status
 from tests.helpers import WritesLocked, in_thread, wait_for
 from tests.test_audit_ops2 import session
 from tests.test_audit_ret import hand_table, old_jobs  # noqa: F401 (fixture)
+from tests.test_audit_ret3 import count_plans
 from tests.test_retention import dead_in_garbage
 from tests.testapp.models import Receipt
 
@@ -160,18 +161,8 @@ def test_the_jobs_a_model_keeps_are_counted_through_the_index_the_prune_walks():
     [kept] = old_jobs(1, timedelta(days=40))
     Receipt.objects.create(job=kept)
     old_jobs(3, timedelta(days=40))
-    plans = []
-
-    def explain(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
-        if "count(" in sql.lower() and not sql.startswith("EXPLAIN"):
-            cursor = context["cursor"]
-            if connection.vendor == "postgresql":  # few rows: the planner would read them all
-                cursor.execute("SET LOCAL enable_seqscan = off")
-            prefix = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
-            cursor.execute(prefix + sql, params)
-            plans.append("\n".join(str(row) for row in cursor.fetchall()))
-        return execute(sql, params, many, context)
-
+    plans: list[str] = []
+    explain = count_plans(plans)
     protected = retention.Protected()
     with transaction.atomic(), connection.execute_wrapper(explain):
         left = protected.count_referenced(timezone.now() - timedelta(days=30),
