@@ -443,7 +443,8 @@ def prune(
                 try:
                     delete_singly(cutoff, statuses, batch, protected, done)
                 except DatabaseError:  # what it deleted before is counted, and purged
-                    add(done)
+                    if done.last is not None:  # else it tried none: no batch
+                        add(done)
                     raise
             add(done)
             if done.chosen < batch:  # none left
