@@ -269,22 +269,24 @@ def _check_database(conn: BaseDatabaseWrapper) -> Check:
     try:
         with conn.cursor() as cursor:
             if conn.vendor == "postgresql":  # a standby, or default_transaction_read_only;
-                # a role that may not update the job table (NULL: no table, said below)
+                # a role that may update no column of the job table (a grant of the
+                # columns a claim updates is enough; NULL: no table, said below)
                 cursor.execute(
                     "SELECT current_setting('transaction_read_only'), "
-                    "coalesce(has_table_privilege(to_regclass(%s), 'UPDATE'), true)",
+                    "coalesce(has_any_column_privilege(to_regclass(%s), 'UPDATE'), true), "
+                    "current_user",
                     [conn.ops.quote_name(Job._meta.db_table)],
                 )
             else:
-                cursor.execute("SELECT 'off', true")
-            setting, may_update = cursor.fetchone()
+                cursor.execute("SELECT 'off', true, ''")
+            setting, may_update, role = cursor.fetchone()
             read_only = setting == "on"
     except DatabaseError as exc:
         return Check("database", False, f"unavailable: {str(exc).strip() or type(exc).__name__}")
     if not may_update:
         return Check("database", False, (
-            f"refuses writes: this role ({conn.settings_dict.get('USER') or 'default'}) may "
-            "not update the job table, so no worker can claim a job"
+            f"refuses writes: this role ({role}) may not update the job table, so no "
+            "worker can claim a job"
         ))  # fmt: skip
     if read_only:
         return Check(

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
 from django.test import Client
 
 from django_delayjobs.callbacks.signing import new_secret, sign
+from django_delayjobs.connection import get_engine
+from tests.test_health import private_redis  # noqa: F401 (a fixture)
 from tests.test_metrics import user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +34,8 @@ def test_the_health_view_answers_behind_a_login_wall(settings, method):
 def test_the_rest_api_answers_its_own_authentication_behind_a_login_wall(settings):
     """DRF authenticates inside its views (HTTP Basic here, a token in many projects),
     after the middleware ran: the API's views are exempt from it (DRF 3.16+, which this
-    app requires), and an anonymous caller gets the API's own refusal, not a redirect."""
+    app requires a later one), and an anonymous caller gets the API's own refusal, not a
+    redirect."""
     import base64
 
     settings.MIDDLEWARE = [*settings.MIDDLEWARE,
@@ -61,3 +66,40 @@ def test_a_webhook_receiver_answers_a_signed_request_behind_a_login_wall(setting
     assert response.status_code == 200, (response.status_code, response.get("Location"))
     unsigned = Client().post(path, body, content_type="application/json")
     assert unsigned.status_code == 401
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8"])
+def test_a_json_body_over_the_sites_limit_is_a_413_and_writes_nothing(settings, content_type):
+    """DRF before 3.17.2 handed its JSON parser the request itself, whose ``read()``
+    Django does not hold to ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (``request.body`` alone checks
+    it): any size was read into memory (CVE-2026-73228). The app requires 3.18.2."""
+    from django_delayjobs.models import Job
+    from tests.test_audit_api2 import HOOK
+    from tests.test_rest_helpers import client_for, make_user
+
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1_000
+    settings.DELAYJOBS = {**settings.DELAYJOBS, "HTTP_ALLOWED_HOSTS": ["hooks.example.com"]}
+    api = client_for(make_user(superuser=True))
+    body = json.dumps({"url": HOOK, "in": 60, "json": {"pad": "x" * 2_000}})
+    response = api.post("/api/delayjobs/callbacks/", body, content_type=content_type)
+    assert response.status_code == 413, response.content
+    assert "DATA_UPLOAD_MAX_MEMORY_SIZE" in response.json()["detail"]
+    assert not Job.objects.exists()
+    small = json.dumps({"url": HOOK, "in": 60, "json": {"pad": "x" * 500}})
+    assert (
+        api.post("/api/delayjobs/callbacks/", small, content_type=content_type).status_code == 201
+    )
+
+
+def test_a_probe_key_of_another_type_is_no_refusal(request):
+    """Redis refuses a write (OOM, MISCONF, NOREPLICAS, READONLY) before it runs it: a
+    ``WRONGTYPE`` from the write probe says Redis took the write, to a key another
+    program made a list. The check read it as a refusal, for as long as the key stayed."""
+    from tests.test_health import health, names
+
+    client = request.getfixturevalue("private_redis")  # its own: the suite's is emptied
+    key = f"{{{get_engine().prefix}}}:write-probe"
+    client.rpush(key, "another program's")
+    code, lines = health("--min-workers", "0")
+    assert code == 0 and names(lines, "FAIL") == [], lines
+    assert client.lrange(key, 0, -1) == [b"another program's"]  # left as it was

@@ -19,7 +19,14 @@ from redis.exceptions import NoScriptError
 
 from . import sharding
 from .directory import Directory
-from .errors import EngineUnavailable, PerShard, guarded, replica_refused, unreachable
+from .errors import (
+    EngineUnavailable,
+    PerShard,
+    WrongType,
+    guarded,
+    replica_refused,
+    unreachable,
+)
 from .keys import QueueKeys, validate_name
 from .results import Overview, QueueStats, merge_stats
 from .routing import Router
@@ -522,7 +529,9 @@ class Reader:
         with nothing it may evict: a ``volatile-*`` policy and no key with a time to live,
         as the jobs' keys have none). The write is ``SETRANGE`` of nothing on a key that
         does not exist: it creates no key and is not replicated, and Redis refuses it when
-        full, as it refuses every command that may grow memory (a ``DEL`` it would run)."""
+        full, as it refuses every command that may grow memory (a ``DEL`` it would run).
+        Redis refuses before it runs a command: a key of another type (another program's)
+        answers ``WRONGTYPE``, having taken the write."""
         if not self.is_cluster:
             targets = [("", f"{{{self.prefix}}}:write-probe")]
         else:
@@ -532,6 +541,8 @@ class Reader:
         for address, key in targets:
             try:
                 self._call(partial(self.client.setrange, key, 0, b""))
+            except WrongType:  # another program's key: Redis refuses before it runs a write
+                continue
             except EngineUnavailable as exc:
                 if not unreachable(exc):
                     return address, exc

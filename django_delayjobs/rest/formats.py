@@ -65,8 +65,9 @@ class SafeJSONParser(JSONParser):
 
 
 def text_encoding(parser_context: Any) -> str:
-    """The body's charset, if it is a text encoding (DRF 3.18's check, for older ones): a
-    bytes codec such as ``bz2_codec`` would decompress a body past the size limit."""
+    """The body's charset, if it is a text encoding (DRF's own parser checks it since
+    3.18.2, which this one replaces): a bytes codec such as ``bz2_codec`` would
+    decompress a body past the size limit."""
     encoding = str(parser_context.get("encoding") or settings.DEFAULT_CHARSET)
     try:
         "".encode(encoding)
