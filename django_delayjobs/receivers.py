@@ -9,7 +9,7 @@ from django.dispatch import Signal
 
 from .door import check_column
 from .models import JobEvent
-from .registry import DelayableMethod, describe
+from .registry import BoundAction, DelayableMethod, describe
 from .serialization import check_text
 from .services import cancel_for
 
@@ -54,7 +54,12 @@ def cancel_on(
     # is connected once; other options give a receiver of their own. No dispatch_uid: the
     # receiver returned must disconnect as any other, signal.disconnect(receiver, sender).
     # Ids, as Django's own lookup keys; the entry holds the objects, so no id is reused.
-    key = (id(signal), repr(action), id(sender), instance_kwarg, actor, fail_if_running)
+    # The action by its text, or by the id of the method (a bound one's, which cancel_for
+    # takes whoever it is bound to): not its repr, the same for methods of two models of
+    # one class name.
+    method = action.method if isinstance(action, BoundAction) else action
+    what = method if isinstance(method, str) else id(method)
+    key = (id(signal), what, id(sender), instance_kwarg, actor, fail_if_running)
     connected = _receivers.setdefault(key, (signal, action, sender, receiver))[3]
     signal.connect(connected, sender=sender, weak=False)  # already connected: nothing
     return connected

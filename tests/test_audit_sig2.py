@@ -7,11 +7,14 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.dispatch import Signal
 
-from django_delayjobs import schedule, signals
+from django_delayjobs import cancel_on, schedule, signals
 from django_delayjobs.backends import connect_signals
 from django_delayjobs.models import Job, Status
+from django_delayjobs.registry import DelayableMethod
 from tests.testapp import tasks
+from tests.testapp.models import LoudThing, Thing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,3 +55,25 @@ def test_a_receiver_connected_for_sender_job_gets_the_worker_signals(without_tas
         signal.disconnect(receiver, sender=Job)
     status = Status.RUNNING if name == "job_started" else Status.SUCCEEDED
     assert got == [(Job, str(job.pk), status)]
+
+
+def test_cancel_on_for_two_methods_of_the_same_qualified_name_connects_both(monkeypatch):
+    """cancel_on keyed its receivers by repr(action), "<delayable method Thing.touch>" for
+    every model class named Thing, whatever its module: a second model of that name (a
+    child or proxy in another app) got the first one's receiver back, its own never
+    connected, and its jobs were never cancelled by the signal."""
+
+    def touch(self: LoudThing) -> None:
+        pass
+
+    touch.__qualname__ = "Thing.touch"  # as a class named Thing in another module
+    other = DelayableMethod(touch)
+    monkeypatch.setattr(LoudThing, "touch", other, raising=False)
+    other.__set_name__(LoudThing, "touch")
+    assert repr(other) == repr(Thing.touch)
+    paid = Signal()
+    first = cancel_on(paid, Thing.touch, sender=Thing, name="paid")
+    second = cancel_on(paid, LoudThing.touch, sender=Thing, name="paid")
+    assert second is not first
+    assert cancel_on(paid, LoudThing.touch, sender=Thing, name="paid") is second  # ready() twice
+    assert len(paid.receivers) == 2
