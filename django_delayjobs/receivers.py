@@ -28,13 +28,18 @@ def cancel_on(
     The receiver runs inside the sender's transaction, so the cancel commits or rolls
     back with it. With ``fail_if_running``, the receiver raises ``AlreadyRunning`` when such a
     job has already started, which rolls the sender's transaction back. Call this from an
-    ``AppConfig.ready()``. Returns the receiver.
+    ``AppConfig.ready()``. Returns the receiver. ``instance_kwarg="sender"``: the object
+    is the signal's sender (``order_paid.send(sender=order)``).
     """
     # Checked now, not when the signal fires inside the sender's transaction.
     if not isinstance(signal, Signal):
         raise TypeError(f"signal must be a django.dispatch.Signal, not {type(signal).__name__}")
     if not isinstance(instance_kwarg, str):
         raise TypeError(f"instance_kwarg must be a str, not {type(instance_kwarg).__name__}")
+    if instance_kwarg == "signal":  # Django's own keyword: the Signal, never the object
+        raise TypeError("instance_kwarg cannot be 'signal': Django sends the Signal under it")
+    if instance_kwarg == "sender" and sender is not None:  # it would never match the object
+        raise TypeError("instance_kwarg='sender' takes no sender=: the object is the sender")
     if not isinstance(fail_if_running, bool):
         raise TypeError(f"fail_if_running must be a bool, not {type(fail_if_running).__name__}")
     actor = check_column(f"signal:{name}" if name else "signal", "the actor 'signal:' + name",
@@ -45,7 +50,8 @@ def cancel_on(
         describe(action)  # NotDelayable for a callable that is not a registered action
 
     def receiver(sender: Any, **kwargs: Any) -> None:
-        instance = kwargs.get(instance_kwarg)
+        # "sender": the object sent as the sender (signal.send(sender=order))
+        instance = sender if instance_kwarg == "sender" else kwargs.get(instance_kwarg)
         if instance is None:
             raise TypeError(f"cancel_on: the signal was sent without {instance_kwarg}=")
         cancel_for(instance, action, actor=actor, fail_if_running=fail_if_running)

@@ -7,16 +7,22 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import transaction
 from django.dispatch import Signal
 
 from django_delayjobs import cancel_on, schedule, signals
 from django_delayjobs.backends import connect_signals
-from django_delayjobs.models import Job, Status
+from django_delayjobs.models import EventKind, Job, Status
 from django_delayjobs.registry import DelayableMethod
 from tests.testapp import tasks
 from tests.testapp.models import LoudThing, Thing
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def thing() -> Thing:
+    return Thing.objects.create(name="t")
 
 
 def burst() -> None:
@@ -77,3 +83,25 @@ def test_cancel_on_for_two_methods_of_the_same_qualified_name_connects_both(monk
     assert second is not first
     assert cancel_on(paid, LoudThing.touch, sender=Thing, name="paid") is second  # ready() twice
     assert len(paid.receivers) == 2
+
+
+def test_cancel_on_finds_the_instance_sent_as_the_sender(thing):
+    """A signal sent as Django's own idiom has it, ``order_paid.send(sender=order)``, gives
+    the receiver the object as its sender argument, never among the keywords: with
+    instance_kwarg="sender" each payment failed with "the signal was sent without
+    sender=", rolled back; "signal" (Django's own keyword, the Signal) failed each one
+    with cancel_for's TypeError. The first finds the object (sender= would never match it,
+    so it is refused with one), the second is refused when connecting."""
+    paid = Signal()
+    with pytest.raises(TypeError, match="signal"):
+        cancel_on(paid, Thing.expire, instance_kwarg="signal")
+    with pytest.raises(TypeError, match="no sender="):  # Thing would never be the object
+        cancel_on(paid, Thing.expire, sender=Thing, instance_kwarg="sender")
+    assert not paid.receivers
+    cancel_on(paid, Thing.expire, instance_kwarg="sender", name="paid")
+    job = schedule(thing.expire, in_=60)
+    with transaction.atomic():
+        paid.send(sender=thing)
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED
+    assert job.events.get(kind=EventKind.CANCELLED).actor == "signal:paid"
