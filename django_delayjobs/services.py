@@ -239,7 +239,6 @@ def _insert(job: Job, replace: bool, actor: str) -> Job:
         return holder
     else:
         sql.insert_events([_scheduled(job, actor)])
-    _send(signals.job_scheduled, job)
     return job
 
 
@@ -307,7 +306,10 @@ def submit(job: Job, *, replace: bool = False, actor: str = "code") -> Job:
     with transaction.atomic(using=sql.db()):
         stored = _insert(job, replace, actor)
     if stored is job:
+        # Pushed before the signal, as schedule_many does: a receiver that cancels or
+        # reschedules the job finds its id in Redis, not added again after its change.
         _after_commit(lambda: push([job]))
+        _send(signals.job_scheduled, job)
     return stored
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,8 +13,10 @@ from django.dispatch import Signal
 
 from django_delayjobs import cancel_on, schedule, signals
 from django_delayjobs.backends import connect_signals
+from django_delayjobs.connection import get_engine
 from django_delayjobs.models import EventKind, Job, Status
 from django_delayjobs.registry import DelayableMethod
+from django_delayjobs.services import cancel
 from tests.testapp import tasks
 from tests.testapp.models import LoudThing, Thing
 
@@ -105,3 +108,25 @@ def test_cancel_on_finds_the_instance_sent_as_the_sender(thing):
     job.refresh_from_db()
     assert job.status == Status.CANCELLED
     assert job.events.get(kind=EventKind.CANCELLED).actor == "signal:paid"
+
+
+@pytest.mark.parametrize("outer", [False, True], ids=["autocommit", "in-a-transaction"])
+def test_a_job_scheduled_receiver_that_cancels_the_job_leaves_no_id_in_redis(redis_client, outer):
+    """schedule() sent job_scheduled before it pushed the job to Redis (schedule_many the
+    other way round): a receiver that cancelled the job (a rule that refuses it) removed
+    an id not there yet, and the push then added it. The row cancelled, its id sat in
+    Redis until due, counted as pending."""
+    cancelled: list[bool] = []
+
+    def refuse(sender: Any, job: Job, **kwargs: Any) -> None:
+        cancelled.append(cancel(job))
+
+    signals.job_scheduled.connect(refuse)
+    try:
+        with transaction.atomic() if outer else contextlib.nullcontext():
+            job = schedule(tasks.record, in_=60, args=["refused"])
+    finally:
+        signals.job_scheduled.disconnect(refuse)
+    assert cancelled == [True]
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+    assert get_engine().stats("default").pending == 0
