@@ -27,7 +27,8 @@ def send(signal: Signal, job: Any, **kwargs: Any) -> bool:
     that unwinds everything) is logged too, as the worker treats an action that does;
     ``send_robust`` catches only ``Exception``, so the receivers after it miss this one.
     """
-    return send_logged(signal, type(job), job=job, **kwargs)
+    # Job for a proxy's instance too (a caller's job read through one): not type(job).
+    return send_logged(signal, job._meta.concrete_model, job=job, **kwargs)
 
 
 def send_logged(signal: Signal, sender: Any, **kwargs: Any) -> bool:

@@ -10,6 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 from django.dispatch import Signal
+from django.test.utils import isolate_apps
 
 from django_delayjobs import cancel_on, schedule, signals
 from django_delayjobs.backends import connect_signals
@@ -130,3 +131,28 @@ def test_a_job_scheduled_receiver_that_cancels_the_job_leaves_no_id_in_redis(red
     assert cancelled == [True]
     assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
     assert get_engine().stats("default").pending == 0
+
+
+@isolate_apps("django_delayjobs")
+def test_a_job_given_as_a_proxy_of_job_is_still_sent_with_sender_job(thing):
+    """Every signal is sent with sender=Job, and receivers connect for it: cancel() given
+    a job read through a proxy of Job (an admin's "dead jobs" model) sent job_cancelled
+    with the proxy as its sender (type(job)), which receivers of Job never got."""
+
+    class DeadJob(Job):
+        class Meta:
+            proxy = True
+            app_label = "django_delayjobs"
+
+    got: list[Any] = []
+
+    def receiver(sender: Any, job: Job, **kwargs: Any) -> None:
+        got.append((sender, job.pk))
+
+    job = schedule(thing.touch, in_=60)
+    signals.job_cancelled.connect(receiver, sender=Job)
+    try:
+        assert cancel(DeadJob.objects.get(pk=job.pk))
+    finally:
+        signals.job_cancelled.disconnect(receiver, sender=Job)
+    assert got == [(Job, job.pk)]
