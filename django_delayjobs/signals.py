@@ -28,7 +28,8 @@ def send(signal: Signal, job: Any, **kwargs: Any) -> bool:
     ``send_robust`` catches only ``Exception``, so the receivers after it miss this one.
     """
     # Job for a proxy's instance too (a caller's job read through one): not type(job).
-    return send_logged(signal, job._meta.concrete_model, job=job, **kwargs)
+    sender = getattr(getattr(job, "_meta", None), "concrete_model", type(job))
+    return send_logged(signal, sender, job=job, **kwargs)
 
 
 def send_logged(signal: Signal, sender: Any, **kwargs: Any) -> bool:

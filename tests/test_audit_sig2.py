@@ -37,9 +37,9 @@ def burst() -> None:
 def without_task_receivers() -> Iterator[None]:
     """As in a project that does not use the Tasks backend: its receivers (of any sender)
     are not connected."""
-    assert signals.job_started.disconnect(dispatch_uid="delayjobs-tasks-started")
-    assert signals.job_succeeded.disconnect(dispatch_uid="delayjobs-tasks-succeeded")
     try:
+        assert signals.job_started.disconnect(dispatch_uid="delayjobs-tasks-started")
+        assert signals.job_succeeded.disconnect(dispatch_uid="delayjobs-tasks-succeeded")
         yield
     finally:
         connect_signals()
