@@ -219,13 +219,15 @@ def check_built(job: Job, now: datetime.datetime) -> None:
         job.expires_at = timing.within_range(expires_at, "expires_at", now)
         timing.check_runnable(job.run_at, job.expires_at, now)
     job.queue = check_queue(job.queue)
-    check_column(job.action, "action", "action")
+    # As plain text: what the checks below read (a subclass's rpartition, its hash in the
+    # registry) is what is stored.
+    job.action = check_column(job.action, "action", "action")
     if job.target_id is not None:
-        check_column(job.target_id, "the target's primary key", "target_id")
+        job.target_id = check_column(job.target_id, "the target's primary key", "target_id")
     model = check_target(job)
     if model is not None:
         check_target_id(job, model)
-    check_positive(job.max_attempts, "max_attempts")
+    job.max_attempts = check_positive(job.max_attempts, "max_attempts")
     job.priority = check_priority(job.priority)
     if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
         raise TypeError("a job's args must be a list and its kwargs a dict: use build_job")

@@ -13,7 +13,7 @@ from django.core.management import call_command
 
 from django_delayjobs import schedule
 from django_delayjobs.connection import get_engine
-from django_delayjobs.exceptions import InvalidSchedule
+from django_delayjobs.exceptions import InvalidSchedule, NotDelayable
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job, schedule_many
 from django_delayjobs.timing import to_ms
@@ -167,4 +167,38 @@ def test_a_datetime_subclass_in_a_built_job_is_stored_as_the_time_it_holds():
 def test_a_datetime_subclass_at_the_limits_is_refused_clearly(at):
     with pytest.raises(InvalidSchedule):
         schedule(tasks.keep, at=at)
+    assert not Job.objects.exists()
+
+
+def test_an_int_subclass_in_a_built_job_is_stored_as_the_int_it_holds():
+    """``schedule_many`` checked ``max_attempts`` (3) and left the subclass on the job:
+    Django's integer field writes ``int()`` of it, which the subclass says is 1,000,000."""
+    job = build_job(tasks.keep, in_=60)
+    job.max_attempts = Fibbing(3)
+    schedule_many([job])
+    job.refresh_from_db()
+    assert job.max_attempts == 3
+
+
+class Posing(str):
+    """A str whose hash and ``rpartition`` are another action's: ``schedule_many`` checked
+    the registry and the target by them, and stored the text it holds."""
+
+    def __hash__(self) -> int:
+        return hash("tests.testapp.tasks.keep")
+
+    def __eq__(self, other: object) -> bool:
+        return other == "tests.testapp.tasks.keep" or str.__eq__(self, other)
+
+    def rpartition(self, sep: str) -> tuple[str, str, str]:  # type: ignore[override]
+        return "tests.testapp.tasks.keep".rpartition(sep)
+
+
+def test_an_action_name_of_a_str_subclass_is_checked_as_the_text_it_holds():
+    """It passed the door as ``tests.testapp.tasks.keep`` and was stored as a name no
+    action has: the job went dead at its first attempt."""
+    job = build_job(tasks.keep, in_=0)
+    job.action = Posing("tests.testapp.tasks.nothing_by_this_name")
+    with pytest.raises(NotDelayable, match="nothing_by_this_name"):
+        schedule_many([job])
     assert not Job.objects.exists()
