@@ -29,6 +29,7 @@ def check_positive(value: object, what: str) -> int:
     """``value`` if it is an int from 1 to ``MAX_ATTEMPTS_LIMIT``, else raise."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    value = int.__int__(value)  # the int it holds: a subclass's comparisons decide nothing
     if value < 1:
         # short_repr: str() of an int of more than 4,300 digits raises ValueError
         raise InvalidSchedule(f"{what} must be at least 1, got {short_repr(value)}")
@@ -41,10 +42,12 @@ def check_priority(value: object) -> int:
     """``value`` if it is an int from -100 to 100 (higher starts first), else raise."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"priority must be an int, not {type(value).__name__}")
+    # A plain int, read by int's own method (a subclass's __int__ may say another): redis-py
+    # sends an int as its repr(), "<Priority.HIGH: 5>" for an IntEnum
+    value = int.__int__(value)
     if value not in PRIORITY_RANGE:
         raise InvalidSchedule(f"priority must be from -100 to 100, got {short_repr(value)}")
-    # A plain int: redis-py sends an int as its repr(), "<Priority.HIGH: 5>" for an IntEnum
-    return int(value)
+    return value
 
 
 def check_column(value: object, what: str, field: str, model: type[models.Model] = Job) -> str:
@@ -216,13 +219,15 @@ def check_built(job: Job, now: datetime.datetime) -> None:
         job.expires_at = timing.within_range(expires_at, "expires_at", now)
         timing.check_runnable(job.run_at, job.expires_at, now)
     job.queue = check_queue(job.queue)
-    check_column(job.action, "action", "action")
+    # As plain text: what the checks below read (a subclass's rpartition, its hash in the
+    # registry) is what is stored.
+    job.action = check_column(job.action, "action", "action")
     if job.target_id is not None:
-        check_column(job.target_id, "the target's primary key", "target_id")
+        job.target_id = check_column(job.target_id, "the target's primary key", "target_id")
     model = check_target(job)
     if model is not None:
         check_target_id(job, model)
-    check_positive(job.max_attempts, "max_attempts")
+    job.max_attempts = check_positive(job.max_attempts, "max_attempts")
     job.priority = check_priority(job.priority)
     if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
         raise TypeError("a job's args must be a list and its kwargs a dict: use build_job")

@@ -39,11 +39,15 @@ def due_time(in_: object, at: object, now: datetime.datetime | None = None) -> d
 
 def delay(value: object, what: str) -> datetime.timedelta:
     """Return ``value`` (a timedelta or seconds) as a timedelta from 0 to ``MAX_AHEAD``."""
+    # Read through the base type's own methods: a subclass's overrides (its comparisons,
+    # its total_seconds) must not decide what is checked, which is what is stored.
     seconds: float
     if isinstance(value, datetime.timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = value  # an int is compared as it is: float(10**400) raises OverflowError
+        seconds = datetime.timedelta.total_seconds(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        seconds = int.__int__(value)  # compared as an int: float(10**400) raises OverflowError
+    elif isinstance(value, float):
+        seconds = float.__float__(value)
     else:
         raise TypeError(
             f"{what} must be a timedelta or a number of seconds, not {short_repr(value)}"
@@ -67,14 +71,26 @@ def aware(value: object, what: str) -> datetime.datetime:
     if not isinstance(value, datetime.datetime):
         raise TypeError(f"{what} must be a datetime, not {type(value).__name__}")
     try:
-        naive = timezone.is_naive(value)
+        naive = datetime.datetime.utcoffset(value) is None  # datetime's own: as _exact
     except TZINFO_ERRORS as exc:  # a tzinfo that cannot answer
         raise InvalidSchedule(f"{what}={value!r} has a time zone that fails: {exc}") from None
     if naive:
         raise InvalidSchedule(
             f"{what}={value!r} is naive: pass an aware datetime (e.g. timezone.now() + ...)"
         )
-    return value
+    return value if type(value) is datetime.datetime else _exact(value, what)
+
+
+def _exact(value: datetime.datetime, what: str) -> datetime.datetime:
+    """The instant an aware datetime of a subclass holds, as a plain datetime in UTC, read
+    through ``datetime``'s own subtraction: its overrides (``str()``, which Django writes
+    to SQLite, ``astimezone``, ``__sub__``) decide nothing, as for arguments."""
+    try:
+        return EARLIEST + datetime.datetime.__sub__(value, EARLIEST)
+    except OverflowError:  # a year near 1 or 9999, shifted by its offset
+        raise InvalidSchedule(
+            f"{what} is not from 1970 to {MAX_AHEAD.days} days from now"
+        ) from None
 
 
 def within_range(
