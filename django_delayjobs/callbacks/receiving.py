@@ -2,10 +2,10 @@
 only if its Standard Webhooks signature and timestamp check out.
 
 A callback carries no session and no CSRF token: its signature is its authentication, so
-the decorated view is CSRF-exempt (and exempt from ``LoginRequiredMiddleware``) and
-answers 401 to anything that does not verify.
-Receivers should also treat ``request.webhook_id`` as an idempotency key: a callback is
-delivered at least once, and a retry carries the same id.
+the decorated view is CSRF-exempt, needs no login (``LoginRequiredMiddleware``), and
+answers 401 to anything that does not verify. Receivers should also treat
+``request.webhook_id`` as an idempotency key: a callback is delivered at least once, and
+a retry carries the same id.
 """
 
 from __future__ import annotations
