@@ -431,6 +431,7 @@ def connect_signals() -> None:
     signals.job_started.connect(_started, dispatch_uid="delayjobs-tasks-started")
     signals.job_succeeded.connect(_finished, dispatch_uid="delayjobs-tasks-succeeded")
     signals.job_dead.connect(_finished, dispatch_uid="delayjobs-tasks-dead")
+    signals.job_skipped.connect(_finished, dispatch_uid="delayjobs-tasks-skipped")
     signals.job_cancelled.connect(_finished, dispatch_uid="delayjobs-tasks-cancelled")
 
 

@@ -613,12 +613,17 @@ class Execution:
         error = sql.clean_text(f"this job's row cannot be read back, so it cannot run: {exc!r}")
         logger.error("job %s: %s", self.job_id, error,
                      extra=job_fields(self.job_id, self.queue, outcome="dead"))  # fmt: skip
+        now = timezone.now()
         try:
             with transaction.atomic(using=sql.db()):
-                buried = sql.bury_unreadable(self.job_id, error, self.actor, timezone.now())
+                buried = sql.bury_unreadable(self.job_id, error, self.actor, now)
         except (OperationalError, InterfaceError) as db_exc:
             return self.hand_back(db_exc)
+        # What ``job_dead``'s receivers can read of it: the columns that need no conversion,
+        # and the outcome just written. Any other field is read from the row when asked.
         job = Job.objects.only("id", "queue", "action", "status").filter(pk=self.job_id).first()
+        if buried and job is not None:
+            settled(job, {"status": Status.DEAD, "finished_at": now, "last_error": error})
         return Result(Outcome.DEAD if buried else Outcome.DROPPED, job, error=error)
 
     def resolve(self, job: Job) -> Callable[..., Any] | None:

@@ -360,8 +360,11 @@ def send_signals(result: Result) -> bool:
     extra: dict[str, Any] = {"error": result.error}
     if result.outcome == Outcome.SUCCEEDED:
         return signals.send(signals.job_succeeded, job)
-    # The action raised: retrying, dead, or skipped (no time left for another attempt).
+    # The action raised (retrying, dead, or skipped: no time left for another attempt), or
+    # the job ended without running it (dead, or skipped: expired, its target gone).
     failed = result.failed and signals.send(signals.job_failed, job, **extra)
     if result.outcome == Outcome.DEAD:
         return signals.send(signals.job_dead, job, **extra) or failed
+    if result.outcome == Outcome.SKIPPED:
+        return signals.send(signals.job_skipped, job, **extra) or failed
     return failed

@@ -1,7 +1,8 @@
 """Signals django-delayjobs sends, each after the change it reports has committed.
 
-Every signal is sent with ``sender=Job`` and ``job=<the Job>``; ``job_failed`` and
-``job_dead`` also carry ``error`` (the formatted exception).
+Every signal is sent with ``sender=Job`` and ``job=<the Job>``; ``job_failed``,
+``job_dead`` and ``job_skipped`` also carry ``error`` (the formatted exception, or for a
+job that ended without one, why it ended: the job's ``last_error``).
 """
 
 import logging
@@ -17,6 +18,7 @@ job_started = Signal()
 job_succeeded = Signal()
 job_failed = Signal()
 job_dead = Signal()
+job_skipped = Signal()
 
 
 def send(signal: Signal, job: Any, **kwargs: Any) -> bool:
