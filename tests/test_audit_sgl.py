@@ -111,7 +111,7 @@ def test_a_poison_row_buried_dead_sends_job_dead_with_what_can_be_read():
     finished_at, last_error) without reading the row again; one that raises changes
     nothing for the bury or for the receivers after it."""
     job = schedule(tasks.record, in_=0, args=["poison"])
-    plant(job, "args nested 1500 deep")
+    plant(job, "kwargs 5000-digit int")
     read: list[tuple[Any, ...]] = []
 
     def failing(sender: Any, job: Job, **kwargs: Any) -> None:
