@@ -13,7 +13,7 @@ little ahead is still never overtaken within half a lease.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.management import call_command
@@ -90,9 +90,15 @@ def test_a_start_a_little_ahead_is_not_taken_over_before_half_a_lease(settings):
     assert sql.update_fenced(job, success("live"))
 
 
-def test_a_start_ahead_is_taken_over_half_a_lease_after_it_was_first_found(settings):
+@pytest.mark.parametrize("year", [None, 9999], ids=["a year ahead", "near the year 9999"])
+def test_a_start_ahead_is_taken_over_half_a_lease_after_it_was_first_found(settings, year):
+    """Each delivery used to count the half lease from its own now: never taken over
+    before that start (a row edited near the year 9999: never)."""
     settings.DELAYJOBS = {**settings.DELAYJOBS, "LEASE_SECONDS": 1}  # half a lease: 0.5 s
     job = started_by_a("found", timedelta(days=365))
+    if year is not None:
+        edited = datetime.max.replace(tzinfo=UTC) - timedelta(minutes=1)
+        Job.objects.filter(pk=job.pk).update(started_at=edited)
     first = Execution(Q, str(job.pk), "B").claim()
     assert isinstance(first, Result) and first.outcome == Outcome.DEFERRED
     assert first.retry_at is not None
