@@ -523,9 +523,9 @@ class Execution:
         if running and job.started_at is not None and job.worker != self.worker_id[:128]:
             # Its worker may be alive (see sql.takeover_delay): neither taken over nor
             # buried, even out of deliveries (its last delivery may be the one running).
-            # A start ahead of this host's clock counts from now: looked at again, and
-            # said, each half lease.
-            takeover_at = min(job.started_at, now) + sql.takeover_delay()
+            if job.started_at > now:
+                return self.found_ahead(job, now)
+            takeover_at = job.started_at + sql.takeover_delay()
             if takeover_at > now:
                 return self.not_taken_over(job, now, takeover_at)
         self.job = job
@@ -573,20 +573,41 @@ class Execution:
                     extra=job_fields(self.job_id, self.queue, job, "deferred"))  # fmt: skip
         return Result(Outcome.DEFERRED, job, retry_at=timezone.now() + HAND_BACK_DELAY)
 
-    def not_taken_over(self, job: Job, now: datetime, takeover_at: datetime) -> Result:
+    def found_ahead(self, job: Job, now: datetime) -> Result:
+        """Defer the delivery of a running row whose start lies ahead of this host's clock
+        (written by a worker host whose clock is ahead, or by hand), and write ``now`` as
+        its start. Its claim came before the read that found it running, so half a lease
+        from now is as safe as from its real start, and every later delivery counts from
+        this time: each counting from its own now, a start a day ahead was taken over only
+        a day later, with a warning every half lease. Written only while the row still
+        runs that delivery with a start ahead (one statement, on this path only); a row
+        changed since is looked at again shortly."""
+        assert job.started_at is not None
+        held = Job.objects.filter(pk=job.pk, status=Status.RUNNING, attempts=job.attempts,
+                                  deliveries=job.deliveries, worker=job.worker,
+                                  started_at__gt=now)  # fmt: skip
+        if not held.update(started_at=now):
+            return self.not_claimed_yet(job)
+        started, job.started_at = job.started_at, now
+        return self.not_taken_over(job, now, now + sql.takeover_delay(), started)
+
+    def not_taken_over(
+        self, job: Job, now: datetime, takeover_at: datetime, started: datetime | None = None
+    ) -> Result:
         """Defer the delivery of a row running since less than half a lease: said, as it
         means that Redis lost the lease of a live worker (its data, a failover), or that an
-        outcome write failed; a start ahead of this host's clock, that the hosts' clocks
-        disagree (each second they do delays the takeover one second)."""
+        outcome write failed. ``started``: the start it had, ahead of this host's clock
+        (``found_ahead``), which says that the hosts' clocks disagree."""
         assert job.started_at is not None
-        ahead = (job.started_at - now).total_seconds()
+        started = started or job.started_at
+        ahead = (started - now).total_seconds()
         level, clocks = logging.INFO, ""
         if ahead > 1:
             level = logging.WARNING
-            clocks = (f"; it started {ahead:.0f} s ahead of this host's clock: the clocks of "
-                      "the worker hosts disagree")  # fmt: skip
+            clocks = (f"; it started {ahead:.0f} s ahead of this host's clock (the clocks of "
+                      "the worker hosts disagree): its start is now this host's time")  # fmt: skip
         logger.log(level, "job %s: running since %s on %r, which may still run it: not "
-                   "delivered again before %s%s", self.job_id, job.started_at.isoformat(),
+                   "delivered again before %s%s", self.job_id, started.isoformat(),
                    job.worker, takeover_at.isoformat(), clocks,
                    extra=job_fields(self.job_id, self.queue, job, "deferred"))  # fmt: skip
         return Result(Outcome.DEFERRED, job, retry_at=takeover_at)

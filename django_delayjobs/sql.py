@@ -122,16 +122,17 @@ def takeover_delay() -> timedelta:
     one that started the job on a lease ``LEASE_TRUSTED`` kept on time alone may lose it
     sooner, and that delivery then waits for the half lease). Waiting for half a lease
     delays no such recovery (the sixth between the two covers a late extension and the
-    clocks of two worker hosts, which write and read ``started_at``). A running row
-    younger than that may have a live worker: one whose lease Redis lost (a restart without
-    persistence, a failover to a lagging replica: the reconcile sweep re-adds the id of a
-    row it read as waiting just before that worker started it), or one that started it
-    on a lease trusted on time alone (``LEASE_TRUSTED``) that Redis had lost. Taken over,
-    its action would run twice at once. A delivery handed back after its claim committed
-    (the database failed, the row left running) waits the rest of the half lease too,
-    unless the worker process that started it claims it again (it runs no id twice at
-    once). An action that runs longer than half a lease is not covered: that would take
-    a heartbeat in the row.
+    clocks of two worker hosts, which write and read ``started_at``; a start ahead of the
+    reader's clock counts from the delivery that finds it: ``Execution.found_ahead``).
+    A running row younger than that may have a live worker: one whose lease Redis lost (a
+    restart without persistence, a failover to a lagging replica: the reconcile sweep
+    re-adds the id of a row it read as waiting just before that worker started it), or
+    one that started it on a lease trusted on time alone (``LEASE_TRUSTED``) that Redis
+    had lost. Taken over, its action would run twice at once. A delivery handed back after
+    its claim committed (the database failed, the row left running) waits the rest of the
+    half lease too, unless the worker process that started it claims it again (it runs no
+    id twice at once). An action that runs longer than half a lease is not covered: that
+    would take a heartbeat in the row.
     """
     return timedelta(seconds=delayjobs_settings.LEASE_SECONDS * TAKEOVER_SHARE)
 

@@ -74,8 +74,9 @@ def test_a_row_started_just_now_is_deferred_not_taken_over(caplog):
 
 
 def test_a_row_started_ahead_of_this_hosts_clock_says_the_clocks_disagree(caplog):
-    """Host A's clock is an hour fast: its running row is not taken over before its start
-    (by A's clock) plus half a lease, which a warning says, each time."""
+    """Host A's clock is an hour fast: the delivery that finds its running row's start
+    ahead defers it half a lease from this host's time, which a warning says (the rest:
+    test_audit_clk)."""
     job = started_by_a()
     Job.objects.filter(pk=job.pk).update(started_at=timezone.now() + timedelta(hours=1))
     with caplog.at_level(logging.INFO, logger="django_delayjobs"):
@@ -88,7 +89,7 @@ def test_a_row_started_ahead_of_this_hosts_clock_says_the_clocks_disagree(caplog
 
 def test_a_row_started_near_the_year_9999_is_deferred_with_a_warning(caplog):
     """A start time no takeover time can follow (a row edited by hand): looked at again
-    half a lease later, each time with the clocks' warning; not a crash of the claim."""
+    half a lease later, with the clocks' warning; not a crash of the claim."""
     job = started_by_a()
     edited = datetime.max.replace(tzinfo=UTC) - timedelta(minutes=1)
     Job.objects.filter(pk=job.pk).update(started_at=edited)
