@@ -352,6 +352,10 @@ def log_outcome(queue: str, job_id: str, result: Result) -> None:
         logger.log(level, "job %s: %s", job_id, result.outcome.value, extra=fields)
 
 
+#: The signal of an outcome that ends a job without success.
+ENDED = {Outcome.DEAD: signals.job_dead, Outcome.SKIPPED: signals.job_skipped}
+
+
 def send_signals(result: Result) -> bool:
     """Send the outcome's signals; True if they had receivers."""
     job = result.job
@@ -363,8 +367,5 @@ def send_signals(result: Result) -> bool:
     # The action raised (retrying, dead, or skipped: no time left for another attempt), or
     # the job ended without running it (dead, or skipped: expired, its target gone).
     failed = result.failed and signals.send(signals.job_failed, job, **extra)
-    if result.outcome == Outcome.DEAD:
-        return signals.send(signals.job_dead, job, **extra) or failed
-    if result.outcome == Outcome.SKIPPED:
-        return signals.send(signals.job_skipped, job, **extra) or failed
-    return failed
+    ended = ENDED.get(result.outcome)
+    return (ended is not None and signals.send(ended, job, **extra)) or failed

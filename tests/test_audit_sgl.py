@@ -17,7 +17,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_delayjobs import schedule, signals
+from django_delayjobs import outcomes, schedule, signals
 from django_delayjobs.backends import TaskFailed, TaskResultStatus
 from django_delayjobs.models import Job, Status
 from tests.testapp import task_functions as t
@@ -90,16 +90,21 @@ def test_an_expired_task_sends_task_finished_once_failed():
     assert "expired at" in finished.errors[-1].traceback
 
 
-def test_a_task_whose_retry_would_be_past_its_expiry_sends_task_finished_once_failed():
-    """Its failure sends job_failed, its skip job_skipped; task_finished once, while the
-    task's failure is handled (as for a task that died)."""
+def test_a_task_whose_retry_would_be_past_its_expiry_sends_task_finished_once_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its failure sends job_failed, then its skip job_skipped; task_finished once, while
+    the task's failure is handled (as for a task that died)."""
+    monkeypatch.setattr(outcomes, "backoff_seconds", lambda attempt: 3600.0)  # past expires
     result = t.explode.enqueue("boom")
-    expire(result.id, timezone.now() + datetime.timedelta(seconds=3), max_attempts=3)
+    expire(result.id, timezone.now() + datetime.timedelta(minutes=10), max_attempts=3)
     with heard("job_failed", "job_skipped", "job_dead", "task_finished") as got:
         burst()
     sent = {name: kwargs for name, _, kwargs in got}
     assert [name for name, _, _ in got].count("task_finished") == 1
     assert sorted(sent) == ["job_failed", "job_skipped", "task_finished"]
+    names = [name for name, _, _ in got]
+    assert names.index("job_failed") < names.index("job_skipped")
     assert Job.objects.get(pk=result.id).status == Status.SKIPPED
     assert sent["task_finished"]["task_result"].status == TaskResultStatus.FAILED
     assert sent["task_finished"]["exc_info"] is TaskFailed
