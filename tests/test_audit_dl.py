@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.test import Client
 
 from django_delayjobs.embedded import EmbeddedRedis
 from tests.test_audit_hlt2 import timeless_cache, within  # noqa: F401 (a fixture)
+from tests.test_audit_ops import database_reads, locked_job_table
 from tests.test_health import health, names
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -176,6 +178,26 @@ def test_the_probe_after_one_given_up_on_says_what_that_one_waits_on(frozen_redi
     assert first[0] == 1 and any("waiting on Redis" in line for line in first[1]), first
     assert second[0] == 1, second
     assert any("an earlier health check" in line and "Redis" in line for line in second[1])
+
+
+def test_a_check_held_by_the_database_ends_at_its_deadline_naming_it():
+    """The job table locked (a migration's ALTER TABLE): the database check waits its own
+    5 s; a probe that waits 2 s asks for 1 and hears that the database held it."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite's readers are never held by a lock for longer than its busy timeout")
+    lock = locked_job_table()
+    try:
+        started = time.monotonic()
+        code, lines = health("--timeout", "1", "--min-workers", "0")
+        took = time.monotonic() - started
+    finally:
+        lock.rollback()
+        lock.close()
+        for thread in health_threads() + database_reads():
+            thread.join(10)
+    assert took < 2, took
+    assert code == 1 and names(lines, "ok") == ["redis"], lines
+    assert "waiting on the database" in lines[1], lines
 
 
 # -- delayjobs_stats ---------------------------------------------------------------------------
