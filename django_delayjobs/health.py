@@ -6,7 +6,8 @@ nothing on a key that does not exist, per master), two ``SELECT`` for the databa
 primary-key lookup; on SQLite also an ``UPDATE`` that matches no row), and per queue one
 stats script call (counts of sorted sets, no scan) plus at most one query by primary
 keys (the due time of the oldest ready job, as for the metrics, waited for at most 5 s:
-``bounded.read``).
+``bounded.read``). The whole check takes at most ``Limits.timeout`` seconds (see
+``run_from_settings``): past it, the checks not made fail, naming what it waits on.
 
 - ``redis``: the client has a socket timeout (else it fails without asking Redis, and
   the queue checks with it: a Redis that stops answering would hold the check for good),
@@ -42,9 +43,10 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth.decorators import login_not_required
@@ -72,6 +74,10 @@ MAX_OVERDUE = 366 * 86_400.0
 MAX_WORKERS = 100_000
 MAX_GARBAGE = 10**12
 DEFAULT_MAX_OVERDUE = 60.0
+#: How long a whole check may take by default: under the 5 s that load balancers' probes
+#: wait by default, so that a probe hears why the check fails rather than time out.
+DEFAULT_TIMEOUT = 4.0
+MAX_TIMEOUT = 600.0
 #: Why ``redis`` fails, without asking, for a client whose connections have no socket
 #: timeout: a Redis that stops answering (frozen, or cut off with no reset) would hold the
 #: probe, or the web worker serving ``health/``, for good.
@@ -104,6 +110,7 @@ class Limits:
     max_overdue: float = DEFAULT_MAX_OVERDUE
     min_workers: int = 1
     max_garbage: int | None = None
+    timeout: float = DEFAULT_TIMEOUT
 
 
 def parse_queues(text: str) -> tuple[str, ...]:
@@ -128,6 +135,17 @@ def parse_seconds(text: str) -> float:
     return value
 
 
+def parse_timeout(text: str) -> float:
+    """The seconds a whole check may take: more than 0, at most ``MAX_TIMEOUT``."""
+    try:
+        value = decimal_number(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= MAX_TIMEOUT:  # False for nan
+        raise ValueError(f"must be more than 0 and at most {MAX_TIMEOUT:g} seconds, not {text!r}")
+    return value
+
+
 def parse_count(text: str, high: int) -> int:
     value = whole_number(text)
     if not 0 <= value <= high:
@@ -141,11 +159,14 @@ def run(engine: Engine, limits: Limits) -> list[Check]:
         redis = Check("redis", False, NO_SOCKET_TIMEOUT)
         return without_redis(redis, limits, "not checked: the Redis client has no socket timeout")
     down: dict[str, str] = {}  # the masters of a Cluster that do not answer, with why
+    checks = _progress().made  # in place, so that a caller that gives up sees them
+    _step("Redis (its INFO, and a write that changes nothing)")
     redis, reachable = check_redis(engine, down)
+    checks.append(redis)
     if not reachable:
         return without_redis(redis, limits)
     database = check_database()
-    checks = [redis, database]
+    checks.append(database)
     for n, queue in enumerate(limits.queues):
         away = _on_masters_down(engine, queue, down)
         if away:  # asking would wait for it again, once per queue on it
@@ -196,11 +217,78 @@ def _failed(queues: Sequence[str], limits: Limits, why: str) -> list[Check]:
 
 
 def run_from_settings(limits: Limits) -> list[Check]:
-    """``run`` on the engine of the settings; raise ``DelayJobsError`` for settings that
-    give none. A Redis Cluster none of whose seeds answers gives no engine either (its
-    client reads the slot table when it is made): that is Redis unavailable."""
+    """``run`` on the engine of the settings, within ``limits.timeout``; raise
+    ``DelayJobsError`` for settings that give none. A Redis Cluster none of whose seeds
+    answers gives no engine either (its client reads the slot table when it is made): that
+    is Redis unavailable.
+
+    The checks run in a thread of their own (a call that waits on a socket cannot be
+    stopped), one run at a time (see ``bounded.OneAtATime``). Past the timeout the checks
+    not made fail, naming what the run waits on; the run stops before its next call, and
+    until it has, a check fails at once saying what that one waits on."""
+    progress = Progress()
+
+    def checks() -> list[Check]:
+        global _last
+        _last = _current.progress = progress
+        return _unbounded_from_settings(limits)
+
+    try:
+        return _runs.call(checks, limits.timeout, name="delayjobs-health")
+    except bounded.TimedOut as exc:
+        if exc.earlier:
+            why = f"in time: an earlier health check still waits on {_last.waiting_on}"
+        else:
+            progress.given_up.set()
+            waited = f"the health check's {limits.timeout:g} s"
+            why = f"within {waited}, waiting on {progress.waiting_on}"
+        made = {c.name: c for c in list(progress.made)}
+        return [made.get(name) or Check(name, False, f"not checked {why}")
+                for name in _names(limits)]  # fmt: skip
+
+
+class GivenUp(Exception):
+    """Raised in a check run whose caller has answered without it: it stops there."""
+
+
+@dataclass
+class Progress:
+    """What a check run waits on, the checks it has made, and whether its caller gave up
+    on it (then it stops before its next call)."""
+
+    waiting_on: str = "nothing"
+    made: list[Check] = field(default_factory=list)
+    given_up: threading.Event = field(default_factory=threading.Event)
+
+
+_runs = bounded.OneAtATime()
+_current = threading.local()  # the ``Progress`` of the run in this thread, if any
+_last = Progress()  # of the latest run started
+
+
+def _progress() -> Progress:
+    return getattr(_current, "progress", None) or Progress()
+
+
+def _step(what: str) -> None:
+    """Note that the check run of this thread now waits on ``what``; ``GivenUp`` if its
+    caller has answered without it."""
+    progress = getattr(_current, "progress", None)
+    if progress is not None:
+        if progress.given_up.is_set():
+            raise GivenUp
+        progress.waiting_on = what
+
+
+def _names(limits: Limits) -> list[str]:
+    """The names of the checks of a run, in order."""
+    return ["redis", "database", *(f"{kind}:{q}" for q in limits.queues for kind in _kinds(limits))]
+
+
+def _unbounded_from_settings(limits: Limits) -> list[Check]:
     from .connection import get_engine
 
+    _step("Redis (a Cluster's slot table)")
     try:
         engine = get_engine()
     except EngineUnavailable as exc:
@@ -257,6 +345,7 @@ def check_database() -> Check:
     def check() -> Check:  # in the read's thread: a connection of its own, closed after
         return _check_database(connections[sql.db()])
 
+    _step("the database")
     try:
         return bounded.read(check, name="delayjobs-health-database")
     except bounded.DatabaseTimeout as exc:
@@ -344,6 +433,7 @@ def _queue_checks(
     ``down`` (on a Cluster), the master that did not answer goes into it, and no other."""
     from .metrics.snapshot import oldest_overdue
 
+    _step(f"Redis (the state of queue {queue})")
     try:
         stats = engine.stats(queue, down)
     except DelayJobsError as exc:
@@ -358,6 +448,7 @@ def _queue_checks(
         checks.append(Check(f"overdue:{queue}", False, "cannot tell: a ready job's due time "
                             "is its row's, and the database check failed"))  # fmt: skip
         return checks + _garbage(queue, stats.garbage, limits)
+    _step(f"Redis and the database (the due time of queue {queue}'s oldest ready job)")
     try:
         overdue = oldest_overdue(engine, stats, down)
     except (DelayJobsError, DatabaseError) as exc:
@@ -400,12 +491,12 @@ def healthy(checks: Sequence[Check]) -> bool:
 
 def limits_from_query(query: QueryDict) -> Limits:
     """The view's limits from its query string (``queues``, ``max_overdue``,
-    ``min_workers``, ``max_garbage``); ValueError for a bad one, or one given twice (it
-    would be read by its last value: a monitor asking ``?queues=a&queues=b`` must not be
-    told that b is ok while only a was checked)."""
+    ``min_workers``, ``max_garbage``, ``timeout``); ValueError for a bad one, or one given
+    twice (it would be read by its last value: a monitor asking ``?queues=a&queues=b``
+    must not be told that b is ok while only a was checked)."""
     from .conf import delayjobs_settings
 
-    unknown = set(query) - {"queues", "max_overdue", "min_workers", "max_garbage"}
+    unknown = set(query) - {"queues", "max_overdue", "min_workers", "max_garbage", "timeout"}
     if unknown:
         raise ValueError("unknown parameter")
     for name, values in query.lists():
@@ -417,6 +508,7 @@ def limits_from_query(query: QueryDict) -> Limits:
         max_overdue=parse_seconds(query.get("max_overdue", str(DEFAULT_MAX_OVERDUE))),
         min_workers=parse_count(query.get("min_workers", "1"), MAX_WORKERS),
         max_garbage=None if garbage is None else parse_count(garbage, MAX_GARBAGE),
+        timeout=parse_timeout(query.get("timeout", str(DEFAULT_TIMEOUT))),
     )
 
 

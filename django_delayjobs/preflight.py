@@ -96,14 +96,15 @@ def check_pool(engine: Engine, threads: int) -> None:
         )
 
 
-def check_socket_timeout(engine: Engine) -> None:
+def check_socket_timeout(engine: Engine, what: str = "every thread of this worker") -> None:
     """Raise ``ConfigurationError`` if the client's connections have no socket timeout:
     a Redis that stops answering (frozen, or cut off by the network with no reset) would
-    hold every thread of the worker in a read for good, the process up all the while."""
+    hold ``what`` in a read for good (every thread of a worker, the process up all the
+    while)."""
     if socket_timeout(engine.client) is None:
         raise ConfigurationError(
             "the Redis client has no socket timeout: a Redis that stops answering would "
-            "hang every thread of this worker for good. Give it one, 1 to 5 s (the "
+            f"hang {what} for good. Give it one, 1 to 5 s (the "
             "SOCKET_TIMEOUT of the CACHE_ALIAS cache's OPTIONS, or socket_timeout in its "
             "CONNECTION_POOL_KWARGS)"
         )

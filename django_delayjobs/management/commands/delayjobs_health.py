@@ -57,6 +57,11 @@ class Command(SafeOutputCommand):
             "--max-garbage", default=None, metavar="N", action=Counted,
             help="Most dead jobs a queue may hold (default: not checked).",
         )  # fmt: skip
+        parser.add_argument(
+            "--timeout", default=str(health.DEFAULT_TIMEOUT), metavar="SECONDS", action=Counted,
+            help="Longest the whole check may take; the checks not made by then fail "
+                 f"(default {health.DEFAULT_TIMEOUT:g}).",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -96,4 +101,5 @@ class Command(SafeOutputCommand):
             max_garbage=None
             if options["max_garbage"] is None
             else named("max-garbage", health.parse_count, health.MAX_GARBAGE),
+            timeout=named("timeout", health.parse_timeout),
         )

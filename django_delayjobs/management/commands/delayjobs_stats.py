@@ -5,6 +5,9 @@ Redis Cluster the last column names the master that holds each shard. A name Red
 held (a typo, a shard of a count the queue never had) is said to be unknown, not shown
 as a row of zeros: "nothing waiting" to an operator who mistyped. Live workers that cannot
 be read (on a Cluster, the master of a sharded queue's own name is down) show as ``?``.
+A Redis client with no socket timeout is refused without asking Redis (as
+``run_delayworker`` refuses it): a Redis that stops answering would hold the command for
+good.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ...engine import (
     WrongType,
     sharding,
 )
+from ...preflight import check_socket_timeout
 from ...queues import missing_shards, ms_datetime
 from ..output import SafeOutputCommand
 
@@ -123,6 +127,7 @@ class Command(SafeOutputCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             engine = get_engine()
+            check_socket_timeout(engine, "this command")
             named = checked_names(options["queues"])
             table: list[tuple[str, ...]] = [COLUMNS]
             broken: list[str] = []
