@@ -22,6 +22,7 @@ from django_delayjobs import schedule_many, signals
 from django_delayjobs.connection import get_engine
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import build_job
+from django_delayjobs.task_history import History
 from django_delayjobs.worker import Options, WorkerDied, WorkerProcess
 from tests.helpers import in_thread
 from tests.testapp import tasks
@@ -90,6 +91,7 @@ def test_a_claimed_job_handed_back_at_exit_is_unclaimed_and_never_started(
     assert row(handed) == (Status.SCHEDULED, 0, 0, "")
     kinds = list(handed.events.order_by("id").values_list("kind", "attempt"))
     assert kinds == [("scheduled", 0), ("started", 1), ("handed_back", 1)]
+    assert History.of(handed).started == []  # a task's result: not started
     assert list(Record.objects.values_list("label", flat=True)) == ["a" if ran is jobs[0] else "b"]
     stats = engine.stats(Q)
     assert (stats.in_flight, stats.pending + stats.ready) == (0, 1), stats
