@@ -123,6 +123,10 @@ class JobRowDeleted(Exception):
     failed (the deletion rolled back with its other writes)."""
 
 
+class _NotStarted(Exception):
+    """The worker handed this delivery back before its action started (``starts``)."""
+
+
 class _ClaimAheadFailed(Exception):
     """The database refused the claim of the next job inside this job's outcome
     transaction, so that transaction (the action's effects with it) is lost."""
@@ -392,6 +396,35 @@ def settled(job: Job, values: dict[str, Any]) -> None:
             setattr(job, name, value)
 
 
+def unclaim(job: Job, worker_id: str) -> bool:
+    """Undo ``worker_id``'s claim of ``job`` (its row as that claim returned it), handed
+    back before its action started: the row waits again, claimable at once, and the
+    hand-back costs the job neither an attempt nor a delivery (an attempt is counted
+    before its action runs, not for one that never did). A new attempt goes back to
+    waiting (``retrying`` after an earlier one); a running row taken over keeps running
+    for its next delivery, its start cleared so that no worker waits half a lease for it.
+    One UPDATE fenced by that very claim (attempt, delivery, worker), and a
+    ``handed_back`` event that answers its ``started`` one, in one transaction; False if
+    the row no longer holds that claim."""
+    values: dict[str, Any] = {"deliveries": job.deliveries - 1, "started_at": None,
+                              "worker": ""}  # fmt: skip
+    if job.deliveries <= 1:
+        status = Status.RETRYING if job.attempts > 1 else Status.SCHEDULED
+        values.update(status=status, attempts=job.attempts - 1, deliveries=0)
+    what = "delivery" if job.deliveries > 1 else "attempt"
+    with transaction.atomic(using=sql.db()):
+        mine = Job.objects.using(sql.db()).filter(
+            pk=job.pk, attempts=job.attempts, deliveries=job.deliveries,
+            status=Status.RUNNING, worker=worker_id[:128],
+        )  # fmt: skip
+        if not mine.update(**values):
+            return False
+        sql.insert_event(job, EventKind.HANDED_BACK.value, f"worker:{worker_id}",
+                         f"handed back before its action started: this {what} is not "
+                         "counted")  # fmt: skip
+    return True
+
+
 class Execution:
     """Everything that happens to one id a worker took from Redis."""
 
@@ -403,13 +436,16 @@ class Execution:
         *,
         claimed: Job | None = None,
         then: Callable[[], str | None] | None = None,
+        starts: Callable[[Execution], bool] | None = None,
     ) -> None:
         """``claimed``: this job's row, already claimed by the previous job's outcome
         transaction. ``then``: gives the id this worker runs next (asked when this job
         has succeeded: None once the worker is stopping); a success claims it in the
         same transaction that records this job's outcome (``next_job``), which saves a
         commit per job and still claims each job only when the one before it is done,
-        so a cancel wins until then."""
+        so a cancel wins until then. ``starts``: asked just before the action is called,
+        sets ``called``, or says that the worker handed the job back meanwhile (its
+        claim is then undone here: ``unclaim``)."""
         self.queue = queue
         self.job_id = job_id
         self.worker_id = worker_id
@@ -422,6 +458,7 @@ class Execution:
         self.claimed_at: datetime | None = None
         self.claimed = claimed
         self.then = then
+        self.starts = starts
         self.next_job: Job | None = None
         #: When the action started (``time.monotonic()``), while it runs; else None.
         self.running_since: float | None = None
@@ -690,6 +727,8 @@ class Execution:
             return self.overtaken(job, exc.row, atomic, time.perf_counter() - started)
         except _ClaimAheadFailed as exc:  # not the action's fault: run it again
             return self.hand_back(exc.__cause__ or exc)
+        except _NotStarted:  # handed back: its id is in Redis again
+            return self.not_started(job)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
             if committed:  # no: the success is the database's; a callback raised after it
                 logger.error("job %s succeeded; an on-commit callback of its action then "
@@ -706,6 +745,14 @@ class Execution:
                 return self.hand_back(exc)
             return self.failed(exc, notes, duration)
         return self.committed(job, done, claimed, started)
+
+    def not_started(self, job: Job) -> Result:
+        """The worker handed this job back before its action started (it is stopping, or
+        a thread died): undo the claim, if the hand-back could not (``unclaim``; a claim
+        that landed after it), and leave the id to the hand-back's move."""
+        with contextlib.suppress(DatabaseError):  # left to the takeover, as before
+            unclaim(job, self.worker_id)
+        return Result(Outcome.OVERTAKEN, job, error="handed back before its action started")
 
     def overtaken(
         self, job: Job, row: tuple[str, int, int], atomic: bool, duration: float
@@ -879,6 +926,14 @@ class Execution:
         ahead.started_at = now
         return ahead
 
+    def unstarted(self) -> Job | None:
+        """This delivery's row as claimed, while its action has not been called (None
+        before the claim, and once it is called); or the next job's row, claimed by this
+        job's outcome transaction, until that job's own delivery takes it over."""
+        if not self.called and (self.row_claimed or self.claimed is not None):
+            return self.job if self.row_claimed else self.claimed
+        return self.next_job
+
     def changed_session(self) -> bool:
         """Whether the action left its database session with other settings than it found
         (a ``SET`` on PostgreSQL): the worker then closes the connection after this job,
@@ -910,6 +965,8 @@ class Execution:
     ) -> Any:
         """Run the action; return its value as stored (JSON), or raise."""
         assert self.job is not None
+        if self.starts is not None and not self.starts(self):
+            raise _NotStarted
         job_token, notes_token = current_job.set(handed_out(self.job)), _notes.set(notes)
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
         before = transaction_states()  # the jobs' database: 1 block in its transaction

@@ -201,6 +201,7 @@ class EventKind(models.TextChoices):
     DEAD = "dead"
     SKIPPED = "skipped"
     REQUEUED = "requeued"
+    HANDED_BACK = "handed_back"
 
 
 class JobEvent(models.Model):

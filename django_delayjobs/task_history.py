@@ -2,7 +2,8 @@
 
 A ``TaskResult`` is read from the job's row and its events: who enqueued it and for when
 (the ``scheduled`` event), each attempt's worker and start (``started`` events, one per
-delivery: an attempt's last delivery counts), each failure's traceback (``failed``
+delivery: an attempt's last delivery counts, not one a ``handed_back`` event undid),
+each failure's traceback (``failed``
 events). One query per result.
 """
 
@@ -45,11 +46,11 @@ class History:
 
     @classmethod
     def of(cls, job: Job) -> History:
-        events = JobEvent.objects.filter(
-            job=job, kind__in=[EventKind.SCHEDULED, EventKind.STARTED, EventKind.FAILED]
-        ).order_by("id")  # the order of the changes (see JobEvent's Meta)
+        kinds = [EventKind.SCHEDULED, EventKind.STARTED, EventKind.FAILED, EventKind.HANDED_BACK]
+        # in the order of the changes (see JobEvent's Meta)
+        events = JobEvent.objects.filter(job=job, kind__in=kinds).order_by("id")
         actor, first_due = "", None
-        started: dict[int, Attempt] = {}
+        started: dict[int, list[Attempt]] = {}  # per attempt, its deliveries' starts
         failures = []
         rows = events.values_list("kind", "actor", "message", "at", "attempt")
         for kind, who, message, at, attempt in rows:
@@ -58,14 +59,17 @@ class History:
             elif kind == EventKind.STARTED:
                 # One per delivery: an attempt delivered again (its worker lost, say) is
                 # still one attempt, run by its last delivery's worker.
-                started[attempt] = Attempt(who.removeprefix("worker:"), at)
+                started.setdefault(attempt, []).append(Attempt(who.removeprefix("worker:"), at))
+            elif kind == EventKind.HANDED_BACK and started.get(attempt):
+                started[attempt].pop()  # a claim undone: that delivery never started
             elif kind == EventKind.FAILED:
                 failures.append(message)
         created = job.created_at  # an Unreadable (a str) in a corrupt row read tolerantly
         deferred = (
             isinstance(created, datetime.datetime) and first_due is not None and first_due > created
         )
-        return cls(actor, first_due, deferred, list(started.values()), failures)
+        attempts = [starts[-1] for starts in started.values() if starts]
+        return cls(actor, first_due, deferred, attempts, failures)
 
     @classmethod
     def enqueued(cls, job: Job, actor: str) -> History:

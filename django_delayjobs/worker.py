@@ -58,7 +58,7 @@ from .engine.claims import Claimer
 from .engine.errors import first_failure, unreachable
 from .engine.sharding import alone
 from .exceptions import ConfigurationError, DelayJobsError
-from .execution import Execution, receivers_left_behind
+from .execution import Execution, receivers_left_behind, unclaim
 from .logs import job_fields
 from .models import Job
 from .outcomes import SETTLED_SECONDS, Outage, Outcome, Result, log_outcome, settle
@@ -93,6 +93,9 @@ CHECKPOINT_SECONDS = 1.0
 EXIT_UNREGISTER_SECONDS = 1.0
 #: The longest a ``Backoff`` sleeps between two failed calls (seconds).
 BACKOFF_MAX_SECONDS = 5.0
+#: How long a hand-back waits for the database to undo the claims of the jobs it hands back
+#: that never started (``undo_claims``), before it hands them back all the same (seconds).
+UNCLAIM_SECONDS = 2.0
 #: Signals that stop a worker as ``SIGTERM`` does: finish, hand back, exit 0. ``SIGHUP``
 #: too: a terminal that closes sends it, and Python's default ended the process with no
 #: cleanup at all.
@@ -510,6 +513,9 @@ class WorkerProcess:
             except BaseException as exc:  # a loop only ends like this through a bug
                 logger.critical("thread %s died", name, exc_info=True)
                 self.die(f"thread {name} died: {exc!r}")
+                # What it still holds comes back now, not with its lease: no commit can
+                # come from a dead thread (its connections are dropped below).
+                self.hand_back_held(threading.get_ident())
             finally:  # this thread's connections, however its loop ended
                 drop_connections()
 
@@ -789,6 +795,7 @@ class WorkerProcess:
         waiting = deque(job_id for job_id in ids if self.is_job_id(queue, job_id, acks.append))
         claimed: Job | None = None  # the next job's row, claimed by the previous outcome
         thread = threading.get_ident()
+        job_id = None
         try:
             while waiting and not (self.stopping.is_set() and claimed is None):
                 job_id = waiting.popleft()
@@ -802,9 +809,18 @@ class WorkerProcess:
                     return following if self.holds(following, thread) else None
 
                 claimed = self.process(queue, job_id, backoff, acks.append, claimed, then)
+                job_id = None  # settled
+        except BaseException:  # this thread dies: the job it was at goes back too
+            if job_id is not None and job_id not in acks:
+                waiting.appendleft(job_id)
+            raise
         finally:  # what never started (stopping, or this thread dies) goes back at once
-            self.hand_back(queue, list(waiting), thread)
-            self.settle_batch(queue, ids, acks)
+            try:
+                self.hand_back(queue, list(waiting), thread)
+            finally:
+                with self.held_lock:
+                    self.running.pop(thread, None)
+                self.settle_batch(queue, ids, acks)
 
     def holds(self, job_id: str, thread: int) -> bool:
         """Whether worker thread ``thread`` still holds ``job_id``, claimed with its batch:
@@ -964,24 +980,28 @@ class WorkerProcess:
     ) -> Job | None:
         """Run one job (``claimed``: its row, if the previous job claimed it); return the
         row of ``then`` if this job's outcome transaction claimed it."""
-        execution = Execution(queue, job_id, self.id, claimed=claimed, then=then)
         thread = threading.get_ident()
+        execution = Execution(queue, job_id, self.id, claimed=claimed, then=then,
+                              starts=partial(self.starts, thread))  # fmt: skip
         with self.held_lock:
             self.running[thread] = execution
-        try:  # watched until its signals are sent: a receiver may never return either
-            result = self.execute(execution)
-            bug = result is None
-            if result is None:
-                result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
-            if result.redis_move != "ack":  # it leaves flight now, not at the batch's
-                # end: no more extensions first, or one between the move and the release
-                # would find it gone and warn that its lease was lost
-                self.release([job_id], thread)
-            if settle(self.engine, queue, job_id, result, ack, self.outage):
-                receivers_left_behind(execution.db)  # the receivers ran in this thread
-            if execution.changed_session():  # by an outcome's signal receiver
-                drop_connections()
-        finally:
+        # Watched until its signals are sent: a receiver may never return either. Left in
+        # ``running`` while the next job it claimed waits, and if this raises (the thread
+        # dies): a hand-back finds there the rows claimed that never started (run_batch
+        # removes it).
+        result = self.execute(execution)
+        bug = result is None
+        if result is None:
+            result = Result(Outcome.HANDED_BACK, retry_at=timezone.now() + BUG_DELAY)
+        if result.redis_move != "ack":  # it leaves flight now, not at the batch's
+            # end: no more extensions first, or one between the move and the release
+            # would find it gone and warn that its lease was lost
+            self.release([job_id], thread)
+        if settle(self.engine, queue, job_id, result, ack, self.outage):
+            receivers_left_behind(execution.db)  # the receivers ran in this thread
+        if execution.changed_session():  # by an outcome's signal receiver
+            drop_connections()
+        if execution.next_job is None:
             with self.held_lock:
                 del self.running[thread]
         self.stats.record(result, bug=bug)
@@ -994,6 +1014,14 @@ class WorkerProcess:
         else:
             backoff.ok()
         return execution.next_job
+
+    def starts(self, thread: int, execution: Execution) -> bool:
+        """Whether worker thread ``thread`` may call the action of ``execution`` (it still
+        holds its id: not handed back meanwhile), marking it called: one section with the
+        hand-back's choice of the rows whose claims it undoes (``give_back``)."""
+        with self.held_lock:
+            execution.called = self.held.get(execution.job_id, ("", None))[1] == thread
+            return execution.called
 
     @staticmethod
     def execute(execution: Execution) -> Result | None:
@@ -1062,7 +1090,9 @@ class WorkerProcess:
         ``adopt``'s). One only unconfirmed for long (``gone``) is asked about first
         (``reconfirm``): handed back if kept. If Redis did not answer that call, or the
         nack, the ids are left to their lease, and a burst counts them (``unconfirmed``):
-        after Redis lost its data, only a reconcile sweep would bring them back."""
+        after Redis lost its data, only a reconcile sweep would bring them back. A row this
+        process claimed for one of them whose action never started is unclaimed first
+        (``undo_claims``)."""
         with self.held_lock:
             stale = [i for i in ids if i in self.held and owner in (None, self.held[i][1])
                      and i not in self.lost and self.gone(i)]  # fmt: skip
@@ -1072,11 +1102,16 @@ class WorkerProcess:
             ids = self.unhold(ids, owner)
             if kept is None and self.options.burst:  # no nack would be answered either
                 self.unconfirmed.update(ids)
+            # Chosen in the section that released them: their actions never start now
+            # (``starts``), and a claim made after this undoes itself.
+            rows = [row for e in self.running.values()
+                    if (row := e.unstarted()) is not None and str(row.pk) in ids]  # fmt: skip
         self.said_let_go(queue, let)
         if kept is None:
             return None
         if not ids:
             return 0
+        self.undo_claims(rows)
         try:
             moved = self.engine.nack(queue, dict.fromkeys(ids, self.engine.server_time_ms()))
         except EngineUnavailable as exc:
@@ -1091,6 +1126,39 @@ class WorkerProcess:
                            "Redis lost them", len(ids) - moved, len(ids))  # fmt: skip
         return moved
 
+    def undo_claims(self, rows: list[Job]) -> None:
+        """Undo this process's claims of ``rows``, handed back before their actions started
+        (``execution.unclaim``), before their ids go back to Redis: the next worker runs
+        each at once, as the attempt (or delivery) it would have been. In a thread of its
+        own, waited for ``UNCLAIM_SECONDS`` at most: a database that does not answer must
+        not hold up the hand-back, nor the exit. Not undone (the database failed, or
+        answered late), a row is left to its takeover, half a lease after its claim, as
+        when the process is killed; one undone late is claimed as it then is."""
+        if not rows:
+            return
+        helper = threading.Thread(target=self.unclaim, args=(rows,), name="delayjobs-unclaim",
+                                  daemon=True)  # fmt: skip
+        with contextlib.suppress(RuntimeError):  # "can't start new thread": left to takeover
+            helper.start()
+            helper.join(UNCLAIM_SECONDS)
+
+    def unclaim(self, rows: list[Job]) -> None:
+        """``undo_claims``'s helper thread."""
+        try:
+            for row in rows:
+                if unclaim(row, self.id):
+                    logger.info("job %s: handed back before its action started; its claim "
+                                "was undone", row.pk,
+                                extra=job_fields(row.pk, row.queue))  # fmt: skip
+        except DatabaseError as exc:
+            logger.warning("could not undo the claim of job(s) handed back before they "
+                           "started (%s): they run again half a lease after their claim",
+                           exc)  # fmt: skip
+        except Exception:  # a bug: the rows are left to their takeover all the same
+            logger.exception("undoing the claim of job(s) handed back failed")
+        finally:
+            drop_connections()  # this thread's
+
     def running_ids(self) -> list[str]:
         """The jobs whose actions run (or ran, their outcome not yet settled) in this
         process now: not one whose thread has not called its action yet (its claim
@@ -1101,18 +1169,26 @@ class WorkerProcess:
     def hand_back_waiting(self) -> None:
         """Exiting with actions still running: hand back the ids held that never started
         (claimed with them, or whose claim still waits), instead of leaving them to wait
-        for their lease to end. A thread that calls its action after this is stopped by
-        the exit; its row, claimed, is taken over only half a lease after that start."""
+        for their lease to end; a row claimed for one is unclaimed (``give_back``), and its
+        thread, should it go on before the exit, does not start it (``starts``)."""
+        self.hand_back_held()
+
+    def hand_back_held(self, owner: int | None = None) -> None:
+        """Hand back the ids held whose actions do not run now; given an ``owner``, every
+        id worker thread ``owner`` held: it died, and no commit can come from a dead
+        thread, so one whose action was called goes back too (its row, if left running,
+        is taken over as any lost delivery's: at once by this process, by another half a
+        lease after its start)."""
         with self.held_lock:
             running = {e.job_id for e in self.running.values() if e.called}
             waiting: dict[str, list[str]] = {}
-            for job_id, (shard, _) in self.held.items():
-                if job_id not in running:
+            for job_id, (shard, thread) in self.held.items():
+                if owner == thread or (owner is None and job_id not in running):
                     waiting.setdefault(shard, []).append(job_id)
         for shard, ids in waiting.items():  # parts until one fails: the rest would wait too
             handed = 0  # those let go or left to their lease are logged apart
             for start, part in enumerate(in_parts(ids)):
-                count = self.give_back(shard, part)
+                count = self.give_back(shard, part, owner)
                 if count is None:
                     logger.warning("could not hand back %d job(s) that had not started: Redis "
                                    "is unavailable; they come back when their lease ends",
