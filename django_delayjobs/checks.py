@@ -79,7 +79,7 @@ def check_settings(
             id="django_delayjobs.W001",
         ))  # fmt: skip
     if loaded is not None:
-        errors += _http_checks(loaded)
+        errors += [*_http_checks(loaded), *_timeless_cache(loaded)]
         if not loaded.API_CALLBACK_PERMISSIONS and _callbacks_let_anyone_in():
             errors.append(Warning(
                 "DELAYJOBS['API_CALLBACK_PERMISSIONS'] is empty and API_PERMISSION_CLASSES "
@@ -91,6 +91,33 @@ def check_settings(
                 id="django_delayjobs.W003",
             ))  # fmt: skip
     return errors
+
+
+def _timeless_cache(loaded: Settings) -> list[Warning]:
+    """W005: the ``CACHE_ALIAS`` cache's client has no socket timeout. The worker, the
+    health check and ``delayjobs_stats`` refuse it; a web process has no start-up of its
+    own, and its ``schedule()``, admin, API and metrics would wait for good on a Redis
+    that stops answering. Built, not connected; a cache that gives no client is left to
+    the checks and errors that say so."""
+    if not loaded.CACHE_ALIAS or loaded.CACHE_ALIAS not in settings.CACHES:
+        return []
+    from .connection import cache_client
+    from .engine.waiting import socket_timeout
+
+    try:
+        client = cache_client(loaded.CACHE_ALIAS)
+    except Exception:  # not django-redis, a Cluster mismatch: said at first use
+        return []
+    if socket_timeout(client) is not None:
+        return []
+    return [Warning(
+        f"The Redis client of DELAYJOBS['CACHE_ALIAS'] = {loaded.CACHE_ALIAS!r} has no socket "
+        "timeout: the worker refuses it, and a web process would wait for good on a Redis "
+        "that stops answering (in schedule(), the admin, the API, the metrics).",
+        hint="Give the cache one, 1 to 5 s: SOCKET_TIMEOUT in its OPTIONS, or socket_timeout "
+        "in its CONNECTION_POOL_KWARGS.",
+        id="django_delayjobs.W005",
+    )]  # fmt: skip
 
 
 def _callbacks_let_anyone_in() -> bool:

@@ -44,7 +44,7 @@ def redis_client() -> Any:
     ``DelayJobsError``, which the commands and views report in one line)."""
     alias = delayjobs_settings.CACHE_ALIAS
     if alias:
-        return _cache_client(alias)
+        return cache_client(alias)
     if delayjobs_settings.REDIS_CLUSTER:
         return cluster_client(delayjobs_settings.REDIS_URL)
     problem = redis_url_problem(delayjobs_settings.REDIS_URL)
@@ -59,7 +59,7 @@ def redis_client() -> Any:
     )
 
 
-def _cache_client(alias: str) -> Any:
+def cache_client(alias: str) -> Any:
     try:
         from django_redis import get_redis_connection
     except ImportError as exc:  # pragma: no cover - django-redis is a dependency
