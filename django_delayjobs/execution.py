@@ -564,7 +564,7 @@ class Execution:
                 return self.found_ahead(job, now)
             takeover_at = job.started_at + sql.takeover_delay()
             if takeover_at > now:
-                return self.not_taken_over(job, now, takeover_at)
+                return self.not_taken_over(job, takeover_at)
         self.job = job
         if running and job.deliveries >= delayjobs_settings.MAX_DELIVERIES:
             return self.finish(Outcome.DEAD, (
@@ -612,40 +612,36 @@ class Execution:
 
     def found_ahead(self, job: Job, now: datetime) -> Result:
         """Defer the delivery of a running row whose start lies ahead of this host's clock
-        (written by a worker host whose clock is ahead, or by hand), and write ``now`` as
-        its start. Its claim came before the read that found it running, so half a lease
-        from now is as safe as from its real start, and every later delivery counts from
-        this time: each counting from its own now, a start a day ahead was taken over only
-        a day later, with a warning every half lease. Written only while the row still
-        runs that delivery with a start ahead (one statement, on this path only); a row
-        changed since is looked at again shortly."""
-        assert job.started_at is not None
-        held = Job.objects.filter(pk=job.pk, status=Status.RUNNING, attempts=job.attempts,
-                                  deliveries=job.deliveries, worker=job.worker,
-                                  started_at__gt=now)  # fmt: skip
-        if not held.update(started_at=now):
+        (written by a worker host whose clock is ahead, or by hand), and have the database
+        write its own time as the start if it is ahead of that too (``sql.restart``). Its
+        claim came before the read that found it running, so half a lease from that time
+        is as safe as from its real start, and every later delivery counts from it: each
+        counting from its own now, a start a day ahead was taken over only a day later,
+        with a warning every half lease. A start ahead of this host's clock only (this
+        host's is behind) is left as it is. A row that no longer runs that delivery is
+        looked at again shortly."""
+        row = sql.restart(job, only_if_ahead=True)
+        if row is None:
             return self.not_claimed_yet(job)
-        started, job.started_at = job.started_at, now
-        return self.not_taken_over(job, now, now + sql.takeover_delay(), started)
+        assert job.started_at is not None and row.started_at is not None
+        clocks = ""
+        if (ahead := (job.started_at - now).total_seconds()) > 1:
+            clocks = (f"; it started {ahead:.0f} s ahead of this host's clock (the clocks of "
+                      "the worker hosts disagree)")  # fmt: skip
+            if row.started_at != job.started_at:
+                clocks += ": its start is now the database's time"
+        return self.not_taken_over(job, row.started_at + sql.takeover_delay(), clocks)
 
-    def not_taken_over(
-        self, job: Job, now: datetime, takeover_at: datetime, started: datetime | None = None
-    ) -> Result:
+    def not_taken_over(self, job: Job, takeover_at: datetime, clocks: str = "") -> Result:
         """Defer the delivery of a row running since less than half a lease: said, as it
         means that Redis lost the lease of a live worker (its data, a failover), or that an
-        outcome write failed. ``started``: the start it had, ahead of this host's clock
-        (``found_ahead``), which says that the hosts' clocks disagree."""
+        outcome write failed; with a warning if ``clocks`` says that the hosts' clocks
+        disagree (``found_ahead``)."""
         assert job.started_at is not None
-        started = started or job.started_at
-        ahead = (started - now).total_seconds()
-        level, clocks = logging.INFO, ""
-        if ahead > 1:
-            level = logging.WARNING
-            clocks = (f"; it started {ahead:.0f} s ahead of this host's clock (the clocks of "
-                      "the worker hosts disagree): its start is now this host's time")  # fmt: skip
-        logger.log(level, "job %s: running since %s on %r, which may still run it: not "
-                   "delivered again before %s%s", self.job_id, started.isoformat(),
-                   job.worker, takeover_at.isoformat(), clocks,
+        logger.log(logging.WARNING if clocks else logging.INFO, "job %s: running since %s "
+                   "on %r, which may still run it: not delivered again before %s%s",
+                   self.job_id, job.started_at.isoformat(), job.worker,
+                   takeover_at.isoformat(), clocks,
                    extra=job_fields(self.job_id, self.queue, job, "deferred"))  # fmt: skip
         return Result(Outcome.DEFERRED, job, retry_at=takeover_at)
 
@@ -914,17 +910,12 @@ class Execution:
         worker still holds it (``then``): that claim is its delivery (claimed again, it
         would count a second one, with a second ``started`` event). Started now: the claim
         may be as old as ``OUTCOME_PATIENCE``, and its start tells others when they may
-        take it over. Only while the row still runs that very delivery."""
+        take it over (the database's time: ``sql.restart``). Only while the row still runs
+        that very delivery."""
         ahead = self.ahead
         if ahead is None or self.then is None or self.then() != str(ahead.pk):
             return None
-        now = timezone.now()
-        held = Job.objects.filter(pk=ahead.pk, status=Status.RUNNING, attempts=ahead.attempts,
-                                  deliveries=ahead.deliveries, worker=ahead.worker)  # fmt: skip
-        if not held.update(started_at=now):
-            return None
-        ahead.started_at = now
-        return ahead
+        return sql.restart(ahead)
 
     def unstarted(self) -> Job | None:
         """This delivery's row as claimed, while its action has not been called (None

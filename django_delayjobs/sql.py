@@ -24,6 +24,7 @@ from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models import DateField, DateTimeField, F, Field, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from .conf import delayjobs_settings
@@ -123,7 +124,7 @@ def takeover_delay() -> timedelta:
     sooner, and that delivery then waits for the half lease). Waiting for half a lease
     delays no such recovery (the sixth between the two covers a late extension and the
     clocks of two worker hosts, which write and read ``started_at``; a start ahead of the
-    reader's clock counts from the delivery that finds it: ``Execution.found_ahead``).
+    reader's clock is the database's time once a delivery finds it: ``restart``).
     A running row younger than that may have a live worker: one whose lease Redis lost (a
     restart without persistence, a failover to a lagging replica: the reconcile sweep
     re-adds the id of a row it read as waiting just before that worker started it), or
@@ -195,35 +196,51 @@ def claim(
     skip_locked = skip_locked and conn.vendor == "postgresql"
     if skip_locked:
         params.append(pk)
+    also = ""
+    if commit_without_waiting and conn.vendor == "postgresql":
+        # Evaluated once per claimed row (at most one): SET LOCAL's effect, without a
+        # round trip of its own.
+        also = ", set_config('synchronous_commit', 'off', true)"
+    return _update_row(alias, conn, job_id, _claim_sql(alias, skip_locked), params, also)
+
+
+def _update_row(
+    alias: str, conn: BaseDatabaseWrapper, job_id: str, statement: str, params: list[Any],
+    also: str = "",
+) -> Job | None:  # fmt: skip
+    """Run ``statement``, an UPDATE of the row ``job_id`` at most, and return the row as it
+    is now, or None if it matched nothing: in the same statement where the database can
+    return the updated row (``also``: more to return after its columns), else read after
+    it."""
     plan = _row_plan(conn)
     with conn.cursor() as cursor:
         if plan.returning:
-            returning = plan.columns
-            if commit_without_waiting and conn.vendor == "postgresql":
-                # Evaluated once per claimed row (at most one): SET LOCAL's effect,
-                # without a round trip of its own.
-                returning += ", set_config('synchronous_commit', 'off', true)"
-            cursor.execute(f"{_claim_sql(alias, skip_locked)} RETURNING {returning}", params)
+            cursor.execute(f"{statement} RETURNING {plan.columns}{also}", params)
             row = cursor.fetchone()
             return None if row is None else plan.job(alias, conn, row[: len(plan.attnames)])
-        cursor.execute(_claim_sql(alias, skip_locked), params)
+        cursor.execute(statement, params)
         matched = cursor.rowcount
     return fetch(job_id) if matched else None
+
+
+def _fence(conn: BaseDatabaseWrapper) -> str:
+    """The condition of a statement fenced by a job's delivery of its attempt: the row's
+    id, attempts, deliveries and status ``running``, in that order."""
+
+    def c(name: str) -> str:
+        return _q(conn, _JOB, name)
+
+    return (
+        f" WHERE {c('id')} = %s AND {c('attempts')} = %s AND {c('deliveries')} = %s"
+        f" AND {c('status')} = %s"
+    )
 
 
 @cache
 def _fenced_sql(alias: str, fields: tuple[str, ...]) -> str:
     conn = connections[alias]
-
-    def c(name: str) -> str:
-        return _q(conn, _JOB, name)
-
-    assignments = ", ".join(f"{c(name)} = %s" for name in fields)
-    return (
-        f"UPDATE {conn.ops.quote_name(_JOB.db_table)} SET {assignments}"
-        f" WHERE {c('id')} = %s AND {c('attempts')} = %s AND {c('deliveries')} = %s"
-        f" AND {c('status')} = %s"
-    )
+    assignments = ", ".join(f"{_q(conn, _JOB, name)} = %s" for name in fields)
+    return f"UPDATE {conn.ops.quote_name(_JOB.db_table)} SET {assignments}{_fence(conn)}"
 
 
 def update_fenced(job: Job, values: Mapping[str, Any]) -> bool:
@@ -238,6 +255,39 @@ def update_fenced(job: Job, values: Mapping[str, Any]) -> bool:
     with conn.cursor() as cursor:
         cursor.execute(_fenced_sql(alias, fields), params)
         return bool(cursor.rowcount)
+
+
+@cache
+def _restart_sql(alias: str, only_if_ahead: bool) -> str:
+    conn = connections[alias]
+    started = _q(conn, _JOB, "started_at")
+    # Django's Now(): on PostgreSQL the statement's time (not the transaction's), on
+    # SQLite UTC text to the millisecond, which compares with the text Django writes.
+    now, _ = Job.objects.using(alias).query.get_compiler(alias).compile(Now())
+    if only_if_ahead:  # both read the same time (one statement)
+        now = f"CASE WHEN {started} > {now} THEN {now} ELSE {started} END"
+    return (
+        f"UPDATE {conn.ops.quote_name(_JOB.db_table)} SET {started} = {now}{_fence(conn)}"
+        f" AND {_q(conn, _JOB, 'worker')} = %s"
+    )
+
+
+def restart(job: Job, *, only_if_ahead: bool = False) -> Job | None:
+    """Write the database's time as the start of ``job``'s delivery (``only_if_ahead``:
+    only if its start is ahead of that time), if the row still runs that delivery of its
+    attempt on the same worker; return the row as it is now, or None if it does not.
+
+    The database's clock, not the caller's: a start rewritten because it lies ahead of
+    the caller's clock (``Execution.found_ahead``) would otherwise move back by as much as
+    that clock is behind, on every live row that caller is handed, and a worker with a
+    right clock would take each over that much sooner. Other starts are the claiming
+    host's time (``claim``), so the database's clock must agree with the worker hosts' as
+    theirs do with each other."""
+    alias = db()
+    conn = connections[alias]
+    params = [_prep(conn, _JOB, "id", job.pk), job.attempts, job.deliveries, _RUNNING,
+              job.worker]  # fmt: skip
+    return _update_row(alias, conn, str(job.pk), _restart_sql(alias, only_if_ahead), params)
 
 
 def cancel_waiting(job_id: object, now: datetime) -> str | None:
