@@ -22,9 +22,10 @@ from django_delayjobs import sql
 from django_delayjobs.conf import delayjobs_settings
 from django_delayjobs.execution import Execution
 from django_delayjobs.models import Job, Status
-from django_delayjobs.outcomes import Outcome, Result
 from django_delayjobs.services import schedule
 from tests.testapp import tasks
+
+from .test_audit_clk import deferred
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Q = "default"
@@ -50,12 +51,6 @@ def started_by_a(start: datetime) -> Job:
     Job.objects.filter(pk=job.pk).update(started_at=start)
     claimed.refresh_from_db()
     return claimed
-
-
-def deferred(result: object) -> datetime:
-    assert isinstance(result, Result) and result.outcome == Outcome.DEFERRED, result
-    assert result.retry_at is not None
-    return result.retry_at
 
 
 def test_a_finder_whose_clock_is_behind_leaves_a_live_start_as_it_is():
