@@ -629,7 +629,7 @@ class Execution:
             clocks = (f"; it started {ahead:.0f} s ahead of this host's clock (the clocks of "
                       "the worker hosts disagree)")  # fmt: skip
             if row.started_at != job.started_at:
-                clocks += ": its start is now the database's time"
+                clocks += ": its start is rewritten to now"
         return self.not_taken_over(job, row.started_at + sql.takeover_delay(), clocks)
 
     def not_taken_over(self, job: Job, takeover_at: datetime, clocks: str = "") -> Result:
@@ -910,12 +910,12 @@ class Execution:
         worker still holds it (``then``): that claim is its delivery (claimed again, it
         would count a second one, with a second ``started`` event). Started now: the claim
         may be as old as ``OUTCOME_PATIENCE``, and its start tells others when they may
-        take it over (the database's time: ``sql.restart``). Only while the row still runs
+        take it over (this host's time, as every claim's). Only while the row still runs
         that very delivery."""
         ahead = self.ahead
         if ahead is None or self.then is None or self.then() != str(ahead.pk):
             return None
-        return sql.restart(ahead)
+        return sql.restart(ahead, timezone.now())
 
     def unstarted(self) -> Job | None:
         """This delivery's row as claimed, while its action has not been called (None

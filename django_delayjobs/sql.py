@@ -258,12 +258,13 @@ def update_fenced(job: Job, values: Mapping[str, Any]) -> bool:
 
 
 @cache
-def _restart_sql(alias: str, only_if_ahead: bool) -> str:
+def _restart_sql(alias: str, only_if_ahead: bool, by_database: bool) -> str:
     conn = connections[alias]
     started = _q(conn, _JOB, "started_at")
-    # Django's Now(): on PostgreSQL the statement's time (not the transaction's), on
-    # SQLite UTC text to the millisecond, which compares with the text Django writes.
-    now, _ = Job.objects.using(alias).query.get_compiler(alias).compile(Now())
+    now = "%s"  # a time given, as Django writes it
+    if by_database:  # Django's Now(): the statement's time on PostgreSQL; UTC text to the
+        # millisecond on SQLite (a database stored in UTC), which compares with Django's
+        now, _ = Job.objects.using(alias).query.get_compiler(alias).compile(Now())
     if only_if_ahead:  # both read the same time (one statement)
         now = f"CASE WHEN {started} > {now} THEN {now} ELSE {started} END"
     return (
@@ -272,22 +273,30 @@ def _restart_sql(alias: str, only_if_ahead: bool) -> str:
     )
 
 
-def restart(job: Job, *, only_if_ahead: bool = False) -> Job | None:
-    """Write the database's time as the start of ``job``'s delivery (``only_if_ahead``:
-    only if its start is ahead of that time), if the row still runs that delivery of its
-    attempt on the same worker; return the row as it is now, or None if it does not.
+def restart(job: Job, at: datetime | None = None, *, only_if_ahead: bool = False) -> Job | None:
+    """Write ``at``, or with None the database's time, as the start of ``job``'s delivery
+    (``only_if_ahead``: only if its start is ahead of that time), if the row still runs
+    that delivery of its attempt on the same worker; return the row as it is now, or None
+    if it does not.
 
-    The database's clock, not the caller's: a start rewritten because it lies ahead of
-    the caller's clock (``Execution.found_ahead``) would otherwise move back by as much as
-    that clock is behind, on every live row that caller is handed, and a worker with a
+    The database's clock, not the caller's, for a start rewritten because it lies ahead
+    of the caller's clock (``Execution.found_ahead``): a caller whose clock is behind
+    would move it back by as much, on every live row it is handed, and a worker with a
     right clock would take each over that much sooner. Other starts are the claiming
     host's time (``claim``), so the database's clock must agree with the worker hosts' as
-    theirs do with each other."""
+    theirs do with each other. Only where the database's time is written as Django writes
+    times (PostgreSQL; SQLite stored in UTC, which runs on the callers' own host): else,
+    a database that stores local time (its ``TIME_ZONE``), the caller's."""
     alias = db()
     conn = connections[alias]
-    params = [_prep(conn, _JOB, "id", job.pk), job.attempts, job.deliveries, _RUNNING,
-              job.worker]  # fmt: skip
-    return _update_row(alias, conn, str(job.pk), _restart_sql(alias, only_if_ahead), params)
+    by_database = at is None and (
+        conn.vendor == "postgresql" or (conn.vendor == "sqlite" and conn.timezone_name == "UTC")
+    )
+    times = [] if by_database else [_prep(conn, _JOB, "started_at", at or timezone.now())]
+    params = [*times * (2 if only_if_ahead else 1), _prep(conn, _JOB, "id", job.pk),
+              job.attempts, job.deliveries, _RUNNING, job.worker]  # fmt: skip
+    sql = _restart_sql(alias, only_if_ahead, by_database)
+    return _update_row(alias, conn, str(job.pk), sql, params)
 
 
 def cancel_waiting(job_id: object, now: datetime) -> str | None:

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from unittest import mock
 
 import pytest
+from django.db import connections
 from django.utils import timezone
 
 from django_delayjobs import sql
@@ -93,3 +94,36 @@ def test_the_databases_time_compares_with_the_times_the_workers_write():
     assert sql.claim(str(job.pk), "C", retry_at - 2 * sql._HUNDREDTH, most) is None
     claimed = sql.claim(str(job.pk), "C", retry_at + 2 * sql._HUNDREDTH, most)
     assert claimed is not None and (claimed.deliveries, claimed.worker) == (2, "C")
+
+
+@pytest.fixture
+def database_in_paris() -> Iterator[None]:
+    """The jobs' database stores local time (its ``TIME_ZONE``): SQLite then holds
+    Paris's wall-clock text, which the database's own ``Now()`` (UTC) does not match."""
+    conn = connections[sql.db()]
+    saved = conn.settings_dict.get("TIME_ZONE")
+
+    def use(zone: str | None) -> None:
+        conn.settings_dict["TIME_ZONE"] = zone
+        for cached in ("timezone", "timezone_name"):
+            conn.__dict__.pop(cached, None)
+
+    use("Europe/Paris")
+    try:
+        yield
+    finally:
+        use(saved)
+
+
+@pytest.mark.usefixtures("database_in_paris")
+def test_a_start_ahead_is_rewritten_to_now_in_a_database_that_stores_local_time():
+    """Review: in a SQLite database stored in Paris's time, UTC text written by ``Now()``
+    read back an hour or two early, and any worker took the live job over at once."""
+    job = started_by_a(timezone.now() + timedelta(days=1))
+    before = timezone.now()
+    retry_at = deferred(Execution(Q, str(job.pk), "B").claim())
+    after = timezone.now()
+    row = Job.objects.get(pk=job.pk)
+    assert row.started_at is not None and before - MS <= row.started_at <= after
+    assert retry_at == row.started_at + sql.takeover_delay()
+    assert deferred(Execution(Q, str(job.pk), "C").claim()) == retry_at
