@@ -383,7 +383,7 @@ def check_redis(engine: Engine, down: dict[str, str] | None = None) -> tuple[Che
 
 def _asking(what: str) -> Callable[[str], None]:
     """A step (``_step``) for each master that is asked ``what`` ("": the one Redis)."""
-    return lambda address: _step(f"Redis ({what}{f' of master {address}' if address else ''})")
+    return lambda address: _step(f"Redis ({f'master {address}: ' if address else ''}{what})")
 
 
 def check_database() -> Check:

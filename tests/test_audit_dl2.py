@@ -15,14 +15,16 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.test import Client
+from django.test import Client, override_settings
 from django.utils import timezone
 
 from django_delayjobs import health, schedule_many
 from django_delayjobs.connection import get_engine
 from django_delayjobs.embedded import EmbeddedRedis
 from django_delayjobs.services import build_job
+from tests.test_audit_cls3 import node, settings_for
 from tests.test_audit_dl import SlowReplies
+from tests.test_audit_hlt import frozen
 from tests.test_health import health as command
 from tests.testapp import tasks
 
@@ -186,3 +188,29 @@ def test_a_check_given_up_on_stops_at_the_next_shard(own_redis, settings):
         assert time.monotonic() - given_up < 1.5, lines  # one shard (0.6 s), not 15
     finally:
         proxy.close()
+
+
+@pytest.mark.cluster
+def test_a_check_given_up_on_asks_no_further_master(on_lonely):
+    """A Cluster whose first master is frozen: the check, given up on while that master's
+    INFO waits for its socket timeout, stops there: it went on to read every other
+    master's INFO and ask each of them for a write."""
+    cluster, client = on_lonely
+
+    def writes(address: str) -> int:
+        stats = client.info("commandstats", target_nodes=client.get_node(node_name=address))
+        return int(stats.get("cmdstat_setrange", {}).get("calls", 0))
+
+    with override_settings(DELAYJOBS=settings_for(cluster)):
+        first, *others = [n.name for n in get_engine().client.get_primaries()]
+        before = {address: writes(address) for address in others}
+        with frozen(node(cluster, first)):
+            code, lines = command("--min-workers", "0", "--timeout", "0.5")
+            assert code == 1 and lines[0] == (
+                "FAIL redis            not checked within the health check's 0.5 s, waiting "
+                f"on Redis (master {first}: its INFO)"
+            ), lines
+            (thread,) = health_threads()
+            thread.join(10)
+            assert not thread.is_alive()
+            assert {address: writes(address) for address in others} == before
