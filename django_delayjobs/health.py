@@ -41,12 +41,14 @@ keys (the due time of the oldest ready job, as for the metrics, waited for at mo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
+import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth.decorators import login_not_required
@@ -77,6 +79,11 @@ DEFAULT_MAX_OVERDUE = 60.0
 #: How long a whole check may take by default: under the 5 s that load balancers' probes
 #: wait by default, so that a probe hears why the check fails rather than time out.
 DEFAULT_TIMEOUT = 4.0
+#: The bounds of a check's timeout. Anyone may ask ``health/``: one who asks for a tiny one
+#: would answer fail at once, and one who asks for a long one would hold the check, which
+#: the probes of other limits wait for; the command, run by operators only, may take longer.
+MIN_TIMEOUT = 0.5
+MAX_VIEW_TIMEOUT = 30.0
 MAX_TIMEOUT = 600.0
 #: Why ``redis`` fails, without asking, for a client whose connections have no socket
 #: timeout: a Redis that stops answering (frozen, or cut off with no reset) would hold the
@@ -125,24 +132,14 @@ def parse_queues(text: str) -> tuple[str, ...]:
     return names
 
 
-def parse_seconds(text: str) -> float:
+def parse_seconds(text: str, low: float = 0.0, high: float = MAX_OVERDUE) -> float:
+    """A number of seconds from ``low`` to ``high``; ValueError if it is not one."""
     try:
         value = decimal_number(text)
     except ValueError:
         raise ValueError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or not 0 <= value <= MAX_OVERDUE:
-        raise ValueError(f"must be from 0 to {MAX_OVERDUE:.0f} seconds, not {text!r}")
-    return value
-
-
-def parse_timeout(text: str) -> float:
-    """The seconds a whole check may take: more than 0, at most ``MAX_TIMEOUT``."""
-    try:
-        value = decimal_number(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value <= MAX_TIMEOUT:  # False for nan
-        raise ValueError(f"must be more than 0 and at most {MAX_TIMEOUT:g} seconds, not {text!r}")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"must be from {low:g} to {high:.0f} seconds, not {text!r}")
     return value
 
 
@@ -160,7 +157,6 @@ def run(engine: Engine, limits: Limits) -> list[Check]:
         return without_redis(redis, limits, "not checked: the Redis client has no socket timeout")
     down: dict[str, str] = {}  # the masters of a Cluster that do not answer, with why
     checks = _progress().made  # in place, so that a caller that gives up sees them
-    _step("Redis (its INFO, and a write that changes nothing)")
     redis, reachable = check_redis(engine, down)
     checks.append(redis)
     if not reachable:
@@ -223,37 +219,55 @@ def run_from_settings(limits: Limits) -> list[Check]:
     is Redis unavailable.
 
     The checks run in a thread of their own (a call that waits on a socket cannot be
-    stopped), one run at a time (see ``bounded.OneAtATime``). Past the timeout the checks
-    not made fail, naming what the run waits on; the run stops before its next call, and
-    until it has, a check fails at once saying what that one waits on."""
-    progress = Progress()
-
-    def checks() -> list[Check]:
-        global _last
-        _last = _current.progress = progress
-        return _unbounded_from_settings(limits)
-
+    stopped), one run at a time per process. A caller whose limits but the timeout are
+    those of the run under way shares it; any other waits for it to end, then starts its
+    own, within its own timeout. Past it the checks not made fail, naming what the run
+    waits on; once every caller sharing a run has answered without it, it stops before its
+    next call (a master of a Cluster, a shard of a queue: see ``_step``)."""
+    deadline = time.monotonic() + limits.timeout
+    shared = replace(limits, timeout=0.0)  # the timeout is each caller's own
+    global _latest
+    while True:
+        with _lock:
+            run = _latest
+            if run.done.is_set():
+                run = _latest = _Run.start(shared)
+            if run.limits == shared and not run.progress.given_up.is_set():
+                run.callers += 1
+                break
+        if not run.done.wait(max(0.0, deadline - time.monotonic())):  # another's run
+            why = f"in time: an earlier health check still waits on {run.progress.waiting_on}"
+            return _answer(limits, [], why)
     try:
-        return _runs.call(checks, limits.timeout, name="delayjobs-health")
-    except bounded.TimedOut as exc:
-        if exc.earlier:
-            why = f"in time: an earlier health check still waits on {_last.waiting_on}"
-        else:
-            progress.given_up.set()
-            waited = f"the health check's {limits.timeout:g} s"
-            why = f"within {waited}, waiting on {progress.waiting_on}"
-        made = {c.name: c for c in list(progress.made)}
-        return [made.get(name) or Check(name, False, f"not checked {why}")
-                for name in _names(limits)]  # fmt: skip
+        if run.done.wait(max(0.0, deadline - time.monotonic())):
+            if run.error is not None:
+                raise run.error
+            return list(run.checks)
+    finally:
+        with _lock:
+            run.callers -= 1
+            if not run.callers and not run.done.is_set():
+                run.progress.given_up.set()
+    waited = f"the health check's {limits.timeout:g} s"
+    return _answer(
+        limits, run.progress.made, f"within {waited}, waiting on {run.progress.waiting_on}"
+    )
+
+
+def _answer(limits: Limits, made: list[Check], why: str) -> list[Check]:
+    """The checks of ``limits``: those in ``made`` as made, the others failing, ``not
+    checked`` and ``why``."""
+    found = {c.name: c for c in list(made)}
+    return [found.get(name) or Check(name, False, f"not checked {why}") for name in _names(limits)]
 
 
 class GivenUp(Exception):
-    """Raised in a check run whose caller has answered without it: it stops there."""
+    """Raised in a check run whose callers have all answered without it: it stops there."""
 
 
 @dataclass
 class Progress:
-    """What a check run waits on, the checks it has made, and whether its caller gave up
+    """What a check run waits on, the checks it has made, and whether its callers gave up
     on it (then it stops before its next call)."""
 
     waiting_on: str = "nothing"
@@ -261,9 +275,41 @@ class Progress:
     given_up: threading.Event = field(default_factory=threading.Event)
 
 
-_runs = bounded.OneAtATime()
+@dataclass
+class _Run:
+    """A check run in a thread of its own, shared by its ``callers`` (its ``limits`` have
+    no timeout): its checks, or the error it raised, once ``done``."""
+
+    limits: Limits
+    progress: Progress = field(default_factory=Progress)
+    done: threading.Event = field(default_factory=threading.Event)
+    checks: list[Check] = field(default_factory=list)
+    error: Exception | None = None
+    callers: int = 0
+
+    @classmethod
+    def start(cls, limits: Limits) -> _Run:
+        run = cls(limits)
+
+        def checks() -> None:
+            _current.progress = run.progress
+            try:
+                run.checks = _unbounded_from_settings(limits)
+            except Exception as exc:  # given to its callers (GivenUp: none is left)
+                run.error = exc
+            finally:
+                with contextlib.suppress(DatabaseError):
+                    connections.close_all()  # this thread's connections only
+                run.done.set()
+
+        threading.Thread(target=checks, name="delayjobs-health", daemon=True).start()
+        return run
+
+
+_lock = threading.Lock()  # over ``_latest`` and its ``callers``
+_latest = _Run(Limits(queues=()))  # the latest run started
+_latest.done.set()
 _current = threading.local()  # the ``Progress`` of the run in this thread, if any
-_last = Progress()  # of the latest run started
 
 
 def _progress() -> Progress:
@@ -306,7 +352,7 @@ def check_redis(engine: Engine, down: dict[str, str] | None = None) -> tuple[Che
     that does not answer goes into it (its address, with why) while another one does: the
     check fails, naming it, and the queues on the other masters can still be checked."""
     try:
-        masters = engine.masters(down)
+        masters = engine.masters(down, before=_asking("its INFO"))
     except EngineUnavailable as exc:  # a refusal (MISCONF to redis-py's PING) is an answer
         return Check("redis", False, f"unavailable: {exc}"), not unreachable(exc)
     for address, info in masters.items():
@@ -320,7 +366,7 @@ def check_redis(engine: Engine, down: dict[str, str] | None = None) -> tuple[Che
                 "it refuses new jobs (they wait in the database)"
             )), True  # fmt: skip
     try:
-        refused = engine.refused_write(down)
+        refused = engine.refused_write(down, before=_asking("a write that changes nothing"))
     except EngineUnavailable as exc:  # it died after its INFO: it does not answer at all
         return Check("redis", False, f"unavailable: {exc}"), False
     if down:  # a Cluster with masters that do not answer; the others do
@@ -333,6 +379,11 @@ def check_redis(engine: Engine, down: dict[str, str] | None = None) -> tuple[Che
         where = f" (master {address})" if address else ""
         return Check("redis", False, f"refuses writes{where}: {refusal}"), True
     return Check("redis", True, "answers"), True
+
+
+def _asking(what: str) -> Callable[[str], None]:
+    """A step (``_step``) for each master that is asked ``what`` ("": the one Redis)."""
+    return lambda address: _step(f"Redis ({f'master {address}: ' if address else ''}{what})")
 
 
 def check_database() -> Check:
@@ -448,9 +499,12 @@ def _queue_checks(
         checks.append(Check(f"overdue:{queue}", False, "cannot tell: a ready job's due time "
                             "is its row's, and the database check failed"))  # fmt: skip
         return checks + _garbage(queue, stats.garbage, limits)
-    _step(f"Redis and the database (the due time of queue {queue}'s oldest ready job)")
+
+    def before(shard: str) -> None:
+        _step(f"Redis and the database (the due time of queue {shard}'s oldest ready job)")
+
     try:
-        overdue = oldest_overdue(engine, stats, down)
+        overdue = oldest_overdue(engine, stats, down, before)
     except (DelayJobsError, DatabaseError) as exc:
         if _stopped_answering(exc):
             raise
@@ -508,7 +562,9 @@ def limits_from_query(query: QueryDict) -> Limits:
         max_overdue=parse_seconds(query.get("max_overdue", str(DEFAULT_MAX_OVERDUE))),
         min_workers=parse_count(query.get("min_workers", "1"), MAX_WORKERS),
         max_garbage=None if garbage is None else parse_count(garbage, MAX_GARBAGE),
-        timeout=parse_timeout(query.get("timeout", str(DEFAULT_TIMEOUT))),
+        timeout=parse_seconds(
+            query.get("timeout", str(DEFAULT_TIMEOUT)), MIN_TIMEOUT, MAX_VIEW_TIMEOUT
+        ),
     )
 
 

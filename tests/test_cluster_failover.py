@@ -22,7 +22,7 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -492,8 +492,10 @@ class DiesAfterInfo(Engine):
     cluster: EmbeddedCluster
     victim: Node
 
-    def masters(self, down: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
-        found = super().masters(down)
+    def masters(
+        self, down: dict[str, str] | None = None, before: Callable[[str], None] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        found = super().masters(down, before)
         self.cluster.kill(self.victim)
         return found
 

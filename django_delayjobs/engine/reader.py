@@ -477,13 +477,19 @@ class Reader:
         """Return Redis's ``INFO`` (version, memory policy, ...); on a Cluster, one node's."""
         return self._call(self.client.info)
 
-    def masters(self, down: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    def masters(
+        self, down: dict[str, str] | None = None, before: Callable[[str], None] | None = None
+    ) -> dict[str, dict[str, Any]]:
         """Return ``INFO`` of every master by its address (one Redis: just that one).
 
         With ``down``, a master of a Cluster that is not reached or does not answer goes
         into it (its address, with why) instead of failing the call, as long as another
-        master answers: the queues on the others can still be served."""
+        master answers: the queues on the others can still be served. ``before`` is called
+        with a master's address ("" on one Redis) before it is asked (an error it raises
+        ends the call)."""
         if not self.is_cluster:
+            if before is not None:
+                before("")
             return {"": self.info()}
 
         def read() -> dict[str, dict[str, Any]]:
@@ -492,6 +498,8 @@ class Reader:
             found: dict[str, dict[str, Any]] = {}
             first: EngineUnavailable | None = None
             for node in self._call(self.client.get_primaries):
+                if before is not None:
+                    before(node.name)
                 try:
                     found[node.name] = self._call(partial(self.client.info, target_nodes=node))
                 except EngineUnavailable as exc:
@@ -514,7 +522,7 @@ class Reader:
         return found
 
     def refused_write(
-        self, down: dict[str, str] | None = None
+        self, down: dict[str, str] | None = None, before: Callable[[str], None] | None = None
     ) -> tuple[str, EngineUnavailable] | None:
         """Ask every master for a write that changes nothing; return the first one that
         refuses (its address, "" on one Redis) with its refusal, or None. Raise
@@ -531,7 +539,7 @@ class Reader:
         does not exist: it creates no key and is not replicated, and Redis refuses it when
         full, as it refuses every command that may grow memory (a ``DEL`` it would run).
         Redis refuses before it runs a command: a key of another type (another program's)
-        answers ``WRONGTYPE``, having taken the write."""
+        answers ``WRONGTYPE``, having taken the write. ``before``: as for ``masters``."""
         if not self.is_cluster:
             targets = [("", f"{{{self.prefix}}}:write-probe")]
         else:
@@ -539,6 +547,8 @@ class Reader:
             targets = [(node.name, self._probe_key(node.name)) for node in nodes
                        if down is None or node.name not in down]  # fmt: skip
         for address, key in targets:
+            if before is not None:
+                before(address)
             try:
                 self._call(partial(self.client.setrange, key, 0, b""))
             except WrongType:  # another program's key: Redis refuses before it runs a write

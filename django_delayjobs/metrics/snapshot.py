@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -110,7 +111,12 @@ def log_unreadable(logger: logging.Logger, unreadable: dict[str, str]) -> None:
             logger.warning("metrics: queue %r could not be read (%s)", name, why)
 
 
-def oldest_overdue(engine: Engine, stats: QueueStats, down: dict[str, str] | None = None) -> float:
+def oldest_overdue(
+    engine: Engine,
+    stats: QueueStats,
+    down: dict[str, str] | None = None,
+    before: Callable[[str], None] | None = None,
+) -> float:
     """Seconds since the due time of the oldest job that is due and has not started:
     the head of pending if it is overdue (no promoter ran it), the oldest live id in
     ready (waiting for a worker), whose due time its row holds, or the oldest lease that
@@ -118,7 +124,9 @@ def oldest_overdue(engine: Engine, stats: QueueStats, down: dict[str, str] | Non
     end. (When the first ``READY_HEAD`` entries of ready are all ids removed while ready,
     the oldest of up to as many of its live ids, picked at random.) With ``down`` (see
     ``Engine.stats``), the Cluster master of a shard whose ready list it could not read
-    goes into it: that master alone, not every master of the queue."""
+    goes into it: that master alone, not every master of the queue. ``before`` is called
+    with a shard's name before its ready list is read (it may raise: the health check
+    stops there once given up on)."""
     ages: list[float] = [0]
     if stats.overdue and stats.next_due_ms is not None:
         ages.append(stats.now_ms - stats.next_due_ms)
@@ -126,6 +134,8 @@ def oldest_overdue(engine: Engine, stats: QueueStats, down: dict[str, str] | Non
         ages.append(stats.now_ms - stats.oldest_lease_ms)
     for shard in stats.shards or [stats]:  # a queue of several shards: each one's head
         if shard.ready:
+            if before is not None:
+                before(shard.queue)
             try:
                 due_ms = _ready_head_due_ms(engine, shard.queue)
             except EngineUnavailable as exc:

@@ -60,7 +60,8 @@ class Command(SafeOutputCommand):
         parser.add_argument(
             "--timeout", default=str(health.DEFAULT_TIMEOUT), metavar="SECONDS", action=Counted,
             help="Longest the whole check may take; the checks not made by then fail "
-                 f"(default {health.DEFAULT_TIMEOUT:g}).",
+                 f"(default {health.DEFAULT_TIMEOUT:g}, from {health.MIN_TIMEOUT:g} to "
+                 f"{health.MAX_TIMEOUT:g}).",
         )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -101,5 +102,5 @@ class Command(SafeOutputCommand):
             max_garbage=None
             if options["max_garbage"] is None
             else named("max-garbage", health.parse_count, health.MAX_GARBAGE),
-            timeout=named("timeout", health.parse_timeout),
+            timeout=named("timeout", health.parse_seconds, health.MIN_TIMEOUT, health.MAX_TIMEOUT),
         )
