@@ -123,10 +123,6 @@ class JobRowDeleted(Exception):
     failed (the deletion rolled back with its other writes)."""
 
 
-class _NotStarted(Exception):
-    """The worker handed this delivery back before its action started (``starts``)."""
-
-
 class _ClaimAheadFailed(Exception):
     """The database refused the claim of the next job inside this job's outcome
     transaction, so that transaction (the action's effects with it) is lost."""
@@ -443,9 +439,9 @@ class Execution:
         has succeeded: None once the worker is stopping); a success claims it in the
         same transaction that records this job's outcome (``next_job``), which saves a
         commit per job and still claims each job only when the one before it is done,
-        so a cancel wins until then. ``starts``: asked just before the action is called,
-        sets ``called``, or says that the worker handed the job back meanwhile (its
-        claim is then undone here: ``unclaim``)."""
+        so a cancel wins until then. ``starts``: asked as soon as the row is claimed,
+        sets ``kept``, or says that the worker handed the job back meanwhile (its claim
+        is then undone here: ``unclaim``)."""
         self.queue = queue
         self.job_id = job_id
         self.worker_id = worker_id
@@ -467,6 +463,9 @@ class Execution:
         self.outside_since: float | None = time.monotonic()
         #: Whether the action was called (a failure before that is never the action's).
         self.called = False
+        #: Whether the worker kept this delivery's claim (``starts``), just after it: a
+        #: hand-back undoes only a claim that never got this far (``unstarted``).
+        self.kept = False
         #: The connection a non-atomic action began with (see ``until_written``).
         self.outside: Connection | None = None
         #: Whether an earlier try of this outcome may have committed (its connection was
@@ -491,6 +490,11 @@ class Execution:
             return claimed
         job = self.job = claimed
         self.row_claimed = True
+        # Kept (or given up) at once: from here on a receiver, the arguments or the action
+        # may hang, and a claim that got this far counts its delivery, as any lost one.
+        if self.starts is not None and not self.starts(self):
+            return self.not_started(job)
+        self.kept = True  # (``starts`` set it already, in the worker's lock)
         self.connection = Connection(self.db)  # before the receivers: they may change it too
         # The copy for them costs a few us. Asked for sender=Job, as sent: without a
         # sender, only the receivers of any sender count, not those connected for Job.
@@ -727,8 +731,6 @@ class Execution:
             return self.overtaken(job, exc.row, atomic, time.perf_counter() - started)
         except _ClaimAheadFailed as exc:  # not the action's fault: run it again
             return self.hand_back(exc.__cause__ or exc)
-        except _NotStarted:  # handed back: its id is in Redis again
-            return self.not_started(job)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
             if committed:  # no: the success is the database's; a callback raised after it
                 logger.error("job %s succeeded; an on-commit callback of its action then "
@@ -927,10 +929,11 @@ class Execution:
         return ahead
 
     def unstarted(self) -> Job | None:
-        """This delivery's row as claimed, while its action has not been called (None
-        before the claim, and once it is called); or the next job's row, claimed by this
-        job's outcome transaction, until that job's own delivery takes it over."""
-        if not self.called and (self.row_claimed or self.claimed is not None):
+        """This delivery's row as claimed, until the worker keeps that claim (None before
+        the claim, and once ``starts`` kept it: no signal, no argument, no action ran
+        before that); or the next job's row, claimed by this job's outcome transaction,
+        until that job's own delivery takes it over."""
+        if not self.kept and (self.row_claimed or self.claimed is not None):
             return self.job if self.row_claimed else self.claimed
         return self.next_job
 
@@ -965,8 +968,6 @@ class Execution:
     ) -> Any:
         """Run the action; return its value as stored (JSON), or raise."""
         assert self.job is not None
-        if self.starts is not None and not self.starts(self):
-            raise _NotStarted
         job_token, notes_token = current_job.set(handed_out(self.job)), _notes.set(notes)
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
         before = transaction_states()  # the jobs' database: 1 block in its transaction

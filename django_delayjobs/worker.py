@@ -1016,12 +1016,12 @@ class WorkerProcess:
         return execution.next_job
 
     def starts(self, thread: int, execution: Execution) -> bool:
-        """Whether worker thread ``thread`` may call the action of ``execution`` (it still
-        holds its id: not handed back meanwhile), marking it called: one section with the
-        hand-back's choice of the rows whose claims it undoes (``give_back``)."""
+        """Whether worker thread ``thread`` keeps the claim ``execution`` just made (it
+        still holds its id: not handed back meanwhile), marking it kept: one section with
+        the hand-back's choice of the rows whose claims it undoes (``give_back``)."""
         with self.held_lock:
-            execution.called = self.held.get(execution.job_id, ("", None))[1] == thread
-            return execution.called
+            execution.kept = self.held.get(execution.job_id, ("", None))[1] == thread
+            return execution.kept
 
     @staticmethod
     def execute(execution: Execution) -> Result | None:
@@ -1169,8 +1169,10 @@ class WorkerProcess:
     def hand_back_waiting(self) -> None:
         """Exiting with actions still running: hand back the ids held that never started
         (claimed with them, or whose claim still waits), instead of leaving them to wait
-        for their lease to end; a row claimed for one is unclaimed (``give_back``), and its
-        thread, should it go on before the exit, does not start it (``starts``)."""
+        for their lease to end; a row claimed for one is unclaimed (``give_back``) if its
+        thread had not kept that claim yet, and that thread then never keeps it
+        (``starts``). One kept (its signals, its arguments or its action under way) is
+        left claimed: its delivery counts, as any lost one's."""
         self.hand_back_held()
 
     def hand_back_held(self, owner: int | None = None) -> None:
