@@ -399,7 +399,9 @@ def unclaim(job: Job, worker_id: str) -> bool:
     before its action runs, not for one that never did). A new attempt goes back to
     waiting (``retrying`` after an earlier one); a running row taken over keeps running
     for its next delivery, its start cleared so that no worker waits half a lease for it.
-    One UPDATE fenced by that very claim (attempt, delivery, worker), and a
+    One UPDATE fenced by that very claim (attempt, delivery, worker and start: another
+    claim of this worker's, of the same attempt and delivery once this one is undone, has
+    a start of its own), and a
     ``handed_back`` event that answers its ``started`` one, in one transaction; False if
     the row no longer holds that claim."""
     values: dict[str, Any] = {"deliveries": job.deliveries - 1, "started_at": None,
@@ -411,7 +413,7 @@ def unclaim(job: Job, worker_id: str) -> bool:
     with transaction.atomic(using=sql.db()):
         mine = Job.objects.using(sql.db()).filter(
             pk=job.pk, attempts=job.attempts, deliveries=job.deliveries,
-            status=Status.RUNNING, worker=worker_id[:128],
+            status=Status.RUNNING, worker=worker_id[:128], started_at=job.started_at,
         )  # fmt: skip
         if not mine.update(**values):
             return False
