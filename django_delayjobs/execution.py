@@ -751,12 +751,12 @@ class Execution:
         return self.committed(job, done, claimed, started)
 
     def not_started(self, job: Job) -> Result:
-        """The worker handed this job back before its action started (it is stopping, or
-        a thread died): undo the claim, if the hand-back could not (``unclaim``; a claim
+        """The worker handed this job back before it kept the claim (it is stopping, or a
+        thread died): undo the claim, which the hand-back could not (``unclaim``; a claim
         that landed after it), and leave the id to the hand-back's move."""
         with contextlib.suppress(DatabaseError):  # left to the takeover, as before
             unclaim(job, self.worker_id)
-        return Result(Outcome.OVERTAKEN, job, error="handed back before its action started")
+        return Result(Outcome.UNCLAIMED, job, error="handed back before its action started")
 
     def overtaken(
         self, job: Job, row: tuple[str, int, int], atomic: bool, duration: float

@@ -14,6 +14,8 @@
    2 s x shards), and the helper could go on using its connection after the worker had
    returned. It is one deadline for the whole hand-back, each statement waits only for
    the time left, and the helper has ended when the worker returns.
+6. A claim its thread undid was counted and logged as ``overtaken`` (a lost lease); it is
+   ``unclaimed`` now.
 """
 
 from __future__ import annotations
@@ -266,5 +268,6 @@ def test_a_claim_that_lands_after_the_hand_back_is_undone_by_its_thread(monkeypa
     kinds = list(job.events.order_by("id").values_list("kind", flat=True))
     assert kinds == ["scheduled", "started", "handed_back"]
     assert not Record.objects.exists()
+    assert dict(worker.stats.outcomes) == {"unclaimed": 1}  # no lease was lost: not overtaken
     stats = get_engine().stats(Q)
     assert (stats.in_flight, stats.pending + stats.ready) == (0, 1), stats
