@@ -123,10 +123,6 @@ class JobRowDeleted(Exception):
     failed (the deletion rolled back with its other writes)."""
 
 
-class _NotStarted(Exception):
-    """The worker handed this delivery back before its action started (``starts``)."""
-
-
 class _ClaimAheadFailed(Exception):
     """The database refused the claim of the next job inside this job's outcome
     transaction, so that transaction (the action's effects with it) is lost."""
@@ -403,7 +399,9 @@ def unclaim(job: Job, worker_id: str) -> bool:
     before its action runs, not for one that never did). A new attempt goes back to
     waiting (``retrying`` after an earlier one); a running row taken over keeps running
     for its next delivery, its start cleared so that no worker waits half a lease for it.
-    One UPDATE fenced by that very claim (attempt, delivery, worker), and a
+    One UPDATE fenced by that very claim (attempt, delivery, worker and start: another
+    claim of this worker's, of the same attempt and delivery once this one is undone, has
+    a start of its own), and a
     ``handed_back`` event that answers its ``started`` one, in one transaction; False if
     the row no longer holds that claim."""
     values: dict[str, Any] = {"deliveries": job.deliveries - 1, "started_at": None,
@@ -415,7 +413,7 @@ def unclaim(job: Job, worker_id: str) -> bool:
     with transaction.atomic(using=sql.db()):
         mine = Job.objects.using(sql.db()).filter(
             pk=job.pk, attempts=job.attempts, deliveries=job.deliveries,
-            status=Status.RUNNING, worker=worker_id[:128],
+            status=Status.RUNNING, worker=worker_id[:128], started_at=job.started_at,
         )  # fmt: skip
         if not mine.update(**values):
             return False
@@ -443,9 +441,9 @@ class Execution:
         has succeeded: None once the worker is stopping); a success claims it in the
         same transaction that records this job's outcome (``next_job``), which saves a
         commit per job and still claims each job only when the one before it is done,
-        so a cancel wins until then. ``starts``: asked just before the action is called,
-        sets ``called``, or says that the worker handed the job back meanwhile (its
-        claim is then undone here: ``unclaim``)."""
+        so a cancel wins until then. ``starts``: asked as soon as the row is claimed,
+        sets ``kept``, or says that the worker handed the job back meanwhile (its claim
+        is then undone here: ``unclaim``)."""
         self.queue = queue
         self.job_id = job_id
         self.worker_id = worker_id
@@ -467,6 +465,9 @@ class Execution:
         self.outside_since: float | None = time.monotonic()
         #: Whether the action was called (a failure before that is never the action's).
         self.called = False
+        #: Whether the worker kept this delivery's claim (``starts``), just after it: a
+        #: hand-back undoes only a claim that never got this far (``unstarted``).
+        self.kept = False
         #: The connection a non-atomic action began with (see ``until_written``).
         self.outside: Connection | None = None
         #: Whether an earlier try of this outcome may have committed (its connection was
@@ -491,6 +492,11 @@ class Execution:
             return claimed
         job = self.job = claimed
         self.row_claimed = True
+        # Kept (or given up) at once: from here on a receiver, the arguments or the action
+        # may hang, and a claim that got this far counts its delivery, as any lost one.
+        if self.starts is not None and not self.starts(self):
+            return self.not_started(job)
+        self.kept = True  # (``starts`` set it already, in the worker's lock)
         self.connection = Connection(self.db)  # before the receivers: they may change it too
         # The copy for them costs a few us. Asked for sender=Job, as sent: without a
         # sender, only the receivers of any sender count, not those connected for Job.
@@ -723,8 +729,6 @@ class Execution:
             return self.overtaken(job, exc.row, atomic, time.perf_counter() - started)
         except _ClaimAheadFailed as exc:  # not the action's fault: run it again
             return self.hand_back(exc.__cause__ or exc)
-        except _NotStarted:  # handed back: its id is in Redis again
-            return self.not_started(job)
         except BaseException as exc:  # anything the action raised (atomic: rolled back)
             if committed:  # no: the success is the database's; a callback raised after it
                 logger.error("job %s succeeded; an on-commit callback of its action then "
@@ -743,12 +747,12 @@ class Execution:
         return self.committed(job, done, claimed, started)
 
     def not_started(self, job: Job) -> Result:
-        """The worker handed this job back before its action started (it is stopping, or
-        a thread died): undo the claim, if the hand-back could not (``unclaim``; a claim
+        """The worker handed this job back before it kept the claim (it is stopping, or a
+        thread died): undo the claim, which the hand-back could not (``unclaim``; a claim
         that landed after it), and leave the id to the hand-back's move."""
         with contextlib.suppress(DatabaseError):  # left to the takeover, as before
             unclaim(job, self.worker_id)
-        return Result(Outcome.OVERTAKEN, job, error="handed back before its action started")
+        return Result(Outcome.UNCLAIMED, job, error="handed back before its action started")
 
     def overtaken(
         self, job: Job, row: tuple[str, int, int], atomic: bool, duration: float
@@ -918,10 +922,11 @@ class Execution:
         return sql.restart(ahead, timezone.now())
 
     def unstarted(self) -> Job | None:
-        """This delivery's row as claimed, while its action has not been called (None
-        before the claim, and once it is called); or the next job's row, claimed by this
-        job's outcome transaction, until that job's own delivery takes it over."""
-        if not self.called and (self.row_claimed or self.claimed is not None):
+        """This delivery's row as claimed, until the worker keeps that claim (None before
+        the claim, and once ``starts`` kept it: no signal, no argument, no action ran
+        before that); or the next job's row, claimed by this job's outcome transaction,
+        until that job's own delivery takes it over."""
+        if not self.kept and (self.row_claimed or self.claimed is not None):
             return self.job if self.row_claimed else self.claimed
         return self.next_job
 
@@ -956,8 +961,6 @@ class Execution:
     ) -> Any:
         """Run the action; return its value as stored (JSON), or raise."""
         assert self.job is not None
-        if self.starts is not None and not self.starts(self):
-            raise _NotStarted
         job_token, notes_token = current_job.set(handed_out(self.job)), _notes.set(notes)
         self.outside_since, self.running_since, self.called = None, time.monotonic(), True
         before = transaction_states()  # the jobs' database: 1 block in its transaction

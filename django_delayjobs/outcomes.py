@@ -47,18 +47,22 @@ class Outcome(enum.StrEnum):
     DEFERRED = "deferred"  # not due yet (rescheduled), or running too recently to take over
     HANDED_BACK = "handed_back"  # the database or Redis failed: the same attempt runs again
     OVERTAKEN = "overtaken"  # another delivery owns the row now; nothing was written
+    #: handed back before the worker kept its claim (it is stopping, or a thread died):
+    #: the claim undone, the id moved by the hand-back
+    UNCLAIMED = "unclaimed"
 
     @property
     def redis_move(self) -> str:
         """What Redis does with the id: ``ack``, ``nack`` (back to pending), ``bury``, or
-        ``none`` (the id belongs to the delivery that overtook this one)."""
+        ``none`` (the id belongs to the delivery that overtook this one, or to the
+        hand-back that took it from this one)."""
         return _MOVES[self]
 
 
 _MOVES = {
     Outcome.SUCCEEDED: "ack", Outcome.SKIPPED: "ack", Outcome.DROPPED: "ack",
     Outcome.RETRYING: "nack", Outcome.DEFERRED: "nack", Outcome.HANDED_BACK: "nack",
-    Outcome.DEAD: "bury", Outcome.OVERTAKEN: "none",
+    Outcome.DEAD: "bury", Outcome.OVERTAKEN: "none", Outcome.UNCLAIMED: "none",
 }  # fmt: skip
 
 

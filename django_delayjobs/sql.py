@@ -12,6 +12,7 @@ and each means exactly what the ORM call it replaces meant.
 from __future__ import annotations
 
 import contextlib
+import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -340,6 +341,23 @@ def take_a_write() -> None:
     refuses. One that answers reads may refuse every write: a standby, a read-only file,
     SQLite's write lock held past the busy timeout."""
     Job.objects.using(db()).filter(pk=uuid.UUID(int=0)).update(status=F("status"))
+
+
+def wait_at_most(seconds: float) -> None:
+    """Bound how long each later statement of this thread's session on the jobs' database
+    may wait (for a lock, or a slow server) to ``seconds``: its statement timeout on
+    PostgreSQL, its busy timeout on SQLite; other databases are left as they are. For a
+    thread of its own, whose connection is closed when it ends."""
+    conn = connections[db()]
+    ms = max(1, math.ceil(seconds * 1000))
+    if conn.vendor == "postgresql":
+        statement = f"SET statement_timeout = {ms}"
+    elif conn.vendor == "sqlite":
+        statement = f"PRAGMA busy_timeout = {ms}"
+    else:
+        return
+    with conn.cursor() as cursor:
+        cursor.execute(statement)
 
 
 def transaction_usable() -> bool:

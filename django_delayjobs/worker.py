@@ -94,8 +94,12 @@ EXIT_UNREGISTER_SECONDS = 1.0
 #: The longest a ``Backoff`` sleeps between two failed calls (seconds).
 BACKOFF_MAX_SECONDS = 5.0
 #: How long a hand-back waits for the database to undo the claims of the jobs it hands back
-#: that never started (``undo_claims``), before it hands them back all the same (seconds).
+#: that never started (``undo_claims``), before it hands them back all the same (seconds):
+#: once for the whole hand-back, however many queues, shards and parts it covers.
 UNCLAIM_SECONDS = 2.0
+#: How much longer the hand-back waits for its undo helper to see its last statement end
+#: (each is given only the time left: ``sql.wait_at_most``) and close its connection.
+UNCLAIM_ENDING_SECONDS = 0.5
 #: Signals that stop a worker as ``SIGTERM`` does: finish, hand back, exit 0. ``SIGHUP``
 #: too: a terminal that closes sends it, and Python's default ended the process with no
 #: cleanup at all.
@@ -810,7 +814,10 @@ class WorkerProcess:
 
                 claimed = self.process(queue, job_id, backoff, acks.append, claimed, then)
                 job_id = None  # settled
-        except BaseException:  # this thread dies: the job it was at goes back too
+        except BaseException as exc:  # this thread dies: the job it was at goes back too
+            # The process stops first: no other thread claims an id it hands back (the
+            # undo of a claim, late, would then meet that thread's claim of it).
+            self.die(f"thread {threading.current_thread().name} died: {exc!r}")
             if job_id is not None and job_id not in acks:
                 waiting.appendleft(job_id)
             raise
@@ -1016,12 +1023,12 @@ class WorkerProcess:
         return execution.next_job
 
     def starts(self, thread: int, execution: Execution) -> bool:
-        """Whether worker thread ``thread`` may call the action of ``execution`` (it still
-        holds its id: not handed back meanwhile), marking it called: one section with the
-        hand-back's choice of the rows whose claims it undoes (``give_back``)."""
+        """Whether worker thread ``thread`` keeps the claim ``execution`` just made (it
+        still holds its id: not handed back meanwhile), marking it kept: one section with
+        the hand-back's choice of the rows whose claims it undoes (``give_back``)."""
         with self.held_lock:
-            execution.called = self.held.get(execution.job_id, ("", None))[1] == thread
-            return execution.called
+            execution.kept = self.held.get(execution.job_id, ("", None))[1] == thread
+            return execution.kept
 
     @staticmethod
     def execute(execution: Execution) -> Result | None:
@@ -1081,7 +1088,10 @@ class WorkerProcess:
         pending, due now; False if Redis is down: their leases return them."""
         return self.give_back(queue, ids, owner) is not None
 
-    def give_back(self, queue: str, ids: Sequence[str], owner: int | None = None) -> int | None:
+    def give_back(
+        self, queue: str, ids: Sequence[str], owner: int | None = None,
+        until: float | None = None,
+    ) -> int | None:  # fmt: skip
         """``hand_back``; return how many ids Redis moved back, None if Redis is down. One
         whose lease was lost is let go (``lose``), not handed back: the worker that holds it
         now may run it. Lost as they are released: found so before, by the call below, or
@@ -1092,7 +1102,8 @@ class WorkerProcess:
         nack, the ids are left to their lease, and a burst counts them (``unconfirmed``):
         after Redis lost its data, only a reconcile sweep would bring them back. A row this
         process claimed for one of them whose action never started is unclaimed first
-        (``undo_claims``)."""
+        (``undo_claims``, by ``until``: a ``time.monotonic()`` deadline, by default
+        ``UNCLAIM_SECONDS`` from now)."""
         with self.held_lock:
             stale = [i for i in ids if i in self.held and owner in (None, self.held[i][1])
                      and i not in self.lost and self.gone(i)]  # fmt: skip
@@ -1111,7 +1122,7 @@ class WorkerProcess:
             return None
         if not ids:
             return 0
-        self.undo_claims(rows)
+        self.undo_claims(rows, until)
         try:
             moved = self.engine.nack(queue, dict.fromkeys(ids, self.engine.server_time_ms()))
         except EngineUnavailable as exc:
@@ -1126,26 +1137,36 @@ class WorkerProcess:
                            "Redis lost them", len(ids) - moved, len(ids))  # fmt: skip
         return moved
 
-    def undo_claims(self, rows: list[Job]) -> None:
-        """Undo this process's claims of ``rows``, handed back before their actions started
-        (``execution.unclaim``), before their ids go back to Redis: the next worker runs
-        each at once, as the attempt (or delivery) it would have been. In a thread of its
-        own, waited for ``UNCLAIM_SECONDS`` at most: a database that does not answer must
-        not hold up the hand-back, nor the exit. Not undone (the database failed, or
-        answered late), a row is left to its takeover, half a lease after its claim, as
-        when the process is killed; one undone late is claimed as it then is."""
+    def undo_claims(self, rows: list[Job], until: float | None = None) -> None:
+        """Undo this process's claims of ``rows``, handed back before the worker kept them
+        (``execution.unclaim``), before their ids go back to Redis: each is claimed again
+        as the attempt (or delivery) it would have been. In a thread of its own, waited
+        for until ``until`` (``time.monotonic()``; ``UNCLAIM_SECONDS`` from now by
+        default): a database that does not answer must not hold up the hand-back, nor the
+        exit. The helper starts no undo past that time, gives each only the time left to
+        wait for the database (``sql.wait_at_most``), and closes its connection as it ends,
+        which the hand-back waits for (``UNCLAIM_ENDING_SECONDS``). Not undone, a row is
+        left to its takeover, half a lease after its claim, as when the process is
+        killed."""
         if not rows:
             return
-        helper = threading.Thread(target=self.unclaim, args=(rows,), name="delayjobs-unclaim",
-                                  daemon=True)  # fmt: skip
+        until = time.monotonic() + UNCLAIM_SECONDS if until is None else until
+        helper = threading.Thread(target=self.unclaim, args=(rows, until),
+                                  name="delayjobs-unclaim", daemon=True)  # fmt: skip
         with contextlib.suppress(RuntimeError):  # "can't start new thread": left to takeover
             helper.start()
-            helper.join(UNCLAIM_SECONDS)
+            helper.join(max(0.0, until - time.monotonic()) + UNCLAIM_ENDING_SECONDS)
 
-    def unclaim(self, rows: list[Job]) -> None:
+    def unclaim(self, rows: list[Job], until: float) -> None:
         """``undo_claims``'s helper thread."""
         try:
-            for row in rows:
+            for done, row in enumerate(rows):
+                if (left := until - time.monotonic()) <= 0:
+                    logger.warning("%d claim(s) of job(s) handed back before they started "
+                                   "were not undone in time: they run again half a lease "
+                                   "after their claim", len(rows) - done)  # fmt: skip
+                    break
+                sql.wait_at_most(left)
                 if unclaim(row, self.id):
                     logger.info("job %s: handed back before its action started; its claim "
                                 "was undone", row.pk,
@@ -1169,8 +1190,10 @@ class WorkerProcess:
     def hand_back_waiting(self) -> None:
         """Exiting with actions still running: hand back the ids held that never started
         (claimed with them, or whose claim still waits), instead of leaving them to wait
-        for their lease to end; a row claimed for one is unclaimed (``give_back``), and its
-        thread, should it go on before the exit, does not start it (``starts``)."""
+        for their lease to end; a row claimed for one is unclaimed (``give_back``) if its
+        thread had not kept that claim yet, and that thread then never keeps it
+        (``starts``). One kept (its signals, its arguments or its action under way) is
+        left claimed: its delivery counts, as any lost one's."""
         self.hand_back_held()
 
     def hand_back_held(self, owner: int | None = None) -> None:
@@ -1178,7 +1201,9 @@ class WorkerProcess:
         id worker thread ``owner`` held: it died, and no commit can come from a dead
         thread, so one whose action was called goes back too (its row, if left running,
         is taken over as any lost delivery's: at once by this process, by another half a
-        lease after its start)."""
+        lease after its start). The undo of the claims of those that never started has
+        ``UNCLAIM_SECONDS`` in all (``undo_claims``)."""
+        until = time.monotonic() + UNCLAIM_SECONDS
         with self.held_lock:
             running = {e.job_id for e in self.running.values() if e.called}
             waiting: dict[str, list[str]] = {}
@@ -1188,7 +1213,7 @@ class WorkerProcess:
         for shard, ids in waiting.items():  # parts until one fails: the rest would wait too
             handed = 0  # those let go or left to their lease are logged apart
             for start, part in enumerate(in_parts(ids)):
-                count = self.give_back(shard, part, owner)
+                count = self.give_back(shard, part, owner, until)
                 if count is None:
                     logger.warning("could not hand back %d job(s) that had not started: Redis "
                                    "is unavailable; they come back when their lease ends",

@@ -46,7 +46,8 @@ def fields_of(result: Result) -> list[tuple[str, float]]:
     - lateness (``started_at - run_at`` of the attempt) and run seconds: one observation
       per attempt whose action ran, whatever its outcome.
 
-    Deliveries that change nothing (dropped, deferred, handed back, overtaken) add nothing.
+    Deliveries that change nothing (dropped, deferred, handed back, overtaken, unclaimed)
+    add nothing.
     """
     pairs: list[tuple[str, float]] = []
     label = _LABELS.get(result.outcome.value)
