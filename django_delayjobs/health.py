@@ -220,8 +220,10 @@ def run_from_settings(limits: Limits) -> list[Check]:
 
     The checks run in a thread of their own (a call that waits on a socket cannot be
     stopped), one run at a time per process. A caller whose limits but the timeout are
-    those of the run under way shares it; any other waits for it to end, then starts its
-    own, within its own timeout. Past it the checks not made fail, naming what the run
+    those of the run under way shares it if it started less than that timeout ago (so a
+    run lasts at most about twice the longest timeout, and its answer is never older than
+    the caller's timeout); any other waits for it to end, then starts its own, within its
+    own timeout. Past it the checks not made fail, naming what the run
     waits on; once every caller sharing a run has answered without it, it stops before its
     next call (a master of a Cluster, a shard of a queue: see ``_step``)."""
     deadline = time.monotonic() + limits.timeout
@@ -230,12 +232,17 @@ def run_from_settings(limits: Limits) -> list[Check]:
     while True:
         with _lock:
             run = _latest
-            if run.done.is_set():
+            now = time.monotonic()
+            if run.done.is_set() and now < deadline:
                 run = _latest = _Run.start(shared)
-            if run.limits == shared and not run.progress.given_up.is_set():
+            # Joined only while younger than this caller's timeout: callers that keep
+            # coming (a prober every second) cannot keep a run going, or its answers old.
+            joins = run.limits == shared and now - run.started < limits.timeout
+            if joins and not run.progress.given_up.is_set():
                 run.callers += 1
                 break
-        if not run.done.wait(max(0.0, deadline - time.monotonic())):  # another's run
+        ended = run.done.wait(max(0.0, deadline - time.monotonic()))  # then start one
+        if not ended or time.monotonic() >= deadline:
             why = f"in time: an earlier health check still waits on {run.progress.waiting_on}"
             return _answer(limits, [], why)
     try:
@@ -286,6 +293,7 @@ class _Run:
     checks: list[Check] = field(default_factory=list)
     error: Exception | None = None
     callers: int = 0
+    started: float = field(default_factory=time.monotonic)
 
     @classmethod
     def start(cls, limits: Limits) -> _Run:
@@ -297,6 +305,8 @@ class _Run:
                 run.checks = _unbounded_from_settings(limits)
             except Exception as exc:  # given to its callers (GivenUp: none is left)
                 run.error = exc
+            except BaseException as exc:  # never an empty list, which reads as healthy
+                run.error = RuntimeError(f"the health check ended with {exc!r}")
             finally:
                 with contextlib.suppress(DatabaseError):
                     connections.close_all()  # this thread's connections only

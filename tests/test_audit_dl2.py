@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -115,8 +116,9 @@ def test_concurrent_probes_against_a_frozen_redis_share_one_check(
         thread.start()
     for thread in threads:
         thread.join(10)
+    alive = len(health_threads())
     wake(frozen_patient_redis)
-    assert len(started) == 1, started
+    assert len(started) == 1 and alive <= 1, (started, alive)
     assert len(answers) == 8
     for checks in answers:
         assert [c.ok for c in checks] == [False] * 4, checks
@@ -149,8 +151,11 @@ def test_the_view_refuses_a_timeout_out_of_its_bounds(value):
 
 @pytest.mark.parametrize("value", ["0.5", "30"])
 def test_the_view_takes_a_timeout_within_its_bounds(value):
+    """Taken (not a 400): a whole check within 0.5 s is not this test's to ask of a
+    loaded machine."""
     response = Client().get("/delayjobs/health/", {"timeout": value, "min_workers": "0"})
-    assert response.status_code == 200, response.content
+    assert response.status_code in (200, 503), response.content
+    assert "error" not in response.json(), response.json()
 
 
 def test_the_command_takes_a_longer_timeout():
@@ -214,3 +219,20 @@ def test_a_check_given_up_on_asks_no_further_master(on_lonely):
             thread.join(10)
             assert not thread.is_alive()
             assert {address: writes(address) for address in others} == before
+
+
+def test_a_check_older_than_a_probes_timeout_is_not_shared(frozen_patient_redis):
+    """Review: probes that kept coming (a prober every second) kept the check under way
+    going for as long as they overlapped, answering with what it found minutes before. A
+    probe now shares a check only if it started less than the probe's timeout ago; else it
+    waits for that check to end, within its own timeout."""
+    limits = health.Limits(queues=("default",), min_workers=0, timeout=8)
+    first = threading.Thread(target=health.run_from_settings, args=(limits,))
+    first.start()
+    time.sleep(1.5)  # the check is now older than the next probe's timeout
+    late = health.run_from_settings(replace(limits, timeout=1))
+    wake(frozen_patient_redis)
+    first.join(10)
+    assert late[0].detail.startswith(
+        "not checked in time: an earlier health check still waits on Redis"
+    ), late
