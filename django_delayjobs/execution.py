@@ -392,7 +392,7 @@ def settled(job: Job, values: dict[str, Any]) -> None:
             setattr(job, name, value)
 
 
-def unclaim(job: Job, worker_id: str) -> bool:
+def unclaim(job: Job, worker_id: str, wait: float | None = None) -> bool:
     """Undo ``worker_id``'s claim of ``job`` (its row as that claim returned it), handed
     back before its action started: the row waits again, claimable at once, and the
     hand-back costs the job neither an attempt nor a delivery (an attempt is counted
@@ -403,14 +403,15 @@ def unclaim(job: Job, worker_id: str) -> bool:
     claim of this worker's, of the same attempt and delivery once this one is undone, has
     a start of its own), and a
     ``handed_back`` event that answers its ``started`` one, in one transaction; False if
-    the row no longer holds that claim."""
+    the row no longer holds that claim. ``wait``: the longest its statements may wait for
+    the database (``sql.waiting_at_most``)."""
     values: dict[str, Any] = {"deliveries": job.deliveries - 1, "started_at": None,
                               "worker": ""}  # fmt: skip
     if job.deliveries <= 1:
         status = Status.RETRYING if job.attempts > 1 else Status.SCHEDULED
         values.update(status=status, attempts=job.attempts - 1, deliveries=0)
     what = "delivery" if job.deliveries > 1 else "attempt"
-    with transaction.atomic(using=sql.db()):
+    with sql.waiting_at_most(wait):
         mine = Job.objects.using(sql.db()).filter(
             pk=job.pk, attempts=job.attempts, deliveries=job.deliveries,
             status=Status.RUNNING, worker=worker_id[:128], started_at=job.started_at,

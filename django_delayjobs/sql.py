@@ -14,14 +14,14 @@ from __future__ import annotations
 import contextlib
 import math
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import cache
 from operator import attrgetter
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models import DateField, DateTimeField, F, Field, Q
@@ -343,21 +343,26 @@ def take_a_write() -> None:
     Job.objects.using(db()).filter(pk=uuid.UUID(int=0)).update(status=F("status"))
 
 
-def wait_at_most(seconds: float) -> None:
-    """Bound how long each later statement of this thread's session on the jobs' database
-    may wait (for a lock, or a slow server) to ``seconds``: its statement timeout on
-    PostgreSQL, its busy timeout on SQLite; other databases are left as they are. For a
-    thread of its own, whose connection is closed when it ends."""
-    conn = connections[db()]
-    ms = max(1, math.ceil(seconds * 1000))
-    if conn.vendor == "postgresql":
-        statement = f"SET statement_timeout = {ms}"
-    elif conn.vendor == "sqlite":
-        statement = f"PRAGMA busy_timeout = {ms}"
-    else:
-        return
-    with conn.cursor() as cursor:
-        cursor.execute(statement)
+@contextlib.contextmanager
+def waiting_at_most(seconds: float | None) -> Iterator[None]:
+    """A transaction on the jobs' database whose statements wait at most ``seconds`` (for
+    a lock, or a slow server; None: as long as the session's settings say). PostgreSQL:
+    its statement timeout, for this transaction only (``set_config(..., true)``: a pooled
+    connection, or one a transaction-mode pgbouncer shares, keeps its own). SQLite: the
+    connection's busy timeout, set before its BEGIN, which is what waits for the write
+    lock: for a thread of its own, whose connection is closed when it ends. Other
+    databases are left as they are."""
+    alias = db()
+    conn = connections[alias]
+    ms = None if seconds is None else max(1, math.ceil(seconds * 1000))
+    if ms is not None and conn.vendor == "sqlite":
+        with conn.cursor() as cursor:
+            cursor.execute(f"PRAGMA busy_timeout = {ms}")
+    with transaction.atomic(using=alias):
+        if ms is not None and conn.vendor == "postgresql":
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(ms)])
+        yield
 
 
 def transaction_usable() -> bool:

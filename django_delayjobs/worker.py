@@ -98,7 +98,7 @@ BACKOFF_MAX_SECONDS = 5.0
 #: once for the whole hand-back, however many queues, shards and parts it covers.
 UNCLAIM_SECONDS = 2.0
 #: How much longer the hand-back waits for its undo helper to see its last statement end
-#: (each is given only the time left: ``sql.wait_at_most``) and close its connection.
+#: (each is given only the time left: ``sql.waiting_at_most``) and close its connection.
 UNCLAIM_ENDING_SECONDS = 0.5
 #: Signals that stop a worker as ``SIGTERM`` does: finish, hand back, exit 0. ``SIGHUP``
 #: too: a terminal that closes sends it, and Python's default ended the process with no
@@ -1118,11 +1118,11 @@ class WorkerProcess:
             rows = [row for e in self.running.values()
                     if (row := e.unstarted()) is not None and str(row.pk) in ids]  # fmt: skip
         self.said_let_go(queue, let)
+        self.undo_claims(rows, until)  # Redis down too: their threads never keep them now
         if kept is None:
             return None
         if not ids:
             return 0
-        self.undo_claims(rows, until)
         try:
             moved = self.engine.nack(queue, dict.fromkeys(ids, self.engine.server_time_ms()))
         except EngineUnavailable as exc:
@@ -1144,7 +1144,7 @@ class WorkerProcess:
         for until ``until`` (``time.monotonic()``; ``UNCLAIM_SECONDS`` from now by
         default): a database that does not answer must not hold up the hand-back, nor the
         exit. The helper starts no undo past that time, gives each only the time left to
-        wait for the database (``sql.wait_at_most``), and closes its connection as it ends,
+        wait for the database (``sql.waiting_at_most``), and closes its connection as it ends,
         which the hand-back waits for (``UNCLAIM_ENDING_SECONDS``). Not undone, a row is
         left to its takeover, half a lease after its claim, as when the process is
         killed."""
@@ -1156,6 +1156,9 @@ class WorkerProcess:
         with contextlib.suppress(RuntimeError):  # "can't start new thread": left to takeover
             helper.start()
             helper.join(max(0.0, until - time.monotonic()) + UNCLAIM_ENDING_SECONDS)
+            if helper.is_alive():  # a database that stopped answering mid-statement
+                logger.warning("the undo of handed-back claims still waits on the database; "
+                               "the worker goes on without it")  # fmt: skip
 
     def unclaim(self, rows: list[Job], until: float) -> None:
         """``undo_claims``'s helper thread."""
@@ -1166,15 +1169,18 @@ class WorkerProcess:
                                    "were not undone in time: they run again half a lease "
                                    "after their claim", len(rows) - done)  # fmt: skip
                     break
-                sql.wait_at_most(left)
-                if unclaim(row, self.id):
+                try:  # one row's failure (a deadlock, say) leaves the others their turn
+                    undone = unclaim(row, self.id, left)
+                except DatabaseError as exc:
+                    logger.warning("job %s: could not undo the claim of a job handed back "
+                                   "before it started (%s): it runs again half a lease "
+                                   "after its claim", row.pk, exc,
+                                   extra=job_fields(row.pk, row.queue))  # fmt: skip
+                    continue
+                if undone:
                     logger.info("job %s: handed back before its action started; its claim "
                                 "was undone", row.pk,
                                 extra=job_fields(row.pk, row.queue))  # fmt: skip
-        except DatabaseError as exc:
-            logger.warning("could not undo the claim of job(s) handed back before they "
-                           "started (%s): they run again half a lease after their claim",
-                           exc)  # fmt: skip
         except Exception:  # a bug: the rows are left to their takeover all the same
             logger.exception("undoing the claim of job(s) handed back failed")
         finally:
