@@ -751,8 +751,13 @@ class Execution:
         """The worker handed this job back before it kept the claim (it is stopping, or a
         thread died): undo the claim, which the hand-back could not (``unclaim``; a claim
         that landed after it), and leave the id to the hand-back's move."""
-        with contextlib.suppress(DatabaseError):  # left to the takeover, as before
+        try:
             unclaim(job, self.worker_id)
+        except DatabaseError as exc:  # left to the takeover, as a lost delivery
+            logger.warning("job %s: could not undo the claim of a job handed back before it "
+                           "started (%s): it runs again half a lease after its claim",
+                           self.job_id, exc,
+                           extra=job_fields(self.job_id, self.queue, job))  # fmt: skip
         return Result(Outcome.UNCLAIMED, job, error="handed back before its action started")
 
     def overtaken(
