@@ -223,9 +223,9 @@ def run_from_settings(limits: Limits) -> list[Check]:
     those of the run under way shares it if it started less than that timeout ago (so a
     run lasts at most about twice the longest timeout, and its answer is never older than
     the caller's timeout); any other waits for it to end, then starts its own, within its
-    own timeout. Past it the checks not made fail, naming what the run
-    waits on; once every caller sharing a run has answered without it, it stops before its
-    next call (a master of a Cluster, a shard of a queue: see ``_step``)."""
+    own timeout. Past it the checks not made fail, naming what the run waits on; once
+    every caller sharing a run has answered without it, it stops before its next call (a
+    master of a Cluster, a shard of a queue: see ``_step``)."""
     deadline = time.monotonic() + limits.timeout
     shared = replace(limits, timeout=0.0)  # the timeout is each caller's own
     global _latest
