@@ -68,6 +68,11 @@ if os.environ.get("DATABASE_URL"):
     DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = (
         f"delayjobs-tests pid {os.getpid()}"
     )
+    # More OPTIONS, as JSON: .ci/run's second PostgreSQL pass uses server-side binding with
+    # prepared statements ({"server_side_binding": true, "prepare_threshold": 5}).
+    DATABASES["default"]["OPTIONS"].update(
+        json.loads(os.environ.get("DELAYJOBS_TEST_DATABASE_OPTIONS", "{}"))
+    )
 else:
     # A file, not :memory:, so worker processes started by tests share the database.
     _db = os.environ.get("DELAYJOBS_TEST_SQLITE") or os.path.join(

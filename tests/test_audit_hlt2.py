@@ -166,7 +166,9 @@ def test_a_database_role_that_may_not_update_the_job_table_fails():
     table = conn.ops.quote_name(Job._meta.db_table)
     password = uuid.uuid4().hex  # a server that asks for one (not trust) gets it
     with conn.cursor() as cursor:
-        cursor.execute(f"CREATE ROLE {role} LOGIN PASSWORD %s", [password])
+        # Written out (hex digits only): utility statements take no bound parameters under
+        # server-side binding (CI's second PostgreSQL pass).
+        cursor.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
     old = conn.settings_dict["USER"], conn.settings_dict["PASSWORD"]
     try:
         with conn.cursor() as cursor:
