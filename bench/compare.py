@@ -26,6 +26,9 @@ W5 delayjobs only, with --database-url (so: in the --also-postgres pass): W3's d
 
 ``--also-postgres URL`` runs delayjobs again with its audit rows in that database (created
 if missing, emptied before each workload), W1, W2, W3 and W5, in a process of its own.
+The environment variable ``BENCH_DATABASE_OPTIONS`` (JSON) adds to that database's Django
+``OPTIONS`` (for example server-side binding with prepared statements; the report records
+them).
 
 Writes ``compare-<stamp>.json`` and ``compare-<stamp>.md`` (and ``latest.*``) to --out,
 with the targets of issue 18 computed from the same run (``targets.py``). ``--dump DIR``

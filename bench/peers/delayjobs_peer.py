@@ -60,6 +60,8 @@ class Adapter(common.Adapter):
                 cursor.execute("SHOW synchronous_commit")
                 (sync,) = cursor.fetchone()
             audit = f"{self.db} {server}, synchronous_commit={sync}"
+            if os.environ.get("BENCH_DATABASE_OPTIONS"):  # dj_settings adds them
+                audit += f", OPTIONS {os.environ['BENCH_DATABASE_OPTIONS']}"
         tuning = ", ".join(
             f"{name} {getattr(delayjobs_settings, name)}"
             for name in ("TICK_SECONDS", "BATCH_SIZE", "PREFETCH")

@@ -18,6 +18,10 @@ if os.environ.get("BENCH_DATABASE_URL"):
     import dj_database_url
 
     DATABASES = {"default": dj_database_url.parse(os.environ["BENCH_DATABASE_URL"])}
+    # More OPTIONS for that database, as JSON (docs/performance.md: server-side binding).
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        json.loads(os.environ.get("BENCH_DATABASE_OPTIONS", "{}"))
+    )
 else:
     DATABASES = {
         "default": {
