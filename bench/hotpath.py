@@ -14,7 +14,8 @@ it counts (as in a worker process, whose housekeeping thread checkpoints), so th
 then leave out the checkpoints that ``schedule()``'s commits would otherwise run.
 
 1. ``schedule()`` one at a time, N jobs due in an hour (no worker).
-2. N jobs due now, drained by one worker thread (``WorkerProcess.work_loop`` in burst
+2. ``schedule_many`` of the same N jobs, in chunks of 1,000 (the bench's batch path).
+3. N jobs due now, drained by one worker thread (``WorkerProcess.work_loop`` in burst
    mode, as ``run_delayworker --burst``), the bench's job (an ``RPUSH`` to Redis) included.
 """
 
@@ -191,6 +192,21 @@ def run(n: int, profile: str | None, wal: bool) -> None:
             (sql, "insert_events", "  the event"),
             (BaseDatabaseWrapper, "commit", COMMIT),
             (Engine, "add", "engine.add (one Redis round trip)"),
+        ],
+        profile,
+        wal,
+    )
+    items = [(f"b{i}", due) for i in range(n)]
+    measure(
+        "schedule_many, chunks of 1,000",
+        n,
+        lambda: adapter.schedule_batch(items),
+        [
+            (services, "build_job", "build_job (validate, build the row)"),
+            (services.door, "check_batch", "check the batch"),
+            (sql, "insert_jobs", "insert the jobs and their events"),
+            (BaseDatabaseWrapper, "commit", COMMIT),
+            (services, "push", "push (Redis, one call per chunk)"),
         ],
         profile,
         wal,
