@@ -447,6 +447,19 @@ def _started(sender: Any, job: Job, **kwargs: Any) -> None:
         _send(task_started, to_result(job))
 
 
+def requeued(job: Job) -> None:
+    """``task_enqueued`` for a task's dead job that ``services.requeue`` made READY again,
+    after its commit; in any process, one that has not imported the task included (found
+    as ``_finished`` finds a cancelled one). Logged, never raised, like a receiver's
+    error: the requeue has committed."""
+    try:
+        if _is_task(job):
+            _send(task_enqueued, to_result(job))
+    except Exception as exc:
+        signals.logger.error("task_enqueued for requeued job %s was not sent", job.pk,
+                             exc_info=exc)  # fmt: skip
+
+
 def _send(signal: Any, result: TaskResult[Any, Any]) -> None:
     """Send ``signal`` from the class of the backend that enqueued the task, as Django's
     backends send theirs (``type(self)``); ``DelayJobsBackend`` for an alias gone since

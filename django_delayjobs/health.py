@@ -42,6 +42,7 @@ keys (the due time of the oldest ready job, as for the metrics, waited for at mo
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import threading
@@ -248,7 +249,7 @@ def run_from_settings(limits: Limits) -> list[Check]:
     try:
         if run.done.wait(max(0.0, deadline - time.monotonic())):
             if run.error is not None:
-                raise run.error
+                raise _own(run.error) from run.error
             return list(run.checks)
     finally:
         with _lock:
@@ -259,6 +260,21 @@ def run_from_settings(limits: Limits) -> list[Check]:
     return _answer(
         limits, run.progress.made, f"within {waited}, waiting on {run.progress.waiting_on}"
     )
+
+
+def _own(error: Exception) -> Exception:
+    """A copy of a check run's ``error`` for one of its callers to raise, from the original:
+    raising one exception object adds the raiser's frames to its traceback, and the callers
+    sharing a run raise at once, each in its own thread. The same type, message and
+    attributes, so what catches it (the view, ``delayjobs_health``) reads it as before."""
+    try:
+        own = copy.copy(error)
+    except Exception:  # an __init__ that the exception's args do not fit
+        own = None
+    if type(own) is not type(error):
+        own = type(error).__new__(type(error), *error.args)
+        own.__dict__.update(vars(error))
+    return own
 
 
 def _answer(limits: Limits, made: list[Check], why: str) -> list[Check]:

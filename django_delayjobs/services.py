@@ -592,6 +592,7 @@ def requeue(job: Job | Any, *, actor: str = "code", attempts: int | None = None)
             job.refresh_from_db(from_queryset=tolerant(Job.objects.all()))
             _event(job, EventKind.REQUEUED, actor, f"{extra} more attempt(s)")
             _after_commit(lambda: _requeue_in_redis(job))
+            _task_requeued(job)
         elif refused := tolerant(dead.only("attempts", "expires_at")).first():
             if refused.attempts > most:  # max_attempts would overflow its column
                 raise InvalidSchedule(
@@ -635,6 +636,18 @@ def _revive(job: Job, extra: int, most: int) -> int:
     raise InvalidSchedule(
         f"the key {key!r} was taken by another job as this one was requeued: try again"
     )
+
+
+def _task_requeued(job: Job) -> None:
+    """After the requeue commits, ``task_enqueued`` for a ``django.tasks`` task's job: it
+    is READY again and will send ``task_started`` and ``task_finished`` again."""
+    # Told by its name, as in _attempts_for: a plain job imports no django.tasks.
+    if isinstance(job.action, str) and job.action.startswith(TASK_PREFIX):
+        try:
+            from .backends import requeued
+        except ImportError:  # neither django.tasks nor the backport: no backend enqueued it
+            return
+        _after_commit(lambda: requeued(job))
 
 
 def _attempts_for(job: Job) -> int:
