@@ -271,9 +271,12 @@ def _own(error: Exception) -> Exception:
         own = copy.copy(error)
     except Exception:  # an __init__ that the exception's args do not fit
         own = None
-    if type(own) is not type(error):
-        own = type(error).__new__(type(error), *error.args)
-        own.__dict__.update(vars(error))
+    if type(own) is not type(error) or own.args != error.args:  # or that rewrites them
+        try:
+            own = type(error).__new__(type(error), *error.args)
+            own.__dict__.update(vars(error))
+        except Exception:  # no copy at all: the shared one, as before
+            return error
     return own
 
 

@@ -11,16 +11,18 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.db import transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from django_delayjobs import health
-from django_delayjobs.backends import DelayJobsBackend, TaskResultStatus
+from django_delayjobs.backends import TaskResultStatus
 from django_delayjobs.engine.errors import PartlyUnavailable
 from django_delayjobs.exceptions import DelayJobsError
 from django_delayjobs.models import Job, Status
 from django_delayjobs.services import requeue, schedule
 from tests.testapp import task_functions as t
 from tests.testapp import tasks
+from tests.testapp.backends import SubclassBackend
 
 try:
     from django.tasks import signals as task_signals
@@ -28,6 +30,9 @@ except ImportError:
     from django_tasks import signals as task_signals
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+BACKEND = "django_delayjobs.backends.DelayJobsBackend"
+SUBCLASS = "tests.testapp.backends.SubclassBackend"
 
 
 def burst() -> None:
@@ -58,21 +63,38 @@ class Seen:
             getattr(task_signals, name).disconnect(receiver)
 
 
-def dead_task() -> str:
-    result = t.explode.enqueue("bad input")
+def dead_task(task: Any = t.explode) -> str:
+    result = task.enqueue("bad input")
     burst()
     assert Job.objects.get(pk=result.id).status == Status.DEAD
     return result.id
 
 
+QUEUES = ["default", "other"]
+
+
+@override_settings(TASKS={"default": {"BACKEND": BACKEND, "QUEUES": QUEUES},
+                          "own": {"BACKEND": SUBCLASS, "QUEUES": QUEUES}})  # fmt: skip
 def test_a_requeued_task_is_enqueued_again_then_starts_and_finishes_again():
-    job_id = dead_task()
+    """Sent by the class of the backend that enqueued the task (a project's subclass here,
+    not the ``DelayJobsBackend`` of an alias that is gone)."""
+    job_id = dead_task(t.explode.using(backend="own"))
     with Seen() as s:
         assert requeue(job_id, actor="admin:1")
-        assert s.seen == [("task_enqueued", DelayJobsBackend, "READY", job_id)]
+        assert s.seen == [("task_enqueued", SubclassBackend, "READY", job_id)]
         burst()
     assert [name for name, *_ in s.seen] == ["task_enqueued", "task_started", "task_finished"]
+    assert {sender for _, sender, *_ in s.seen} == {SubclassBackend}
     assert s.seen[-1][2] == TaskResultStatus.FAILED
+
+
+def test_a_requeue_in_a_transaction_rolled_back_sends_nothing():
+    job_id = dead_task()
+    with Seen() as s, pytest.raises(ZeroDivisionError), transaction.atomic():
+        assert requeue(job_id)
+        1 / 0  # noqa: B018
+    assert s.seen == []
+    assert Job.objects.get(pk=job_id).status == Status.DEAD
 
 
 def test_job_requeue_sends_it_too_after_the_commit():
@@ -131,6 +153,8 @@ def test_callers_sharing_a_failing_run_each_raise_their_own_exception(monkeypatc
         return unbounded(limits)
 
     monkeypatch.setattr(health, "_unbounded_from_settings", when_all_joined)
+    monkeypatch.setattr(health, "_latest", health._Run(health.Limits(queues=())))
+    health._latest.done.set()  # no earlier test's run to wait for or join
     settings.DELAYJOBS = {**settings.DELAYJOBS, "CACHE_ALIAS": "no-such-cache"}
     raised: list[BaseException] = []
     limits = health.Limits(queues=("default",), min_workers=0, timeout=8)
@@ -169,3 +193,30 @@ def test_a_callers_copy_of_an_error_whose_init_its_args_do_not_fit_keeps_type_an
     own = health._own(error)
     assert own is not error and type(own) is PartlyUnavailable
     assert (str(own), own.done) == ("a master is down", ["id"])
+
+
+def test_a_copy_of_an_error_whose_init_rewrites_its_args_keeps_its_message():
+    """copy.copy calls ``__init__`` with the args it set: "code 7" would become "code
+    code 7". The copy is made without its ``__init__`` then."""
+
+    class Rewrites(Exception):
+        def __init__(self, code: object) -> None:
+            super().__init__(f"code {code}")
+
+    error = Rewrites(7)
+    own = health._own(error)
+    assert own is not error and type(own) is Rewrites and str(own) == "code 7"
+
+
+def test_a_copy_that_cannot_be_made_is_the_shared_exception_as_before():
+    class Strict(Exception):
+        def __new__(cls, code: object) -> Strict:
+            if not isinstance(code, int):
+                raise TypeError("an int")
+            return super().__new__(cls, code)
+
+        def __init__(self, code: int) -> None:
+            super().__init__(f"code {code}")
+
+    error = Strict(7)
+    assert health._own(error) is error  # neither copy.copy nor __new__ can remake it
