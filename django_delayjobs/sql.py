@@ -214,14 +214,21 @@ def _update_row(
     return the updated row (``also``: more to return after its columns), else read after
     it."""
     plan = _row_plan(conn)
-    with conn.cursor() as cursor:
-        if plan.returning:
+    if plan.returning:
+        with conn.cursor() as cursor:
             cursor.execute(f"{statement} RETURNING {plan.columns}{also}", params)
             row = cursor.fetchone()
-            return None if row is None else plan.job(alias, conn, row[: len(plan.attnames)])
-        cursor.execute(statement, params)
-        matched = cursor.rowcount
-    return fetch(job_id) if matched else None
+        return None if row is None else plan.job(alias, conn, row[: len(plan.attnames)])
+    # Read in the UPDATE's transaction, which holds the row until it ends. Called outside
+    # one (``Execution.found_ahead``'s restart), the UPDATE committed at once, and another
+    # worker could take the row over before the read, which returned its claim instead.
+    # Inside one (every claim), no savepoint: it would cost two statements on the hot path.
+    atomic = contextlib.nullcontext() if conn.in_atomic_block else transaction.atomic(using=alias)
+    with atomic:
+        with conn.cursor() as cursor:
+            cursor.execute(statement, params)
+            matched = cursor.rowcount
+        return fetch(job_id) if matched else None
 
 
 def _fence(conn: BaseDatabaseWrapper) -> str:
