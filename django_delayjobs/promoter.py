@@ -16,6 +16,7 @@ from .conf import delayjobs_settings
 from .engine import Engine, EngineUnavailable, PerShard, WrongType
 from .engine.errors import unreachable
 from .engine.sharding import alone
+from .engine.waiting import MIN_BLOCK
 
 logger = logging.getLogger("django_delayjobs.promoter")
 
@@ -234,7 +235,7 @@ class Promoter:
         # token must be able to end the sleep at any moment until then.
         while not self.stop.is_set():
             blocking = deadline - time.monotonic() - PRECISE_STRETCH
-            if blocking <= 0:
+            if blocking < MIN_BLOCK:  # a shorter pop would still block that long
                 break
             if self.engine.wait_for_wake(self.queues, blocking):
                 return

@@ -42,6 +42,11 @@ POLL_EVERY = 0.025
 #: tick (100 ms at ``hz 10``), so a single Redis never waits less either; a shorter wait
 #: would return before a newly started doorbell had popped a token already there.
 MIN_CLUSTER_WAIT = 0.1
+#: The shortest ``BLPOP`` timeout sent. Redis before 7.0.8 (6.2 included) reads a timeout
+#: of 0.001 s as 0 ms, and 0 as no timeout at all (redis/redis#11687): a sliver of a wait
+#: would block until the socket timeout, or for good. A timed-out pop is answered on
+#: Redis's next tick anyway, so a longer floor costs a short wait nothing.
+MIN_BLOCK = 0.01
 #: How many MOVED in a row a doorbell follows (each time reading the slot table anew)
 #: before its waiters hear of it: a table still out of date after that is an outage.
 MAX_MOVED = 3
@@ -138,11 +143,12 @@ class BlockingWait:
         of the default 1 s), and a Redis that stalls that long (busy with a slow command, a
         fork, a starved host) answers every other command in time. A Redis that is really
         frozen fails the caller's next call; a token popped but never read delays its waiter
-        by one tick at most. (A Cluster's doorbells take a late reply so too.)"""
+        by one wait of theirs at most. (A Cluster's doorbells take a late reply so too.)
+        A wait shorter than ``MIN_BLOCK`` blocks that long."""
         if self.longest is not None:
             seconds = min(seconds, self.longest)
         try:
-            return self.client.blpop(list(keys), timeout=max(seconds, 0.001)) is not None
+            return self.client.blpop(list(keys), timeout=max(seconds, MIN_BLOCK)) is not None
         except ReadTimeout:  # the connection is closed: a late reply is never read
             return False
 
@@ -234,7 +240,7 @@ class Doorbells:
     def __init__(self, client: Any) -> None:
         self.client = client
         longest = longest_block(client)
-        self.block = BELL_BLOCK if longest is None else max(0.01, min(BELL_BLOCK, longest))
+        self.block = BELL_BLOCK if longest is None else max(MIN_BLOCK, min(BELL_BLOCK, longest))
         self._lock = threading.Lock()
         self._bells: dict[str, _Bell] = {}
         self._closed = False
