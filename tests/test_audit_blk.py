@@ -3,9 +3,8 @@ that Redis reads as "block forever".
 
 Redis before 7.0.8 (6.2 included, the embedded server's) turns a ``BLPOP`` timeout of
 0.001 s into 0 ms, and 0 means no timeout (redis/redis#11687). A wait of that length held
-its connection until the socket timeout (a promoter 0.9 s late), or for good on a client
-with none. These tests run on a server of that kind, the embedded one, whatever
-``REDIS_URL`` says.
+its connection until the socket timeout (a promoter 0.9 s late), or until a token came on
+a client with none. These tests run on the embedded server, whatever ``REDIS_URL`` says.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from django_delayjobs.engine import Engine
 from django_delayjobs.engine.waiting import BlockingWait
 from django_delayjobs.promoter import PRECISE_STRETCH, Promoter
 
+#: Waits an old Redis was sent as "block forever", and two just above (controls).
 SLIVERS = [0, 1e-9, 0.0001, 0.0005, 0.0009, 0.001, 0.00101, 0.0015]
 
 
@@ -35,7 +35,11 @@ def old_redis(own_redis: EmbeddedRedis) -> Iterator[redis.Redis]:
 def test_the_embedded_server_reads_a_blpop_of_1_ms_as_no_timeout(
     old_redis: redis.Redis,
 ) -> None:
-    """The premise of this file: without it the tests below could not fail."""
+    """The premise of this file: without it the tests below could not fail. (A newer
+    embedded server, 7.0.8 on, reads 1 ms right: the tests below still hold there.)"""
+    version = tuple(int(part) for part in old_redis.info("server")["redis_version"].split("."))
+    if version >= (7, 0, 8):
+        pytest.skip(f"Redis {version} reads a 1 ms timeout as 1 ms")
     started = time.monotonic()
     with pytest.raises(redis.exceptions.TimeoutError):
         old_redis.execute_command("BLPOP", "nothing", "0.001")
@@ -66,7 +70,9 @@ def test_a_short_wait_with_no_socket_timeout_never_blocks_for_good(
     waiter = BlockingWait(client)
     assert waiter.longest is None
     results: list[bool] = []
-    thread = threading.Thread(target=lambda: results.append(waiter.wait(["nothing"], 0.0005)))
+    thread = threading.Thread(
+        target=lambda: results.append(waiter.wait(["nothing"], 0.0005)), daemon=True
+    )
     thread.start()
     thread.join(2)
     try:

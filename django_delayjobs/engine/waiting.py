@@ -44,8 +44,8 @@ POLL_EVERY = 0.025
 MIN_CLUSTER_WAIT = 0.1
 #: The shortest ``BLPOP`` timeout sent. Redis before 7.0.8 (6.2 included) reads a timeout
 #: of 0.001 s as 0 ms, and 0 as no timeout at all (redis/redis#11687): a sliver of a wait
-#: would block until the socket timeout, or for good. A timed-out pop is answered on
-#: Redis's next tick anyway, so a longer floor costs a short wait nothing.
+#: would block until the socket timeout, or with none until a token came. A timed-out pop
+#: is answered on Redis's next tick anyway, so a longer floor costs a short wait nothing.
 MIN_BLOCK = 0.01
 #: How many MOVED in a row a doorbell follows (each time reading the slot table anew)
 #: before its waiters hear of it: a table still out of date after that is an outage.
@@ -144,7 +144,7 @@ class BlockingWait:
         fork, a starved host) answers every other command in time. A Redis that is really
         frozen fails the caller's next call; a token popped but never read delays its waiter
         by one wait of theirs at most. (A Cluster's doorbells take a late reply so too.)
-        A wait shorter than ``MIN_BLOCK`` blocks that long."""
+        A wait shorter than ``MIN_BLOCK`` may block that long."""
         if self.longest is not None:
             seconds = min(seconds, self.longest)
         try:
