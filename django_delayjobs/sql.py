@@ -219,16 +219,21 @@ def _update_row(
             cursor.execute(f"{statement} RETURNING {plan.columns}{also}", params)
             row = cursor.fetchone()
         return None if row is None else plan.job(alias, conn, row[: len(plan.attnames)])
-    # Read in the UPDATE's transaction, which holds the row until it ends. Called outside
-    # one (``Execution.found_ahead``'s restart), the UPDATE committed at once, and another
-    # worker could take the row over before the read, which returned its claim instead.
-    # Inside one (every claim), no savepoint: it would cost two statements on the hot path.
-    atomic = contextlib.nullcontext() if conn.in_atomic_block else transaction.atomic(using=alias)
-    with atomic:
+    # Called outside a transaction (``Execution.found_ahead``'s restart), the UPDATE would
+    # commit at once, and another worker could take the row over before the read, which
+    # would return its claim instead.
+    with _one_transaction(conn, alias):
         with conn.cursor() as cursor:
             cursor.execute(statement, params)
             matched = cursor.rowcount
         return fetch(job_id) if matched else None
+
+
+def _one_transaction(conn: BaseDatabaseWrapper, alias: str) -> Any:
+    """A transaction for a fallback's UPDATE and the read after it, in which the row read
+    back is the one updated (the UPDATE holds it until the end): the caller's, with no
+    savepoint (two statements more on a hot path), or a new one outside it."""
+    return contextlib.nullcontext() if conn.in_atomic_block else transaction.atomic(using=alias)
 
 
 def _fence(conn: BaseDatabaseWrapper) -> str:
@@ -320,7 +325,7 @@ def cancel_waiting(job_id: object, now: datetime) -> str | None:
     key = _prep(conn, _JOB, "id", job_id)
     params = [Status.CANCELLED.value, _prep(conn, _JOB, "finished_at", now), key,
               *(s.value for s in WAITING)]  # fmt: skip
-    with conn.cursor() as cursor:
+    with _one_transaction(conn, alias), conn.cursor() as cursor:
         if _row_plan(conn).returning:
             cursor.execute(f"{sql} RETURNING {queue}", params)
         else:

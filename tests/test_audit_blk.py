@@ -9,6 +9,7 @@ a client with none. These tests run on the embedded server, whatever ``REDIS_URL
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +38,8 @@ def test_the_embedded_server_reads_a_blpop_of_1_ms_as_no_timeout(
 ) -> None:
     """The premise of this file: without it the tests below could not fail. (A newer
     embedded server, 7.0.8 on, reads 1 ms right: the tests below still hold there.)"""
-    version = tuple(int(part) for part in old_redis.info("server")["redis_version"].split("."))
+    name = old_redis.info("server")["redis_version"]  # "6.2.14", or "7.2.4-rc1" and such
+    version = tuple(int(part) for part in re.findall(r"\d+", name)[:3])
     if version >= (7, 0, 8):
         pytest.skip(f"Redis {version} reads a 1 ms timeout as 1 ms")
     started = time.monotonic()
@@ -80,6 +82,35 @@ def test_a_short_wait_with_no_socket_timeout_never_blocks_for_good(
         assert results == [False]
     finally:
         client.rpush("nothing", "x")  # frees a pop blocked for good, if one is
+        thread.join(5)
+        client.close()
+
+
+def test_an_absurd_wait_with_no_socket_timeout_blocks_until_a_token(
+    own_redis: EmbeddedRedis,
+) -> None:
+    """Sent whole, 1e20 s was Redis's "timeout is out of range" error: the wait is capped
+    (``MAX_BLOCK``), so it blocks, and a token ends it."""
+    client = redis.Redis.from_url(own_redis.url, socket_timeout=None)
+    waiter = BlockingWait(client)
+    results: list[object] = []
+
+    def wait() -> None:
+        try:
+            results.append(waiter.wait(["bell"], 1e20))
+        except Exception as error:  # the assertion below names it
+            results.append(error)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    thread.join(0.3)
+    try:
+        assert thread.is_alive(), results
+        client.rpush("bell", "1")
+        thread.join(5)
+        assert results == [True]
+    finally:
+        client.rpush("bell", "x")
         thread.join(5)
         client.close()
 

@@ -255,3 +255,20 @@ def test_a_restart_outside_a_transaction_reads_back_its_own_write(no_returning, 
     assert row.started_at is not None and abs(row.started_at - now) < timedelta(seconds=5)
     [other] = taken  # the takeover came after it, as it may
     assert other is not None and (other.worker, other.deliveries) == ("far ahead", 2)
+
+
+def test_a_cancel_outside_a_transaction_reads_the_queue_in_its_update_s(no_returning):
+    """Outside a transaction the UPDATE committed at once, and the row could change (a
+    purge) before its queue was read: both statements now share one transaction."""
+    job = schedule(tasks.record, in_=60, args=["x"], queue="other")
+    seen: list[tuple[str, bool]] = []
+
+    def spy(execute, sql_text, params, many, context):  # type: ignore[no-untyped-def]
+        seen.append((sql_text.split()[0], connection.in_atomic_block))
+        return execute(sql_text, params, many, context)
+
+    assert not connection.in_atomic_block
+    with connection.execute_wrapper(spy):
+        assert sql.cancel_waiting(job.pk, timezone.now()) == "other"
+    assert [s for s in seen if s[0] != "BEGIN"] == [("UPDATE", True), ("SELECT", True)]
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED

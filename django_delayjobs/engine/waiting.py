@@ -47,6 +47,10 @@ MIN_CLUSTER_WAIT = 0.1
 #: would block until the socket timeout, or with none until a token came. A timed-out pop
 #: is answered on Redis's next tick anyway, so a longer floor costs a short wait nothing.
 MIN_BLOCK = 0.01
+#: The longest ``BLPOP`` timeout sent on a client with no socket timeout (a wait that long
+#: returns no token, and its caller waits again): Redis refuses a timeout past about
+#: 9.2e15 s, which a caller's absurd wait would otherwise send.
+MAX_BLOCK = 3600.0
 #: How many MOVED in a row a doorbell follows (each time reading the slot table anew)
 #: before its waiters hear of it: a table still out of date after that is an outage.
 MAX_MOVED = 3
@@ -144,9 +148,9 @@ class BlockingWait:
         fork, a starved host) answers every other command in time. A Redis that is really
         frozen fails the caller's next call; a token popped but never read delays its waiter
         by one wait of theirs at most. (A Cluster's doorbells take a late reply so too.)
-        A wait shorter than ``MIN_BLOCK`` may block that long."""
-        if self.longest is not None:
-            seconds = min(seconds, self.longest)
+        A wait shorter than ``MIN_BLOCK`` may block that long, one longer than
+        ``MAX_BLOCK`` blocks no longer."""
+        seconds = min(seconds, MAX_BLOCK if self.longest is None else self.longest)
         try:
             return self.client.blpop(list(keys), timeout=max(seconds, MIN_BLOCK)) is not None
         except ReadTimeout:  # the connection is closed: a late reply is never read
