@@ -51,7 +51,7 @@ from . import serialization, signals, sql
 from .conf import delayjobs_settings
 from .exceptions import GiveUp, Retry, TimeLimitExceeded, UnknownAction
 from .logs import job_fields, one_line
-from .models import ACTIVE, EventKind, Job, Status
+from .models import ACTIVE, EventKind, Job, JobEvent, Status
 from .outcomes import Outcome, Result, after_failure, leaves
 from .registry import resolve
 
@@ -397,7 +397,7 @@ def unclaim(job: Job, worker_id: str, wait: float | None = None) -> bool:
     back before its action started: the row waits again, claimable at once, and the
     hand-back costs the job neither an attempt nor a delivery (an attempt is counted
     before its action runs, not for one that never did). A new attempt goes back to
-    waiting (``retrying`` after an earlier one); a running row taken over keeps running
+    waiting in the status it waited in (``_waited_as``); a running row taken over keeps running
     for its next delivery, its start cleared so that no worker waits half a lease for it.
     One UPDATE fenced by that very claim (attempt, delivery, worker and start: another
     claim of this worker's, of the same attempt and delivery once this one is undone, has
@@ -407,11 +407,11 @@ def unclaim(job: Job, worker_id: str, wait: float | None = None) -> bool:
     the database (``sql.waiting_at_most``)."""
     values: dict[str, Any] = {"deliveries": job.deliveries - 1, "started_at": None,
                               "worker": ""}  # fmt: skip
-    if job.deliveries <= 1:
-        status = Status.RETRYING if job.attempts > 1 else Status.SCHEDULED
-        values.update(status=status, attempts=job.attempts - 1, deliveries=0)
     what = "delivery" if job.deliveries > 1 else "attempt"
     with sql.waiting_at_most(wait):
+        if job.deliveries <= 1:
+            status = _waited_as(job) if job.attempts > 1 else Status.SCHEDULED
+            values.update(status=status, attempts=job.attempts - 1, deliveries=0)
         mine = Job.objects.using(sql.db()).filter(
             pk=job.pk, attempts=job.attempts, deliveries=job.deliveries,
             status=Status.RUNNING, worker=worker_id[:128], started_at=job.started_at,
@@ -422,6 +422,18 @@ def unclaim(job: Job, worker_id: str, wait: float | None = None) -> bool:
                          f"handed back before its action started: this {what} is not "
                          "counted")  # fmt: skip
     return True
+
+
+def _waited_as(job: Job) -> Status:
+    """The status ``job`` waited in before its claim of an attempt after the first:
+    ``retrying`` if an attempt failed since it was last requeued (a requeue keeps the
+    attempts, which fence the outcomes, and makes the job ``scheduled``)."""
+    last = (
+        JobEvent.objects.using(sql.db())
+        .filter(job_id=job.pk, kind__in=[EventKind.FAILED, EventKind.REQUEUED])
+        .order_by("-id").values_list("kind", flat=True).first()
+    )  # fmt: skip
+    return Status.RETRYING if last == EventKind.FAILED else Status.SCHEDULED
 
 
 class Execution:
